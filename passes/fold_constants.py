@@ -1,0 +1,121 @@
+"""Fold constants: evaluate every node whose inputs are all known, until nothing changes.
+
+Exporters emit long Shape -> Gather -> Concat -> Reshape chains; folding them leaves the NPU
+only the real work. Nodes are evaluated with onnx's reference evaluator, not a hand-written one.
+Shape and Size of statically shaped tensors fold from shape inference alone. ConstantOfShape
+folds to a broadcast view, so even a huge fill never allocates memory. Folding a node can make
+new shapes known, so shape inference runs again until a fixpoint.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import helper, numpy_helper, shape_inference
+from onnx.reference import ReferenceEvaluator
+
+from rkcompile.context import CompileContext
+from rkcompile.errors import CompileError
+from rkcompile.ir import element_count, is_onnx_domain, present_inputs, static_shape, topological_nodes
+
+NAME = "fold-constants"
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                              "Multinomial", "Bernoulli"})
+#: Outputs larger than this stay as nodes: folding them would only bloat the weights.
+MAX_FOLDED_ELEMENTS = 1 << 24
+MAX_ROUNDS = 8
+
+
+def run(ctx: CompileContext) -> None:
+    opset = ctx.model_info.opset
+    for _ in range(MAX_ROUNDS):
+        folded = _fold_sweep(ctx, opset)
+        if not folded:
+            break
+        ctx.graph.cleanup(remove_unused_graph_inputs=False)
+        if any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs):
+            _reinfer_shapes(ctx)
+
+
+def _fold_sweep(ctx: CompileContext, opset: int) -> int:
+    folded = 0
+    for node in topological_nodes(ctx.graph):
+        values = _evaluate(node, opset)
+        if values is None:
+            continue
+        for tensor, value in zip(node.outputs, values):
+            tensor.to_constant(value)
+        node.outputs.clear()
+        node.inputs.clear()
+        ctx.retire(node, "folded", "constant folded")
+        folded += 1
+    return folded
+
+
+def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
+    """The node's output values when they can be known now, else None."""
+    if not is_onnx_domain(node) or node.op in NONDETERMINISTIC or _has_subgraph(node):
+        return None
+    if node.op in ("Shape", "Size"):
+        shape = static_shape(node.inputs[0])
+        if shape is None:
+            return None
+        if node.op == "Size":
+            return [np.array(element_count(shape), dtype=np.int64)]
+        start, end = node.attrs.get("start", 0), node.attrs.get("end", None)
+        return [np.array(shape[start:end], dtype=np.int64)]
+    inputs = present_inputs(node)
+    if not all(isinstance(t, gs.Constant) for t in inputs):
+        return None
+    known = [static_shape(t) for t in node.outputs]
+    if any(s is not None and element_count(s) > MAX_FOLDED_ELEMENTS for s in known):
+        if node.op != "ConstantOfShape":
+            return None
+    if node.op == "ConstantOfShape":
+        fill = node.attrs.get("value")
+        fill = np.asarray(fill.values).reshape(-1)[0] if fill is not None else np.float32(0)
+        shape = tuple(int(d) for d in np.asarray(inputs[0].values).reshape(-1))
+        return [np.broadcast_to(np.asarray(fill), shape)]
+    feeds = {t.name: np.asarray(t.values) for t in inputs}
+    try:
+        evaluator = ReferenceEvaluator(_node_proto(node), opsets={"": opset})
+        results = evaluator.run(None, feeds)
+    except Exception as exc:
+        raise CompileError(f"cannot evaluate constant node '{node.name}' ({node.op}): {exc}") from None
+    return [np.asarray(r) for r in results]
+
+
+def _has_subgraph(node: gs.Node) -> bool:
+    return any(isinstance(v, gs.Graph) for v in node.attrs.values())
+
+
+def _node_proto(node: gs.Node) -> onnx.NodeProto:
+    attrs = {}
+    for key, value in node.attrs.items():
+        if isinstance(value, gs.Constant):
+            value = numpy_helper.from_array(np.asarray(value.values), name=value.name)
+        attrs[key] = value
+    return helper.make_node(node.op, [t.name for t in node.inputs], [t.name for t in node.outputs],
+                            name=node.name, **attrs)
+
+
+def _reinfer_shapes(ctx: CompileContext) -> None:
+    """Shape inference over the folded graph, carried back onto the gs tensors."""
+    model = gs.export_onnx(ctx.graph, do_type_check=False)
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = ctx.model_info.opset
+    try:
+        inferred = shape_inference.infer_shapes(model, data_prop=True)
+    except shape_inference.InferenceError as exc:
+        raise CompileError(f"shape inference after constant folding failed: {str(exc).splitlines()[0]}") from None
+    known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for tensor in ctx.graph.tensors().values():
+        info = known.get(tensor.name)
+        if isinstance(tensor, gs.Variable) and info is not None and static_shape(tensor) is None:
+            tensor_type = info.type.tensor_type
+            if tensor_type.HasField("shape"):
+                tensor.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                for d in tensor_type.shape.dim]
+            if tensor_type.elem_type:
+                tensor.dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)

@@ -1,0 +1,203 @@
+"""Import: load the ONNX file safely, validate it, fix input shapes and infer every shape.
+
+Validation happens here, before any pass sees the graph, so every problem with the user's file
+becomes one clear CompileError: unreadable files, external data outside the model's folder,
+opsets we do not cover, undefined tensors, cycles, bad or dynamic input dims, and weights whose
+shapes contradict their ops (strict shape inference catches those).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import external_data_helper, shape_inference
+
+from rkcompile.context import CompileContext
+from rkcompile.errors import CompileError
+from rkcompile.ir import dtype_name
+from rkcompile.plan import ModelInfo, TensorSpec
+
+NAME = "import"
+MIN_OPSET = 7
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+
+def run(ctx: CompileContext) -> None:
+    model, digest = _load(ctx.model_path)
+    graph = model.graph
+    _name_nodes(graph)
+    _check_tensors_defined_and_acyclic(graph)
+    opset = _default_opset(model)
+    _set_input_shapes(graph, ctx.options.input_shapes)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
+    try:
+        model = shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
+
+    ctx.original_nodes = [(node.name, node.op_type) for node in model.graph.node]
+    ctx.origins = {name: (name,) for name, _ in ctx.original_nodes}
+    ctx.model_info = ModelInfo(
+        path=str(ctx.model_path), sha256=digest, opset=opset,
+        inputs=tuple(_spec(v) for v in _true_inputs(model.graph)),
+        outputs=tuple(_spec(v) for v in model.graph.output),
+    )
+    ctx.graph = gs.import_onnx(model)
+
+
+def _load(path: Path) -> tuple[onnx.ModelProto, str]:
+    if not path.exists():
+        raise CompileError(f"{path}: no such file")
+    if not path.is_file():
+        raise CompileError(f"{path}: not a file")
+    data = path.read_bytes()
+    if not data:
+        raise CompileError(f"{path}: empty file, not an ONNX model")
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf raises several unrelated types for garbage input
+        raise CompileError(f"{path}: not a valid ONNX model ({_first_line(exc) or type(exc).__name__})") from None
+    if not model.HasField("graph") or not model.opset_import:
+        raise CompileError(f"{path}: not a valid ONNX model (no graph or no opset_import)")
+    _load_external_data(model, path.parent)
+    return model, hashlib.sha256(data).hexdigest()
+
+
+def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    """Read external tensors only from inside the model's own folder."""
+    root = folder.resolve()
+    external = [t for t in external_data_helper._get_all_tensors(model)
+                if external_data_helper.uses_external_data(t)]
+    for tensor in external:
+        info = external_data_helper.ExternalDataInfo(tensor)
+        location = Path(info.location)
+        resolved = (root / location).resolve()
+        if location.is_absolute() or root not in resolved.parents:
+            raise CompileError(
+                f"external data for tensor '{tensor.name}' points outside the model's folder ({info.location}); refused")
+        if not resolved.is_file():
+            raise CompileError(f"external data file for tensor '{tensor.name}' not found: {info.location}")
+    if external:
+        external_data_helper.load_external_data_for_model(model, str(root))
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give unnamed nodes stable names (op_index) and make every name unique, keeping the
+    exporter's names where they are already unique."""
+    seen: set[str] = set()
+    for index, node in enumerate(graph.node):
+        base = node.name or f"{node.op_type}_{index}"
+        name, suffix = base, 1
+        while name in seen:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        node.name = name
+        seen.add(name)
+
+
+def _check_tensors_defined_and_acyclic(graph: onnx.GraphProto) -> None:
+    """Name an undefined tensor or a cycle plainly; sort a valid graph listed out of order."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    produced: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for output in node.output:
+            if not output:
+                continue
+            if output in produced or output in defined:
+                raise CompileError(f"tensor '{output}' is produced more than once (node '{node.name}')")
+            produced[output] = node
+    for node in graph.node:
+        for tensor in node.input:
+            if tensor and tensor not in defined and tensor not in produced:
+                raise CompileError(f"node '{node.name}' reads tensor '{tensor}', which is never defined")
+    for output in graph.output:
+        if output.name not in defined and output.name not in produced:
+            raise CompileError(f"graph output '{output.name}' is never produced")
+    order, done, on_stack = [], set(), set()
+
+    def visit(node: onnx.NodeProto) -> None:
+        stack = [(node, iter(node.input))]
+        on_stack.add(node.name)
+        while stack:
+            current, inputs = stack[-1]
+            for tensor in inputs:
+                producer = produced.get(tensor)
+                if producer is None or producer.name in done:
+                    continue
+                if producer.name in on_stack:
+                    raise CompileError(f"graph has a cycle through node '{producer.name}' (tensor '{tensor}')")
+                on_stack.add(producer.name)
+                stack.append((producer, iter(producer.input)))
+                break
+            else:
+                stack.pop()
+                on_stack.discard(current.name)
+                done.add(current.name)
+                order.append(current)
+
+    for node in graph.node:
+        if node.name not in done:
+            visit(node)
+    if [n.name for n in order] != [n.name for n in graph.node]:
+        sorted_nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
+        del graph.node[:]
+        graph.node.extend(sorted_nodes)
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise CompileError("model imports no ai.onnx opset")
+    version = versions[0]
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise CompileError(f"unsupported opset {version} (rkcompile supports ai.onnx opsets {MIN_OPSET} to {MAX_OPSET})")
+    return version
+
+
+def _true_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are fed at run time (old exporters also list initializers as inputs)."""
+    initializers = {t.name for t in graph.initializer}
+    return [v for v in graph.input if v.name not in initializers]
+
+
+def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ...]]) -> None:
+    inputs = {v.name: v for v in _true_inputs(graph)}
+    for name in overrides:
+        if name not in inputs:
+            raise CompileError(f"--input-shape names '{name}', which is not a model input (inputs: {', '.join(inputs)})")
+    for name, value in inputs.items():
+        tensor_type = value.type.tensor_type
+        if name in overrides:
+            dims = overrides[name]
+            if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(dims):
+                raise CompileError(f"--input-shape {name}: {len(dims)} dims given, the model's input has {len(tensor_type.shape.dim)}")
+            tensor_type.shape.Clear()
+            for dim in dims:
+                tensor_type.shape.dim.add().dim_value = dim
+        if not tensor_type.HasField("shape"):
+            raise CompileError(f"input '{name}' has no shape; set it with --input-shape {name}:1,3,224,224")
+        for axis, dim in enumerate(tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            if dim.HasField("dim_value"):
+                raise CompileError(f"input '{name}' has dim {axis} = {dim.dim_value}; dims must be positive")
+            label = f" ('{dim.dim_param}')" if dim.dim_param else ""
+            raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape {name}:d0,d1,...")
+    for tensor in graph.initializer:
+        if any(d < 0 for d in tensor.dims):
+            raise CompileError(f"weight '{tensor.name}' has a negative dim {list(tensor.dims)}")
+
+
+def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    tensor_type = value.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+    return TensorSpec(name=value.name, shape=tuple(dims), dtype=dtype_name(tensor_type.elem_type) or "unknown")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:400] if lines else ""

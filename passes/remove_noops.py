@@ -1,0 +1,47 @@
+"""Remove inference no-ops: Identity, and Dropout whose mask nobody reads.
+
+The removed node's output name survives when it is a graph output, so the plan's outputs keep
+the names users feed and fetch.
+"""
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from rkcompile.context import CompileContext
+
+NAME = "remove-noops"
+
+
+def run(ctx: CompileContext) -> None:
+    graph = ctx.graph
+    graph_outputs = {t.name for t in graph.outputs}
+    graph_inputs = {t.name for t in graph.inputs}
+    for node in list(graph.nodes):
+        if not _is_noop(node):
+            continue
+        source, result = node.inputs[0], node.outputs[0]
+        if result.name in graph_outputs:
+            if source.name in graph_inputs or source.name in graph_outputs or isinstance(source, gs.Constant):
+                continue
+            _replace_uses(graph, source, result)
+            producer = source.inputs[0]
+            producer.outputs[producer.outputs.index(source)] = result
+        else:
+            _replace_uses(graph, result, source)
+        node.inputs.clear()
+        node.outputs.clear()
+        ctx.retire(node, "removed", f"{node.op} is a no-op at inference")
+    graph.cleanup(remove_unused_graph_inputs=False)
+
+
+def _is_noop(node: gs.Node) -> bool:
+    if node.op == "Identity":
+        return True
+    if node.op == "Dropout":
+        return len(node.outputs) < 2 or not node.outputs[1].name or not node.outputs[1].outputs
+    return False
+
+
+def _replace_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
+    for consumer in list(old.outputs):
+        consumer.inputs[:] = [new if t is old else t for t in consumer.inputs]

@@ -1,0 +1,128 @@
+"""The `rkcompile` command line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .context import Options
+from .errors import CompileError
+from .plan import write_atomically
+
+
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME:d0,d1,... but got '{text}'")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dims of '{name}' must be integers, got '{dims}'") from None
+    if any(d <= 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"dims of '{name}' must be positive, got '{dims}'")
+    return name, shape
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one `error: ...` line like every other failure."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .pipeline import PASS_NAMES
+    from .targets import all_targets
+
+    names = ", ".join(t.name for t in all_targets())
+    parser = _Parser(prog="rkcompile", description="Plan ONNX models for Rockchip RKNPU2 NPUs.")
+    parser.add_argument("--version", action="version", version=f"rkcompile {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each pass and every CPU fallback")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    plan = commands.add_parser("plan", help="plan a model for a target and print a summary",
+                               description="Plan MODEL for an RKNPU2 target: placement, partitions, memory.")
+    plan.add_argument("model", type=Path, help="the ONNX model file")
+    plan.add_argument("--target", required=True, help=f"the SoC to plan for ({names})")
+    plan.add_argument("--json", type=Path, metavar="PATH", help="write the plan (rkcompile.plan/1) to PATH")
+    plan.add_argument("--dtype", default="float16", choices=["float16"],
+                      help="NPU compute dtype (default float16)")
+    plan.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    plan.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
+                      help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
+    plan.add_argument("--dump-after", action="append", default=[], choices=PASS_NAMES, metavar="PASS",
+                      help=f"write the graph as ONNX after PASS ({', '.join(PASS_NAMES)}); repeatable")
+    plan.add_argument("--dump-dir", type=Path, default=Path("."), help="folder for --dump-after files (default .)")
+    plan.add_argument("--quiet", action="store_true", help="print no summary")
+
+    commands.add_parser("targets", help="list the targets and their figures")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _COMMANDS[args.command](args)
+    except CompileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in rkcompile: still one line, and a hint how to see more
+        if args.verbose:
+            raise
+        print(f"error: internal error ({type(exc).__name__}: {exc}); rerun with -v for a traceback",
+              file=sys.stderr)
+        return 3
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .pipeline import compile_model
+    from .summary import render_summary
+
+    shapes = dict(args.input_shape)
+    if args.json is not None and not args.json.parent.is_dir():
+        raise CompileError(f"--json: folder {args.json.parent} does not exist")
+    if args.dump_after and not args.dump_dir.is_dir():
+        raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=shapes,
+                      dump_after=tuple(args.dump_after), dump_dir=args.dump_dir)
+    plan, _ = compile_model(args.model, args.target, options)
+    if args.json is not None:
+        write_atomically(args.json, plan.to_json())
+    if not args.quiet:
+        print(render_summary(plan))
+    return 0
+
+
+def _targets(args: argparse.Namespace) -> int:
+    from .targets import all_targets
+
+    print(f"{'target':10} {'cores':>5} {'C2 int8':>8} {'C2 fp16':>8} {'NPU ops':>8}  description")
+    for target in all_targets():
+        c2 = {dtype: target.c2.get(dtype) or "-" for dtype in ("int8", "float16")}
+        print(f"{target.name:10} {target.npu_cores:>5} {c2['int8']:>8} {c2['float16']:>8} "
+              f"{len(target.ops):>8}  {target.description}")
+    return 0
+
+
+_COMMANDS = {"plan": _plan, "targets": _targets}
+
+if __name__ == "__main__":
+    sys.exit(main())

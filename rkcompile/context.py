@@ -1,0 +1,68 @@
+"""What the passes share: the options, the graph, and the records the plan is assembled from.
+
+Passes key their records by the current gs node name. `origins` maps each current node back to
+the nodes of the input ONNX graph it stands for, so a rewrite or fusion that replaces nodes
+keeps the plan's one-entry-per-original-node promise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx_graphsurgeon as gs
+
+from .plan import Memory, ModelInfo, TensorPlacement
+from .targets.model import Target
+
+
+@dataclass(frozen=True)
+class Options:
+    dtype: str = "float16"
+    batch: int = 1
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dump_after: tuple[str, ...] = ()
+    dump_dir: Path = Path(".")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One rule a node broke: the rendered rule text and the value that broke it."""
+
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        rule = self.rule.rstrip(".")
+        return f"{rule} (seen: {self.detail})" if self.detail else rule
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str
+    kernel: str
+    reason: str | None = None
+
+
+@dataclass
+class CompileContext:
+    model_path: Path
+    target: Target
+    options: Options = field(default_factory=Options)
+    graph: gs.Graph | None = None
+    model_info: ModelInfo | None = None
+    original_nodes: list[tuple[str, str]] = field(default_factory=list)
+    origins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    fates: dict[str, tuple[str, str]] = field(default_factory=dict)
+    failures: dict[str, list[Failure]] = field(default_factory=dict)
+    placement: dict[str, Placement] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    partitions: list[tuple[str, list[str]]] = field(default_factory=list)
+    tensors: dict[str, TensorPlacement] = field(default_factory=dict)
+    memory: Memory | None = None
+
+    def retire(self, node: gs.Node, fate: str, reason: str) -> None:
+        """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""
+        for original in self.origins.pop(node.name, (node.name,)):
+            self.fates[original] = (fate, reason)
+        self.failures.pop(node.name, None)
+        self.placement.pop(node.name, None)

@@ -1,0 +1,113 @@
+"""Helpers over the mutable IR (onnx-graphsurgeon) and its analysis view (networkx).
+
+Every pass mutates a `gs.Graph`; anything that asks a whole-graph question (order, cycles,
+convexity) builds a networkx view with `dataflow_graph`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import networkx as nx
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
+
+
+def dtype_name(dtype) -> str | None:
+    """numpy or ONNX dtype -> a plain name ('float32', 'int64', ...), None when unknown."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, (int, np.integer)):
+        return onnx.helper.tensor_dtype_to_np_dtype(int(dtype)).name if dtype else None
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def itemsize(dtype: str) -> int:
+    if dtype == "bfloat16":
+        return 2
+    return np.dtype(dtype).itemsize
+
+
+def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
+    """The tensor's shape when every dim is a known non-negative int, else None."""
+    shape = tensor.shape
+    if shape is None:
+        return None
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+def element_count(shape: Iterable[int]) -> int:
+    """Python-int product, so huge shapes never overflow or allocate."""
+    return math.prod(int(d) for d in shape)
+
+
+def is_constant(tensor: gs.Tensor) -> bool:
+    return isinstance(tensor, gs.Constant)
+
+
+def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
+    return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
+
+
+def present_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """The node's inputs without ONNX's empty-name placeholders for omitted optionals."""
+    return [t for t in node.inputs if t.name]
+
+
+def producers(graph: gs.Graph) -> dict[str, gs.Node]:
+    return {t.name: node for node in graph.nodes for t in node.outputs}
+
+
+def dataflow_graph(graph: gs.Graph) -> nx.DiGraph:
+    """Nodes are gs node names, edges follow tensors from producer to consumer."""
+    dag = nx.DiGraph()
+    made_by = producers(graph)
+    for node in graph.nodes:
+        dag.add_node(node.name)
+        for tensor in present_inputs(node):
+            source = made_by.get(tensor.name)
+            if source is not None:
+                dag.add_edge(source.name, node.name)
+    return dag
+
+
+def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
+    """A deterministic topological order that keeps the model's own order where it can.
+
+    Kahn's algorithm, always releasing the ready node that came first in the file, so
+    plans are stable and read in the order users see in Netron.
+    """
+    import heapq
+
+    position = {node.name: i for i, node in enumerate(graph.nodes)}
+    by_name = {node.name: node for node in graph.nodes}
+    dag = dataflow_graph(graph)
+    indegree = {name: dag.in_degree(name) for name in dag.nodes}
+    ready = [(position[n], n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[gs.Node] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(by_name[name])
+        for succ in dag.successors(name):
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                heapq.heappush(ready, (position[succ], succ))
+    if len(order) != len(graph.nodes):
+        cycle = nx.find_cycle(dag)
+        raise ValueError("graph has a cycle through " + " -> ".join(a for a, _ in cycle))
+    return order
+
+
+
+def is_onnx_domain(node: gs.Node) -> bool:
+    """True for ops of the default ai.onnx domain (gs reports it as None or '')."""
+    return node.domain in (None, "", "ai.onnx")

@@ -1,0 +1,119 @@
+"""The pass pipeline, read top to bottom, and the plan assembled from what the passes recorded."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from .context import CompileContext, Options
+from .ir import present_inputs, static_shape, topological_nodes
+from .passes import assign, fold_constants, import_model, layout, legalize, memory, partition, remove_noops
+from .plan import Multicore, NodeEntry, Partition, Plan, Step
+from .targets import get_target
+
+log = logging.getLogger("rkcompile")
+
+PASSES = (
+    import_model,    # load, validate, infer shapes
+    fold_constants,  # evaluate what is already known
+    remove_noops,    # Identity, Dropout
+    legalize,        # every rule every node breaks
+    assign,          # NPU, or CPU with a reason
+    partition,       # convex single-device partitions, execution order
+    layout,          # dtype, NC1HWC2/NCHW, bytes, region per tensor
+    memory,          # arena offsets, lower bound
+)
+PASS_NAMES = tuple(p.NAME for p in PASSES)
+
+
+def compile_model(model_path: str | Path, target: str, options: Options | None = None) -> tuple[Plan, CompileContext]:
+    ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
+    for compiler_pass in PASSES:
+        compiler_pass.run(ctx)
+        problems = verify(ctx)
+        if problems:
+            raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
+        if compiler_pass.NAME in ctx.options.dump_after:
+            dump_graph(ctx, compiler_pass.NAME)
+        log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
+    return assemble_plan(ctx), ctx
+
+
+def verify(ctx: CompileContext) -> list[str]:
+    """Graph invariants every pass must keep: unique names, consistent edges, no cycle, and
+    known shapes for every node placed on the NPU."""
+    graph = ctx.graph
+    problems = []
+    names = [node.name for node in graph.nodes]
+    if len(set(names)) != len(names):
+        problems.append("duplicate node names")
+    defined = {t.name for t in graph.inputs}
+    for node in graph.nodes:
+        for tensor in node.outputs:
+            if tensor.name in defined:
+                problems.append(f"tensor {tensor.name} produced twice")
+            defined.add(tensor.name)
+            if node not in tensor.inputs:
+                problems.append(f"tensor {tensor.name} does not know its producer {node.name}")
+    for node in graph.nodes:
+        for tensor in present_inputs(node):
+            if not isinstance(tensor, gs.Constant) and tensor.name not in defined:
+                problems.append(f"node {node.name} reads undefined tensor {tensor.name}")
+            if node not in tensor.outputs:
+                problems.append(f"tensor {tensor.name} does not know its consumer {node.name}")
+    try:
+        topological_nodes(graph)
+    except ValueError as exc:
+        problems.append(str(exc))
+    by_name = {node.name: node for node in graph.nodes}
+    for name, placed in ctx.placement.items():
+        if placed.device != "npu":
+            continue
+        node = by_name.get(name)
+        if node is None:
+            problems.append(f"placement for missing node {name}")
+        elif any(static_shape(t) is None for t in node.outputs):
+            problems.append(f"NPU node {name} has an unknown output shape")
+    return problems
+
+
+def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
+    path = ctx.options.dump_dir / f"{ctx.model_path.stem}.after-{pass_name}.onnx"
+    model = gs.export_onnx(ctx.graph, do_type_check=False)
+    onnx.save(model, str(path))
+    return path
+
+
+def assemble_plan(ctx: CompileContext) -> Plan:
+    step_of = {name: index for index, name in enumerate(ctx.order)}
+    partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    steps = []
+    for index, name in enumerate(ctx.order):
+        node, placed = nodes[name], ctx.placement[name]
+        steps.append(Step(
+            id=index, device=placed.device, kernel=placed.kernel, nodes=ctx.origins[name],
+            inputs=tuple(t.name for t in present_inputs(node)),
+            outputs=tuple(t.name for t in node.outputs if t.name),
+            cores=(0,) if placed.device == "npu" else (), partition=partition_of[name],
+        ))
+    runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
+    entries = []
+    for original, op in ctx.original_nodes:
+        if original in runs_in:
+            current = runs_in[original]
+            placed = ctx.placement[current]
+            entries.append(NodeEntry(original, op, placed.device, step_of[current], placed.reason))
+        else:
+            fate, reason = ctx.fates[original]
+            entries.append(NodeEntry(original, op, fate, None, reason))
+    partitions = tuple(Partition(pid, device, tuple(step_of[n] for n in members))
+                       for pid, (device, members) in enumerate(ctx.partitions))
+    return Plan(
+        target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
+        nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
+        memory=ctx.memory, multicore=Multicore(cores=1, batch=ctx.options.batch),
+    )
+

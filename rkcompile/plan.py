@@ -1,0 +1,215 @@
+"""The plan contract, `rkcompile.plan/1`: frozen dataclasses, JSON in and out, and invariants.
+
+This module never imports onnx-graphsurgeon: tools that read plans need nothing but the JSON.
+docs/plan-schema.md documents every field.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from . import PLAN_SCHEMA
+
+DEVICES_OF_NODES = ("npu", "cpu", "folded", "removed")
+DEVICES_OF_STEPS = ("npu", "cpu", "host")
+REGIONS = ("arena", "weight", "input", "output")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    sha256: str
+    opset: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    name: str
+    op: str
+    device: str
+    step: int | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Step:
+    id: int
+    device: str
+    kernel: str
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    cores: tuple[int, ...]
+    partition: int
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    bytes: int
+    region: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class Partition:
+    id: int
+    device: str
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Memory:
+    arena_bytes: int
+    lower_bound_bytes: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class Multicore:
+    cores: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: str
+    dtype: str
+    batch: int
+    model: ModelInfo
+    nodes: tuple[NodeEntry, ...]
+    steps: tuple[Step, ...]
+    tensors: dict[str, TensorPlacement]
+    partitions: tuple[Partition, ...]
+    memory: Memory
+    multicore: Multicore
+    schema: str = PLAN_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        ordered = {"schema": body.pop("schema")}
+        ordered.update(body)
+        return ordered
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        if data.get("schema") != PLAN_SCHEMA:
+            raise ValueError(f"not a {PLAN_SCHEMA} plan (schema {data.get('schema')!r})")
+        model = data["model"]
+        return cls(
+            schema=data["schema"], target=data["target"], dtype=data["dtype"], batch=data["batch"],
+            model=ModelInfo(
+                path=model["path"], sha256=model["sha256"], opset=model["opset"],
+                inputs=tuple(_build(TensorSpec, t) for t in model["inputs"]),
+                outputs=tuple(_build(TensorSpec, t) for t in model["outputs"]),
+            ),
+            nodes=tuple(_build(NodeEntry, n) for n in data["nodes"]),
+            steps=tuple(_build(Step, s) for s in data["steps"]),
+            tensors={name: _build(TensorPlacement, t) for name, t in data["tensors"].items()},
+            partitions=tuple(_build(Partition, p) for p in data["partitions"]),
+            memory=_build(Memory, data["memory"]),
+            multicore=_build(Multicore, data["multicore"]),
+        )
+
+
+def _build(cls, data: dict[str, Any]):
+    """Construct a dataclass from JSON, turning lists back into tuples; unknown keys are kept
+    out so plans written by newer versions that only add fields still load."""
+    values = {}
+    for f in fields(cls):
+        value = data[f.name]
+        values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
+def write_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write via a temporary file in the same folder, so a failure leaves no partial file."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> list[str]:
+    """Every way `plan` breaks the contract in docs/plan-schema.md; empty when it holds.
+
+    `original_nodes`, when given, are the node names of the input ONNX graph, which `nodes`
+    must list exactly once each.
+    """
+    problems: list[str] = []
+    names = [n.name for n in plan.nodes]
+    if len(set(names)) != len(names):
+        problems.append("nodes: duplicate names")
+    if original_nodes is not None and sorted(names) != sorted(original_nodes):
+        problems.append("nodes: not exactly one entry per node of the input graph")
+    step_ids = [s.id for s in plan.steps]
+    if step_ids != list(range(len(plan.steps))):
+        problems.append("steps: ids are not 0..n-1 in execution order")
+    steps_by_id = {s.id: s for s in plan.steps}
+    for node in plan.nodes:
+        if node.device not in DEVICES_OF_NODES:
+            problems.append(f"node {node.name}: bad device {node.device!r}")
+        if node.device == "cpu" and not node.reason:
+            problems.append(f"node {node.name}: on the CPU without a reason")
+        if node.device in ("npu", "cpu"):
+            step = steps_by_id.get(node.step)
+            if step is None or node.name not in step.nodes or step.device != node.device:
+                problems.append(f"node {node.name}: step {node.step} does not run it on {node.device}")
+        elif node.step is not None:
+            problems.append(f"node {node.name}: {node.device} but has step {node.step}")
+    available = {s.name for s in plan.model.inputs}
+    available |= {name for name, t in plan.tensors.items() if t.region == "weight"}
+    for step in plan.steps:
+        if step.device not in DEVICES_OF_STEPS:
+            problems.append(f"step {step.id}: bad device {step.device!r}")
+        for tensor in step.inputs:
+            if tensor not in available:
+                problems.append(f"step {step.id}: input {tensor} is not a model input, weight or earlier output")
+        for tensor in step.inputs + step.outputs:
+            if tensor not in plan.tensors:
+                problems.append(f"step {step.id}: tensor {tensor} missing from tensors")
+        available.update(step.outputs)
+    for output in plan.model.outputs:
+        if output.name not in available:
+            problems.append(f"model output {output.name} is never produced")
+    for name, tensor in plan.tensors.items():
+        if tensor.region not in REGIONS:
+            problems.append(f"tensor {name}: bad region {tensor.region!r}")
+        if tensor.bytes < 0 or tensor.offset < 0:
+            problems.append(f"tensor {name}: negative bytes or offset")
+        if tensor.region == "arena" and tensor.offset + tensor.bytes > plan.memory.arena_bytes:
+            problems.append(f"tensor {name}: outside the arena")
+    covered = sorted(i for p in plan.partitions for i in p.steps)
+    if covered != step_ids:
+        problems.append("partitions: do not cover every step exactly once")
+    for partition in plan.partitions:
+        for step_id in partition.steps:
+            step = steps_by_id.get(step_id)
+            if step is not None and (step.partition != partition.id or step.device != partition.device):
+                problems.append(f"partition {partition.id}: step {step_id} disagrees on partition or device")
+    if plan.memory.lower_bound_bytes > plan.memory.arena_bytes:
+        problems.append("memory: lower bound above the arena")
+    return problems

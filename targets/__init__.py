@@ -1,0 +1,26 @@
+"""The SoCs rkcompile plans for, one module per SoC, looked up by name or alias."""
+from __future__ import annotations
+
+import importlib
+
+from rkcompile.errors import CompileError
+
+from .model import OpRule, Rule, Target
+
+TARGET_MODULES = ("rk3588", "rk3576", "rk3562")
+
+
+def all_targets() -> list[Target]:
+    return [importlib.import_module(f"{__name__}.{module}").TARGET for module in TARGET_MODULES]
+
+
+def get_target(name: str) -> Target:
+    wanted = name.strip().lower()
+    for target in all_targets():
+        if wanted == target.name or wanted in target.aliases:
+            return target
+    known = ", ".join(t.name for t in all_targets())
+    raise CompileError(f"unknown target '{name}' (known targets: {known})")
+
+
+__all__ = ["OpRule", "Rule", "Target", "all_targets", "get_target"]

@@ -1,0 +1,62 @@
+"""The Target data model: what one SoC's NPU offers, as data the passes read.
+
+A target is figures (cores, C2 per dtype, SRAM) plus an operator table. Each ONNX op the NPU
+can run maps to an `OpRule`: the RKNPU2 kernel that runs it and the `Rule`s a node must pass.
+A `Rule` binds a constraint function from `constraints.py` to this target's parameters; the
+function's docstring, rendered with those parameters, is the text a user reads on fallback.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+CheckResult = tuple[bool, str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    check: Callable[..., CheckResult]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.check.__name__
+
+    def describe(self) -> str:
+        """The user-facing rule: the check's docstring rendered with this target's parameters."""
+        text = inspect.cleandoc(self.check.__doc__ or self.check.__name__)
+        return " ".join(text.format(**self.params).split())
+
+    def evaluate(self, node, target: "Target") -> CheckResult:
+        return self.check(node, target, **self.params)
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """How one ONNX op type runs on the NPU of one target."""
+
+    kernel: str
+    rules: tuple[Rule, ...] = ()
+    multi_core: bool = False
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    aliases: tuple[str, ...]
+    npu_cores: int
+    c2: Mapping[str, int | None]
+    sram_bytes: int
+    ops: Mapping[str, OpRule]
+    common_rules: tuple[Rule, ...]
+    description: str = ""
+
+    def c2_for(self, dtype: str) -> int:
+        value = self.c2.get(dtype)
+        if value is None:
+            raise ValueError(f"{self.name} has no NPU storage for dtype {dtype}")
+        return value
+
+    def supports_dtype(self, dtype: str) -> bool:
+        return self.c2.get(dtype) is not None
