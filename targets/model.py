@@ -50,7 +50,13 @@ class Target:
     sram_bytes: int
     ops: Mapping[str, OpRule]
     common_rules: tuple[Rule, ...]
+    kernels: frozenset[str] = frozenset()
+    multi_core_kernels: frozenset[str] = frozenset()
     description: str = ""
+
+    def has_kernel(self, kernel: str) -> bool:
+        """Whether the oplist names `kernel` (fused ones included, e.g. ConvolutionRelu) here."""
+        return kernel in self.kernels
 
     def c2_for(self, dtype: str) -> int:
         value = self.c2.get(dtype)

@@ -30,5 +30,7 @@ TARGET = Target(
     sram_bytes=None,
     ops=build_ops(KERNELS, MULTI_CORE),
     common_rules=COMMON_RULES,
+    kernels=frozenset(KERNELS),
+    multi_core_kernels=frozenset(MULTI_CORE),
     description="RK3562, 1-core RKNPU2, 1 TOPS int8",
 )

@@ -33,5 +33,7 @@ TARGET = Target(
     sram_bytes=None,
     ops=build_ops(KERNELS, MULTI_CORE),
     common_rules=COMMON_RULES,
+    kernels=frozenset(KERNELS),
+    multi_core_kernels=frozenset(MULTI_CORE),
     description="RK3588/RK3588S, 3-core RKNPU2, 6 TOPS int8",
 )
