@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,9 @@ class TensorPlacement:
     bytes: int
     region: str
     offset: int
+    #: The arena tensor whose bytes this one overwrites in place (an element-wise step that
+    #: reads its last use of `reuses` as it writes this tensor); None when it has bytes of its own.
+    reuses: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class Memory:
     arena_bytes: int
     lower_bound_bytes: int
     weight_bytes: int
+    #: Every arena offset is a multiple of this many bytes (docs/memory.md says why).
+    alignment: int = 1
 
 
 @dataclass(frozen=True)
@@ -132,9 +137,12 @@ class Plan:
 
 def _build(cls, data: dict[str, Any]):
     """Construct a dataclass from JSON, turning lists back into tuples; unknown keys are kept
-    out so plans written by newer versions that only add fields still load."""
+    out so plans written by newer versions that only add fields still load, and fields with a
+    default may be absent so older plans load too."""
     values = {}
     for f in fields(cls):
+        if f.name not in data and f.default is not MISSING:
+            continue  # a field added later with a default; older plans omit it
         value = data[f.name]
         values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
