@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, shape_inference
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
-from rkcompile.ir import element_count, is_onnx_domain, present_inputs, static_shape, topological_nodes
+from rkcompile.ir import (element_count, is_onnx_domain, node_proto, present_inputs, shape_only_model, static_shape,
+                          topological_nodes)
 
 NAME = "fold-constants"
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -78,7 +79,7 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
         return [np.broadcast_to(np.asarray(fill), shape)]
     feeds = {t.name: np.asarray(t.values) for t in inputs}
     try:
-        evaluator = ReferenceEvaluator(_node_proto(node), opsets={"": opset})
+        evaluator = ReferenceEvaluator(_single_node_graph(node), opsets={"": opset})
         results = evaluator.run(None, feeds)
     except Exception as exc:
         raise CompileError(f"cannot evaluate constant node '{node.name}' ({node.op}): {exc}") from None
@@ -89,22 +90,17 @@ def _has_subgraph(node: gs.Node) -> bool:
     return any(isinstance(v, gs.Graph) for v in node.attrs.values())
 
 
-def _node_proto(node: gs.Node) -> onnx.NodeProto:
-    attrs = {}
-    for key, value in node.attrs.items():
-        if isinstance(value, gs.Constant):
-            value = numpy_helper.from_array(np.asarray(value.values), name=value.name)
-        attrs[key] = value
-    return helper.make_node(node.op, [t.name for t in node.inputs], [t.name for t in node.outputs],
-                            name=node.name, **attrs)
+def _single_node_graph(node: gs.Node) -> onnx.GraphProto:
+    """The node alone in a graph: the evaluator honours the model's opset only for graphs."""
+    untyped = onnx.TypeProto()
+    return helper.make_graph([node_proto(node)], node.name,
+                             [helper.make_value_info(t.name, untyped) for t in present_inputs(node)],
+                             [helper.make_value_info(t.name, untyped) for t in node.outputs])
 
 
 def _reinfer_shapes(ctx: CompileContext) -> None:
     """Shape inference over the folded graph, carried back onto the gs tensors."""
-    model = gs.export_onnx(ctx.graph, do_type_check=False)
-    for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx"):
-            opset.version = ctx.model_info.opset
+    model = shape_only_model(ctx.graph, ctx.model_info.opset)
     try:
         inferred = shape_inference.infer_shapes(model, data_prop=True)
     except shape_inference.InferenceError as exc:

@@ -187,6 +187,12 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
                 raise CompileError(f"input '{name}' has dim {axis} = {dim.dim_value}; dims must be positive")
             label = f" ('{dim.dim_param}')" if dim.dim_param else ""
             raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape {name}:d0,d1,...")
+    if overrides:
+        # Shapes recorded for the old input shape would contradict the new one: infer them anew.
+        del graph.value_info[:]
+        for output in graph.output:
+            for axis, dim in enumerate(output.type.tensor_type.shape.dim):
+                dim.dim_param = f"{output.name}_dim{axis}"
     for tensor in graph.initializer:
         if any(d < 0 for d in tensor.dims):
             raise CompileError(f"weight '{tensor.name}' has a negative dim {list(tensor.dims)}")

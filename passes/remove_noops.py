@@ -44,4 +44,6 @@ def _is_noop(node: gs.Node) -> bool:
 
 def _replace_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
     for consumer in list(old.outputs):
-        consumer.inputs[:] = [new if t is old else t for t in consumer.inputs]
+        for index, tensor in enumerate(consumer.inputs):
+            if tensor is old:
+                consumer.inputs[index] = new

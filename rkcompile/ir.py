@@ -12,6 +12,7 @@ import networkx as nx
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 
@@ -111,3 +112,36 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
 def is_onnx_domain(node: gs.Node) -> bool:
     """True for ops of the default ai.onnx domain (gs reports it as None or '')."""
     return node.domain in (None, "", "ai.onnx")
+
+
+#: Weights up to this many elements keep their data when a graph is exported for shape
+#: inference: shape-carrying constants (Reshape targets, Slice bounds) are always this small.
+SHAPE_DATA_MAX_ELEMENTS = 4096
+
+
+def node_proto(node: gs.Node) -> onnx.NodeProto:
+    return OnnxExporter.export_node(node)
+
+
+def shape_only_model(graph: gs.Graph, opset: int) -> onnx.ModelProto:
+    """The graph with its large weights declared as typed inputs instead of data.
+
+    Shape inference needs only their shapes; serializing the data would dominate planning time
+    and would materialize folded broadcast fills.
+    """
+    inputs = [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in graph.inputs]
+    initializers = []
+    for tensor in graph.tensors().values():
+        if not isinstance(tensor, gs.Constant):
+            continue
+        if element_count(tensor.shape) <= SHAPE_DATA_MAX_ELEMENTS:
+            initializers.append(OnnxExporter.export_tensor_proto(tensor))
+        else:
+            inputs.append(onnx.helper.make_tensor_value_info(
+                tensor.name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype)), list(tensor.shape)))
+    outputs = [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in graph.outputs]
+    body = onnx.helper.make_graph([node_proto(n) for n in graph.nodes], graph.name or "graph",
+                                  inputs, outputs, initializers)
+    opsets = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains or []
+              if d.domain not in ("", "ai.onnx")]
+    return onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid("", opset)] + opsets)
