@@ -1,0 +1,107 @@
+"""Import, constant folding and no-op removal on small hand-built graphs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rkcompile.pipeline import compile_model
+from rkcompile.plan import contract_violations
+
+from conftest import make_model, value_info, weight
+
+
+def _devices(plan):
+    return {n.name: n.device for n in plan.nodes}
+
+
+def test_exporter_shape_chain_folds_and_reshape_gets_a_static_shape(save):
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero"], ["n1"], name="unsqueeze"),
+        helper.make_node("Concat", ["n1", "minus_one"], ["target_shape"], name="concat", axis=0),
+        helper.make_node("Cast", ["target_shape"], ["target_shape64"], name="cast", to=TensorProto.INT64),
+        helper.make_node("Reshape", ["x", "target_shape64"], ["y"], name="reshape"),
+    ]
+    model = make_model(nodes, [value_info("x", [2, 3, 4, 5])], [value_info("y", None)],
+                       [weight("zero", np.array(0, np.int64)), weight("minus_one", np.array([-1], np.int64))])
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = "a"
+    model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = "b"
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert [devices[n] for n in ("shape", "gather", "unsqueeze", "concat", "cast")] == ["folded"] * 5
+    assert devices["reshape"] in ("npu", "cpu")
+    assert plan.tensors["y"].shape == (2, 60)
+    assert contract_violations(plan) == []
+
+
+def test_huge_constant_of_shape_folds_without_allocating(save):
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"], name="fill",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+             helper.make_node("Add", ["x", "big"], ["y"], name="add")]
+    dims = [1, 64, 100_000, 100_000]
+    model = make_model(nodes, [value_info("x", dims)], [value_info("y", dims)],
+                       [weight("shape", np.array(dims, np.int64))])
+    plan, _ = compile_model(save(model), "rk3588")
+    assert _devices(plan)["fill"] == "folded"
+    assert plan.tensors["big"].region == "weight"
+    width = {"float16": 2, "float32": 4}
+    assert plan.tensors["big"].bytes == 64 * 100_000 * 100_000 * width[plan.tensors["big"].dtype]
+    assert plan.tensors["x"].bytes == 64 * 100_000 * 100_000 * 4
+
+
+def test_identity_and_dropout_are_removed_and_output_names_survive(save):
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Identity", ["r"], ["i"], name="identity"),
+             helper.make_node("Dropout", ["i"], ["d"], name="dropout"),
+             helper.make_node("Sigmoid", ["d"], ["s"], name="sigmoid"),
+             helper.make_node("Identity", ["s"], ["y"], name="identity_out")]
+    model = make_model(nodes, [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["identity"] == devices["dropout"] == devices["identity_out"] == "removed"
+    compute = [s for s in plan.steps if s.device != "host"]
+    assert compute[-1].outputs == ("y",)
+    assert [s.kernel for s in compute] == ["Relu", "Sigmoid"]
+    assert contract_violations(plan) == []
+
+
+def test_identity_of_a_graph_input_to_an_output_stays(save):
+    model = make_model([helper.make_node("Identity", ["x"], ["y"], name="copy")],
+                       [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
+    plan, _ = compile_model(save(model), "rk3588")
+    assert _devices(plan)["copy"] in ("npu", "cpu")
+    assert contract_violations(plan) == []
+
+
+def test_unnamed_nodes_get_stable_unique_names(save):
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"], name="dup"),
+             helper.make_node("Sigmoid", ["b"], ["y"], name="dup")]
+    model = make_model(nodes, [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
+    path = save(model)
+    first, _ = compile_model(path, "rk3588")
+    second, _ = compile_model(path, "rk3588")
+    names = [n.name for n in first.nodes]
+    assert names == ["Relu_0", "dup", "dup_1"]
+    assert names == [n.name for n in second.nodes]
+
+
+def test_out_of_order_file_is_sorted(save):
+    nodes = [helper.make_node("Sigmoid", ["a"], ["y"], name="second"), helper.make_node("Relu", ["x"], ["a"], name="first")]
+    model = make_model(nodes, [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
+    path = save(model)
+    plan, _ = compile_model(path, "rk3588")
+    assert [s.nodes for s in plan.steps if s.device != "host"] == [("first",), ("second",)]
+
+
+def test_rank5_and_integer_tensors_fall_back_with_reasons(save):
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu5"),
+             helper.make_node("Add", ["i", "i"], ["j"], name="int_add")]
+    model = make_model(nodes, [value_info("x", [1, 2, 3, 4, 5]), value_info("i", [4], TensorProto.INT64)],
+                       [value_info("y", [1, 2, 3, 4, 5]), value_info("j", [4], TensorProto.INT64)])
+    plan, _ = compile_model(save(model), "rk3588")
+    reasons = {n.name: n.reason for n in plan.nodes}
+    assert "at most 4 dimensions" in reasons["relu5"] and "rank 5" in reasons["relu5"]
+    assert "floating point" in reasons["int_add"] and "int64" in reasons["int_add"]
