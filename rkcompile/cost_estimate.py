@@ -2,7 +2,8 @@
 
 Partitioning asks one question: is an NPU island worth the conversions it needs? This module
 answers in estimated seconds, from three kinds of cost:
-- compute: multiply-accumulates (MACs) per node divided by a device's sustained MAC rate;
+- compute: multiply-accumulates (MACs) per node divided by a device's sustained MAC rate
+  (reductions and recurrences counted in full, anything else one per output element);
 - conversion: bytes read plus bytes written by a host step that changes layout or dtype,
   divided by the CPU's reshuffling rate (NC1HWC2 <-> NCHW is a strided copy, not a memcpy);
 - launch: a fixed price per NPU partition for submitting a job and syncing caches.
@@ -27,6 +28,7 @@ CONVERSION_BYTES_PER_SECOND = 1e9
 NPU_LAUNCH_SECONDS = 50e-6
 
 _REDUCTION_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+_RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 
 
 def node_macs(node: gs.Node) -> int:
@@ -36,9 +38,22 @@ def node_macs(node: gs.Node) -> int:
     if not outputs or any(shape is None for shape in outputs):
         return 0
     produced = sum(element_count(shape) for shape in outputs)
+    if node.op in _RECURRENT_OPS:
+        return _recurrent_macs(node)
     if node.op not in _REDUCTION_OPS:
         return produced
     return produced * _reduction_length(node)
+
+
+def _recurrent_macs(node: gs.Node) -> int:
+    """Every time step multiplies the input by W and the hidden state by R, for every gate and
+    direction: seq_length * batch * (|W| + |R|) with X shaped (seq_length, batch, input)."""
+    inputs = node.inputs
+    shapes = [static_shape(t) for t in inputs[:3]]
+    if any(shape is None for shape in shapes):
+        return 0
+    x, w, r = shapes
+    return x[0] * x[1] * (element_count(w) + element_count(r))
 
 
 def _reduction_length(node: gs.Node) -> int:

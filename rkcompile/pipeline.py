@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 
 from .context import CompileContext, Options
 from .ir import present_inputs, static_shape, topological_nodes
-from .passes import assign, fold_constants, import_model, layout, legalize, memory, partition, remove_noops
+from .passes import assign, boundaries, fold_constants, import_model, layout, legalize, memory, partition, remove_noops
 from .plan import Multicore, NodeEntry, Partition, Plan, Step
 from .targets import get_target
 
@@ -22,6 +22,7 @@ PASSES = (
     legalize,        # every rule every node breaks
     assign,          # NPU, or CPU with a reason
     partition,       # convex single-device partitions, execution order
+    boundaries,      # host steps converting tensors that cross devices
     layout,          # dtype, NC1HWC2/NCHW, bytes, region per tensor
     memory,          # arena offsets, lower bound
 )

@@ -1,0 +1,136 @@
+"""Boundaries: an explicit host step for every tensor that changes format between devices.
+
+The NPU keeps 4-D feature maps as NC1HWC2 in the plan's NPU dtype (seed 003, 3.x "NC1HWC2");
+the CPU and the user see ONNX's NCHW (or plain row-major) in the model's dtype. Wherever a
+tensor crosses from one to the other, a `host` step converts it and writes a new tensor,
+`NAME@cpu` or `NAME@npu`, which the consumers on the other device then read. Model inputs
+entering the NPU and model outputs leaving it are boundaries too: rknn-toolkit2 lists them as
+the CPU layers InputOperator and OutputOperator (shared/peer/zoo_rk3588.json).
+
+Each conversion runs right after the partition that produced its tensor, in a `host` partition
+of its own, so one conversion serves every later consumer on the other device. Tensors stored
+the same way on both sides (integer shape and index tensors) cross without a step.
+Formats are `layout.placement`'s, the one rule for how a device stores a tensor; `layout` runs
+after this pass and stores each converted tensor the way the device that reads it does.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import onnx_graphsurgeon as gs
+
+from rkcompile.context import CompileContext, Placement
+from rkcompile.passes.layout import placement
+
+NAME = "boundaries"
+HOST_DOMAIN = "rkcompile"
+HOST_OP = "Convert"
+
+
+class TensorFormat(NamedTuple):
+    layout: str
+    dtype: str
+    bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.layout} {self.dtype}"
+
+
+def tensor_format(tensor: gs.Tensor, device: str, ctx: CompileContext) -> TensorFormat | None:
+    """How `device` stores `tensor` as an intermediate result; None when its shape or dtype is
+    unknown. The user's side of model inputs and outputs is the CPU's format."""
+    stored = placement(tensor, "arena", device, ctx.target, ctx.options.dtype)
+    if stored.layout == "unknown":
+        return None
+    return TensorFormat(stored.layout, stored.dtype, stored.bytes)
+
+
+class Crossing(NamedTuple):
+    """A tensor leaving its producer's device for consumers on `device`."""
+
+    tensor: gs.Variable
+    source: TensorFormat
+    target: TensorFormat
+    device: str
+    consumers: tuple[gs.Node, ...]
+
+
+def crossings(ctx: CompileContext) -> list[Crossing]:
+    """Every tensor whose consumers on another device need it in another format, in the order
+    the tensors are produced (model inputs first)."""
+    device_of = {name: placed.device for name, placed in ctx.placement.items()}
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    outputs = {t.name for t in ctx.graph.outputs}
+    produced = [(t, "cpu") for t in ctx.graph.inputs]
+    produced += [(t, device_of[name]) for name in ctx.order for t in nodes[name].outputs if t.name]
+    found = []
+    for tensor, producer_device in produced:
+        by_device: dict[str, list[gs.Node]] = {}
+        for consumer in tensor.outputs:
+            by_device.setdefault(device_of.get(consumer.name, producer_device), []).append(consumer)
+        if tensor.name in outputs:
+            by_device.setdefault("cpu", [])
+        source = tensor_format(tensor, producer_device, ctx)
+        for device, consumers in by_device.items():
+            target = tensor_format(tensor, device, ctx)
+            if device != producer_device and source is not None and target is not None and source != target:
+                found.append(Crossing(tensor, source, target, device, tuple(consumers)))
+    return found
+
+
+def run(ctx: CompileContext) -> None:
+    owner = {name: index for index, (_, members) in enumerate(ctx.partitions) for name in members}
+    outputs = {t.name for t in ctx.graph.outputs}
+    after_partition: dict[int, list[str]] = {}
+    for crossing in crossings(ctx):
+        producer = crossing.tensor.inputs[0].name if crossing.tensor.inputs else None
+        step = _insert_conversion(ctx, crossing, crossing.tensor.name in outputs)
+        after_partition.setdefault(owner[producer] if producer else -1, []).append(step)
+    partitions = [("host", after_partition[-1])] if -1 in after_partition else []
+    for index, partition in enumerate(ctx.partitions):
+        partitions.append(partition)
+        if index in after_partition:
+            partitions.append(("host", after_partition[index]))
+    ctx.partitions = partitions
+    ctx.order = [name for _, members in partitions for name in members]
+    ctx.graph.toposort()
+
+
+def _insert_conversion(ctx: CompileContext, crossing: Crossing, is_model_output: bool) -> str:
+    """Add the host node converting `crossing.tensor` and rewire the consumers; returns its name.
+
+    A model output keeps its name on the user's side: the NPU then writes `NAME@npu`, which
+    its own consumers read, and the host step converts that into `NAME`.
+    """
+    tensor = crossing.tensor
+    if is_model_output:
+        source = gs.Variable(f"{tensor.name}@npu", dtype=tensor.dtype, shape=tensor.shape)
+        producer = tensor.inputs[0]
+        producer.outputs[producer.outputs.index(tensor)] = source
+        for consumer in list(tensor.outputs):
+            if consumer.name not in {c.name for c in crossing.consumers}:
+                _replace_input(consumer, tensor, source)
+        converted = tensor
+    else:
+        source = tensor
+        converted = gs.Variable(f"{tensor.name}@{crossing.device}", dtype=tensor.dtype, shape=tensor.shape)
+        for consumer in crossing.consumers:
+            _replace_input(consumer, tensor, converted)
+    name = f"convert:{converted.name}"
+    node = gs.Node(op=HOST_OP, name=name, domain=HOST_DOMAIN, inputs=[source], outputs=[converted],
+                   attrs={"from": str(crossing.source), "to": str(crossing.target)})
+    ctx.graph.nodes.append(node)
+    ctx.placement[name] = Placement("host", f"{crossing.source} -> {crossing.target}")
+    ctx.origins[name] = ()
+    return name
+
+
+def _replace_input(consumer: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
+    for position, tensor in enumerate(consumer.inputs):
+        if tensor is old:
+            consumer.inputs[position] = new
+
+
+def conversion_bytes(source: TensorFormat, target: TensorFormat) -> int:
+    """Bytes a conversion moves: it reads the source and writes the target."""
+    return source.bytes + target.bytes
