@@ -31,12 +31,13 @@ def run(ctx: CompileContext) -> None:
     _check_tensors_defined_and_acyclic(graph)
     opset = _default_opset(model)
     _set_input_shapes(graph, ctx.options.input_shapes)
+    serialized = model.SerializeToString()  # once, for both the checker and shape inference
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
     try:
-        model = shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+        model = shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True, data_prop=True)
     except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
 

@@ -56,13 +56,13 @@ def verify(ctx: CompileContext) -> list[str]:
             if tensor.name in defined:
                 problems.append(f"tensor {tensor.name} produced twice")
             defined.add(tensor.name)
-            if node not in tensor.inputs:
+            if not any(producer is node for producer in tensor.inputs):
                 problems.append(f"tensor {tensor.name} does not know its producer {node.name}")
     for node in graph.nodes:
         for tensor in present_inputs(node):
             if not isinstance(tensor, gs.Constant) and tensor.name not in defined:
                 problems.append(f"node {node.name} reads undefined tensor {tensor.name}")
-            if node not in tensor.outputs:
+            if not any(consumer is node for consumer in tensor.outputs):
                 problems.append(f"tensor {tensor.name} does not know its consumer {node.name}")
     try:
         topological_nodes(graph)
