@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx_graphsurgeon as gs
 
-from .plan import Memory, ModelInfo, TensorPlacement
+from .plan import Memory, ModelInfo, Rewrite, TensorPlacement
 from .targets.model import Target
 
 
@@ -59,6 +59,8 @@ class CompileContext:
     partitions: list[tuple[str, list[str]]] = field(default_factory=list)
     tensors: dict[str, TensorPlacement] = field(default_factory=dict)
     memory: Memory | None = None
+    rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
+    notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""

@@ -34,6 +34,9 @@ _RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 def node_macs(node: gs.Node) -> int:
     """MACs of `node`: output elements times the reduction length for convolutions and matrix
     products, one per output element for everything else. Unknown shapes count as zero."""
+    body = node.attrs.get("body")
+    if isinstance(body, gs.Graph):  # a fused kernel (passes/fuse.py) does its members' work
+        return sum(node_macs(member) for member in body.nodes)
     outputs = [static_shape(t) for t in node.outputs if t.name]
     if not outputs or any(shape is None for shape in outputs):
         return 0

@@ -9,7 +9,8 @@ import onnx_graphsurgeon as gs
 
 from .context import CompileContext, Options
 from .ir import present_inputs, static_shape, topological_nodes
-from .passes import assign, boundaries, fold_constants, import_model, layout, legalize, memory, partition, remove_noops
+from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize, memory, partition,
+                     remove_noops, rewrite)
 from .plan import Multicore, NodeEntry, Partition, Plan, Step
 from .targets import get_target
 
@@ -19,7 +20,9 @@ PASSES = (
     import_model,    # load, validate, infer shapes
     fold_constants,  # evaluate what is already known
     remove_noops,    # Identity, Dropout
+    rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
     legalize,        # every rule every node breaks
+    fuse,            # chains the NPU runs as one kernel, per the fusion table
     assign,          # NPU, or CPU with a reason
     partition,       # convex single-device partitions, execution order
     boundaries,      # host steps converting tensors that cross devices
@@ -99,6 +102,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             inputs=tuple(t.name for t in present_inputs(node)),
             outputs=tuple(t.name for t in node.outputs if t.name),
             cores=(0,) if placed.device == "npu" else (), partition=partition_of[name],
+            note=ctx.notes.get(name),
         ))
     runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
     entries = []
@@ -116,5 +120,6 @@ def assemble_plan(ctx: CompileContext) -> Plan:
         target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
         nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
         memory=ctx.memory, multicore=Multicore(cores=1, batch=ctx.options.batch),
+        rewrites=tuple(ctx.rewrites),
     )
 

@@ -54,6 +54,7 @@ class Step:
     outputs: tuple[str, ...]
     cores: tuple[int, ...]
     partition: int
+    note: str | None = None  # why a fusion candidate ending here was not fused
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,17 @@ class Multicore:
 
 
 @dataclass(frozen=True)
+class Rewrite:
+    """One applied legalizing rewrite: `rule` replaced the original nodes `nodes` by the nodes
+    `into` (names as in --dump-after graphs) of ONNX ops `ops`; both empty for a removed relabel."""
+
+    rule: str
+    nodes: tuple[str, ...]
+    into: tuple[str, ...]
+    ops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     target: str
     dtype: str
@@ -104,6 +116,7 @@ class Plan:
     memory: Memory
     multicore: Multicore
     schema: str = PLAN_SCHEMA
+    rewrites: tuple[Rewrite, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
@@ -132,6 +145,7 @@ class Plan:
             partitions=tuple(_build(Partition, p) for p in data["partitions"]),
             memory=_build(Memory, data["memory"]),
             multicore=_build(Multicore, data["multicore"]),
+            rewrites=tuple(_build(Rewrite, r) for r in data.get("rewrites", ())),
         )
 
 
@@ -148,12 +162,14 @@ def _build(cls, data: dict[str, Any]):
     return cls(**values)
 
 
-def write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write via a temporary file in the same folder, so a failure leaves no partial file."""
+def write_atomically(path: str | os.PathLike, text: str | bytes) -> None:
+    """Write via a temporary file in the same folder, so a failure leaves no partial file;
+    `bytes` are written as they are, `str` as UTF-8."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        with (os.fdopen(handle, "wb") if isinstance(text, bytes) else
+              os.fdopen(handle, "w", encoding="utf-8")) as stream:
             stream.write(text)
         os.replace(temporary, path)
     except BaseException:

@@ -1,0 +1,179 @@
+"""Fuse: replace each chain the NPU runs as one kernel by one node, per the fusion table.
+
+Roots are visited from the graph's outputs back to its inputs, so the longest chain ending at a
+node is taken before a shorter one could split it (Conv -> Add -> Relu becomes ConvAddRelu, not
+ConvAdd + Relu). A row of `fusion_table` applies at a root when:
+
+- the target lists the row's oplist kernel;
+- no member's result other than the root's is read outside the chain or is a graph output;
+- every member passes its own constraints. A member whose only fault is that the target has no
+  kernel for its op on its own (Erf in GELU, ReduceMean/Sqrt in LayerNorm) passes when it also
+  meets the target's common rules (static shapes, rank): the fused kernel computes it, so
+  fusing is what brings it onto the NPU. Any other broken rule keeps the chain apart;
+- the row's predicates hold;
+- fusing creates no cycle: no member reaches another member through a node outside the chain.
+
+The fused node keeps what an executor needs: `members` (the ops, in graph order), the row's
+attributes (epsilon, scale, ...) and `body`, the members as a subgraph whose inputs are the
+fused node's runtime inputs. When a row fits a root's shape but a check fails, the root gets a
+note saying why it was not fused; the plan shows it on the step.
+"""
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+import onnx_graphsurgeon as gs
+
+from rkcompile.context import CompileContext
+from rkcompile.fusion_patterns import FUSED_DOMAIN, Match, matches
+from rkcompile.ir import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
+from rkcompile.targets.model import Rule
+
+from .fusion_table import TABLES, FusionRule
+
+NAME = "fuse"
+
+log = logging.getLogger("rkcompile")
+
+
+def run(ctx: CompileContext) -> None:
+    for table in TABLES:
+        fuse_table(ctx, table)
+
+
+def fuse_table(ctx: CompileContext, rules: tuple[FusionRule, ...]) -> None:
+    dag = dataflow_graph(ctx.graph)
+    gone: set[str] = set()
+    for root in reversed(topological_nodes(ctx.graph)):
+        if root.name in gone:
+            continue
+        first_reason = None
+        for rule in rules:
+            match, reason = find_fusion(ctx, rule, root, dag)
+            if match is not None:
+                fused = apply_fusion(ctx, rule, match)
+                log.debug("fused %s from %d nodes", fused.name, len(match.members))
+                gone.update(member.name for member in match.members)
+                dag = dataflow_graph(ctx.graph)
+                break
+            first_reason = first_reason or (reason and f"not fused as {rule.kernel}: {reason}")
+        else:
+            if first_reason:
+                ctx.notes[root.name] = first_reason
+
+
+def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node,
+                dag: nx.DiGraph) -> tuple[Match | None, str | None]:
+    """The first match of `rule` at `root` that passes every check, else the first reason a
+    match failed (None when the pattern never fits or the target lacks the kernel)."""
+    if not ctx.target.has_kernel(rule.requires):
+        return None, None
+    graph_outputs = {t.name for t in ctx.graph.outputs}
+    reason = None
+    for match in matches(rule.pattern, root):
+        problem = (escaping_result(match, graph_outputs) or member_problem(ctx, match)
+                   or predicate_problem(rule, match) or cycle_problem(match, dag))
+        if problem is None:
+            return match, None
+        reason = reason or problem
+    return None, reason
+
+
+def escaping_result(match: Match, graph_outputs: set[str]) -> str | None:
+    members = {id(node) for node in match.members}
+    for node in match.members[1:]:
+        for tensor in node.outputs:
+            if tensor.name in graph_outputs:
+                return f"{tensor.name} of {node.name} is a graph output"
+            readers = [reader.name for reader in tensor.outputs if id(reader) not in members]
+            if readers:
+                return f"{tensor.name} of {node.name} is also read by {readers[0]}"
+    return None
+
+
+def member_problem(ctx: CompileContext, match: Match) -> str | None:
+    target = ctx.target
+    for node in match.members:
+        failures = ctx.failures.get(node.name, [])
+        if not failures:
+            continue
+        if is_onnx_domain(node) and node.op in target.ops:
+            return f"member {node.name} breaks: {'; '.join(str(f) for f in failures)}"
+        broken = [rule.describe() for rule in target.common_rules if not rule.evaluate(node, target)[0]]
+        if broken:
+            return f"member {node.name} breaks: {'; '.join(broken)}"
+    return None
+
+
+def predicate_problem(rule: FusionRule, match: Match) -> str | None:
+    for predicate in rule.predicates:
+        ok, detail = predicate(match)
+        if not ok:
+            text = Rule(predicate).describe().rstrip(".")
+            return f"{text} (seen: {detail})" if detail else text
+    return None
+
+
+def cycle_problem(match: Match, dag: nx.DiGraph) -> str | None:
+    members = {node.name for node in match.members}
+    outside_producers = {source for name in members for source in dag.predecessors(name)} - members
+    reachable = set().union(*(nx.descendants(dag, name) for name in members)) - members
+    through = sorted(outside_producers & reachable)
+    return f"{through[0]} both reads a member and feeds one" if through else None
+
+
+def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match) -> gs.Node:
+    graph = ctx.graph
+    position = {id(node): index for index, node in enumerate(graph.nodes)}
+    members = sorted(match.members, key=lambda node: position[id(node)])
+    root = match.members[0]
+    made_inside = {id(t) for node in members for t in node.outputs}
+    inputs: list[gs.Tensor] = []
+    for node in members:
+        for tensor in present_inputs(node):
+            if id(tensor) not in made_inside and all(tensor is not seen for seen in inputs):
+                inputs.append(tensor)
+    outputs = list(root.outputs)
+    original_position = {name: index for index, (name, _) in enumerate(ctx.original_nodes)}
+    origins = sorted({o for node in members for o in ctx.origins.get(node.name, (node.name,))},
+                     key=lambda name: original_position.get(name, len(original_position)))
+    name = f"{rule.kernel}:{origins[0]}"
+    attrs = {"members": [node.op for node in members], **rule.attributes(match),
+             "body": body_graph(name, members, inputs, outputs)}
+    member_ids = {id(node) for node in members}
+    for node in members:
+        node.inputs.clear()
+        node.outputs.clear()
+    fused = gs.Node(op=rule.kernel, name=name, attrs=attrs, inputs=inputs, outputs=outputs, domain=FUSED_DOMAIN)
+    graph.nodes = [fused if node is root else node for node in graph.nodes
+                   if node is root or id(node) not in member_ids]
+    for node in members:
+        ctx.origins.pop(node.name, None)
+        ctx.failures.pop(node.name, None)
+        ctx.notes.pop(node.name, None)
+    ctx.origins[name] = tuple(origins)
+    ctx.failures[name] = []
+    return fused
+
+
+def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]) -> gs.Graph:
+    """The members as a standalone subgraph over copies of their tensors, so the main graph's
+    tensors keep only main-graph producers and consumers. Constants are copied in; the graph
+    inputs are the fused node's runtime inputs."""
+    copies: dict[str, gs.Tensor] = {}
+
+    def copy(tensor: gs.Tensor) -> gs.Tensor:
+        if not tensor.name:
+            return gs.Variable.empty()
+        if tensor.name not in copies:
+            copies[tensor.name] = (gs.Constant(tensor.name, tensor.values) if isinstance(tensor, gs.Constant)
+                                   else gs.Variable(tensor.name, dtype=tensor.dtype, shape=tensor.shape))
+        return copies[tensor.name]
+
+    nodes = [gs.Node(op=node.op, name=node.name, attrs=dict(node.attrs), domain=node.domain,
+                     inputs=[copy(t) for t in node.inputs], outputs=[copy(t) for t in node.outputs])
+             for node in members]
+    return gs.Graph(nodes=nodes, name=name,
+                    inputs=[copies[t.name] for t in inputs if not isinstance(t, gs.Constant)],
+                    outputs=[copies[t.name] for t in outputs if t.name])

@@ -1,0 +1,345 @@
+"""The fusion table: every fused kernel rkcompile forms, as rows of (kernel, pattern, predicates).
+
+Two tables run in order. `RECOGNISERS` turn an exporter's spelling of one operation (SiLU as
+Sigmoid*Mul, GELU as Erf arithmetic, LayerNorm as ReduceMean/Sub/Pow/Sqrt/Div, attention as
+MatMul/Softmax/MatMul) into the one kernel the NPU has for it. `KERNEL_FUSIONS` then join a
+producer with what follows it (Conv + Relu, Add + Relu, ...), and may take a recognised node as a
+member (Conv + exSwish -> ConvExSwish). Within a table the first row that fits a root wins, so
+longer chains come first.
+
+A row applies only when the target lists `requires` (the oplist V2.3.2 kernel name); the step
+shows `kernel`, rknn-toolkit2's name for the same fusion (peer/zoo_rk3588.json), so plans compare
+with the peer by name. Each predicate is `check(match) -> (ok, detail)`; its docstring is the rule
+a user reads when a candidate is not fused, and cites its source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from rkcompile.fusion_patterns import Alt, Any, Const, Match, Op, Pattern, optional
+from rkcompile.ir import static_shape
+
+Predicate = Callable[[Match], tuple[bool, str]]
+
+#: ONNX ops the oplist's Convolution kernel runs (targets/common.py maps Gemm to it too).
+CONV = ("Conv", "Gemm")
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    kernel: str
+    requires: str
+    pattern: Pattern
+    predicates: tuple[Predicate, ...] = ()
+    attributes: Callable[[Match], dict] = field(default=lambda match: {})
+
+
+# --- predicates ---------------------------------------------------------------------------
+
+
+def _rank(tensor) -> int | None:
+    shape = static_shape(tensor)
+    return None if shape is None else len(shape)
+
+
+def _last_axis(axis: int, rank: int | None) -> bool:
+    return rank is not None and axis in (-1, rank - 1)
+
+
+def _scalar(values: np.ndarray) -> bool:
+    return values.size == 1
+
+
+def slope_scalar_or_per_channel(match: Match) -> tuple[bool, str]:
+    """PRelu's slope is one value or one value per output channel: ConvolutionPRelu/LeakyRelu
+    applies the activation per channel of the convolution output (oplist V2.3.2, RK3588
+    3.2.9 ConvolutionPRelu/LeakyRelu; issue 4)."""
+    slope = match.constant("slope")
+    rank = _rank(match.nodes["activation"].outputs[0]) or slope.ndim
+    aligned = (1,) * (rank - slope.ndim) + slope.shape
+    varying = [axis for axis, size in enumerate(aligned) if size != 1]
+    return varying in ([], [1]), f"slope shape {tuple(slope.shape)}"
+
+
+def clip_bounds_constant(match: Match) -> tuple[bool, str]:
+    """Clip's min and max are constants, fixed when the kernel is built (oplist V2.3.2,
+    RK3588 3.2.8 ConvolutionClip: Output = Clip(Conv(Input)))."""
+    clip = match.nodes["clip"]
+    dynamic = [t.name for t in clip.inputs[1:] if t.name and t.inputs]
+    return not dynamic, f"bound {', '.join(dynamic)} is computed" if dynamic else ""
+
+
+def operand_same_shape(match: Match) -> tuple[bool, str]:
+    """The added operand has the convolution output's shape: ConvolutionAdd adds a second
+    feature map, Output = Add(Conv(Input0), Input1) (oplist V2.3.2, RK3588 3.2.10/3.2.19)."""
+    made, other = static_shape(match.nodes["conv"].outputs[0]), static_shape(match.tensors["other"])
+    return made is not None and made == other, f"{other} added to {made}"
+
+
+def hard_sigmoid_is_relu6_over_6(match: Match) -> tuple[bool, str]:
+    """HardSigmoid has alpha 1/6 and beta 0.5, so x * HardSigmoid(x) is HardSwish (seed 001,
+    HardSwish: y = x * HardSigmoid(x) with alpha=1/6, beta=0.5)."""
+    attrs = match.nodes["hard_sigmoid"].attrs
+    alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    ok = np.isclose(alpha, 1 / 6, rtol=1e-3) and np.isclose(beta, 0.5, rtol=1e-3)
+    return bool(ok), f"alpha {alpha:g}, beta {beta:g}"
+
+
+def split_halves_on_channels(match: Match) -> tuple[bool, str]:
+    """The Split cuts axis 1 into two equal halves: exGlu splits on axis 1 only (seed 001,
+    exGlu, attribute axis: only 1 is supported)."""
+    split = match.nodes["split"]
+    rank = _rank(match.tensors["x"])
+    axis = int(split.attrs.get("axis", 0))
+    axis = axis + rank if rank is not None and axis < 0 else axis
+    halves = [static_shape(t) for t in split.outputs]
+    ok = axis == 1 and len(halves) == 2 and halves[0] is not None and halves[0] == halves[1]
+    return ok, f"axis {axis}, parts {halves}"
+
+
+def _reduce_axes(node) -> list[int] | None:
+    if "axes" in node.attrs:
+        return list(node.attrs["axes"])
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        values = getattr(node.inputs[1], "values", None)
+        return None if values is None else [int(a) for a in np.asarray(values).reshape(-1)]
+    return None
+
+
+def normalizes_last_axis(match: Match) -> tuple[bool, str]:
+    """The normalization runs over the last axis only, keeping dims: exNorm normalizes one
+    axis (seed 001, exNorm, axes); rknn-toolkit2 maps last-axis LayerNorm to exNorm
+    (peer zoo_rk3588.json, transformer_encoder and bert_mini)."""
+    rank = _rank(match.tensors["x"])
+    seen = []
+    for label, node in match.nodes.items():
+        if node.op == "ReduceMean":
+            axes = _reduce_axes(node)
+            seen.append(f"{label} axes {axes}")
+            if axes is None or len(axes) != 1 or not _last_axis(axes[0], rank) or not node.attrs.get("keepdims", 1):
+                return False, ", ".join(seen)
+        elif node.op == "LayerNormalization":
+            axis = int(node.attrs.get("axis", -1))
+            seen.append(f"axis {axis}")
+            if not _last_axis(axis, rank):
+                return False, ", ".join(seen)
+    return True, ", ".join(seen)
+
+
+def layer_norm_output_only(match: Match) -> tuple[bool, str]:
+    """Only LayerNormalization's normalized output is read: exNorm returns Y alone (seed 001,
+    exNorm outputs)."""
+    extra = [t.name for t in match.nodes["norm"].outputs[1:] if t.name and t.outputs]
+    return not extra, f"{', '.join(extra)} is read" if extra else ""
+
+
+def scales_are_scalars(match: Match) -> tuple[bool, str]:
+    """Attention scales are scalars: exSDPAttention takes one float scale (seed 001,
+    exSDPAttention, scale: T3 float scalar)."""
+    shapes = {label: match.constant(label).shape for label in ("q_scale", "k_scale", "scale")
+              if label in match.tensors}
+    return all(int(np.prod(s)) == 1 for s in shapes.values()), str(shapes)
+
+
+def softmax_on_last_axis(match: Match) -> tuple[bool, str]:
+    """Softmax runs over the keys, the last axis of the scores (seed 001, exSDPAttention:
+    scaled dot-product attention)."""
+    softmax = match.nodes["softmax"]
+    axis = int(softmax.attrs.get("axis", -1))
+    return _last_axis(axis, _rank(softmax.outputs[0])), f"axis {axis}"
+
+
+def attention_channels_within_8192(match: Match) -> tuple[bool, str]:
+    """Query and value have at most 8192 channels (seed 001, exSDPAttention: query and value
+    channel in (0, 8192])."""
+    shapes = [static_shape(match.tensors[label]) for label in ("q", "v")]
+    channels = [s[1] if s is not None and len(s) > 1 else None for s in shapes]
+    return all(c is not None and 0 < c <= 8192 for c in channels), f"channels {channels}"
+
+
+def recurrent_plain(match: Match) -> tuple[bool, str]:
+    """The cell is the plain variant: exLSTM supports neither CIFG (input_forget) nor
+    projection (oplist V2.3.2, RK3588 3.2.38 LSTM, input_forget and has_projection: only 0)."""
+    forget = int(match.nodes["cell"].attrs.get("input_forget", 0))
+    return forget == 0, f"input_forget {forget}"
+
+
+def sequence_batch_layout(match: Match) -> tuple[bool, str]:
+    """The output is reordered to [sequence, batch, directions*hidden]: exLSTM/exGRU's
+    '(sn)c' output layout (oplist V2.3.2, RK3588 3.2.38 LSTM, output_layout)."""
+    perm = list(match.nodes["transpose"].attrs.get("perm", []))
+    y, out = static_shape(match.nodes["cell"].outputs[0]), static_shape(match.nodes["reshape"].outputs[0])
+    expected = None if y is None else (y[0], y[2], y[1] * y[3])
+    return perm == [0, 2, 1, 3] and out == expected, f"perm {perm}, {y} -> {out}"
+
+
+# --- attributes the fused kernel needs beyond its members -----------------------------------
+
+
+def _scalar_value(match: Match, label: str) -> float:
+    return float(match.constant(label).reshape(-1)[0])
+
+
+def norm_attributes(mode: str) -> Callable[[Match], dict]:
+    def attributes(match: Match) -> dict:
+        if "norm" in match.nodes:
+            epsilon = float(match.nodes["norm"].attrs.get("epsilon", 1e-5))
+        else:
+            epsilon = _scalar_value(match, "epsilon")
+        return {"mode": mode, "epsilon": epsilon, "axis": -1}
+    return attributes
+
+
+def sdpa_attributes(match: Match) -> dict:
+    scale = 1.0
+    for label in ("q_scale", "k_scale", "scale"):
+        if label in match.tensors:
+            value = _scalar_value(match, label)
+            scale *= 1 / value if label == "scale" and match.nodes["scaling"].op == "Div" else value
+    return {"scale": scale, "has_mask": "mask" in match.tensors}
+
+
+def clip_attributes(match: Match) -> dict:
+    bounds = [np.asarray(t.values).reshape(-1)[0] if t.name else None for t in match.nodes["clip"].inputs[1:3]]
+    bounds += [None] * (2 - len(bounds))
+    return {name: float(value) for name, value in zip(("min", "max"), bounds) if value is not None}
+
+
+# --- patterns -------------------------------------------------------------------------------
+
+
+def _mul(a: Pattern, b: Pattern, label: str | None = None) -> Op:
+    return Op("Mul", a, b, label=label, commutative=True)
+
+
+def _add(a: Pattern, b: Pattern, label: str | None = None) -> Op:
+    return Op("Add", a, b, label=label, commutative=True)
+
+
+def _half_x_times(x: Pattern, inner: Pattern) -> Pattern:
+    """0.5 * x * inner, in the two orders exporters write it."""
+    return Alt(_mul(_mul(x, inner), Const(0.5)), _mul(_mul(x, Const(0.5)), inner))
+
+
+def _gelu_erf() -> Pattern:
+    x = Any("x")
+    scaled = Alt(Op("Div", x, Const(float(np.sqrt(2)))), _mul(x, Const(float(1 / np.sqrt(2)))))
+    return _half_x_times(x, _add(Op("Erf", scaled), Const(1.0)))
+
+
+def _gelu_tanh() -> Pattern:
+    x = Any("x")
+    cube = Alt(Op("Pow", x, Const(3.0)), _mul(x, _mul(x, x)))
+    inner = _mul(_add(x, _mul(cube, Const(0.044715))), Const(float(np.sqrt(2 / np.pi))))
+    return _half_x_times(x, _add(Op("Tanh", inner), Const(1.0)))
+
+
+def _hard_swish_relu6() -> Pattern:
+    x = Any("x")
+    relu6 = Op("Clip", _add(x, Const(3.0)), Const(0.0), Const(6.0))
+    return Alt(Op("Div", _mul(x, relu6), Const(6.0)),
+               _mul(_mul(x, relu6), Const(1 / 6)),
+               _mul(x, Op("Div", relu6, Const(6.0))),
+               _mul(x, _mul(relu6, Const(1 / 6))))
+
+
+def _layer_norm() -> Pattern:
+    x = Any("x")
+    centred = Op("Sub", x, Op("ReduceMean", x, label="mean"), label="centred")
+    again = Op("Sub", label="centred")
+    square = Alt(Op("Pow", again, Const(2.0)), Op("Mul", again, again))
+    spread = Op("Sqrt", _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
+    normalized = Op("Div", centred, spread)
+    return _affine(normalized)
+
+
+def _rms_norm() -> Pattern:
+    x = Any("x")
+    square = Alt(Op("Pow", x, Const(2.0)), Op("Mul", x, x))
+    root = Op("Sqrt", _add(Op("ReduceMean", square, label="mean_square"), Const(label="epsilon")))
+    normalized = Alt(Op("Div", x, root), _mul(x, Op("Reciprocal", root)))
+    return optional(lambda inner: _mul(inner, Const()), normalized)
+
+
+def _affine(normalized: Pattern) -> Pattern:
+    scaled = optional(lambda inner: _mul(inner, Const()), normalized)
+    return optional(lambda inner: _add(inner, Const()), scaled)
+
+
+def _attention() -> Op:
+    q = optional(lambda inner: _mul(inner, Const(label="q_scale")), Any("q"))
+    k = optional(lambda inner: _mul(inner, Const(label="k_scale")), Any("k"))
+    scores = Op("MatMul", q, k, label="scores")
+    scores = optional(lambda inner: Alt(_mul(inner, Const(label="scale"), label="scaling"),
+                                        Op("Div", inner, Const(label="scale"), label="scaling")), scores)
+    scores = optional(lambda inner: _add(inner, Any("mask")), scores)
+    return Op("MatMul", Op("Softmax", scores, label="softmax"), Any("v"))
+
+
+def _recurrent_with_layout(cell: str) -> Op:
+    """The cell's Y reordered by Transpose + Reshape, as PyTorch exports a (bi)directional RNN."""
+    return Op("Reshape", Op("Transpose", Op(cell, label="cell"), label="transpose"), label="reshape")
+
+
+def _conv_then(activation: str | tuple[str, ...], *inputs: Pattern, label: str | None = None) -> Op:
+    return Op(activation, Op(CONV, label="conv"), *inputs, label=label)
+
+
+RECOGNISERS: tuple[FusionRule, ...] = (
+    FusionRule("exSDPAttention", "exSDPAttention", _attention(),
+               (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes),
+    FusionRule("exNorm", "exNorm", _layer_norm(), (normalizes_last_axis,), norm_attributes("layer")),
+    FusionRule("exNorm", "exNorm", _rms_norm(), (normalizes_last_axis,), norm_attributes("rms")),
+    FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
+               (normalizes_last_axis, layer_norm_output_only), norm_attributes("layer")),
+    FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}),
+    FusionRule("exGelu", "exGelu", _gelu_tanh(), attributes=lambda m: {"approximate": "tanh"}),
+    FusionRule("exMish", "exMish", _mul(Any("x"), Op("Tanh", Alt(
+        Op("Softplus", Any("x")), Op("Log", _add(Op("Exp", Any("x")), Const(1.0))))))),
+    FusionRule("HardSwish", "HardSwish", _mul(Any("x"), Op("HardSigmoid", Any("x"), label="hard_sigmoid")),
+               (hard_sigmoid_is_relu6_over_6,)),
+    FusionRule("HardSwish", "HardSwish", _hard_swish_relu6()),
+    FusionRule("exSwish", "exSwish", _mul(Any("x"), Op("Sigmoid", Any("x")))),
+    FusionRule("exGlu", "exGlu", _mul(Op("Split", Any("x"), label="split", output=0),
+                                      Op("Sigmoid", Op("Split", Any("x"), label="split", output=1))),
+               (split_halves_on_channels,), lambda m: {"axis": 1}),
+    FusionRule("exLSTM", "LSTM", _recurrent_with_layout("LSTM"), (recurrent_plain, sequence_batch_layout),
+               lambda m: {"output_layout": "(sn)c"}),
+    FusionRule("exGRU", "GRU", _recurrent_with_layout("GRU"), (sequence_batch_layout,),
+               lambda m: {"output_layout": "(sn)c"}),
+    FusionRule("exLSTM", "LSTM", Op("LSTM", label="cell"), (recurrent_plain,),
+               lambda m: {"output_layout": "sbnc"}),
+    FusionRule("exGRU", "GRU", Op("GRU", label="cell"), attributes=lambda m: {"output_layout": "sbnc"}),
+)
+
+KERNEL_FUSIONS: tuple[FusionRule, ...] = (
+    FusionRule("ConvAddRelu", "ConvolutionAddRelu",
+               Op("Relu", _add(Op(CONV, label="conv"), Any("other"))), (operand_same_shape,)),
+    FusionRule("ConvAdd", "ConvolutionAdd", _add(Op(CONV, label="conv"), Any("other")), (operand_same_shape,)),
+    FusionRule("AddRelu", "AddRelu", Op("Relu", Op("Add", Any(), Any()))),
+    FusionRule("MulRelu", "MulRelu", Op("Relu", Op("Mul", Any(), Any()))),
+    FusionRule("ConvRelu", "ConvolutionRelu", _conv_then("Relu")),
+    FusionRule("ConvClip", "ConvolutionClip", _conv_then("Clip", label="clip"), (clip_bounds_constant,),
+               clip_attributes),
+    FusionRule("ConvPRelu", "ConvolutionPRelu/LeakyRelu", _conv_then("PRelu", Const(label="slope"), label="activation"),
+               (slope_scalar_or_per_channel,)),
+    FusionRule("ConvLeakyRelu", "ConvolutionPRelu/LeakyRelu", _conv_then("LeakyRelu")),
+    FusionRule("ConvSigmoid", "ConvolutionSigmoid", _conv_then("Sigmoid")),
+    FusionRule("ConvTanh", "ConvolutionTanh", _conv_then("Tanh")),
+    FusionRule("ConvHardSigmoid", "ConvolutionHardSigmoid", _conv_then("HardSigmoid")),
+    FusionRule("ConvHardSwish", "ConvolutionHardSwish", _conv_then("HardSwish")),
+    FusionRule("ConvElu", "ConvolutionElu", _conv_then("Elu")),
+    FusionRule("ConvSoftplus", "ConvolutionSoftplus", _conv_then("Softplus")),
+    FusionRule("ConvExSwish", "ConvolutionSwish", _conv_then("exSwish")),
+    FusionRule("ConvExMish", "ConvolutionMish", _conv_then(("exMish", "Mish"))),
+    FusionRule("exMatMul", "exMatMul", _add(Op("MatMul", label="matmul"), Any("c")),
+               attributes=lambda m: {"c_type": "add"}),
+)
+
+TABLES = (RECOGNISERS, KERNEL_FUSIONS)
+
+#: Every kernel name a fused step can show.
+FUSED_KERNELS = frozenset(rule.kernel for table in TABLES for rule in table)

@@ -1,0 +1,163 @@
+"""A small dataflow-pattern language over the gs graph, in the spirit of TVM's relay patterns.
+
+A pattern describes the tensor a fused kernel produces, read backwards from the node that
+produces it (the root):
+
+- `Op(ops, *inputs)` matches a tensor made by a node whose op is one of `ops`; that node becomes
+  a member of the fusion. `inputs` constrain the node's first inputs in order; inputs beyond them
+  are taken as they are (a Conv's weight and bias). `commutative=True` also tries two inputs
+  swapped, for Add and Mul.
+- `Any()` matches any tensor: it becomes an input of the fused kernel.
+- `Const(value)` matches a constant, with `value` a scalar the constant must equal.
+- `Alt(a, b, ...)` matches the first alternative that fits; `optional(wrap, inner)` is
+  `Alt(wrap(inner), inner)`.
+
+A `label` binds what a pattern matched. A later pattern with the same label must match the same
+tensor (`Any`, `Const`) or the same node (`Op`): that is how `x * sigmoid(x)` says both factors
+are one tensor, and how a decomposed LayerNorm reuses `x - mean` twice.
+
+Matching backtracks: `match` yields every way a pattern fits, so a caller can skip a match
+that fails a later check (two consumers, a cycle) and take the next.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from .ir import is_onnx_domain
+
+#: Domain of the nodes a fusion creates; patterns match these as well as ONNX ops, so a kernel
+#: fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
+FUSED_DOMAIN = "rkcompile"
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a pattern bound: labelled tensors and nodes, and the member nodes, root first."""
+
+    tensors: dict[str, gs.Tensor] = field(default_factory=dict)
+    nodes: dict[str, gs.Node] = field(default_factory=dict)
+    members: tuple[gs.Node, ...] = ()
+
+    def with_tensor(self, label: str | None, tensor: gs.Tensor) -> "Match":
+        if label is None:
+            return self
+        return Match({**self.tensors, label: tensor}, self.nodes, self.members)
+
+    def with_member(self, label: str | None, node: gs.Node) -> "Match":
+        nodes = {**self.nodes, label: node} if label else self.nodes
+        return Match(self.tensors, nodes, self.members + (node,))
+
+    def constant(self, label: str) -> np.ndarray:
+        return np.asarray(self.tensors[label].values)
+
+
+class Pattern:
+    def match(self, tensor: gs.Tensor, found: Match) -> Iterator[Match]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Any(Pattern):
+    label: str | None = None
+
+    def match(self, tensor, found):
+        bound = found.tensors.get(self.label) if self.label else None
+        if bound is None:
+            yield found.with_tensor(self.label, tensor)
+        elif bound is tensor:
+            yield found
+
+
+@dataclass(frozen=True)
+class Const(Pattern):
+    """A constant; with `value`, a single-element constant equal to it (to float16 precision,
+    since exporters write e.g. 1/6 and sqrt(2) as rounded float32)."""
+
+    value: float | None = None
+    label: str | None = None
+
+    def match(self, tensor, found):
+        if not isinstance(tensor, gs.Constant):
+            return
+        if self.value is not None:
+            values = np.asarray(tensor.values)
+            if values.size != 1 or not np.isclose(float(values.reshape(-1)[0]), self.value, rtol=1e-3, atol=1e-6):
+                return
+        yield from Any(self.label).match(tensor, found)
+
+
+@dataclass(frozen=True)
+class Op(Pattern):
+    ops: tuple[str, ...]
+    inputs: tuple[Pattern, ...] = ()
+    label: str | None = None
+    output: int = 0
+    commutative: bool = False
+
+    def __init__(self, ops: str | tuple[str, ...], *inputs: Pattern, label: str | None = None,
+                 output: int = 0, commutative: bool = False):
+        object.__setattr__(self, "ops", (ops,) if isinstance(ops, str) else tuple(ops))
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "output", output)
+        object.__setattr__(self, "commutative", commutative)
+
+    def match(self, tensor, found):
+        if len(tensor.inputs) != 1:
+            return
+        node = tensor.inputs[0]
+        if node.op not in self.ops or not (is_onnx_domain(node) or node.domain == FUSED_DOMAIN):
+            return
+        if len(node.outputs) <= self.output or node.outputs[self.output] is not tensor:
+            return
+        bound = found.nodes.get(self.label) if self.label else None
+        if bound is not None:
+            if bound is node:
+                yield found
+            return
+        if any(member is node for member in found.members):
+            return  # reaching a member again must be said with a label
+        if len(node.inputs) < len(self.inputs):
+            return
+        found = found.with_member(self.label, node)
+        orders = [self.inputs]
+        if self.commutative and len(self.inputs) == 2:
+            orders.append(self.inputs[::-1])
+        for order in orders:
+            yield from _match_all(order, node.inputs, found)
+
+
+def _match_all(patterns, tensors, found: Match) -> Iterator[Match]:
+    if not patterns:
+        yield found
+        return
+    for partial in patterns[0].match(tensors[0], found):
+        yield from _match_all(patterns[1:], tensors[1:], partial)
+
+
+@dataclass(frozen=True)
+class Alt(Pattern):
+    options: tuple[Pattern, ...]
+
+    def __init__(self, *options: Pattern):
+        object.__setattr__(self, "options", options)
+
+    def match(self, tensor, found):
+        for option in self.options:
+            yield from option.match(tensor, found)
+
+
+def optional(wrap: Callable[[Pattern], Pattern], inner: Pattern) -> Pattern:
+    """`wrap(inner)` when the graph has the wrapping op, else `inner` alone."""
+    return Alt(wrap(inner), inner)
+
+
+def matches(pattern: Pattern, root: gs.Node) -> Iterator[Match]:
+    """Every way `pattern` fits with `root` as the node producing the pattern's result (its
+    first output); the match's first member is then `root`."""
+    if root.outputs:
+        yield from pattern.match(root.outputs[0], Match())
