@@ -54,21 +54,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="plan a model for a target and print a summary",
                                description="Plan MODEL for an RKNPU2 target: placement, partitions, memory.")
-    plan.add_argument("model", type=Path, help="the ONNX model file")
-    plan.add_argument("--target", required=True, help=f"the SoC to plan for ({names})")
+    _add_model_arguments(plan, names)
     plan.add_argument("--json", type=Path, metavar="PATH", help="write the plan (rkcompile.plan/1) to PATH")
-    plan.add_argument("--dtype", default="float16", choices=["float16"],
-                      help="NPU compute dtype (default float16)")
-    plan.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
-    plan.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
-                      help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
     plan.add_argument("--dump-after", action="append", default=[], choices=PASS_NAMES, metavar="PASS",
                       help=f"write the graph as ONNX after PASS ({', '.join(PASS_NAMES)}); repeatable")
     plan.add_argument("--dump-dir", type=Path, default=Path("."), help="folder for --dump-after files (default .)")
     plan.add_argument("--quiet", action="store_true", help="print no summary")
 
     commands.add_parser("targets", help="list the targets and their figures")
+
+    graph = commands.add_parser("graph", help="draw the partition graph of a plan",
+                                description="Plan MODEL and write its partition graph: Graphviz DOT, SVG "
+                                            "(needs Graphviz's dot), a self-contained HTML page, or an ONNX "
+                                            "file with one rkcompile::NpuPartition node per NPU partition.")
+    _add_model_arguments(graph, names)
+    graph.add_argument("--format", required=True, choices=GRAPH_FORMATS, help="what to write")
+    graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="the file to write")
     return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str) -> None:
+    """What every command that plans a model takes."""
+    parser.add_argument("model", type=Path, help="the ONNX model file")
+    parser.add_argument("--target", required=True, help=f"the SoC to plan for ({target_names})")
+    parser.add_argument("--dtype", default="float16", choices=["float16"],
+                        help="NPU compute dtype (default float16)")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
+                        help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +135,38 @@ def _targets(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"plan": _plan, "targets": _targets}
+GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
+
+
+def _graph(args: argparse.Namespace) -> int:
+    from .pipeline import compile_model
+
+    if not args.output.parent.is_dir():
+        raise CompileError(f"--output: folder {args.output.parent} does not exist")
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape))
+    plan, ctx = compile_model(args.model, args.target, options)
+    if args.format == "onnx":
+        from .partitioned_onnx import partitioned_model
+
+        write_atomically(args.output, partitioned_model(ctx).SerializeToString())
+        return 0
+    from .partition_view import build_view
+
+    view = build_view(plan, ctx)
+    if args.format == "html":
+        from .html_report import to_html
+        from .summary import render_summary
+
+        write_atomically(args.output, to_html(view, render_summary(plan)))
+        return 0
+    from .graphviz import dot_to_svg, to_dot
+
+    dot_source = to_dot(view)
+    write_atomically(args.output, dot_to_svg(dot_source) if args.format == "svg" else dot_source)
+    return 0
+
+
+_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph}
 
 if __name__ == "__main__":
     sys.exit(main())
