@@ -1,9 +1,13 @@
 """Layout: give every tensor the plan touches its dtype, memory layout, byte size and region.
 
-NPU feature maps are stored NC1HWC2 (seed 003, 3.x "NC1HWC2"): C1 = ceil(C / C2), with C2 from
-the target's table for the plan dtype, and the padding channels are real bytes. Tensors the CPU
-produces stay in their ONNX dtype and row-major layout; model inputs and outputs keep their
-declared dtype and layout. Sizes are Python-int arithmetic, so huge shapes never allocate.
+Where a tensor lives is decided by the step that writes it. NPU feature maps are stored
+NC1HWC2 (seed 003, 3.1.2 and table 3-1): C1 = ceil(C / C2), C2 from the target's table for the
+stored dtype, and the padding channels are real bytes. Tensors of rank below 4 are stored as
+the 4-D feature map `as_nchw` gives them (docs/memory.md). Tensors the CPU writes stay in their
+ONNX dtype, row-major (NCHW for rank 4, ND otherwise). A `host` step converts between the
+two, so its outputs take the layout of the device that reads them. Model inputs and outputs
+keep their declared dtype and layout; constants go to the `weight` region in the dtype their
+first reader computes in. Sizes are Python-int arithmetic, so huge shapes never allocate.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.context import CompileContext
 from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, itemsize, present_inputs, static_shape
 from rkcompile.plan import TensorPlacement
+from rkcompile.targets.model import Target
 
 NAME = "layout"
 
@@ -21,49 +26,80 @@ def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in graph.nodes}
     inputs = {t.name for t in graph.inputs}
     outputs = {t.name for t in graph.outputs}
-    npu_dtype = ctx.options.dtype
+    readers: dict[str, list[str]] = {}
+    for name in ctx.order:
+        for tensor in present_inputs(nodes[name]):
+            readers.setdefault(tensor.name, []).append(ctx.placement[name].device)
     tensors: dict[str, TensorPlacement] = {}
 
-    def place(tensor: gs.Tensor, region: str, on_npu: bool) -> None:
-        shape = static_shape(tensor)
-        dtype = dtype_name(tensor.dtype) or "unknown"
-        if on_npu and dtype in FLOAT_DTYPES:
-            dtype = npu_dtype
-        if shape is None:
-            layout, size = "unknown", 0
-        elif on_npu and region == "arena" and len(shape) == 4:
-            layout, size = "NC1HWC2", nc1hwc2_bytes(shape, ctx.target.c2_for(npu_dtype), itemsize(dtype))
-        else:
-            layout = "NCHW" if len(shape) == 4 else "ND"
-            size = element_count(shape) * itemsize(dtype) if dtype != "unknown" else 0
-        tensors[tensor.name] = TensorPlacement(shape=shape, dtype=dtype, layout=layout, bytes=size,
-                                               region=region, offset=0)
+    def place(tensor: gs.Tensor, region: str, device: str) -> None:
+        tensors[tensor.name] = placement(tensor, region, device, ctx.target, ctx.options.dtype)
 
     for tensor in graph.inputs:
-        place(tensor, "input", on_npu=False)
+        place(tensor, "input", "cpu")
     for name in ctx.order:
         node = nodes[name]
-        on_npu = ctx.placement[name].device == "npu"
+        device = ctx.placement[name].device
         for tensor in present_inputs(node):
             if isinstance(tensor, gs.Constant) and tensor.name not in tensors:
-                place(tensor, "weight", on_npu)
+                place(tensor, "weight", device)
         for tensor in node.outputs:
             if tensor.name in outputs:
-                place(tensor, "output", on_npu=False)
+                place(tensor, "output", "cpu")
             elif tensor.name and tensor.name not in inputs:
-                place(tensor, "arena", on_npu)
+                stored_on = device
+                if device == "host":
+                    stored_on = "npu" if "npu" in readers.get(tensor.name, ()) else "cpu"
+                place(tensor, "arena", stored_on)
     for tensor in graph.outputs:
         if tensor.name not in tensors:
-            place(tensor, "weight" if isinstance(tensor, gs.Constant) else "output", on_npu=False)
+            place(tensor, "weight" if isinstance(tensor, gs.Constant) else "output", "cpu")
     ctx.tensors = tensors
+
+
+def placement(tensor: gs.Tensor, region: str, device: str, target: Target, npu_dtype: str) -> TensorPlacement:
+    """How `tensor` is stored when `device` holds it in `region`."""
+    shape = static_shape(tensor)
+    dtype = dtype_name(tensor.dtype) or "unknown"
+    if device == "npu" and dtype in FLOAT_DTYPES:
+        dtype = npu_dtype
+    if shape is None or dtype == "unknown":
+        # Only CPU tensors can get here (verify() demands static NPU shapes); the CPU runtime
+        # sizes them when it runs, so the plan cannot reserve bytes for them.
+        return TensorPlacement(shape=shape, dtype=dtype, layout="unknown", bytes=0, region=region, offset=0)
+    if device == "npu" and region == "arena" and len(shape) <= 4 and target.supports_dtype(dtype):
+        size = nc1hwc2_bytes(as_nchw(shape), target.c2_for(dtype), itemsize(dtype))
+        return TensorPlacement(shape=shape, dtype=dtype, layout="NC1HWC2", bytes=size, region=region, offset=0)
+    layout = "NCHW" if len(shape) == 4 else "ND"
+    return TensorPlacement(shape=shape, dtype=dtype, layout=layout, bytes=element_count(shape) * itemsize(dtype),
+                           region=region, offset=0)
+
+
+def as_nchw(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """The 4-D feature map an NPU tensor of rank <= 4 is stored as: ONNX keeps channels on
+    axis 1 and the missing spatial axes are 1, so (C,) -> (1,C,1,1), (N,C) -> (N,C,1,1) and
+    (N,C,L) -> (N,C,1,L); a scalar is one channel."""
+    match tuple(shape):
+        case ():
+            return 1, 1, 1, 1
+        case (c,):
+            return 1, c, 1, 1
+        case (n, c):
+            return n, c, 1, 1
+        case (n, c, length):
+            return n, c, 1, length
+        case (n, c, h, w):
+            return n, c, h, w
+    raise ValueError(f"the NPU stores tensors of rank 4 or less, not {shape}")
 
 
 def nc1hwc2_shape(shape: tuple[int, ...], c2: int) -> tuple[int, int, int, int, int]:
     """(N, C, H, W) -> (N, C1, H, W, C2) with C1 = ceil(C / C2); seed 003's example: (1,13,4,4)
-    with C2 = 8 is (1,2,4,4,8)."""
+    int8 on RK3568 (C2 = 8) is (1,2,4,4,8)."""
     n, c, h, w = shape
     return n, -(-c // c2), h, w, c2
 
 
 def nc1hwc2_bytes(shape: tuple[int, ...], c2: int, element_bytes: int) -> int:
     return element_count(nc1hwc2_shape(shape, c2)) * element_bytes
+

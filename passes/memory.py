@@ -1,74 +1,92 @@
-"""Memory: place arena tensors at offsets so that tensors alive at the same time never overlap.
+"""Memory: give every arena tensor an offset so that tensors live at the same step never share
+bytes, and lay the weight, input and output regions out one tensor after another.
 
-A tensor is live from the step that writes it to the last step that reads it. The lower bound is
-the largest total of bytes live at any one step; offsets come from greedy-by-size (largest tensor
-first, lowest offset that fits beside the already placed tensors whose lives overlap). Weights,
-inputs and outputs live in their own regions, laid out one after another.
+Live ranges come from the step order and the tensors each step lists, whatever the step is
+(NPU, CPU or host conversion), so anything a step reads or writes in the arena is sized by its
+layout and planned. An element-wise step may write its output over an input it reads for the
+last time (`reuses` in the plan); the pair becomes one buffer for the planner. Offsets are
+multiples of the target's C2 block (docs/memory.md).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+from rkcompile.allocation import Buffer, live_ranges, plan_arena
 from rkcompile.context import CompileContext
-from rkcompile.ir import present_inputs
-from rkcompile.plan import Memory
+from rkcompile.ir import itemsize, present_inputs
+from rkcompile.plan import Memory, TensorPlacement
 
 NAME = "memory"
+
+#: Kernels (ONNX op names and oplist kernel names) whose every output element depends only on
+#: the same element of each input, read before it is written; only these may work in place.
+STREAMING_KERNELS = frozenset({
+    "Abs", "Add", "AddRelu", "BatchNormalization", "Clip", "Clip/ReLU6", "Div", "Elu", "Erf", "Exp",
+    "Gelu", "HardSigmoid", "HardSwish", "LeakyRelu", "Log", "Max", "Min", "Mish", "Mul", "MulRelu",
+    "Neg", "PRelu", "Pow", "Reciprocal", "Relu", "Sigmoid", "Softplus", "Sqrt", "Sub", "Tanh",
+    "exGelu", "exMish", "exSwish",
+})
 
 
 def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
-    live: dict[str, list[int]] = {}
-    for index, name in enumerate(ctx.order):
-        node = nodes[name]
-        for tensor in node.outputs:
-            if ctx.tensors.get(tensor.name) is not None and ctx.tensors[tensor.name].region == "arena":
-                live.setdefault(tensor.name, [index, index])
-        for tensor in present_inputs(node):
-            if tensor.name in live:
-                live[tensor.name][1] = index
-    intervals = {name: (start, end, ctx.tensors[name].bytes) for name, (start, end) in live.items()}
-    offsets, arena = greedy_by_size(intervals)
+    steps = [(ctx.placement[name].kernel, [t.name for t in present_inputs(nodes[name])],
+              [t.name for t in nodes[name].outputs if t.name]) for name in ctx.order]
+    arena = {name: t for name, t in ctx.tensors.items() if t.region == "arena"}
+    ranges = live_ranges([(inputs, outputs) for _, inputs, outputs in steps], arena)
+    reuses = in_place_reuses(steps, ranges, arena)
+    alignment = ctx.target.c2_for(ctx.options.dtype) * itemsize(ctx.options.dtype)
+
+    owner = {}
+    for name in ranges:
+        owner[name] = owner[reuses[name]] if name in reuses else name
+    spans: dict[str, list[int]] = {}
+    for name, (first, last) in ranges.items():
+        span = spans.setdefault(owner[name], [first, last])
+        span[0], span[1] = min(span[0], first), max(span[1], last)
+    buffers = {root: Buffer(first, last, _aligned(arena[root].bytes, alignment))
+               for root, (first, last) in spans.items()}
+    allocation = plan_arena(buffers)
+
     region_ends = {"weight": 0, "input": 0, "output": 0}
-    tensors = {}
+    tensors: dict[str, TensorPlacement] = {}
     for name, tensor in ctx.tensors.items():
         if tensor.region == "arena":
-            offset = offsets.get(name, 0)
+            tensors[name] = replace(tensor, offset=allocation.offsets.get(owner.get(name), 0),
+                                    reuses=reuses.get(name))
         else:
-            offset = region_ends[tensor.region]
-            region_ends[tensor.region] += tensor.bytes
-        tensors[name] = replace(tensor, offset=offset)
+            tensors[name] = replace(tensor, offset=region_ends[tensor.region])
+            region_ends[tensor.region] += _aligned(tensor.bytes, alignment)
     ctx.tensors = tensors
-    ctx.memory = Memory(arena_bytes=arena, lower_bound_bytes=lower_bound(intervals),
-                        weight_bytes=region_ends["weight"])
+    ctx.memory = Memory(arena_bytes=allocation.arena_bytes, lower_bound_bytes=allocation.lower_bound_bytes,
+                        weight_bytes=region_ends["weight"], alignment=alignment)
 
 
-def lower_bound(intervals: dict[str, tuple[int, int, int]]) -> int:
-    """Largest sum of sizes of tensors live at the same step (start and end inclusive)."""
-    events: dict[int, int] = {}
-    for start, end, size in intervals.values():
-        events[start] = events.get(start, 0) + size
-        events[end + 1] = events.get(end + 1, 0) - size
-    peak = current = 0
-    for step in sorted(events):
-        current += events[step]
-        peak = max(peak, current)
-    return peak
+def in_place_reuses(steps: list[tuple[str, list[str], list[str]]], ranges: dict[str, tuple[int, int]],
+                    arena: dict[str, TensorPlacement]) -> dict[str, str]:
+    """{output: input} for each streaming step whose output can overwrite an input: the step is
+    the input's last reader, and both have the same shape, dtype, layout and size, so no
+    broadcast makes the kernel read an element after it wrote over it."""
+    reuses: dict[str, str] = {}
+    taken: set[str] = set()
+    for index, (kernel, inputs, outputs) in enumerate(steps):
+        if kernel not in STREAMING_KERNELS:
+            continue
+        for output in outputs:
+            if output not in arena or output in reuses:
+                continue
+            for source in inputs:
+                if (source in arena and source not in taken and source not in outputs
+                        and ranges[source][1] == index and _same_storage(arena[source], arena[output])):
+                    reuses[output] = source
+                    taken.add(source)
+                    break
+    return reuses
 
 
-def greedy_by_size(intervals: dict[str, tuple[int, int, int]]) -> tuple[dict[str, int], int]:
-    """Offsets for `{name: (first_step, last_step, bytes)}` and the arena size they need."""
-    placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, size)
-    offsets: dict[str, int] = {}
-    arena = 0
-    for name, (start, end, size) in sorted(intervals.items(), key=lambda kv: (-kv[1][2], kv[1][0], kv[0])):
-        busy = sorted((off, off + sz) for s, e, off, sz in placed if s <= end and start <= e)
-        offset = 0
-        for low, high in busy:
-            if offset + size <= low:
-                break
-            offset = max(offset, high)
-        offsets[name] = offset
-        placed.append((start, end, offset, size))
-        arena = max(arena, offset + size)
-    return offsets, arena
+def _same_storage(a: TensorPlacement, b: TensorPlacement) -> bool:
+    return (a.shape, a.dtype, a.layout, a.bytes) == (b.shape, b.dtype, b.layout, b.bytes) and a.bytes > 0
+
+
+def _aligned(size: int, alignment: int) -> int:
+    return -(-size // alignment) * alignment

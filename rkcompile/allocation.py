@@ -14,7 +14,7 @@ with the planner, so a planner bug cannot hide itself.
 from __future__ import annotations
 
 import heapq
-import time
+import random
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -85,48 +85,70 @@ def conflicts(buffers: Sequence[Buffer]) -> list[list[int]]:
     return neighbours
 
 
-def place_in_order(order: Sequence[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]],
-                   best_fit: bool = True) -> tuple[list[int], int]:
-    """Place buffers one by one in `order`; each goes into a gap among its already placed
-    neighbours: the smallest gap that fits (`best_fit`) or the lowest one, else on top of them."""
+def place_in_order(order: Sequence[int], sizes: Sequence[int],
+                   neighbours: Sequence[Sequence[int]]) -> tuple[list[int], int]:
+    """Place buffers one by one in `order`, each into the smallest gap among its already
+    placed neighbours that fits it, else on top of them; returns offsets and the arena size."""
     offsets = [-1] * len(sizes)
     arena = 0
     for index in order:
-        size = sizes[index]
-        busy = sorted((offsets[other], offsets[other] + sizes[other])
-                      for other in neighbours[index] if offsets[other] >= 0)
-        chosen, chosen_gap, top = -1, None, 0
-        for low, high in busy:
-            gap = low - top
-            if gap >= size and (chosen_gap is None or gap < chosen_gap):
-                chosen, chosen_gap = top, gap
-                if not best_fit:
-                    break
-            top = max(top, high)
-        offsets[index] = top if chosen < 0 else chosen
-        arena = max(arena, offsets[index] + size)
+        offsets[index] = _fit(index, offsets, sizes, neighbours, smallest_gap=True)
+        arena = max(arena, offsets[index] + sizes[index])
     return offsets, arena
 
 
-def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.02, exact_limit: int = 9,
-               budget_seconds: float = 1.0) -> Allocation:
-    """Offsets for `buffers` with the arena within `slack` of the lower bound where the search
-    finds it: greedy-by-size first, then exact search (at most `exact_limit` buffers) or a hill
-    climb over the placement order, stopped by `budget_seconds`."""
+def _fit(index: int, offsets: Sequence[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]],
+         smallest_gap: bool) -> int:
+    """An offset for buffer `index` clear of its placed neighbours (offset -1 is unplaced): the
+    smallest gap that fits, or the lowest one; above all of them when no gap fits."""
+    size = sizes[index]
+    chosen, chosen_gap, top = -1, 0, 0
+    for low, high in sorted((offsets[o], offsets[o] + sizes[o]) for o in neighbours[index] if offsets[o] >= 0):
+        gap = low - top
+        if gap >= size and (chosen < 0 or gap < chosen_gap):
+            chosen, chosen_gap = top, gap
+            if not smallest_gap:
+                break
+        top = max(top, high)
+    return top if chosen < 0 else chosen
+
+
+def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.0, exact_limit: int = 9,
+               work_budget: int = 400_000) -> Allocation:
+    """Offsets for `buffers`, stopping as soon as the arena is within `slack` of the lower bound.
+
+    Greedy placement in a few orders (by size, the paper's rule; by lifetime then size; by
+    size x lifetime), keeping the best. If that misses, exact search for at most
+    `exact_limit` buffers, else a hill climb whose moves are capped so that moves x (buffers +
+    conflicting pairs) stays under `work_budget`: deterministic, and bounded on huge graphs.
+    """
     names = sorted(buffers, key=lambda n: (-buffers[n].size, buffers[n].first, n))
     items = [buffers[n] for n in names]
     sizes = [b.size for b in items]
     bound = lower_bound(items)
     neighbours = conflicts(items)
-    order = list(range(len(items)))
-    offsets, arena = place_in_order(order, sizes, neighbours)
     target = bound * (1 + slack)
+    lifetime = [b.last - b.first + 1 for b in items]
+    orders = (
+        list(range(len(items))),
+        sorted(range(len(items)), key=lambda i: (-lifetime[i], -sizes[i], i)),
+        sorted(range(len(items)), key=lambda i: (-sizes[i] * lifetime[i], i)),
+    )
+    arena, offsets, order = None, [], orders[0]
+    for candidate in orders:
+        candidate_offsets, candidate_arena = place_in_order(candidate, sizes, neighbours)
+        if arena is None or candidate_arena < arena:
+            arena, offsets, order = candidate_arena, candidate_offsets, candidate
+        if arena <= target:
+            break
     if arena > target:
         if len(items) <= exact_limit:
             offsets, arena = _exact(sizes, neighbours, bound, arena, offsets)
         else:
-            offsets, arena = _hill_climb(order, sizes, neighbours, offsets, arena, target, budget_seconds)
-    return Allocation(dict(zip(names, offsets)), arena, bound)
+            pairs = sum(len(n) for n in neighbours) // 2
+            moves = max(20, work_budget // (len(items) + pairs + 1))
+            offsets, arena = _hill_climb(order, sizes, neighbours, offsets, arena, target, moves)
+    return Allocation(dict(zip(names, offsets)), arena or 0, bound)
 
 
 def _exact(sizes: Sequence[int], neighbours: Sequence[Sequence[int]], bound: int,
@@ -141,14 +163,6 @@ def _exact(sizes: Sequence[int], neighbours: Sequence[Sequence[int]], bound: int
     offsets = [-1] * count
     best = [best_arena, list(best_offsets)]
 
-    def lowest_fit(index: int) -> int:
-        top = 0
-        for low, high in sorted((offsets[o], offsets[o] + sizes[o]) for o in neighbours[index] if offsets[o] >= 0):
-            if low - top >= sizes[index]:
-                break
-            top = max(top, high)
-        return top
-
     def search(placed: int, arena: int) -> bool:
         if placed == count:
             best[0], best[1] = arena, list(offsets)
@@ -156,7 +170,7 @@ def _exact(sizes: Sequence[int], neighbours: Sequence[Sequence[int]], bound: int
         for index in range(count):
             if offsets[index] >= 0:
                 continue
-            offset = lowest_fit(index)
+            offset = _fit(index, offsets, sizes, neighbours, smallest_gap=False)
             if offset + sizes[index] >= best[0]:
                 continue
             offsets[index] = offset
@@ -170,37 +184,25 @@ def _exact(sizes: Sequence[int], neighbours: Sequence[Sequence[int]], bound: int
 
 
 def _hill_climb(order: list[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]],
-                offsets: list[int], arena: int, target: float, budget_seconds: float) -> tuple[list[int], int]:
-    """Move a buffer that sets the arena's top ahead of the conflicting buffer placed just
-    before it in the order, re-place everything, and keep the change when the arena does not
-    grow. Both gap rules are tried for each order, since neither dominates."""
-    deadline = time.perf_counter() + budget_seconds
-    position = {index: rank for rank, index in enumerate(order)}
-    tried: set[tuple[int, int]] = set()
-    while arena > target and time.perf_counter() < deadline:
-        move = None
-        for index in sorted((i for i in order if offsets[i] + sizes[i] == arena), key=position.get):
-            earlier = [o for o in neighbours[index] if position[o] < position[index]
-                       and offsets[o] + sizes[o] > offsets[index] - sizes[index]]
-            for blocker in sorted(earlier, key=position.get, reverse=True):
-                if (index, blocker) not in tried:
-                    move = (index, blocker)
-                    break
-            if move:
-                break
-        if move is None:
+                offsets: list[int], arena: int, target: float, moves: int) -> tuple[list[int], int]:
+    """Move one buffer to another place in the placement order, re-place all, and keep the
+    order when the arena does not grow (ties are kept too, so the climb can cross plateaus).
+    Half the moves take a buffer that reaches the arena's top, the rest any buffer; the random
+    source is seeded, so plans are reproducible."""
+    rng = random.Random(0)
+    count = len(order)
+    for _ in range(moves):
+        if arena <= target:
             break
-        tried.add(move)
-        index, blocker = move
+        if rng.random() < 0.5:
+            at = rng.choice([rank for rank, i in enumerate(order) if offsets[i] + sizes[i] == arena])
+        else:
+            at = rng.randrange(count)
         candidate = list(order)
-        candidate.remove(index)
-        candidate.insert(candidate.index(blocker), index)
-        for best_fit in (True, False):
-            new_offsets, new_arena = place_in_order(candidate, sizes, neighbours, best_fit)
-            if new_arena <= arena:
-                order, offsets, arena = candidate, new_offsets, new_arena
-                position = {i: rank for rank, i in enumerate(order)}
-                break
+        candidate.insert(rng.randrange(count), candidate.pop(at))
+        candidate_offsets, candidate_arena = place_in_order(candidate, sizes, neighbours)
+        if candidate_arena <= arena:
+            order, offsets, arena = candidate, candidate_offsets, candidate_arena
     return offsets, arena
 
 

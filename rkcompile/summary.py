@@ -1,14 +1,25 @@
 """The human-readable plan summary, in the spirit of vela's network summary."""
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
+
+import numpy as np
 
 from .plan import Plan
 
 
 def _kib(size: int) -> str:
     return f"{size / 1024:,.1f} KiB"
+
+
+def _padding_line(plan: Plan) -> str:
+    """The bytes NC1HWC2 spends on padding channels, against the same tensors stored dense."""
+    stored = [t for t in plan.tensors.values() if t.layout == "NC1HWC2"]
+    dense = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in stored)
+    padding = sum(t.bytes for t in stored) - dense
+    return f"  NC1HWC2 padding             {_kib(padding)} (+{100 * padding / max(dense, 1):.1f}% over dense)"
 
 
 def render_summary(plan: Plan) -> str:
@@ -37,7 +48,9 @@ def render_summary(plan: Plan) -> str:
     lines += [
         f"  steps                       {len(plan.steps)}",
         f"  partitions                  {len(plan.partitions)} [{sizes}]",
-        f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)})",
+        f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
+        f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
         f"  weights                     {_kib(plan.memory.weight_bytes)}",
+        _padding_line(plan),
     ]
     return "\n".join(lines)
