@@ -2,6 +2,7 @@
 
 All rules run for every node, not just until the first failure, so a user sees every reason a
 node cannot go to the NPU at once. Nothing is placed here; `assign` reads the failures.
+The plan dtype and the model's opset are passed to the rules that depend on them.
 """
 from __future__ import annotations
 
@@ -23,22 +24,29 @@ class Verdict(NamedTuple):
 
 
 def run(ctx: CompileContext) -> None:
-    ctx.failures = {node.name: check_node(node, ctx.target) for node in ctx.graph.nodes}
+    facts = compile_facts(ctx)
+    ctx.failures = {node.name: check_node(node, ctx.target, **facts) for node in ctx.graph.nodes}
 
 
-def check_node(node: gs.Node, target: Target) -> list[Failure]:
-    return [Failure(v.rule, v.detail) for v in evaluate_rules(node, target) if not v.ok]
+def compile_facts(ctx: CompileContext) -> dict[str, object]:
+    """What rules may need to know about this compile beyond the node and the target."""
+    return {"plan_dtype": ctx.options.dtype, "opset": ctx.graph.opset}
 
 
-def evaluate_rules(node: gs.Node, target: Target) -> list[Verdict]:
+def check_node(node: gs.Node, target: Target, **facts: object) -> list[Failure]:
+    return [Failure(v.rule, v.detail) for v in evaluate_rules(node, target, **facts) if not v.ok]
+
+
+def evaluate_rules(node: gs.Node, target: Target, **facts: object) -> list[Verdict]:
     """Every rule that applies to `node` on `target`, with its verdict and the values seen.
 
+    `facts` are `compile_facts`; without them rules assume a float16 plan of opset 13 or later.
     A node whose op the target lacks gets one failed verdict saying so.
     """
     op_rule = target.ops.get(node.op) if is_onnx_domain(node) else None
     if op_rule is None:
         return [Verdict(op_missing(node, target), False, "")]
-    return [Verdict(rule.describe(), *rule.evaluate(node, target))
+    return [Verdict(rule.describe(), *rule.evaluate(node, target, **facts))
             for rule in target.common_rules + op_rule.rules]
 
 

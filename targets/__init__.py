@@ -7,7 +7,7 @@ from rkcompile.errors import CompileError
 
 from .model import OpRule, Rule, Target
 
-TARGET_MODULES = ("rk3588", "rk3576", "rk3562")
+TARGET_MODULES = ("rk3588", "rk3576", "rv1126b", "rk3562", "rk3566", "rv1106", "rv1106b", "rk2118")
 
 
 def all_targets() -> list[Target]:

@@ -4,6 +4,8 @@ A target is figures (cores, C2 per dtype, SRAM) plus an operator table. Each ONN
 can run maps to an `OpRule`: the RKNPU2 kernel that runs it and the `Rule`s a node must pass.
 A `Rule` binds a constraint function from `constraints.py` to this target's parameters; the
 function's docstring, rendered with those parameters, is the text a user reads on fallback.
+Facts of the compile rather than the target (the plan dtype, the model's opset) reach a check
+only when its signature names them, so most checks stay `check(node, target, **params)`.
 """
 from __future__ import annotations
 
@@ -25,11 +27,17 @@ class Rule:
 
     def describe(self) -> str:
         """The user-facing rule: the check's docstring rendered with this target's parameters."""
-        text = inspect.cleandoc(self.check.__doc__ or self.check.__name__)
-        return " ".join(text.format(**self.params).split())
+        from .constraints import describe_value
 
-    def evaluate(self, node, target: "Target") -> CheckResult:
-        return self.check(node, target, **self.params)
+        text = inspect.cleandoc(self.check.__doc__ or self.check.__name__)
+        shown = {key: describe_value(value) if isinstance(value, (tuple, list)) else value
+                 for key, value in self.params.items()}
+        return " ".join(text.format(**shown).split())
+
+    def evaluate(self, node, target: "Target", **facts: Any) -> CheckResult:
+        """Run the check; `facts` (plan_dtype, opset) are passed on only to checks that take them."""
+        wanted = inspect.signature(self.check).parameters
+        return self.check(node, target, **self.params, **{k: v for k, v in facts.items() if k in wanted})
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Target:
     kernels: frozenset[str] = frozenset()
     multi_core_kernels: frozenset[str] = frozenset()
     description: str = ""
+    oplist_platform: str = ""
 
     def has_kernel(self, kernel: str) -> bool:
         """Whether the oplist names `kernel` (fused ones included, e.g. ConvolutionRelu) here."""

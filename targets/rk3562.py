@@ -1,36 +1,24 @@
 """RK3562: one NPU core.
 
-Kernel and multi-core lists: oplist V2.3.2, platform RK3562. C2: seed 003, table 3-1 (RK3562
-column: int8 16, float16 8). Single core: seed 004 names multi-batch cores only for RK3588 and
-RK3576. No SRAM size is given by the seeds.
+Kernel list: oplist V2.3.2, platform RK3562. Operator rules cite seed 000 (V2.5.0 RK3562) for
+the kernels it covers and the oplist otherwise. C2: seed 003, table 3-1 (RK3562 column: int8 16,
+float16 8). One core: seed 003 3.1.1 and seed 004 name core selection and multi-core batching
+for RK3588 and RK3576 only. No SRAM size is given by the seeds.
 """
-from .common import COMMON_RULES, build_ops
-from .model import Target
+from .common import CONV_TRANSPOSE_FUSIONS, SEED_000, SEED_000_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
+from .transpose import WIDE
 
-KERNELS = (
-    "Add", "AddRelu", "AveragePool", "BatchNormalization", "Clip/ReLU6", "Concat", "ConvTranspose",
-    "Convolution", "ConvolutionAdd", "ConvolutionAddRelu", "ConvolutionClip", "ConvolutionElu",
-    "ConvolutionHardSigmoid", "ConvolutionHardSwish", "ConvolutionMish",
-    "ConvolutionPRelu/LeakyRelu", "ConvolutionRelu", "ConvolutionSigmoid", "ConvolutionSoftplus",
-    "ConvolutionSwish", "ConvolutionTanh", "Depthwise Convolution", "Div", "Elu", "Expand", "GRU",
-    "Gather", "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "HardSwish", "Hardmax", "LSTM",
-    "LeakyRelu", "Max", "MaxPool", "Mul", "MulRelu", "PRelu", "Pad", "Pow", "Relu", "Reshape",
-    "Resize", "Sigmoid", "Slice", "Softmax", "Softplus", "Split", "Sub", "Tanh", "Tile",
-    "Transpose", "Where", "exGelu", "exGlu", "exMatMul", "exMish", "exNorm", "exSDPAttention",
-    "exSoftmax13", "exSoftmaxMask", "exSwish", "exWindow",
+KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
+    "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",
+    "Pow", "Softmax", "exNorm", "exSDPAttention", "exSoftmax13", "exSoftmaxMask",
 )
 
-MULTI_CORE = ("AddRelu", "MulRelu")
+#: Kernels whose T1 is float16 only: Div and GRU (seed 000), exNorm (oplist V2.3.2 RK3562).
+KERNEL_DTYPES = {"Div": ("float16",), "GRU": ("float16",), "exNorm": ("float16",)}
 
-TARGET = Target(
-    name="rk3562",
-    aliases=(),
-    npu_cores=1,
-    c2={"int8": 16, "float16": 8},
-    sram_bytes=None,
-    ops=build_ops(KERNELS, MULTI_CORE),
-    common_rules=COMMON_RULES,
-    kernels=frozenset(KERNELS),
-    multi_core_kernels=frozenset(MULTI_CORE),
-    description="RK3562, 1-core RKNPU2, 1 TOPS int8",
+TARGET = build_target(
+    name="rk3562", description="RK3562, 1-core RKNPU2", npu_cores=1, c2={"int8": 16, "float16": 8},
+    oplist_platform="RK3562", kernels=KERNELS, seeds=seeded(SEED_000, SEED_000_KERNELS),
+    figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8)),
+    kernel_dtypes=KERNEL_DTYPES,
 )

@@ -1,23 +1,18 @@
 """RK3576: two NPU cores.
 
-Kernel and multi-core lists: oplist V2.3.2, platform RK3576/RV1126B (multi-core entries marked
-"RK3576: supported"). C2: seed 003, table 3-1. Cores: seed 004, 4.1.4.1 ("2 cores inside the
-RK3576 NPU"). No SRAM size is given by the seeds.
+Kernel and multi-core lists: oplist V2.3.2, platform RK3576/RV1126B (multi-core: the kernels
+marked "RK3576: supported"), plus Sin and Cos, which seed 001 (V2.5.0) adds for RK3576/RV1126B.
+Operator rules cite seed 001 for the kernels it covers and the oplist otherwise. C2: seed 003,
+table 3-1. Cores: seed 004, 4.1.4.1 ("2 cores inside the RK3576 NPU"). No SRAM size is given by
+the seeds. RV1126B shares every rule here (rv1126b.py).
 """
-from .common import COMMON_RULES, build_ops
-from .model import Target
+from .common import CONV_TRANSPOSE_FUSIONS, SEED_001, SEED_001_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
+from .transpose import WIDE
 
-KERNELS = (
-    "Add", "AddRelu", "AveragePool", "BatchNormalization", "Clip/ReLU6", "Concat", "ConvTranspose",
-    "Convolution", "ConvolutionAdd", "ConvolutionAddRelu", "ConvolutionClip", "ConvolutionElu",
-    "ConvolutionHardSigmoid", "ConvolutionHardSwish", "ConvolutionMish",
-    "ConvolutionPRelu/LeakyRelu", "ConvolutionRelu", "ConvolutionSigmoid", "ConvolutionSoftplus",
-    "ConvolutionSwish", "ConvolutionTanh", "Depthwise Convolution", "Div", "Elu", "Expand", "GRU",
-    "Gather", "GlobalAveragePool", "GlobalMaxPool", "Greater", "HardSigmoid", "HardSwish",
-    "Hardmax", "LSTM", "LeakyRelu", "Max", "MaxPool", "Min", "Mul", "MulRelu", "PRelu", "Pad",
-    "Pow", "Relu", "Reshape", "Resize", "Sigmoid", "Slice", "Softmax", "Softplus", "Split", "Sub",
-    "Tanh", "Tile", "Transpose", "Where", "exGelu", "exGlu", "exMatMul", "exMish", "exNorm",
-    "exSDPAttention", "exSoftmax13", "exSoftmaxMask", "exSwish", "exWindow",
+KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
+    "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Greater", "Hardmax",
+    "LSTM", "Min", "Pow", "Softmax", "exNorm", "exSDPAttention", "exSoftmax13", "exSoftmaxMask",
+    "Sin", "Cos",
 )
 
 MULTI_CORE = (
@@ -28,15 +23,20 @@ MULTI_CORE = (
     "exSDPAttention",
 )
 
-TARGET = Target(
-    name="rk3576",
-    aliases=(),
-    npu_cores=2,
-    c2={"int8": 16, "float16": 8},
-    sram_bytes=None,
-    ops=build_ops(KERNELS, MULTI_CORE),
-    common_rules=COMMON_RULES,
-    kernels=frozenset(KERNELS),
-    multi_core_kernels=frozenset(MULTI_CORE),
-    description="RK3576, 2-core RKNPU2, 6 TOPS int8",
+#: Kernels whose T1 is float16 only: Div, GRU, exNorm (oplist V2.3.2 RK3576/RV1126B), Sin and
+#: Cos (seed 001).
+KERNEL_DTYPES = {kernel: ("float16",) for kernel in ("Div", "GRU", "exNorm", "Sin", "Cos")}
+
+SEEDS = seeded(SEED_001, SEED_001_KERNELS)
+
+FIGURES = Figures(
+    transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8),
+    global_average_extent=(1, 7), global_max_extent=(0, 8192),
+    matmul_k=4096, matmul_k_source="seed 002, V2.5.0 Matmul API: K above 4096 is split on RK3576/RV1126B",
+)
+
+TARGET = build_target(
+    name="rk3576", description="RK3576, 2-core RKNPU2", npu_cores=2, c2={"int8": 16, "float16": 8},
+    oplist_platform="RK3576/RV1126B", kernels=KERNELS, multi_core=MULTI_CORE, seeds=SEEDS,
+    figures=FIGURES, kernel_dtypes=KERNEL_DTYPES,
 )

@@ -1,23 +1,17 @@
 """RK3588 / RK3588S: three NPU cores.
 
-Kernel and multi-core lists: oplist V2.3.2, platform RK3588. C2: seed 003, table 3-1 (column
-RK3588/RK3576/RV1126B). Cores: seed 004, 4.1.4.1 ("There are 3 cores inside the RK3588 NPU").
-The seeds name the NPU SRAM feature (seed 002, chapter 15) but give no size, so none is claimed.
+Kernel and multi-core lists: oplist V2.3.2, platform RK3588 (multi-core: the kernels marked
+"多核联合: 支持"). C2: seed 003, table 3-1 (column RK3588/RK3576/RV1126B). Cores: seed 004,
+4.1.4.1 ("There are 3 cores inside the RK3588 NPU"). The seeds name the NPU SRAM feature (seed
+002, chapter 15) but give no size, so none is claimed. No seed covers RK3588's operators, so its
+rules cite the oplist, except the MatMul depth, which seed 002's K split gives.
 """
-from .common import COMMON_RULES, build_ops
-from .model import Target
+from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
 
-KERNELS = (
-    "Add", "AddRelu", "AveragePool", "BatchNormalization", "Clip/ReLU6", "Concat", "ConvTranspose",
-    "Convolution", "ConvolutionAdd", "ConvolutionAddRelu", "ConvolutionClip", "ConvolutionElu",
-    "ConvolutionHardSigmoid", "ConvolutionHardSwish", "ConvolutionMish",
-    "ConvolutionPRelu/LeakyRelu", "ConvolutionRelu", "ConvolutionSigmoid", "ConvolutionSoftplus",
-    "ConvolutionSwish", "ConvolutionTanh", "Depthwise Convolution", "Div", "Elu", "Expand", "GRU",
-    "Gather", "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "HardSwish", "Hardmax", "LSTM",
-    "LeakyRelu", "Max", "MaxPool", "Min", "Mul", "MulRelu", "PRelu", "Pad", "Pow", "Relu",
-    "Reshape", "Resize", "Sigmoid", "Slice", "Softmax", "Softplus", "Split", "Sub", "Tanh", "Tile",
-    "Transpose", "Where", "exGelu", "exGlu", "exMatMul", "exMish", "exNorm", "exSDPAttention",
-    "exSoftmax13", "exSoftmaxMask", "exSwish", "exSwooshL", "exSwooshR", "exWindow",
+KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
+    "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",
+    "Min", "Pow", "Softmax", "exNorm", "exSDPAttention", "exSoftmax13", "exSoftmaxMask",
+    "exSwooshL", "exSwooshR",
 )
 
 MULTI_CORE = (
@@ -25,15 +19,13 @@ MULTI_CORE = (
     "ConvolutionPRelu/LeakyRelu", "ConvolutionRelu", "Depthwise Convolution", "Mul", "MulRelu",
 )
 
-TARGET = Target(
-    name="rk3588",
-    aliases=("rk3588s",),
-    npu_cores=3,
-    c2={"int8": 16, "float16": 8},
-    sram_bytes=None,
-    ops=build_ops(KERNELS, MULTI_CORE),
-    common_rules=COMMON_RULES,
-    kernels=frozenset(KERNELS),
-    multi_core_kernels=frozenset(MULTI_CORE),
-    description="RK3588/RK3588S, 3-core RKNPU2, 6 TOPS int8",
+#: Kernels whose T1 is float16 only (oplist V2.3.2 RK3588).
+KERNEL_DTYPES = {"Div": ("float16",), "GRU": ("float16",), "exNorm": ("float16",)}
+
+TARGET = build_target(
+    name="rk3588", aliases=("rk3588s",), description="RK3588/RK3588S, 3-core RKNPU2",
+    npu_cores=3, c2={"int8": 16, "float16": 8}, oplist_platform="RK3588",
+    kernels=KERNELS, multi_core=MULTI_CORE, kernel_dtypes=KERNEL_DTYPES,
+    figures=Figures(matmul_k=8192, matmul_k_source="seed 002, V2.5.0 Matmul API: K above 8192 is split "
+                                                   "on RK3588; oplist V2.3.2 RK3588 exMatMul k in (0, 8192]"),
 )

@@ -1,0 +1,23 @@
+"""RK3566 / RK3568: one NPU core, the oldest RKNPU2 in the oplist.
+
+Kernel list: oplist V2.3.2, platform RK3566/RK3568; it has no Softmax, Hardmax or exSDPAttention,
+and its Transpose runs 5 of the 24 perms. C2: seed 003, table 3-1 (column RK3566/RK3568: int8 8,
+float16 4). One core: seed 003 3.1.1 and seed 004 name multi-core for RK3588 and RK3576 only.
+"""
+from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+from .transpose import NARROW, RK3566_TABLE
+
+KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
+    "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "LSTM", "Min", "Pow",
+    "exNorm", "exSwooshL", "exSwooshR",
+)
+
+#: Kernels whose T1 is float16 only (oplist V2.3.2 RK3566/RK3568).
+KERNEL_DTYPES = {"Div": ("float16",), "GRU": ("float16",), "exNorm": ("float16",)}
+
+TARGET = build_target(
+    name="rk3566", aliases=("rk3568",), description="RK3566/RK3568, 1-core RKNPU2", npu_cores=1,
+    c2={"int8": 8, "float16": 4}, oplist_platform="RK3566/RK3568", kernels=KERNELS,
+    figures=Figures(transpose_table=RK3566_TABLE, transpose_pq=NARROW, global_max_extent=(1, 7)),
+    kernel_dtypes=KERNEL_DTYPES,
+)

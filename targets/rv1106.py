@@ -1,0 +1,28 @@
+"""RV1103 / RV1106: one NPU core, int8 first.
+
+Kernel list: oplist V2.3.2, platform RV1103/RV1106. Its convolutions, Add/Sub/Mul, Expand, Pad,
+Resize, LSTM and exMatMul take int8 only, so a float16 plan runs little here. C2: seed 003,
+table 3-1 (column RV1103/RV1106: int8 16, float16 8). One core: seed 003 3.1.1 and seed 004 name
+multi-core for RK3588 and RK3576 only.
+"""
+from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+
+KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
+    "AveragePool", "ConvolutionAddRelu", "GlobalAveragePool", "Hardmax", "LSTM", "Min", "Pow",
+    "Softmax", "exSDPAttention", "exSoftmax13", "exSoftmaxMask",
+)
+
+#: T1 per kernel where it is not int8 and float16 (oplist V2.3.2 RV1103/RV1106).
+KERNEL_DTYPES = {
+    "Div": ("float16",),
+    **{kernel: ("int8",) for kernel in (
+        "Add", "Convolution", "Depthwise Convolution", "ConvTranspose", "Expand", "LSTM", "Mul",
+        "Pad", "Resize", "Sub", "exMatMul", "exSDPAttention")},
+}
+
+TARGET = build_target(
+    name="rv1106", aliases=("rv1103",), description="RV1103/RV1106, 1-core RKNPU2", npu_cores=1,
+    c2={"int8": 16, "float16": 8}, oplist_platform="RV1103/RV1106", kernels=KERNELS,
+    figures=Figures(deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8), hardmax_volume=8192),
+    kernel_dtypes=KERNEL_DTYPES,
+)

@@ -1,0 +1,26 @@
+"""RV1103B / RV1106B: one NPU core, int8 only.
+
+Kernel list: oplist V2.3.2, platform RV1103B/RV1106B, without AveragePool, GlobalAveragePool and
+exSoftmaxMask, which it marks "不支持" (the toolkit rewrites average pools as convolutions).
+C2: seed 003, table 3-1 (column RV1103B/RV1106B: int8 8, float16 "/"), so no float16 tensor
+lives on this NPU. One core: seed 003 3.1.1 and seed 004 name multi-core for RK3588 and RK3576
+only.
+"""
+from .common import SHARED_KERNELS, Figures, build_target
+from .transpose import WIDE
+
+KERNELS = SHARED_KERNELS + (
+    "ConvTranposeClip", "ConvTranposePRelu/LeakyRelu", "ConvTranposeRelu", "Softmax", "exSoftmax13",
+)
+
+#: T1 per kernel (oplist V2.3.2 RV1103B/RV1106B): Div is float16 only, every other data kernel
+#: int8 only; Where's T1 is its bool mask and Transpose's T1 its int8 input.
+KERNEL_DTYPES = {kernel: ("float16",) if kernel == "Div" else ("int8",)
+                 for kernel in KERNELS if kernel not in ("Where", "Transpose")}
+
+TARGET = build_target(
+    name="rv1106b", aliases=("rv1103b",), description="RV1103B/RV1106B, 1-core RKNPU2 (int8)",
+    npu_cores=1, c2={"int8": 8, "float16": None}, oplist_platform="RV1103B/RV1106B", kernels=KERNELS,
+    figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8), max_pool_extent=(7, 7)),
+    kernel_dtypes=KERNEL_DTYPES,
+)

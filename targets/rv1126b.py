@@ -1,0 +1,14 @@
+"""RV1126B: one NPU core, with RK3576's operator list and rules.
+
+The oplist V2.3.2 and seed 001 document RK3576 and RV1126B together; every multi-core flag there
+reads "RV1126B: not supported", and RV1126B has one core (seed 004 names multi-core batching for
+RK3588 and RK3576 only). C2: seed 003, table 3-1 (column RK3588/RK3576/RV1126B).
+"""
+from .common import build_target
+from .rk3576 import FIGURES, KERNEL_DTYPES, KERNELS, SEEDS
+
+TARGET = build_target(
+    name="rv1126b", description="RV1126B, 1-core RKNPU2", npu_cores=1, c2={"int8": 16, "float16": 8},
+    oplist_platform="RK3576/RV1126B", kernels=KERNELS, seeds=SEEDS, figures=FIGURES,
+    kernel_dtypes=KERNEL_DTYPES,
+)
