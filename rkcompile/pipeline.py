@@ -8,6 +8,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .context import CompileContext, Options
+from .cost_estimate import node_macs
 from .ir import present_inputs, static_shape, topological_nodes
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize, memory, partition,
                      remove_noops, rewrite)
@@ -103,6 +104,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             outputs=tuple(t.name for t in node.outputs if t.name),
             cores=(0,) if placed.device == "npu" else (), partition=partition_of[name],
             note=ctx.notes.get(name),
+            macs=node_macs(node) if placed.device != "host" else 0,
         ))
     runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
     entries = []

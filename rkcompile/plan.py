@@ -55,6 +55,7 @@ class Step:
     cores: tuple[int, ...]
     partition: int
     note: str | None = None  # why a fusion candidate ending here was not fused
+    macs: int = 0  # estimated multiply-accumulates (rkcompile.cost_estimate); 0 for host steps
 
 
 @dataclass(frozen=True)

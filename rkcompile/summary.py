@@ -22,6 +22,32 @@ def _padding_line(plan: Plan) -> str:
     return f"  NC1HWC2 padding             {_kib(padding)} (+{100 * padding / max(dense, 1):.1f}% over dense)"
 
 
+def _partition_lines(plan: Plan) -> list[str]:
+    """Partition sizes, the host conversions between them, and a verdict in the spirit of
+    onnxruntime's usability checker, from the share of estimated MACs the NPU runs."""
+    by_device = {device: [len(p.steps) for p in plan.partitions if p.device == device] for device in ("npu", "cpu")}
+    hosts = [s for s in plan.steps if s.device == "host"]
+    moved = sum(plan.tensors[t].bytes for s in hosts for t in s.inputs + s.outputs)
+    macs = {device: sum(s.macs for s in plan.steps if s.device == device) for device in ("npu", "cpu")}
+    share = macs["npu"] / max(macs["npu"] + macs["cpu"], 1)
+    count = len(by_device["npu"])
+    covering = f"{count} NPU partition{'s' if count != 1 else ''} covering {100 * share:.1f}% of compute"
+    if count == 0:
+        verdict = "no NPU partition: everything runs on the CPU"
+    elif share >= 0.95 and count <= 2:
+        verdict = f"{covering}: good"
+    elif share >= 0.8:
+        verdict = f"{covering}: fair, the CPU partitions and conversions between them cost time"
+    else:
+        verdict = f"{covering}: poor, most compute stays on the CPU"
+    sizes = {device: ", ".join(map(str, counts)) for device, counts in by_device.items()}
+    return [
+        f"  partitions                  {count} NPU [{sizes['npu']}], {len(by_device['cpu'])} CPU [{sizes['cpu']}]",
+        f"  conversions                 {len(hosts)} host steps, {_kib(moved)} read and written",
+        f"  verdict                     {verdict}",
+    ]
+
+
 def render_summary(plan: Plan) -> str:
     model_name = plan.model.path.rsplit("/", 1)[-1]
     counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
@@ -44,10 +70,9 @@ def render_summary(plan: Plan) -> str:
         lines.append("  CPU ops by reason:")
         for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"    {count:4d} x {reason}")
-    sizes = ", ".join(f"{p.device}:{len(p.steps)}" for p in plan.partitions)
     lines += [
         f"  steps                       {len(plan.steps)}",
-        f"  partitions                  {len(plan.partitions)} [{sizes}]",
+        *_partition_lines(plan),
         f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
         f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
         f"  weights                     {_kib(plan.memory.weight_bytes)}",
