@@ -109,24 +109,27 @@ def _reduce_axes(node) -> list[int] | None:
     return None
 
 
-def normalizes_last_axis(match: Match) -> tuple[bool, str]:
-    """The normalization runs over the last axis only, keeping dims: exNorm normalizes one
-    axis (seed 001, exNorm, axes); rknn-toolkit2 maps last-axis LayerNorm to exNorm
-    (peer zoo_rk3588.json, transformer_encoder and bert_mini)."""
+def _normalized_axes(node, rank: int) -> list[int] | None:
+    if node.op == "LayerNormalization":
+        axis = int(node.attrs.get("axis", -1)) % rank
+        return list(range(axis, rank))
+    if not node.attrs.get("keepdims", 1):
+        return None
+    axes = _reduce_axes(node)
+    return None if axes is None else sorted(a % rank for a in axes)
+
+
+def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
+    """The normalization runs over axis 1, over axes 1 to 3, or over the last axis only, keeping
+    dims: exNorm supports axes [1] and [1,2,3] (seed 001, exNorm, axes), and rknn-toolkit2 maps
+    last-axis LayerNorm to exNorm (peer zoo_rk3588.json, transformer_encoder, bert_mini)."""
     rank = _rank(match.tensors["x"])
-    seen = []
-    for label, node in match.nodes.items():
-        if node.op == "ReduceMean":
-            axes = _reduce_axes(node)
-            seen.append(f"{label} axes {axes}")
-            if axes is None or len(axes) != 1 or not _last_axis(axes[0], rank) or not node.attrs.get("keepdims", 1):
-                return False, ", ".join(seen)
-        elif node.op == "LayerNormalization":
-            axis = int(node.attrs.get("axis", -1))
-            seen.append(f"axis {axis}")
-            if not _last_axis(axis, rank):
-                return False, ", ".join(seen)
-    return True, ", ".join(seen)
+    if rank is None:
+        return False, "unknown rank"
+    allowed = ([1], list(range(1, rank)), [rank - 1])
+    seen = {label: _normalized_axes(node, rank) for label, node in match.nodes.items()
+            if node.op in ("ReduceMean", "LayerNormalization")}
+    return all(axes in allowed for axes in seen.values()), f"rank {rank}, axes {seen}"
 
 
 def layer_norm_output_only(match: Match) -> tuple[bool, str]:
@@ -189,7 +192,10 @@ def norm_attributes(mode: str) -> Callable[[Match], dict]:
             epsilon = float(match.nodes["norm"].attrs.get("epsilon", 1e-5))
         else:
             epsilon = _scalar_value(match, "epsilon")
-        return {"mode": mode, "epsilon": epsilon, "axis": -1}
+        rank = _rank(match.tensors["x"]) or 1
+        axes = next(_normalized_axes(node, rank) for node in match.nodes.values()
+                    if node.op in ("ReduceMean", "LayerNormalization"))
+        return {"mode": mode, "epsilon": epsilon, "axes": axes}
     return attributes
 
 
@@ -291,10 +297,10 @@ def _conv_then(activation: str | tuple[str, ...], *inputs: Pattern, label: str |
 RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exSDPAttention", "exSDPAttention", _attention(),
                (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes),
-    FusionRule("exNorm", "exNorm", _layer_norm(), (normalizes_last_axis,), norm_attributes("layer")),
-    FusionRule("exNorm", "exNorm", _rms_norm(), (normalizes_last_axis,), norm_attributes("rms")),
+    FusionRule("exNorm", "exNorm", _layer_norm(), (normalizes_supported_axes,), norm_attributes("layer")),
+    FusionRule("exNorm", "exNorm", _rms_norm(), (normalizes_supported_axes,), norm_attributes("rms")),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
-               (normalizes_last_axis, layer_norm_output_only), norm_attributes("layer")),
+               (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),
     FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}),
     FusionRule("exGelu", "exGelu", _gelu_tanh(), attributes=lambda m: {"approximate": "tanh"}),
     FusionRule("exMish", "exMish", _mul(Any("x"), Op("Tanh", Alt(

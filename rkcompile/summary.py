@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 
+from .passes.fusion_table import FUSED_KERNELS
 from .plan import Plan
 
 
@@ -48,6 +49,20 @@ def _partition_lines(plan: Plan) -> list[str]:
     ]
 
 
+def _fusion_lines(plan: Plan) -> list[str]:
+    """Fused steps counted per kernel, and the candidates that were not fused, grouped by why."""
+    fused = [s for s in plan.steps if s.kernel in FUSED_KERNELS]
+    kernels = Counter(s.kernel for s in fused)
+    listed = ", ".join(f"{kernel} {count}" for kernel, count in sorted(kernels.items(), key=lambda kv: (-kv[1], kv[0])))
+    lines = [f"  fused kernels               {len(fused)} steps running {sum(len(s.nodes) for s in fused)} nodes"
+             + (f" ({listed})" if listed else "")]
+    notes = Counter(re.sub(r" \(seen: [^;]*\)", "", s.note) for s in plan.steps if s.note)
+    if notes:
+        lines.append("  not fused:")
+        lines += [f"    {count:4d} x {note}" for note, count in sorted(notes.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return lines
+
+
 def render_summary(plan: Plan) -> str:
     model_name = plan.model.path.rsplit("/", 1)[-1]
     counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
@@ -72,6 +87,7 @@ def render_summary(plan: Plan) -> str:
             lines.append(f"    {count:4d} x {reason}")
     lines += [
         f"  steps                       {len(plan.steps)}",
+        *_fusion_lines(plan),
         *_partition_lines(plan),
         f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
         f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
