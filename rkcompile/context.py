@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx_graphsurgeon as gs
 
@@ -61,6 +62,7 @@ class CompileContext:
     memory: Memory | None = None
     rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
     notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
+    verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""
