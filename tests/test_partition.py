@@ -1,0 +1,165 @@
+"""Partitions: convex and acyclic (diamond first), island pruning both ways, shape arithmetic,
+sandwich reasons, and explicit host conversions at every device boundary."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkcompile.passes.partition import (SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU, check_partitions_acyclic,
+                                        contracted_graph, wave_partitions)
+from rkcompile.pipeline import compile_model
+from rkcompile.plan import contract_violations
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+ZOO = SHARED / "zoo"
+
+
+def _diamond() -> tuple[nx.DiGraph, dict[str, str]]:
+    """a -> b (CPU) -> d, a -> c -> d: b sits between two NPU nodes on one side of the diamond."""
+    dag = nx.DiGraph([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    return dag, {"a": "npu", "b": "cpu", "c": "npu", "d": "npu"}
+
+
+def test_diamond_partitions_are_convex_and_acyclic():
+    dag, device = _diamond()
+    partitions = wave_partitions(dag, device, {name: i for i, name in enumerate("abcd")})
+    assert [(dev, members) for dev, members in partitions] == [("npu", ["a", "c"]), ("cpu", ["b"]), ("npu", ["d"])]
+    assert nx.is_directed_acyclic_graph(contracted_graph(dag, partitions))
+    check_partitions_acyclic(dag, partitions)
+
+
+def test_merging_the_diamond_npu_nodes_is_rejected_as_a_cycle():
+    dag, _ = _diamond()
+    with pytest.raises(AssertionError, match="cycle"):
+        check_partitions_acyclic(dag, [("npu", ["a", "c", "d"]), ("cpu", ["b"])])
+
+
+def _weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+    values = np.random.default_rng(len(name)).standard_normal(shape).astype(np.float32)
+    return numpy_helper.from_array(values, name)
+
+
+def _save(tmp_path: Path, nodes, inputs, outputs, initializers, name: str) -> Path:
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _conv_erf_model(tmp_path: Path, second: str) -> Path:
+    """Conv (NPU) -> Erf (no NPU kernel) -> `second` -> Erf -> output. A Relu there is a tiny
+    NPU island; a wide Conv there does enough work to pay for its conversions."""
+    channels = 64
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 56, 56])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 56, 56])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Erf", ["c1"], ["e1"], name="erf1")]
+    weights = [_weight("w1", (channels, channels, 3, 3))]
+    if second == "relu":
+        nodes.append(helper.make_node("Relu", ["e1"], ["mid"], name="middle"))
+    else:
+        nodes.append(helper.make_node("Conv", ["e1", "w2"], ["mid"], name="middle", pads=[1, 1, 1, 1]))
+        weights.append(_weight("w2", (channels, channels, 3, 3)))
+    nodes.append(helper.make_node("Erf", ["mid"], ["y"], name="erf2"))
+    return _save(tmp_path, nodes, [x], [y], weights, f"conv_erf_{second}")
+
+
+def _entry(plan, name):
+    return next(n for n in plan.nodes if n.name == name)
+
+
+def test_tiny_npu_island_moves_to_the_cpu_with_a_reason(tmp_path):
+    plan, ctx = compile_model(_conv_erf_model(tmp_path, "relu"), "rk3588")
+    middle = _entry(plan, "middle")
+    assert middle.device == "cpu"
+    assert middle.reason.startswith("moved to the CPU with its NPU island of 1 nodes")
+    assert not ctx.failures["middle"], "the move is the cost estimate's, not a broken rule"
+    assert _entry(plan, "conv1").device == "npu"
+    assert [p.device for p in plan.partitions if p.device != "host"] == ["npu", "cpu"]
+    assert contract_violations(plan, [n for n, _ in ctx.original_nodes]) == []
+
+
+def test_npu_island_that_pays_for_its_conversions_stays(tmp_path):
+    plan, ctx = compile_model(_conv_erf_model(tmp_path, "conv"), "rk3588")
+    assert _entry(plan, "middle").device == "npu"
+    assert [p.device for p in plan.partitions if p.device != "host"] == ["npu", "cpu", "npu", "cpu"]
+    erf = _entry(plan, "erf1")
+    assert erf.device == "cpu" and erf.reason.endswith(STAYS_BETWEEN_NPU)
+    assert "Erf is not in rk3588's NPU operator list" in erf.reason
+    assert contract_violations(plan, [n for n, _ in ctx.original_nodes]) == []
+
+
+def test_every_crossing_tensor_gets_one_host_conversion(tmp_path):
+    plan, _ = compile_model(_conv_erf_model(tmp_path, "conv"), "rk3588")
+    device_of = {t: s.device for s in plan.steps for t in s.outputs}
+    hosts = [s for s in plan.steps if s.device == "host"]
+    # input -> conv1, conv1 -> erf1, erf1 -> middle, middle -> erf2: four crossings, the
+    # model output comes from the CPU and needs none
+    assert len(hosts) == 4
+    for step in plan.steps:
+        if step.device == "host":
+            source, target = plan.tensors[step.inputs[0]], plan.tensors[step.outputs[0]]
+            assert {source.layout, target.layout} == {"NCHW", "NC1HWC2"}
+            assert {source.dtype, target.dtype} == {"float32", "float16"}
+            continue
+        for tensor in step.inputs:
+            assert device_of.get(tensor, step.device) in (step.device, "host"), \
+                f"{step.device} step {step.id} reads {tensor} straight from another device"
+    npu_side = plan.tensors["c1"]
+    assert npu_side.layout == "NC1HWC2" and npu_side.bytes == 1 * 8 * 56 * 56 * 8 * 2
+    assert plan.tensors["c1@cpu"].bytes == 64 * 56 * 56 * 4
+
+
+def test_npu_model_output_is_converted_into_its_own_name(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])
+    path = _save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], [x], [y],
+                 [_weight("w", (64, 64, 3, 3))], "conv_only")
+    plan, _ = compile_model(path, "rk3588")
+    last = plan.steps[-1]
+    assert last.device == "host" and last.inputs == ("y@npu",) and last.outputs == ("y",)
+    assert plan.tensors["y"].region == "output" and plan.tensors["y"].dtype == "float32"
+    assert plan.tensors["y@npu"].layout == "NC1HWC2"
+
+
+def test_runtime_resize_scales_are_shape_arithmetic_kept_on_the_cpu(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])
+    nodes = [helper.make_node("Mul", ["s", "two"], ["scales"], name="double_scales"),
+             helper.make_node("Resize", ["x", "", "scales"], ["y"], name="resize")]
+    path = _save(tmp_path, nodes, [x, s], [y], [numpy_helper.from_array(np.full(4, 2, np.float32), "two")],
+                 "runtime_scales")
+    plan, ctx = compile_model(path, "rk3588")
+    double = _entry(plan, "double_scales")
+    assert double.device == "cpu" and SHAPE_ARITHMETIC in double.reason
+    assert not ctx.failures["double_scales"], "a float Mul breaks no rule: only the shape rule keeps it off"
+
+
+@pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is absent")
+@pytest.mark.parametrize("model", sorted(p.stem for p in ZOO.glob("*.onnx")) if ZOO.is_dir() else [])
+def test_zoo_partitions_hold_and_every_cpu_node_is_justified(model):
+    plan, ctx = compile_model(ZOO / f"{model}.onnx", "rk3588")
+    assert contract_violations(plan, [n for n, _ in ctx.original_nodes]) == []
+    order = {name: i for i, name in enumerate(ctx.order)}
+    dag = nx.DiGraph((order[a], order[b]) for a, b in _edges(ctx))
+    dag.add_nodes_from(order.values())
+    step_partitions = [(p.device, list(p.steps)) for p in plan.partitions]
+    assert nx.is_directed_acyclic_graph(contracted_graph(dag, step_partitions))
+    for name, placed in ctx.placement.items():
+        if placed.device == "cpu":
+            assert ctx.failures.get(name) or placed.reason.startswith("moved to the CPU") \
+                or SHAPE_ARITHMETIC in placed.reason, f"{name} is on the CPU without a rule or the estimate"
+
+
+def _edges(ctx):
+    made_by = {t.name: node.name for node in ctx.graph.nodes for t in node.outputs if t.name}
+    return [(made_by[t.name], node.name) for node in ctx.graph.nodes for t in node.inputs
+            if t.name in made_by]
