@@ -1,0 +1,91 @@
+"""Rewrite: replace nodes the NPU cannot run with equivalent nodes it can (rewrite_rules.RULES).
+
+A rule fires on a node that breaks a target rule, or on any node when the rule is marked
+`always` (its result is what the NPU runs best). A candidate replacement is kept only when every
+new node passes every rule of the target (legalize.check_node); otherwise the node stays as it
+is and legalize reports why. New nodes carry the origins of the nodes they replace, so each
+original node still has one plan entry; its entry's step is the last step that carries it,
+the one that produces its outputs. Every applied rewrite is recorded in `ctx.rewrites`.
+
+Rules only ever replace a node by legal nodes, shrink relabel chains, or turn an op into one no
+rule matches while legal, so the worklist drains.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import onnx_graphsurgeon as gs
+
+from rkcompile.context import CompileContext
+from rkcompile.ir import topological_nodes
+from rkcompile.plan import Rewrite
+
+from .legalize import check_node
+from .rewrite_rules import RULES, Replacement, RewriteRule, Site
+
+NAME = "rewrite"
+log = logging.getLogger("rkcompile")
+
+
+def run(ctx: CompileContext) -> None:
+    site = Site(ctx.graph, ctx.target, ctx.model_info.opset)
+    alive = {id(node) for node in ctx.graph.nodes}
+    worklist = deque(topological_nodes(ctx.graph))
+    while worklist:
+        node = worklist.popleft()
+        if id(node) not in alive:
+            continue
+        applied = rewrite_node(node, site, ctx)
+        if applied is not None:
+            alive -= {id(n) for n in applied.old}
+            alive |= {id(n) for n in applied.new}
+            # A new node's readers may have become rewritable (a relabel now follows a relabel).
+            touched = [t for n in applied.new for t in n.outputs] + [new for _, new in applied.aliases]
+            worklist.extend(applied.new)
+            worklist.extend(reader for tensor in touched for reader in tensor.outputs)
+
+
+def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext) -> Replacement | None:
+    """Apply the first rule whose candidate is legal on the target; None when none is."""
+    rules = [rule for rule in RULES if node.op in rule.ops]
+    if not rules:
+        return None
+    illegal = bool(check_node(node, ctx.target))
+    for rule in rules:
+        if not (illegal or rule.always):
+            continue
+        for candidate in rule.build(node, site):
+            if all(not check_node(new, ctx.target) for new in candidate.new):
+                apply(candidate, rule, ctx)
+                return candidate
+            candidate.discard()
+    return None
+
+
+def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext) -> None:
+    graph = ctx.graph
+    position = min(graph.nodes.index(node) for node in replacement.old)
+    origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
+    for node in replacement.old:
+        node.inputs.clear()
+        node.outputs.clear()
+        graph.nodes.remove(node)
+        for record in (ctx.origins, ctx.failures, ctx.placement):
+            record.pop(node.name, None)
+    for old, new in replacement.aliases:
+        for reader in list(old.outputs):
+            for index, tensor in enumerate(reader.inputs):
+                if tensor is old:
+                    reader.inputs[index] = new
+    graph.nodes[position:position] = replacement.new
+    for node in replacement.new:
+        ctx.origins[node.name] = origins
+    carried = {o for names in ctx.origins.values() for o in names}
+    for original in origins:
+        if original not in carried:
+            ctx.fates[original] = ("removed", f"relabel only, its readers read its input ({rule.name})")
+    ctx.rewrites.append(Rewrite(rule=rule.name, nodes=origins, into=tuple(n.name for n in replacement.new),
+                                ops=tuple(n.op for n in replacement.new)))
+    log.debug("rewrite %s: %s -> %s", rule.name, ", ".join(origins),
+              ", ".join(n.op for n in replacement.new) or "nothing")

@@ -1,0 +1,395 @@
+"""The legalizing rewrites: each fires where its node is illegal (or always, for the rules marked
+so), keeps nothing but legal nodes, and computes what the original computed (onnx.reference)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from rkcompile.context import CompileContext
+from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite
+from rkcompile.passes.rewrite_rules import pool_stage_kernels
+from rkcompile.pipeline import PASSES, assemble_plan
+from rkcompile.plan import Plan, contract_violations
+from rkcompile.targets import get_target
+from rkcompile.targets.model import OpRule, Rule
+
+from conftest import make_model, needs_zoo, value_info, weight
+
+RNG = np.random.default_rng(7)
+
+
+def refuse(node, target, when) -> tuple[bool, str]:
+    """Test rule: refused where the test says so."""
+    return (not when(node)), "refused by the test"
+
+
+def with_refusals(base: str = "rk3588", **when) -> object:
+    """`base` with one extra rule per op that fails when `when[op](node)` is true."""
+    target = get_target(base)
+    ops = dict(target.ops)
+    for op, predicate in when.items():
+        kernel = ops[op].kernel if op in ops else op
+        rules = ops[op].rules if op in ops else ()
+        ops[op] = OpRule(kernel=kernel, rules=rules + (Rule(refuse, {"when": predicate}),))
+    return dataclasses.replace(target, ops=ops)
+
+
+def shape_of(node, index=0):
+    return list(node.inputs[index].shape)
+
+
+def rewritten(model, tmp_path, target) -> CompileContext:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    ctx = CompileContext(model_path=path, target=target)
+    for compiler_pass in (import_model, fold_constants, remove_noops, rewrite):
+        compiler_pass.run(ctx)
+    return ctx
+
+
+def assert_same_outputs(model, ctx, feeds, rtol=1e-5, atol=1e-5):
+    after = gs.export_onnx(ctx.graph, do_type_check=False)
+    del after.opset_import[:]
+    after.opset_import.extend(model.opset_import)
+    expected = ReferenceEvaluator(model).run(None, feeds)
+    actual = ReferenceEvaluator(after).run(None, feeds)
+    for want, got in zip(expected, actual):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def ops_of(ctx) -> list[str]:
+    return [node.op for node in ctx.graph.nodes]
+
+
+def rules_fired(ctx) -> list[str]:
+    return [record.rule for record in ctx.rewrites]
+
+
+def unary_model(op, shape, opset=17, **attrs):
+    return make_model([helper.make_node(op, ["x"], ["y"], name="n", **attrs)],
+                      [value_info("x", shape)], [value_info("y", shape)], opset=opset)
+
+
+def feed(shape, low=-3.0, high=3.0):
+    return RNG.uniform(low, high, size=shape).astype(np.float32)
+
+
+# --- element-wise ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exponent, muls", [(4, 2), (5, 3), (7, 4), (12, 4)])
+def test_pow_integer_exponent_becomes_mul_chain(tmp_path, exponent, muls):
+    model = make_model([helper.make_node("Pow", ["x", "e"], ["y"], name="pow")],
+                       [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 4, 3, 3])],
+                       [weight("e", np.array([exponent], dtype=np.float32))])
+    target = with_refusals(Pow=lambda n: float(n.inputs[1].values.reshape(-1)[0]) not in (0, 1, 2, 3, 0.5, -0.5))
+    ctx = rewritten(model, tmp_path, target)
+    assert ops_of(ctx) == ["Mul"] * muls
+    assert rules_fired(ctx) == ["pow_to_mul_chain"]
+    assert all(ctx.origins[n.name] == ("pow",) for n in ctx.graph.nodes)
+    assert_same_outputs(model, ctx, {"x": feed([1, 4, 3, 3], -1.5, 1.5)}, rtol=1e-4)
+
+
+def test_pow_with_a_legal_exponent_or_a_fraction_is_left_alone(tmp_path):
+    target = with_refusals(Pow=lambda n: float(n.inputs[1].values.reshape(-1)[0]) not in (0, 1, 2, 3, 0.5, -0.5))
+    for exponent in (2.0, 4.5):
+        model = make_model([helper.make_node("Pow", ["x", "e"], ["y"], name="pow")],
+                           [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 4, 3, 3])],
+                           [weight("e", np.array([exponent], dtype=np.float32))])
+        assert ops_of(rewritten(model, tmp_path, target)) == ["Pow"]
+
+
+def test_no_rewrite_when_the_replacement_is_not_legal_either(tmp_path):
+    model = make_model([helper.make_node("Pow", ["x", "e"], ["y"], name="pow")],
+                       [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 4, 3, 3])],
+                       [weight("e", np.array([4.0], dtype=np.float32))])
+    ctx = rewritten(model, tmp_path, with_refusals(Pow=lambda n: True, Mul=lambda n: True))
+    assert ops_of(ctx) == ["Pow"] and ctx.rewrites == []
+    assert [t.name for t in ctx.graph.nodes[0].outputs[0].inputs] == ["pow"]  # candidates left no trace
+
+
+@pytest.mark.parametrize("op, constant, new_op", [("Sub", 0.75, "Add"), ("Div", 4.0, "Mul")])
+def test_sub_and_div_by_a_constant_become_add_and_mul(tmp_path, op, constant, new_op):
+    model = make_model([helper.make_node(op, ["x", "c"], ["y"], name="n")],
+                       [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])],
+                       [weight("c", np.full([1, 3, 1, 1], constant, dtype=np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == [new_op]
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 4, 4])})
+
+
+def test_sub_from_a_constant_and_div_by_zero_stay(tmp_path):
+    reversed_sub = make_model([helper.make_node("Sub", ["c", "x"], ["y"], name="n")],
+                              [value_info("x", [1, 3])], [value_info("y", [1, 3])],
+                              [weight("c", np.ones([1, 3], dtype=np.float32))])
+    assert ops_of(rewritten(reversed_sub, tmp_path, get_target("rk3588"))) == ["Sub"]
+    by_zero = make_model([helper.make_node("Div", ["x", "c"], ["y"], name="n")],
+                         [value_info("x", [1, 3])], [value_info("y", [1, 3])],
+                         [weight("c", np.array([1, 0, 2], dtype=np.float32))])
+    assert ops_of(rewritten(by_zero, tmp_path, get_target("rk3588"))) == ["Div"]
+
+
+def test_hardsigmoid_with_other_alpha_runs_as_native_hardsigmoid(tmp_path):
+    model = unary_model("HardSigmoid", [1, 8, 4, 4], alpha=0.2, beta=0.6)
+    target = with_refusals(HardSigmoid=lambda n: not np.isclose(n.attrs.get("alpha", 0.2), 1 / 6))
+    ctx = rewritten(model, tmp_path, target)
+    assert ops_of(ctx) == ["Mul", "Add", "HardSigmoid"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 8, 4, 4], -8, 8)})
+
+
+def test_hardsigmoid_falls_back_to_the_relu6_form_without_a_native_kernel(tmp_path):
+    model = unary_model("HardSigmoid", [1, 8, 4, 4], alpha=0.2, beta=0.6)
+    ctx = rewritten(model, tmp_path, with_refusals(HardSigmoid=lambda n: True))
+    assert ops_of(ctx) == ["Mul", "Add", "Clip", "Mul"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 8, 4, 4], -8, 8)})
+
+
+def test_native_hardsigmoid_is_not_touched(tmp_path):
+    model = unary_model("HardSigmoid", [1, 8, 4, 4], alpha=float(np.float32(1 / 6)))
+    ctx = rewritten(model, tmp_path, with_refusals(HardSigmoid=lambda n: True))
+    assert ops_of(ctx) == ["HardSigmoid"]
+
+
+def test_elu_with_other_alpha_runs_as_elu1_and_relu(tmp_path):
+    model = unary_model("Elu", [1, 8, 4, 4], alpha=0.3)
+    ctx = rewritten(model, tmp_path, with_refusals(Elu=lambda n: n.attrs.get("alpha", 1.0) != 1.0))
+    assert sorted(ops_of(ctx)) == ["Add", "Elu", "Mul", "Mul", "Relu"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 8, 4, 4])})
+
+
+# --- BatchNormalization ------------------------------------------------------------------------
+
+def batchnorm_weights(channels):
+    return [weight("gamma", RNG.uniform(0.5, 2, channels).astype(np.float32)),
+            weight("beta", RNG.uniform(-1, 1, channels).astype(np.float32)),
+            weight("mean", RNG.uniform(-1, 1, channels).astype(np.float32)),
+            weight("var", RNG.uniform(0.5, 2, channels).astype(np.float32))]
+
+
+def test_batchnorm_after_conv_folds_into_its_weights(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], name="bn")]
+    model = make_model(nodes, [value_info("x", [1, 3, 6, 6])], [value_info("y", [1, 4, 6, 6])],
+                       [weight("w", RNG.normal(size=[4, 3, 3, 3]).astype(np.float32)),
+                        weight("b", RNG.normal(size=[4]).astype(np.float32))] + batchnorm_weights(4))
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Conv"]
+    assert ctx.origins[ctx.graph.nodes[0].name] == ("conv", "bn")
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 6, 6])}, rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_after_a_shared_conv_output_is_not_folded(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y"], name="bn"),
+             helper.make_node("Relu", ["c"], ["z"], name="relu")]
+    model = make_model(nodes, [value_info("x", [1, 3, 4, 4])],
+                       [value_info("y", [1, 4, 4, 4]), value_info("z", [1, 4, 4, 4])],
+                       [weight("w", RNG.normal(size=[4, 3, 1, 1]).astype(np.float32))] + batchnorm_weights(4))
+    assert ops_of(rewritten(model, tmp_path, get_target("rk3588"))) == ["Conv", "BatchNormalization", "Relu"]
+
+
+def test_standalone_batchnorm_becomes_mul_add_where_refused(tmp_path):
+    node = helper.make_node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], name="bn")
+    model = make_model([node], [value_info("x", [1, 4, 5, 5])], [value_info("y", [1, 4, 5, 5])], batchnorm_weights(4))
+    ctx = rewritten(model, tmp_path, with_refusals(BatchNormalization=lambda n: True))
+    assert ops_of(ctx) == ["Mul", "Add"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 4, 5, 5])}, rtol=1e-4, atol=1e-5)
+
+
+# --- pooling -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size, kernel, stride", [(8, 3, 2), (111, 3, 2), (10, 2, 3)])
+def test_maxpool_ceil_mode_becomes_explicit_end_pads(tmp_path, size, kernel, stride):
+    node = helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[kernel, kernel],
+                            strides=[stride, stride], ceil_mode=1)
+    out = -(-(size - kernel) // stride) + 1
+    model = make_model([node], [value_info("x", [1, 2, size, size])], [value_info("y", [1, 2, out, out])])
+    ctx = rewritten(model, tmp_path, with_refusals(MaxPool=lambda n: n.attrs.get("ceil_mode", 0) == 1))
+    assert ops_of(ctx) == ["MaxPool"] and ctx.graph.nodes[0].attrs["ceil_mode"] == 0
+    assert_same_outputs(model, ctx, {"x": feed([1, 2, size, size])})
+
+
+@pytest.mark.parametrize("size, kernels", [(1, []), (7, [7]), (13, [7, 2]), (20, [5, 4]), (40, [7, 6]), (49, [7, 7]),
+                                           (50, [5, 5, 2])])
+def test_pool_stage_kernels_use_the_fewest_stages_of_at_most_7(size, kernels):
+    assert pool_stage_kernels(size) == kernels
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("height, width", [(13, 13), (40, 20), (9, 3)])
+def test_big_global_pools_become_tiling_pools(tmp_path, op, height, width):
+    model = unary_model(op, [1, 3, height, width])
+    model.graph.output[0].CopyFrom(value_info("y", [1, 3, 1, 1]))
+    refused = with_refusals(**{op: lambda n: max(shape_of(n)[2:]) > 7})
+    ctx = rewritten(model, tmp_path, refused)
+    pools = [n for n in ctx.graph.nodes if n.op in ("AveragePool", "MaxPool")]
+    assert pools and all(max(n.attrs["kernel_shape"]) <= 7 and max(n.attrs["pads"]) <= 6 for n in pools)
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, height, width])})
+
+
+# --- matrix products ---------------------------------------------------------------------------
+
+def test_gemm_with_transb_alpha_and_beta_becomes_a_1x1_conv(tmp_path):
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc", transB=1, alpha=0.5, beta=2.0)
+    model = make_model([node], [value_info("x", [2, 6])], [value_info("y", [2, 5])],
+                       [weight("w", RNG.normal(size=[5, 6]).astype(np.float32)),
+                        weight("c", RNG.normal(size=[5]).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Reshape", "Conv", "Reshape"]
+    assert_same_outputs(model, ctx, {"x": feed([2, 6])})
+
+
+def test_gemm_with_a_per_row_bias_is_not_a_conv(tmp_path):
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc")
+    model = make_model([node], [value_info("x", [2, 6])], [value_info("y", [2, 5])],
+                       [weight("w", RNG.normal(size=[6, 5]).astype(np.float32)),
+                        weight("c", RNG.normal(size=[2, 5]).astype(np.float32))])
+    assert ops_of(rewritten(model, tmp_path, get_target("rk3588"))) == ["Gemm"]
+
+
+@pytest.mark.parametrize("constant_first", [False, True])
+def test_matmul_with_a_constant_operand_becomes_a_1x1_conv(tmp_path, constant_first):
+    if constant_first:
+        node = helper.make_node("MatMul", ["w", "x"], ["y"], name="mm")
+        x_shape, w_shape, y_shape = [2, 6, 5], [4, 6], [2, 4, 5]
+    else:
+        node = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
+        x_shape, w_shape, y_shape = [1, 7, 6], [6, 4], [1, 7, 4]
+    model = make_model([node], [value_info("x", x_shape)], [value_info("y", y_shape)],
+                       [weight("w", RNG.normal(size=w_shape).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Reshape", "Conv", "Reshape"]
+    assert_same_outputs(model, ctx, {"x": feed(x_shape)})
+
+
+@pytest.mark.parametrize("target_name, k, segments", [("rk3576", 5000, 2), ("rk3576", 9000, 3), ("rk3588", 9000, 2)])
+def test_matmul_k_over_the_limit_is_split_per_seed_002(tmp_path, target_name, k, segments):
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")
+    model = make_model([node], [value_info("a", [1, 2, k]), value_info("b", [1, k, 3])], [value_info("y", [1, 2, 3])])
+    limit = {"rk3576": 4096, "rk3588": 8192}[target_name]
+    ctx = rewritten(model, tmp_path, with_refusals(target_name, MatMul=lambda n: shape_of(n)[-1] > limit))
+    assert ops_of(ctx).count("MatMul") == segments and ops_of(ctx).count("Add") == segments - 1
+    assert all(shape_of(n)[-1] <= limit for n in ctx.graph.nodes if n.op == "MatMul")
+    feeds = {"a": feed([1, 2, k], -1, 1), "b": feed([1, k, 3], -1, 1)}
+    assert_same_outputs(model, ctx, feeds, rtol=1e-4, atol=1e-3)
+
+
+# --- normalization, softmax, layout ------------------------------------------------------------
+
+def test_layernorm_over_the_last_axis_runs_over_channels(tmp_path):
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], name="ln", axis=-1, epsilon=1e-5)
+    model = make_model([node], [value_info("x", [1, 5, 8])], [value_info("y", [1, 5, 8])],
+                       [weight("s", RNG.normal(size=[8]).astype(np.float32)),
+                        weight("b", RNG.normal(size=[8]).astype(np.float32))])
+    refused = with_refusals(LayerNormalization=lambda n: len(shape_of(n)) != 4 or n.attrs.get("axis", -1) != 1)
+    ctx = rewritten(model, tmp_path, refused)
+    assert ops_of(ctx) == ["Reshape", "LayerNormalization", "Reshape"]
+    assert shape_of(ctx.graph.nodes[1]) == [5, 8, 1, 1]
+    assert_same_outputs(model, ctx, {"x": feed([1, 5, 8])}, rtol=1e-4, atol=1e-4)
+
+
+def softmax_axis_refused(node):
+    return node.attrs.get("axis", -1) % 4 not in (1, 3)
+
+
+def test_softmax_on_axis_2_is_transposed_onto_axis_3(tmp_path):
+    model = unary_model("Softmax", [1, 3, 16, 8], axis=2)  # h % 16 = 0 suits rk3588's Transpose limits
+    ctx = rewritten(model, tmp_path, with_refusals(Softmax=softmax_axis_refused))
+    assert ops_of(ctx) == ["Transpose", "Softmax", "Transpose"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 16, 8])})
+
+
+def test_softmax_relabels_instead_where_the_transpose_is_refused(tmp_path):
+    model = unary_model("Softmax", [1, 3, 16, 8], axis=2)
+    ctx = rewritten(model, tmp_path, with_refusals(Softmax=softmax_axis_refused, Transpose=lambda n: True))
+    assert ops_of(ctx) == ["Reshape", "Softmax", "Reshape"]
+    assert shape_of(ctx.graph.nodes[1]) == [3, 16, 8, 1] and ctx.graph.nodes[1].attrs["axis"] == 1
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 16, 8])})
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_rank3_softmax_on_the_last_axis_is_relabelled_to_4d(tmp_path, opset):
+    model = unary_model("Softmax", [2, 5, 6], opset=opset, axis=2)
+    refused = with_refusals(Softmax=lambda n: len(shape_of(n)) != 4 or n.attrs.get("axis", -1) % 4 not in (1, 3))
+    ctx = rewritten(model, tmp_path, refused)
+    assert ops_of(ctx) == ["Reshape", "Softmax", "Reshape"]
+    assert shape_of(ctx.graph.nodes[1]) == [1, 10, 1, 6]
+    assert_same_outputs(model, ctx, {"x": feed([2, 5, 6])})
+
+
+def test_rank3_elementwise_chain_runs_4d_with_relabels_only_at_the_ends(tmp_path):
+    nodes = [helper.make_node("Add", ["x", "c"], ["t"], name="add"),
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    model = make_model(nodes, [value_info("x", [2, 5, 6])], [value_info("y", [2, 5, 6])],
+                       [weight("c", RNG.normal(size=[6]).astype(np.float32))])
+    refused = with_refusals(Add=lambda n: len(shape_of(n)) != 4, Relu=lambda n: len(shape_of(n)) != 4)
+    ctx = rewritten(model, tmp_path, refused)
+    assert ops_of(ctx) == ["Reshape", "Add", "Relu", "Reshape"]
+    assert "collapse_relabels" in rules_fired(ctx)
+    assert_same_outputs(model, ctx, {"x": feed([2, 5, 6])})
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+def classifier_tail():
+    """GlobalAveragePool (9x9) -> Flatten -> Gemm, the tail of resnet and squeezenet."""
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"], name="gap"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "w", "c"], ["y"], name="fc", transB=1)]
+    return make_model(nodes, [value_info("x", [1, 8, 9, 9])], [value_info("y", [1, 5])],
+                      [weight("w", RNG.normal(size=[5, 8]).astype(np.float32)),
+                       weight("c", RNG.normal(size=[5]).astype(np.float32))])
+
+
+def planned(model, tmp_path, target) -> tuple[Plan, CompileContext]:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    ctx = CompileContext(model_path=path, target=target)
+    for compiler_pass in PASSES:
+        compiler_pass.run(ctx)
+    return assemble_plan(ctx), ctx
+
+
+def test_plan_keeps_one_entry_per_original_node_and_lists_the_rewrites(tmp_path):
+    model = classifier_tail()
+    target = with_refusals(GlobalAveragePool=lambda n: max(shape_of(n)[2:]) > 7)
+    plan, ctx = planned(model, tmp_path, target)
+    assert contract_violations(plan, [n.name for n in model.graph.node]) == []
+    entries = {n.name: n for n in plan.nodes}
+    # Every node left breaks no rule (whether a tiny NPU island pays off is partition's call).
+    assert not any(ctx.failures.values())
+    assert entries["gap"].step is not None and entries["fc"].step is not None
+    assert entries["flatten"].device == "removed" and entries["flatten"].step is None
+    assert "relabel" in entries["flatten"].reason
+    fc_step = plan.steps[entries["fc"].step]
+    assert "y" in fc_step.outputs  # the entry points at the step that produces the node's output
+    assert {r.rule for r in plan.rewrites} == {"global_pool_to_stages", "gemm_to_conv", "collapse_relabels"}
+    assert all(set(r.nodes) <= set(entries) for r in plan.rewrites)
+    assert_same_outputs(model, ctx, {"x": feed([1, 8, 9, 9])}, rtol=1e-4, atol=1e-5)
+
+
+def test_plan_json_round_trips_rewrites_and_older_plans_still_load(tmp_path):
+    plan, _ = planned(classifier_tail(), tmp_path, get_target("rk3588"))
+    data = json.loads(plan.to_json())
+    assert Plan.from_dict(data).rewrites == plan.rewrites and plan.rewrites
+    del data["rewrites"]
+    assert Plan.from_dict(data).rewrites == ()
+
+
+@needs_zoo
+@pytest.mark.parametrize("name", ["squeezenet1_1", "transformer_encoder"])
+def test_zoo_plans_after_rewrites_keep_the_contract(name):
+    from conftest import ZOO
+    from rkcompile.pipeline import compile_model
+
+    model = onnx.load(str(ZOO / f"{name}.onnx"), load_external_data=False)
+    for target in ("rk3588", "rk3576"):
+        plan, _ = compile_model(ZOO / f"{name}.onnx", target)
+        assert contract_violations(plan, [n.name for n in model.graph.node]) == []
