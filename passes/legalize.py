@@ -11,7 +11,7 @@ from typing import NamedTuple
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext, Failure
-from rkcompile.ir import is_onnx_domain
+from rkcompile.ir import dtype_name, is_onnx_domain, present_inputs
 from rkcompile.targets.model import Target
 
 NAME = "legalize"
@@ -23,9 +23,24 @@ class Verdict(NamedTuple):
     detail: str
 
 
+class CheckedNode(NamedTuple):
+    """What `plan --explain` shows for one node: the values the rules saw and every verdict."""
+
+    name: str
+    op: str
+    originals: tuple[str, ...]
+    seen: str
+    verdicts: list[Verdict]
+
+
 def run(ctx: CompileContext) -> None:
     facts = compile_facts(ctx)
-    ctx.failures = {node.name: check_node(node, ctx.target, **facts) for node in ctx.graph.nodes}
+    ctx.failures, ctx.verdicts = {}, {}
+    for node in ctx.graph.nodes:
+        verdicts = evaluate_rules(node, ctx.target, **facts)
+        ctx.failures[node.name] = [Failure(v.rule, v.detail) for v in verdicts if not v.ok]
+        ctx.verdicts[node.name] = CheckedNode(node.name, node.op, ctx.origins.get(node.name, (node.name,)),
+                                              values_seen(node), verdicts)
 
 
 def compile_facts(ctx: CompileContext) -> dict[str, object]:
@@ -48,6 +63,19 @@ def evaluate_rules(node: gs.Node, target: Target, **facts: object) -> list[Verdi
         return [Verdict(op_missing(node, target), False, "")]
     return [Verdict(rule.describe(), *rule.evaluate(node, target, **facts))
             for rule in target.common_rules + op_rule.rules]
+
+
+def values_seen(node: gs.Node) -> str:
+    """The node's tensors (shape, dtype, constant or not) and attributes, on one line."""
+    def tensor(t: gs.Tensor) -> str:
+        kind = "const " if isinstance(t, gs.Constant) else ""
+        shape = list(t.shape) if t.shape is not None else "?"
+        return f"{t.name} {kind}{shape} {dtype_name(t.dtype)}"
+
+    inputs = ", ".join(tensor(t) for t in present_inputs(node))
+    outputs = ", ".join(tensor(t) for t in node.outputs)
+    attrs = ", ".join(f"{k}={v.decode() if isinstance(v, bytes) else v}" for k, v in sorted(node.attrs.items()))
+    return f"inputs {inputs}; outputs {outputs}" + (f"; attributes {attrs}" if attrs else "")
 
 
 def op_missing(node: gs.Node, target: Target) -> str:

@@ -60,8 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"write the graph as ONNX after PASS ({', '.join(PASS_NAMES)}); repeatable")
     plan.add_argument("--dump-dir", type=Path, default=Path("."), help="folder for --dump-after files (default .)")
     plan.add_argument("--quiet", action="store_true", help="print no summary")
+    plan.add_argument("--strict", action="store_true",
+                      help="fail, writing no plan, when any node falls back to the CPU; lists each node's reasons")
+    plan.add_argument("--explain", metavar="NODE",
+                      help="print every rule checked for NODE (a node name of the input model), pass or fail")
 
     commands.add_parser("targets", help="list the targets and their figures")
+
+    ops = commands.add_parser("ops", help="print a target's supported operators and their rules",
+                              description="Render the SUPPORTED_OPS document of a target from the rules "
+                                          "legalize enforces.")
+    ops.add_argument("--target", required=True, help=f"the SoC ({names})")
+    ops.add_argument("--format", default="md", choices=OPS_FORMATS, help="Markdown or plain text (default md)")
+    ops.add_argument("-o", "--output", type=Path, metavar="OUT", help="write to OUT instead of printing")
 
     graph = commands.add_parser("graph", help="draw the partition graph of a plan",
                                 description="Plan MODEL and write its partition graph: Graphviz DOT, SVG "
@@ -106,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from .ops_doc import render_explanation
     from .pipeline import compile_model
     from .summary import render_summary
 
@@ -116,10 +128,18 @@ def _plan(args: argparse.Namespace) -> int:
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir)
-    plan, _ = compile_model(args.model, args.target, options)
+    plan, ctx = compile_model(args.model, args.target, options)
+    explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
+    fallbacks = [n for n in plan.nodes if n.device == "cpu"]
+    if args.strict and fallbacks:
+        listed = "\n".join(f"  {n.name} ({n.op}): {n.reason}" for n in fallbacks)
+        raise CompileError(f"--strict: {len(fallbacks)} nodes fall back to the CPU on {plan.target}, "
+                           f"no plan written\n{listed}")
     if args.json is not None:
         write_atomically(args.json, plan.to_json())
-    if not args.quiet:
+    if explanation is not None:
+        print(explanation)
+    elif not args.quiet:
         print(render_summary(plan))
     return 0
 
@@ -127,15 +147,32 @@ def _plan(args: argparse.Namespace) -> int:
 def _targets(args: argparse.Namespace) -> int:
     from .targets import all_targets
 
-    print(f"{'target':10} {'cores':>5} {'C2 int8':>8} {'C2 fp16':>8} {'NPU ops':>8}  description")
+    print(f"{'target':10} {'cores':>5} {'C2 int8':>8} {'C2 fp16':>8} {'NPU ops':>8} {'kernels':>8} "
+          f"{'multi-core':>10}  {'aliases':14} {'oplist platform':16} description")
     for target in all_targets():
         c2 = {dtype: target.c2.get(dtype) or "-" for dtype in ("int8", "float16")}
         print(f"{target.name:10} {target.npu_cores:>5} {c2['int8']:>8} {c2['float16']:>8} "
-              f"{len(target.ops):>8}  {target.description}")
+              f"{len(target.ops):>8} {len(target.kernels):>8} {len(target.multi_core_kernels):>10}  "
+              f"{', '.join(target.aliases) or '-':14} {target.oplist_platform:16} {target.description}")
+    return 0
+
+
+def _ops(args: argparse.Namespace) -> int:
+    from .ops_doc import render_supported_ops
+    from .targets import get_target
+
+    if args.output is not None and not args.output.parent.is_dir():
+        raise CompileError(f"--output: folder {args.output.parent} does not exist")
+    document = render_supported_ops(get_target(args.target), args.format)
+    if args.output is not None:
+        write_atomically(args.output, document)
+    else:
+        print(document, end="")
     return 0
 
 
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
+OPS_FORMATS = ("md", "text")
 
 
 def _graph(args: argparse.Namespace) -> int:
@@ -166,7 +203,7 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph}
+_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops}
 
 if __name__ == "__main__":
     sys.exit(main())
