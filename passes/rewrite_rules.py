@@ -384,6 +384,27 @@ def global_pool_to_stages(node: gs.Node, site: Site) -> Iterator[Replacement]:
     yield builder.finish()
 
 
+def reducemean_to_global_pool(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """ReduceMean over height and width of a 4-D tensor as GlobalAveragePool (then a Reshape
+    when keepdims = 0): the oplist V2.3.2 has no ReduceMean kernel, it has GlobalAveragePool;
+    torch exports adaptive_avg_pool2d(1) as this ReduceMean (mobilenet_v2 in the zoo)."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape, y_shape = static_shape(x), static_shape(y)
+    axes = node.attrs.get("axes")
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        axes = constant_value(node.inputs[1])
+    if shape is None or y_shape is None or len(shape) != 4 or axes is None:
+        return
+    if sorted(int(a) % 4 for a in np.ravel(axes)) != [2, 3]:
+        return
+    builder = site.builder(node)
+    keep = node.attrs.get("keepdims", 1)
+    pooled = builder.op("GlobalAveragePool", [x], [*shape[:2], 1, 1], x.dtype, out=y if keep else None)
+    if not keep:
+        builder.reshape(pooled, y_shape, out=y)
+    yield builder.finish()
+
+
 # --- matrix products ---------------------------------------------------------------------------
 
 def _conv_1x1(builder: Builder, x4: gs.Tensor, weight: np.ndarray, bias: np.ndarray | None,
@@ -592,6 +613,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(elu_to_native, frozenset({"Elu"})),
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
+    RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),
     RewriteRule(softmax_to_supported_axis, frozenset({"Softmax"})),
     RewriteRule(lift_to_4d, ELEMENTWISE),

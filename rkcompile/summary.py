@@ -63,6 +63,11 @@ def _fusion_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _rule_counts(plan: Plan) -> str:
+    counts = Counter(r.rule for r in plan.rewrites)
+    return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def render_summary(plan: Plan) -> str:
     model_name = plan.model.path.rsplit("/", 1)[-1]
     counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
@@ -77,6 +82,7 @@ def render_summary(plan: Plan) -> str:
         f"  nodes                       {len(plan.nodes)} ({folded} folded, {removed} removed, {len(counted)} placed)",
         f"  NPU ops                     {npu} ({100 * npu / total:.1f}%)",
         f"  CPU ops                     {cpu} ({100 * cpu / total:.1f}%)",
+        f"  rewrites                    {len(plan.rewrites)} ({_rule_counts(plan) or 'none'})",
     ]
     # The "(seen: ...)" details name single tensors; without them, nodes that broke the same
     # rules group together.

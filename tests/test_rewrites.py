@@ -234,6 +234,21 @@ def test_big_global_pools_become_tiling_pools(tmp_path, op, height, width):
     assert_same_outputs(model, ctx, {"x": feed([1, 3, height, width])})
 
 
+@pytest.mark.parametrize("opset, keepdims", [(13, 1), (18, 1), (18, 0)])
+def test_reducemean_over_height_and_width_becomes_global_average_pool(tmp_path, opset, keepdims):
+    out_shape = [1, 6, 1, 1] if keepdims else [1, 6]
+    if opset >= 18:
+        node = helper.make_node("ReduceMean", ["x", "axes"], ["y"], name="mean", keepdims=keepdims)
+        initializers = [weight("axes", np.array([-1, -2], dtype=np.int64))]
+    else:
+        node = helper.make_node("ReduceMean", ["x"], ["y"], name="mean", axes=[2, 3], keepdims=keepdims)
+        initializers = []
+    model = make_model([node], [value_info("x", [1, 6, 5, 5])], [value_info("y", out_shape)], initializers, opset=opset)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["GlobalAveragePool"] + ([] if keepdims else ["Reshape"])
+    assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 5])})
+
+
 # --- matrix products ---------------------------------------------------------------------------
 
 def test_gemm_with_transb_alpha_and_beta_becomes_a_1x1_conv(tmp_path):
