@@ -35,6 +35,8 @@ Partitions = list[tuple[str, list[str]]]
 
 SHAPE_ARITHMETIC = ("shape arithmetic: its result only feeds shape and index inputs, so it stays on "
                     "the CPU rather than ping-pong between devices")
+MOVED_TO_CPU = ("moved to the CPU with its NPU island: the estimated compute it saves on the NPU is less "
+                "than its conversions and NPU launch cost")
 STAYS_BETWEEN_NPU = ("stays on the CPU between two NPU partitions although its conversions cost more "
                      "than its compute: no legal NPU rewrite applies")
 
@@ -183,9 +185,8 @@ def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: P
         gain = before - estimate.seconds(moved, wave_partitions(dag, moved, position))
         if gain > 0 and (best is None or gain > best.gain):
             saving = sum(estimate.compute[n]["cpu"] - estimate.compute[n]["npu"] for n in members)
-            reason = (f"moved to the CPU with its NPU island of {len(members)} nodes: the island saves an "
-                      f"estimated {saving * 1e6:.1f} us of compute but costs {(gain + saving) * 1e6:.1f} us "
-                      f"of conversions and NPU launch")
+            reason = (f"{MOVED_TO_CPU} (seen: island of {len(members)} nodes saves {saving * 1e6:.1f} us, "
+                      f"costs {(gain + saving) * 1e6:.1f} us)")
             best = IslandMove(tuple(members), gain, reason)
     return best
 

@@ -16,7 +16,7 @@ OPEN_LIMIT = 12
 _STYLE = """
 body { font: 13px/1.4 system-ui, sans-serif; margin: 1.5em; color: #212529; }
 h1 { font-size: 18px; margin: 0 0 .3em; }
-pre.summary { background: #f8f9fa; padding: .6em; border-radius: 4px; font-size: 12px; }
+pre.summary { background: #f8f9fa; padding: .6em; border-radius: 4px; font-size: 12px; white-space: pre-wrap; }
 .strip { display: flex; height: 22px; border: 1px solid #adb5bd; margin: .8em 0 1.2em; }
 .strip a { display: block; min-width: 3px; border-right: 1px solid #fff; }
 .legend span { display: inline-block; padding: 0 .6em; margin-right: .4em; border-radius: 3px; }
@@ -34,12 +34,12 @@ details.partition > summary { cursor: pointer; font-weight: 600; }
 
 
 def _node_html(node: NodeView) -> str:
-    shapes = (", ".join(shape for _, shape in node.inputs) or "-") + " &rarr; " + \
-        (", ".join(shape for _, shape in node.outputs) or "-")
+    shapes = " &rarr; ".join(escape(", ".join(shape for _, shape in side) or "-")
+                             for side in (node.inputs, node.outputs))
     parts = [f'<div class="node" id="node-{escape(node.name)}">',
              f'<div><span class="op">{escape(node.op)}</span>'
              + (f' <span class="kernel">{escape(node.kernel)}</span>' if node.kernel != node.op else "") + "</div>",
-             f'<div class="shapes">{escape(shapes)}</div>',
+             f'<div class="shapes">{shapes}</div>',
              f'<div class="name">{escape(node.name)}</div>']
     if node.failing_rules:
         parts.append('<ul class="rules">' + "".join(f"<li>{escape(rule)}</li>" for rule in node.failing_rules)
