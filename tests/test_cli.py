@@ -25,7 +25,7 @@ def test_summary_reports_placement_reasons_partitions_and_memory(capsys):
     placed = int(re.search(r"(\d+) placed", out).group(1))
     assert npu + cpu == placed and cpu >= 1
     assert "Erf on rk3588: Erf is not in rk3588's NPU operator list" in out
-    assert re.search(r"partitions\s+\d+", out) and "npu:" in out
+    assert re.search(r"partitions\s+\d+ NPU \[[\d, ]*\], \d+ CPU \[[\d, ]*\]", out)
     assert re.search(r"arena\s+[\d,.]+ KiB", out) and re.search(r"weights\s+[\d,.]+ KiB", out)
 
 
