@@ -11,6 +11,7 @@ from typing import NamedTuple
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext, Failure
+from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, is_onnx_domain, present_inputs
 from rkcompile.targets.model import Target
 
@@ -34,6 +35,9 @@ class CheckedNode(NamedTuple):
 
 
 def run(ctx: CompileContext) -> None:
+    if not ctx.target.supports_dtype(ctx.options.dtype):
+        raise CompileError(f"{ctx.target.name} has no {ctx.options.dtype} tensors on its NPU "
+                           f"(seed 003, table 3-1: C2 is '/'), so a {ctx.options.dtype} plan cannot use it")
     facts = compile_facts(ctx)
     ctx.failures, ctx.verdicts = {}, {}
     for node in ctx.graph.nodes:

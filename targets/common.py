@@ -91,7 +91,6 @@ CONV_TRANSPOSE_FUSIONS: tuple[str, ...] = (
 
 SEED_000 = "seed 000, V2.5.0 RK3562"
 SEED_001 = "seed 001, V2.5.0 RK3576/RV1126B"
-SEED_003 = "seed 003, V2.5.0 table 3-1"
 #: Kernels whose constraints seed 000 (RK3562) and seed 001 (RK3576/RV1126B) give.
 SEED_000_KERNELS = ("Div", "Expand", "GRU", "Gather", "Hardmax", "LSTM", "Max", "Mul", "MulRelu",
                     "Pad", "MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool", "Pow")
@@ -225,8 +224,7 @@ def build_target(*, name: str, aliases: tuple[str, ...] = (), description: str, 
     kernels = frozenset(kernels)
     multi_core = frozenset(multi_core) if npu_cores > 1 else frozenset()
     sources = Sources(oplist_platform, dict(seeds or {}))
-    common = (Rule(c.static_shapes), Rule(c.max_rank, {"limit": 4}),
-              Rule(c.dtype_storage, {"source": f"{SEED_003}, {oplist_platform} column"}))
+    common = (Rule(c.static_shapes), Rule(c.max_rank, {"limit": 4}))
     return Target(
         name=name, aliases=aliases, npu_cores=npu_cores, c2=dict(c2), sram_bytes=sram_bytes,
         ops=build_ops(kernels, multi_core, op_rules(figures, sources), kernel_dtypes or {}, sources),

@@ -108,13 +108,6 @@ def plan_dtype(node: gs.Node, target, dtypes: tuple[str, ...], source: str, plan
     return plan_dtype in dtypes, "" if plan_dtype in dtypes else f"plan dtype {plan_dtype}"
 
 
-def dtype_storage(node: gs.Node, target, source: str, plan_dtype: str = "float16") -> CheckResult:
-    """The target stores the plan's dtype in NC1HWC2 (C2 table, {source}); a '/' there means
-    the NPU has no such tensors at all."""
-    ok = target.supports_dtype(plan_dtype)
-    return ok, "" if ok else f"no C2 for {plan_dtype} on {target.name}"
-
-
 # ---- elementwise ---------------------------------------------------------------------------
 
 def _is_scalar_constant(tensor: gs.Tensor) -> bool:
