@@ -6,10 +6,14 @@ ConvAdd + Relu). A row of `fusion_table` applies at a root when:
 
 - the target lists the row's oplist kernel;
 - no member's result other than the root's is read outside the chain or is a graph output;
-- every member passes its own constraints. A member whose only fault is that the target has no
-  kernel for its op on its own (Erf in GELU, ReduceMean/Sqrt in LayerNorm) passes when it also
-  meets the target's common rules (static shapes, rank): the fused kernel computes it, so
-  fusing is what brings it onto the NPU. Any other broken rule keeps the chain apart;
+- every member passes its own constraints, with two exceptions, both because the member never
+  runs as a kernel of its own. A member whose op the target has no kernel for (Erf in GELU,
+  ReduceMean/Sqrt in LayerNorm) passes when it meets the target's common rules (static shapes,
+  rank): the fused kernel computes it, so fusing is what brings it onto the NPU. And in a row
+  that `absorbs` an exporter's spelling of one kernel (GELU, LayerNorm, attention, ...), every
+  member is held to the common rules only; the row's predicates carry the kernel's own limits.
+  In kernel fusions (Conv + Relu, ...) each member runs as itself, so any broken rule keeps the
+  chain apart;
 - the row's predicates hold;
 - fusing creates no cycle: no member reaches another member through a node outside the chain.
 
@@ -72,7 +76,7 @@ def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node,
     graph_outputs = {t.name for t in ctx.graph.outputs}
     reason = None
     for match in matches(rule.pattern, root):
-        problem = (escaping_result(match, graph_outputs) or member_problem(ctx, match)
+        problem = (escaping_result(match, graph_outputs) or member_problem(ctx, rule, match)
                    or predicate_problem(rule, match) or cycle_problem(match, dag))
         if problem is None:
             return match, None
@@ -92,13 +96,13 @@ def escaping_result(match: Match, graph_outputs: set[str]) -> str | None:
     return None
 
 
-def member_problem(ctx: CompileContext, match: Match) -> str | None:
+def member_problem(ctx: CompileContext, rule: FusionRule, match: Match) -> str | None:
     target = ctx.target
     for node in match.members:
         failures = ctx.failures.get(node.name, [])
         if not failures:
             continue
-        if is_onnx_domain(node) and node.op in target.ops:
+        if not rule.absorbs and is_onnx_domain(node) and node.op in target.ops:
             return f"member {node.name} breaks: {'; '.join(str(f) for f in failures)}"
         broken = [rule.describe() for rule in target.common_rules if not rule.evaluate(node, target)[0]]
         if broken:
@@ -140,7 +144,7 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match) -> gs.Node
                      key=lambda name: original_position.get(name, len(original_position)))
     name = f"{rule.kernel}:{origins[0]}"
     attrs = {"members": [node.op for node in members], **rule.attributes(match),
-             "body": body_graph(name, members, inputs, outputs)}
+             "body": body_graph(name, members, inputs, outputs, graph.opset)}
     member_ids = {id(node) for node in members}
     for node in members:
         node.inputs.clear()
@@ -157,7 +161,8 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match) -> gs.Node
     return fused
 
 
-def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]) -> gs.Graph:
+def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor],
+               opset: int) -> gs.Graph:
     """The members as a standalone subgraph over copies of their tensors, so the main graph's
     tensors keep only main-graph producers and consumers. Constants are copied in; the graph
     inputs are the fused node's runtime inputs."""
@@ -174,6 +179,6 @@ def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outpu
     nodes = [gs.Node(op=node.op, name=node.name, attrs=dict(node.attrs), domain=node.domain,
                      inputs=[copy(t) for t in node.inputs], outputs=[copy(t) for t in node.outputs])
              for node in members]
-    return gs.Graph(nodes=nodes, name=name,
+    return gs.Graph(nodes=nodes, name=name, opset=opset,
                     inputs=[copies[t.name] for t in inputs if not isinstance(t, gs.Constant)],
                     outputs=[copies[t.name] for t in outputs if t.name])

@@ -30,11 +30,17 @@ CONV = ("Conv", "Gemm")
 
 @dataclass(frozen=True)
 class FusionRule:
+    """One row. `absorbs` says the members are an exporter's spelling of the kernel, not kernels
+    the NPU runs one by one: their own op rules (a Sub's broadcast limits inside a LayerNorm)
+    then do not apply, only the target's common rules and the row's predicates, which state the
+    fused kernel's own limits. Otherwise every member must pass its own rules."""
+
     kernel: str
     requires: str
     pattern: Pattern
     predicates: tuple[Predicate, ...] = ()
     attributes: Callable[[Match], dict] = field(default=lambda match: {})
+    absorbs: bool = False
 
 
 # --- predicates ---------------------------------------------------------------------------
@@ -120,16 +126,15 @@ def _normalized_axes(node, rank: int) -> list[int] | None:
 
 
 def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
-    """The normalization runs over axis 1, over axes 1 to 3, or over the last axis only, keeping
-    dims: exNorm supports axes [1] and [1,2,3] (seed 001, exNorm, axes), and rknn-toolkit2 maps
-    last-axis LayerNorm to exNorm (peer zoo_rk3588.json, transformer_encoder, bert_mini)."""
+    """The normalized axes, on the 4-D view (leading 1s for lower ranks), are [1] or [1,2,3],
+    keeping dims (seed 001, exNorm, axes: only [1] and [1,2,3])."""
     rank = _rank(match.tensors["x"])
-    if rank is None:
-        return False, "unknown rank"
-    allowed = ([1], list(range(1, rank)), [rank - 1])
+    if rank is None or rank > 4:
+        return False, f"rank {rank}"
     seen = {label: _normalized_axes(node, rank) for label, node in match.nodes.items()
             if node.op in ("ReduceMean", "LayerNormalization")}
-    return all(axes in allowed for axes in seen.values()), f"rank {rank}, axes {seen}"
+    viewed = {label: None if axes is None else [a + 4 - rank for a in axes] for label, axes in seen.items()}
+    return all(axes in ([1], [1, 2, 3]) for axes in viewed.values()), f"axes {viewed}"
 
 
 def layer_norm_output_only(match: Match) -> tuple[bool, str]:
@@ -296,22 +301,22 @@ def _conv_then(activation: str | tuple[str, ...], *inputs: Pattern, label: str |
 
 RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exSDPAttention", "exSDPAttention", _attention(),
-               (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes),
-    FusionRule("exNorm", "exNorm", _layer_norm(), (normalizes_supported_axes,), norm_attributes("layer")),
-    FusionRule("exNorm", "exNorm", _rms_norm(), (normalizes_supported_axes,), norm_attributes("rms")),
+               (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes, absorbs=True),
+    FusionRule("exNorm", "exNorm", _layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
+    FusionRule("exNorm", "exNorm", _rms_norm(), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
                (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),
-    FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}),
-    FusionRule("exGelu", "exGelu", _gelu_tanh(), attributes=lambda m: {"approximate": "tanh"}),
+    FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}, absorbs=True),
+    FusionRule("exGelu", "exGelu", _gelu_tanh(), attributes=lambda m: {"approximate": "tanh"}, absorbs=True),
     FusionRule("exMish", "exMish", _mul(Any("x"), Op("Tanh", Alt(
-        Op("Softplus", Any("x")), Op("Log", _add(Op("Exp", Any("x")), Const(1.0))))))),
+        Op("Softplus", Any("x")), Op("Log", _add(Op("Exp", Any("x")), Const(1.0)))))), absorbs=True),
     FusionRule("HardSwish", "HardSwish", _mul(Any("x"), Op("HardSigmoid", Any("x"), label="hard_sigmoid")),
-               (hard_sigmoid_is_relu6_over_6,)),
-    FusionRule("HardSwish", "HardSwish", _hard_swish_relu6()),
-    FusionRule("exSwish", "exSwish", _mul(Any("x"), Op("Sigmoid", Any("x")))),
+               (hard_sigmoid_is_relu6_over_6,), absorbs=True),
+    FusionRule("HardSwish", "HardSwish", _hard_swish_relu6(), absorbs=True),
+    FusionRule("exSwish", "exSwish", _mul(Any("x"), Op("Sigmoid", Any("x"))), absorbs=True),
     FusionRule("exGlu", "exGlu", _mul(Op("Split", Any("x"), label="split", output=0),
                                       Op("Sigmoid", Op("Split", Any("x"), label="split", output=1))),
-               (split_halves_on_channels,), lambda m: {"axis": 1}),
+               (split_halves_on_channels,), lambda m: {"axis": 1}, absorbs=True),
     FusionRule("exLSTM", "LSTM", _recurrent_with_layout("LSTM"), (recurrent_plain, sequence_batch_layout),
                lambda m: {"output_layout": "(sn)c"}),
     FusionRule("exGRU", "GRU", _recurrent_with_layout("GRU"), (sequence_batch_layout,),
