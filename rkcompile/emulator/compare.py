@@ -1,0 +1,55 @@
+"""How close the emulator's outputs are to a reference: cosine similarity, max absolute error
+and max relative error, all computed in float64.
+
+Max relative error is max|a - b| / max|b|, relative to the output's range rather than
+element-wise, so outputs that cross zero do not report infinities."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Agreement:
+    output: str
+    cosine: float
+    max_abs: float
+    max_rel: float
+
+    def passes(self, min_cosine: float) -> bool:
+        return self.cosine >= min_cosine
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def agreement(name: str, actual: np.ndarray, expected: np.ndarray) -> Agreement:
+    a = np.asarray(actual, np.float64).reshape(-1)
+    b = np.asarray(expected, np.float64).reshape(-1)
+    if a.shape != b.shape:
+        return Agreement(name, float("-inf"), float("inf"), float("inf"))
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        same = np.array_equal(a, b, equal_nan=True)
+        return Agreement(name, 1.0 if same else float("-inf"), 0.0 if same else float("inf"),
+                         0.0 if same else float("inf"))
+    norms = np.linalg.norm(a) * np.linalg.norm(b)
+    cosine = float(a @ b / norms) if norms else (1.0 if not a.any() and not b.any() else 0.0)
+    max_abs = float(np.abs(a - b).max()) if a.size else 0.0
+    scale = float(np.abs(b).max()) if b.size else 0.0
+    return Agreement(name, cosine, max_abs, max_abs / scale if scale else max_abs)
+
+
+def onnxruntime_outputs(model_path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model run by onnxruntime on one thread, the reference `--check` uses when the
+    inputs file carries no expected outputs."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    feeds = {i.name: inputs[i.name] for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, feeds)))

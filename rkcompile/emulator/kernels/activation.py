@@ -1,0 +1,90 @@
+"""Element-wise activations and unary math in float32, vectorised over the whole tensor.
+
+Erf uses Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7, far under float16's
+resolution) so the emulator needs nothing beyond numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import attr, register
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    sign = np.sign(x)
+    a = np.abs(x).astype(np.float64)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (sign * (1.0 - poly * np.exp(-a * a))).astype(x.dtype)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of a non-positive number only, so large |x| cannot overflow
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def _hard_sigmoid(node, x):
+    return np.clip(np.float32(attr(node, "alpha", 0.2)) * x + np.float32(attr(node, "beta", 0.5)), 0, 1)
+
+
+def _gelu(node, x):
+    if attr(node, "approximate", "none") == "tanh":
+        return 0.5 * x * (1 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * (x + np.float32(0.044715) * x ** 3)))
+    return 0.5 * x * (1 + erf(x / np.float32(np.sqrt(2))))
+
+
+UNARY = {
+    "Relu": lambda node, x: np.maximum(x, 0),
+    "LeakyRelu": lambda node, x: np.where(x >= 0, x, np.float32(attr(node, "alpha", 0.01)) * x),
+    "Sigmoid": lambda node, x: sigmoid(x),
+    "Tanh": lambda node, x: np.tanh(x),
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": lambda node, x: x * np.clip(x / 6 + np.float32(0.5), 0, 1),
+    "Elu": lambda node, x: np.where(x >= 0, x, np.float32(attr(node, "alpha", 1.0)) * np.expm1(x)),
+    "Selu": lambda node, x: np.float32(attr(node, "gamma", 1.0507009873554805)) * np.where(
+        x > 0, x, np.float32(attr(node, "alpha", 1.6732632423543772)) * np.expm1(x)),
+    "Softplus": lambda node, x: softplus(x),
+    "Softsign": lambda node, x: x / (1 + np.abs(x)),
+    "Mish": lambda node, x: x * np.tanh(softplus(x)),
+    "Gelu": _gelu,
+    "Erf": lambda node, x: erf(x),
+    "Exp": lambda node, x: np.exp(x),
+    "Log": lambda node, x: np.log(x),
+    "Sqrt": lambda node, x: np.sqrt(x),
+    "Reciprocal": lambda node, x: 1 / x,
+    "Abs": lambda node, x: np.abs(x),
+    "Neg": lambda node, x: -x,
+    "Sin": lambda node, x: np.sin(x),
+    "Cos": lambda node, x: np.cos(x),
+    "Floor": lambda node, x: np.floor(x),
+    "Ceil": lambda node, x: np.ceil(x),
+    "Sign": lambda node, x: np.sign(x),
+}
+
+
+def _unary(node, inputs, opset):
+    return [UNARY[node.op](node, inputs[0])]
+
+
+register(*UNARY)(_unary)
+
+
+@register("PRelu")
+def prelu(node, inputs, opset):
+    x, slope = inputs[0], inputs[1]
+    return [np.where(x >= 0, x, x * slope)]
+
+
+@register("Clip")
+def clip(node, inputs, opset):
+    x = inputs[0]
+    if opset < 11:
+        low, high = attr(node, "min", -np.inf), attr(node, "max", np.inf)
+    else:
+        low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else -np.inf
+        high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.inf
+    return [np.clip(x, low, high).astype(x.dtype)]

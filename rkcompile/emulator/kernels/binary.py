@@ -1,0 +1,35 @@
+"""Element-wise binary ops with ONNX (numpy) multidirectional broadcasting, in float32, and the
+comparisons, whose boolean results are stored as they are."""
+from __future__ import annotations
+
+from functools import reduce
+
+import numpy as np
+
+from ..registry import register
+
+ARITHMETIC = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
+    "Max": np.maximum, "Min": np.minimum,
+}
+COMPARISON = {
+    "Greater": np.greater, "Less": np.less, "Equal": np.equal,
+    "GreaterOrEqual": np.greater_equal, "LessOrEqual": np.less_equal,
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+
+
+def _arithmetic(node, inputs, opset):
+    # Max and Min are variadic; the others have exactly two operands.
+    values = [v for v in inputs if v is not None]
+    if node.op == "Div" and np.issubdtype(values[0].dtype, np.integer):
+        return [np.trunc(values[0] / values[1]).astype(values[0].dtype)]
+    return [reduce(ARITHMETIC[node.op], values)]
+
+
+def _comparison(node, inputs, opset):
+    return [COMPARISON[node.op](inputs[0], inputs[1])]
+
+
+register(*ARITHMETIC)(_arithmetic)
+register(*COMPARISON)(_comparison)

@@ -1,0 +1,56 @@
+"""MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on strided window views."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import Unsupported, attr, register
+from ._windows import spatial_pads, windows
+
+
+def _geometry(node, x):
+    rank = x.ndim - 2
+    kernel = list(attr(node, "kernel_shape"))
+    strides = list(attr(node, "strides", [1] * rank))
+    dilations = list(attr(node, "dilations", [1] * rank))
+    begin, end = spatial_pads(node, x.shape[2:], kernel, strides, dilations, bool(attr(node, "ceil_mode", 0)))
+    return rank, kernel, strides, dilations, begin, end
+
+
+@register("MaxPool")
+def max_pool(node, inputs, opset):
+    x = inputs[0]
+    if len(node.outputs) > 1 and node.outputs[1].name:
+        raise Unsupported("MaxPool Indices output")
+    rank, kernel, strides, dilations, begin, end = _geometry(node, x)
+    view = windows(x, kernel, strides, dilations, begin, end, fill=-np.inf)
+    return [view.max(axis=tuple(range(-rank, 0)))]
+
+
+@register("AveragePool")
+def average_pool(node, inputs, opset):
+    x = inputs[0]
+    rank, kernel, strides, dilations, begin, end = _geometry(node, x)
+    axes = tuple(range(-rank, 0))
+    total = windows(x, kernel, strides, dilations, begin, end).sum(axis=axes)
+    # The divisor counts the input cells of each window, plus the explicit pads when
+    # count_include_pad; never the cells ceil_mode adds past the end.
+    ones = np.ones((1, 1) + x.shape[2:], np.float32)
+    if attr(node, "count_include_pad", 0):
+        explicit = list(attr(node, "pads", [0] * 2 * rank))
+        ones = np.pad(ones, [(0, 0), (0, 0)] + list(zip(explicit[:rank], explicit[rank:])), constant_values=1)
+        begin = [b - p for b, p in zip(begin, explicit[:rank])]
+        end = [e - p for e, p in zip(end, explicit[rank:])]
+    counts = windows(ones, kernel, strides, dilations, begin, end).sum(axis=axes)
+    return [total / counts]
+
+
+@register("GlobalAveragePool")
+def global_average_pool(node, inputs, opset):
+    x = inputs[0]
+    return [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float32)]
+
+
+@register("GlobalMaxPool")
+def global_max_pool(node, inputs, opset):
+    x = inputs[0]
+    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]

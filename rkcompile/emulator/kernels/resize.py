@@ -1,0 +1,91 @@
+"""Resize (and the older Upsample) with nearest or (multi-)linear interpolation, separable per
+axis: each resized axis maps output coordinates to input coordinates by the ONNX
+coordinate_transformation_mode, then gathers (nearest) or blends two neighbours (linear)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import Unsupported, attr, register
+
+
+def _text(value, default):
+    value = default if value is None else value
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def source_coordinates(mode: str, out_size: int, in_size: int, scale: float) -> np.ndarray:
+    out = np.arange(out_size, dtype=np.float64)
+    if mode == "half_pixel":
+        return (out + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (out + 0.5) / scale - 0.5 if out_size > 1 else np.zeros(out_size)
+    if mode == "align_corners":
+        return out * (in_size - 1) / (out_size - 1) if out_size > 1 else np.zeros(out_size)
+    if mode == "asymmetric":
+        return out / scale
+    if mode == "half_pixel_symmetric":
+        adjustment = out_size / (scale * in_size)
+        return (in_size / 2) * (1 - adjustment) + (out + 0.5) / scale - 0.5
+    raise Unsupported(f"coordinate_transformation_mode {mode}")
+
+
+def _nearest(coordinates: np.ndarray, rule: str, in_size: int) -> np.ndarray:
+    if rule == "round_prefer_floor":
+        index = np.ceil(coordinates - 0.5)
+    elif rule == "round_prefer_ceil":
+        index = np.floor(coordinates + 0.5)
+    elif rule == "floor":
+        index = np.floor(coordinates)
+    elif rule == "ceil":
+        index = np.ceil(coordinates)
+    else:
+        raise Unsupported(f"nearest_mode {rule}")
+    return np.clip(index, 0, in_size - 1).astype(np.int64)
+
+
+def _sizes_and_scales(node, inputs, x, opset):
+    if node.op == "Upsample" or opset < 10:
+        scales = np.asarray(inputs[1] if len(inputs) > 1 else attr(node, "scales"), np.float64)
+        return [int(np.floor(s * f)) for s, f in zip(x.shape, scales)], scales
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None and inputs[2].size else None
+    sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None and inputs[3].size else None
+    if attr(node, "axes") is not None or _text(attr(node, "keep_aspect_ratio_policy"), "stretch") != "stretch":
+        raise Unsupported("Resize axes or keep_aspect_ratio_policy")
+    if sizes is not None:
+        sizes = [int(s) for s in sizes]
+        return sizes, np.asarray(sizes, np.float64) / np.asarray(x.shape, np.float64)
+    scales = np.asarray(scales, np.float64)
+    return [int(np.floor(s * f)) for s, f in zip(x.shape, scales)], scales
+
+
+@register("Resize", "Upsample")
+def resize(node, inputs, opset):
+    x = inputs[0]
+    mode = _text(attr(node, "mode"), "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise Unsupported(f"Resize mode {mode}")
+    if opset < 11:
+        transform, rule = "asymmetric", "floor"
+    else:
+        transform = _text(attr(node, "coordinate_transformation_mode"), "half_pixel")
+        rule = _text(attr(node, "nearest_mode"), "round_prefer_floor")
+    if transform == "tf_crop_and_resize" or attr(node, "antialias", 0):
+        raise Unsupported(f"Resize {transform}")
+    sizes, scales = _sizes_and_scales(node, inputs, x, opset)
+    y = x
+    for axis, (out_size, scale) in enumerate(zip(sizes, scales)):
+        in_size = x.shape[axis]
+        if out_size == in_size and scale == 1:
+            continue
+        coordinates = source_coordinates(transform, out_size, in_size, scale)
+        if mode == "nearest":
+            y = np.take(y, _nearest(coordinates, rule, in_size), axis=axis)
+            continue
+        coordinates = np.clip(coordinates, 0, in_size - 1)
+        low = np.floor(coordinates).astype(np.int64)
+        high = np.minimum(low + 1, in_size - 1)
+        shape = [1] * y.ndim
+        shape[axis] = out_size
+        weight = (coordinates - low).astype(np.float32).reshape(shape)
+        y = np.take(y, low, axis=axis) * (1 - weight) + np.take(y, high, axis=axis) * weight
+    return [y]

@@ -1,0 +1,19 @@
+"""onnx.reference for one node: what CPU steps run (the CPU computes in the model's dtype),
+and what the NPU kernels in `kernels/reference_ops.py` or a kernel's `Unsupported` case fall
+back to, in float32."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx.reference import ReferenceEvaluator
+
+from rkcompile.ir import node_proto
+
+
+def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    proto = node_proto(node)
+    feeds = {name: value for name, value in zip(proto.input, inputs) if name}
+    evaluator = ReferenceEvaluator(proto, opsets={"": opset})
+    return [np.asarray(v) for v in evaluator.run(None, feeds)]

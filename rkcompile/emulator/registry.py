@@ -1,0 +1,48 @@
+"""The NPU kernel registry, in the manner of onnx.reference's op list: each kernel module
+registers the ONNX ops it computes, and the executor looks a node's op up here.
+
+A kernel is `kernel(node, inputs, opset) -> outputs`: `node` is the onnx-graphsurgeon node (its
+`attrs` hold the ONNX attributes), `inputs` the node's inputs in order as float32 arrays (index
+and shape tensors keep their integer dtype; an omitted optional input is None), and it returns
+one array per node output, computed in float32. Rounding to the stored dtype happens once, when
+the executor stores the result, so a fused chain is rounded once however many ops it has.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+Kernel = Callable[[gs.Node, Sequence["np.ndarray | None"], int], Sequence[np.ndarray]]
+
+KERNELS: dict[str, Kernel] = {}
+
+
+class Unsupported(Exception):
+    """A kernel met an attribute combination it does not implement; the executor then runs the
+    op through onnx.reference in float32 and counts it as a fallback in the report."""
+
+
+def register(*ops: str) -> Callable[[Kernel], Kernel]:
+    def add(kernel: Kernel) -> Kernel:
+        for op in ops:
+            if op in KERNELS:
+                raise ValueError(f"two emulator kernels for {op}")
+            KERNELS[op] = kernel
+        return kernel
+    return add
+
+
+def attr(node: gs.Node, name: str, default=None):
+    value = node.attrs.get(name, default)
+    return default if value is None else value
+
+
+def opset_attr_or_input(node: gs.Node, inputs: Sequence, position: int, name: str):
+    """An operand that moved from an attribute to an input in a later opset (Split's split,
+    Squeeze's axes, Clip's bounds): the input when given, else the attribute, else None."""
+    if len(inputs) > position and inputs[position] is not None:
+        return [int(v) for v in np.asarray(inputs[position]).reshape(-1)]
+    value = node.attrs.get(name)
+    return None if value is None else [int(v) for v in np.atleast_1d(value)]

@@ -1,0 +1,100 @@
+"""Where the emulator keeps tensors: one byte buffer per plan region, and nothing else.
+
+The arena is exactly `memory.arena_bytes` long; the weight, input and output regions are as
+long as their last tensor's end. Every tensor is a typed numpy view at its planned offset, in
+its planned dtype and layout: NC1HWC2 views are (N, C1, H, W, C2) with the padding channels
+present (and written as zeros), other layouts are the ONNX shape row-major. Reading decodes a
+working copy for one step; writing encodes into the view, rounding to the stored dtype. So two
+tensors that the plan places on the same bytes really do overwrite each other.
+
+The one exception is a CPU tensor whose shape the planner could not know (layout "unknown",
+0 bytes): the CPU runtime sizes it when it runs, so the emulator holds it the same way, in
+`dynamic`, and reports how many it held.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from rkcompile.errors import CompileError
+from rkcompile.ir import element_count
+from rkcompile.passes.layout import as_nchw, nc1hwc2_shape
+from rkcompile.plan import Plan, TensorPlacement
+from rkcompile.targets.model import Target
+
+
+class EmulationError(CompileError):
+    """The plan cannot be executed as written (a bad size, a missing tensor, no kernel)."""
+
+
+class Storage:
+    def __init__(self, plan: Plan, target: Target):
+        self.tensors = plan.tensors
+        self.target = target
+        sizes = {"arena": plan.memory.arena_bytes, "weight": plan.memory.weight_bytes, "input": 0, "output": 0}
+        for tensor in plan.tensors.values():
+            sizes[tensor.region] = max(sizes[tensor.region], tensor.offset + tensor.bytes)
+        self.regions = {region: np.zeros(size, np.uint8) for region, size in sizes.items()}
+        self.dynamic: dict[str, np.ndarray] = {}
+
+    def placement(self, name: str) -> TensorPlacement:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise EmulationError(f"tensor {name} is not in the plan") from None
+
+    def view(self, name: str) -> np.ndarray:
+        """The stored tensor as a typed view on its region's bytes."""
+        tensor = self.placement(name)
+        stored_shape = self.stored_shape(tensor)
+        dtype = np.dtype(tensor.dtype)
+        needed = element_count(stored_shape) * dtype.itemsize
+        if needed != tensor.bytes:
+            raise EmulationError(f"tensor {name}: the plan gives {tensor.bytes} bytes, "
+                                 f"{tensor.layout} {tensor.dtype} {list(tensor.shape)} needs {needed}")
+        buffer = self.regions[tensor.region]
+        if tensor.offset + needed > buffer.size:
+            raise EmulationError(f"tensor {name} at {tensor.offset}+{needed} is outside its {buffer.size}-byte "
+                                 f"{tensor.region} region")
+        raw = buffer[tensor.offset:tensor.offset + needed]
+        return raw.view(dtype).reshape(stored_shape)
+
+    def stored_shape(self, tensor: TensorPlacement) -> tuple[int, ...]:
+        if tensor.layout == "NC1HWC2":
+            return nc1hwc2_shape(as_nchw(tensor.shape), self.target.c2_for(tensor.dtype))
+        return tuple(tensor.shape)
+
+    def read(self, name: str) -> np.ndarray:
+        """A working copy of the tensor in its ONNX shape and stored dtype."""
+        tensor = self.placement(name)
+        if tensor.layout == "unknown":
+            if name not in self.dynamic:
+                raise EmulationError(f"tensor {name} is read before it is written")
+            return self.dynamic[name]
+        view = self.view(name)
+        if tensor.layout != "NC1HWC2":
+            return np.array(view)
+        n, c1, h, w, c2 = view.shape
+        channels = as_nchw(tensor.shape)[1]
+        nchw = view.transpose(0, 1, 4, 2, 3).reshape(n, c1 * c2, h, w)[:, :channels]
+        return np.ascontiguousarray(nchw).reshape(tensor.shape)
+
+    def write(self, name: str, value: np.ndarray) -> None:
+        """Store `value` (the tensor's ONNX shape) in its planned dtype and layout."""
+        tensor = self.placement(name)
+        value = np.asarray(value)
+        if tensor.layout == "unknown":
+            self.dynamic[name] = value
+            return
+        if tuple(value.shape) != tuple(tensor.shape):
+            raise EmulationError(f"tensor {name}: computed shape {list(value.shape)}, "
+                                 f"planned {list(tensor.shape)}")
+        view = self.view(name)
+        if tensor.layout != "NC1HWC2":
+            view[...] = value.astype(view.dtype, copy=False)
+            return
+        n, c1, h, w, c2 = view.shape
+        nchw = value.reshape(as_nchw(tensor.shape))
+        channels = nchw.shape[1]
+        padded = np.zeros((n, c1 * c2, h, w), view.dtype)
+        padded[:, :channels] = nchw
+        view[...] = padded.reshape(n, c1, c2, h, w).transpose(0, 1, 3, 4, 2)
