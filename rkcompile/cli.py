@@ -82,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(graph, names)
     graph.add_argument("--format", required=True, choices=GRAPH_FORMATS, help="what to write")
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="the file to write")
+
+    run = commands.add_parser("run", help="execute a plan on the numpy emulator and check its outputs",
+                              description="Plan MODEL (or check a saved plan against it) and execute the plan "
+                                          "on the numpy emulator: arena offsets, NC1HWC2, float16 on the NPU.")
+    _add_model_arguments(run, names)
+    run.add_argument("--plan", type=Path, metavar="PLAN", help="execute this saved plan (it must match MODEL)")
+    run.add_argument("--inputs", type=Path, metavar="X.npz",
+                     help="input arrays keyed by graph input name (missing ones are seeded random)")
+    run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name")
+    run.add_argument("--check", action="store_true",
+                     help="compare with the reference arrays in --inputs, else with onnxruntime; "
+                          "exit 1 below --min-cosine")
+    run.add_argument("--min-cosine", type=float, default=0.9999, help="--check tolerance (default 0.9999)")
+    run.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report to REPORT")
     return parser
 
 
@@ -208,7 +223,13 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops}
+def _run(args: argparse.Namespace) -> int:
+    from .emulator.run_command import run_command
+
+    return run_command(args)
+
+
+_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run}
 
 if __name__ == "__main__":
     sys.exit(main())

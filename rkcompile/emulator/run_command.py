@@ -1,0 +1,80 @@
+"""`rkcompile run`: plan, emulate, write the outputs, compare and report."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from rkcompile.context import Options
+from rkcompile.plan import write_atomically
+
+from .compare import agreement, onnxruntime_outputs
+from .session import emulate, make_inputs, prepare
+from .storage import EmulationError
+
+
+def run_command(args: argparse.Namespace) -> int:
+    for option, path in (("--outputs", args.outputs), ("--json", args.json)):
+        if path is not None and not path.parent.is_dir():
+            raise EmulationError(f"{option}: folder {path.parent} does not exist")
+    given = load_npz(args.inputs) if args.inputs is not None else {}
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape))
+    prepared = prepare(args.model, args.target, options, args.plan)
+    inputs = make_inputs(prepared.plan, given, args.seed)
+    started = time.perf_counter()
+    execution = emulate(prepared, inputs)
+    seconds = time.perf_counter() - started
+    if args.outputs is not None:
+        save_npz(args.outputs, execution.outputs)
+    report = {"model": str(args.model), "target": prepared.plan.target, "dtype": prepared.plan.dtype,
+              "steps": len(prepared.plan.steps), "arena_bytes": prepared.plan.memory.arena_bytes,
+              "seconds": round(seconds, 4), "fallbacks": execution.fallbacks,
+              "dynamic_tensors": execution.dynamic_tensors,
+              "random_inputs": sorted(set(inputs) - set(given))}
+    status = 0
+    if args.check:
+        expected = {spec.name: given[spec.name] for spec in prepared.plan.model.outputs if spec.name in given}
+        source = "inputs file"
+        if len(expected) < len(prepared.plan.model.outputs):
+            expected, source = onnxruntime_outputs(args.model, inputs), "onnxruntime"
+        agreements = [agreement(name, value, expected[name]) for name, value in execution.outputs.items()]
+        passed = all(a.passes(args.min_cosine) for a in agreements)
+        report.update(reference=source, min_cosine=args.min_cosine, passed=passed,
+                      agreement=[a.to_dict() for a in agreements])
+        print(f"{'output':32} {'cosine':>12} {'max abs':>12} {'max rel':>12}  (vs {source})")
+        for a in agreements:
+            verdict = "ok" if a.passes(args.min_cosine) else f"FAIL (< {args.min_cosine})"
+            print(f"{a.output[:32]:32} {a.cosine:12.8f} {a.max_abs:12.4g} {a.max_rel:12.4g}  {verdict}")
+        status = 0 if passed else 1
+    else:
+        print(f"ran {len(prepared.plan.steps)} steps in {seconds:.3f}s; outputs: "
+              + ", ".join(f"{n} {list(v.shape)}" for n, v in execution.outputs.items()))
+    for fallback in execution.fallbacks:
+        print(f"note: onnx.reference computed {fallback}")
+    if args.json is not None:
+        write_atomically(args.json, json.dumps(report, indent=1) + "\n")
+    return status
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise EmulationError(f"--inputs: {path} does not exist") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise EmulationError(f"--inputs: {path} is not an .npz archive ({exc})") from None
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez through write_atomically's temporary-file discipline, in bytes."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(buffer.getvalue())
+    temporary.replace(path)
