@@ -13,7 +13,7 @@ rule matches while legal, so the worklist drains.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 
 import onnx_graphsurgeon as gs
 
@@ -30,23 +30,44 @@ log = logging.getLogger("rkcompile")
 
 def run(ctx: CompileContext) -> None:
     site = Site(ctx.graph, ctx.target, ctx.model_info.opset)
-    alive = {id(node) for node in ctx.graph.nodes}
+    edits = _Edits(ctx)
     worklist = deque(topological_nodes(ctx.graph))
     while worklist:
         node = worklist.popleft()
-        if id(node) not in alive:
+        if id(node) not in edits.alive:
             continue
-        applied = rewrite_node(node, site, ctx)
+        applied = rewrite_node(node, site, ctx, edits)
         if applied is not None:
-            alive -= {id(n) for n in applied.old}
-            alive |= {id(n) for n in applied.new}
             # A new node's readers may have become rewritable (a relabel now follows a relabel).
             touched = [t for n in applied.new for t in n.outputs] + [new for _, new in applied.aliases]
             worklist.extend(applied.new)
             worklist.extend(reader for tensor in touched for reader in tensor.outputs)
+    ctx.graph.nodes = edits.node_list(ctx.graph.nodes)
 
 
-def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext) -> Replacement | None:
+class _Edits:
+    """Bookkeeping that keeps each rewrite O(size of the rewrite) on graphs of many thousand
+    nodes: the node list is rebuilt once at the end (new nodes where the first node they replace
+    stood), and each original node's number of carriers is counted instead of searched."""
+
+    def __init__(self, ctx: CompileContext):
+        self.alive = {id(node) for node in ctx.graph.nodes}
+        # id(replaced node) -> (that node, its replacements); holding the node keeps its id
+        # from being reused by a node created later.
+        self.spliced: dict[int, tuple[gs.Node, tuple[gs.Node, ...]]] = {}
+        self.carriers = Counter(o for names in ctx.origins.values() for o in names)
+
+    def node_list(self, nodes) -> list[gs.Node]:
+        result = []
+        for node in nodes:
+            if id(node) in self.spliced:
+                result.extend(self.node_list(self.spliced[id(node)][1]))
+            elif id(node) in self.alive:
+                result.append(node)
+        return result
+
+
+def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits) -> Replacement | None:
     """Apply the first rule whose candidate is legal on the target; None when none is."""
     rules = [rule for rule in RULES if node.op in rule.ops]
     if not rules:
@@ -57,20 +78,20 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext) -> Replacement 
             continue
         for candidate in rule.build(node, site):
             if all(not check_node(new, ctx.target) for new in candidate.new):
-                apply(candidate, rule, ctx)
+                apply(candidate, rule, ctx, edits)
                 return candidate
             candidate.discard()
     return None
 
 
-def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext) -> None:
-    graph = ctx.graph
-    position = min(graph.nodes.index(node) for node in replacement.old)
+def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext, edits: _Edits) -> None:
     origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
+    edits.spliced[id(replacement.old[0])] = (replacement.old[0], replacement.new)
     for node in replacement.old:
         node.inputs.clear()
         node.outputs.clear()
-        graph.nodes.remove(node)
+        edits.alive.discard(id(node))
+        edits.carriers.subtract(ctx.origins.get(node.name, (node.name,)))
         for record in (ctx.origins, ctx.failures, ctx.placement):
             record.pop(node.name, None)
     for old, new in replacement.aliases:
@@ -78,12 +99,12 @@ def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext) -> N
             for index, tensor in enumerate(reader.inputs):
                 if tensor is old:
                     reader.inputs[index] = new
-    graph.nodes[position:position] = replacement.new
     for node in replacement.new:
         ctx.origins[node.name] = origins
-    carried = {o for names in ctx.origins.values() for o in names}
+        edits.alive.add(id(node))
+        edits.carriers.update(origins)
     for original in origins:
-        if original not in carried:
+        if edits.carriers[original] <= 0:
             ctx.fates[original] = ("removed", f"relabel only, its readers read its input ({rule.name})")
     ctx.rewrites.append(Rewrite(rule=rule.name, nodes=origins, into=tuple(n.name for n in replacement.new),
                                 ops=tuple(n.op for n in replacement.new)))
