@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
@@ -27,7 +28,7 @@ def no_rewrites(monkeypatch):
     monkeypatch.setattr(pipeline, "PASSES", tuple(p for p in pipeline.PASSES if p.NAME != "rewrite"))
 
 
-def one_node(op, inputs, weights=None, attrs=None, opset=17, outputs=1, dtypes=None):
+def one_node(op, inputs, weights=None, attrs=None, opset=17):
     """A model of one `op` node named 'n'. `inputs` maps runtime input names to shapes (or to
     (shape, dtype)); `weights` maps initializer names to arrays; node inputs follow the order
     of `inputs` then `weights`, and '' entries of `weights` keep an optional slot empty."""
@@ -38,10 +39,8 @@ def one_node(op, inputs, weights=None, attrs=None, opset=17, outputs=1, dtypes=N
         graph_inputs.append(helper.make_tensor_value_info(name, dtype, list(shape)))
     names = list(inputs) + [("" if value is None else name) for name, value in weights.items()]
     initializers = [numpy_helper.from_array(np.asarray(v), name=k) for k, v in weights.items() if v is not None]
-    out_names = [f"y{i}" for i in range(outputs)]
-    node = helper.make_node(op, names, out_names, name="n", **(attrs or {}))
-    graph = helper.make_graph([node], "g", graph_inputs,
-                              [helper.make_tensor_value_info(o, (dtypes or {}).get(o, FLOAT), None) for o in out_names],
+    node = helper.make_node(op, names, ["y"], name="n", **(attrs or {}))
+    graph = helper.make_graph([node], "g", graph_inputs, [helper.make_tensor_value_info("y", FLOAT, None)],
                               initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 10)
@@ -120,6 +119,12 @@ def test_pool_window(tmp_path, op, attrs, ok, detail):
 def test_pool_padding_modes(tmp_path, op, check, attrs, ok, detail):
     model = one_node(op, x4((1, 2, 9, 9)), attrs={"kernel_shape": [2, 2], "strides": [2, 2], **attrs})
     assert_verdict(tmp_path, model, "rk3562", op, check, ok, detail)
+
+
+@pytest.mark.parametrize("order, ok", [(0, True), (1, False)])
+def test_max_pool_storage_order(tmp_path, order, ok):
+    model = one_node("MaxPool", x4(), attrs={"kernel_shape": [2, 2], "storage_order": order})
+    assert_verdict(tmp_path, model, "rk3562", "MaxPool", "row_major_indices", ok, "storage_order=1")
 
 
 @pytest.mark.parametrize("include, ok", [(1, True), (0, False)])
@@ -280,16 +285,10 @@ def test_sin_cos_are_rk3576_kernels_in_float16(tmp_path, op):
 def test_float16_only_kernels(tmp_path, target, op, tensors, plan_dtype, ok):
     # Plans compute in float16 only for now, so the int8 side is checked on the rules directly.
     model = recurrent("GRU") if tensors is None else one_node(op, tensors)
-    node = next(n for n in pipeline_graph(tmp_path, model).nodes if n.name == "n")
+    node = next(n for n in gs.import_onnx(model).nodes if n.name == "n")
     verdicts = {v.rule.split(" (")[0]: v for v in evaluate_rules(node, get_target(target), plan_dtype=plan_dtype)}
     verdict = verdicts["The NPU runs this operator only in {float16}"]
     assert verdict.ok is ok and (ok or verdict.detail == "plan dtype int8")
-
-
-def pipeline_graph(tmp_path, model):
-    import onnx_graphsurgeon as gs
-
-    return gs.import_onnx(model)
 
 
 # ---- oplist V2.3.2, and where rk3588 and rk3576 differ -------------------------------------
