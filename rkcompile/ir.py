@@ -70,13 +70,10 @@ def producers(graph: gs.Graph) -> dict[str, gs.Node]:
 def dataflow_graph(graph: gs.Graph) -> nx.DiGraph:
     """Nodes are gs node names, edges follow tensors from producer to consumer."""
     dag = nx.DiGraph()
+    dag.add_nodes_from(node.name for node in graph.nodes)
     made_by = producers(graph)
-    for node in graph.nodes:
-        dag.add_node(node.name)
-        for tensor in present_inputs(node):
-            source = made_by.get(tensor.name)
-            if source is not None:
-                dag.add_edge(source.name, node.name)
+    dag.add_edges_from((made_by[t.name].name, node.name) for node in graph.nodes
+                       for t in present_inputs(node) if t.name in made_by)
     return dag
 
 

@@ -62,11 +62,15 @@ def verify(ctx: CompileContext) -> list[str]:
             defined.add(tensor.name)
             if not any(producer is node for producer in tensor.inputs):
                 problems.append(f"tensor {tensor.name} does not know its producer {node.name}")
+    consumers: dict[int, set[int]] = {}  # per tensor, built once: a weight may feed thousands of nodes
     for node in graph.nodes:
         for tensor in present_inputs(node):
             if not isinstance(tensor, gs.Constant) and tensor.name not in defined:
                 problems.append(f"node {node.name} reads undefined tensor {tensor.name}")
-            if not any(consumer is node for consumer in tensor.outputs):
+            known = consumers.get(id(tensor))
+            if known is None:
+                known = consumers[id(tensor)] = {id(consumer) for consumer in tensor.outputs}
+            if id(node) not in known:
                 problems.append(f"tensor {tensor.name} does not know its consumer {node.name}")
     try:
         topological_nodes(graph)
