@@ -49,7 +49,8 @@ def run(ctx: CompileContext) -> None:
     partitions = wave_partitions(dag, _devices(ctx), position)
     while (move := best_island_move(estimate, dag, partitions, position)) is not None:
         for name in move.nodes:
-            ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, move.reason)
+            ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel,
+                                            f"{estimate.nodes[name].op} on {ctx.target.name}: {move.reason}")
         partitions = wave_partitions(dag, _devices(ctx), position)
     annotate_sandwiched_cpu_partitions(ctx, estimate, dag, partitions)
     check_partitions_acyclic(dag, partitions)
