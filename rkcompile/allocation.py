@@ -113,8 +113,8 @@ def _fit(index: int, offsets: Sequence[int], sizes: Sequence[int], neighbours: S
     return top if chosen < 0 else chosen
 
 
-def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.0, exact_limit: int = 9,
-               work_budget: int = 400_000) -> Allocation:
+def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.0, exact_limit: int = 8,
+               work_budget: int = 1_000_000) -> Allocation:
     """Offsets for `buffers`, stopping as soon as the arena is within `slack` of the lower bound.
 
     Greedy placement in a few orders (by size, the paper's rule; by lifetime then size; by
@@ -185,10 +185,13 @@ def _exact(sizes: Sequence[int], neighbours: Sequence[Sequence[int]], bound: int
 
 def _hill_climb(order: list[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]],
                 offsets: list[int], arena: int, target: float, moves: int) -> tuple[list[int], int]:
-    """Move one buffer to another place in the placement order, re-place all, and keep the
-    order when the arena does not grow (ties are kept too, so the climb can cross plateaus).
+    """Move one buffer to another place in the placement order, re-place, and keep the order
+    when the arena does not grow (ties are kept too, so the climb can cross plateaus).
+
     Half the moves take a buffer that reaches the arena's top, the rest any buffer; the random
-    source is seeded, so plans are reproducible."""
+    source is seeded, so plans are reproducible. Buffers ahead of the move keep their offsets,
+    and a candidate is dropped as soon as it grows past the current arena.
+    """
     rng = random.Random(0)
     count = len(order)
     for _ in range(moves):
@@ -198,11 +201,20 @@ def _hill_climb(order: list[int], sizes: Sequence[int], neighbours: Sequence[Seq
             at = rng.choice([rank for rank, i in enumerate(order) if offsets[i] + sizes[i] == arena])
         else:
             at = rng.randrange(count)
+        to = rng.randrange(count)
         candidate = list(order)
-        candidate.insert(rng.randrange(count), candidate.pop(at))
-        candidate_offsets, candidate_arena = place_in_order(candidate, sizes, neighbours)
-        if candidate_arena <= arena:
-            order, offsets, arena = candidate, candidate_offsets, candidate_arena
+        candidate.insert(to, candidate.pop(at))
+        start = min(at, to)
+        candidate_offsets = list(offsets)
+        for index in candidate[start:]:
+            candidate_offsets[index] = -1
+        for index in candidate[start:]:
+            candidate_offsets[index] = _fit(index, candidate_offsets, sizes, neighbours, smallest_gap=True)
+            if candidate_offsets[index] + sizes[index] > arena:
+                break
+        else:
+            order, offsets = candidate, candidate_offsets
+            arena = max(offsets[i] + sizes[i] for i in order)
     return offsets, arena
 
 
