@@ -1,0 +1,121 @@
+"""Layouts: NC1HWC2 sizes from seed 003 (its worked examples and every C2 column of table 3-1),
+rank < 4 NPU tensors, and the layout pass's rules on a compiled plan."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import make_model, value_info, weight
+from onnx import helper
+
+from rkcompile.passes.layout import as_nchw, nc1hwc2_bytes, nc1hwc2_shape
+from rkcompile.pipeline import compile_model
+from rkcompile.targets import all_targets
+
+#: Seed 003, table 3-1: C2 per platform column and dtype ('/' cells left out).
+SEED_C2 = {
+    "RK2118": {"float16": 4},
+    "RK3566/RK3568": {"int8": 8, "float16": 4},
+    "RK3588/RK3576/RV1126B": {"int8": 16, "float16": 8},
+    "RV1103B/RV1106B": {"int8": 8},
+    "RV1103/RV1106": {"int8": 16, "float16": 8},
+    "RK3562": {"int8": 16, "float16": 8},
+}
+COLUMNS = [(column, dtype, c2) for column, row in SEED_C2.items() for dtype, c2 in row.items()]
+ITEMSIZE = {"int8": 1, "float16": 2}
+
+
+def test_seed_003_worked_examples():
+    """(1,13,4,4) int8 on RK3568 is (1,2,4,4,8); so is (1,13,2,2) -> (1,2,2,2,8): 3 of every 8
+    channels in the second block are padding."""
+    c2 = SEED_C2["RK3566/RK3568"]["int8"]
+    assert nc1hwc2_shape((1, 13, 4, 4), c2) == (1, 2, 4, 4, 8)
+    assert nc1hwc2_shape((1, 13, 2, 2), c2) == (1, 2, 2, 2, 8)
+    assert nc1hwc2_bytes((1, 13, 4, 4), c2, 1) == 1 * 2 * 4 * 4 * 8
+    assert nc1hwc2_bytes((1, 13, 4, 4), c2, 1) - 13 * 4 * 4 == 3 * 4 * 4
+
+
+@pytest.mark.parametrize("column,dtype,c2", COLUMNS, ids=[f"{c}-{d}" for c, d, _ in COLUMNS])
+@pytest.mark.parametrize("channels,stored", [(13, {4: 16, 8: 16, 16: 16}), (17, {4: 20, 8: 24, 16: 32}),
+                                              (32, {4: 32, 8: 32, 16: 32}), (1, {4: 4, 8: 8, 16: 16})])
+def test_every_c2_column_pads_channels_up(column, dtype, c2, channels, stored):
+    shape = (2, channels, 3, 5)
+    assert nc1hwc2_shape(shape, c2) == (2, stored[c2] // c2, 3, 5, c2)
+    assert nc1hwc2_bytes(shape, c2, ITEMSIZE[dtype]) == 2 * stored[c2] * 3 * 5 * ITEMSIZE[dtype]
+
+
+def test_targets_c2_tables_match_seed_003():
+    columns = {name.lower(): row for column, row in SEED_C2.items() for name in column.split("/")}
+    checked = 0
+    for target in all_targets():
+        if target.name in columns:
+            for dtype, c2 in columns[target.name].items():
+                assert target.c2_for(dtype) == c2, f"{target.name} {dtype}"
+            checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("shape,nchw", [((), (1, 1, 1, 1)), ((7,), (1, 7, 1, 1)), ((2, 7), (2, 7, 1, 1)),
+                                        ((2, 7, 9), (2, 7, 1, 9)), ((2, 7, 9, 4), (2, 7, 9, 4))])
+def test_rank_below_4_is_stored_with_channels_on_axis_1(shape, nchw):
+    assert as_nchw(shape) == nchw
+    assert math.prod(as_nchw(shape)) == math.prod(shape)
+
+
+def test_rank_5_is_refused():
+    with pytest.raises(ValueError, match="rank 4 or less"):
+        as_nchw((1, 2, 3, 4, 5))
+
+
+def _mixed_model():
+    """Two convs on the NPU, Erf (in no NPU list) on the CPU, two more convs, then pool,
+    flatten and gemm, whose rank-2 results the NPU stores as (N, C, 1, 1). Channel counts
+    are odd so NC1HWC2 pads; the convs are heavy enough to be worth their conversions."""
+    channels = 61
+    convs = [helper.make_node("Conv", [source, f"w{i}"], [result], name=f"conv{i}", pads=[1, 1, 1, 1])
+             for i, (source, result) in enumerate([("t0", "t1"), ("t1", "t2"), ("e", "t3"), ("t3", "t4")])]
+    nodes = [
+        *convs[:2],
+        helper.make_node("Erf", ["t2"], ["e"], name="erf"),
+        *convs[2:],
+        helper.make_node("GlobalAveragePool", ["t4"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "g"], ["y"], name="gemm", transB=1),
+    ]
+    weights = [weight(f"w{i}", np.full((channels, 29 if i == 0 else channels, 3, 3), 0.01, np.float32))
+               for i in range(4)]
+    return make_model(nodes, [value_info("t0", [1, 29, 64, 64])], [value_info("y", [1, 10])],
+                      [*weights, weight("g", np.full((10, channels), 0.01, np.float32))])
+
+
+@pytest.mark.parametrize("target", ["rk3588", "rk3576", "rk3562"])
+def test_layout_rules_on_a_plan(save, target):
+    plan, _ = compile_model(save(_mixed_model()), target)
+    c2 = {t.name: t for t in all_targets()}[target].c2_for(plan.dtype)
+    writer = {out: step for step in plan.steps for out in step.outputs}
+    readers: dict[str, set[str]] = {}
+    for step in plan.steps:
+        for name in step.inputs:
+            readers.setdefault(name, set()).add(step.device)
+    declared = {t.name: t for t in (*plan.model.inputs, *plan.model.outputs)}
+    seen = set()
+    for name, tensor in plan.tensors.items():
+        if name in declared:
+            assert (tensor.shape, tensor.dtype) == (declared[name].shape, declared[name].dtype)
+            assert tensor.layout in ("NCHW", "ND") and tensor.region in ("input", "output")
+            continue
+        if tensor.region == "weight":
+            assert tensor.bytes == math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
+            seen.add(("weight", tensor.dtype))
+            continue
+        step = writer[name]
+        stored_on = step.device if step.device != "host" else ("npu" if "npu" in readers.get(name, ()) else "cpu")
+        if stored_on == "npu":
+            assert tensor.layout == "NC1HWC2" and tensor.dtype == plan.dtype
+            assert tensor.bytes == nc1hwc2_bytes(as_nchw(tensor.shape), c2, np.dtype(tensor.dtype).itemsize)
+        else:
+            assert tensor.layout == ("NCHW" if len(tensor.shape) == 4 else "ND")
+            assert tensor.bytes == math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
+        seen.add((stored_on, tensor.layout))
+    assert ("npu", "NC1HWC2") in seen and ("cpu", "NCHW") in seen and ("weight", "float16") in seen
