@@ -29,7 +29,9 @@ def convolve(node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     begin, end = spatial_pads(node, x.shape[2:], kernel, strides, dilations)
     batch, out_channels = x.shape[0], weight.shape[0]
     if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin + end) and group == 1:
-        y = np.matmul(weight.reshape(out_channels, -1), x.reshape(batch, x.shape[1], -1))
+        # one 2-D GEMM per image: numpy's broadcasting matmul is about twice as slow
+        w = weight.reshape(out_channels, -1)
+        y = np.stack([w @ image.reshape(x.shape[1], -1) for image in x])
         return y.reshape((batch, out_channels) + x.shape[2:])
     view = windows(x, kernel, strides, dilations, begin, end)
     out_sizes = view.shape[2:2 + rank]
@@ -42,9 +44,9 @@ def convolve(node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     for g in range(group):
         part = view[:, g * in_per_group:(g + 1) * in_per_group]
         # (N, *out, C_g, *kernel) -> rows of one window each
-        columns = np.moveaxis(part, 1, 1 + rank).reshape(batch, -1, taps)
+        columns = np.moveaxis(part, 1, 1 + rank).reshape(-1, taps)
         w = weight[g * out_per_group:(g + 1) * out_per_group].reshape(out_per_group, taps)
-        results.append(np.matmul(columns, w.T))
+        results.append(columns @ w.T)
     y = np.concatenate(results, axis=-1) if group > 1 else results[0]
     return np.moveaxis(y.reshape((batch,) + tuple(out_sizes) + (out_channels,)), -1, 1)
 
