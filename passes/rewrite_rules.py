@@ -577,6 +577,138 @@ def lift_to_4d(node: gs.Node, site: Site) -> Iterator[Replacement]:
     yield builder.finish()
 
 
+def transpose_to_4d(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """A Transpose of rank above 4 (exporters' channel shuffles and attention head splits) moves
+    the same data as a Transpose of the tensor with its size-1 axes dropped and every run of
+    neighbouring axes that the perm keeps together merged into one: so Reshape to that merged
+    shape, Transpose it (or, if the NPU refuses that perm, Split/relabel/Concat it), Reshape
+    back. The relabels that made the tensor rank 5 on either side are absorbed, so no rank-5
+    tensor is left. The NPU's operators take [batch, channel, height, width] only (oplist
+    V2.3.2, every operator's shape list)."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) <= 4 or static_shape(y) is None:
+        return
+    perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+    kept = [axis for axis in perm if shape[axis] != 1]
+    runs: list[list[int]] = []
+    for axis in kept:
+        if runs and axis == _next_kept_axis(runs[-1][-1], shape):
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    if len(runs) > 4:
+        return
+    by_input_order = sorted(runs)
+    merged_shape = [element_count(shape[a] for a in run) for run in by_input_order]
+    merged_perm = [by_input_order.index(run) for run in runs]
+    source, dest, absorbed = x, y, []
+    before = _producer(x)
+    if before is not None and before.op in RESHAPE_LIKE and len(x.outputs) == 1 and x.name not in site.graph_outputs:
+        source, absorbed = before.inputs[0], [before]
+    after = y.outputs[0] if len(y.outputs) == 1 else None
+    if (after is not None and after.op in RESHAPE_LIKE and y.name not in site.graph_outputs
+            and static_shape(after.outputs[0]) is not None):
+        dest, absorbed = after.outputs[0], absorbed + [after]
+    for as_concat in (False, True):
+        builder = site.builder(node)
+        merged = builder.reshape(source, merged_shape)
+        if as_concat:
+            moved = _moved_axis_as_concat(builder, merged, merged_perm)
+            if moved is None:
+                return
+        else:
+            moved = builder.op("Transpose", [merged], [merged_shape[p] for p in merged_perm], x.dtype,
+                               perm=merged_perm)
+        builder.reshape(moved, static_shape(dest), out=dest)
+        yield builder.finish(node, *absorbed)
+
+
+#: Largest axis _moved_axis_as_concat splits into slices.
+MOVED_AXIS_SLICES = 16
+
+
+def _moved_axis_as_concat(builder: Builder, x: gs.Tensor, perm: list[int],
+                          out: gs.Tensor | None = None) -> gs.Tensor | None:
+    """When `perm` moves one small axis and keeps the others in order, the Transpose is a Split
+    along that axis, a relabel of each slice (moving a size-1 axis keeps the data order) and a
+    Concat at the axis' new place; None when `perm` is not of that kind."""
+    shape = static_shape(x)
+    for axis in range(len(perm)):
+        rest = [p for p in perm if p != axis]
+        if rest != sorted(rest) or not 1 < shape[axis] <= MOVED_AXIS_SLICES:
+            continue
+        position = perm.index(axis)
+        piece_shape = [1 if p == axis else shape[p] for p in perm]
+        slices = _split_node(builder, x, axis, [1] * shape[axis])
+        relabelled = [builder.reshape(piece, piece_shape) for piece in slices]
+        if out is None:
+            return builder.op("Concat", relabelled, [shape[p] for p in perm], x.dtype, axis=position)
+        return builder.op("Concat", relabelled, out=out, axis=position)
+    return None
+
+
+def transpose_small_axis_as_concat(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """A Transpose the NPU refuses (oplist V2.3.2, Transpose: the perm table and its limits) that
+    moves one axis of at most 16 and keeps the rest in order (a q/k/v or head split): Split that
+    axis into slices, relabel each, Concat them where the axis goes, as rknn-toolkit2 does for
+    attention's q/k/v Transpose."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) > 4:
+        return
+    perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+    builder = site.builder(node)
+    if _moved_axis_as_concat(builder, x, perm, out=y) is not None:
+        yield builder.finish()
+
+
+def _next_kept_axis(axis: int, shape: tuple[int, ...]) -> int | None:
+    return next((a for a in range(axis + 1, len(shape)) if shape[a] != 1), None)
+
+
+#: How many slices transpose_in_slices tries, fewest first.
+TRANSPOSE_SLICES = (2, 4, 8, 16, 32, 64)
+
+
+def transpose_in_slices(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """A Transpose over its perm's size limits (oplist V2.3.2, Transpose: products of dims below
+    p and q) done in slices along an axis the perm leaves in place: each slice is a smaller
+    Transpose of the same perm, and a Concat along that axis puts the slices back in order."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) > 4:
+        return
+    perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+    for axis in (a for a in reversed(range(len(shape))) if perm[a] == a and shape[a] > 1):
+        for parts in (n for n in TRANSPOSE_SLICES if shape[axis] % n == 0):
+            builder = site.builder(node)
+            slices = _split_node(builder, x, axis, [shape[axis] // parts] * parts)
+            moved = [builder.op("Transpose", [piece], [static_shape(piece)[p] for p in perm], x.dtype, perm=perm)
+                     for piece in slices]
+            builder.op("Concat", moved, out=y, axis=axis)
+            yield builder.finish()
+
+
+def gather_scalar_to_slice(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """A Gather of one constant scalar index (x[:, i] in exporters' code) is a Slice of width one
+    along its axis followed by a relabel that drops that axis: the NPU's Gather takes rank-1
+    indices only (oplist V2.3.2, Gather: "Indices ... rank = 1")."""
+    x, indices, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    shape, index = static_shape(x), constant_value(indices)
+    if shape is None or index is None or index.ndim != 0 or site.opset < 10:
+        return
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    start = int(index) % shape[axis]
+    builder = site.builder(node)
+    sliced_shape = [1 if a == axis else d for a, d in enumerate(shape)]
+    bounds = [builder.const(np.array([v], dtype=np.int64), hint) for v, hint in
+              ((start, "starts"), (start + 1, "ends"), (axis, "axes"))]
+    sliced = builder.op("Slice", [x, *bounds], sliced_shape, x.dtype)
+    builder.reshape(sliced, static_shape(y), out=y)
+    yield builder.finish()
+
+
 def collapse_relabels(node: gs.Node, site: Site) -> Iterator[Replacement]:
     """Squeeze/Unsqueeze/Flatten/Reshape only relabel a row-major tensor, so a chain of them is
     one Reshape from the first input to the last shape, and one whose output shape equals its
@@ -617,5 +749,9 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),
     RewriteRule(softmax_to_supported_axis, frozenset({"Softmax"})),
     RewriteRule(lift_to_4d, ELEMENTWISE),
+    RewriteRule(transpose_to_4d, frozenset({"Transpose"})),
+    RewriteRule(transpose_in_slices, frozenset({"Transpose"})),
+    RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
+    RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True),
 )

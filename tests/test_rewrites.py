@@ -351,6 +351,54 @@ def test_rank3_elementwise_chain_runs_4d_with_relabels_only_at_the_ends(tmp_path
     assert_same_outputs(model, ctx, {"x": feed([2, 5, 6])})
 
 
+def test_rank5_channel_shuffle_becomes_a_4d_transpose_between_relabels(tmp_path):
+    """shufflenet's Reshape -> Transpose(rank 5) -> Reshape: the rank-5 relabels are absorbed."""
+    nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"], name="split_groups"),
+             helper.make_node("Transpose", ["r5"], ["t5"], name="shuffle", perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t5", "s4"], ["y"], name="merge_groups")]
+    model = make_model(nodes, [value_info("x", [1, 12, 5, 5])], [value_info("y", [1, 12, 5, 5])],
+                       [weight("s5", np.array([1, 3, 4, 5, 5], np.int64)), weight("s4", np.array([1, 12, 5, 5], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3576"))
+    assert "transpose_to_4d" in rules_fired(ctx)
+    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes for t in n.outputs)
+    moves = [n for n in ctx.graph.nodes if n.op in ("Transpose", "Concat")]
+    assert len(moves) == 1 and len(shape_of(moves[0])) == 3  # [3, 4, 25]: size-1 axes dropped, 5x5 merged
+    assert_same_outputs(model, ctx, {"x": feed([1, 12, 5, 5])})
+
+
+def test_refused_transpose_of_a_small_axis_becomes_split_and_concat(tmp_path):
+    """attention's q/k/v Transpose [64, 3, 128] -> [3, 64, 128] as rknn-toolkit2 runs it."""
+    model = unary_model("Transpose", [64, 3, 128], perm=[1, 0, 2])
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 3
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 64
+    ctx = rewritten(model, tmp_path, with_refusals(Transpose=lambda n: True))
+    assert rules_fired(ctx) == ["transpose_small_axis_as_concat"]
+    assert sorted(set(ops_of(ctx))) == ["Concat", "Reshape", "Split"]
+    assert_same_outputs(model, ctx, {"x": feed([64, 3, 128])})
+
+
+def test_transpose_over_its_limits_runs_in_slices_of_an_untouched_axis(tmp_path):
+    shape, perm = [1, 4, 64, 32], [2, 0, 1, 3]
+    model = unary_model("Transpose", shape, perm=perm)
+    for axis, size in enumerate([shape[p] for p in perm]):
+        model.graph.output[0].type.tensor_type.shape.dim[axis].dim_value = size
+    big = with_refusals(Transpose=lambda n: np.prod(shape_of(n)) >= 8192)
+    ctx = rewritten(model, tmp_path, big)
+    assert rules_fired(ctx) == ["transpose_in_slices"]
+    assert ops_of(ctx).count("Transpose") == 2 and "Concat" in ops_of(ctx)
+    assert_same_outputs(model, ctx, {"x": feed(shape)})
+
+
+def test_gather_of_a_scalar_index_becomes_slice_and_relabel(tmp_path):
+    model = make_model([helper.make_node("Gather", ["x", "i"], ["y"], name="pick", axis=1)],
+                       [value_info("x", [2, 3, 8])], [value_info("y", [2, 8])],
+                       [weight("i", np.array(-1, np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx) == ["gather_scalar_to_slice"]
+    assert ops_of(ctx) == ["Slice", "Reshape"]
+    assert_same_outputs(model, ctx, {"x": feed([2, 3, 8])})
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 def classifier_tail():
