@@ -185,3 +185,14 @@ def test_inputs_of_the_wrong_shape_are_a_one_line_error(residual, tmp_path, caps
     np.savez(inputs, x=np.ones((1, 3, 8, 8), np.float32))
     assert main(["run", str(residual), "--target", "rk3588", "--inputs", str(inputs)]) == 1
     assert "input x has shape [1, 3, 8, 8]" in capsys.readouterr().err
+
+
+def test_agreement_needs_nan_in_the_same_places_and_survives_denormal_outputs():
+    from rkcompile.emulator import agreement
+
+    reference = np.array([np.nan, 1.0, 2.0])
+    assert agreement("y", np.array([np.nan, 1.0, 2.001]), reference).cosine > 0.9999
+    assert agreement("y", np.array([np.inf, 1.0, 2.0]), reference).cosine == float("-inf")
+    tiny = np.array([1e-309, 2e-309, -3e-309])
+    assert agreement("y", tiny, tiny).cosine == pytest.approx(1.0)
+    assert agreement("y", -tiny, tiny).cosine == pytest.approx(-1.0)

@@ -30,14 +30,20 @@ def agreement(name: str, actual: np.ndarray, expected: np.ndarray) -> Agreement:
     b = np.asarray(expected, np.float64).reshape(-1)
     if a.shape != b.shape:
         return Agreement(name, float("-inf"), float("inf"), float("inf"))
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        same = np.array_equal(a, b, equal_nan=True)
-        return Agreement(name, 1.0 if same else float("-inf"), 0.0 if same else float("inf"),
-                         0.0 if same else float("inf"))
+    finite = np.isfinite(a) & np.isfinite(b)
+    if not finite.all():
+        # NaN and infinities must sit in the same places; the rest is compared as usual
+        if not np.array_equal(a[~finite], b[~finite], equal_nan=True):
+            return Agreement(name, float("-inf"), float("inf"), float("inf"))
+        a, b = a[finite], b[finite]
+    # scaled first, so outputs of denormal magnitude do not underflow the norms
+    peak = max(float(np.abs(a).max(initial=0)), float(np.abs(b).max(initial=0)))
+    if peak:
+        a, b = a / peak, b / peak
     norms = np.linalg.norm(a) * np.linalg.norm(b)
     cosine = float(a @ b / norms) if norms else (1.0 if not a.any() and not b.any() else 0.0)
-    max_abs = float(np.abs(a - b).max()) if a.size else 0.0
-    scale = float(np.abs(b).max()) if b.size else 0.0
+    max_abs = float(np.abs(a - b).max(initial=0)) * (peak or 1.0)
+    scale = float(np.abs(b).max(initial=0)) * (peak or 1.0)
     return Agreement(name, cosine, max_abs, max_abs / scale if scale else max_abs)
 
 

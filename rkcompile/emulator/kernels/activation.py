@@ -76,6 +76,10 @@ register(*UNARY)(_unary)
 @register("PRelu")
 def prelu(node, inputs, opset):
     x, slope = inputs[0], inputs[1]
+    if slope.ndim == 1 and slope.size > 1 and slope.size != x.shape[-1] and x.ndim > 1 \
+            and x.shape[1] == slope.size:
+        # a per-channel slope from opset < 7 exporters, which onnx.reference also accepts
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
     return [np.where(x >= 0, x, x * slope)]
 
 
