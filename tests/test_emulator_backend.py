@@ -5,6 +5,7 @@ islands kept, so the NPU kernels run, it is marked slow."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "sweep_backend_data.py"
 spec = importlib.util.spec_from_file_location("sweep_backend_data", TOOL)
 sweep_backend_data = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = sweep_backend_data  # its dataclasses look their module up
 spec.loader.exec_module(sweep_backend_data)
 
 COLLECTIONS = ("pytorch-converted", "pytorch-operator")
