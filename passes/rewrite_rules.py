@@ -335,6 +335,51 @@ def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Iterator[Replacement]:
     yield builder.finish()
 
 
+def average_pool_excluding_pads(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """AveragePool with pads and count_include_pad = 0 (ONNX's default) as the NPU's pooling,
+    which counts the pads (oplist V2.3.2, AveragePool), times a constant map of
+    window size / valid elements per output position: near the border the NPU divides by the
+    whole window, ONNX by the elements inside the image."""
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = static_shape(x), static_shape(y)
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", ())]
+    if in_shape is None or out_shape is None or len(in_shape) != 4 or len(kernel) != 2:
+        return
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET" or any(int(d) != 1 for d in node.attrs.get("dilations", [1, 1])):
+        return
+    pads = [int(p) for p in node.attrs.get("pads", [0, 0, 0, 0])]
+    if int(node.attrs.get("count_include_pad", 0)) or not any(pads):
+        return
+    strides = [int(v) for v in node.attrs.get("strides", [1, 1])]
+    valid = []
+    for axis in range(2):
+        starts = np.arange(out_shape[axis + 2]) * strides[axis] - pads[axis]
+        valid.append(np.minimum(starts + kernel[axis], in_shape[axis + 2]) - np.maximum(starts, 0))
+    counts = np.outer(valid[0], valid[1]).astype(np.float64)
+    correction = (kernel[0] * kernel[1] / counts).astype(dtype_name(x.dtype) or "float32")
+    builder = site.builder(node)
+    pooled = builder.op("AveragePool", [x], out_shape, x.dtype, **{**node.attrs, "count_include_pad": 1})
+    # Full-sized: the NPU's Mul broadcasts [1, 1, h, w] to [1, c, h, w] by none of its Expand patterns.
+    border = np.broadcast_to(correction, (1, out_shape[1], *counts.shape))
+    builder.op("Mul", [pooled, builder.const(border, "border")], out=y)
+    yield builder.finish()
+
+
+def sum_to_adds(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """Sum of several inputs (opset 8 exporters' residual adds) as a chain of Adds: the NPU has
+    Add, not Sum (oplist V2.3.2 lists Add only)."""
+    operands = [t for t in node.inputs if t.name]
+    if len(operands) < 2 or static_shape(node.outputs[0]) is None:
+        return
+    builder = site.builder(node)
+    total = operands[0]
+    for index, operand in enumerate(operands[1:], start=2):
+        last = index == len(operands)
+        total = builder.op("Add", [total, operand], static_shape(node.outputs[0]), node.outputs[0].dtype,
+                           out=node.outputs[0] if last else None)
+    yield builder.finish()
+
+
 def pool_stage_kernels(size: int, limit: int = POOL_KERNEL_LIMIT) -> list[int]:
     """Kernels (each its own stride) whose stages reduce `size` to 1 in the fewest stages,
     preferring exact divisors, else the kernel that needs the least end padding."""
@@ -744,6 +789,8 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(hardsigmoid_to_native, frozenset({"HardSigmoid"})),
     RewriteRule(elu_to_native, frozenset({"Elu"})),
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
+    RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
+    RewriteRule(sum_to_adds, frozenset({"Sum"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
     RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),

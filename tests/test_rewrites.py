@@ -399,6 +399,23 @@ def test_gather_of_a_scalar_index_becomes_slice_and_relabel(tmp_path):
     assert_same_outputs(model, ctx, {"x": feed([2, 3, 8])})
 
 
+def test_average_pool_excluding_pads_runs_as_the_npu_pool_times_a_border_map(tmp_path):
+    model = unary_model("AveragePool", [1, 3, 7, 7], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx) == ["average_pool_excluding_pads"]
+    assert ops_of(ctx) == ["AveragePool", "Mul"]
+    assert ctx.graph.nodes[0].attrs["count_include_pad"] == 1
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 7, 7])})
+
+
+def test_sum_of_three_becomes_two_adds(tmp_path):
+    model = make_model([helper.make_node("Sum", ["a", "b", "c"], ["y"], name="sum")],
+                       [value_info(n, [1, 4, 3, 3]) for n in "abc"], [value_info("y", [1, 4, 3, 3])], opset=8)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Add", "Add"] and rules_fired(ctx) == ["sum_to_adds"]
+    assert_same_outputs(model, ctx, {n: feed([1, 4, 3, 3]) for n in "abc"})
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 def classifier_tail():
