@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--dump-after", action="append", default=[], choices=PASS_NAMES, metavar="PASS",
                       help=f"write the graph as ONNX after PASS ({', '.join(PASS_NAMES)}); repeatable")
     plan.add_argument("--dump-dir", type=Path, default=Path("."), help="folder for --dump-after files (default .)")
+    plan.add_argument("--core-mask", default="auto", choices=CORE_MASKS, metavar="MASK",
+                      help=f"NPU cores for one input ({'|'.join(CORE_MASKS)}; default auto): steps whose kernel "
+                           "is multi-core on the target split across them; with --batch > 1 leave it auto")
     plan.add_argument("--quiet", action="store_true", help="print no summary")
     plan.add_argument("--strict", action="store_true",
                       help="fail, writing no plan, when any node falls back to the CPU; lists each node's reasons")
@@ -146,7 +149,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise CompileError(f"--json: folder {args.json.parent} does not exist")
     if args.dump_after and not args.dump_dir.is_dir():
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
-    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=shapes,
+    options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir)
     plan, ctx = compile_model(args.model, args.target, options)
     explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
@@ -192,6 +195,7 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
+CORE_MASKS = ("auto", "0", "1", "2", "0_1", "0_1_2")  # passes/multicore.py checks them against the target
 OPS_FORMATS = ("md", "text")
 
 

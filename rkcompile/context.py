@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from .plan import Memory, ModelInfo, Rewrite, TensorPlacement
+from .plan import Memory, ModelInfo, Multicore, Rewrite, TensorPlacement
 from .targets.model import Target
 
 
@@ -20,6 +20,7 @@ from .targets.model import Target
 class Options:
     dtype: str = "float16"
     batch: int = 1
+    core_mask: str = "auto"  # NPU cores for one input: auto, 0, 1, 2, 0_1, 0_1_2
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dump_after: tuple[str, ...] = ()
     dump_dir: Path = Path(".")
@@ -63,6 +64,8 @@ class CompileContext:
     rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
     notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
     verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
+    multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
+    step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""

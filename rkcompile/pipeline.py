@@ -10,9 +10,9 @@ import onnx_graphsurgeon as gs
 from .context import CompileContext, Options
 from .cost_estimate import node_macs
 from .ir import present_inputs, static_shape, topological_nodes
-from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize, memory, partition,
-                     remove_noops, rewrite)
-from .plan import Multicore, NodeEntry, Partition, Plan, Step
+from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize, memory, multicore,
+                     partition, remove_noops, rewrite)
+from .plan import NodeEntry, Partition, Plan, Step
 from .targets import get_target
 
 log = logging.getLogger("rkcompile")
@@ -29,6 +29,7 @@ PASSES = (
     boundaries,      # host steps converting tensors that cross devices
     layout,          # dtype, NC1HWC2/NCHW, bytes, region per tensor
     memory,          # arena offsets, lower bound
+    multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
 )
 PASS_NAMES = tuple(p.NAME for p in PASSES)
 
@@ -106,7 +107,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             id=index, device=placed.device, kernel=placed.kernel, nodes=ctx.origins[name],
             inputs=tuple(t.name for t in present_inputs(node)),
             outputs=tuple(t.name for t in node.outputs if t.name),
-            cores=(0,) if placed.device == "npu" else (), partition=partition_of[name],
+            cores=ctx.step_cores.get(name, ()), partition=partition_of[name],
             note=ctx.notes.get(name),
             macs=node_macs(node) if placed.device != "host" else 0,
         ))
@@ -125,7 +126,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
     return Plan(
         target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
         nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
-        memory=ctx.memory, multicore=Multicore(cores=1, batch=ctx.options.batch),
+        memory=ctx.memory, multicore=ctx.multicore,
         rewrites=tuple(ctx.rewrites),
     )
 

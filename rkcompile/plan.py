@@ -9,8 +9,9 @@ import json
 import os
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import PLAN_SCHEMA
 
@@ -88,9 +89,78 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class IoSlice:
+    """Where one image of a model input or output sits in the batched buffer: the queried
+    size is `batch` times one image's, and image i starts at i * size / batch (seed 004)."""
+
+    tensor: str
+    image: int
+    offset: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """One inference context of a multi-batch plan (seed 004: the first plus its duplicates,
+    weights shared), the core it runs on, the images it takes and where they are."""
+
+    id: int
+    core: int
+    images: tuple[int, ...]
+    inputs: tuple[IoSlice, ...]
+    outputs: tuple[IoSlice, ...]
+
+
+@dataclass(frozen=True)
+class SplitPart:
+    core: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """A step divided across cores within one input: each core computes [start, stop) of the
+    step's output along `axis` ("C" output channels, "H" rows), allowed by `kernel`."""
+
+    step: int
+    kernel: str
+    axis: str
+    parts: tuple[SplitPart, ...]
+
+
+@dataclass(frozen=True)
+class CoreTimeline:
+    """One NPU core: the steps it runs (for every image its context takes), its estimated busy
+    time and the share of the batch latency that is."""
+
+    core: int
+    steps: tuple[int, ...]
+    est_ms: float
+    utilisation: float
+
+
+@dataclass(frozen=True)
 class Multicore:
     cores: int
     batch: int
+    core_mask: str = "auto"
+    contexts: tuple[BatchContext, ...] = ()
+    per_core: tuple[CoreTimeline, ...] = ()
+    splits: tuple[StepSplit, ...] = ()
+    est_latency_ms: float = 0.0  # the whole batch (rkcompile/cost_model.py)
+    est_fps: float = 0.0
+    est_one_core_ms: float = 0.0  # one image, one run, one core: what `speedup` is against
+    speedup: float = 1.0  # images per second against one image at a time on one core
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Multicore":
+        io_slices = {"inputs": partial(_build, IoSlice), "outputs": partial(_build, IoSlice)}
+        return _build(cls, data, {
+            "contexts": lambda context: _build(BatchContext, context, io_slices),
+            "per_core": partial(_build, CoreTimeline),
+            "splits": lambda split: _build(StepSplit, split, {"parts": partial(_build, SplitPart)}),
+        })
 
 
 @dataclass(frozen=True)
@@ -145,20 +215,24 @@ class Plan:
             tensors={name: _build(TensorPlacement, t) for name, t in data["tensors"].items()},
             partitions=tuple(_build(Partition, p) for p in data["partitions"]),
             memory=_build(Memory, data["memory"]),
-            multicore=_build(Multicore, data["multicore"]),
+            multicore=Multicore.from_dict(data["multicore"]),
             rewrites=tuple(_build(Rewrite, r) for r in data.get("rewrites", ())),
         )
 
 
-def _build(cls, data: dict[str, Any]):
-    """Construct a dataclass from JSON, turning lists back into tuples; unknown keys are kept
-    out so plans written by newer versions that only add fields still load, and fields with a
-    default may be absent so older plans load too."""
+def _build(cls, data: dict[str, Any], nested: dict[str, Callable[[Any], Any]] | None = None):
+    """Construct a dataclass from JSON, turning lists back into tuples (of what `nested` builds
+    from each item, for the fields it names); unknown keys are kept out so plans written by
+    newer versions that only add fields still load, and fields with a default may be absent so
+    older plans load too."""
+    nested = nested or {}
     values = {}
     for f in fields(cls):
         if f.name not in data and f.default is not MISSING:
             continue  # a field added later with a default; older plans omit it
         value = data[f.name]
+        if f.name in nested:
+            value = [nested[f.name](item) for item in value]
         values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
 

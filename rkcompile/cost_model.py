@@ -1,0 +1,166 @@
+"""The cost model: a roofline time per step, and what a batch or a core mask makes of it.
+
+docs/cost-model.md gives every figure's source and the calibration against published fps. In
+short, an NPU step takes max(MACs / MAC rate, bytes / bandwidth) plus a fixed issue cost; a
+CPU-fallback step the same with the CPU's rates; a host conversion its bytes over the CPU's
+strided-copy rate; every inference run pays a fixed submit-and-sync cost. Cores share the DDR:
+when several are busy at once, each gets at most its share of what the DDR delivers.
+
+Everything here works on `StepWork` records (MACs and bytes per step), so the model knows
+nothing of graphs or passes; `passes/multicore.py` builds the records and the schedules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rkcompile.errors import CompileError
+
+# --- calibrated against the rknn_model_zoo RK3588 single-core fps and the issue's multi-core
+#     ratios (docs/cost-model.md, "Calibration"); shared by every target ------------------------
+
+#: Share of peak MAC rate a convolution sustains (tiling, channel padding to C2, pipeline fill).
+MAC_EFFICIENCY = 0.45
+#: Share of the DDR's theoretical bandwidth one NPU core can pull on its own.
+CORE_DDR_SHARE = 0.30
+#: Share of the DDR's theoretical bandwidth all NPU cores together get.
+DDR_EFFICIENCY = 0.80
+#: Seconds to issue one NPU step (register programming, task descriptors, completion).
+STEP_SECONDS = 12e-6
+#: Seconds per inference run: job submission, cache flush/invalidate, completion interrupt.
+RUN_SECONDS = 400e-6
+#: Extra seconds per step split across cores: the cores are started and joined per step.
+SPLIT_SECONDS = 45e-6
+
+# --- CPU side (RK3588: 4x Cortex-A76 + 4x Cortex-A55); assumptions, see docs/cost-model.md ----
+
+#: Sustained float32 MACs per second of one Cortex-A76 thread running a fallback op.
+CPU_MACS_PER_SECOND = 5e9
+#: Bytes per second one CPU thread reads plus writes in an element-wise fallback op.
+CPU_BYTES_PER_SECOND = 4e9
+#: Bytes per second (read plus written) of a host layout/dtype conversion: a strided copy.
+CONVERSION_BYTES_PER_SECOND = 3.3e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The published figures of one SoC the model needs."""
+
+    name: str
+    int8_macs_per_core: float  # per second
+    fp16_macs_per_core: float  # per second
+    ddr_bytes_per_second: float  # theoretical peak
+    source: str
+
+    def macs_per_second(self, dtype: str) -> float:
+        if dtype in ("int8", "uint8"):
+            return self.int8_macs_per_core
+        if dtype in ("float16", "bfloat16"):
+            return self.fp16_macs_per_core
+        raise CompileError(f"the cost model has no NPU MAC rate for dtype {dtype} on {self.name}")
+
+    @property
+    def core_bytes_per_second(self) -> float:
+        return self.ddr_bytes_per_second * CORE_DDR_SHARE
+
+    def bandwidth_per_core(self, active: int) -> float:
+        """What one core gets while `active` cores stream from the DDR at once."""
+        return min(self.core_bytes_per_second, self.ddr_bytes_per_second * DDR_EFFICIENCY / max(active, 1))
+
+
+def _tops_int8(tops: float, cores: int) -> float:
+    """MACs per second per core from a marketed int8 TOPS figure (one MAC = two ops)."""
+    return tops * 1e12 / 2 / cores
+
+
+#: fp16 runs at a quarter of the int8 MAC rate: 256 fp16 MACs per cycle per core on RK3588
+#: (0.5 TFLOPS fp16 per core, docs/cost-model.md); assumed to hold on every RKNPU2.
+FP16_SHARE = 0.25
+
+
+def _hardware(name: str, tops: float, cores: int, ddr_gb_s: float, source: str) -> Hardware:
+    int8 = _tops_int8(tops, cores)
+    return Hardware(name, int8, int8 * FP16_SHARE, ddr_gb_s * 1e9, source)
+
+
+HARDWARE = {h.name: h for h in (
+    _hardware("rk3588", 6.0, 3, 34.1, "TRM: 1024x3 int8 MACs per cycle at 1 GHz; 4x16-bit LPDDR4x-4266"),
+    _hardware("rk3576", 6.0, 2, 17.0, "marketed 6 TOPS over 2 cores; 32-bit LPDDR4x-4266 (assumed)"),
+    _hardware("rv1126b", 3.0, 1, 8.5, "marketed 3 TOPS; 16-bit LPDDR4x-4266 (assumed)"),
+    _hardware("rk3562", 1.0, 1, 8.5, "marketed 1 TOPS; 32-bit LPDDR4-2133 (assumed)"),
+    _hardware("rk3566", 0.8, 1, 8.5, "marketed 0.8 TOPS; 32-bit LPDDR4-2133 (assumed)"),
+    _hardware("rv1106", 0.5, 1, 2.1, "marketed 0.5 TOPS; 16-bit DDR3L-1066 (assumed)"),
+    _hardware("rv1106b", 1.0, 1, 2.1, "marketed 1 TOPS; 16-bit DDR3L-1066 (assumed)"),
+    _hardware("rk2118", 0.3, 1, 1.0, "no published figure: assumed"),
+)}
+
+
+def hardware_for(target: str) -> Hardware:
+    try:
+        return HARDWARE[target]
+    except KeyError:
+        raise CompileError(f"the cost model has no figures for target {target}") from None
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one plan step does: where it runs, its MACs, and the bytes it reads and writes
+    (weights apart, since a batch or a split reads them differently)."""
+
+    device: str  # "npu", "cpu" or "host"
+    macs: int
+    weight_bytes: int
+    input_bytes: int
+    output_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.input_bytes + self.output_bytes
+
+
+@dataclass(frozen=True)
+class Share:
+    """One core's part of a split step: `fraction` of the outputs, reading all or `fraction`
+    of the weights and inputs (what the split axis leaves whole is read whole)."""
+
+    fraction: float
+    divides_weights: bool
+    divides_inputs: bool
+
+
+WHOLE = Share(1.0, True, True)
+
+
+def npu_seconds(work: StepWork, hardware: Hardware, dtype: str, share: Share = WHOLE, active: int = 1) -> float:
+    """Roofline time of (a share of) an NPU step on one core while `active` cores stream."""
+    f = share.fraction
+    moved = (work.weight_bytes * (f if share.divides_weights else 1.0)
+             + work.input_bytes * (f if share.divides_inputs else 1.0) + work.output_bytes * f)
+    compute = f * work.macs / (hardware.macs_per_second(dtype) * MAC_EFFICIENCY)
+    return max(compute, moved / hardware.bandwidth_per_core(active)) + STEP_SECONDS
+
+
+def cpu_seconds(work: StepWork) -> float:
+    """A CPU-fallback step on one thread: compute- or memory-bound, whichever is slower."""
+    return max(work.macs / CPU_MACS_PER_SECOND, work.bytes / CPU_BYTES_PER_SECOND)
+
+
+def host_seconds(work: StepWork) -> float:
+    return work.bytes / CONVERSION_BYTES_PER_SECOND
+
+
+def step_seconds(work: StepWork, hardware: Hardware, dtype: str, active: int = 1) -> float:
+    """One unsplit step; only NPU steps feel the other cores' traffic (the CPU has its own
+    cache hierarchy in front of the DDR, a simplification)."""
+    if work.device == "npu":
+        return npu_seconds(work, hardware, dtype, active=active)
+    return cpu_seconds(work) if work.device == "cpu" else host_seconds(work)
+
+
+def image_seconds(works: list[StepWork], hardware: Hardware, dtype: str, active: int = 1) -> float:
+    """One image through every step on one core, without the run's fixed cost."""
+    return sum(step_seconds(w, hardware, dtype, active) for w in works)
+
+
+def one_core_seconds(works: list[StepWork], hardware: Hardware, dtype: str) -> float:
+    """The reference every speedup is against: one image, one run, one core."""
+    return RUN_SECONDS + image_seconds(works, hardware, dtype)
