@@ -754,6 +754,42 @@ def gather_scalar_to_slice(node: gs.Node, site: Site) -> Iterator[Replacement]:
     yield builder.finish()
 
 
+#: Most copies broadcast_by_concat makes of one operand along one axis.
+BROADCAST_COPIES = 64
+BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
+
+
+def broadcast_by_concat(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """A binary element-wise op whose broadcast is none of the NPU's Expand patterns (oplist
+    V2.3.2, Expand; Add/Mul/Div/Max inherit them), with both operands made full-sized first: a
+    constant operand is stored broadcast, a computed one is repeated by a Concat along each
+    broadcast axis (as many copies as that axis has, at most 64). Equal shapes need no broadcast."""
+    out_shape = static_shape(node.outputs[0])
+    operands = [t for t in node.inputs if t.name]
+    if out_shape is None or len(operands) != 2 or any(static_shape(t) is None for t in operands):
+        return
+    builder = site.builder(node)
+    full = []
+    for operand in operands:
+        shape = list(static_shape(operand))
+        shape = [1] * (len(out_shape) - len(shape)) + shape
+        value = constant_value(operand)
+        if value is not None:
+            full.append(value if value.size == 1 else builder.const(np.broadcast_to(value, out_shape), "full"))
+            continue
+        tensor = operand if len(shape) == len(static_shape(operand)) else builder.reshape(operand, shape)
+        for axis, (have, want) in enumerate(zip(shape, out_shape)):
+            if have == want:
+                continue
+            if have != 1 or want > BROADCAST_COPIES:
+                return
+            shape[axis] = want
+            tensor = builder.op("Concat", [tensor] * want, list(shape), operand.dtype, axis=axis)
+        full.append(tensor)
+    builder.op(node.op, full, out=node.outputs[0], **node.attrs)
+    yield builder.finish()
+
+
 def collapse_relabels(node: gs.Node, site: Site) -> Iterator[Replacement]:
     """Squeeze/Unsqueeze/Flatten/Reshape only relabel a row-major tensor, so a chain of them is
     one Reshape from the first input to the last shape, and one whose output shape equals its
@@ -800,5 +836,6 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(transpose_in_slices, frozenset({"Transpose"})),
     RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
+    RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True),
 )

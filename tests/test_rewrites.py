@@ -416,6 +416,17 @@ def test_sum_of_three_becomes_two_adds(tmp_path):
     assert_same_outputs(model, ctx, {n: feed([1, 4, 3, 3]) for n in "abc"})
 
 
+def test_unlisted_broadcast_repeats_the_computed_operand_by_concat(tmp_path):
+    """bert's attention mask: [1, 1, 8, 8] + [1, 4, 8, 8] is none of the Expand patterns."""
+    model = make_model([helper.make_node("Add", ["scores", "mask"], ["y"], name="add")],
+                       [value_info("scores", [1, 4, 8, 8]), value_info("mask", [1, 1, 8, 8])],
+                       [value_info("y", [1, 4, 8, 8])])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx) == ["broadcast_by_concat"]
+    assert ops_of(ctx) == ["Concat", "Add"]
+    assert_same_outputs(model, ctx, {"scores": feed([1, 4, 8, 8]), "mask": feed([1, 1, 8, 8])})
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 def classifier_tail():
