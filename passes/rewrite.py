@@ -9,6 +9,9 @@ the one that produces its outputs. Every applied rewrite is recorded in `ctx.rew
 
 Rules only ever replace a node by legal nodes, shrink relabel chains, or turn an op into one no
 rule matches while legal, so the worklist drains.
+
+Rules marked `late` would hide a fusion pattern (a broadcast repeated by Concat inside a
+decomposed LayerNorm, say); `rewrite_late` runs them after fusion, on what is still illegal.
 """
 from __future__ import annotations
 
@@ -29,6 +32,10 @@ log = logging.getLogger("rkcompile")
 
 
 def run(ctx: CompileContext) -> None:
+    rewrite_graph(ctx, late=False)
+
+
+def rewrite_graph(ctx: CompileContext, late: bool) -> None:
     site = Site(ctx.graph, ctx.target, ctx.model_info.opset)
     edits = _Edits(ctx)
     worklist = deque(topological_nodes(ctx.graph))
@@ -36,7 +43,7 @@ def run(ctx: CompileContext) -> None:
         node = worklist.popleft()
         if id(node) not in edits.alive:
             continue
-        applied = rewrite_node(node, site, ctx, edits)
+        applied = rewrite_node(node, site, ctx, edits, late)
         if applied is not None:
             # A new node's readers may have become rewritable (a relabel now follows a relabel).
             touched = [t for n in applied.new for t in n.outputs] + [new for _, new in applied.aliases]
@@ -67,9 +74,10 @@ class _Edits:
         return result
 
 
-def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits) -> Replacement | None:
+def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
+                 late: bool = False) -> Replacement | None:
     """Apply the first rule whose candidate is legal on the target; None when none is."""
-    rules = [rule for rule in RULES if node.op in rule.ops]
+    rules = [rule for rule in RULES if node.op in rule.ops and rule.late == late]
     if not rules:
         return None
     illegal = bool(check_node(node, ctx.target))
@@ -101,6 +109,7 @@ def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext, edit
                     reader.inputs[index] = new
     for node in replacement.new:
         ctx.origins[node.name] = origins
+        ctx.failures[node.name] = []  # every new node passed check_node
         edits.alive.add(id(node))
         edits.carriers.update(origins)
     for original in origins:

@@ -98,11 +98,13 @@ class Builder:
 @dataclass(frozen=True)
 class RewriteRule:
     """`build` yields candidate replacements for a node of one of `ops`. An `always` rule fires
-    even when the node is legal as it stands, because its result is what the NPU runs best."""
+    even when the node is legal as it stands, because its result is what the NPU runs best. A
+    `late` rule runs after fusion (passes/rewrite_late.py): its result would hide a pattern."""
 
     build: Callable[[gs.Node, Site], Iterator[Replacement]]
     ops: frozenset[str]
     always: bool = False
+    late: bool = False
 
     @property
     def name(self) -> str:
@@ -836,6 +838,6 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(transpose_in_slices, frozenset({"Transpose"})),
     RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
-    RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE),
+    RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True),
 )

@@ -10,8 +10,8 @@ import onnx_graphsurgeon as gs
 from .context import CompileContext, Options
 from .cost_estimate import node_macs
 from .ir import present_inputs, static_shape, topological_nodes
-from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize, memory, multicore,
-                     partition, remove_noops, rewrite)
+from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
+                     memory, multicore, partition, remove_noops, rewrite, rewrite_late)
 from .plan import NodeEntry, Partition, Plan, Step
 from .targets import get_target
 
@@ -24,6 +24,7 @@ PASSES = (
     rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
     legalize,        # every rule every node breaks
     fuse,            # chains the NPU runs as one kernel, per the fusion table
+    rewrite_late,    # legalizing rewrites that would have hidden a fusion pattern
     assign,          # NPU, or CPU with a reason
     partition,       # convex single-device partitions, execution order
     boundaries,      # host steps converting tensors that cross devices
