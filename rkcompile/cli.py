@@ -100,6 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--min-cosine", type=float, default=0.9999, help="--check tolerance (default 0.9999)")
     run.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report to REPORT")
+
+    zoo = commands.add_parser("zoo", help="plan (and emulate) every model of a folder, compare with goldens",
+                              description="Plan every .onnx under FOLDER for each target in parallel processes, "
+                                          "print a table, and compare with golden summaries; exit 1 on a "
+                                          "regression (docs/zoo.md defines them).")
+    zoo.add_argument("folder", type=Path, metavar="DIR", help="folder searched recursively for .onnx files")
+    zoo.add_argument("--target", action="append", metavar="T",
+                     help=f"a SoC to plan for, repeatable (default rk3588; {names})")
+    zoo.add_argument("--jobs", type=_positive, metavar="N", help="worker processes (default: the CPUs available)")
+    zoo.add_argument("--run", action="store_true",
+                     help="also emulate each plan and measure the worst output cosine (against NAME.npz "
+                          "beside the model, else onnxruntime)")
+    zoo.add_argument("--json", type=Path, metavar="OUT", help="write every row, diff and timing to OUT")
+    zoo.add_argument("--golden", type=Path, metavar="GOLDEN_DIR", help="compare with the summaries in GOLDEN_DIR")
+    zoo.add_argument("--update-golden", action="store_true", help="write this run's summaries to GOLDEN_DIR")
+    zoo.add_argument("--arena-tolerance", type=float, default=0.02, metavar="FRACTION",
+                     help="arena growth that is still no regression (default 0.02)")
+    zoo.add_argument("--min-cosine", type=float, default=0.9999,
+                     help="a worst cosine below this (and below the golden's) is a regression (default 0.9999)")
     return parser
 
 
@@ -233,7 +252,13 @@ def _run(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
-_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run}
+def _zoo(args: argparse.Namespace) -> int:
+    from .zoo import zoo_command
+
+    return zoo_command(args)
+
+
+_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run, "zoo": _zoo}
 
 if __name__ == "__main__":
     sys.exit(main())
