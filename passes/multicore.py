@@ -38,14 +38,19 @@ _ELEMENTWISE = frozenset({"Add", "AddRelu", "Mul", "MulRelu"})
 
 
 def run(ctx: CompileContext) -> None:
+    ctx.multicore, ctx.step_cores = schedule(ctx, step_works(ctx), ctx.options.dtype)
+
+
+def schedule(ctx: CompileContext, works: list[StepWork],
+             dtype: str) -> tuple[Multicore, dict[str, tuple[int, ...]]]:
+    """The multicore record for ctx's batch and core mask, and the cores of each NPU step,
+    from `works` timed at `dtype`'s MAC rate (tools/bench_cores.py calibrates with int8)."""
     mask_cores = parse_core_mask(ctx.options.core_mask, ctx.target, ctx.options.batch)
-    works = step_works(ctx)
     if ctx.options.batch > 1:
-        ctx.multicore, cores = batch_plan(ctx, works)
+        record, cores = batch_plan(ctx, works, dtype)
     else:
-        ctx.multicore, cores = split_plan(ctx, works, mask_cores)
-    ctx.step_cores = {name: cores[index] for index, name in enumerate(ctx.order)
-                      if ctx.placement[name].device == "npu"}
+        record, cores = split_plan(ctx, works, dtype, mask_cores)
+    return record, {name: cores[index] for index, name in enumerate(ctx.order) if ctx.placement[name].device == "npu"}
 
 
 def parse_core_mask(mask: str, target: Target, batch: int) -> tuple[int, ...]:
@@ -88,9 +93,9 @@ def step_works(ctx: CompileContext, as_dtype: str | None = None) -> list[StepWor
     return works
 
 
-def batch_plan(ctx: CompileContext, works: list[StepWork]) -> tuple[Multicore, list[tuple[int, ...]]]:
+def batch_plan(ctx: CompileContext, works: list[StepWork], dtype: str) -> tuple[Multicore, list[tuple[int, ...]]]:
     """Seed 004's contexts, one per core, images dealt round-robin, and their timeline."""
-    batch, hardware, dtype = ctx.options.batch, cost_model.hardware_for(ctx.target.name), ctx.options.dtype
+    batch, hardware = ctx.options.batch, cost_model.hardware_for(ctx.target.name)
     count = min(batch, ctx.target.npu_cores)
     images = [tuple(range(first, batch, count)) for first in range(count)]
     npu_steps = tuple(index for index, work in enumerate(works) if work.device == "npu")
@@ -105,7 +110,7 @@ def batch_plan(ctx: CompileContext, works: list[StepWork]) -> tuple[Multicore, l
                                      inputs=_io_slices(ctx, ctx.model_info.inputs, taken),
                                      outputs=_io_slices(ctx, ctx.model_info.outputs, taken)))
         timelines.append((core, npu_steps, busy))
-    multicore = _estimate(ctx, works, spent=max(spent), timelines=timelines, contexts=tuple(contexts))
+    multicore = _estimate(ctx, works, dtype, spent=max(spent), timelines=timelines, contexts=tuple(contexts))
     return multicore, [tuple(range(count))] * len(works)
 
 
@@ -116,11 +121,11 @@ def _io_slices(ctx: CompileContext, specs, images: tuple[int, ...]) -> tuple[IoS
                  for spec in specs if spec.name in ctx.tensors for i in images)
 
 
-def split_plan(ctx: CompileContext, works: list[StepWork],
+def split_plan(ctx: CompileContext, works: list[StepWork], dtype: str,
                cores: tuple[int, ...]) -> tuple[Multicore, list[tuple[int, ...]]]:
     """One input on the mask's cores: multi-core steps split where it pays, the rest on the
     first core; the latency is the steps one after another."""
-    hardware, dtype = cost_model.hardware_for(ctx.target.name), ctx.options.dtype
+    hardware = cost_model.hardware_for(ctx.target.name)
     nodes = {node.name: node for node in ctx.graph.nodes}
     busy = dict.fromkeys(cores, 0.0)
     ran: dict[int, list[int]] = {core: [] for core in cores}
@@ -128,7 +133,7 @@ def split_plan(ctx: CompileContext, works: list[StepWork],
     for index, (name, work) in enumerate(zip(ctx.order, works)):
         split = None
         if work.device == "npu" and len(cores) > 1:
-            split = best_split(nodes[name], ctx, work, cores, index)
+            split = best_split(nodes[name], ctx, work, dtype, cores, index)
         if split is None:
             seconds = cost_model.step_seconds(work, hardware, dtype)
             latency += seconds
@@ -147,7 +152,7 @@ def split_plan(ctx: CompileContext, works: list[StepWork],
         splits.append(step_split)
         step_cores.append(cores)
     timelines = [(core, tuple(ran[core]), busy[core]) for core in cores if ran[core]]
-    multicore = _estimate(ctx, works, spent=latency, timelines=timelines, splits=tuple(splits))
+    multicore = _estimate(ctx, works, dtype, spent=latency, timelines=timelines, splits=tuple(splits))
     return multicore, step_cores
 
 
@@ -187,14 +192,14 @@ def _channel_local(node: gs.Node, kernel: str) -> bool:
     return kernel in _ELEMENTWISE or any(_depthwise(member) for member in members)
 
 
-def best_split(node: gs.Node, ctx: CompileContext, work: StepWork, cores: tuple[int, ...],
+def best_split(node: gs.Node, ctx: CompileContext, work: StepWork, dtype: str, cores: tuple[int, ...],
                index: int) -> tuple[StepSplit, list[float]] | None:
     """The split of step `index` over `cores` whose slowest part is fastest, with each part's
     seconds; None when the kernel may not split or no split beats one core."""
     kernel = oplist_kernel(node, ctx.target)
     if kernel not in ctx.target.multi_core_kernels:
         return None
-    hardware, dtype = cost_model.hardware_for(ctx.target.name), ctx.options.dtype
+    hardware = cost_model.hardware_for(ctx.target.name)
     _, channels, height, _ = as_nchw(ctx.tensors[node.outputs[0].name].shape)
     block = ctx.target.c2_for(dtype)
     extents = {"C": (-(-channels // block), block, channels), "H": (height, 1, height)}
@@ -217,13 +222,13 @@ def best_split(node: gs.Node, ctx: CompileContext, work: StepWork, cores: tuple[
     return best
 
 
-def _estimate(ctx: CompileContext, works: list[StepWork], *, spent: float,
+def _estimate(ctx: CompileContext, works: list[StepWork], dtype: str, *, spent: float,
               timelines: list[tuple[int, tuple[int, ...], float]], contexts: tuple[BatchContext, ...] = (),
               splits: tuple[StepSplit, ...] = ()) -> Multicore:
     """The plan's multicore record: per-core timeline against the batch latency `spent`, and
     the speedup over running the batch one image at a time on one core."""
     hardware = cost_model.hardware_for(ctx.target.name)
-    one_core = cost_model.one_core_seconds(works, hardware, ctx.options.dtype)
+    one_core = cost_model.one_core_seconds(works, hardware, dtype)
     batch = ctx.options.batch
     per_core = tuple(CoreTimeline(core=core, steps=steps, est_ms=_ms(busy), utilisation=round(busy / spent, 4))
                      for core, steps, busy in timelines)

@@ -19,17 +19,17 @@ from rkcompile.errors import CompileError
 #     ratios (docs/cost-model.md, "Calibration"); shared by every target ------------------------
 
 #: Share of peak MAC rate a convolution sustains (tiling, channel padding to C2, pipeline fill).
-MAC_EFFICIENCY = 0.45
+MAC_EFFICIENCY = 0.50
 #: Share of the DDR's theoretical bandwidth one NPU core can pull on its own.
-CORE_DDR_SHARE = 0.30
+CORE_DDR_SHARE = 0.33
 #: Share of the DDR's theoretical bandwidth all NPU cores together get.
-DDR_EFFICIENCY = 0.80
+DDR_EFFICIENCY = 0.90
 #: Seconds to issue one NPU step (register programming, task descriptors, completion).
-STEP_SECONDS = 12e-6
+STEP_SECONDS = 3e-6
 #: Seconds per inference run: job submission, cache flush/invalidate, completion interrupt.
-RUN_SECONDS = 400e-6
+RUN_SECONDS = 730e-6
 #: Extra seconds per step split across cores: the cores are started and joined per step.
-SPLIT_SECONDS = 45e-6
+SPLIT_SECONDS = 150e-6
 
 # --- CPU side (RK3588: 4x Cortex-A76 + 4x Cortex-A55); assumptions, see docs/cost-model.md ----
 
