@@ -1,4 +1,7 @@
-"""Assign: put each node on the NPU, or on the CPU with a reason naming the op and the target."""
+"""Assign: put each node on the NPU, or on the CPU with the rules it breaks as the reason.
+
+The plan prefixes every reason with the original op and the target (pipeline.assemble_plan).
+"""
 from __future__ import annotations
 
 from rkcompile.context import CompileContext, Placement
@@ -12,7 +15,7 @@ def run(ctx: CompileContext) -> None:
         failures = ctx.failures.get(node.name, [])
         if failures:
             reasons = "; ".join(str(f) for f in failures)
-            placement[node.name] = Placement("cpu", node.op, f"{node.op} on {ctx.target.name}: {reasons}")
+            placement[node.name] = Placement("cpu", node.op, reasons)
         else:
             placement[node.name] = Placement("npu", node.op)
     ctx.placement = placement

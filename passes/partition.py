@@ -49,8 +49,7 @@ def run(ctx: CompileContext) -> None:
     partitions = wave_partitions(dag, _devices(ctx), position)
     while (move := best_island_move(estimate, dag, partitions, position)) is not None:
         for name in move.nodes:
-            ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel,
-                                            f"{estimate.nodes[name].op} on {ctx.target.name}: {move.reason}")
+            ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, move.reason)
         partitions = wave_partitions(dag, _devices(ctx), position)
     annotate_sandwiched_cpu_partitions(ctx, estimate, dag, partitions)
     check_partitions_acyclic(dag, partitions)
@@ -100,11 +99,9 @@ def check_partitions_acyclic(dag: nx.DiGraph, partitions: Partitions) -> None:
 
 
 def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: nx.DiGraph) -> None:
-    nodes = {node.name: node for node in ctx.graph.nodes}
     for name in shape_arithmetic(ctx.graph, dag):
         if ctx.placement[name].device == "npu":
-            ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel,
-                                            f"{nodes[name].op} on {ctx.target.name}: {SHAPE_ARITHMETIC}")
+            ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, SHAPE_ARITHMETIC)
 
 
 def shape_arithmetic(graph: gs.Graph, dag: nx.DiGraph) -> set[str]:

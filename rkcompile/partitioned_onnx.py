@@ -32,6 +32,12 @@ def partitioned_model(ctx: CompileContext) -> onnx.ModelProto:
     def step_of(node: onnx.NodeProto) -> str:
         return fused_step.get(node.name, node.name)
 
+    # Execution order keeps each partition contiguous and after everything it reads; the
+    # graph's own node list need not (rewrites place new nodes where the old ones stood).
+    position = {name: index for index, name in enumerate(ctx.order)}
+    ordered = sorted(graph.node, key=lambda n: position.get(step_of(n), -1))
+    del graph.node[:]
+    graph.node.extend(ordered)
     initializers = {t.name: t for t in graph.initializer}
     members = {index: set(names) for index, (device, names) in enumerate(ctx.partitions) if device == "npu"}
     owner = {name: index for index, names in members.items() for name in names}

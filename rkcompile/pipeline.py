@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
-from .context import CompileContext, Options
+from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
 from .ir import present_inputs, static_shape, topological_nodes
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
@@ -118,7 +118,8 @@ def assemble_plan(ctx: CompileContext) -> Plan:
         if original in runs_in:
             current = runs_in[original]
             placed = ctx.placement[current]
-            entries.append(NodeEntry(original, op, placed.device, step_of[current], placed.reason))
+            entries.append(NodeEntry(original, op, placed.device, step_of[current],
+                                     _reason(op, placed, ctx.target.name)))
         else:
             fate, reason = ctx.fates[original]
             entries.append(NodeEntry(original, op, fate, None, reason))
@@ -131,3 +132,11 @@ def assemble_plan(ctx: CompileContext) -> Plan:
         rewrites=tuple(ctx.rewrites),
     )
 
+
+def _reason(op: str, placed: Placement, target: str) -> str | None:
+    """A placement's reason as the plan states it: naming the original op and the target, and
+    the kernel the op ran as when a rewrite or fusion changed it."""
+    if placed.reason is None:
+        return None
+    runs_as = f" (runs as {placed.kernel})" if placed.kernel != op else ""
+    return f"{op} on {target}{runs_as}: {placed.reason}"
