@@ -64,8 +64,9 @@ def parse_core_mask(mask: str, target: Target, batch: int) -> tuple[int, ...]:
                            f"cores (seed 004, core_mask auto); give one or the other")
     cores = tuple(int(core) for core in mask.split("_"))
     if max(cores) >= target.npu_cores:
+        valid = [m for m in CORE_MASKS if m == "auto" or max(map(int, m.split("_"))) < target.npu_cores]
         raise CompileError(f"--core-mask {mask}: {target.name} has {target.npu_cores} NPU "
-                           f"core{'s' if target.npu_cores > 1 else ''} (0..{target.npu_cores - 1})")
+                           f"core{'s' if target.npu_cores > 1 else ''}; use {', '.join(valid)}")
     return cores
 
 

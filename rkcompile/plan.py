@@ -311,4 +311,35 @@ def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> 
                 problems.append(f"partition {partition.id}: step {step_id} disagrees on partition or device")
     if plan.memory.lower_bound_bytes > plan.memory.arena_bytes:
         problems.append("memory: lower bound above the arena")
+    return problems + _multicore_violations(plan, steps_by_id)
+
+
+def _multicore_violations(plan: Plan, steps_by_id: dict[int, Step]) -> list[str]:
+    """The per-core lists, splits and contexts agree with the steps and the batch."""
+    multicore = plan.multicore
+    problems = []
+    timeline_cores = {timeline.core for timeline in multicore.per_core}
+    if multicore.cores != max(len(multicore.per_core), 1):
+        problems.append(f"multicore: cores {multicore.cores} but {len(multicore.per_core)} per-core timelines")
+    for timeline in multicore.per_core:
+        if any(getattr(steps_by_id.get(s), "device", None) != "npu" for s in timeline.steps):
+            problems.append(f"multicore: core {timeline.core} lists a step that is not an NPU step")
+    for step in plan.steps:
+        if step.device == "npu" and not set(step.cores) <= timeline_cores:
+            problems.append(f"step {step.id}: cores {list(step.cores)} have no per-core timeline")
+    for split in multicore.splits:
+        step = steps_by_id.get(split.step)
+        bounds = [(part.start, part.stop) for part in split.parts]
+        if step is None or step.cores != tuple(part.core for part in split.parts):
+            problems.append(f"multicore: split of step {split.step} disagrees with the step's cores")
+        if any(start >= stop for start, stop in bounds) or any(a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
+            problems.append(f"multicore: split of step {split.step} has empty, overlapping or gapped parts")
+    if multicore.contexts:
+        images = sorted(i for context in multicore.contexts for i in context.images)
+        if images != list(range(multicore.batch)):
+            problems.append("multicore: contexts do not take every image of the batch exactly once")
+        for context in multicore.contexts:
+            for io in context.inputs + context.outputs:
+                if io.offset != io.image * io.bytes or io.image not in context.images:
+                    problems.append(f"multicore: context {context.id} reads or writes {io.tensor} at a wrong offset")
     return problems

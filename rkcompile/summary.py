@@ -68,6 +68,26 @@ def _rule_counts(plan: Plan) -> str:
     return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _multicore_lines(plan: Plan) -> list[str]:
+    """Cores, contexts and splits, the cost model's estimate, and a per-core timeline."""
+    multicore = plan.multicore
+    axes = Counter(split.axis for split in multicore.splits)
+    how = (f"{len(multicore.contexts)} contexts" if multicore.contexts else
+           f"core mask {multicore.core_mask}, {len(multicore.splits)} steps split"
+           + (f" ({', '.join(f'{axis} x{count}' for axis, count in sorted(axes.items()))})" if axes else ""))
+    lines = [
+        f"  NPU cores                   {multicore.cores} for batch {multicore.batch} ({how})",
+        f"  estimate                    {multicore.est_latency_ms:.3f} ms per batch, {multicore.est_fps:.1f} fps, "
+        f"{multicore.speedup:.2f}x one core ({multicore.est_one_core_ms:.3f} ms per image)",
+        "    core  images  steps   busy ms   utilisation",
+    ]
+    images = {context.core: len(context.images) for context in multicore.contexts}
+    for timeline in multicore.per_core:
+        lines.append(f"    {timeline.core:4d}  {images.get(timeline.core, multicore.batch):6d}  {len(timeline.steps):5d}  "
+                     f"{timeline.est_ms:8.3f}   {100 * timeline.utilisation:10.1f}%")
+    return lines
+
+
 def render_summary(plan: Plan) -> str:
     model_name = plan.model.path.rsplit("/", 1)[-1]
     counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
@@ -99,5 +119,6 @@ def render_summary(plan: Plan) -> str:
         f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
         f"  weights                     {_kib(plan.memory.weight_bytes)}",
         _padding_line(plan),
+        *_multicore_lines(plan),
     ]
     return "\n".join(lines)
