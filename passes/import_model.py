@@ -20,7 +20,7 @@ from rkcompile.ir import dtype_name
 from rkcompile.plan import ModelInfo, TensorSpec
 
 NAME = "import"
-MIN_OPSET = 7
+MIN_OPSET = 1
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
 

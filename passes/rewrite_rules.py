@@ -644,7 +644,7 @@ def transpose_to_4d(node: gs.Node, site: Site) -> Iterator[Replacement]:
             runs[-1].append(axis)
         else:
             runs.append([axis])
-    if len(runs) > 4:
+    if not runs or len(runs) > 4:
         return
     by_input_order = sorted(runs)
     merged_shape = [element_count(shape[a] for a in run) for run in by_input_order]
@@ -658,12 +658,12 @@ def transpose_to_4d(node: gs.Node, site: Site) -> Iterator[Replacement]:
             and static_shape(after.outputs[0]) is not None):
         dest, absorbed = after.outputs[0], absorbed + [after]
     for as_concat in (False, True):
+        if as_concat and _moved_axis(merged_shape, merged_perm) is None:
+            return
         builder = site.builder(node)
         merged = builder.reshape(source, merged_shape)
         if as_concat:
             moved = _moved_axis_as_concat(builder, merged, merged_perm)
-            if moved is None:
-                return
         else:
             moved = builder.op("Transpose", [merged], [merged_shape[p] for p in merged_perm], x.dtype,
                                perm=merged_perm)
@@ -681,10 +681,8 @@ def _moved_axis_as_concat(builder: Builder, x: gs.Tensor, perm: list[int],
     along that axis, a relabel of each slice (moving a size-1 axis keeps the data order) and a
     Concat at the axis' new place; None when `perm` is not of that kind."""
     shape = static_shape(x)
-    for axis in range(len(perm)):
-        rest = [p for p in perm if p != axis]
-        if rest != sorted(rest) or not 1 < shape[axis] <= MOVED_AXIS_SLICES:
-            continue
+    axis = _moved_axis(shape, perm)
+    if axis is not None:
         position = perm.index(axis)
         piece_shape = [1 if p == axis else shape[p] for p in perm]
         slices = _split_node(builder, x, axis, [1] * shape[axis])
@@ -692,6 +690,15 @@ def _moved_axis_as_concat(builder: Builder, x: gs.Tensor, perm: list[int],
         if out is None:
             return builder.op("Concat", relabelled, [shape[p] for p in perm], x.dtype, axis=position)
         return builder.op("Concat", relabelled, out=out, axis=position)
+    return None
+
+
+def _moved_axis(shape, perm: list[int]) -> int | None:
+    """The one axis of 2 to 16 that `perm` moves while keeping the others in order, if any."""
+    for axis in range(len(perm)):
+        rest = [p for p in perm if p != axis]
+        if rest == sorted(rest) and 1 < shape[axis] <= MOVED_AXIS_SLICES:
+            return axis
     return None
 
 
