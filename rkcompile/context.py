@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from .plan import Memory, ModelInfo, Multicore, Rewrite, TensorPlacement
+from .plan import Memory, ModelInfo, Multicore, Quantization, Rewrite, TensorPlacement
 from .targets.model import Target
 
 
@@ -24,6 +24,8 @@ class Options:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dump_after: tuple[str, ...] = ()
     dump_dir: Path = Path(".")
+    calibration: Path | None = None  # int8: folder of .npy/.npz inputs or one .npz (rkcompile/quantize.py)
+    calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile or kl
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class CompileContext:
     verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
     multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
     step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
+    quantization: dict[str, Quantization] = field(default_factory=dict)  # int8 plans: tensor -> parameters
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""

@@ -11,7 +11,7 @@ from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
 from .ir import present_inputs, static_shape, topological_nodes
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
-                     memory, multicore, partition, remove_noops, rewrite, rewrite_late)
+                     memory, multicore, partition, quantize, remove_noops, rewrite, rewrite_late)
 from .plan import NodeEntry, Partition, Plan, Step
 from .targets import get_target
 
@@ -29,6 +29,7 @@ PASSES = (
     partition,       # convex single-device partitions, execution order
     boundaries,      # host steps converting tensors that cross devices
     layout,          # dtype, NC1HWC2/NCHW, bytes, region per tensor
+    quantize,        # int8 plans: calibrated scale/zero point per tensor, int32 biases
     memory,          # arena offsets, lower bound
     multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
 )
@@ -129,7 +130,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
         target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
         nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
         memory=ctx.memory, multicore=ctx.multicore,
-        rewrites=tuple(ctx.rewrites),
+        rewrites=tuple(ctx.rewrites), quantization=dict(ctx.quantization),
     )
 
 

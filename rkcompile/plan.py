@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +18,8 @@ from . import PLAN_SCHEMA
 DEVICES_OF_NODES = ("npu", "cpu", "folded", "removed")
 DEVICES_OF_STEPS = ("npu", "cpu", "host")
 REGIONS = ("arena", "weight", "input", "output")
+#: Plan dtypes whose NPU tensors are integers that need `Plan.quantization` to mean anything.
+QUANTIZED_DTYPES = ("int8",)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,24 @@ class TensorPlacement:
     #: The arena tensor whose bytes this one overwrites in place (an element-wise step that
     #: reads its last use of `reuses` as it writes this tensor); None when it has bytes of its own.
     reuses: str | None = None
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How an integer-stored tensor maps to real values: real = (q - zero_point) * scale.
+
+    One scale and zero point per tensor (per-layer), or one per slice along `axis` (per-channel;
+    weights, symmetric, zero points 0). `dtype` is the stored integer type: int8 for
+    activations and weights, int32 for convolution biases (scale = input scale x weight scale).
+    `source` says where the range came from: "minmax", "percentile", "kl" (calibration),
+    "weights" (the constant's own values), "bias" or "shared:<tensor>" (a data-movement
+    output that keeps its input's parameters, so no requantization happens)."""
+
+    dtype: str
+    scales: tuple[float, ...]
+    zero_points: tuple[int, ...]
+    axis: int | None = None
+    source: str = "minmax"
 
 
 @dataclass(frozen=True)
@@ -188,6 +208,8 @@ class Plan:
     multicore: Multicore
     schema: str = PLAN_SCHEMA
     rewrites: tuple[Rewrite, ...] = ()
+    #: Per-tensor int8/int32 parameters of an int8 plan (rkcompile/quantize.py); {} for float16.
+    quantization: dict[str, Quantization] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
@@ -217,6 +239,7 @@ class Plan:
             memory=_build(Memory, data["memory"]),
             multicore=Multicore.from_dict(data["multicore"]),
             rewrites=tuple(_build(Rewrite, r) for r in data.get("rewrites", ())),
+            quantization={name: _build(Quantization, q) for name, q in data.get("quantization", {}).items()},
         )
 
 

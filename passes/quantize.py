@@ -1,0 +1,152 @@
+"""Quantize: int8 plans get a scale and zero point for every int8 tensor, and int32 biases.
+
+Runs after layout, which stores every NPU float tensor in the plan dtype, and before memory,
+which sizes the regions: so the storage changes made here (a convolution bias becomes int32, a
+float operand the NPU reads as a parameter, such as Resize's scales, keeps its float dtype) are
+what the planner allocates. Float16 plans pass through untouched.
+
+Activation ranges come from the planned graph run in float32 on the calibration inputs
+(`--calib`, else seeded random ones with a warning); rkcompile/quantize.py holds the
+observers and the parameter arithmetic. A data-movement output (Reshape, Transpose, Slice,
+Split, MaxPool, nearest Resize, ...) keeps its input's parameters, so moving int8 values never
+requantizes them; every other tensor gets its own calibrated range.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import onnx_graphsurgeon as gs
+
+from rkcompile.context import CompileContext
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.ir import dtype_name, element_count, itemsize
+from rkcompile.plan import QUANTIZED_DTYPES, Quantization
+from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params,
+                                load_calibration, random_calibration, weight_params)
+from rkcompile.targets.common import ONNX_TO_KERNEL
+
+NAME = "quantize"
+
+#: Ops that only move, select or take the max of values: an affine map commutes with them, so
+#: their int8 output is their int8 input's values under the same parameters.
+MOVEMENT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split",
+                          "MaxPool", "GlobalMaxPool", "Gather", "Expand", "Tile", "DepthToSpace",
+                          "SpaceToDepth"})
+
+
+def run(ctx: CompileContext) -> None:
+    ctx.quantization = {}
+    if ctx.options.dtype not in QUANTIZED_DTYPES:
+        return
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    ordered = [nodes[name] for name in ctx.order]
+    devices = [ctx.placement[name].device for name in ctx.order]
+    _keep_parameters_float(ctx, ordered, devices)
+    ranges = _calibrate(ctx, ordered, devices)
+    quantization: dict[str, Quantization] = {}
+    for node, device in zip(ordered, devices):
+        for tensor in node.outputs:
+            if not _is_quantized(ctx, tensor.name) or tensor.name in quantization:
+                continue
+            source = node.inputs[0].name if node.inputs else ""
+            if device == "npu" and is_movement(node) and source in quantization:
+                quantization[tensor.name] = replace(quantization[source], source=f"shared:{source}")
+            else:
+                quantization[tensor.name] = activation_params(*ranges[tensor.name].range(),
+                                                              ctx.options.calibration_method)
+    _quantize_weights(ctx, ordered, devices, quantization)
+    ctx.quantization = quantization
+
+
+def is_movement(node: gs.Node) -> bool:
+    if "body" in node.attrs:
+        return False
+    if node.op == "Resize":
+        mode = node.attrs.get("mode", "nearest")
+        return (mode.decode() if isinstance(mode, bytes) else mode) == "nearest"
+    return node.op in MOVEMENT_OPS
+
+
+def _is_quantized(ctx: CompileContext, name: str) -> bool:
+    tensor = ctx.tensors.get(name)
+    return tensor is not None and tensor.dtype in QUANTIZED_DTYPES
+
+
+def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> dict[str, RangeObserver]:
+    specs = ctx.model_info.inputs
+    samples = (load_calibration(ctx.options.calibration, specs) if ctx.options.calibration is not None
+               else random_calibration(specs))
+    wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
+    observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
+
+    def observe(name, value):
+        if name in observers:
+            observers[name].update(value)
+
+    reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs])
+    for sample in samples:
+        reference.run(sample, observe)
+    return observers
+
+
+def _members(node: gs.Node) -> tuple[list[gs.Node], dict[str, str]]:
+    """The nodes a step runs and, for a fused one, its body's input names -> the step's."""
+    if "body" not in node.attrs:
+        return [node], {}
+    body = node.attrs["body"]
+    variables = [t for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
+    outer = {inner.name: t.name for inner, t in zip(body.inputs, variables)}
+    members = []
+    for member in body.nodes:
+        inner, renamed = _members(member)
+        members += inner
+        outer.update(renamed)
+    return members, outer
+
+
+def _quantize_weights(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
+                      quantization: dict[str, Quantization]) -> None:
+    """Weights symmetric (per channel where the op allows it), Conv biases int32."""
+    biases: dict[str, tuple[str, str]] = {}
+    per_channel: set[str] = set()
+    for node, device in zip(ordered, devices):
+        if device != "npu":
+            continue
+        members, outer = _members(node)
+        for member in members:
+            if member.op not in PER_CHANNEL_WEIGHTS:
+                continue
+            data, weight = member.inputs[0], member.inputs[1]
+            if isinstance(weight, gs.Constant):
+                per_channel.add(weight.name)
+                if len(member.inputs) > 2 and isinstance(member.inputs[2], gs.Constant):
+                    biases[member.inputs[2].name] = (outer.get(data.name, data.name), weight.name)
+    constants = {t.name: t for t in ctx.graph.tensors().values() if isinstance(t, gs.Constant)}
+    for name, tensor in ctx.tensors.items():
+        if tensor.region == "weight" and tensor.dtype in QUANTIZED_DTYPES and name not in biases:
+            quantization[name] = weight_params(constants[name].values, name in per_channel)
+    for name, (data, weight) in biases.items():
+        if data in quantization and weight in quantization:
+            quantization[name] = bias_params(quantization[data], quantization[weight])
+            _restore(ctx, name, "int32")
+        else:  # the conv reads an intermediate of its fused body: no int32 accumulator to add to
+            quantization.pop(name, None)
+            _restore(ctx, name, dtype_name(constants[name].dtype))
+
+
+def _keep_parameters_float(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:
+    """A float constant an NPU op reads as a parameter (Resize's roi and scales, ...) is not
+    data: it keeps its float dtype, as int8 would change the output shape it gives."""
+    for node, device in zip(ordered, devices):
+        if device != "npu":
+            continue
+        for member in _members(node)[0]:
+            positions = ONNX_TO_KERNEL.get(member.op, ("", ()))[1]
+            for position, tensor in enumerate(member.inputs):
+                if position in positions and isinstance(tensor, gs.Constant) and _is_quantized(ctx, tensor.name):
+                    _restore(ctx, tensor.name, dtype_name(tensor.dtype))
+
+
+def _restore(ctx: CompileContext, name: str, dtype: str) -> None:
+    placed = ctx.tensors[name]
+    ctx.tensors[name] = replace(placed, dtype=dtype, bytes=element_count(placed.shape) * itemsize(dtype))

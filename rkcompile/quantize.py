@@ -1,0 +1,232 @@
+"""int8 quantization: calibration data, range observers, and the parameters of each tensor.
+
+The arithmetic every int8 tensor follows is real = (q - zero_point) * scale:
+
+- **activations**: asymmetric, one scale and zero point per tensor (per-layer), q in [-128, 127].
+  Every NPU operator in seeds 000/001 and the oplist V2.3.2 lists "Quantization support:
+  per-layer" for its data inputs and outputs; none lists per-channel for an activation.
+- **weights**: symmetric (zero point 0), q in [-127, 127] so that -q is always representable.
+  Per-channel (one scale per output channel, axis 0) where the operator lists per-channel for
+  its weight: Convolution and Depthwise Convolution on every platform (oplist V2.3.2, weight:
+  "量化支持 per-layer, per-channel"). Every other constant is per-layer.
+- **convolution biases**: int32, scale = input scale x weight scale of the channel, zero point 0,
+  so the bias adds to the int32 accumulator as it is.
+
+Activation ranges come from running the planned graph in float32 on calibration inputs
+(`rkcompile.emulator.float_reference`) and observing each tensor: its min and max
+("minmax"), the 0.01 and 99.99 percentiles ("percentile"), or the clipping threshold that
+minimises the KL divergence of the clipped 8-bit histogram from the float one ("kl", the
+TensorRT entropy calibration, applied to |x| and then intersected with [min, max]).
+Every range is widened to include 0 so that real zero (padding, ReLU) is exactly a q value.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .errors import CompileError
+from .plan import Quantization, TensorSpec
+
+log = logging.getLogger("rkcompile")
+
+METHODS = ("minmax", "percentile", "kl")
+PERCENTILE = 99.99
+INT8 = (-128, 127)
+WEIGHT_INT8 = (-127, 127)
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+#: Random calibration inputs used when no --calib is given (a warning says so).
+RANDOM_SAMPLES = 4
+#: Values kept per tensor and sample for the percentile and KL observers.
+KEPT_VALUES = 1 << 14
+KL_BINS = 2048
+KL_LEVELS = 128
+#: Ops whose weight input (index 1) may be quantized per output channel (axis 0):
+#: oplist V2.3.2, Convolution and Depthwise Convolution, weight "per-layer, per-channel".
+PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
+
+
+# ---- calibration data ----------------------------------------------------------------------
+
+def load_calibration(path: Path, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+    """Calibration samples from a folder of .npy/.npz files or from one .npz.
+
+    An .npz gives arrays keyed by input name (other keys, such as reference outputs, are
+    ignored); a .npy is the model's only input. An array of the input's shape is one sample,
+    one with an extra leading axis is a stack of samples.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
+        if not files:
+            raise CompileError(f"--calib: folder {path} holds no .npy or .npz file")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise CompileError(f"--calib: {path} does not exist")
+    samples: list[dict[str, np.ndarray]] = []
+    for file in files:
+        samples += _samples_of(file, _read_arrays(file, specs), specs)
+    return samples
+
+
+def _read_arrays(file: Path, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    try:
+        if file.suffix == ".npy":
+            if len(specs) != 1:
+                raise CompileError(f"--calib: {file} is a .npy but the model has {len(specs)} inputs; "
+                                   f"use .npz files keyed by input name")
+            return {specs[0].name: np.load(file, allow_pickle=False)}
+        with np.load(file, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as exc:
+        raise CompileError(f"--calib: {file} is not a readable .npy/.npz ({exc})") from None
+
+
+def _samples_of(file: Path, arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> list[dict]:
+    missing = [spec.name for spec in specs if spec.name not in arrays]
+    if missing:
+        raise CompileError(f"--calib: {file} has no array for input {', '.join(missing)}")
+    counts = set()
+    stacks = {}
+    for spec in specs:
+        array = np.asarray(arrays[spec.name])
+        shape = tuple(spec.shape)
+        if array.shape == shape:
+            array = array[None]
+        elif array.shape[1:] != shape:
+            raise CompileError(f"--calib: {file} input {spec.name} has shape {list(array.shape)}, "
+                               f"the model takes {list(shape)}")
+        stacks[spec.name] = array.astype(spec.dtype, copy=False)
+        counts.add(len(array))
+    if len(counts) != 1:
+        raise CompileError(f"--calib: {file} holds different numbers of samples per input")
+    return [{name: stack[i] for name, stack in stacks.items()} for i in range(counts.pop())]
+
+
+def random_calibration(specs: Sequence[TensorSpec], count: int = RANDOM_SAMPLES, seed: int = 0) -> list[dict]:
+    """Seeded standard-normal samples, with a warning: ranges from noise fit no real input."""
+    log.warning("int8 without --calib: calibrating on %d seeded random inputs; the ranges will not fit "
+                "real data, so pass --calib PATH (a folder of .npy/.npz inputs or one .npz)", count)
+    rng = np.random.default_rng(seed)
+    return [{spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in specs} for _ in range(count)]
+
+
+# ---- observing ranges ----------------------------------------------------------------------
+
+class RangeObserver:
+    """The running min/max of one tensor over the calibration samples, plus a uniform sample
+    of its values when the method needs the distribution."""
+
+    def __init__(self, method: str, seed: int = 0):
+        if method not in METHODS:
+            raise CompileError(f"unknown calibration method {method!r} (choose from {', '.join(METHODS)})")
+        self.method = method
+        self.low, self.high = np.inf, -np.inf
+        self.kept: list[np.ndarray] = []
+        self.rng = np.random.default_rng(seed)
+
+    def update(self, value: np.ndarray) -> None:
+        flat = np.asarray(value, np.float32).reshape(-1)
+        flat = flat[np.isfinite(flat)]
+        if not flat.size:
+            return
+        self.low, self.high = min(self.low, float(flat.min())), max(self.high, float(flat.max()))
+        if self.method != "minmax":
+            self.kept.append(flat if flat.size <= KEPT_VALUES else self.rng.choice(flat, KEPT_VALUES, replace=False))
+
+    def range(self) -> tuple[float, float]:
+        if self.low > self.high:  # never saw a finite value
+            return 0.0, 0.0
+        if self.method == "minmax":
+            return self.low, self.high
+        values = np.concatenate(self.kept)
+        if self.method == "percentile":
+            low, high = np.percentile(values, [100 - PERCENTILE, PERCENTILE])
+            return float(low), float(high)
+        threshold = kl_threshold(np.abs(values))
+        return max(self.low, -threshold), min(self.high, threshold)
+
+
+def kl_threshold(magnitudes: np.ndarray, bins: int = KL_BINS, levels: int = KL_LEVELS) -> float:
+    """The |x| clipping threshold whose `levels`-level quantization of the histogram is closest
+    (in KL divergence) to the full histogram: TensorRT's entropy calibration."""
+    top = float(magnitudes.max(initial=0))
+    if top == 0:
+        return 0.0
+    histogram, edges = np.histogram(magnitudes, bins=bins, range=(0, top))
+    histogram = histogram.astype(np.float64)
+    best, best_divergence = bins, np.inf
+    for cut in range(levels, bins + 1):
+        reference = histogram[:cut].copy()
+        reference[-1] += histogram[cut:].sum()  # the clipped tail lands in the last bin
+        groups = np.array_split(np.arange(cut), levels)
+        candidate = np.zeros(cut)
+        for group in groups:
+            nonzero = histogram[group] > 0
+            if nonzero.any():
+                candidate[group[nonzero]] = histogram[group].sum() / nonzero.sum()
+        p, q = reference / reference.sum(), candidate / max(candidate.sum(), 1e-12)
+        mask = p > 0
+        divergence = float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
+        if divergence < best_divergence:
+            best, best_divergence = cut, divergence
+    return float(edges[best])
+
+
+# ---- parameters ----------------------------------------------------------------------------
+
+def activation_params(low: float, high: float, source: str) -> Quantization:
+    """Asymmetric int8 for [low, high], widened to include 0 so real zero is exact."""
+    low, high = min(low, 0.0), max(high, 0.0)
+    span = high - low
+    scale = span / (INT8[1] - INT8[0]) if span > 0 else 1.0
+    zero_point = int(np.clip(np.rint(INT8[0] - low / scale), *INT8))
+    return Quantization("int8", (float(scale),), (zero_point,), None, source)
+
+
+def weight_params(values: np.ndarray, per_channel: bool) -> Quantization:
+    """Symmetric int8: per output channel (axis 0) or one scale for the tensor."""
+    values = np.asarray(values, np.float64)
+    if per_channel and values.ndim >= 2:
+        peaks = np.abs(values.reshape(values.shape[0], -1)).max(axis=1)
+    else:
+        peaks = np.array([np.abs(values).max(initial=0)])
+    scales = tuple(float(p / WEIGHT_INT8[1]) if p > 0 else 1.0 for p in peaks)
+    return Quantization("int8", scales, (0,) * len(scales), 0 if per_channel and values.ndim >= 2 else None,
+                        "weights")
+
+
+def bias_params(input_quant: Quantization, weight_quant: Quantization) -> Quantization:
+    """int32, scale = input scale x weight scale per channel, so it adds to the accumulator."""
+    scales = tuple(input_quant.scales[0] * s for s in weight_quant.scales)
+    axis = 0 if len(scales) > 1 else None
+    return Quantization("int32", scales, (0,) * len(scales), axis, "bias")
+
+
+def _broadcast(values: Iterable[float], quant: Quantization, ndim: int) -> np.ndarray:
+    array = np.asarray(tuple(values), np.float64)
+    if quant.axis is None or ndim == 0:
+        return array.reshape(())
+    shape = [1] * ndim
+    shape[quant.axis] = -1
+    return array.reshape(shape)
+
+
+def quantize(real: np.ndarray, quant: Quantization) -> np.ndarray:
+    """round-half-to-even(real / scale) + zero point, saturated to the stored type."""
+    real = np.asarray(real, np.float64)
+    scale = _broadcast(quant.scales, quant, real.ndim)
+    zero = _broadcast(quant.zero_points, quant, real.ndim)
+    low, high = INT32 if quant.dtype == "int32" else INT8
+    return np.clip(np.rint(real / scale) + zero, low, high).astype(quant.dtype)
+
+
+def dequantize(values: np.ndarray, quant: Quantization) -> np.ndarray:
+    """(q - zero point) * scale, in float32 (exact for int8 with a float32 scale)."""
+    values = np.asarray(values)
+    scale = _broadcast(quant.scales, quant, values.ndim)
+    zero = _broadcast(quant.zero_points, quant, values.ndim)
+    return ((values.astype(np.float64) - zero) * scale).astype(np.float32)
