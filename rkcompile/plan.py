@@ -334,6 +334,14 @@ def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> 
                 problems.append(f"partition {partition.id}: step {step_id} disagrees on partition or device")
     if plan.memory.lower_bound_bytes > plan.memory.arena_bytes:
         problems.append("memory: lower bound above the arena")
+    for name, tensor in plan.tensors.items():
+        if tensor.dtype in QUANTIZED_DTYPES and plan.dtype in QUANTIZED_DTYPES and name not in plan.quantization:
+            problems.append(f"tensor {name}: stored {tensor.dtype} without quantization parameters")
+    for name, quant in plan.quantization.items():
+        if name not in plan.tensors:
+            problems.append(f"quantization: {name} is not a tensor of the plan")
+        elif len(quant.scales) != len(quant.zero_points) or not all(s > 0 for s in quant.scales):
+            problems.append(f"quantization of {name}: scales must be positive, one zero point each")
     return problems + _multicore_violations(plan, steps_by_id)
 
 
