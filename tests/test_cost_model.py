@@ -1,0 +1,101 @@
+"""The cost model: roofline per step, shared DDR, split shares, CPU and host costs, figures for
+every target, and the calibration against the published rknn_model_zoo RK3588 fps."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import REPO, ZOO
+
+from rkcompile import cost_model
+from rkcompile.cost_model import Share, StepWork
+from rkcompile.errors import CompileError
+from rkcompile.targets import all_targets
+
+RK3588 = cost_model.hardware_for("rk3588")
+COMPUTE_BOUND = StepWork("npu", macs=10**10, weight_bytes=1000, input_bytes=1000, output_bytes=1000)
+MEMORY_BOUND = StepWork("npu", macs=1000, weight_bytes=3 * 10**6, input_bytes=4 * 10**6, output_bytes=4 * 10**6)
+
+
+def test_compute_bound_step_is_macs_over_the_sustained_rate():
+    expected = COMPUTE_BOUND.macs / (RK3588.int8_macs_per_core * cost_model.MAC_EFFICIENCY)
+    assert cost_model.npu_seconds(COMPUTE_BOUND, RK3588, "int8") == pytest.approx(expected + cost_model.STEP_SECONDS)
+
+
+def test_rk3588_peak_is_six_tops_over_three_cores_and_fp16_a_quarter():
+    assert 3 * RK3588.int8_macs_per_core * 2 == pytest.approx(6e12)
+    assert RK3588.fp16_macs_per_core == pytest.approx(RK3588.int8_macs_per_core / 4)
+    int8, fp16 = (cost_model.npu_seconds(COMPUTE_BOUND, RK3588, dtype) - cost_model.STEP_SECONDS
+                  for dtype in ("int8", "float16"))
+    assert fp16 == pytest.approx(4 * int8)
+
+
+def test_memory_bound_step_is_bytes_over_one_cores_bandwidth_and_slows_when_cores_share_the_ddr():
+    alone = cost_model.npu_seconds(MEMORY_BOUND, RK3588, "int8")
+    assert alone == pytest.approx(MEMORY_BOUND.bytes / RK3588.core_bytes_per_second + cost_model.STEP_SECONDS)
+    assert cost_model.npu_seconds(MEMORY_BOUND, RK3588, "int8", active=2) == pytest.approx(alone)
+    three = cost_model.npu_seconds(MEMORY_BOUND, RK3588, "int8", active=3)
+    shared = RK3588.ddr_bytes_per_second * cost_model.DDR_EFFICIENCY / 3
+    assert three == pytest.approx(MEMORY_BOUND.bytes / shared + cost_model.STEP_SECONDS) and three > alone
+    assert cost_model.npu_seconds(COMPUTE_BOUND, RK3588, "int8", active=3) == \
+        cost_model.npu_seconds(COMPUTE_BOUND, RK3588, "int8")
+
+
+def test_a_share_reads_whole_what_its_axis_does_not_divide():
+    third = 1 / 3
+    channel = Share(third, divides_weights=True, divides_inputs=False)
+    rows = Share(third, divides_weights=False, divides_inputs=True)
+    to_seconds = lambda moved: moved / RK3588.core_bytes_per_second + cost_model.STEP_SECONDS  # noqa: E731
+    w, i, o = MEMORY_BOUND.weight_bytes, MEMORY_BOUND.input_bytes, MEMORY_BOUND.output_bytes
+    assert cost_model.npu_seconds(MEMORY_BOUND, RK3588, "int8", channel) == pytest.approx(to_seconds(w / 3 + i + o / 3))
+    assert cost_model.npu_seconds(MEMORY_BOUND, RK3588, "int8", rows) == pytest.approx(to_seconds(w + i / 3 + o / 3))
+
+
+def test_cpu_and_host_steps_use_the_cpu_rates_and_ignore_npu_cores():
+    cpu = StepWork("cpu", macs=10**9, weight_bytes=0, input_bytes=100, output_bytes=100)
+    assert cost_model.step_seconds(cpu, RK3588, "float16", active=3) == pytest.approx(
+        10**9 / cost_model.CPU_MACS_PER_SECOND)
+    host = StepWork("host", macs=0, weight_bytes=0, input_bytes=10**6, output_bytes=2 * 10**6)
+    assert cost_model.step_seconds(host, RK3588, "float16") == pytest.approx(
+        3 * 10**6 / cost_model.CONVERSION_BYTES_PER_SECOND)
+
+
+def test_one_core_reference_pays_one_run():
+    works = [COMPUTE_BOUND, MEMORY_BOUND]
+    assert cost_model.one_core_seconds(works, RK3588, "int8") == pytest.approx(
+        cost_model.RUN_SECONDS + sum(cost_model.npu_seconds(w, RK3588, "int8") for w in works))
+
+
+def test_every_target_has_figures_and_unknown_ones_are_a_clear_error():
+    for target in all_targets():
+        hardware = cost_model.hardware_for(target.name)
+        assert hardware.int8_macs_per_core > hardware.fp16_macs_per_core > 0 and hardware.ddr_bytes_per_second > 0
+    with pytest.raises(CompileError, match="no figures for target rk9999"):
+        cost_model.hardware_for("rk9999")
+    with pytest.raises(CompileError, match="no NPU MAC rate for dtype float32"):
+        RK3588.macs_per_second("float32")
+
+
+@pytest.mark.skipif(not (ZOO / "mobilenet_v2.onnx").is_file(), reason="../shared/zoo is not present")
+def test_calibration_is_within_30_percent_of_the_published_single_core_fps(tmp_path):
+    """rknn_model_zoo RK3588 int8 single-core fps (docs/cost-model.md); the issue asks for ±30%."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from bench_cores import PUBLISHED_FPS, estimate
+    from calibration_models import MODELS
+
+    from rkcompile.pipeline import compile_model
+
+    paths = {"mobilenet_v2": ZOO / "mobilenet_v2.onnx"}
+    for name, build in MODELS.items():
+        paths[name] = tmp_path / f"{name}.onnx"
+        onnx.save(build(), str(paths[name]))
+    for name, path in paths.items():
+        _, ctx = compile_model(path, "rk3588")
+        fps = estimate(ctx, 1, "auto", "int8", rknn_run_only=True).est_fps
+        assert abs(fps / PUBLISHED_FPS[name] - 1) <= 0.30, (name, fps)
+        if name == "mobilenet_v2":  # the issue's multi-core ratios, calibrated on the smallest model
+            assert estimate(ctx, 3, "auto", "int8", rknn_run_only=True).speedup == pytest.approx(2.8, abs=0.15)
+            assert estimate(ctx, 8, "auto", "int8", rknn_run_only=True).speedup == pytest.approx(3.15, abs=0.15)
+        assert 1.0 <= estimate(ctx, 1, "0_1_2", "int8", rknn_run_only=True).speedup <= 1.3
