@@ -9,8 +9,9 @@ it convex and the contracted graph acyclic; `check_partitions_acyclic` proves it
 Placement then changes in three ways, each recorded as the node's reason in the plan:
 - shape arithmetic (nodes whose results only feed shape and index inputs) stays on the CPU, so
   it never ping-pongs between devices; `fold_constants` already folded what is static;
-- an NPU partition whose estimated compute saving is smaller than the conversions and launch it
-  needs moves to the CPU, one partition at a time, best first, until no move helps;
+- an NPU island (fed by and feeding CPU partitions, touching no model input or output) whose
+  estimated compute saving is smaller than the conversions and launch it needs moves to the
+  CPU, one island at a time, best first, until no move helps;
 - a cheap CPU partition between NPU partitions, where the rules leave no choice, is annotated
   with why it stays (rewrites that could have moved it run before `assign`).
 The estimate is `rkcompile.cost_estimate`; nothing here knows its rates.
@@ -142,6 +143,11 @@ class PlacementEstimate:
         for producer, tensor in produced:
             formats = {device: tensor_format(tensor, device, ctx) for device in ("npu", "cpu")}
             self.tensors.append((producer, tuple(c.name for c in tensor.outputs), tensor.name in outputs, formats))
+        self.io_nodes = {c.name for t in ctx.graph.inputs for c in t.outputs}
+        self.io_nodes |= {p.name for t in ctx.graph.outputs for p in t.inputs}
+
+    def touches_model_io(self, members: list[str]) -> bool:
+        return not self.io_nodes.isdisjoint(members)
 
     def conversion_seconds(self, device: dict[str, str], among: set[str] | None = None) -> float:
         """Conversions of the tensors produced or read by `among` (every node when None)."""
@@ -172,12 +178,18 @@ class IslandMove:
 
 def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: Partitions,
                      position: dict[str, int]) -> IslandMove | None:
-    """The NPU partition whose move to the CPU lowers the estimate most, or None."""
+    """The NPU island whose move to the CPU lowers the estimate most, or None.
+
+    Only islands in a CPU sea qualify: NPU partitions fed by a CPU partition and feeding one.
+    A partition that reads the model's inputs or writes its outputs is the NPU part of the
+    model, which the user asked for (and which rknn-toolkit2 would run there), however small.
+    """
     device = {name: dev for dev, members in partitions for name in members}
     before = estimate.seconds(device, partitions)
+    contracted = contracted_graph(dag, partitions)
     best = None
-    for dev, members in partitions:
-        if dev != "npu":
+    for index, (dev, members) in enumerate(partitions):
+        if dev != "npu" or not _between_cpu_partitions(contracted, partitions, index, estimate, members):
             continue
         moved = dict(device, **{name: "cpu" for name in members})
         gain = before - estimate.seconds(moved, wave_partitions(dag, moved, position))
@@ -187,6 +199,13 @@ def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: P
                       f"costs {(gain + saving) * 1e6:.1f} us)")
             best = IslandMove(tuple(members), gain, reason)
     return best
+
+
+def _between_cpu_partitions(contracted: nx.DiGraph, partitions: Partitions, index: int,
+                            estimate: PlacementEstimate, members: list[str]) -> bool:
+    fed_by_cpu = any(partitions[p][0] == "cpu" for p in contracted.predecessors(index))
+    feeds_cpu = any(partitions[s][0] == "cpu" for s in contracted.successors(index))
+    return fed_by_cpu and feeds_cpu and not estimate.touches_model_io(members)
 
 
 def annotate_sandwiched_cpu_partitions(ctx: CompileContext, estimate: PlacementEstimate, dag: nx.DiGraph,
