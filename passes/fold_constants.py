@@ -33,7 +33,7 @@ def run(ctx: CompileContext) -> None:
         folded = _fold_sweep(ctx, opset)
         if not folded:
             break
-        ctx.graph.cleanup(remove_unused_graph_inputs=False)
+        ctx.cleanup_graph()
         if any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs):
             _reinfer_shapes(ctx)
 

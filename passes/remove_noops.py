@@ -31,7 +31,7 @@ def run(ctx: CompileContext) -> None:
         node.inputs.clear()
         node.outputs.clear()
         ctx.retire(node, "removed", f"{node.op} is a no-op at inference")
-    graph.cleanup(remove_unused_graph_inputs=False)
+    ctx.cleanup_graph()
 
 
 def _is_noop(node: gs.Node) -> bool:

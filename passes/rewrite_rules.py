@@ -784,7 +784,7 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Iterator[Replacement]:
         shape = [1] * (len(out_shape) - len(shape)) + shape
         value = constant_value(operand)
         if value is not None:
-            full.append(value if value.size == 1 else builder.const(np.broadcast_to(value, out_shape), "full"))
+            full.append(operand if value.size == 1 else builder.const(np.broadcast_to(value, out_shape), "full"))
             continue
         tensor = operand if len(shape) == len(static_shape(operand)) else builder.reshape(operand, shape)
         for axis, (have, want) in enumerate(zip(shape, out_shape)):

@@ -76,3 +76,13 @@ class CompileContext:
             self.fates[original] = (fate, reason)
         self.failures.pop(node.name, None)
         self.placement.pop(node.name, None)
+
+    def cleanup_graph(self) -> None:
+        """onnx-graphsurgeon's cleanup, with every node it drops (no graph output depends on
+        it) retired as 'removed', so the plan still lists each original node once."""
+        before = list(self.graph.nodes)
+        self.graph.cleanup(remove_unused_graph_inputs=False)
+        kept = {id(node) for node in self.graph.nodes}
+        for node in before:
+            if id(node) not in kept and node.name in self.origins:
+                self.retire(node, "removed", "no graph output depends on it")

@@ -1,0 +1,49 @@
+"""Differential fuzzing in CI: random graphs from tools/fuzz.py's hypothesis strategy, each planned
+for a random target, must keep every plan invariant and `verify_allocation`, and the float16
+emulation must match onnxruntime. Then every shrunk failure saved under tests/regressions
+(MODEL@TARGET.onnx) is replayed the same way."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "fuzz.py"
+spec = importlib.util.spec_from_file_location("fuzz", TOOL)
+fuzz = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = fuzz
+spec.loader.exec_module(fuzz)
+
+REGRESSIONS = sorted((Path(__file__).resolve().parent / "regressions").glob("*@*.onnx"))
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(model=fuzz.graphs(), target=st.sampled_from(fuzz.TARGETS))
+def test_random_graphs_plan_soundly_and_match_onnxruntime(model, target, tmp_path_factory):
+    problem = fuzz.check(model, target, tmp_path_factory.mktemp("fuzz"))
+    assert problem is None, f"{target}: {problem}\n{onnx.printer.to_text(model.graph)}"
+
+
+def test_the_strategy_builds_valid_models_of_varied_ops():
+    seen = set()
+
+    @settings(max_examples=40, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(model=fuzz.graphs())
+    def collect(model):
+        onnx.checker.check_model(model, full_check=True)
+        seen.update(node.op_type for node in model.graph.node)
+
+    collect()
+    assert {"Conv", "Concat", "MatMul", "Transpose"} <= seen and len(seen) >= 15, seen
+
+
+@pytest.mark.parametrize("path", REGRESSIONS, ids=lambda p: p.stem)
+def test_saved_fuzz_failure_now_passes(path, tmp_path):
+    target = path.stem.rsplit("@", 1)[1]
+    assert fuzz.check(onnx.load(str(path)), target, tmp_path) is None
