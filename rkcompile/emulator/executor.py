@@ -18,12 +18,17 @@ from rkcompile.ir import dtype_name
 from rkcompile.plan import Plan
 from rkcompile.targets.model import Target
 
+from rkcompile.quantize import dequantize, quantize
+
 from . import kernels  # noqa: F401  (registers the kernels)
+from .int8 import QTensor, run_int8
 from .reference import run_reference
 from .registry import KERNELS, Unsupported
 from .storage import EmulationError, Storage
 
 RunNode = Callable[[gs.Node, Sequence["np.ndarray | None"]], list]
+#: observe(step, {output name: real value}) after each step, for accuracy analysis
+Observe = Callable[[int, dict], None]
 
 
 @dataclass
@@ -47,8 +52,9 @@ class Executor:
         self.constants = {t.name: t for t in graph.tensors().values() if isinstance(t, gs.Constant)}
         self.fallbacks: list[str] = []
         self._step = -1
+        self.quantization = plan.quantization  # int8 plans; empty for float16
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> Execution:
+    def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
         self._load_weights()
         for spec in self.plan.model.inputs:
             if spec.name not in inputs:
@@ -65,15 +71,16 @@ class Executor:
                                      f"writes others")
             if step.device == "host":
                 (source,), (converted,) = step.inputs, step.outputs
-                self.storage.write(converted, self.storage.read(source))
-                continue
-            run = self._npu_node if step.device == "npu" else self._cpu_node
-            values = [self._operand(t, step.device) if t.name else None for t in node.inputs]
-            results = run(node, values)
-            named = [t.name for t in node.outputs]
-            for name, value in zip(named, results):
-                if name:
-                    self.storage.write(name, value)
+                self._store(converted, self._real(source))
+            else:
+                run = self._npu_node if step.device == "npu" else self._cpu_node
+                values = [self._operand(t, step.device) if t.name else None for t in node.inputs]
+                results = run(node, values)
+                for tensor, value in zip(node.outputs, results):
+                    if tensor.name:
+                        self.storage.write(tensor.name, value)
+            if observe is not None:
+                observe(step.id, {name: self._real(name) for name in step.outputs})
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
         return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
 
@@ -83,9 +90,23 @@ class Executor:
                 continue
             if name not in self.constants:
                 raise EmulationError(f"weight {name} is not a constant of the model")
-            self.storage.write(name, np.asarray(self.constants[name].values))
+            self._store(name, np.asarray(self.constants[name].values))
+
+    def _store(self, name: str, real: np.ndarray) -> None:
+        """Write a real value, quantized first when the plan stores the tensor as integers."""
+        quant = self.quantization.get(name)
+        self.storage.write(name, quantize(real, quant) if quant is not None else real)
+
+    def _real(self, name: str) -> np.ndarray:
+        """A tensor's real value: dequantized when it is stored as integers."""
+        value, quant = self.storage.read(name), self.quantization.get(name)
+        return dequantize(value, quant) if quant is not None else value
 
     def _operand(self, tensor: gs.Tensor, device: str) -> np.ndarray:
+        quant = self.quantization.get(tensor.name)
+        if quant is not None:
+            value = self.storage.read(tensor.name)
+            return QTensor(value, quant) if device == "npu" else self._real(tensor.name)
         value = self.storage.read(tensor.name)
         if value.dtype.kind != "f":
             return value
@@ -96,6 +117,11 @@ class Executor:
         return value.astype(wanted, copy=False) if wanted and wanted != value.dtype.name else value
 
     def _npu_node(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
+        if self.quantization:
+            from rkcompile.passes.quantize import is_movement
+
+            out_quants = [self.quantization.get(t.name) for t in node.outputs]
+            return run_int8(node, values, out_quants, self.opset, is_movement)
         if "body" in node.attrs:
             return run_fused(node, values, self._npu_node)
         kernel = KERNELS.get(node.op)

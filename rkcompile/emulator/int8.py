@@ -1,0 +1,272 @@
+"""int8 execution of one NPU step: integer operands, int32 accumulation, one requantization.
+
+Operands arrive as `QTensor`s, the stored integers with their plan parameters (real =
+(q - zero_point) * scale). A step runs one of four ways (docs/quantization.md):
+
+1. **accumulate** (Conv, MatMul, Add, Sub, Mul, GlobalAveragePool; `INT8_KERNELS`): the kernel
+   computes an exact integer `Accumulator` from zero-point-subtracted operands (the int32 the
+   NPU holds before its output conversion) and its real scale. `requantize` turns it into int8
+   with a fixed-point multiplier; a fused Relu or Clip that follows is the clamp of that same
+   conversion, so ConvolutionRelu/ConvolutionClip stay all-integer.
+2. **lookup** (element-wise functions of one tensor): a 256-entry table, entry q holding
+   quantize(f(dequantize(q))), indexed by the input's integers.
+3. **move** (Reshape, Transpose, Slice, Split, Concat, MaxPool, nearest Resize, ...): the
+   integers are moved as they are; an input whose parameters differ from the output's (a
+   Concat operand) is first rescaled with the same fixed-point requantization.
+4. **anything else** (fused chains past a clamp, Softmax, Resize linear, AveragePool,
+   Sigmoid in a fused body...): exact dequantization, the float32 kernels, one quantization of
+   each output. Where a chain starts with an accumulating op, its accumulator is dequantized
+   exactly, so the int32 arithmetic still happens first.
+
+Rounding is round-half-to-even everywhere, as ONNX QuantizeLinear specifies, so the emulator
+and a QDQ model's onnx.reference agree; saturation clamps to [-128, 127] (int32 accumulators
+to the int32 range).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.plan import Quantization
+from rkcompile.quantize import INT8, INT32, dequantize, quantize
+
+from .reference import run_reference
+from .registry import KERNELS, Unsupported
+
+#: Bits of the fixed-point multiplier's mantissa: an int32 holding a value in [2^30, 2^31).
+MULTIPLIER_BITS = 31
+
+
+@dataclass(frozen=True)
+class QTensor:
+    values: np.ndarray
+    quant: Quantization
+
+    def real(self) -> np.ndarray:
+        return dequantize(self.values, self.quant)
+
+    def centered(self) -> np.ndarray:
+        """q - zero point, exact, as int64."""
+        zero = np.asarray(self.quant.zero_points, np.int64)
+        if self.quant.axis is not None and self.values.ndim:
+            shape = [1] * self.values.ndim
+            shape[self.quant.axis] = -1
+            zero = zero.reshape(shape)
+        else:
+            zero = zero.reshape(())
+        return self.values.astype(np.int64) - zero
+
+    def scales(self, ndim: int, axis: int | None = None) -> np.ndarray:
+        """The scales shaped to broadcast along `axis` (default: the tensor's own axis) of a
+        rank-`ndim` result."""
+        scales = np.asarray(self.quant.scales, np.float64)
+        if self.quant.axis is None:
+            return scales.reshape(())
+        shape = [1] * ndim
+        shape[self.quant.axis if axis is None else axis] = -1
+        return scales.reshape(shape)
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """An exact integer result and its real scale: real = values * scale."""
+
+    values: np.ndarray  # int64 holding int32-range integers
+    scale: np.ndarray  # broadcastable to values
+
+    def real(self) -> np.ndarray:
+        return (self.values * self.scale).astype(np.float32)
+
+
+AccumulateKernel = Callable[[gs.Node, Sequence["QTensor | np.ndarray | None"], int], Accumulator]
+INT8_KERNELS: dict[str, AccumulateKernel] = {}
+
+
+def register_int8(*ops: str) -> Callable[[AccumulateKernel], AccumulateKernel]:
+    def add(kernel: AccumulateKernel) -> AccumulateKernel:
+        for op in ops:
+            INT8_KERNELS[op] = kernel
+        return kernel
+    return add
+
+
+def saturate_int32(values: np.ndarray) -> np.ndarray:
+    return np.clip(values, *INT32).astype(np.int64)
+
+
+def exact_integers(values: np.ndarray) -> np.ndarray:
+    """A float64 array of integer sums (a BLAS product of integers below 2^53) as int64."""
+    return saturate_int32(np.rint(values))
+
+
+# ---- requantization -----------------------------------------------------------------------
+
+def fixed_point(multiplier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """multiplier = mantissa * 2^-shift with an int32 mantissa in [2^30, 2^31)."""
+    fraction, exponent = np.frexp(np.asarray(multiplier, np.float64))
+    mantissa = np.rint(fraction * 2.0 ** MULTIPLIER_BITS).astype(np.int64)
+    carry = mantissa == 2 ** MULTIPLIER_BITS  # the fraction rounded up to 1.0
+    mantissa = np.where(carry, mantissa // 2, mantissa)
+    shift = MULTIPLIER_BITS - (exponent + carry)
+    return mantissa, shift.astype(np.int64)
+
+
+def rounding_shift(product: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """product / 2^shift rounded half to even, in integers (shift >= 1)."""
+    shift = np.clip(shift, 1, 62)
+    floor = product >> shift
+    remainder = product - (floor << shift)
+    half = np.int64(1) << (shift - 1)
+    up = (remainder > half) | ((remainder == half) & (floor % 2 == 1))
+    return floor + up
+
+
+def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: int = INT8[1]) -> np.ndarray:
+    """int8 = saturate(round(acc * scale / out_scale) + zero point) with the multiplier in fixed
+    point: int32 mantissa times the int32 accumulator in 64 bits, then a rounding shift."""
+    mantissa, shift = fixed_point(np.asarray(acc.scale, np.float64) / quant.scales[0])
+    values = saturate_int32(acc.values)
+    negative = values < 0
+    # the shift rounds a magnitude, so -x rounds exactly as x does (half to even is symmetric)
+    magnitude = rounding_shift(np.abs(values) * mantissa, shift)
+    scaled = np.where(negative, -magnitude, magnitude) + quant.zero_points[0]
+    return np.clip(scaled, max(low, INT8[0]), min(high, INT8[1])).astype(np.int8)
+
+
+def rescale(q: QTensor, quant: Quantization) -> np.ndarray:
+    """int8 values under other parameters: the identity when they are the same."""
+    if q.quant.scales == quant.scales and q.quant.zero_points == quant.zero_points:
+        return q.values.astype(np.int8, copy=False)
+    return requantize(Accumulator(q.centered(), q.scales(q.values.ndim)), quant)
+
+
+# ---- one step -------------------------------------------------------------------------------
+
+#: Element-wise functions of one tensor: a 256-entry table computes them exactly.
+LOOKUP_OPS = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
+                        "Softplus", "Softsign", "Mish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Abs",
+                        "Neg", "Sin", "Cos", "Floor", "Ceil", "Sign", "Clip"})
+#: Fused activations that are only a clamp of the output conversion.
+CLAMP_OPS = frozenset({"Relu", "Clip"})
+
+
+def run_int8(node: gs.Node, operands: Sequence["QTensor | np.ndarray | None"],
+             out_quants: Sequence[Quantization | None], opset: int, is_movement: Callable[[gs.Node], bool]) -> list:
+    """The step's outputs: int8 arrays for quantized outputs, as computed arrays otherwise."""
+    quant = out_quants[0] if len(out_quants) == 1 else None
+    if quant is not None:
+        chain = list(node.attrs["body"].nodes) if "body" in node.attrs else [node]
+        head, tail = chain[0], chain[1:]
+        if "body" in node.attrs:
+            head_operands = _body_operands(node, head, operands)
+        else:
+            head_operands = operands
+        if (head.op in INT8_KERNELS and all(member.op in CLAMP_OPS for member in tail)
+                and _chained(chain) and _accumulates(head, head_operands)):
+            low, high = INT8
+            for member in tail:
+                low, high = _clamp(member, quant, low, high)
+            return [requantize(INT8_KERNELS[head.op](head, head_operands, opset), quant, low, high)]
+        if "body" not in node.attrs and node.op in LOOKUP_OPS and _one_tensor(node, operands):
+            return [lookup_table(node, operands[0].quant, quant, opset, operands)[operands[0].values.astype(np.int64)
+                                                                                - INT8[0]]]
+    if (is_movement(node) or node.op == "Concat") and all(q is not None for q in out_quants):
+        return move(node, operands, out_quants, opset)
+    results = run_real(node, operands, opset)
+    return [quantize(value, q) if q is not None else value for value, q in zip(results, out_quants)]
+
+
+def _accumulates(head: gs.Node, operands: Sequence) -> bool:
+    """Whether the head's data operands are all quantized (its kernel needs their integers)."""
+    data = [v for v in operands[:2] if v is not None]
+    return all(isinstance(v, QTensor) for v in data)
+
+
+def _chained(chain: Sequence[gs.Node]) -> bool:
+    """Each member reads the previous member's output as its data input."""
+    return all(member.inputs[0].name == previous.outputs[0].name for previous, member in zip(chain, chain[1:]))
+
+
+def _body_operands(node: gs.Node, head: gs.Node, operands: Sequence) -> list:
+    """The head member's operands, looked up by the body's input names."""
+    body = node.attrs["body"]
+    variables = [v for t, v in zip(node.inputs, operands) if t.name and not isinstance(t, gs.Constant)]
+    env = {inner.name: value for inner, value in zip(body.inputs, variables)}
+    env.update((t.name, v) for t, v in zip(node.inputs, operands) if isinstance(t, gs.Constant))
+    return [None if not t.name else env.get(t.name, np.asarray(t.values) if isinstance(t, gs.Constant) else None)
+            for t in head.inputs]
+
+
+def _clamp(member: gs.Node, quant: Quantization, low: int, high: int) -> tuple[int, int]:
+    """A Relu or Clip after the accumulator as integer bounds of the output conversion."""
+    if member.op == "Relu":
+        bounds = (0.0, None)
+    else:
+        # opset 11 moved the bounds from attributes to (constant) inputs
+        values = [np.asarray(t.values) if isinstance(t, gs.Constant) else None for t in member.inputs[1:]]
+        bounds = (_scalar(values, 0, member.attrs.get("min")), _scalar(values, 1, member.attrs.get("max")))
+    lower, upper = bounds
+    if lower is not None:
+        low = max(low, int(quantize(np.float64(lower), quant)))
+    if upper is not None:
+        high = min(high, int(quantize(np.float64(upper), quant)))
+    return low, high
+
+
+def _scalar(values: list, index: int, attribute) -> float | None:
+    if index < len(values) and values[index] is not None:
+        return float(values[index].reshape(-1)[0])
+    return None if attribute is None else float(attribute)
+
+
+def _one_tensor(node: gs.Node, operands: Sequence) -> bool:
+    """One quantized input; any others are constants (Clip's bounds)."""
+    return (isinstance(operands[0], QTensor)
+            and all(isinstance(t, gs.Constant) or not t.name for t in node.inputs[1:]))
+
+
+def lookup_table(node: gs.Node, source: Quantization, quant: Quantization, opset: int, operands: Sequence) -> np.ndarray:
+    """quantize(f(dequantize(q))) for every int8 q, in index order q + 128."""
+    every = np.arange(INT8[0], INT8[1] + 1)
+    real = dequantize(every, source)
+    others = [v.real() if isinstance(v, QTensor) else v for v in operands[1:]]
+    return quantize(run_float(node, [real] + others, opset)[0], quant)
+
+
+def move(node: gs.Node, operands: Sequence, out_quants: Sequence[Quantization], opset: int) -> list:
+    """Integers moved as they are, inputs rescaled to the output's parameters first."""
+    quant = out_quants[0]
+    moved = [rescale(v, quant).astype(np.float32) if isinstance(v, QTensor) else v for v in operands]
+    return [np.rint(value).astype(np.int8) for value in run_float(node, moved, opset)]
+
+
+def run_real(node: gs.Node, operands: Sequence, opset: int) -> list:
+    """Exact dequantization, float32 kernels; a fused body's accumulating head keeps its int32
+    arithmetic and is dequantized exactly after it."""
+    if "body" in node.attrs:
+        from .executor import run_fused
+
+        return run_fused(node, list(operands), lambda member, values: _member_real(member, values, opset))
+    return run_float(node, [v.real() if isinstance(v, QTensor) else v for v in operands], opset)
+
+
+def _member_real(member: gs.Node, values: Sequence, opset: int) -> list:
+    if member.op in INT8_KERNELS and _accumulates(member, values):
+        return [INT8_KERNELS[member.op](member, values, opset).real()]
+    if "body" in member.attrs:
+        return run_real(member, values, opset)
+    return run_float(member, [v.real() if isinstance(v, QTensor) else v for v in values], opset)
+
+
+def run_float(node: gs.Node, values: Sequence, opset: int) -> list:
+    operands = [v.astype(np.float32, copy=False) if v is not None and v.dtype.kind == "f" else v for v in values]
+    kernel = KERNELS.get(node.op)
+    if kernel is not None:
+        try:
+            return list(kernel(node, operands, opset))
+        except Unsupported:
+            pass
+    return run_reference(node, operands, opset)
