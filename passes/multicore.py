@@ -100,13 +100,17 @@ def batch_plan(ctx: CompileContext, works: list[StepWork], dtype: str) -> tuple[
     count = min(batch, ctx.target.npu_cores)
     images = [tuple(range(first, batch, count)) for first in range(count)]
     npu_steps = tuple(index for index, work in enumerate(works) if work.device == "npu")
+    # An image's time depends only on how many contexts stream beside it: (all steps, NPU steps).
+    seconds = {}
+    for active in range(1, count + 1):
+        times = [cost_model.step_seconds(work, hardware, dtype, active) for work in works]
+        seconds[active] = sum(times), sum(times[s] for s in npu_steps)
     contexts, timelines, spent = [], [], []
     for core, taken in enumerate(images):
         # Image i runs in round i // count, alongside the other contexts that have an image then.
-        per_image = [[cost_model.step_seconds(works[s], hardware, dtype, active=min(count, batch - i // count * count))
-                      for s in range(len(works))] for i in taken]
-        spent.append(cost_model.RUN_SECONDS + sum(map(sum, per_image)))
-        busy = sum(times[s] for times in per_image for s in npu_steps)
+        rounds = [seconds[min(count, batch - i // count * count)] for i in taken]
+        spent.append(cost_model.RUN_SECONDS + sum(total for total, _ in rounds))
+        busy = sum(npu for _, npu in rounds)
         contexts.append(BatchContext(id=core, core=core, images=taken,
                                      inputs=_io_slices(ctx, ctx.model_info.inputs, taken),
                                      outputs=_io_slices(ctx, ctx.model_info.outputs, taken)))

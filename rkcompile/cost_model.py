@@ -72,8 +72,9 @@ def _tops_int8(tops: float, cores: int) -> float:
     return tops * 1e12 / 2 / cores
 
 
-#: fp16 runs at a quarter of the int8 MAC rate: 256 fp16 MACs per cycle per core on RK3588
-#: (0.5 TFLOPS fp16 per core, docs/cost-model.md); assumed to hold on every RKNPU2.
+#: fp16 runs at a quarter of the int8 MAC rate, 256 fp16 MACs per cycle per core on RK3588: an
+#: assumption, reading a published "0.5 TFLOPS fp16" as per core (docs/cost-model.md), applied
+#: to every RKNPU2.
 FP16_SHARE = 0.25
 
 
