@@ -44,6 +44,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .passes.multicore import CORE_MASKS
     from .pipeline import PASS_NAMES
     from .targets import all_targets
 
@@ -214,7 +215,6 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
-CORE_MASKS = ("auto", "0", "1", "2", "0_1", "0_1_2")  # passes/multicore.py checks them against the target
 OPS_FORMATS = ("md", "text")
 
 
