@@ -1,31 +1,15 @@
-"""A deliberately simple cost estimate, kept in one place so the real cost model can replace it.
+"""Per-node costs for decisions made before the plan exists (which NPU islands to keep).
 
-Partitioning asks one question: is an NPU island worth the conversions it needs? This module
-answers in estimated seconds, from three kinds of cost:
-- compute: multiply-accumulates (MACs) per node divided by a device's sustained MAC rate
-  (reductions and recurrences counted in full, anything else one per output element);
-- conversion: bytes read plus bytes written by a host step that changes layout or dtype,
-  divided by the CPU's reshuffling rate (NC1HWC2 <-> NCHW is a strided copy, not a memcpy);
-- launch: a fixed price per NPU partition for submitting a job and syncing caches.
-
-The rates are round assumptions, not measurements: RK3588 is marketed at 6 TOPS int8 over three
-cores, and float16 runs at a fraction of int8; a Cortex-A76 cluster sustains a few tens of
-GFLOP/s in float32. Only their ratios matter for the decisions made with them.
+MACs are counted here (`node_macs`, also what plan steps report); seconds come from the one cost
+model, `rkcompile.cost_model`, so partitioning and the plan's estimates agree. Before layout,
+a node's bytes are its dense tensor sizes at the dtype each device computes in.
 """
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import element_count, present_inputs, static_shape
-
-#: Sustained multiply-accumulates per second on one NPU core in float16 (assumed).
-NPU_MACS_PER_SECOND = 250e9
-#: Sustained multiply-accumulates per second on the CPU cluster in float32 (assumed).
-CPU_MACS_PER_SECOND = 20e9
-#: Bytes per second a host layout/dtype conversion reads plus writes (assumed).
-CONVERSION_BYTES_PER_SECOND = 1e9
-#: Seconds to submit one NPU partition and sync caches around it (assumed).
-NPU_LAUNCH_SECONDS = 50e-6
+from rkcompile import cost_model
+from rkcompile.ir import element_count, itemsize, present_inputs, static_shape
 
 _REDUCTION_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -75,10 +59,25 @@ def _reduction_length(node: gs.Node) -> int:
     return weight[-2] if len(weight) >= 2 else weight[0]
 
 
-def compute_seconds(node: gs.Node, device: str) -> float:
-    rate = NPU_MACS_PER_SECOND if device == "npu" else CPU_MACS_PER_SECOND
-    return node_macs(node) / rate
+def compute_seconds(node: gs.Node, device: str, target: str, dtype: str) -> float:
+    """Roofline seconds of `node` on the NPU (in `dtype`) or on the CPU (in its ONNX dtype)."""
+    element_bytes = itemsize(dtype) if device == "npu" else 4
+    sizes = {id(t): element_count(static_shape(t)) * element_bytes if static_shape(t) is not None else 0
+             for t in list(present_inputs(node)) + [t for t in node.outputs if t.name]}
+    work = cost_model.StepWork(
+        device=device, macs=node_macs(node),
+        weight_bytes=sum(sizes[id(t)] for t in present_inputs(node) if isinstance(t, gs.Constant)),
+        input_bytes=sum(sizes[id(t)] for t in present_inputs(node) if not isinstance(t, gs.Constant)),
+        output_bytes=sum(sizes[id(t)] for t in node.outputs if t.name),
+    )
+    if device == "npu":
+        return cost_model.npu_seconds(work, cost_model.hardware_for(target), dtype)
+    return cost_model.cpu_seconds(work)
 
 
 def conversion_seconds(bytes_moved: int) -> float:
-    return bytes_moved / CONVERSION_BYTES_PER_SECOND
+    return bytes_moved / cost_model.CONVERSION_BYTES_PER_SECOND
+
+
+#: Seconds an NPU partition costs to submit and sync, as one inference run does.
+NPU_LAUNCH_SECONDS = cost_model.RUN_SECONDS
