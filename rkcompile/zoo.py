@@ -184,8 +184,10 @@ def run_jobs(jobs: list[Job], workers: int, progress: Callable[[int, int, Result
     return [results[index] for index in range(len(jobs))]
 
 
-def progress_bar(stream=sys.stderr, width: int = 30) -> Callable[[int, int, Result], None]:
-    """A one-line bar redrawn in place on a terminal, one line per finished job elsewhere."""
+def progress_bar(stream=None, width: int = 30) -> Callable[[int, int, Result], None]:
+    """A one-line bar redrawn in place on a terminal, one line per finished job elsewhere; on
+    standard error unless `stream` says otherwise."""
+    stream = stream or sys.stderr
     interactive = stream.isatty()
 
     def show(done: int, total: int, result: Result) -> None:
@@ -284,7 +286,7 @@ def _diff_nodes(diff: Diff, old: dict[str, dict], new: dict[str, dict]) -> None:
 
 def _compact(value: Any) -> str:
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} {v}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} {v}" for k, v in sorted(value.items())) + "}"
     return str(value)
 
 

@@ -1,6 +1,6 @@
 """Differential fuzzing in CI: random graphs from tools/fuzz.py's hypothesis strategy, each planned
 for a random target, must keep every plan invariant and `verify_allocation`, and the float16
-emulation must match onnxruntime. Then every shrunk failure saved under tests/regressions
+emulation must match onnxruntime (unless the graph is too ill-conditioned for float16 at all). Then every shrunk failure saved under tests/regressions
 (MODEL@TARGET.onnx) is replayed the same way."""
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ REGRESSIONS = sorted((Path(__file__).resolve().parent / "regressions").glob("*@*
 @given(model=fuzz.graphs(), target=st.sampled_from(fuzz.TARGETS))
 def test_random_graphs_plan_soundly_and_match_onnxruntime(model, target, tmp_path_factory):
     problem = fuzz.check(model, target, tmp_path_factory.mktemp("fuzz"))
-    assert problem is None, f"{target}: {problem}\n{onnx.printer.to_text(model.graph)}"
+    assert problem is None or problem.startswith(fuzz.NOT_FAILURES), \
+        f"{target}: {problem}\n{onnx.printer.to_text(model.graph)}"
 
 
 def test_the_strategy_builds_valid_models_of_varied_ops():

@@ -9,7 +9,10 @@ of every broadcastable shape, branches joined by Concat, splits, slices, transpo
 values with ones just past the C2 alignment and the rules' limits, so both sides of a
 constraint come up. `check()` says what is wrong with one graph, or None: the plan must keep
 every contract invariant and `verify_allocation`, and the float16 emulation must match
-onnxruntime's float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range).
+onnxruntime's float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range),
+unless the float32 reference run with every tensor rounded to float16 misses that bar too
+(LayerNormalization over two nearly equal values, say): no float16 plan can match such a graph,
+so it is reported as ill-conditioned and counted apart.
 
 The runner draws examples in chunks of hypothesis runs. When one fails with a new kind of
 failure, hypothesis shrinks it, the shrunk model is saved under --save, and that kind is then
@@ -36,6 +39,13 @@ OPSET = 17
 TARGETS = ("rk3588", "rk3576", "rk3562", "rv1106")
 MIN_COSINE = 0.999
 MAX_ABS_OF_RANGE = 0.01
+#: What `check` says of a graph whose outputs change beyond the tolerance when its tensors are
+#: merely rounded to float16: no float16 plan can match it, so it is no failure.
+ILL_CONDITIONED = "ill-conditioned"
+#: What `check` says when onnxruntime cannot run the graph: there is nothing to compare with.
+REFERENCE_REFUSED = "onnxruntime refused"
+#: Outcomes that are counted but are no failure of the compiler.
+NOT_FAILURES = ("clean", ILL_CONDITIONED, REFERENCE_REFUSED)
 #: Small sizes, plus sizes on either side of the float16 C2 (8, 16) and of powers of two.
 DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 32, 33)
 UNARY = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Softplus",
@@ -342,7 +352,7 @@ def graphs(draw, max_steps: int = 8) -> onnx.ModelProto:
 def check(model: onnx.ModelProto, target: str, folder: Path) -> str | None:
     """What is wrong with `model` planned for `target`, or None."""
     from rkcompile.allocation import verify_allocation
-    from rkcompile.emulator.compare import agreement, onnxruntime_outputs
+    from rkcompile.emulator.compare import onnxruntime_outputs
     from rkcompile.emulator.session import Prepared, emulate, make_inputs
     from rkcompile.pipeline import compile_model
     from rkcompile.plan import contract_violations
@@ -361,13 +371,42 @@ def check(model: onnx.ModelProto, target: str, folder: Path) -> str | None:
         outputs = emulate(Prepared(plan, ctx.graph, list(ctx.order)), inputs).outputs
     except Exception as exc:
         return f"emulator raised {type(exc).__name__}: {exc}"
-    expected = onnxruntime_outputs(path, inputs)
+    try:
+        expected = onnxruntime_outputs(path, inputs)
+    except Exception as exc:  # onnxruntime's own limits, e.g. linear Resize after its layout rewrites
+        return f"{REFERENCE_REFUSED}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    problem = mismatch(outputs, expected)
+    if problem is not None and mismatch(float16_rounded_reference(model, inputs), expected) is not None:
+        return f"{ILL_CONDITIONED}: {problem}"
+    return problem
+
+
+def mismatch(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> str | None:
+    from rkcompile.emulator.compare import agreement
+
     for name, value in outputs.items():
         a = agreement(name, value, expected[name])
         scale = float(np.abs(expected[name]).max(initial=0))
         if a.cosine < MIN_COSINE and a.max_abs > MAX_ABS_OF_RANGE * max(scale, 1e-3):
             return f"mismatch on {name}: cosine {a.cosine:.6f}, max abs {a.max_abs:.3g} of range {scale:.3g}"
     return None
+
+
+def float16_rounded_reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model run node by node by onnx.reference in float32, with the inputs, the weights and
+    every node's outputs rounded to float16, as a float16 plan stores them."""
+    from onnx.reference import ReferenceEvaluator
+
+    def rounded(value: np.ndarray) -> np.ndarray:
+        value = np.asarray(value)
+        return value.astype(np.float16).astype(value.dtype) if value.dtype == np.float32 else value
+
+    values = {name: rounded(value) for name, value in inputs.items()}
+    values.update({t.name: rounded(numpy_helper.to_array(t)) for t in model.graph.initializer})
+    for node in model.graph.node:  # the strategy appends nodes in execution order
+        results = ReferenceEvaluator(node, opsets={"": OPSET}).run(None, {n: values[n] for n in node.input if n})
+        values.update({name: rounded(result) for name, result in zip(node.output, results)})
+    return {o.name: values[o.name] for o in model.graph.output}
 
 
 def signature(problem: str, model: onnx.ModelProto) -> str:
@@ -396,6 +435,10 @@ def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=prin
             problem = check(model, target, folder)
             if problem is None:
                 counts["clean"] += 1
+                return
+            excused = next((kind for kind in NOT_FAILURES if problem.startswith(kind)), None)
+            if excused:
+                counts[excused] += 1
                 return
             kind = signature(problem, model)
             if kind in known:
@@ -427,7 +470,8 @@ def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=prin
                     log(f"  saved the shrunk model as {path}")
             done += max(sum(counts.values()) - before, 1)
             chunk_seed += 1
-            log(f"{done} graphs: {counts['clean']} clean, {sum(counts.values()) - counts['clean']} failing")
+            log(f"{done} graphs: " + ", ".join(f"{counts[kind]} {kind}" for kind in NOT_FAILURES)
+                + f", {sum(counts.values()) - sum(counts[kind] for kind in NOT_FAILURES)} failing")
     return counts
 
 
@@ -438,14 +482,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, default=Path(__file__).resolve().parents[1] / "tests" / "regressions")
     args = parser.parse_args()
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(4)  # what it refuses is counted, not logged
     started = time.perf_counter()
     counts = fuzz(args.examples, args.chunk, args.seed, args.save)
     total = sum(counts.values())
-    print(f"ran {total} graphs in {time.perf_counter() - started:.0f}s: {counts['clean']} clean")
-    for kind, count in counts.most_common():
-        if kind != "clean":
-            print(f"  {count:5d} x {kind}")
-    return 0 if counts["clean"] == total else 1
+    print(f"ran {total} graphs in {time.perf_counter() - started:.0f}s: {counts['clean']} clean, "
+          f"{counts[ILL_CONDITIONED]} ill-conditioned (rounding every tensor to float16 alone breaks the "
+          f"tolerance), {counts[REFERENCE_REFUSED]} that onnxruntime refused to run")
+    failures = {kind: count for kind, count in counts.items() if kind not in NOT_FAILURES}
+    for kind, count in sorted(failures.items(), key=lambda kv: -kv[1]):
+        print(f"  {count:5d} x {kind}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
