@@ -13,7 +13,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.context import CompileContext, Failure
 from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, is_onnx_domain, present_inputs
-from rkcompile.targets.model import Target
+from rkcompile.targets.model import Rule, Target
 
 NAME = "legalize"
 
@@ -53,7 +53,16 @@ def compile_facts(ctx: CompileContext) -> dict[str, object]:
 
 
 def check_node(node: gs.Node, target: Target, **facts: object) -> list[Failure]:
-    return [Failure(v.rule, v.detail) for v in evaluate_rules(node, target, **facts) if not v.ok]
+    """The rules `node` breaks; what evaluate_rules says of the failed ones, rendered lazily."""
+    rules = applicable_rules(node, target)
+    if rules is None:
+        return [Failure(op_missing(node, target), "")]
+    failures = []
+    for rule in rules:
+        ok, detail = rule.evaluate(node, target, **facts)
+        if not ok:
+            failures.append(Failure(rule.describe(), detail))
+    return failures
 
 
 def evaluate_rules(node: gs.Node, target: Target, **facts: object) -> list[Verdict]:
@@ -62,11 +71,16 @@ def evaluate_rules(node: gs.Node, target: Target, **facts: object) -> list[Verdi
     `facts` are `compile_facts`; without them rules assume a float16 plan of opset 13 or later.
     A node whose op the target lacks gets one failed verdict saying so.
     """
-    op_rule = target.ops.get(node.op) if is_onnx_domain(node) else None
-    if op_rule is None:
+    rules = applicable_rules(node, target)
+    if rules is None:
         return [Verdict(op_missing(node, target), False, "")]
-    return [Verdict(rule.describe(), *rule.evaluate(node, target, **facts))
-            for rule in target.common_rules + op_rule.rules]
+    return [Verdict(rule.describe(), *rule.evaluate(node, target, **facts)) for rule in rules]
+
+
+def applicable_rules(node: gs.Node, target: Target) -> tuple[Rule, ...] | None:
+    """The common rules and the op's own on `target`; None when the target lacks the op."""
+    op_rule = target.ops.get(node.op) if is_onnx_domain(node) else None
+    return None if op_rule is None else target.common_rules + op_rule.rules
 
 
 def values_seen(node: gs.Node) -> str:

@@ -24,7 +24,7 @@ from rkcompile.context import CompileContext
 from rkcompile.ir import topological_nodes
 from rkcompile.plan import Rewrite
 
-from .legalize import check_node
+from .legalize import check_node, compile_facts
 from .rewrite_rules import RULES, Replacement, RewriteRule, Site
 
 NAME = "rewrite"
@@ -36,7 +36,7 @@ def run(ctx: CompileContext) -> None:
 
 
 def rewrite_graph(ctx: CompileContext, late: bool) -> None:
-    site = Site(ctx.graph, ctx.target, ctx.model_info.opset)
+    site = Site(ctx.graph, ctx.target, ctx.model_info.opset, compile_facts(ctx))
     edits = _Edits(ctx)
     worklist = deque(topological_nodes(ctx.graph))
     while worklist:
@@ -80,12 +80,12 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
     rules = [rule for rule in RULES if node.op in rule.ops and rule.late == late]
     if not rules:
         return None
-    illegal = bool(check_node(node, ctx.target))
+    illegal = bool(check_node(node, ctx.target, **site.facts))
     for rule in rules:
         if not (illegal or rule.always):
             continue
         for candidate in rule.build(node, site):
-            if all(not check_node(new, ctx.target) for new in candidate.new):
+            if all(not check_node(new, ctx.target, **site.facts) for new in candidate.new):
                 apply(candidate, rule, ctx, edits)
                 return candidate
             candidate.discard()

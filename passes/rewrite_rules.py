@@ -17,6 +17,8 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 from rkcompile.targets.model import Target
 
+from .legalize import check_node
+
 #: Largest K one exMatMul takes before B is split into T = ceil(K / limit) segments: seed 002,
 #: 4.1.1.4.1 ("For RK3588: When K > 8192 ...", "For RK3576/RV1126B: When K > 4096 ...").
 MATMUL_K_LIMIT = {"rk3588": 8192, "rk3576": 4096, "rv1126b": 4096}
@@ -49,10 +51,11 @@ class Replacement:
 
 
 class Site:
-    """What rules may read: the graph, the target, the opset, and fresh unique names."""
+    """What rules may read: the graph, the target, the opset, the compile's facts for the
+    target's rules (legalize.compile_facts), and fresh unique names."""
 
-    def __init__(self, graph: gs.Graph, target: Target, opset: int):
-        self.graph, self.target, self.opset = graph, target, opset
+    def __init__(self, graph: gs.Graph, target: Target, opset: int, facts: dict[str, object]):
+        self.graph, self.target, self.opset, self.facts = graph, target, opset, facts
         self.graph_outputs = {t.name for t in graph.outputs}
         self._taken = {n.name for n in graph.nodes} | set(graph.tensors())
 
@@ -63,6 +66,15 @@ class Site:
             name = f"{base}_{index}"
         self._taken.add(name)
         return name
+
+    def transpose_legal(self, node: gs.Node, input_shape: list[int]) -> bool:
+        """Whether the Transpose `node`, reading a tensor of `input_shape` instead, passes the
+        target's rules; judged on a detached probe that touches no graph tensor."""
+        perm = [int(p) for p in node.attrs.get("perm", range(len(input_shape) - 1, -1, -1))]
+        probe = gs.Node("Transpose", attrs=dict(node.attrs),
+                        inputs=[gs.Variable("probe_in", node.inputs[0].dtype, list(input_shape))],
+                        outputs=[gs.Variable("probe_out", node.outputs[0].dtype, [input_shape[p] for p in perm])])
+        return not check_node(probe, self.target, **self.facts)
 
     def builder(self, node: gs.Node) -> "Builder":
         return Builder(self, node)
@@ -736,6 +748,9 @@ def transpose_in_slices(node: gs.Node, site: Site) -> Iterator[Replacement]:
     perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
     for axis in (a for a in reversed(range(len(shape))) if perm[a] == a and shape[a] > 1):
         for parts in (n for n in TRANSPOSE_SLICES if shape[axis] % n == 0):
+            piece = [shape[axis] // parts if a == axis else d for a, d in enumerate(shape)]
+            if not site.transpose_legal(node, piece):
+                continue  # a slice would be refused too: building the candidate is wasted work
             builder = site.builder(node)
             slices = _split_node(builder, x, axis, [shape[axis] // parts] * parts)
             moved = [builder.op("Transpose", [piece], [static_shape(piece)[p] for p in perm], x.dtype, perm=perm)

@@ -9,6 +9,7 @@ only when its signature names them, so most checks stay `check(node, target, **p
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -27,6 +28,10 @@ class Rule:
 
     def describe(self) -> str:
         """The user-facing rule: the check's docstring rendered with this target's parameters."""
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:
         from .constraints import describe_value
 
         text = inspect.cleandoc(self.check.__doc__ or self.check.__name__)
@@ -36,8 +41,13 @@ class Rule:
 
     def evaluate(self, node, target: "Target", **facts: Any) -> CheckResult:
         """Run the check; `facts` (plan_dtype, opset) are passed on only to checks that take them."""
-        wanted = inspect.signature(self.check).parameters
+        wanted = _parameter_names(self.check)
         return self.check(node, target, **self.params, **{k: v for k, v in facts.items() if k in wanted})
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_names(check: Callable[..., CheckResult]) -> frozenset[str]:
+    return frozenset(inspect.signature(check).parameters)
 
 
 @dataclass(frozen=True)
