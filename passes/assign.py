@@ -4,9 +4,12 @@ The plan prefixes every reason with the original op and the target (pipeline.ass
 """
 from __future__ import annotations
 
+import logging
+
 from rkcompile.context import CompileContext, Placement
 
 NAME = "assign"
+log = logging.getLogger("rkcompile")
 
 
 def run(ctx: CompileContext) -> None:
@@ -16,6 +19,7 @@ def run(ctx: CompileContext) -> None:
         if failures:
             reasons = "; ".join(str(f) for f in failures)
             placement[node.name] = Placement("cpu", node.op, reasons)
+            log.info("cpu fallback %s (%s) on %s: %s", node.name, node.op, ctx.target.name, reasons)
         else:
             placement[node.name] = Placement("npu", node.op)
     ctx.placement = placement
