@@ -98,9 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true",
                      help="compare with the reference arrays in --inputs, else with onnxruntime; "
                           "exit 1 below --min-cosine")
-    run.add_argument("--min-cosine", type=float, default=0.9999, help="--check tolerance (default 0.9999)")
+    run.add_argument("--min-cosine", type=float, default=None,
+                     help="--check tolerance (default 0.9999 for float16, 0.99 for int8)")
     run.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report to REPORT")
+    run.add_argument("--accuracy-analysis", action="store_true",
+                     help="print each step's cosine against the planned graph run in float32, and the worst "
+                          "steps (for --dtype int8; rknn-toolkit2's accuracy_analysis)")
 
     zoo = commands.add_parser("zoo", help="plan (and emulate) every model of a folder, compare with goldens",
                               description="Plan every .onnx under FOLDER for each target in parallel processes, "
@@ -127,11 +131,23 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str) -> 
     """What every command that plans a model takes."""
     parser.add_argument("model", type=Path, help="the ONNX model file")
     parser.add_argument("--target", required=True, help=f"the SoC to plan for ({target_names})")
-    parser.add_argument("--dtype", default="float16", choices=["float16"],
-                        help="NPU compute dtype (default float16)")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
+                        help="NPU compute dtype (default float16); int8 is calibrated with --calib")
+    parser.add_argument("--calib", type=Path, metavar="PATH",
+                        help="int8 calibration inputs: a folder of .npy/.npz files or one .npz keyed by input "
+                             "name (default: a few seeded random inputs, with a warning)")
+    parser.add_argument("--calib-method", default="minmax", choices=CALIBRATION_METHODS,
+                        help="int8 activation ranges: min/max, 0.01-99.99 percentiles, or KL (default minmax)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
                         help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
+
+
+def calibration_options(args: argparse.Namespace) -> dict:
+    """The Options fields of --calib and --calib-method, which only an int8 plan uses."""
+    if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax"):
+        raise CompileError("--calib and --calib-method calibrate int8 plans; add --dtype int8")
+    return {"calibration": args.calib, "calibration_method": args.calib_method}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +186,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.dump_after and not args.dump_dir.is_dir():
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
-                      dump_after=tuple(args.dump_after), dump_dir=args.dump_dir)
+                      dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
     plan, ctx = compile_model(args.model, args.target, options)
     explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]
@@ -215,6 +231,7 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
+CALIBRATION_METHODS = ("minmax", "percentile", "kl")  # rkcompile/quantize.py METHODS
 OPS_FORMATS = ("md", "text")
 
 
@@ -223,7 +240,8 @@ def _graph(args: argparse.Namespace) -> int:
 
     if not args.output.parent.is_dir():
         raise CompileError(f"--output: folder {args.output.parent} does not exist")
-    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape))
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
+                      **calibration_options(args))
     plan, ctx = compile_model(args.model, args.target, options)
     if args.format == "onnx":
         from .partitioned_onnx import partitioned_model

@@ -43,6 +43,7 @@ RANDOM_SAMPLES = 4
 KEPT_VALUES = 1 << 14
 KL_BINS = 2048
 KL_LEVELS = 128
+KL_STRIDE = 8
 #: Ops whose weight input (index 1) may be quantized per output channel (axis 0):
 #: oplist V2.3.2, Convolution and Depthwise Convolution, weight "per-layer, per-channel".
 PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
@@ -146,28 +147,33 @@ class RangeObserver:
         if self.method == "percentile":
             low, high = np.percentile(values, [100 - PERCENTILE, PERCENTILE])
             return float(low), float(high)
-        threshold = kl_threshold(np.abs(values))
+        # a one-signed tensor spends all 255 steps on one side, a two-signed one half each
+        levels = 2 * KL_LEVELS - 1 if self.low >= 0 or self.high <= 0 else KL_LEVELS
+        threshold = kl_threshold(np.abs(values), levels=levels)
         return max(self.low, -threshold), min(self.high, threshold)
 
 
 def kl_threshold(magnitudes: np.ndarray, bins: int = KL_BINS, levels: int = KL_LEVELS) -> float:
     """The |x| clipping threshold whose `levels`-level quantization of the histogram is closest
-    (in KL divergence) to the full histogram: TensorRT's entropy calibration."""
+    (in KL divergence) to the full histogram, the clipped tail counted in the last kept bin:
+    TensorRT's entropy calibration, trying every KL_STRIDE-th cut."""
     top = float(magnitudes.max(initial=0))
     if top == 0:
         return 0.0
     histogram, edges = np.histogram(magnitudes, bins=bins, range=(0, top))
     histogram = histogram.astype(np.float64)
     best, best_divergence = bins, np.inf
-    for cut in range(levels, bins + 1):
-        reference = histogram[:cut].copy()
-        reference[-1] += histogram[cut:].sum()  # the clipped tail lands in the last bin
-        groups = np.array_split(np.arange(cut), levels)
-        candidate = np.zeros(cut)
-        for group in groups:
-            nonzero = histogram[group] > 0
-            if nonzero.any():
-                candidate[group[nonzero]] = histogram[group].sum() / nonzero.sum()
+    for cut in range(levels, bins + 1, KL_STRIDE):
+        kept = histogram[:cut]
+        reference = kept.copy()
+        reference[-1] += histogram[cut:].sum()
+        starts = np.linspace(0, cut, levels + 1).astype(int)
+        occupied = (kept > 0).astype(np.float64)
+        # each of the `levels` groups of bins spreads its count evenly over its non-empty bins
+        counts = np.add.reduceat(kept, starts[:-1])
+        filled = np.add.reduceat(occupied, starts[:-1])
+        per_bin = np.divide(counts, filled, out=np.zeros_like(counts), where=filled > 0)
+        candidate = np.repeat(per_bin, np.diff(starts)) * occupied
         p, q = reference / reference.sum(), candidate / max(candidate.sum(), 1e-12)
         mask = p > 0
         divergence = float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))

@@ -10,12 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
+from rkcompile.cli import calibration_options
 from rkcompile.context import Options
 from rkcompile.plan import write_atomically
 
+from .accuracy import analyse, render
 from .compare import agreement, onnxruntime_outputs
 from .session import emulate, make_inputs, prepare
 from .storage import EmulationError
+
+
+#: --check's default tolerance per plan dtype: float16 rounding, and the issue's int8 bar
+DEFAULT_MIN_COSINE = {"float16": 0.9999, "int8": 0.99}
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -23,11 +29,17 @@ def run_command(args: argparse.Namespace) -> int:
         if path is not None and not path.parent.is_dir():
             raise EmulationError(f"{option}: folder {path.parent} does not exist")
     given = load_npz(args.inputs) if args.inputs is not None else {}
-    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape))
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
+                      **calibration_options(args))
     prepared = prepare(args.model, args.target, options, args.plan)
     inputs = make_inputs(prepared.plan, given, args.seed)
     started = time.perf_counter()
-    execution = emulate(prepared, inputs)
+    steps = None
+    if args.accuracy_analysis:
+        steps, execution = analyse(prepared, inputs)
+        print(render(steps))
+    else:
+        execution = emulate(prepared, inputs)
     seconds = time.perf_counter() - started
     if args.outputs is not None:
         save_npz(args.outputs, execution.outputs)
@@ -36,6 +48,9 @@ def run_command(args: argparse.Namespace) -> int:
               "seconds": round(seconds, 4), "fallbacks": execution.fallbacks,
               "dynamic_tensors": execution.dynamic_tensors,
               "random_inputs": sorted(set(inputs) - set(given))}
+    if steps is not None:
+        report["accuracy_analysis"] = [row.to_dict() for row in steps]
+    min_cosine = args.min_cosine if args.min_cosine is not None else DEFAULT_MIN_COSINE[prepared.plan.dtype]
     status = 0
     if args.check:
         expected = {spec.name: given[spec.name] for spec in prepared.plan.model.outputs if spec.name in given}
@@ -43,12 +58,12 @@ def run_command(args: argparse.Namespace) -> int:
         if len(expected) < len(prepared.plan.model.outputs):
             expected, source = onnxruntime_outputs(args.model, inputs), "onnxruntime"
         agreements = [agreement(name, value, expected[name]) for name, value in execution.outputs.items()]
-        passed = all(a.passes(args.min_cosine) for a in agreements)
-        report.update(reference=source, min_cosine=args.min_cosine, passed=passed,
+        passed = all(a.passes(min_cosine) for a in agreements)
+        report.update(reference=source, min_cosine=min_cosine, passed=passed,
                       agreement=[a.to_dict() for a in agreements])
         print(f"{'output':32} {'cosine':>12} {'max abs':>12} {'max rel':>12}  (vs {source})")
         for a in agreements:
-            verdict = "ok" if a.passes(args.min_cosine) else f"FAIL (< {args.min_cosine})"
+            verdict = "ok" if a.passes(min_cosine) else f"FAIL (< {min_cosine})"
             print(f"{a.output[:32]:32} {a.cosine:12.8f} {a.max_abs:12.4g} {a.max_rel:12.4g}  {verdict}")
         status = 0 if passed else 1
     else:

@@ -19,7 +19,7 @@ from rkcompile.context import Options
 from rkcompile.plan import Plan, contract_violations
 from rkcompile.targets import get_target
 
-from .executor import Execution, Executor
+from .executor import Execution, Executor, Observe
 from .storage import EmulationError
 
 #: Integer inputs are token ids, indices or masks: small non-negative values stay valid for
@@ -93,6 +93,6 @@ def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> d
     return inputs
 
 
-def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray]) -> Execution:
+def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
     target = get_target(prepared.plan.target)
-    return Executor(prepared.plan, prepared.graph, prepared.order, target).run(inputs)
+    return Executor(prepared.plan, prepared.graph, prepared.order, target).run(inputs, observe)
