@@ -47,28 +47,50 @@ def run(ctx: CompileContext) -> None:
 
 
 def fuse_table(ctx: CompileContext, rules: tuple[FusionRule, ...]) -> None:
+    # Everything below is built once per table and kept current fusion by fusion, so a pass
+    # over a graph with thousands of fusions stays linear in its size.
     dag = dataflow_graph(ctx.graph)
-    gone: set[str] = set()
-    for root in reversed(topological_nodes(ctx.graph)):
-        if root.name in gone:
+    order = topological_nodes(ctx.graph)
+    rank = {node.name: index for index, node in enumerate(order)}
+    position = {id(node): index for index, node in enumerate(ctx.graph.nodes)}
+    original_position = {name: index for index, (name, _) in enumerate(ctx.original_nodes)}
+    replaced: dict[int, gs.Node | None] = {}  # id of a fused member -> the fused node at the root, or None
+    for root in reversed(order):
+        if id(root) in replaced:
             continue
         first_reason = None
         for rule in rules:
-            match, reason = find_fusion(ctx, rule, root, dag)
+            match, reason = find_fusion(ctx, rule, root, dag, rank)
             if match is not None:
-                fused = apply_fusion(ctx, rule, match)
+                fused = apply_fusion(ctx, rule, match, position, original_position)
                 log.debug("fused %s from %d nodes", fused.name, len(match.members))
-                gone.update(member.name for member in match.members)
-                dag = dataflow_graph(ctx.graph)
+                replaced.update((id(member), None) for member in match.members)
+                replaced[id(root)] = fused
+                position[id(fused)], rank[fused.name] = position[id(root)], rank[root.name]
+                contract(dag, match.members, fused)
                 break
             first_reason = first_reason or (reason and f"not fused as {rule.kernel}: {reason}")
         else:
             if first_reason:
                 ctx.notes[root.name] = first_reason
+    if replaced:
+        ctx.graph.nodes = [replaced.get(id(node), node) for node in ctx.graph.nodes
+                           if replaced.get(id(node), node) is not None]
 
 
-def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node,
-                dag: nx.DiGraph) -> tuple[Match | None, str | None]:
+def contract(dag: nx.DiGraph, members: list[gs.Node], fused: gs.Node) -> None:
+    """Make `dag` what dataflow_graph would build after `members` became `fused`."""
+    names = {member.name for member in members}
+    outside_in = {source for name in names for source in dag.predecessors(name)} - names
+    outside_out = {sink for name in names for sink in dag.successors(name)} - names
+    dag.remove_nodes_from(names)
+    dag.add_node(fused.name)
+    dag.add_edges_from((source, fused.name) for source in outside_in)
+    dag.add_edges_from((fused.name, sink) for sink in outside_out)
+
+
+def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node, dag: nx.DiGraph,
+                rank: dict[str, int] | None = None) -> tuple[Match | None, str | None]:
     """The first match of `rule` at `root` that passes every check, else the first reason a
     match failed (None when the pattern never fits or the target lacks the kernel)."""
     if not ctx.target.has_kernel(rule.requires):
@@ -77,7 +99,7 @@ def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node,
     reason = None
     for match in matches(rule.pattern, root):
         problem = (escaping_result(match, graph_outputs) or member_problem(ctx, rule, match)
-                   or predicate_problem(rule, match) or cycle_problem(match, dag))
+                   or predicate_problem(rule, match) or cycle_problem(match, dag, rank))
         if problem is None:
             return match, None
         reason = reason or problem
@@ -119,17 +141,29 @@ def predicate_problem(rule: FusionRule, match: Match) -> str | None:
     return None
 
 
-def cycle_problem(match: Match, dag: nx.DiGraph) -> str | None:
+def cycle_problem(match: Match, dag: nx.DiGraph, rank: dict[str, int] | None = None) -> str | None:
+    """An outside node on a path from one member to another, which fusing would make a cycle.
+    With `rank` (a topological index per node) the search stops at the last member's rank:
+    no path back into the chain runs through a node ranked after all of it."""
     members = {node.name for node in match.members}
     outside_producers = {source for name in members for source in dag.predecessors(name)} - members
-    reachable = set().union(*(nx.descendants(dag, name) for name in members)) - members
-    through = sorted(outside_producers & reachable)
+    if rank is None:
+        reachable = set().union(*(nx.descendants(dag, name) for name in members))
+    else:
+        last = max(rank[name] for name in members)
+        reachable, frontier = set(), list(members)
+        while frontier:
+            for successor in dag.successors(frontier.pop()):
+                if successor not in reachable and rank[successor] <= last:
+                    reachable.add(successor)
+                    frontier.append(successor)
+    through = sorted(outside_producers & (reachable - members))
     return f"{through[0]} both reads a member and feeds one" if through else None
 
 
-def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match) -> gs.Node:
-    graph = ctx.graph
-    position = {id(node): index for index, node in enumerate(graph.nodes)}
+def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: dict[int, int],
+                 original_position: dict[str, int]) -> gs.Node:
+    """The fused node, wired in place of the members; the caller puts it in the node list."""
     members = sorted(match.members, key=lambda node: position[id(node)])
     root = match.members[0]
     made_inside = {id(t) for node in members for t in node.outputs}
@@ -139,19 +173,15 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match) -> gs.Node
             if id(tensor) not in made_inside and all(tensor is not seen for seen in inputs):
                 inputs.append(tensor)
     outputs = list(root.outputs)
-    original_position = {name: index for index, (name, _) in enumerate(ctx.original_nodes)}
     origins = sorted({o for node in members for o in ctx.origins.get(node.name, (node.name,))},
                      key=lambda name: original_position.get(name, len(original_position)))
     name = f"{rule.kernel}:{origins[0]}"
     attrs = {"members": [node.op for node in members], **rule.attributes(match),
-             "body": body_graph(name, members, inputs, outputs, graph.opset)}
-    member_ids = {id(node) for node in members}
+             "body": body_graph(name, members, inputs, outputs, ctx.graph.opset)}
     for node in members:
         node.inputs.clear()
         node.outputs.clear()
     fused = gs.Node(op=rule.kernel, name=name, attrs=attrs, inputs=inputs, outputs=outputs, domain=FUSED_DOMAIN)
-    graph.nodes = [fused if node is root else node for node in graph.nodes
-                   if node is root or id(node) not in member_ids]
     for node in members:
         ctx.origins.pop(node.name, None)
         ctx.failures.pop(node.name, None)
