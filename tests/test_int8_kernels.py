@@ -1,0 +1,217 @@
+"""Every int8 kernel of the emulator against a float reference of the same quantized arithmetic:
+the operands dequantized exactly, the op computed by onnx.reference in float64, the result
+quantized once (round half to even, saturate). The int8 kernels accumulate in integers and
+requantize in fixed point, so they may differ from that reference by one step where the
+real result sits within the multiplier's 2^-31 rounding of a half-way point: the tests allow
+one step of difference and demand almost every value exact."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table, requantize,
+                                     run_int8)
+from rkcompile.passes.quantize import is_movement
+from rkcompile.plan import Quantization
+from rkcompile.quantize import activation_params, bias_params, dequantize, quantize, weight_params
+
+OPSET = 17
+rng = np.random.default_rng(11)
+
+
+def activation(shape, low=-3.0, high=5.0) -> QTensor:
+    """A random int8 activation with asymmetric parameters for [low, high]."""
+    quant = activation_params(low, high, "minmax")
+    return QTensor(rng.integers(-128, 128, shape).astype(np.int8), quant)
+
+
+def weight(values: np.ndarray, per_channel: bool = True) -> QTensor:
+    quant = weight_params(values, per_channel)
+    return QTensor(quantize(values, quant), quant)
+
+
+def float_reference(op: str, operands: list, out_quant: Quantization, **attrs) -> np.ndarray:
+    """Dequantize, compute with onnx.reference in float64, quantize once."""
+    names = [f"i{k}" for k in range(len(operands))]
+    feeds = {n: (v.real().astype(np.float64) if isinstance(v, QTensor) else v) for n, v in zip(names, operands)}
+    node = helper.make_node(op, names, ["y"], **attrs)
+    (result,) = ReferenceEvaluator(node, opsets={"": OPSET}).run(None, feeds)
+    return quantize(result, out_quant)
+
+
+def node(op: str, operands: list, **attrs) -> gs.Node:
+    inputs = [gs.Constant(f"i{k}", v.values if isinstance(v, QTensor) else v) if k else gs.Variable(f"i{k}")
+              for k, v in enumerate(operands)]
+    return gs.Node(op=op, name=op, attrs=attrs, inputs=inputs, outputs=[gs.Variable("y")])
+
+
+def assert_one_step(actual: np.ndarray, expected: np.ndarray, exact_share: float = 0.99) -> None:
+    assert actual.dtype == np.int8 and actual.shape == expected.shape
+    difference = np.abs(actual.astype(np.int64) - expected.astype(np.int64))
+    assert difference.max() <= 1, f"off by {difference.max()} steps"
+    assert (difference == 0).mean() >= exact_share
+
+
+def output_quant(operands: list, op: str, **attrs) -> Quantization:
+    """Parameters fitted to the float result, as calibration would give them."""
+    names = [f"i{k}" for k in range(len(operands))]
+    feeds = {n: (v.real() if isinstance(v, QTensor) else v) for n, v in zip(names, operands)}
+    (result,) = ReferenceEvaluator(helper.make_node(op, names, ["y"], **attrs), opsets={"": OPSET}).run(None, feeds)
+    return activation_params(float(result.min()), float(result.max()), "minmax")
+
+
+# ---- requantization -------------------------------------------------------------------------
+
+def test_fixed_point_multiplier_is_exact_to_31_bits():
+    multipliers = np.array([1e-5, 3.1e-3, 0.25, 0.7071, 0.999999999, 1.0, 3.5])
+    mantissa, shift = fixed_point(multipliers)
+    assert ((mantissa >= 2 ** 30) & (mantissa < 2 ** 31)).all()
+    assert np.allclose(mantissa * 2.0 ** -shift, multipliers, rtol=2 ** -31, atol=0)
+
+
+def test_requantize_rounds_half_to_even_both_signs():
+    half = Quantization("int8", (1.0,), (0,))
+    acc = Accumulator(np.array([1, 3, 5, 7, -1, -3, -5, 2, -2]), np.float64(0.5))
+    # 0.5, 1.5, 2.5, 3.5 -> 0, 2, 2, 4; negatives mirror them
+    assert requantize(acc, half).tolist() == [0, 2, 2, 4, 0, -2, -2, 1, -1]
+
+
+def test_requantize_saturates_and_adds_the_zero_point_exactly():
+    quant = Quantization("int8", (0.1,), (-20,))
+    acc = Accumulator(np.array([0, 10, -10, 10 ** 6, -(10 ** 6)]), np.float64(0.1))
+    assert requantize(acc, quant).tolist() == [-20, -10, -30, 127, -128]
+
+
+def test_requantize_clamps_for_fused_activations():
+    quant = Quantization("int8", (0.05,), (-100,))
+    acc = Accumulator(np.arange(-50, 50), np.float64(0.1))
+    assert requantize(acc, quant, low=-100).min() == -100  # Relu: real 0 is q = zero point
+
+
+# ---- accumulating kernels ------------------------------------------------------------------
+
+CONVS = {
+    "3x3 stride 2 pad 1": ((1, 13, 9, 11), (17, 13, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+    "depthwise 3x3 pad 1": ((1, 12, 8, 8), (12, 1, 3, 3), dict(pads=[1, 1, 1, 1], group=12)),
+    "grouped 1x1": ((1, 8, 5, 6), (6, 4, 1, 1), dict(group=2)),
+    "1x1 dense": ((2, 19, 4, 4), (7, 19, 1, 1), {}),
+    "dilated 3x3": ((1, 5, 10, 10), (4, 5, 3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2])),
+}
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-layer"])
+@pytest.mark.parametrize("case", CONVS)
+def test_conv_matches_quantized_float_reference(case, per_channel):
+    x_shape, w_shape, attrs = CONVS[case]
+    x = activation(x_shape, -2.0, 6.0)  # zero point far from 0, so padding must use it
+    w = weight(rng.standard_normal(w_shape).astype(np.float32) * rng.uniform(0.1, 2, (w_shape[0], 1, 1, 1)),
+               per_channel)
+    bias_quant = bias_params(x.quant, w.quant)
+    bias = QTensor(quantize(rng.standard_normal(w_shape[0]), bias_quant), bias_quant)
+    out = output_quant([x, w, bias], "Conv", **attrs)
+    (actual,) = run_int8(node("Conv", [x, w, bias], **attrs), [x, w, bias], [out], OPSET, is_movement)
+    expected = float_reference("Conv", [x, w, bias], out, **attrs)
+    assert_one_step(actual, expected)
+
+
+def test_conv_accumulator_is_the_exact_integer_sum():
+    x = activation((1, 6, 5, 5))
+    w = weight(rng.standard_normal((4, 6, 3, 3)).astype(np.float32))
+    acc = INT8_KERNELS["Conv"](node("Conv", [x, w], pads=[1, 1, 1, 1]), [x, w], OPSET)
+    padded = np.pad(x.centered(), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    exact = np.einsum("nchwij,ocij->nohw", windows, w.values.astype(np.int64))
+    assert acc.values.dtype == np.int64 and np.array_equal(acc.values, exact)
+    assert np.abs(acc.values).max() < 2 ** 31
+
+
+def test_fused_conv_relu_and_clip_are_clamps_of_one_requantization():
+    x = activation((1, 8, 6, 6))
+    w = weight(rng.standard_normal((5, 8, 3, 3)).astype(np.float32))
+    for activation_op, extra in (("Relu", []), ("Clip", [np.float32(0), np.float32(1.5)])):
+        inner_x, conv_out, y = gs.Variable("bx"), gs.Variable("c"), gs.Variable("y")
+        constants = [gs.Constant(f"k{i}", np.asarray(v)) for i, v in enumerate(extra)]
+        conv = gs.Node("Conv", "conv", {"pads": [1, 1, 1, 1]}, [inner_x, gs.Constant("w", w.values)], [conv_out])
+        act = gs.Node(activation_op, "act", {}, [conv_out] + constants, [y])
+        fused = gs.Node("Conv" + activation_op, "fused", {"body": gs.Graph([conv, act], [inner_x], [y])},
+                        [gs.Variable("x"), gs.Constant("w", w.values)], [gs.Variable("out")], domain="rkcompile")
+        out = activation_params(0.0, 4.0, "minmax")
+        (actual,) = run_int8(fused, [x, w], [out], OPSET, is_movement)
+        feeds = {"i0": x.real().astype(np.float64), "i1": w.real().astype(np.float64)}
+        (real,) = ReferenceEvaluator(helper.make_node("Conv", ["i0", "i1"], ["y"], pads=[1, 1, 1, 1]),
+                                     opsets={"": OPSET}).run(None, feeds)
+        upper = extra[1] if extra else np.inf
+        expected = quantize(np.clip(real, 0, upper), out)
+        assert_one_step(actual, expected)
+        assert actual.min() == out.zero_points[0]  # negative results clamp to real 0 exactly
+
+
+def test_matmul_matches_quantized_float_reference():
+    a, b = activation((2, 7, 33)), activation((2, 33, 9), -1, 1)
+    out = output_quant([a, b], "MatMul")
+    (actual,) = run_int8(node("MatMul", [a, b]), [a, b], [out], OPSET, is_movement)
+    assert_one_step(actual, float_reference("MatMul", [a, b], out))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+@pytest.mark.parametrize("other_shape", [(1, 6, 5, 5), (1, 6, 1, 1)], ids=["same", "channel-broadcast"])
+def test_binary_matches_quantized_float_reference(op, other_shape):
+    a, b = activation((1, 6, 5, 5), -4, 4), activation(other_shape, -0.5, 2)
+    out = output_quant([a, b], op)
+    (actual,) = run_int8(node(op, [a, b]), [a, b], [out], OPSET, is_movement)
+    assert_one_step(actual, float_reference(op, [a, b], out))
+
+
+def test_global_average_pool_matches_quantized_float_reference():
+    x = activation((1, 20, 7, 7))
+    out = output_quant([x], "GlobalAveragePool")
+    (actual,) = run_int8(node("GlobalAveragePool", [x]), [x], [out], OPSET, is_movement)
+    assert_one_step(actual, float_reference("GlobalAveragePool", [x], out), exact_share=0.95)
+
+
+# ---- lookup tables and moves ---------------------------------------------------------------
+
+@pytest.mark.parametrize("op, attrs", [("Sigmoid", {}), ("HardSwish", {}), ("LeakyRelu", {"alpha": 0.1}),
+                                       ("Tanh", {}), ("Relu", {})])
+def test_lookup_table_matches_quantized_float_reference(op, attrs):
+    x = activation((1, 5, 9, 9), -6, 6)
+    out = output_quant([x], op, **attrs)
+    (actual,) = run_int8(node(op, [x], **attrs), [x], [out], OPSET, is_movement)
+    assert_one_step(actual, float_reference(op, [x], out, **attrs), exact_share=0.999)
+    table = lookup_table(node(op, [x], **attrs), x.quant, out, OPSET, [x])
+    assert table.shape == (256,) and table.dtype == np.int8
+
+
+def test_concat_rescales_inputs_to_the_output_parameters():
+    a, b = activation((1, 3, 4, 4), -1, 1), activation((1, 5, 4, 4), -8, 3)
+    out = output_quant([a, b], "Concat", axis=1)
+    concat = gs.Node("Concat", "concat", {"axis": 1}, [gs.Variable("a"), gs.Variable("b")], [gs.Variable("y")])
+    (actual,) = run_int8(concat, [a, b], [out], OPSET, is_movement)
+    assert_one_step(actual, float_reference("Concat", [a, b], out, axis=1))
+
+
+def test_moves_keep_integers_when_parameters_are_shared():
+    x = activation((1, 4, 6, 6))
+    pool = node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    (actual,) = run_int8(pool, [x], [x.quant], OPSET, is_movement)
+    expected = x.values.reshape(1, 4, 3, 2, 3, 2).max(axis=(3, 5))
+    assert np.array_equal(actual, expected)
+    transpose = node("Transpose", [x], perm=[0, 2, 3, 1])
+    (moved,) = run_int8(transpose, [x], [x.quant], OPSET, is_movement)
+    assert np.array_equal(moved, x.values.transpose(0, 2, 3, 1))
+
+
+def test_other_ops_dequantize_compute_and_quantize_once():
+    x = activation((1, 6, 4, 4))
+    out = output_quant([x], "Softmax", axis=1)
+    (actual,) = run_int8(node("Softmax", [x], axis=1), [x], [out], OPSET, is_movement)
+    assert_one_step(actual, float_reference("Softmax", [x], out, axis=1), exact_share=0.999)
+
+
+def test_dequantize_inverts_quantize_within_half_a_step():
+    quant = activation_params(-1.3, 2.9, "minmax")
+    real = rng.uniform(-1.3, 2.9, 1000)
+    assert np.abs(dequantize(quantize(real, quant), quant) - real).max() <= quant.scales[0] / 2 + 1e-7
