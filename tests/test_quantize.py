@@ -1,0 +1,303 @@
+"""int8 quantization: parameters, observers, calibration data, the quantize pass, dtype-aware
+legalization on both sides, the CLI, accuracy analysis, and (slow) the zoo CNNs at int8."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from rkcompile.cli import main
+from rkcompile.context import Options
+from rkcompile.emulator import agreement, emulate, onnxruntime_outputs, prepare
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.errors import CompileError
+from rkcompile.pipeline import compile_model
+from rkcompile.plan import Plan, TensorSpec, contract_violations
+from rkcompile.quantize import (RangeObserver, activation_params, dequantize, kl_threshold, load_calibration,
+                                quantize, random_calibration, weight_params)
+
+ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
+rng = np.random.default_rng(3)
+
+
+def vi(name, shape):
+    return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+
+
+def save_model(path: Path, nodes, inputs, outputs, weights) -> Path:
+    graph = helper.make_graph(nodes, "m", inputs, outputs,
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def cnn(tmp_path) -> Path:
+    """Conv+bias, Relu, MaxPool, nearest Resize by constant scales, Conv: 13 channels, not a
+    multiple of either C2."""
+    weights = {"w1": (rng.standard_normal((13, 3, 3, 3)) * rng.uniform(0.05, 1, (13, 1, 1, 1))).astype(np.float32),
+               "b1": rng.standard_normal(13).astype(np.float32) * 0.1,
+               "scales": np.array([1, 1, 2, 2], np.float32),
+               "w2": rng.standard_normal((5, 13, 3, 3)).astype(np.float32) * 0.2}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("Resize", ["p1", "", "scales"], ["u1"], mode="nearest", name="resize"),
+             helper.make_node("Conv", ["u1", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
+    return save_model(tmp_path / "cnn.onnx", nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 5, 16, 16])], weights)
+
+
+@pytest.fixture
+def with_div(tmp_path) -> Path:
+    """Div of two computed tensors between convolutions: float16 only on the NPU."""
+    weights = {"w1": rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3,
+               "w2": rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.1,
+               "two": np.array([2.0], np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Sigmoid", ["c1"], ["s1"], name="sigmoid"),
+             helper.make_node("Add", ["s1", "two"], ["d"], name="add"),
+             helper.make_node("Div", ["c1", "d"], ["q"], name="div"),
+             helper.make_node("Conv", ["q", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
+    return save_model(tmp_path / "div.onnx", nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 8, 16, 16])], weights)
+
+
+def calibration_file(tmp_path: Path, count: int = 3) -> Path:
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=rng.standard_normal((count, 1, 3, 16, 16)).astype(np.float32))
+    return path
+
+
+# ---- parameters and observers ---------------------------------------------------------------
+
+def test_activation_params_cover_the_range_and_hold_zero_exactly():
+    quant = activation_params(-1.0, 3.0, "minmax")
+    assert quantize(np.array([-1.0, 3.0]), quant).tolist() == [-128, 127]
+    assert dequantize(quantize(np.float64(0.0), quant), quant) == 0.0
+    relu = activation_params(0.5, 6.0, "minmax")  # widened to include 0, all 256 steps on [0, 6]
+    assert relu.zero_points == (-128,) and relu.scales[0] == pytest.approx(6 / 255)
+
+
+def test_weight_params_are_symmetric_per_channel_or_per_layer():
+    values = np.stack([np.full((2, 3, 3), 0.5), np.full((2, 3, 3), -2.0)]).astype(np.float32)
+    per_channel = weight_params(values, per_channel=True)
+    assert per_channel.axis == 0 and per_channel.zero_points == (0, 0)
+    assert per_channel.scales == pytest.approx((0.5 / 127, 2.0 / 127))
+    assert quantize(values, per_channel)[:, 0, 0, 0].tolist() == [127, -127]
+    per_layer = weight_params(values, per_channel=False)
+    assert per_layer.axis is None and per_layer.scales == pytest.approx((2.0 / 127,))
+
+
+def test_percentile_and_kl_clip_an_outlier_that_minmax_keeps():
+    values = np.concatenate([rng.standard_normal(200_000), [80.0]]).astype(np.float32)
+    ranges = {}
+    for method in ("minmax", "percentile", "kl"):
+        observer = RangeObserver(method)
+        for part in np.array_split(values, 4):
+            observer.update(part)
+        ranges[method] = observer.range()
+    assert ranges["minmax"][1] == 80.0
+    assert 3.0 < ranges["percentile"][1] < 10.0
+    assert ranges["kl"][1] < 40.0
+
+
+def test_kl_keeps_the_whole_range_of_a_uniform_distribution():
+    assert kl_threshold(rng.uniform(0, 1, 100_000)) > 0.95
+
+
+# ---- calibration data -----------------------------------------------------------------------
+
+SPECS = (TensorSpec("x", (1, 3, 4, 4), "float32"),)
+
+
+def test_calibration_from_a_folder_of_npy_and_npz(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((1, 3, 4, 4), np.float32))
+    np.save(tmp_path / "b.npy", np.ones((2, 1, 3, 4, 4), np.float32))  # a stack of two samples
+    np.savez(tmp_path / "c.npz", x=np.full((1, 3, 4, 4), 2.0), logits=np.zeros(3))  # outputs ignored
+    samples = load_calibration(tmp_path, SPECS)
+    assert [float(s["x"].mean()) for s in samples] == [0.0, 1.0, 1.0, 2.0]
+    assert all(s["x"].dtype == np.float32 and s["x"].shape == (1, 3, 4, 4) for s in samples)
+
+
+@pytest.mark.parametrize("write, message", [
+    (lambda p: None, "does not exist"),
+    (lambda p: np.savez(p, y=np.zeros((1, 3, 4, 4))), "no array for input x"),
+    (lambda p: np.savez(p, x=np.zeros((1, 3, 5, 4))), "has shape [1, 3, 5, 4]"),
+    (lambda p: p.write_bytes(b"not a zip"), "not a readable"),
+])
+def test_bad_calibration_data_is_one_clear_error(tmp_path, write, message):
+    path = tmp_path / "calib.npz"
+    write(path)
+    with pytest.raises(CompileError, match=message.replace("[", r"\[")):
+        load_calibration(path, SPECS)
+
+
+def test_random_calibration_warns(caplog):
+    samples = random_calibration(SPECS, count=2)
+    assert len(samples) == 2 and "without --calib" in caplog.text
+
+
+# ---- the pass -------------------------------------------------------------------------------
+
+def test_int8_plan_parameters(cnn, tmp_path):
+    plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    assert contract_violations(plan) == []
+    quant, tensors = plan.quantization, plan.tensors
+    int8 = [name for name, t in tensors.items() if t.dtype == "int8"]
+    assert int8 and all(name in quant for name in int8)
+    assert quant["w1"].axis == 0 and len(quant["w1"].scales) == 13 and set(quant["w1"].zero_points) == {0}
+    data_scale = quant[plan.steps[1].inputs[0]].scales[0]
+    assert tensors["b1"].dtype == "int32" and tensors["b1"].bytes == 13 * 4
+    assert quant["b1"].scales == pytest.approx(tuple(data_scale * s for s in quant["w1"].scales))
+    assert quant["p1"].scales == quant["r1"].scales and quant["p1"].source == "shared:r1"
+    assert tensors["scales"].dtype == "float32"  # a parameter, not data
+    relu_out = quant["r1"]
+    assert relu_out.zero_points == (-128,)  # ReLU output spends every step on [0, max]
+    loaded = Plan.from_dict(json.loads(plan.to_json()))
+    assert loaded.quantization == plan.quantization
+
+
+def test_float16_plans_have_no_quantization(cnn):
+    plan, _ = compile_model(cnn, "rk3588", Options())
+    assert plan.quantization == {} and "quantization" in json.loads(plan.to_json())
+
+
+def test_contract_catches_an_int8_tensor_without_parameters(cnn, tmp_path):
+    plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    broken = Plan.from_dict({**plan.to_dict(), "quantization": {
+        k: v.__dict__ for k, v in plan.quantization.items() if k != "r1"}})
+    assert any("r1" in problem for problem in contract_violations(broken))
+
+
+@pytest.mark.parametrize("target, c2", [("rk3588", 16), ("rk3566", 8)])
+def test_int8_uses_the_int8_c2(cnn, tmp_path, target, c2):
+    plan, _ = compile_model(cnn, target, Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    relu = plan.tensors["r1"]  # (1, 13, 16, 16) stored NC1HWC2 int8
+    assert relu.layout == "NC1HWC2" and relu.bytes == -(-13 // c2) * c2 * 16 * 16
+
+
+# ---- dtype-aware legalization, both sides ---------------------------------------------------
+
+def test_div_runs_on_the_npu_in_float16(with_div):
+    plan, _ = compile_model(with_div, "rk3588", Options())
+    assert {n.name: n.device for n in plan.nodes}["div"] == "npu"
+
+
+def test_div_falls_back_to_the_cpu_in_int8_with_conversions_that_quantize(with_div, tmp_path):
+    calib = calibration_file(tmp_path)
+    plan, _ = compile_model(with_div, "rk3588", Options(dtype="int8", calibration=calib))
+    div = {n.name: n for n in plan.nodes}["div"]
+    assert div.device == "cpu" and "only in {float16}" in div.reason and "Div" in div.reason
+    kernels = [s.kernel for s in plan.steps if s.device == "host"]
+    assert "NC1HWC2 int8 -> NCHW float32" in kernels and "NCHW float32 -> NC1HWC2 int8" in kernels
+    prepared = prepare(with_div, "rk3588", Options(dtype="int8", calibration=calib))
+    x = np.load(calib)["x"][0]
+    outputs = emulate(prepared, {"x": x}).outputs
+    expected = onnxruntime_outputs(with_div, {"x": x})
+    assert agreement("y", outputs["y"], expected["y"]).cosine >= 0.99
+
+
+# ---- the float32 reference and accuracy analysis --------------------------------------------
+
+def test_float_reference_of_the_planned_graph_matches_onnxruntime(cnn, tmp_path):
+    prepared = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    nodes = {node.name: node for node in prepared.graph.nodes}
+    reference = FloatReference([nodes[name] for name in prepared.order], [s.device for s in prepared.plan.steps],
+                               17, ["y"])
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    seen = []
+    outputs = reference.run({"x": x}, lambda name, value: seen.append(name))
+    np.testing.assert_allclose(outputs["y"], onnxruntime_outputs(cnn, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+    assert seen == [name for step in prepared.plan.steps for name in step.outputs]
+
+
+def test_int8_run_of_a_small_cnn_matches_onnxruntime(cnn, tmp_path):
+    calib = calibration_file(tmp_path)
+    prepared = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calib))
+    x = np.load(calib)["x"][1]
+    result = emulate(prepared, {"x": x}).outputs["y"]
+    assert agreement("y", result, onnxruntime_outputs(cnn, {"x": x})["y"]).cosine >= 0.999
+
+
+# ---- the command line -----------------------------------------------------------------------
+
+def test_plan_int8_writes_quantization(cnn, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(cnn), "--target", "rk3588", "--dtype", "int8", "--calib",
+                 str(calibration_file(tmp_path)), "--json", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    assert data["dtype"] == "int8" and data["quantization"]["w1"]["axis"] == 0
+    assert "without --calib" not in capsys.readouterr().err
+
+
+def test_plan_int8_without_calib_warns_on_stderr(cnn):
+    done = subprocess.run([sys.executable, "-m", "rkcompile.cli", "plan", str(cnn), "--target", "rk3588",
+                           "--dtype", "int8", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "seeded random inputs" in done.stderr and "--calib PATH" in done.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--calib", "somewhere"], "add --dtype int8"),
+    (["--dtype", "int8", "--calib", "/nonexistent/calib"], "--calib: /nonexistent/calib does not exist"),
+])
+def test_calibration_errors_are_one_line(cnn, capsys, extra, message):
+    assert main(["plan", str(cnn), "--target", "rk3588", "--quiet"] + extra) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_run_accuracy_analysis(cnn, tmp_path, capsys):
+    report = tmp_path / "report.json"
+    status = main(["run", str(cnn), "--target", "rk3588", "--dtype", "int8", "--calib",
+                   str(calibration_file(tmp_path)), "--accuracy-analysis", "--check", "--json", str(report)])
+    printed = capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert status == 0 and data["min_cosine"] == 0.99 and data["passed"]
+    rows = data["accuracy_analysis"]
+    assert [r["output"] for r in rows][-1] == "y" and all(-1 <= r["cosine"] <= 1 for r in rows)
+    assert "worst 5 steps by cosine" in printed and "by drop" in printed
+    # the conversion into the NPU is the first loss; the last step reports what --check compares
+    assert rows[0]["step"] == 0 and rows[0]["cosine"] < 1
+    assert rows[-1]["cosine"] == pytest.approx(data["agreement"][0]["cosine"], abs=1e-6)
+
+
+# ---- the zoo CNNs ---------------------------------------------------------------------------
+
+CNNS = ["resnet18_halfwidth", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yolov8n",
+        pytest.param("mobilenet_v2", marks=pytest.mark.xfail(
+            strict=True, reason="0.973 measured: with its seeded random weights the network amplifies int8 "
+                                "noise layer by layer (docs/quantization.md)"))]
+
+
+def seeded_variations(x: np.ndarray, count: int = 3, seed: int = 0) -> list[np.ndarray]:
+    """The reference input flipped (every other one), rescaled and with added noise."""
+    random = np.random.default_rng(seed)
+    variations = []
+    for i in range(1, count + 1):
+        flipped = x[..., ::-1] if i % 2 else x
+        variations.append((flipped * random.uniform(0.8, 1.2) + random.normal(0, 0.1, x.shape)).astype(x.dtype))
+    return variations
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is not present")
+@pytest.mark.parametrize("model", CNNS)
+def test_zoo_cnn_at_int8_reaches_cosine_099(model, tmp_path):
+    data = np.load(ZOO / f"{model}.npz")
+    (name,) = [spec.name for spec in compile_model(ZOO / f"{model}.onnx", "rk3588", Options())[0].model.inputs]
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i, sample in enumerate([data[name]] + seeded_variations(data[name])):
+        np.save(folder / f"{i}.npy", sample)
+    report = tmp_path / "report.json"
+    main(["run", str(ZOO / f"{model}.onnx"), "--target", "rk3588", "--dtype", "int8", "--calib", str(folder),
+          "--inputs", str(ZOO / f"{model}.npz"), "--check", "--json", str(report)])
+    agreements = json.loads(report.read_text())["agreement"]
+    assert all(a["cosine"] >= 0.99 for a in agreements), agreements
