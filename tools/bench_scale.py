@@ -12,6 +12,7 @@ ORT_ENABLE_ALL on one thread, as tools/bench_plan.py does. Each figure is the be
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -72,6 +73,7 @@ def scale_model(target_nodes: int) -> onnx.ModelProto:
 def best_of(repeat: int, action) -> float:
     times = []
     for _ in range(repeat):
+        gc.collect()  # the previous run's garbage is not this run's cost
         start = time.perf_counter()
         action()
         times.append(time.perf_counter() - start)
