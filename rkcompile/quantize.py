@@ -108,11 +108,19 @@ def _samples_of(file: Path, arrays: Mapping[str, np.ndarray], specs: Sequence[Te
 
 
 def random_calibration(specs: Sequence[TensorSpec], count: int = RANDOM_SAMPLES, seed: int = 0) -> list[dict]:
-    """Seeded standard-normal samples, with a warning: ranges from noise fit no real input."""
+    """Seeded standard-normal samples for float inputs, with a warning: ranges from noise fit no
+    real input. Integer and bool inputs (token ids, masks) are 1: a valid id of any vocabulary
+    and an open mask, where random values could index past a small embedding."""
     log.warning("int8 without --calib: calibrating on %d seeded random inputs; the ranges will not fit "
                 "real data, so pass --calib PATH (a folder of .npy/.npz inputs or one .npz)", count)
     rng = np.random.default_rng(seed)
-    return [{spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in specs} for _ in range(count)]
+
+    def sample(spec: TensorSpec) -> np.ndarray:
+        if np.dtype(spec.dtype).kind in "fc":
+            return rng.standard_normal(spec.shape).astype(spec.dtype)
+        return np.ones(spec.shape, spec.dtype)
+
+    return [{spec.name: sample(spec) for spec in specs} for _ in range(count)]
 
 
 # ---- observing ranges ----------------------------------------------------------------------

@@ -215,3 +215,16 @@ def test_dequantize_inverts_quantize_within_half_a_step():
     quant = activation_params(-1.3, 2.9, "minmax")
     real = rng.uniform(-1.3, 2.9, 1000)
     assert np.abs(dequantize(quantize(real, quant), quant) - real).max() <= quant.scales[0] / 2 + 1e-7
+
+
+def test_a_move_quantizes_a_data_input_the_plan_holds_as_float():
+    """A model output that an NPU step also reads stays float32 in the plan (bert_mini's pooler
+    Slice); the move quantizes it to its output's parameters instead of taking it as integers."""
+    x = rng.uniform(-2, 2, (1, 4, 6)).astype(np.float32)
+    out = activation_params(-2.0, 2.0, "minmax")
+    starts, ends, axes = np.array([0]), np.array([1]), np.array([1])
+    slice_node = gs.Node("Slice", "slice", {}, [gs.Variable("x")] + [gs.Constant(n, v) for n, v in
+                                                                      (("s", starts), ("e", ends), ("a", axes))],
+                         [gs.Variable("y")])
+    (actual,) = run_int8(slice_node, [x, starts, ends, axes], [out], OPSET, is_movement)
+    assert np.array_equal(actual, quantize(x[:, :1], out))

@@ -5,7 +5,8 @@ The open counterpart of rknn-toolkit2's accuracy_analysis: the plan is executed 
 tensors of the planned graph run in float32 (`float_reference`). The error each step shows is
 the accumulated error of the whole int8 run up to it ("entire" in rknn-toolkit2's terms), so
 the worst steps are where the cosine falls; a step whose cosine drops sharply from its inputs'
-is where quantization hurts.
+is where quantization hurts. Where the float32 reference is not finite (-inf attention masks,
+which int8 saturates), the finite positions are compared.
 """
 from __future__ import annotations
 
@@ -57,7 +58,11 @@ def analyse(prepared: Prepared, inputs: Mapping[str, np.ndarray]) -> tuple[list[
         before = min((cosines[name] for name in step.inputs if name in cosines), default=1.0)
         for name, value in values.items():
             if name in reference and np.asarray(value).dtype.kind == "f":
-                match = agreement(name, value, reference[name])
+                expected = reference[name]
+                finite = np.isfinite(expected)
+                if not finite.all():  # -inf attention masks: int8 saturates them, compare the rest
+                    value, expected = np.asarray(value)[finite], expected[finite]
+                match = agreement(name, value, expected)
                 cosines[name] = match.cosine
                 rows.append(StepAccuracy(step_id, step.device, step.kernel, name, match.cosine, match.max_abs,
                                          before - match.cosine))

@@ -32,6 +32,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.plan import Quantization
 from rkcompile.quantize import INT8, INT32, dequantize, quantize
+from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from .reference import run_reference
 from .registry import KERNELS, Unsupported
@@ -237,9 +238,19 @@ def lookup_table(node: gs.Node, source: Quantization, quant: Quantization, opset
 
 
 def move(node: gs.Node, operands: Sequence, out_quants: Sequence[Quantization], opset: int) -> list:
-    """Integers moved as they are, inputs rescaled to the output's parameters first."""
+    """Integers moved as they are, inputs rescaled to the output's parameters first; a data
+    input the plan holds as float (a model output an NPU step also reads) is quantized to them."""
     quant = out_quants[0]
-    moved = [rescale(v, quant).astype(np.float32) if isinstance(v, QTensor) else v for v in operands]
+    parameters = ONNX_TO_KERNEL.get(node.op, ("", ()))[1]
+
+    def as_output_integers(position: int, value):
+        if isinstance(value, QTensor):
+            return rescale(value, quant).astype(np.float32)
+        if value is not None and position not in parameters and value.dtype.kind == "f":
+            return quantize(value, quant).astype(np.float32)
+        return value
+
+    moved = [as_output_integers(position, value) for position, value in enumerate(operands)]
     return [np.rint(value).astype(np.int8) for value in run_float(node, moved, opset)]
 
 
