@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper, shape_inference
+from onnx import shape_inference
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
-from rkcompile.ir import (element_count, is_onnx_domain, node_proto, present_inputs, shape_only_model, static_shape,
+from rkcompile.ir import (element_count, is_onnx_domain, present_inputs, shape_only_model, single_node_graph,
+                          static_shape,
                           topological_nodes)
 
 NAME = "fold-constants"
@@ -79,7 +80,7 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
         return [np.broadcast_to(np.asarray(fill), shape)]
     feeds = {t.name: np.asarray(t.values) for t in inputs}
     try:
-        evaluator = ReferenceEvaluator(_single_node_graph(node), opsets={"": opset})
+        evaluator = ReferenceEvaluator(single_node_graph(node), opsets={"": opset})
         results = evaluator.run(None, feeds)
     except Exception as exc:
         raise CompileError(f"cannot evaluate constant node '{node.name}' ({node.op}): {exc}") from None
@@ -88,14 +89,6 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
 
 def _has_subgraph(node: gs.Node) -> bool:
     return any(isinstance(v, gs.Graph) for v in node.attrs.values())
-
-
-def _single_node_graph(node: gs.Node) -> onnx.GraphProto:
-    """The node alone in a graph: the evaluator honours the model's opset only for graphs."""
-    untyped = onnx.TypeProto()
-    return helper.make_graph([node_proto(node)], node.name,
-                             [helper.make_value_info(t.name, untyped) for t in present_inputs(node)],
-                             [helper.make_value_info(t.name, untyped) for t in node.outputs])
 
 
 def _reinfer_shapes(ctx: CompileContext) -> None:

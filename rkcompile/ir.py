@@ -120,6 +120,15 @@ def node_proto(node: gs.Node) -> onnx.NodeProto:
     return OnnxExporter.export_node(node)
 
 
+def single_node_graph(node: gs.Node) -> onnx.GraphProto:
+    """The node alone in an untyped graph: onnx.reference honours a given opset only for
+    graphs (a bare NodeProto runs at the newest opset), and old models need their own."""
+    untyped = onnx.TypeProto()
+    return onnx.helper.make_graph([node_proto(node)], node.name,
+                                  [onnx.helper.make_value_info(t.name, untyped) for t in present_inputs(node)],
+                                  [onnx.helper.make_value_info(t.name, untyped) for t in node.outputs if t.name])
+
+
 def shape_only_model(graph: gs.Graph, opset: int) -> onnx.ModelProto:
     """The graph with its large weights declared as typed inputs instead of data.
 
