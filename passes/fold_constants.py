@@ -17,8 +17,7 @@ from onnx.reference import ReferenceEvaluator
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
 from rkcompile.ir import (element_count, is_onnx_domain, present_inputs, shape_only_model, single_node_graph,
-                          static_shape,
-                          topological_nodes)
+                          static_shape, topological_nodes)
 
 NAME = "fold-constants"
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
