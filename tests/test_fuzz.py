@@ -1,7 +1,7 @@
 """Differential fuzzing in CI: random graphs from tools/fuzz.py's hypothesis strategy, each planned
-for a random target, must keep every plan invariant and `verify_allocation`, and the float16
+for a random target (sometimes with a batch or a core mask), must keep every plan invariant and `verify_allocation`, and the float16
 emulation must match onnxruntime (unless the graph is too ill-conditioned for float16 at all). Then every shrunk failure saved under tests/regressions
-(MODEL@TARGET.onnx) is replayed the same way."""
+(WHAT@TARGET[@batch=N|@core_mask=M].onnx) is replayed the same way."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +11,6 @@ from pathlib import Path
 import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "fuzz.py"
 spec = importlib.util.spec_from_file_location("fuzz", TOOL)
@@ -24,11 +23,11 @@ REGRESSIONS = sorted((Path(__file__).resolve().parent / "regressions").glob("*@*
 
 @settings(max_examples=100, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
-@given(model=fuzz.graphs(), target=st.sampled_from(fuzz.TARGETS))
-def test_random_graphs_plan_soundly_and_match_onnxruntime(model, target, tmp_path_factory):
-    problem = fuzz.check(model, target, tmp_path_factory.mktemp("fuzz"))
+@given(model=fuzz.graphs(), setting=fuzz.plan_settings())
+def test_random_graphs_plan_soundly_and_match_onnxruntime(model, setting, tmp_path_factory):
+    problem = fuzz.check(model, setting, tmp_path_factory.mktemp("fuzz"))
     assert problem is None or problem.startswith(fuzz.NOT_FAILURES), \
-        f"{target}: {problem}\n{onnx.printer.to_text(model.graph)}"
+        f"{setting}: {problem}\n{onnx.printer.to_text(model.graph)}"
 
 
 def test_the_strategy_builds_valid_models_of_varied_ops():
@@ -46,5 +45,5 @@ def test_the_strategy_builds_valid_models_of_varied_ops():
 
 @pytest.mark.parametrize("path", REGRESSIONS, ids=lambda p: p.stem)
 def test_saved_fuzz_failure_now_passes(path, tmp_path):
-    target = path.stem.rsplit("@", 1)[1]
-    assert fuzz.check(onnx.load(str(path)), target, tmp_path) is None
+    setting = path.stem.split("@", 1)[1]  # TARGET, maybe @batch=N or @core_mask=M
+    assert fuzz.check(onnx.load(str(path)), setting, tmp_path) is None

@@ -7,7 +7,8 @@ few it leaves on the CPU): conv blocks, activations, binary ops against tensors 
 of every broadcastable shape, branches joined by Concat, splits, slices, transposes, reshapes
 (rank 5 too), pools, softmax, matmuls, resize, pad, normalizations, where. Dimensions mix small
 values with ones just past the C2 alignment and the rules' limits, so both sides of a
-constraint come up. `check()` says what is wrong with one graph, or None: the plan must keep
+constraint come up. `plan_settings()` picks the target, and sometimes a batch of 2 or 3 (seed 004 contexts) or a
+core mask (steps split across cores). `check()` says what is wrong with one graph, or None: the plan must keep
 every contract invariant and `verify_allocation`, and the float16 emulation must match
 onnxruntime's float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range),
 unless the float32 reference run with every tensor rounded to float16 misses that bar too
@@ -356,8 +357,31 @@ def graphs(draw, max_steps: int = 12) -> onnx.ModelProto:
     return model
 
 
-def check(model: onnx.ModelProto, target: str, folder: Path) -> str | None:
-    """What is wrong with `model` planned for `target`, or None."""
+def plan_settings() -> st.SearchStrategy[str]:
+    """How a graph is planned: 'TARGET', 'TARGET@batch=N' (seed 004 batch contexts) or
+    'TARGET@core_mask=M' (steps split across the target's cores)."""
+    from rkcompile.targets import get_target
+
+    def variants(target: str) -> st.SearchStrategy[str]:
+        cores = get_target(target).npu_cores
+        masks = [mask for mask in ("0_1", "0_1_2") if mask.count("_") < cores]
+        return st.sampled_from([target, f"{target}@batch=2", f"{target}@batch=3",
+                                *(f"{target}@core_mask={mask}" for mask in masks)])
+
+    return st.sampled_from(TARGETS).flatmap(variants)
+
+
+def parse_setting(setting: str):
+    """The target and the planning options a `plan_settings` string names."""
+    from rkcompile.context import Options
+
+    target, *pairs = setting.split("@")
+    values = dict(pair.split("=", 1) for pair in pairs)
+    return target, Options(batch=int(values.get("batch", 1)), core_mask=values.get("core_mask", "auto"))
+
+
+def check(model: onnx.ModelProto, setting: str, folder: Path) -> str | None:
+    """What is wrong with `model` planned as `setting` says (a target, maybe with options), or None."""
     from rkcompile.allocation import verify_allocation
     from rkcompile.emulator.compare import onnxruntime_outputs
     from rkcompile.emulator.session import Prepared, emulate, make_inputs
@@ -367,7 +391,7 @@ def check(model: onnx.ModelProto, target: str, folder: Path) -> str | None:
     path = folder / "fuzz.onnx"
     onnx.save(model, str(path))
     try:
-        plan, ctx = compile_model(path, target)
+        plan, ctx = compile_model(path, *parse_setting(setting))
     except Exception as exc:
         return f"plan raised {type(exc).__name__}: {exc}"
     problems = contract_violations(plan, [n.name for n in model.graph.node]) + verify_allocation(plan)
@@ -438,8 +462,8 @@ def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=prin
         folder = Path(scratch)
         last_failing: list[onnx.ModelProto] = []
 
-        def one(model: onnx.ModelProto, target: str) -> None:
-            problem = check(model, target, folder)
+        def one(model: onnx.ModelProto, setting: str) -> None:
+            problem = check(model, setting, folder)
             if problem is None:
                 counts["clean"] += 1
                 return
@@ -452,7 +476,7 @@ def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=prin
                 counts[kind] += 1
                 return
             last_failing[:] = [model]
-            raise Failure(f"{target}: {problem}")
+            raise Failure(f"{setting}: {problem}")
 
         done, chunk_seed = 0, first_seed
         while done < examples:
@@ -460,7 +484,7 @@ def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=prin
             before = sum(counts.values())
             test = settings(max_examples=size, database=None, deadline=None, print_blob=False,
                             suppress_health_check=list(HealthCheck))(
-                given(graphs(), st.sampled_from(TARGETS))(one))
+                given(graphs(), plan_settings())(one))
             try:
                 seed(chunk_seed)(test)()
             except Failure as failure:
@@ -471,8 +495,8 @@ def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=prin
                 log(f"new failure ({kind}): {failure}")
                 if save is not None:
                     save.mkdir(parents=True, exist_ok=True)
-                    target = str(failure).split(":", 1)[0]
-                    path = save / f"fuzz_{chunk_seed}_{len(known)}@{target}.onnx"
+                    setting = str(failure).split(": ", 1)[0]
+                    path = save / f"fuzz_{chunk_seed}_{len(known)}@{setting}.onnx"
                     onnx.save(model, str(path))
                     log(f"  saved the shrunk model as {path}")
             done += max(sum(counts.values()) - before, 1)
