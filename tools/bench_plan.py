@@ -8,6 +8,7 @@ sides do a comparable amount of graph work on one core. Each figure is the best 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ DEFAULT_ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 def best_of(repeat: int, action) -> float:
     times = []
     for _ in range(repeat):
+        gc.collect()  # the previous run's garbage is not this run's cost
         start = time.perf_counter()
         action()
         times.append(time.perf_counter() - start)

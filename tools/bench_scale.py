@@ -12,16 +12,15 @@ ORT_ENABLE_ALL on one thread, as tools/bench_plan.py does. Each figure is the be
 from __future__ import annotations
 
 import argparse
-import gc
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from bench_plan import best_of, ort_session  # tools/ is on sys.path when run as a script
 from rkcompile.pipeline import compile_model
 
 CHANNELS, SIZE = 8, 8
@@ -68,24 +67,6 @@ def scale_model(target_nodes: int) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
-
-
-def best_of(repeat: int, action) -> float:
-    times = []
-    for _ in range(repeat):
-        gc.collect()  # the previous run's garbage is not this run's cost
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def ort_session(path: Path) -> None:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def main() -> int:
