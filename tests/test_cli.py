@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import onnx
-import pytest
 
 from rkcompile.cli import build_parser, main
 from rkcompile.plan import PLAN_SCHEMA, Plan, contract_violations

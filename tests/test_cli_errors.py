@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 
 from rkcompile.cli import main
 

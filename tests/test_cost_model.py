@@ -3,7 +3,6 @@ every target, and the calibration against the published rknn_model_zoo RK3588 fp
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import onnx
 import pytest

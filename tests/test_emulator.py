@@ -17,7 +17,7 @@ from rkcompile.emulator import EmulationError, Executor, Storage, emulate, make_
 from rkcompile.emulator.registry import KERNELS
 from rkcompile.fusion_patterns import Pattern
 from rkcompile.passes.fusion_table import TABLES
-from rkcompile.plan import Memory, Plan, TensorPlacement
+from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets import get_target
 from rkcompile.targets.common import ONNX_TO_KERNEL
 

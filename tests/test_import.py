@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import pytest
 from onnx import TensorProto, helper
 
 from rkcompile.pipeline import compile_model

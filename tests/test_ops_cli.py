@@ -17,7 +17,7 @@ DOCS = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs"
 @pytest.mark.parametrize("target", all_targets(), ids=lambda t: t.name)
 def test_committed_supported_ops_is_current(target):
     committed = DOCS / f"SUPPORTED_OPS_{target.name}.md"
-    assert committed.is_file(), f"run: python tools/update_supported_ops.py"
+    assert committed.is_file(), "run: python tools/update_supported_ops.py"
     assert committed.read_text(encoding="utf-8") == render_supported_ops(target, "md"), \
         f"{committed.name} is stale; run: python tools/update_supported_ops.py"
 
@@ -119,4 +119,4 @@ def test_explain_of_a_legal_node_passes_every_rule(tmp_path, capsys):
 def test_explain_of_an_unknown_node_is_one_line(tmp_path, capsys):
     assert main(["plan", str(_model(tmp_path, 7)), "--target", "rk3588", "--explain", "nope"]) == 1
     captured = capsys.readouterr()
-    assert captured.err == f"error: --explain: no node named 'nope' in conv7.onnx\n" and captured.out == ""
+    assert captured.err == "error: --explain: no node named 'nope' in conv7.onnx\n" and captured.out == ""

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import CompileContext
