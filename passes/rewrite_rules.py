@@ -504,17 +504,22 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Iterator[Replacement]:
     """MatMul with one constant 2-D operand as a 1x1 Conv whose weights are that operand, as
     rknn-toolkit2 runs it (its bert layer table shows Conv for MatMul by weights): Convolution
     runs on several cores and takes per-channel weights, exMatMul neither (oplist V2.3.2).
-    x[..., M, K] @ W[K, N] reads x as [L, K, 1, 1]; W[M, K] @ x[..., K, N] reads x as [L, K, 1, N]."""
+    x[..., M, K] @ W[K, N] reads x as [L, K, 1, 1]; W[M, K] @ x[..., K, N] reads x as [L, K, 1, N].
+    A constant bias Add that alone reads x @ W becomes the Conv's bias."""
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     y_shape = static_shape(y)
     if y_shape is None:
         return
     right, left = constant_value(b), constant_value(a)
     builder = site.builder(node)
+    absorbed = ()
     if right is not None and left is None and right.ndim == 2 and static_shape(a) and len(static_shape(a)) >= 2:
         k, n = right.shape
         rows = element_count(static_shape(a)[:-1])
-        conv = _conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), right.T, None, [rows, n, 1, 1])
+        bias_add, bias = _bias_add(y, n, site)
+        if bias_add is not None:
+            absorbed, y = (bias_add,), bias_add.outputs[0]
+        conv = _conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), right.T, bias, [rows, n, 1, 1])
     elif left is not None and right is None and left.ndim == 2 and static_shape(b) and len(static_shape(b)) >= 2:
         m, k = left.shape
         batch = element_count(static_shape(b)[:-2])
@@ -523,7 +528,22 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Iterator[Replacement]:
     else:
         return
     builder.reshape(conv, y_shape, out=y)
-    yield builder.finish()
+    yield builder.finish(node, *absorbed)
+
+
+def _bias_add(y: gs.Tensor, n: int, site: Site) -> tuple[gs.Node | None, np.ndarray | None]:
+    """The Add of a constant [N] (or [1, ..., N]) bias that alone reads the MatMul's result `y`:
+    it becomes the Conv's bias, which the NPU adds in the same kernel (rknn-toolkit2's ConvAdd)."""
+    if len(y.outputs) != 1 or y.name in site.graph_outputs:
+        return None, None
+    add = y.outputs[0]
+    if add.op != "Add" or len(add.inputs) != 2 or static_shape(add.outputs[0]) != static_shape(y):
+        return None, None
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    bias = _float_constant(other)
+    if bias is None or bias.size != n or bias.shape[-1] != n:
+        return None, None
+    return add, bias.reshape(n)
 
 
 def matmul_k_split(node: gs.Node, site: Site) -> Iterator[Replacement]:

@@ -284,6 +284,19 @@ def test_matmul_with_a_constant_operand_becomes_a_1x1_conv(tmp_path, constant_fi
     assert_same_outputs(model, ctx, {"x": feed(x_shape)})
 
 
+def test_matmul_bias_add_becomes_the_conv_bias(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
+             helper.make_node("Add", ["xw", "b"], ["y"], name="bias")]
+    model = make_model(nodes, [value_info("x", [1, 7, 6])], [value_info("y", [1, 7, 4])],
+                       [weight("w", RNG.normal(size=[6, 4]).astype(np.float32)),
+                        weight("b", RNG.normal(size=[4]).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Reshape", "Conv", "Reshape"]
+    conv = ctx.graph.nodes[1]
+    assert len(conv.inputs) == 3 and ctx.origins[conv.name] == ("mm", "bias")
+    assert_same_outputs(model, ctx, {"x": feed([1, 7, 6])})
+
+
 @pytest.mark.parametrize("target_name, k, segments", [("rk3576", 5000, 2), ("rk3576", 9000, 3), ("rk3588", 9000, 2)])
 def test_matmul_k_over_the_limit_is_split_per_seed_002(tmp_path, target_name, k, segments):
     node = helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")
