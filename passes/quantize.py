@@ -19,7 +19,9 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
 from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
+from rkcompile.passes.layout import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Quantization
 from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params,
                                 load_calibration, random_calibration, weight_params)
@@ -42,6 +44,7 @@ def run(ctx: CompileContext) -> None:
     ordered = [nodes[name] for name in ctx.order]
     devices = [ctx.placement[name].device for name in ctx.order]
     _keep_parameters_float(ctx, ordered, devices)
+    _make_float16_islands(ctx, ordered, devices)
     ranges = _calibrate(ctx, ordered, devices)
     quantization: dict[str, Quantization] = {}
     for node, device in zip(ordered, devices):
@@ -129,6 +132,9 @@ def _quantize_weights(ctx: CompileContext, ordered: list[gs.Node], devices: list
         if data in quantization and weight in quantization:
             quantization[name] = bias_params(quantization[data], quantization[weight])
             _restore(ctx, name, "int32")
+        elif ctx.tensors[weight].dtype == "float16":  # a float16 island's convolution
+            quantization.pop(name, None)
+            _restore(ctx, name, "float16")
         else:  # the conv reads an intermediate of its fused body: no int32 accumulator to add to
             quantization.pop(name, None)
             _restore(ctx, name, dtype_name(constants[name].dtype))
@@ -147,6 +153,38 @@ def _keep_parameters_float(ctx: CompileContext, ordered: list[gs.Node], devices:
                     _restore(ctx, tensor.name, dtype_name(tensor.dtype))
 
 
+def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:
+    """--float16 TENSOR: the NPU step writing TENSOR computes in float16 (rknn-toolkit2's hybrid
+    quantization): its outputs and the weights only it reads are stored as float16 and get no
+    quantization parameters; an int8 input is dequantized as it is read, and an int8 step that
+    reads a float16 output quantizes it with its own calibrated parameters."""
+    wanted = set(ctx.options.float16_tensors)
+    if not wanted:
+        return
+    island_steps = [node for node, device in zip(ordered, devices)
+                    if device == "npu" and wanted & {t.name for t in node.outputs}]
+    written = {t.name for node in island_steps for t in node.outputs}
+    for name in sorted(wanted):
+        if name not in written or not _is_quantized(ctx, name):
+            raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step writes "
+                               f"(rkcompile run --dtype int8 --accuracy-analysis lists them)")
+    readers: dict[str, set[str]] = {}
+    for node in ordered:
+        for member in _members(node)[0]:
+            for tensor in member.inputs:
+                readers.setdefault(tensor.name, set()).add(node.name)
+    islands = {node.name for node in island_steps}
+    for node in island_steps:
+        weights = {t.name for member in _members(node)[0] for t in member.inputs if isinstance(t, gs.Constant)}
+        for name in {name for name in weights if readers[name] <= islands} | {t.name for t in node.outputs}:
+            if _is_quantized(ctx, name):
+                _restore(ctx, name, "float16")
+
+
 def _restore(ctx: CompileContext, name: str, dtype: str) -> None:
     placed = ctx.tensors[name]
-    ctx.tensors[name] = replace(placed, dtype=dtype, bytes=element_count(placed.shape) * itemsize(dtype))
+    if placed.layout == "NC1HWC2":  # the channel padding follows the dtype's C2
+        size = nc1hwc2_bytes(as_nchw(placed.shape), ctx.target.c2_for(dtype), itemsize(dtype))
+    else:
+        size = element_count(placed.shape) * itemsize(dtype)
+    ctx.tensors[name] = replace(placed, dtype=dtype, bytes=size)

@@ -32,7 +32,7 @@ from .plan import Quantization, TensorSpec
 
 log = logging.getLogger("rkcompile")
 
-METHODS = ("minmax", "percentile", "kl")
+METHODS = ("minmax", "percentile", "kl", "mmse")
 PERCENTILE = 99.99
 INT8 = (-128, 127)
 WEIGHT_INT8 = (-127, 127)
@@ -44,6 +44,8 @@ KEPT_VALUES = 1 << 14
 KL_BINS = 2048
 KL_LEVELS = 128
 KL_STRIDE = 8
+#: Clipping thresholds the mmse observer tries: max|x| times 1/MMSE_STEPS, 2/MMSE_STEPS, ..., 1
+MMSE_STEPS = 100
 #: Ops whose weight input (index 1) may be quantized per output channel (axis 0):
 #: oplist V2.3.2, Convolution and Depthwise Convolution, weight "per-layer, per-channel".
 PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
@@ -155,6 +157,8 @@ class RangeObserver:
         if self.method == "percentile":
             low, high = np.percentile(values, [100 - PERCENTILE, PERCENTILE])
             return float(low), float(high)
+        if self.method == "mmse":
+            return mmse_range(values, self.low, self.high)
         # a one-signed tensor spends all 255 steps on one side, a two-signed one half each
         levels = 2 * KL_LEVELS - 1 if self.low >= 0 or self.high <= 0 else KL_LEVELS
         threshold = kl_threshold(np.abs(values), levels=levels)
@@ -188,6 +192,24 @@ def kl_threshold(magnitudes: np.ndarray, bins: int = KL_BINS, levels: int = KL_L
         if divergence < best_divergence:
             best, best_divergence = cut, divergence
     return float(edges[best])
+
+
+def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_STEPS) -> tuple[float, float]:
+    """The clip [max(low, -t), min(high, t)], t a multiple of max(|low|, high) / steps, whose int8
+    quantize-dequantize of `values` has the least mean squared error against them: rknn-toolkit2's
+    quantized_algorithm 'mmse', a 1-D search per tensor. Clipping a rare tail buys finer steps
+    for the bulk of the values; one threshold on |x| clips only the side that has the tail."""
+    values = np.asarray(values, np.float64)
+    low, high = min(low, 0.0), max(high, 0.0)
+    peak = max(-low, high)
+    best, best_error = (low, high), np.inf
+    for threshold in peak * np.arange(steps, 0, -1) / steps:
+        candidate = (max(low, -threshold), min(high, threshold))
+        quant = activation_params(*candidate, "mmse")
+        error = float(np.mean((dequantize(quantize(values, quant), quant) - values) ** 2))
+        if error < best_error:
+            best, best_error = candidate, error
+    return best
 
 
 # ---- parameters ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from rkcompile.errors import CompileError
 from rkcompile.pipeline import compile_model
 from rkcompile.plan import Plan, TensorSpec, contract_violations
 from rkcompile.quantize import (RangeObserver, activation_params, dequantize, kl_threshold, load_calibration,
-                                quantize, random_calibration, weight_params)
+                                mmse_range, quantize, random_calibration, weight_params)
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 rng = np.random.default_rng(3)
@@ -110,6 +110,30 @@ def test_percentile_and_kl_clip_an_outlier_that_minmax_keeps():
 
 def test_kl_keeps_the_whole_range_of_a_uniform_distribution():
     assert kl_threshold(rng.uniform(0, 1, 100_000)) > 0.95
+
+
+def quantization_mse(values: np.ndarray, low: float, high: float) -> float:
+    quant = activation_params(low, high, "test")
+    return float(np.mean((dequantize(quantize(values, quant), quant) - values) ** 2))
+
+
+def test_mmse_clips_a_tail_that_costs_the_bulk_more_than_it_gains():
+    # one value at 1.2 above a uniform bulk: clipping it costs 0.04 once, the finer step saves
+    # about (2.2^2 - 2^2) / 255^2 / 12 on each of 100000 values
+    values = np.concatenate([rng.uniform(-1, 1, 100_000), [1.2]])
+    low, high = mmse_range(values, values.min(), 1.2)
+    assert 0.95 < high < 1.2 and low == values.min()
+    assert quantization_mse(values, low, high) < quantization_mse(values, low, 1.2)
+
+
+def test_mmse_keeps_a_far_outlier_whose_clipping_error_would_dominate():
+    values = np.concatenate([rng.standard_normal(50_000), [80.0]])
+    assert mmse_range(values, values.min(), 80.0)[1] > 70.0
+
+
+def test_mmse_keeps_the_range_of_a_uniform_distribution():
+    low, high = mmse_range(rng.uniform(-1, 1, 50_000), -1.0, 1.0)
+    assert low <= -0.95 and high >= 0.95
 
 
 # ---- calibration data -----------------------------------------------------------------------
@@ -224,6 +248,41 @@ def test_int8_run_of_a_small_cnn_matches_onnxruntime(cnn, tmp_path):
     x = np.load(calib)["x"][1]
     result = emulate(prepared, {"x": x}).outputs["y"]
     assert agreement("y", result, onnxruntime_outputs(cnn, {"x": x})["y"]).cosine >= 0.999
+
+
+def first_conv_output(plan: Plan) -> str:
+    return next(step.outputs[0] for step in plan.steps if step.device == "npu" and step.kernel.startswith("Conv"))
+
+
+def test_float16_island_stores_its_step_in_float16_and_the_rest_in_int8(cnn, tmp_path):
+    calib = calibration_file(tmp_path)
+    x = np.load(calib)["x"][1]
+    expected = onnxruntime_outputs(cnn, {"x": x})["y"]
+    plain = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calib))
+    island = first_conv_output(plain.plan)
+    hybrid = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calib, float16_tensors=(island,)))
+    plan = hybrid.plan
+    assert not contract_violations(plan)
+    for name in (island, "w1", "b1"):
+        assert plan.tensors[name].dtype == "float16" and name not in plan.quantization
+    assert plan.tensors["w2"].dtype == "int8" and "w2" in plan.quantization
+    assert plain.plan.tensors[island].dtype == "int8"
+    # C2 is 8 for float16 on rk3588, so the island's NC1HWC2 bytes are those of 16 padded channels
+    assert plan.tensors[island].bytes == 16 * 16 * 16 * 2
+    seen = {}
+    result = emulate(hybrid, {"x": x}, observe=lambda step, values: seen.update(values)).outputs["y"]
+    assert len(np.unique(seen[island])) > 256  # not int8 values
+    assert agreement("y", result, expected).cosine >= 0.999
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--float16", "r1"], "add --dtype int8"),
+    (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step writes"),
+])
+def test_float16_island_errors_are_one_line(cnn, capsys, extra, message):
+    assert main(["plan", str(cnn), "--target", "rk3588", "--quiet"] + extra) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 # ---- the command line -----------------------------------------------------------------------
