@@ -137,7 +137,11 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str) -> 
                         help="int8 calibration inputs: a folder of .npy/.npz files or one .npz keyed by input "
                              "name (default: a few seeded random inputs, with a warning)")
     parser.add_argument("--calib-method", default="minmax", choices=CALIBRATION_METHODS,
-                        help="int8 activation ranges: min/max, 0.01-99.99 percentiles, or KL (default minmax)")
+                        help="int8 activation ranges: min/max, 0.01-99.99 percentiles, KL, or mmse (the clip of "
+                             "least quantization MSE per tensor) (default minmax)")
+    parser.add_argument("--float16", action="append", default=[], metavar="TENSOR",
+                        help="int8 hybrid quantization: the NPU step writing TENSOR computes in float16; repeat "
+                             "for several (run --accuracy-analysis lists the steps' outputs)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
                         help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
@@ -145,9 +149,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str) -> 
 
 def calibration_options(args: argparse.Namespace) -> dict:
     """The Options fields of --calib and --calib-method, which only an int8 plan uses."""
-    if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax"):
-        raise CompileError("--calib and --calib-method calibrate int8 plans; add --dtype int8")
-    return {"calibration": args.calib, "calibration_method": args.calib_method}
+    if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax" or args.float16):
+        raise CompileError("--calib, --calib-method and --float16 apply to int8 plans; add --dtype int8")
+    return {"calibration": args.calib, "calibration_method": args.calib_method,
+            "float16_tensors": tuple(args.float16)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +236,7 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
-CALIBRATION_METHODS = ("minmax", "percentile", "kl")  # rkcompile/quantize.py METHODS
+CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantize.py METHODS
 OPS_FORMATS = ("md", "text")
 
 

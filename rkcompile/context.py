@@ -25,7 +25,8 @@ class Options:
     dump_after: tuple[str, ...] = ()
     dump_dir: Path = Path(".")
     calibration: Path | None = None  # int8: folder of .npy/.npz inputs or one .npz (rkcompile/quantize.py)
-    calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile or kl
+    calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile, kl or mmse
+    float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
 
 
 @dataclass(frozen=True)
