@@ -40,8 +40,19 @@ class Execution:
     dynamic_tensors: int = 0
 
 
+@dataclass
+class WeightCache:
+    """What every run of one prepared plan computes the same way, because weights are constants:
+    the weight region's bytes, and the float32 decodes of the float weights NPU steps read. The
+    first run makes them; later runs copy the bytes into their weight region and read the
+    decodes. Weights are not arena tensors, so nothing the plan places is bypassed."""
+    region: np.ndarray | None = None
+    decoded: dict[str, np.ndarray] = field(default_factory=dict)
+
+
 class Executor:
-    def __init__(self, plan: Plan, graph: gs.Graph, order: Sequence[str], target: Target):
+    def __init__(self, plan: Plan, graph: gs.Graph, order: Sequence[str], target: Target,
+                 weight_cache: WeightCache | None = None):
         if len(order) != len(plan.steps):
             raise EmulationError(f"the plan has {len(plan.steps)} steps but the model plans to {len(order)}")
         self.plan = plan
@@ -53,6 +64,7 @@ class Executor:
         self.fallbacks: list[str] = []
         self._step = -1
         self.quantization = plan.quantization  # int8 plans; empty for float16
+        self.weight_cache = WeightCache() if weight_cache is None else weight_cache
 
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
         self._load_weights()
@@ -85,12 +97,17 @@ class Executor:
         return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
 
     def _load_weights(self) -> None:
+        region = self.storage.regions["weight"]
+        if self.weight_cache.region is not None:
+            region[...] = self.weight_cache.region
+            return
         for name, tensor in self.plan.tensors.items():
             if tensor.region != "weight":
                 continue
             if name not in self.constants:
                 raise EmulationError(f"weight {name} is not a constant of the model")
             self._store(name, np.asarray(self.constants[name].values))
+        self.weight_cache.region = region.copy()
 
     def _store(self, name: str, real: np.ndarray) -> None:
         """Write a real value, quantized first when the plan stores the tensor as integers."""
@@ -107,14 +124,27 @@ class Executor:
         if quant is not None:
             value = self.storage.read(tensor.name)
             return QTensor(value, quant) if device == "npu" else self._real(tensor.name)
+        if device == "npu":
+            placement = self.storage.placement(tensor.name)
+            if np.dtype(placement.dtype).kind != "f":
+                return self.storage.read(tensor.name)
+            if placement.region == "weight":
+                return self._weight(tensor.name)
+            return self.storage.read(tensor.name, np.float32)
         value = self.storage.read(tensor.name)
         if value.dtype.kind != "f":
             return value
-        if device == "npu":
-            return value.astype(np.float32, copy=False)
         # the CPU computes in the model's dtype, even on a weight stored for an NPU reader
         wanted = dtype_name(tensor.dtype)
         return value.astype(wanted, copy=False) if wanted and wanted != value.dtype.name else value
+
+    def _weight(self, name: str) -> np.ndarray:
+        cached = self.weight_cache.decoded.get(name)
+        if cached is None:
+            cached = self.storage.read(name, np.float32)
+            cached.flags.writeable = False  # shared by every step and run that reads it
+            self.weight_cache.decoded[name] = cached
+        return cached
 
     def _npu_node(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
         if self.quantization:

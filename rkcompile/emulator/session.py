@@ -8,7 +8,7 @@ same execution (model hash, target, dtype, steps) and its tensor placements are 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -19,7 +19,7 @@ from rkcompile.context import Options
 from rkcompile.plan import Plan, contract_violations
 from rkcompile.targets import get_target
 
-from .executor import Execution, Executor, Observe
+from .executor import Execution, Executor, Observe, WeightCache
 from .storage import EmulationError
 
 #: Integer inputs are token ids, indices or masks: small non-negative values stay valid for
@@ -32,6 +32,7 @@ class Prepared:
     plan: Plan
     graph: object
     order: list[str]
+    weight_cache: WeightCache = field(default_factory=WeightCache, repr=False)
 
 
 def prepare(model: Path, target: str, options: Options, saved_plan: Path | None = None) -> Prepared:
@@ -95,4 +96,4 @@ def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> d
 
 def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
     target = get_target(prepared.plan.target)
-    return Executor(prepared.plan, prepared.graph, prepared.order, target).run(inputs, observe)
+    return Executor(prepared.plan, prepared.graph, prepared.order, target, prepared.weight_cache).run(inputs, observe)

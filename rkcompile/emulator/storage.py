@@ -21,6 +21,8 @@ from rkcompile.passes.layout import as_nchw, nc1hwc2_shape
 from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets.model import Target
 
+from .half import cast
+
 
 class EmulationError(CompileError):
     """The plan cannot be executed as written (a bad size, a missing tensor, no kernel)."""
@@ -63,20 +65,29 @@ class Storage:
             return nc1hwc2_shape(as_nchw(tensor.shape), self.target.c2_for(tensor.dtype))
         return tuple(tensor.shape)
 
-    def read(self, name: str) -> np.ndarray:
-        """A working copy of the tensor in its ONNX shape and stored dtype."""
+    def read(self, name: str, dtype: np.dtype | None = None) -> np.ndarray:
+        """A working copy of the tensor in its ONNX shape, in `dtype` (default: the stored
+        dtype), decoded and converted in one pass. An NC1HWC2 tensor comes back channels-last in
+        memory (an (N, H, W, C) buffer seen through a transposed view): its C2 blocks are runs of
+        consecutive channels, so that order is the cheap one to decode, and it is the one the
+        conv kernel multiplies in."""
         tensor = self.placement(name)
         if tensor.layout == "unknown":
             if name not in self.dynamic:
                 raise EmulationError(f"tensor {name} is read before it is written")
-            return self.dynamic[name]
+            value = self.dynamic[name]
+            return value if dtype is None else value.astype(dtype, copy=False)
         view = self.view(name)
+        dtype = view.dtype if dtype is None else np.dtype(dtype)
         if tensor.layout != "NC1HWC2":
-            return np.array(view)
+            return cast(view, dtype)
         n, c1, h, w, c2 = view.shape
         channels = as_nchw(tensor.shape)[1]
-        nchw = view.transpose(0, 1, 4, 2, 3).reshape(n, c1 * c2, h, w)[:, :channels]
-        return np.ascontiguousarray(nchw).reshape(tensor.shape)
+        channels_last = np.ascontiguousarray(view.transpose(0, 2, 3, 1, 4))
+        if dtype != view.dtype:
+            channels_last = cast(channels_last, dtype)
+        nchw = channels_last.reshape(n, h, w, c1 * c2)[..., :channels].transpose(0, 3, 1, 2)
+        return nchw.reshape(tensor.shape)
 
     def write(self, name: str, value: np.ndarray) -> None:
         """Store `value` (the tensor's ONNX shape) in its planned dtype and layout."""
@@ -90,11 +101,15 @@ class Storage:
                                  f"planned {list(tensor.shape)}")
         view = self.view(name)
         if tensor.layout != "NC1HWC2":
-            view[...] = value.astype(view.dtype, copy=False)
+            view[...] = cast(value, view.dtype) if value.dtype != view.dtype else value
             return
         n, c1, h, w, c2 = view.shape
-        nchw = value.reshape(as_nchw(tensor.shape))
-        channels = nchw.shape[1]
-        padded = np.zeros((n, c1 * c2, h, w), view.dtype)
-        padded[:, :channels] = nchw
-        view[...] = padded.reshape(n, c1, c2, h, w).transpose(0, 1, 3, 4, 2)
+        channels_last = value.reshape(as_nchw(tensor.shape)).transpose(0, 2, 3, 1)
+        if channels_last.dtype != view.dtype:
+            channels_last = cast(channels_last, view.dtype)
+        whole_blocks, rest = divmod(channels_last.shape[-1], c2)
+        view[:, :whole_blocks] = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2) \
+            .transpose(0, 3, 1, 2, 4)
+        if rest:
+            view[:, whole_blocks, ..., :rest] = channels_last[..., whole_blocks * c2:]
+            view[:, whole_blocks, ..., rest:] = 0

@@ -37,12 +37,33 @@ def spatial_pads(node, in_sizes, kernel, strides, dilations, ceil_mode=False) ->
     return begin, end
 
 
-def windows(x: np.ndarray, kernel, strides, dilations, begin, end, fill: float = 0.0) -> np.ndarray:
-    """(N, C, *out, *kernel) view of the padded input's windows, no copy beyond the padding."""
+def windows(x: np.ndarray, kernel, strides, dilations, begin, end, fill: float = 0.0,
+            first_spatial_axis: int = 2) -> np.ndarray:
+    """A view of the padded input's windows, no copy beyond the padding: (N, C, *out, *kernel)
+    for an (N, C, *spatial) input, and (N, *out, C, *kernel) for a channels-last (N, *spatial, C)
+    one with `first_spatial_axis=1`."""
     rank = len(kernel)
-    padded = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end)), constant_values=fill) if any(begin + end) else x
+    spatial = range(first_spatial_axis, first_spatial_axis + rank)
+    if any(begin + end):
+        widths = [(0, 0)] * x.ndim
+        for axis, pads in zip(spatial, zip(begin, end)):
+            widths[axis] = pads
+        x = np.pad(x, widths, constant_values=fill)
     extents = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
-    view = sliding_window_view(padded, extents, axis=tuple(range(2, 2 + rank)))
-    index = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides) \
-        + tuple(slice(None, None, d) for d in dilations)
-    return view[index]
+    view = sliding_window_view(x, extents, axis=tuple(spatial))
+    index = [slice(None)] * view.ndim
+    for axis, stride in zip(spatial, strides):
+        index[axis] = slice(None, None, stride)
+    for axis, dilation in zip(range(x.ndim, x.ndim + rank), dilations):
+        index[axis] = slice(None, None, dilation)
+    return view[tuple(index)]
+
+
+def fold_taps(view: np.ndarray, rank: int, combine: np.ufunc) -> np.ndarray:
+    """`combine` over the trailing `rank` kernel axes of a window view, one whole-map operation
+    per tap: numpy's own reduction over those short, strided axes is many times slower."""
+    taps = np.ndindex(*view.shape[-rank:])
+    result = np.array(view[(Ellipsis,) + next(taps)])
+    for tap in taps:
+        combine(result, view[(Ellipsis,) + tap], out=result)
+    return result

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Unsupported, attr, register
-from ._windows import spatial_pads, windows
+from ._windows import fold_taps, spatial_pads, windows
 
 
 def _geometry(node, x):
@@ -23,15 +23,14 @@ def max_pool(node, inputs, opset):
         raise Unsupported("MaxPool Indices output")
     rank, kernel, strides, dilations, begin, end = _geometry(node, x)
     view = windows(x, kernel, strides, dilations, begin, end, fill=-np.inf)
-    return [view.max(axis=tuple(range(-rank, 0)))]
+    return [fold_taps(view, rank, np.maximum)]
 
 
 @register("AveragePool")
 def average_pool(node, inputs, opset):
     x = inputs[0]
     rank, kernel, strides, dilations, begin, end = _geometry(node, x)
-    axes = tuple(range(-rank, 0))
-    total = windows(x, kernel, strides, dilations, begin, end).sum(axis=axes)
+    total = fold_taps(windows(x, kernel, strides, dilations, begin, end), rank, np.add)
     # The divisor counts the input cells of each window, plus the explicit pads when
     # count_include_pad; never the cells ceil_mode adds past the end.
     ones = np.ones((1, 1) + x.shape[2:], np.float32)
@@ -40,7 +39,7 @@ def average_pool(node, inputs, opset):
         ones = np.pad(ones, [(0, 0), (0, 0)] + list(zip(explicit[:rank], explicit[rank:])), constant_values=1)
         begin = [b - p for b, p in zip(begin, explicit[:rank])]
         end = [e - p for e, p in zip(end, explicit[rank:])]
-    counts = windows(ones, kernel, strides, dilations, begin, end).sum(axis=axes)
+    counts = fold_taps(windows(ones, kernel, strides, dilations, begin, end), rank, np.add)
     return [total / counts]
 
 
