@@ -3,8 +3,15 @@
     python tools/bench_emulator.py [--repeat 3] [MODEL ...]
 
 Times are the median of --repeat runs of execution only (planning excluded for the emulator,
-session creation excluded for onnxruntime)."""
+session creation excluded for onnxruntime). The emulator's BLAS runs on one thread too, unless
+OPENBLAS_NUM_THREADS / OMP_NUM_THREADS say otherwise: a like-for-like ratio, and on a shared
+2-core machine a second BLAS thread mostly waits for the other users."""
 from __future__ import annotations
+
+import os
+
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")  # before numpy loads its BLAS
 
 import argparse
 import statistics

@@ -83,7 +83,9 @@ class Storage:
             return cast(view, dtype)
         n, c1, h, w, c2 = view.shape
         channels = as_nchw(tensor.shape)[1]
-        channels_last = np.ascontiguousarray(view.transpose(0, 2, 3, 1, 4))
+        channels_last = np.empty((n, h, w, c1), view_as_blocks(view).dtype)
+        channels_last[...] = view_as_blocks(view).transpose(0, 2, 3, 1)
+        channels_last = channels_last.view(view.dtype)
         if dtype != view.dtype:
             channels_last = cast(channels_last, dtype)
         nchw = channels_last.reshape(n, h, w, c1 * c2)[..., :channels].transpose(0, 3, 1, 2)
@@ -107,9 +109,16 @@ class Storage:
         channels_last = value.reshape(as_nchw(tensor.shape)).transpose(0, 2, 3, 1)
         if channels_last.dtype != view.dtype:
             channels_last = cast(channels_last, view.dtype)
+        channels_last = np.ascontiguousarray(channels_last)
         whole_blocks, rest = divmod(channels_last.shape[-1], c2)
-        view[:, :whole_blocks] = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2) \
-            .transpose(0, 3, 1, 2, 4)
+        whole = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2)
+        view_as_blocks(view)[:, :whole_blocks] = view_as_blocks(whole).transpose(0, 3, 1, 2)
         if rest:
             view[:, whole_blocks, ..., :rest] = channels_last[..., whole_blocks * c2:]
             view[:, whole_blocks, ..., rest:] = 0
+
+
+def view_as_blocks(array: np.ndarray) -> np.ndarray:
+    """The array without its last axis, each run along that axis (one C2 block) seen as a single
+    opaque item: numpy moves a 16-byte item several times faster than 8 float16 values."""
+    return array.view(np.dtype((np.void, array.shape[-1] * array.itemsize)))[..., 0]

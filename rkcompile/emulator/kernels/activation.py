@@ -98,4 +98,4 @@ def clip(node, inputs, opset):
     else:
         low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else -np.inf
         high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.inf
-    return [np.clip(x, low, high).astype(x.dtype)]
+    return [np.clip(x, low, high).astype(x.dtype, copy=False)]

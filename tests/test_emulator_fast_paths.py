@@ -1,0 +1,161 @@
+"""The emulator's fast paths compute what the plain ones did: onnxruntime's float16 casts against
+numpy's, the channels-last NC1HWC2 codec on every rank and channel remainder, the conv kernel's
+channels-last GEMM, depthwise and blocked paths against onnx.reference, the branch-free
+sigmoid, and the per-session weight cache."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from rkcompile.context import Options
+from rkcompile.emulator import Executor, Storage, emulate, make_inputs, prepare
+from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
+from rkcompile.emulator.kernels import conv as conv_module
+from rkcompile.emulator.kernels.activation import sigmoid
+from rkcompile.passes.layout import as_nchw, nc1hwc2_shape
+from rkcompile.plan import Plan, TensorPlacement
+from rkcompile.targets import get_target
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+RK3588 = get_target("rk3588")
+rng = np.random.default_rng(11)
+
+
+def float32_cases() -> np.ndarray:
+    """Every finite float16 value as float32, its float32 neighbours, the ties halfway to the
+    next float16 (and one float32 step either side), the overflow and subnormal edges, and
+    random bit patterns (NaNs and infinities among them)."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    exact = halves[np.isfinite(halves)].astype(np.float32)
+    bits = exact.view(np.uint32).astype(np.int64)
+    shifted = [((bits + delta) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+               for delta in (1, -1, 0xFFF, 0x1000, 0x1001)]
+    edges = np.array([65504, 65519.996, 65520, 65536, 3e38, np.inf, -np.inf, 2.9802322e-08, 5.9604645e-08,
+                      1e-45, 0.0, -0.0], np.float32)
+    patterns = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([exact, *shifted, edges, patterns])
+
+
+def test_onnxruntime_float16_casts_match_numpy_bit_for_bit():
+    pytest.importorskip("onnxruntime")
+    values = float32_cases()
+    assert values.size >= ONNXRUNTIME_MIN_ELEMENTS
+    with np.errstate(over="ignore"):
+        expected = values.astype(np.float16)
+    halves = cast(values, np.float16)
+    nan = np.isnan(values)
+    assert halves.dtype == np.float16 and np.isnan(halves[nan]).all()
+    np.testing.assert_array_equal(halves[~nan].view(np.uint16), expected[~nan].view(np.uint16))
+    back = cast(halves, np.float32)
+    nan = np.isnan(halves)
+    assert back.dtype == np.float32 and np.isnan(back[nan]).all()
+    np.testing.assert_array_equal(back[~nan].view(np.uint32), halves[~nan].astype(np.float32).view(np.uint32))
+
+
+def one_tensor_storage(shape, dtype, offset=6) -> Storage:
+    """A Storage holding one NC1HWC2 arena tensor at `offset`."""
+    size = int(np.prod(nc1hwc2_shape(as_nchw(shape), RK3588.c2_for(dtype)))) * np.dtype(dtype).itemsize
+    plan = Plan.from_dict({
+        "schema": "rkcompile.plan/1", "target": "rk3588", "dtype": "float16", "batch": 1,
+        "model": {"path": "m", "sha256": "0", "opset": 17, "inputs": [], "outputs": []},
+        "nodes": [], "steps": [], "tensors": {}, "partitions": [],
+        "memory": {"arena_bytes": offset + size, "lower_bound_bytes": 0, "weight_bytes": 0},
+        "multicore": {"cores": 1, "batch": 1}})
+    placement = TensorPlacement(tuple(shape), dtype, "NC1HWC2", size, "arena", offset)
+    return Storage(dataclasses.replace(plan, tensors={"t": placement}), RK3588)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 5), (2, 16, 7), (2, 3, 4, 5), (1, 24, 3, 3), (1, 13, 1, 40)])
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_nc1hwc2_codec_round_trips_every_rank_and_zeroes_the_padding(shape, dtype):
+    storage = one_tensor_storage(shape, dtype)
+    storage.regions["arena"][:] = 0x7B  # stale bytes from an earlier tensor
+    value = (rng.standard_normal(shape) * 40).astype(dtype)
+    storage.write("t", value)
+    np.testing.assert_array_equal(storage.read("t"), value)
+    np.testing.assert_array_equal(storage.read("t", np.float32), value.astype(np.float32))
+    # the reference layout, seed 003: channel c at block c // C2, lane c % C2, zeros past C
+    n, c, h, w = as_nchw(shape)
+    c2 = RK3588.c2_for(dtype)
+    c1 = -(-c // c2)
+    padded = np.zeros((n, c1 * c2, h, w), dtype)
+    padded[:, :c] = value.reshape(n, c, h, w)
+    expected = padded.reshape(n, c1, c2, h, w).transpose(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(storage.view("t"), expected)
+    assert storage.regions["arena"][:6].tolist() == [0x7B] * 6
+
+
+def test_float32_writes_round_once_to_nearest_even():
+    storage = one_tensor_storage((1, 9, 30, 20), "float16")
+    value = rng.standard_normal((1, 9, 30, 20)).astype(np.float32)
+    storage.write("t", np.moveaxis(np.ascontiguousarray(np.moveaxis(value, 1, -1)), -1, 1))  # channels-last input
+    np.testing.assert_array_equal(storage.read("t"), value.astype(np.float16))
+
+
+def channels_last(x: np.ndarray) -> np.ndarray:
+    """x as Storage.read hands NC1HWC2 tensors to kernels: ONNX shape over channels-last memory."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
+
+
+CONVS = {
+    "depthwise_many_blocks": ((2, 6, 9, 7), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    "depthwise_multiplier_stride2": ((1, 4, 9, 8), (8, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 0, 1, 2]}),
+    "depthwise_1d": ((2, 5, 17), (5, 1, 5), {"group": 5, "dilations": [2], "pads": [4, 4]}),
+    "pointwise_batch": ((3, 13, 5, 4), (7, 13, 1, 1), {}),
+    "dense_3x3_batch": ((2, 5, 8, 6), (9, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "grouped_strided": ((1, 8, 9, 9), (6, 4, 3, 2), {"group": 2, "strides": [2, 1], "dilations": [1, 2]}),
+    "dense_1d": ((2, 3, 11), (4, 3, 3), {"strides": [2]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+@pytest.mark.parametrize("memory", ["contiguous", "channels_last"])
+def test_conv_paths_match_onnx_reference(name, memory, monkeypatch):
+    monkeypatch.setattr(conv_module, "CACHE_BLOCK_ELEMENTS", 40)  # several depthwise row blocks
+    x_shape, w_shape, attrs = CONVS[name]
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight = rng.standard_normal(w_shape).astype(np.float32)
+    bias = rng.standard_normal(w_shape[0]).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], "conv",
+        [helper.make_tensor_value_info("x", 1, x_shape)], [helper.make_tensor_value_info("y", 1, None)],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    node = gs.Node("Conv", attrs=attrs)
+    operand = channels_last(x) if memory == "channels_last" else x
+    (result,) = conv_module.conv(node, [operand, weight, bias], 17)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_sigmoid_is_exact_in_float32_and_never_overflows():
+    x = np.concatenate([np.linspace(-120, 120, 100_001, dtype=np.float32),
+                        np.array([np.inf, -np.inf, 0.0, -0.0, 88.7, -88.7, -103.9], np.float32)])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        result = sigmoid(x.copy())
+    exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert result.dtype == np.float32
+    np.testing.assert_allclose(result, exact, rtol=3e-7, atol=1e-44)
+
+
+@pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
+def test_weight_cache_reuses_the_first_runs_weights_without_changing_outputs():
+    name = "squeezenet1_1"
+    prepared = prepare(SHARED / "zoo" / f"{name}.onnx", "rk3588", Options())
+    inputs = make_inputs(prepared.plan, {}, seed=3)
+    first = emulate(prepared, inputs).outputs
+    decoded = dict(prepared.weight_cache.decoded)
+    assert decoded and prepared.weight_cache.region is not None
+    assert not any(array.flags.writeable for array in decoded.values())
+    second = emulate(prepared, inputs).outputs
+    assert all(prepared.weight_cache.decoded[k] is v for k, v in decoded.items())  # decoded once
+    uncached = Executor(prepared.plan, prepared.graph, prepared.order, RK3588).run(inputs).outputs
+    for key in first:
+        np.testing.assert_array_equal(first[key], second[key])
+        np.testing.assert_array_equal(first[key], uncached[key])
