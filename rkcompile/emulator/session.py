@@ -7,8 +7,9 @@ same execution (model hash, target, dtype, steps) and its tensor placements are 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -32,7 +33,7 @@ class Prepared:
     plan: Plan
     graph: object
     order: list[str]
-    weight_cache: WeightCache = field(default_factory=WeightCache, repr=False)
+    weight_cache: WeightCache = dataclasses.field(default_factory=WeightCache, repr=False)
 
 
 def prepare(model: Path, target: str, options: Options, saved_plan: Path | None = None) -> Prepared:
