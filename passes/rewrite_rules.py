@@ -505,7 +505,8 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Iterator[Replacement]:
     rknn-toolkit2 runs it (its bert layer table shows Conv for MatMul by weights): Convolution
     runs on several cores and takes per-channel weights, exMatMul neither (oplist V2.3.2).
     x[..., M, K] @ W[K, N] reads x as [L, K, 1, 1]; W[M, K] @ x[..., K, N] reads x as [L, K, 1, N].
-    A constant bias Add that alone reads x @ W becomes the Conv's bias."""
+    A constant bias Add that alone reads x @ W becomes the Conv's bias, and a residual Add after
+    it is done on the Conv's output layout, so the two fuse as ConvAdd."""
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     y_shape = static_shape(y)
     if y_shape is None:
@@ -520,6 +521,10 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Iterator[Replacement]:
         if bias_add is not None:
             absorbed, y = (bias_add,), bias_add.outputs[0]
         conv = _conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), right.T, bias, [rows, n, 1, 1])
+        residual_add, residual = _residual_add(y, site)
+        if residual_add is not None:
+            absorbed, y = absorbed + (residual_add,), residual_add.outputs[0]
+            conv = builder.op("Add", [conv, builder.reshape(residual, [rows, n, 1, 1])], [rows, n, 1, 1], y.dtype)
     elif left is not None and right is None and left.ndim == 2 and static_shape(b) and len(static_shape(b)) >= 2:
         m, k = left.shape
         batch = element_count(static_shape(b)[:-2])
@@ -529,6 +534,21 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Iterator[Replacement]:
         return
     builder.reshape(conv, y_shape, out=y)
     yield builder.finish(node, *absorbed)
+
+
+def _residual_add(y: gs.Tensor, site: Site) -> tuple[gs.Node | None, gs.Tensor | None]:
+    """The Add of a computed tensor of y's own shape (a residual connection) that alone reads
+    `y`: done on the Conv's [L, N, 1, 1] output, Conv and Add become one ConvAdd kernel (oplist
+    V2.3.2, ConvolutionAdd), as rknn-toolkit2 runs transformer blocks."""
+    if len(y.outputs) != 1 or y.name in site.graph_outputs:
+        return None, None
+    add = y.outputs[0]
+    if add.op != "Add" or len(add.inputs) != 2 or add.inputs[0] is add.inputs[1]:
+        return None, None
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    if isinstance(other, gs.Constant) or static_shape(other) != static_shape(y):
+        return None, None
+    return add, other
 
 
 def _bias_add(y: gs.Tensor, n: int, site: Site) -> tuple[gs.Node | None, np.ndarray | None]:

@@ -13,6 +13,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import CompileContext
+from rkcompile.ir import static_shape
 from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite, rewrite_late
 from rkcompile.passes.rewrite_rules import pool_stage_kernels
 from rkcompile.pipeline import PASSES, assemble_plan
@@ -295,6 +296,20 @@ def test_matmul_bias_add_becomes_the_conv_bias(tmp_path):
     conv = ctx.graph.nodes[1]
     assert len(conv.inputs) == 3 and ctx.origins[conv.name] == ("mm", "bias")
     assert_same_outputs(model, ctx, {"x": feed([1, 7, 6])})
+
+
+def test_residual_add_after_a_matmul_by_weights_runs_on_the_conv_layout(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
+             helper.make_node("Add", ["xw", "b"], ["xb"], name="bias"),
+             helper.make_node("Add", ["r", "xb"], ["y"], name="residual")]
+    model = make_model(nodes, [value_info("x", [1, 7, 6]), value_info("r", [1, 7, 4])], [value_info("y", [1, 7, 4])],
+                       [weight("w", RNG.normal(size=[6, 4]).astype(np.float32)),
+                        weight("b", RNG.normal(size=[4]).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    conv = next(n for n in ctx.graph.nodes if n.op == "Conv")
+    (add,) = conv.outputs[0].outputs
+    assert add.op == "Add" and static_shape(add.outputs[0]) == (7, 4, 1, 1)
+    assert_same_outputs(model, ctx, {"x": feed([1, 7, 6]), "r": feed([1, 7, 4])})
 
 
 @pytest.mark.parametrize("target_name, k, segments", [("rk3576", 5000, 2), ("rk3576", 9000, 3), ("rk3588", 9000, 2)])
