@@ -5,6 +5,7 @@ convexity) builds a networkx view with `dataflow_graph`.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Iterable
 
@@ -81,29 +82,31 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
     """A deterministic topological order that keeps the model's own order where it can.
 
     Kahn's algorithm, always releasing the ready node that came first in the file, so
-    plans are stable and read in the order users see in Netron.
+    plans are stable and read in the order users see in Netron. It runs after every pass, so it
+    works on plain lists indexed by file position rather than on a networkx view.
     """
-    import heapq
-
-    position = {node.name: i for i, node in enumerate(graph.nodes)}
-    by_name = {node.name: node for node in graph.nodes}
-    dag = dataflow_graph(graph)
-    indegree = {name: dag.in_degree(name) for name in dag.nodes}
-    ready = [(position[n], n) for n, d in indegree.items() if d == 0]
+    nodes = list(graph.nodes)
+    made_by = {t.name: index for index, node in enumerate(nodes) for t in node.outputs if t.name}
+    successors: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for index, node in enumerate(nodes):
+        for source in {made_by[t.name] for t in present_inputs(node) if t.name in made_by}:
+            successors[source].append(index)
+            indegree[index] += 1
+    ready = [index for index, degree in enumerate(indegree) if degree == 0]
     heapq.heapify(ready)
     order: list[gs.Node] = []
     while ready:
-        _, name = heapq.heappop(ready)
-        order.append(by_name[name])
-        for succ in dag.successors(name):
-            indegree[succ] -= 1
-            if indegree[succ] == 0:
-                heapq.heappush(ready, (position[succ], succ))
-    if len(order) != len(graph.nodes):
-        cycle = nx.find_cycle(dag)
+        index = heapq.heappop(ready)
+        order.append(nodes[index])
+        for successor in successors[index]:
+            indegree[successor] -= 1
+            if indegree[successor] == 0:
+                heapq.heappush(ready, successor)
+    if len(order) != len(nodes):
+        cycle = nx.find_cycle(dataflow_graph(graph))
         raise ValueError("graph has a cycle through " + " -> ".join(a for a, _ in cycle))
     return order
-
 
 
 def is_onnx_domain(node: gs.Node) -> bool:
