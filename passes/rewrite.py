@@ -25,7 +25,7 @@ from rkcompile.ir import topological_nodes
 from rkcompile.plan import Rewrite
 
 from .legalize import check_node, compile_facts
-from .rewrite_rules import RULES, Replacement, RewriteRule, Site
+from .rewrite_rules import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 
 NAME = "rewrite"
 log = logging.getLogger("rkcompile")
@@ -49,6 +49,7 @@ def rewrite_graph(ctx: CompileContext, late: bool) -> None:
             touched = [t for n in applied.new for t in n.outputs] + [new for _, new in applied.aliases]
             worklist.extend(applied.new)
             worklist.extend(reader for tensor in touched for reader in tensor.outputs)
+            worklist.extend(edits.unread_relabels())
     ctx.graph.nodes = edits.node_list(ctx.graph.nodes)
 
 
@@ -63,6 +64,14 @@ class _Edits:
         # from being reused by a node created later.
         self.spliced: dict[int, tuple[gs.Node, tuple[gs.Node, ...]]] = {}
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
+        # Producers of what replaced nodes read: a relabel among them may have lost its last reader.
+        self.bypassed: list[gs.Node] = []
+
+    def unread_relabels(self) -> list[gs.Node]:
+        found = [node for node in self.bypassed if node.op in RESHAPE_LIKE and id(node) in self.alive
+                 and not any(t.outputs for t in node.outputs)]
+        self.bypassed.clear()
+        return found
 
     def node_list(self, nodes) -> list[gs.Node]:
         result = []
@@ -95,6 +104,7 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
 def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext, edits: _Edits) -> None:
     origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
     edits.spliced[id(replacement.old[0])] = (replacement.old[0], replacement.new)
+    edits.bypassed.extend(producer for node in replacement.old for t in node.inputs for producer in t.inputs)
     for node in replacement.old:
         node.inputs.clear()
         node.outputs.clear()

@@ -854,27 +854,73 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Iterator[Replacement]:
     yield builder.finish()
 
 
+def transpose_of_unit_axes_to_reshape(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """A Transpose that moves only axes of size 1 keeps every element where it was in a
+    row-major tensor: it is a relabel, and runs (and collapses with its neighbours) as a Reshape."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape, y_shape = static_shape(x), static_shape(y)
+    if shape is None or y_shape is None:
+        return
+    perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+    moved = [axis for axis in perm if shape[axis] != 1]
+    if moved != sorted(moved):
+        return
+    builder = site.builder(node)
+    builder.reshape(x, y_shape, out=y)
+    yield builder.finish()
+
+
+def residual_add_in_conv_layout(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """An Add of a relabelled Conv output and a tensor of the same shape done in the Conv's own
+    [L, C, 1, 1] layout (the other operand relabelled to it, the sum relabelled back), so Conv
+    and Add run as one ConvAdd kernel (oplist V2.3.2, ConvolutionAdd), as rknn-toolkit2 runs
+    transformer blocks. Elementwise addition commutes with relabelling both operands alike."""
+    if len(node.inputs) != 2 or node.inputs[0] is node.inputs[1]:
+        return
+    y_shape = static_shape(node.outputs[0])
+    for position, relabelled in enumerate(node.inputs):
+        relabel = _producer(relabelled)
+        if (relabel is None or relabel.op not in RESHAPE_LIKE or len(relabelled.outputs) != 1
+                or relabelled.name in site.graph_outputs):
+            continue
+        source = relabel.inputs[0]
+        conv = _producer(source)
+        other = node.inputs[1 - position]
+        if (conv is None or conv.op != "Conv" or isinstance(other, gs.Constant)
+                or static_shape(other) != y_shape or static_shape(relabelled) != y_shape):
+            continue
+        builder = site.builder(node)
+        summed = builder.op("Add", [source, builder.reshape(other, static_shape(source))],
+                            static_shape(source), source.dtype)
+        builder.reshape(summed, y_shape, out=node.outputs[0])
+        yield builder.finish(node, relabel)
+        return
+
+
 def collapse_relabels(node: gs.Node, site: Site) -> Iterator[Replacement]:
-    """Squeeze/Unsqueeze/Flatten/Reshape only relabel a row-major tensor, so a chain of them is
-    one Reshape from the first input to the last shape, and one whose output shape equals its
-    source's is no node at all: its readers read the source (the node is 'removed' in the plan).
-    Rewrites leave such pairs behind wherever they wrap an op in relabels."""
+    """Squeeze/Unsqueeze/Flatten/Reshape only relabel a row-major tensor, so a relabel of a
+    relabel is one Reshape from the first input, and one whose output shape equals that input's
+    is no node at all: its readers read the input (the node is 'removed' in the plan). The first
+    relabel goes with it when this was its only reader, and a relabel nobody reads any more
+    goes too. Rewrites leave such pairs behind wherever they wrap an op in relabels."""
     y = node.outputs[0]
     y_shape = static_shape(y)
     if y_shape is None:
         return
     source = node.inputs[0]
     earlier = _producer(source)
-    chained = (earlier is not None and earlier.op in RESHAPE_LIKE and len(source.outputs) == 1
-               and source.name not in site.graph_outputs)
-    origin = earlier.inputs[0] if chained else source
-    if static_shape(origin) == y_shape and y.name not in site.graph_outputs:
-        builder = site.builder(node)
-        yield builder.finish(*((earlier, node) if chained else (node,)), aliases=((y, origin),))
-    elif chained:
-        builder = site.builder(node)
+    relabelled = earlier is not None and earlier.op in RESHAPE_LIKE and static_shape(earlier.inputs[0]) is not None
+    only_reader = relabelled and len(source.outputs) == 1 and source.name not in site.graph_outputs
+    replaced = (earlier, node) if only_reader else (node,)
+    origin = earlier.inputs[0] if relabelled else source
+    builder = site.builder(node)
+    if not y.outputs and y.name not in site.graph_outputs:
+        yield builder.finish(*replaced)
+    elif static_shape(origin) == y_shape and y.name not in site.graph_outputs:
+        yield builder.finish(*replaced, aliases=((y, origin),))
+    elif relabelled:
         builder.reshape(origin, y_shape, out=y)
-        yield builder.finish(earlier, node)
+        yield builder.finish(*replaced)
 
 
 RULES: tuple[RewriteRule, ...] = (
@@ -901,5 +947,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
     RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
+    RewriteRule(transpose_of_unit_axes_to_reshape, frozenset({"Transpose"}), always=True),
+    RewriteRule(residual_add_in_conv_layout, frozenset({"Add"}), always=True),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True),
 )

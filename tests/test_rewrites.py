@@ -457,6 +457,43 @@ def test_unlisted_broadcast_repeats_the_computed_operand_by_concat(tmp_path):
     assert_same_outputs(model, ctx, {"scores": feed([1, 4, 8, 8]), "mask": feed([1, 1, 8, 8])})
 
 
+def test_transpose_moving_only_unit_axes_is_a_reshape(tmp_path):
+    model = unary_model("Transpose", [64, 1, 8], perm=[1, 0, 2])
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 1
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 64
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Reshape"] and rules_fired(ctx) == ["transpose_of_unit_axes_to_reshape"]
+    assert_same_outputs(model, ctx, {"x": feed([64, 1, 8])})
+
+
+def test_residual_add_of_a_relabelled_conv_runs_in_the_conv_layout(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "s"], ["cr"], name="relabel"),
+             helper.make_node("Add", ["cr", "r"], ["y"], name="residual")]
+    model = make_model(nodes, [value_info("x", [6, 5, 1, 1]), value_info("r", [1, 6, 4])], [value_info("y", [1, 6, 4])],
+                       [weight("w", RNG.normal(size=[4, 5, 1, 1]).astype(np.float32)),
+                        weight("s", np.array([1, 6, 4], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    conv = next(n for n in ctx.graph.nodes if n.op == "Conv")
+    (add,) = conv.outputs[0].outputs
+    assert add.op == "Add" and "residual_add_in_conv_layout" in rules_fired(ctx)
+    assert_same_outputs(model, ctx, {"x": feed([6, 5, 1, 1]), "r": feed([1, 6, 4])})
+
+
+def test_a_relabel_whose_readers_all_bypass_it_is_removed(tmp_path):
+    """x -> Reshape A -> (Reshape B, Reshape C), both back to x's shape: B and C read x, A goes."""
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["a"], name="A"),
+             helper.make_node("Reshape", ["a", "back"], ["b"], name="B"),
+             helper.make_node("Reshape", ["a", "back"], ["c"], name="C"),
+             helper.make_node("Add", ["b", "c"], ["y"], name="sum")]
+    model = make_model(nodes, [value_info("x", [2, 3, 4, 1])], [value_info("y", [2, 3, 4, 1])],
+                       [weight("flat", np.array([2, 12], np.int64)), weight("back", np.array([2, 3, 4, 1], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["Add"]
+    assert {o for r in ctx.rewrites for o in r.nodes} == {"A", "B", "C"}
+    assert_same_outputs(model, ctx, {"x": feed([2, 3, 4, 1])})
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 def classifier_tail():
