@@ -870,29 +870,45 @@ def transpose_of_unit_axes_to_reshape(node: gs.Node, site: Site) -> Iterator[Rep
     yield builder.finish()
 
 
-def residual_add_in_conv_layout(node: gs.Node, site: Site) -> Iterator[Replacement]:
-    """An Add of a relabelled Conv output and a tensor of the same shape done in the Conv's own
-    [L, C, 1, 1] layout (the other operand relabelled to it, the sum relabelled back), so Conv
-    and Add run as one ConvAdd kernel (oplist V2.3.2, ConvolutionAdd), as rknn-toolkit2 runs
-    transformer blocks. Elementwise addition commutes with relabelling both operands alike."""
-    if len(node.inputs) != 2 or node.inputs[0] is node.inputs[1]:
-        return
+#: Activations the NPU fuses after a convolution (oplist V2.3.2: ConvolutionRelu, ...Clip,
+#: ...Sigmoid, ...Tanh, ...HardSigmoid, ...HardSwish, ...LeakyRelu, ...Elu, ...Softplus).
+CONV_ACTIVATIONS = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu",
+                              "Elu", "Softplus"})
+
+
+def elementwise_in_conv_layout(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """An activation of a relabelled Conv output, or an Add of one and a tensor of the same
+    shape (a residual), done in the Conv's own [L, C, 1, 1] layout and relabelled after, so the
+    Conv and the op run as one kernel (oplist V2.3.2: ConvolutionAdd, ConvolutionTanh, ...), as
+    rknn-toolkit2 runs fully connected and transformer layers. Element-wise ops commute with
+    relabelling every operand alike; constants of one element need no relabel."""
     y_shape = static_shape(node.outputs[0])
-    for position, relabelled in enumerate(node.inputs):
+    operands = [t for t in node.inputs if t.name]
+    for position, relabelled in enumerate(operands):
         relabel = _producer(relabelled)
         if (relabel is None or relabel.op not in RESHAPE_LIKE or len(relabelled.outputs) != 1
-                or relabelled.name in site.graph_outputs):
+                or relabelled.name in site.graph_outputs or static_shape(relabelled) != y_shape):
             continue
         source = relabel.inputs[0]
         conv = _producer(source)
-        other = node.inputs[1 - position]
-        if (conv is None or conv.op != "Conv" or isinstance(other, gs.Constant)
-                or static_shape(other) != y_shape or static_shape(relabelled) != y_shape):
+        if conv is None or conv.op != "Conv":
             continue
+        others = operands[:position] + operands[position + 1:]
         builder = site.builder(node)
-        summed = builder.op("Add", [source, builder.reshape(other, static_shape(source))],
-                            static_shape(source), source.dtype)
-        builder.reshape(summed, y_shape, out=node.outputs[0])
+        inputs = []
+        for operand in node.inputs:
+            if operand is relabelled:
+                inputs.append(source)
+            elif not operand.name or (isinstance(operand, gs.Constant) and constant_value(operand).size == 1):
+                inputs.append(operand)
+            elif node.op == "Add" and not isinstance(operand, gs.Constant) and static_shape(operand) == y_shape:
+                inputs.append(builder.reshape(operand, static_shape(source)))
+            else:
+                return
+        if node.op == "Add" and not others:
+            return
+        result = builder.op(node.op, inputs, static_shape(source), source.dtype, **node.attrs)
+        builder.reshape(result, y_shape, out=node.outputs[0])
         yield builder.finish(node, relabel)
         return
 
@@ -948,6 +964,6 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
     RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
     RewriteRule(transpose_of_unit_axes_to_reshape, frozenset({"Transpose"}), always=True),
-    RewriteRule(residual_add_in_conv_layout, frozenset({"Add"}), always=True),
+    RewriteRule(elementwise_in_conv_layout, frozenset({"Add"}) | CONV_ACTIVATIONS, always=True),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True),
 )

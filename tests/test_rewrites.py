@@ -476,8 +476,20 @@ def test_residual_add_of_a_relabelled_conv_runs_in_the_conv_layout(tmp_path):
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
     conv = next(n for n in ctx.graph.nodes if n.op == "Conv")
     (add,) = conv.outputs[0].outputs
-    assert add.op == "Add" and "residual_add_in_conv_layout" in rules_fired(ctx)
+    assert add.op == "Add" and "elementwise_in_conv_layout" in rules_fired(ctx)
     assert_same_outputs(model, ctx, {"x": feed([6, 5, 1, 1]), "r": feed([1, 6, 4])})
+
+
+def test_activation_of_a_relabelled_conv_runs_in_the_conv_layout(tmp_path):
+    """bert's pooler: Gemm (a 1x1 Conv) -> relabel -> Tanh becomes Conv -> Tanh -> relabel."""
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"], name="fc", transB=1),
+             helper.make_node("Tanh", ["g"], ["y"], name="tanh")]
+    model = make_model(nodes, [value_info("x", [1, 6])], [value_info("y", [1, 4])],
+                       [weight("w", RNG.normal(size=[4, 6]).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    conv = next(n for n in ctx.graph.nodes if n.op == "Conv")
+    assert [reader.op for reader in conv.outputs[0].outputs] == ["Tanh"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 6])})
 
 
 def test_a_relabel_whose_readers_all_bypass_it_is_removed(tmp_path):
