@@ -175,6 +175,15 @@ def recurrent_plain(match: Match) -> tuple[bool, str]:
     return forget == 0, f"input_forget {forget}"
 
 
+def relabel_of_sequence_batch_layout(match: Match) -> tuple[bool, str]:
+    """With one direction or a batch of 1, swapping Y's direction and batch axes moves no bytes,
+    so any relabel of Y holds exLSTM/exGRU's '(sn)c' output layout (oplist V2.3.2, RK3588
+    3.2.38 LSTM, output_layout)."""
+    y, out = static_shape(match.nodes["cell"].outputs[0]), static_shape(match.nodes["reshape"].outputs[0])
+    ok = y is not None and out is not None and (y[1] == 1 or y[2] == 1)
+    return ok, f"Y {y} -> {out}"
+
+
 def sequence_batch_layout(match: Match) -> tuple[bool, str]:
     """The output is reordered to [sequence, batch, directions*hidden]: exLSTM/exGRU's
     '(sn)c' output layout (oplist V2.3.2, RK3588 3.2.38 LSTM, output_layout)."""
@@ -295,6 +304,13 @@ def _recurrent_with_layout(cell: str) -> Op:
     return Op("Reshape", Op("Transpose", Op(cell, label="cell"), label="transpose"), label="reshape")
 
 
+def _recurrent_relabelled(cell: str) -> Op:
+    """The cell's Y relabelled straight on: where PyTorch's Transpose of Y only moves an axis of
+    size 1, the rewrite pass has turned it into a relabel (rewrite_rules.
+    transpose_of_unit_axes_to_reshape) and merged it with the Reshape after it."""
+    return Op("Reshape", Op(cell, label="cell"), label="reshape")
+
+
 def _conv_then(activation: str | tuple[str, ...], *inputs: Pattern, label: str | None = None) -> Op:
     return Op(activation, Op(CONV, label="conv"), *inputs, label=label)
 
@@ -320,6 +336,10 @@ RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exLSTM", "LSTM", _recurrent_with_layout("LSTM"), (recurrent_plain, sequence_batch_layout),
                lambda m: {"output_layout": "(sn)c"}),
     FusionRule("exGRU", "GRU", _recurrent_with_layout("GRU"), (sequence_batch_layout,),
+               lambda m: {"output_layout": "(sn)c"}),
+    FusionRule("exLSTM", "LSTM", _recurrent_relabelled("LSTM"), (recurrent_plain, relabel_of_sequence_batch_layout),
+               lambda m: {"output_layout": "(sn)c"}),
+    FusionRule("exGRU", "GRU", _recurrent_relabelled("GRU"), (relabel_of_sequence_batch_layout,),
                lambda m: {"output_layout": "(sn)c"}),
     FusionRule("exLSTM", "LSTM", Op("LSTM", label="cell"), (recurrent_plain,),
                lambda m: {"output_layout": "sbnc"}),

@@ -103,6 +103,8 @@ def _attention(mask: bool):
 
 
 def _recurrent(op, gates, with_layout):
+    """A bidirectional cell of batch 1: its layout Transpose only moves a size-1 axis, which the
+    rewrite pass relabels before fusion (the relabelled row fuses it)."""
     nodes = [node(op, ["x", "W", "R"], ["Y" if with_layout else "y"], hidden_size=4, direction="bidirectional")]
     if with_layout:
         nodes += [node("Transpose", ["Y"], "t", perm=[0, 2, 1, 3]), node("Reshape", ["t", "shape"], "y")]
