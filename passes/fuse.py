@@ -175,7 +175,10 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: 
     outputs = list(root.outputs)
     origins = sorted({o for node in members for o in ctx.origins.get(node.name, (node.name,))},
                      key=lambda name: original_position.get(name, len(original_position)))
-    name = f"{rule.kernel}:{origins[0]}"
+    name = base = f"{rule.kernel}:{origins[0]}"
+    suffix = 1
+    while name in ctx.origins:  # every current node has an entry; a rewrite may have split one original
+        name, suffix = f"{base}_{suffix}", suffix + 1
     attrs = {"members": [node.op for node in members], **rule.attributes(match),
              "body": body_graph(name, members, inputs, outputs, ctx.graph.opset)}
     for node in members:
