@@ -379,6 +379,40 @@ def average_pool_excluding_pads(node: gs.Node, site: Site) -> Iterator[Replaceme
     yield builder.finish()
 
 
+#: x^-beta as NPU Pows (exponents from seed 000, Pow: {0, 1, 2, 3, 0.5, -0.5}) and Muls: the
+#: exponents to apply in turn, each to the previous result, and whether to multiply the last
+#: two results (x^-0.75 = x^-0.5 * (x^-0.5)^0.5).
+INVERSE_POWERS = {0.5: ((-0.5,), False), 0.75: ((-0.5, 0.5), True), 1.0: ((-0.5, 2.0), False)}
+
+
+def lrn_to_conv_and_pows(node: gs.Node, site: Site) -> Iterator[Replacement]:
+    """LRN (no NPU kernel in oplist V2.3.2) as NPU ops: the squares summed over each channel's
+    window by a 1x1 Conv with a constant band matrix (alpha / size folded into its weights, bias
+    into its bias), raised to -beta by Pows of allowed exponents, times x. ONNX's window for
+    channel c runs from c - floor((size - 1) / 2) to c + ceil((size - 1) / 2)."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    beta = float(node.attrs.get("beta", 0.75))
+    if shape is None or len(shape) != 4 or beta not in INVERSE_POWERS:
+        return
+    size = int(node.attrs["size"])
+    alpha, bias = float(node.attrs.get("alpha", 1e-4)), float(node.attrs.get("bias", 1.0))
+    channels = shape[1]
+    dtype = dtype_name(x.dtype) or "float32"
+    offsets = np.arange(channels)[None, :] - np.arange(channels)[:, None]  # input c' minus output c
+    band = ((offsets >= -((size - 1) // 2)) & (offsets <= -(-(size - 1) // 2))).astype(dtype) * (alpha / size)
+    builder = site.builder(node)
+    squares = builder.op("Mul", [x, x], shape, x.dtype)
+    summed = _conv_1x1(builder, squares, band, np.full(channels, bias, dtype), list(shape))
+    exponents, multiply_last_two = INVERSE_POWERS[beta]
+    powers = [summed]
+    for exponent in exponents:
+        powers.append(builder.op("Pow", [powers[-1], _scalar(builder, exponent, x)], shape, x.dtype))
+    scale = builder.op("Mul", powers[-2:], shape, x.dtype) if multiply_last_two else powers[-1]
+    builder.op("Mul", [x, scale], out=y)
+    yield builder.finish()
+
+
 def sum_to_adds(node: gs.Node, site: Site) -> Iterator[Replacement]:
     """Sum of several inputs (opset 8 exporters' residual adds) as a chain of Adds: the NPU has
     Add, not Sum (oplist V2.3.2 lists Add only)."""
@@ -953,6 +987,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
     RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
     RewriteRule(sum_to_adds, frozenset({"Sum"})),
+    RewriteRule(lrn_to_conv_and_pows, frozenset({"LRN"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
     RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),

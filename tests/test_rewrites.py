@@ -506,6 +506,22 @@ def test_a_relabel_whose_readers_all_bypass_it_is_removed(tmp_path):
     assert_same_outputs(model, ctx, {"x": feed([2, 3, 4, 1])})
 
 
+@pytest.mark.parametrize("size, beta", [(5, 0.75), (3, 0.5), (7, 1.0)])
+def test_lrn_becomes_a_band_conv_of_squares_and_allowed_pows(tmp_path, size, beta):
+    model = unary_model("LRN", [1, 7, 3, 3], size=size, alpha=0.02, beta=beta, bias=1.5)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx) == ["lrn_to_conv_and_pows"]
+    assert "LRN" not in ops_of(ctx) and "Conv" in ops_of(ctx)
+    # onnx.reference's LRN sums a window other than the spec's; onnxruntime follows the spec.
+    import onnxruntime
+    feeds = {"x": feed([1, 7, 3, 3])}
+    after = gs.export_onnx(ctx.graph, do_type_check=False)
+    del after.opset_import[:]
+    after.opset_import.extend(model.opset_import)
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_allclose(ReferenceEvaluator(after).run(None, feeds)[0], expected, rtol=1e-4, atol=1e-5)
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 def classifier_tail():
