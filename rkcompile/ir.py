@@ -1,7 +1,8 @@
 """Helpers over the mutable IR (onnx-graphsurgeon) and its analysis view (networkx).
 
-Every pass mutates a `gs.Graph`; anything that asks a whole-graph question (order, cycles,
-convexity) builds a networkx view with `dataflow_graph`.
+Every pass mutates a `gs.Graph`; whole-graph questions (cycles, convexity, reachability) use a
+networkx view built by `dataflow_graph`. The topological order, asked after every pass, is
+computed on plain lists instead.
 """
 from __future__ import annotations
 
@@ -49,10 +50,6 @@ def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
 def element_count(shape: Iterable[int]) -> int:
     """Python-int product, so huge shapes never overflow or allocate."""
     return math.prod(int(d) for d in shape)
-
-
-def is_constant(tensor: gs.Tensor) -> bool:
-    return isinstance(tensor, gs.Constant)
 
 
 def constant_value(tensor: gs.Tensor) -> np.ndarray | None:

@@ -136,17 +136,8 @@ def test_kernel_matches_onnx_reference_in_float32(name):
         np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.fixture
-def keep_npu_islands(monkeypatch):
-    """A one-node model is an NPU island the partition cost model rightly moves to the CPU; these
-    tests want the NPU kernel, so the island move is switched off."""
-    from rkcompile.passes import partition
-
-    monkeypatch.setattr(partition, "best_island_move", lambda *args, **kwargs: None)
-
-
 @pytest.mark.parametrize("name", sorted(set(CASES) - OFF_THE_NPU))
-def test_planned_node_runs_on_the_npu_in_float16(name, tmp_path, keep_npu_islands):
+def test_planned_node_runs_on_the_npu_in_float16(name, tmp_path):
     case = CASES[name]
     path = tmp_path / f"{name}.onnx"
     onnx.save(case.model(), path)

@@ -2,13 +2,13 @@
 must match the expected outputs at float16 (cosine >= 0.9999 per output).
 
     python tools/sweep_backend_data.py [pytorch-converted pytorch-operator ...] [-v]
-        [--upgrade-opset 13] [--keep-npu-islands]
+        [--upgrade-opset 13]
 
 Prints one line per case that is not a pass and the pass/total per collection; exits 1 when a
-planned case fails. Most of these cases are opset 6, which the planner refuses;
+planned case fails. Most of these cases are opset 6, which the planner takes as it is;
 `--upgrade-opset N` first converts each model with onnx.version_converter (a different model,
-reported as such). Most are also one op, an NPU island the partition cost model moves to the
-CPU; `--keep-npu-islands` turns that move off so the NPU kernels run."""
+reported as such). Most are one op, which stays on the NPU: island pruning never moves the NPU
+part that reads model inputs or writes outputs."""
 from __future__ import annotations
 
 import argparse
@@ -95,12 +95,7 @@ def main() -> int:
     parser.add_argument("collections", nargs="*", default=["pytorch-converted", "pytorch-operator"])
     parser.add_argument("-v", "--verbose", action="store_true", help="print passes and planner refusals too")
     parser.add_argument("--upgrade-opset", type=int, metavar="N", help="convert each model to opset N first")
-    parser.add_argument("--keep-npu-islands", action="store_true", help="do not move small NPU islands to the CPU")
     args = parser.parse_args()
-    if args.keep_npu_islands:
-        from rkcompile.passes import partition
-
-        partition.best_island_move = lambda *_, **__: None
     failed = 0
     for collection in args.collections:
         outcomes = sweep(collection, args.upgrade_opset)
