@@ -275,23 +275,22 @@ def test_per_element_slope_does_not_fuse_and_the_plan_says_why(tmp_path):
     assert json.loads(plan.to_json())["steps"][prelu.id]["note"] == prelu.note
 
 
+def _fused_conv_chain(tmp_path, nodes, inits, outputs):
+    path = tmp_path / "chain.onnx"
+    onnx.save(with_inferred_outputs(nodes, [value_info("x", X4)], inits, outputs), str(path))
+    return fused_context(path)
+
+
 def test_intermediate_read_outside_the_chain_does_not_fuse(tmp_path):
     nodes, inits = conv()
     nodes += [node("Relu", ["c"], "y"), node("Sigmoid", ["c"], "y2")]
-    model = with_inferred_outputs(nodes, [value_info("x", X4)], inits, ["y", "y2"])
-    path = tmp_path / "two_readers.onnx"
-    onnx.save(model, str(path))
-    ctx = fused_context(path)
+    ctx = _fused_conv_chain(tmp_path, nodes, inits, ["y", "y2"])
     assert fused_nodes(ctx) == []
     assert "is also read by" in ctx.notes["n_y"]
 
 
 def test_intermediate_that_is_a_graph_output_does_not_fuse(tmp_path):
-    nodes, inits = conv_then("Relu")
-    model = with_inferred_outputs(nodes, [value_info("x", X4)], inits, ["y", "c"])
-    path = tmp_path / "output.onnx"
-    onnx.save(model, str(path))
-    ctx = fused_context(path)
+    ctx = _fused_conv_chain(tmp_path, *conv_then("Relu"), ["y", "c"])
     assert fused_nodes(ctx) == []
     assert "is a graph output" in ctx.notes["n_y"]
 
