@@ -13,6 +13,7 @@ requantizes them; every other tensor gets its own calibrated range.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import onnx_graphsurgeon as gs
@@ -28,6 +29,10 @@ from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_p
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 NAME = "quantize"
+#: An operand of a Concat that spans fewer int8 steps of the output than this is reported.
+DROWNED_LEVELS = 16
+
+log = logging.getLogger("rkcompile")
 
 #: Ops that only move, select or take the max of values: an affine map commutes with them, so
 #: their int8 output is their int8 input's values under the same parameters.
@@ -58,6 +63,7 @@ def run(ctx: CompileContext) -> None:
                 quantization[tensor.name] = activation_params(*ranges[tensor.name].range(),
                                                               ctx.options.calibration_method)
     _quantize_weights(ctx, ordered, devices, quantization)
+    _warn_of_drowned_operands(ordered, devices, ranges, quantization)
     ctx.quantization = quantization
 
 
@@ -90,6 +96,32 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) 
     for sample in samples:
         reference.run(sample, observe)
     return observers
+
+
+def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges: dict[str, RangeObserver],
+                              quantization: dict[str, Quantization]) -> None:
+    """A Concat's operands share its one per-layer scale: an operand whose calibrated range spans
+    only a few of its steps arrives as a few integers, or all zero. YOLOv8's output is the case
+    users meet: box coordinates up to ~640 and class scores up to 1 in one tensor, where the
+    scores are quantized to 0 and 2.5 (rknn-toolkit2 2.5.0 does the same). The plan records it on
+    the Concat's parameters (`warning`) and says how to keep the operand."""
+    for node, device in zip(ordered, devices):
+        output = node.outputs[0].name if node.outputs else ""
+        if device != "npu" or node.op != "Concat" or output not in quantization:
+            continue
+        step = quantization[output].scales[0]
+        drowned = []
+        for tensor in node.inputs:
+            if tensor.name in ranges and not isinstance(tensor, gs.Constant):
+                low, high = ranges[tensor.name].range()
+                if high - low < DROWNED_LEVELS * step:
+                    drowned.append(f"{tensor.name} (range [{low:.3g}, {high:.3g}]: {(high - low) / step:.1f} steps)")
+        if drowned:
+            warning = (f"Concat {output} stores its operands with one int8 step of {step:.3g}, which leaves "
+                       f"fewer than {DROWNED_LEVELS} of 256 levels to {'; '.join(drowned)}; keep the Concat in "
+                       f"float16 with --float16 {output}, or output the operands separately")
+            quantization[output] = replace(quantization[output], warning=warning)
+            log.warning("int8: %s", warning)
 
 
 def _members(node: gs.Node) -> tuple[list[gs.Node], dict[str, str]]:
@@ -157,17 +189,25 @@ def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: 
     """--float16 TENSOR: the NPU step writing TENSOR computes in float16 (rknn-toolkit2's hybrid
     quantization): its outputs and the weights only it reads are stored as float16 and get no
     quantization parameters; an int8 input is dequantized as it is read, and an int8 step that
-    reads a float16 output quantizes it with its own calibrated parameters."""
+    reads a float16 output quantizes it with its own calibrated parameters. TENSOR may also be a
+    model input's NPU copy (`NAME@npu`): the host then converts the input to float16, so the
+    first steps of a network whose error grows with depth see it unrounded."""
     wanted = set(ctx.options.float16_tensors)
     if not wanted:
         return
     island_steps = [node for node, device in zip(ordered, devices)
                     if device == "npu" and wanted & {t.name for t in node.outputs}]
-    written = {t.name for node in island_steps for t in node.outputs}
+    conversions = [node for node, device in zip(ordered, devices)
+                   if device == "host" and node.outputs[0].name in wanted and not node.inputs[0].inputs]
+    written = {t.name for node in island_steps + conversions for t in node.outputs}
     for name in sorted(wanted):
         if name not in written or not _is_quantized(ctx, name):
-            raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step writes "
-                               f"(rkcompile run --dtype int8 --accuracy-analysis lists them)")
+            raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step or a model input's "
+                               f"conversion writes (rkcompile run --dtype int8 --accuracy-analysis lists them)")
+    for node in conversions:  # the model input reaches the NPU as float16, not quantized by the host
+        _restore(ctx, node.outputs[0].name, "float16")
+        node.attrs["to"] = node.attrs["to"].rsplit(" ", 1)[0] + " float16"
+        ctx.placement[node.name] = replace(ctx.placement[node.name], kernel=f"{node.attrs['from']} -> {node.attrs['to']}")
     readers: dict[str, set[str]] = {}
     for node in ordered:
         for member in _members(node)[0]:

@@ -140,7 +140,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str) -> 
                         help="int8 activation ranges: min/max, 0.01-99.99 percentiles, KL, or mmse (the clip of "
                              "least quantization MSE per tensor) (default minmax)")
     parser.add_argument("--float16", action="append", default=[], metavar="TENSOR",
-                        help="int8 hybrid quantization: the NPU step writing TENSOR computes in float16; repeat "
+                        help="int8 hybrid quantization: the NPU step writing TENSOR computes in float16, or, "
+                             "for a model input's NPU copy NAME@npu, the input reaches the NPU as float16; repeat "
                              "for several (run --accuracy-analysis lists the steps' outputs)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",

@@ -83,13 +83,15 @@ class Quantization:
     activations and weights, int32 for convolution biases (scale = input scale x weight scale).
     `source` says where the range came from: "minmax", "percentile", "kl" (calibration),
     "weights" (the constant's own values), "bias" or "shared:<tensor>" (a data-movement
-    output that keeps its input's parameters, so no requantization happens)."""
+    output that keeps its input's parameters, so no requantization happens). `warning` says
+    when the parameters lose an operand (a Concat operand that spans a few of its steps)."""
 
     dtype: str
     scales: tuple[float, ...]
     zero_points: tuple[int, ...]
     axis: int | None = None
     source: str = "minmax"
+    warning: str | None = None
 
 
 @dataclass(frozen=True)

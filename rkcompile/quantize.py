@@ -125,6 +125,21 @@ def random_calibration(specs: Sequence[TensorSpec], count: int = RANDOM_SAMPLES,
     return [{spec.name: sample(spec) for spec in specs} for _ in range(count)]
 
 
+def seeded_variations(x: np.ndarray, count: int = 3, seed: int = 0) -> list[np.ndarray]:
+    """Variations of one input, for a calibration set when only one real input is at hand (the
+    zoo's tests and tools/int8_table.py): flipped along the last axis (every other one),
+    rescaled by U(0.8, 1.2), plus Gaussian noise of a tenth of its standard deviation. Noise of
+    a fixed size would drown an image in [0, 1] and be no input the model is made for (the zoo's
+    yolov8n then reaches 30x its deep activations' range on the real input)."""
+    random = np.random.default_rng(seed)
+    variations = []
+    for i in range(1, count + 1):
+        flipped = x[..., ::-1] if i % 2 else x
+        noise = random.normal(0, 0.1 * float(x.std()), x.shape)
+        variations.append((flipped * random.uniform(0.8, 1.2) + noise).astype(x.dtype))
+    return variations
+
+
 # ---- observing ranges ----------------------------------------------------------------------
 
 class RangeObserver:

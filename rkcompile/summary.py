@@ -121,4 +121,8 @@ def render_summary(plan: Plan) -> str:
         _padding_line(plan),
         *_multicore_lines(plan),
     ]
+    warnings = [q.warning for q in plan.quantization.values() if q.warning]
+    if warnings:
+        lines.append("  int8 warnings:")
+        lines += [f"    {warning}" for warning in warnings]
     return "\n".join(lines)

@@ -20,7 +20,7 @@ from rkcompile.errors import CompileError
 from rkcompile.pipeline import compile_model
 from rkcompile.plan import Plan, TensorSpec, contract_violations
 from rkcompile.quantize import (RangeObserver, activation_params, dequantize, kl_threshold, load_calibration,
-                                mmse_range, quantize, random_calibration, weight_params)
+                                mmse_range, quantize, random_calibration, seeded_variations, weight_params)
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 rng = np.random.default_rng(3)
@@ -275,9 +275,62 @@ def test_float16_island_stores_its_step_in_float16_and_the_rest_in_int8(cnn, tmp
     assert agreement("y", result, expected).cosine >= 0.999
 
 
+def test_a_model_input_can_reach_the_npu_in_float16(cnn, tmp_path):
+    calib = calibration_file(tmp_path)
+    x = np.load(calib)["x"][1]
+    expected = onnxruntime_outputs(cnn, {"x": x})["y"]
+    plain = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calib))
+    hybrid = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calib, float16_tensors=("x@npu",)))
+    assert plain.plan.tensors["x@npu"].dtype == "int8" and "x@npu" in plain.plan.quantization
+    plan = hybrid.plan
+    assert not contract_violations(plan)
+    assert plan.tensors["x@npu"].dtype == "float16" and "x@npu" not in plan.quantization
+    assert plan.tensors["x@npu"].bytes == 16 * 16 * 8 * 2  # 3 channels padded to float16's C2 of 8
+    (conversion,) = [s for s in plan.steps if s.outputs == ("x@npu",)]
+    assert conversion.device == "host" and conversion.kernel.endswith("NC1HWC2 float16")
+    seen = {}
+    result = emulate(hybrid, {"x": x}, observe=lambda step, values: seen.update(values)).outputs["y"]
+    assert np.array_equal(seen["x@npu"], x.astype(np.float16).astype(np.float32))
+    assert agreement("y", result, expected).cosine >= 0.999
+
+
+@pytest.fixture
+def boxes_and_scores(tmp_path) -> Path:
+    """YOLOv8's output in small: coordinates in the hundreds beside Sigmoid scores in one Concat."""
+    weights = {"wb": rng.standard_normal((4, 3, 1, 1)).astype(np.float32) * 200,
+               "ws": rng.standard_normal((6, 3, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "wb"], ["boxes"], name="box_conv"),
+             helper.make_node("Conv", ["x", "ws"], ["logits"], name="score_conv"),
+             helper.make_node("Sigmoid", ["logits"], ["scores"], name="sigmoid"),
+             helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1, name="concat")]
+    return save_model(tmp_path / "head.onnx", nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 10, 16, 16])], weights)
+
+
+def test_a_concat_operand_quantized_away_is_reported_and_kept_in_float16(boxes_and_scores, tmp_path, capsys, caplog):
+    calib = calibration_file(tmp_path)
+    x = np.load(calib)["x"][0]
+    expected = onnxruntime_outputs(boxes_and_scores, {"x": x})["y"][:, 4:]
+    assert main(["plan", str(boxes_and_scores), "--target", "rk3588", "--dtype", "int8", "--calib", str(calib),
+                 "--json", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    plan = Plan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
+    (concat,) = [s for s in plan.steps if s.kernel == "Concat"]
+    warning = plan.quantization[concat.outputs[0]].warning
+    assert warning and "scores" in warning and "boxes" not in warning and f"--float16 {concat.outputs[0]}" in warning
+    assert "int8 warnings:" in out and warning in out and warning in caplog.text
+    plain = prepare(boxes_and_scores, "rk3588", Options(dtype="int8", calibration=calib))
+    lost = emulate(plain, {"x": x}).outputs["y"][:, 4:]
+    assert len(np.unique(lost)) <= 16
+    kept = prepare(boxes_and_scores, "rk3588",
+                   Options(dtype="int8", calibration=calib, float16_tensors=(concat.outputs[0],)))
+    assert not any(q.warning for q in kept.plan.quantization.values())
+    scores = emulate(kept, {"x": x}).outputs["y"][:, 4:]
+    assert agreement("scores", scores, expected).cosine >= 0.999
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--float16", "r1"], "add --dtype int8"),
-    (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step writes"),
+    (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step or a model input's"),
 ])
 def test_float16_island_errors_are_one_line(cnn, capsys, extra, message):
     assert main(["plan", str(cnn), "--target", "rk3588", "--quiet"] + extra) == 1
@@ -331,24 +384,20 @@ def test_run_accuracy_analysis(cnn, tmp_path, capsys):
 
 CNNS = ["resnet18_halfwidth", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yolov8n",
         pytest.param("mobilenet_v2", marks=pytest.mark.xfail(
-            strict=True, reason="0.973 measured: with its seeded random weights the network amplifies int8 "
-                                "noise layer by layer (docs/quantization.md)"))]
+            strict=True, reason="0.981 measured (rknn-toolkit2 2.5.0: 0.979): with its seeded random weights "
+                                "the network amplifies int8 noise layer by layer (docs/quantization.md)"))]
 
 
-def seeded_variations(x: np.ndarray, count: int = 3, seed: int = 0) -> list[np.ndarray]:
-    """The reference input flipped (every other one), rescaled and with added noise."""
-    random = np.random.default_rng(seed)
-    variations = []
-    for i in range(1, count + 1):
-        flipped = x[..., ::-1] if i % 2 else x
-        variations.append((flipped * random.uniform(0.8, 1.2) + random.normal(0, 0.1, x.shape)).astype(x.dtype))
-    return variations
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is not present")
-@pytest.mark.parametrize("model", CNNS)
-def test_zoo_cnn_at_int8_reaches_cosine_099(model, tmp_path):
+#: The hybrid recipe docs/quantization.md gives for mobilenet_v2: the input and the first two
+#: inverted-residual blocks in float16, where its error is amplified most.
+MOBILENET_V2_FLOAT16 = ("input@npu", "hardtanh", "hardtanh_1", "getitem_6", "hardtanh_2", "hardtanh_3", "getitem_15")
+
+
+def zoo_int8_cosines(model: str, tmp_path: Path, *extra: str) -> list[dict]:
+    """The agreement of `rkcompile run --dtype int8` with onnxruntime on the model's npz input,
+    calibrated on that input and its seeded variations."""
     data = np.load(ZOO / f"{model}.npz")
     (name,) = [spec.name for spec in compile_model(ZOO / f"{model}.onnx", "rk3588", Options())[0].model.inputs]
     folder = tmp_path / "calib"
@@ -357,6 +406,21 @@ def test_zoo_cnn_at_int8_reaches_cosine_099(model, tmp_path):
         np.save(folder / f"{i}.npy", sample)
     report = tmp_path / "report.json"
     main(["run", str(ZOO / f"{model}.onnx"), "--target", "rk3588", "--dtype", "int8", "--calib", str(folder),
-          "--inputs", str(ZOO / f"{model}.npz"), "--check", "--json", str(report)])
-    agreements = json.loads(report.read_text())["agreement"]
+          "--inputs", str(ZOO / f"{model}.npz"), "--check", "--json", str(report), *extra])
+    return json.loads(report.read_text())["agreement"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is not present")
+@pytest.mark.parametrize("model", CNNS)
+def test_zoo_cnn_at_int8_reaches_cosine_099(model, tmp_path):
+    agreements = zoo_int8_cosines(model, tmp_path)
+    assert all(a["cosine"] >= 0.99 for a in agreements), agreements
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is not present")
+def test_zoo_mobilenet_v2_reaches_cosine_099_with_its_first_blocks_in_float16(tmp_path):
+    extra = [flag for name in MOBILENET_V2_FLOAT16 for flag in ("--float16", name)]
+    agreements = zoo_int8_cosines("mobilenet_v2", tmp_path, *extra)
     assert all(a["cosine"] >= 0.99 for a in agreements), agreements
