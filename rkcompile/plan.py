@@ -81,7 +81,7 @@ class Quantization:
     One scale and zero point per tensor (per-layer), or one per slice along `axis` (per-channel;
     weights, symmetric, zero points 0). `dtype` is the stored integer type: int8 for
     activations and weights, int32 for convolution biases (scale = input scale x weight scale).
-    `source` says where the range came from: "minmax", "percentile", "kl" (calibration),
+    `source` says where the range came from: "minmax", "percentile", "kl", "mmse" (calibration),
     "weights" (the constant's own values), "bias" or "shared:<tensor>" (a data-movement
     output that keeps its input's parameters, so no requantization happens). `warning` says
     when the parameters lose an operand (a Concat operand that spans a few of its steps)."""

@@ -388,8 +388,6 @@ CNNS = ["resnet18_halfwidth", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yol
                                 "the network amplifies int8 noise layer by layer (docs/quantization.md)"))]
 
 
-
-
 #: The hybrid recipe docs/quantization.md gives for mobilenet_v2: the input and the first two
 #: inverted-residual blocks in float16, where its error is amplified most.
 MOBILENET_V2_FLOAT16 = ("input@npu", "hardtanh", "hardtanh_1", "getitem_6", "hardtanh_2", "hardtanh_3", "getitem_15")
