@@ -101,6 +101,7 @@ CASES = {
     "slice_step2": Case("Slice", {"x": normal(1, 13, 8, 6)},
                         {"starts": np.array([-1, 2], np.int64), "ends": np.array([-100, 100], np.int64),
                          "axes": np.array([1, 2], np.int64), "steps": np.array([-2, 2], np.int64)}),
+    "flatten_negative_axis": Case("Flatten", {"x": normal(2, 3, 4, 5)}, attrs={"axis": -1}),
     "reshape": Case("Reshape", {"x": normal(1, 13, 4, 6)}, {"shape": np.array([1, 13, 24], np.int64)}),
     "transpose": Case("Transpose", {"x": normal(1, 13, 8, 8)}, attrs={"perm": [0, 1, 3, 2]}),
     "resize_nearest": Case("Resize", {"x": normal(1, 13, 4, 5)},
@@ -153,3 +154,58 @@ def test_planned_node_runs_on_the_npu_in_float16(name, tmp_path):
         assert result.shape == expected.shape
         assert agreement(output, result, expected).cosine >= 0.9999
         np.testing.assert_allclose(result, expected, rtol=1e-2, atol=1e-2 * max(1.0, np.abs(expected).max()))
+
+
+def onnxruntime_outputs(case: Case) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(case.model().SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, case.inputs)
+
+
+def conv_transpose_case(channels, group, stride, pad, output_padding, dilation=1, kernel=3, out_per_group=2,
+                        bias=True) -> Case:
+    weights = {"w": normal(channels, out_per_group, kernel, kernel)}
+    if bias:
+        weights["b"] = normal(group * out_per_group)
+    return Case("ConvTranspose", {"x": normal(2, channels, 5, 4)}, weights,
+                {"group": group, "strides": [stride, stride], "pads": [pad, pad + 1 if pad else 0, pad, pad],
+                 "output_padding": [output_padding, 0], "dilations": [dilation, dilation]})
+
+
+# Grouped ConvTranspose: every group count (1, 2, a middle divisor, one per channel) with each
+# stride, pad and output_padding (< stride, as the operator requires), against onnxruntime:
+# onnx.reference adds channel 0's bias to every channel of a depthwise one and crashes on 1 < group < C.
+@pytest.mark.parametrize("group", [1, 2, 3, 6])
+@pytest.mark.parametrize("stride,output_padding", [(1, 0), (2, 0), (2, 1), (3, 2)])
+@pytest.mark.parametrize("pad", [0, 1])
+def test_conv_transpose_kernel_matches_onnxruntime(group, stride, output_padding, pad):
+    case = conv_transpose_case(6, group, stride, pad, output_padding, out_per_group=1 if group == 6 else 2)
+    node = gs.import_onnx(case.model()).nodes[0]
+    (result,) = KERNELS["ConvTranspose"](node, [case.inputs["x"], case.weights["w"], case.weights["b"]], OPSET)
+    np.testing.assert_allclose(result, onnxruntime_outputs(case)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs", [{"output_shape": [12, 10], "strides": [2, 2]},
+                                   {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+                                   {"auto_pad": "SAME_LOWER", "strides": [3, 3], "kernel_shape": [4, 4]},
+                                   {"dilations": [2, 2], "strides": [2, 2]}], ids=str)
+def test_conv_transpose_kernel_output_shape_and_auto_pad(attrs):
+    kernel = attrs.get("kernel_shape", [3, 3])[0]
+    case = Case("ConvTranspose", {"x": normal(1, 4, 5, 4)}, {"w": normal(4, 3, kernel, kernel)}, attrs)
+    node = gs.import_onnx(case.model()).nodes[0]
+    (result,) = KERNELS["ConvTranspose"](node, [case.inputs["x"], case.weights["w"]], OPSET)
+    np.testing.assert_allclose(result, onnxruntime_outputs(case)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_conv_transpose_with_bias_on_the_npu(stride, tmp_path):
+    """The NPU runs one group per channel; each channel gets its own bias."""
+    case = conv_transpose_case(13, 13, stride, 0, 0, out_per_group=1)
+    path = tmp_path / "deconv.onnx"
+    onnx.save(case.model(), path)
+    prepared = prepare(path, "rk3588", Options())
+    assert [s.device for s in prepared.plan.steps if s.device != "host"] == ["npu"]
+    result = emulate(prepared, make_inputs(prepared.plan, case.inputs)).outputs["y0"]
+    expected = onnxruntime_outputs(case)[0]
+    np.testing.assert_allclose(result, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())

@@ -18,7 +18,19 @@ fuzz = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = fuzz
 spec.loader.exec_module(fuzz)
 
-REGRESSIONS = sorted((Path(__file__).resolve().parent / "regressions").glob("*@*.onnx"))
+#: Saved failures whose root cause lies outside the fuzzer's and the NPU kernels' files, by
+#: stem: each still fails, and must start passing (strict) when its owner fixes it.
+ELSEWHERE = {
+    "grouped_conv_transpose_on_cpu@rk3588":
+        "CPU fallback: onnx.reference's ConvTranspose crashes on 1 < group < channels (conformance: CPU "
+        "steps on onnxruntime)",
+    "global_max_pool_rank5_on_cpu@rk3562":
+        "CPU fallback: onnx.reference's GlobalMaxPool keeps a spatial axis of a rank-5 input (conformance: CPU "
+        "steps on onnxruntime)",
+}
+REGRESSIONS = [pytest.param(path, id=path.stem, marks=[pytest.mark.xfail(reason=ELSEWHERE[path.stem], strict=True)]
+                            if path.stem in ELSEWHERE else [])
+               for path in sorted((Path(__file__).resolve().parent / "regressions").glob("*@*.onnx"))]
 
 
 @settings(max_examples=100, deadline=None, database=None, derandomize=True,
@@ -43,7 +55,11 @@ def test_the_strategy_builds_valid_models_of_varied_ops():
     assert {"Conv", "Concat", "MatMul", "Transpose"} <= seen and len(seen) >= 15, seen
 
 
-@pytest.mark.parametrize("path", REGRESSIONS, ids=lambda p: p.stem)
+def test_every_failure_marked_elsewhere_is_saved():
+    assert set(ELSEWHERE) <= {param.id for param in REGRESSIONS}
+
+
+@pytest.mark.parametrize("path", REGRESSIONS)
 def test_saved_fuzz_failure_now_passes(path, tmp_path):
     setting = path.stem.split("@", 1)[1]  # TARGET, maybe @batch=N or @core_mask=M
     assert fuzz.check(onnx.load(str(path)), setting, tmp_path) is None

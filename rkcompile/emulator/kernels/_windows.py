@@ -9,13 +9,16 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..registry import attr
 
 
+def auto_pad_of(node) -> str:
+    auto_pad = attr(node, "auto_pad", "NOTSET")
+    return auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+
+
 def spatial_pads(node, in_sizes, kernel, strides, dilations, ceil_mode=False) -> tuple[list[int], list[int]]:
     """(begin pads, end pads) per spatial axis from `pads` or `auto_pad`; with `ceil_mode` the end
     pads grow so the last partial window exists, unless it would start in the end padding."""
     rank = len(in_sizes)
-    auto_pad = attr(node, "auto_pad", "NOTSET")
-    if isinstance(auto_pad, bytes):
-        auto_pad = auto_pad.decode()
+    auto_pad = auto_pad_of(node)
     extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []

@@ -1,15 +1,20 @@
-"""Conv (the oplist's Convolution and Depthwise Convolution) in float32, computed channels-last
+"""Conv (the oplist's Convolution and Depthwise Convolution) and ConvTranspose in float32.
+
+Conv is computed channels-last
 (the order `Storage.read` decodes NC1HWC2 into, so moving channels last is a free view): im2col
 on a strided window view, copied so each row's taps are runs of consecutive channels, plus one
 BLAS matmul per group; a 1x1 stride-1 conv is the matmul alone, and a depthwise conv sums its
 kernel taps over the whole map. float32 accumulation, as the NPU accumulates float16 products
-in a wider register (docs/emulator.md)."""
+in a wider register (docs/emulator.md).
+
+ConvTranspose is the adjoint: one matmul per group spreads every input pixel over its kernel
+window, and the windows are summed into the output one kernel tap at a time."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..registry import attr, register
-from ._windows import spatial_pads, windows
+from ._windows import auto_pad_of, spatial_pads, windows
 
 #: elements of a depthwise output block: 256 KiB of float32, which stays in L2 across the taps
 CACHE_BLOCK_ELEMENTS = 1 << 16
@@ -84,3 +89,67 @@ def _depthwise(channels_last: np.ndarray, weight: np.ndarray, strides, dilations
             else:
                 block += np.multiply(windows_block[(Ellipsis,) + tap], per_tap[index], out=scratch)
     return y
+
+
+@register("ConvTranspose")
+def conv_transpose(node, inputs, opset):
+    """ONNX ConvTranspose: x (N, C, *in), weight (C, M/group, *kernel), bias (M,). The full
+    output of each axis, (in - 1) * stride + (kernel - 1) * dilation + 1 + output_padding, is
+    cropped by the begin and end pads (from `pads`, or from `output_shape` / `auto_pad` as the
+    operator's definition derives them)."""
+    x, weight = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    rank = x.ndim - 2
+    group = int(attr(node, "group", 1))
+    kernel = list(weight.shape[2:])
+    strides = list(attr(node, "strides", [1] * rank))
+    dilations = list(attr(node, "dilations", [1] * rank))
+    output_padding = list(attr(node, "output_padding", [0] * rank))
+    in_sizes = x.shape[2:]
+    full = [(size - 1) * s + (k - 1) * d + 1 + p
+            for size, s, k, d, p in zip(in_sizes, strides, kernel, dilations, output_padding)]
+    begin, end = _transpose_pads(node, in_sizes, strides, full)
+    batch, channels = x.shape[:2]
+    in_per_group, out_per_group = channels // group, weight.shape[1]
+    # (N, *in, C) @ (C_g, M_g * taps) per group -> (N, *in, group, M_g, *kernel)
+    channels_last = np.moveaxis(x, 1, -1)
+    spread = np.stack([
+        channels_last[..., g * in_per_group:(g + 1) * in_per_group]
+        @ weight[g * in_per_group:(g + 1) * in_per_group].reshape(in_per_group, -1)
+        for g in range(group)], axis=-2).reshape(x.shape[:1] + tuple(in_sizes) + (group * out_per_group,) + tuple(kernel))
+    y = np.zeros((batch, group * out_per_group) + tuple(full), np.float32)
+    # the output element each input element's tap lands on: tap * dilation + position * stride
+    spread = np.moveaxis(spread, 1 + rank, 1)  # (N, M, *in, *kernel)
+    for tap in np.ndindex(*kernel):
+        target = tuple(slice(t * d, t * d + (size - 1) * s + 1, s)
+                       for t, d, s, size in zip(tap, dilations, strides, in_sizes))
+        y[(slice(None), slice(None)) + target] += spread[(Ellipsis,) + tap]
+    # a negative pad (an output_shape past the full output) extends the output with zeros
+    y = np.pad(y, [(0, 0), (0, 0)] + [(max(-b, 0), max(-e, 0)) for b, e in zip(begin, end)])
+    y = y[(slice(None), slice(None)) + tuple(slice(max(b, 0), size - max(e, 0))
+                                             for b, e, size in zip(begin, end, y.shape[2:]))]
+    if bias is not None:
+        y += bias.reshape((1, -1) + (1,) * rank)
+    return [y]
+
+
+def _transpose_pads(node, in_sizes, strides, full) -> tuple[list[int], list[int]]:
+    """ConvTranspose's (begin, end) crops: explicit `pads`, or from the total padding an
+    `output_shape` (or SAME auto_pad's input size x stride) implies, split as the operator
+    definition says (the larger half at the end for SAME_UPPER, else at the start)."""
+    rank = len(in_sizes)
+    auto_pad = auto_pad_of(node)
+    output_shape = attr(node, "output_shape")
+    if output_shape is None and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        pads = list(attr(node, "pads", [0] * 2 * rank)) if auto_pad in ("NOTSET", "") else [0] * 2 * rank
+        return pads[:rank], pads[rank:]
+    wanted = list(output_shape)[-rank:] if output_shape is not None else [s * t for s, t in zip(in_sizes, strides)]
+    begin, end = [], []
+    for total in (f - w for f, w in zip(full, wanted)):
+        if total < 0:  # an output_shape past the full output: onnxruntime appends the zeros at the end
+            begin.append(0)
+            end.append(total)
+            continue
+        begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+        end.append(total - begin[-1])
+    return begin, end

@@ -17,7 +17,8 @@ def reshape(node, inputs, opset):
 @register("Flatten")
 def flatten(node, inputs, opset):
     x = inputs[0]
-    axis = int(attr(node, "axis", 1)) % (x.ndim + 1) if x.ndim else 0
+    axis = int(attr(node, "axis", 1))
+    axis += x.ndim if axis < 0 else 0  # axis is in [-rank, rank]: -1 keeps the last axis apart
     return [x.reshape(int(np.prod(x.shape[:axis])), -1)]
 
 
