@@ -306,7 +306,7 @@ def _recurrent_with_layout(cell: str) -> Op:
 
 def _recurrent_relabelled(cell: str) -> Op:
     """The cell's Y relabelled straight on: where PyTorch's Transpose of Y only moves an axis of
-    size 1, the rewrite pass has turned it into a relabel (rewrite_rules.
+    size 1, the rewrite pass has turned it into a relabel (rewrites.layout.
     transpose_of_unit_axes_to_reshape) and merged it with the Reshape after it."""
     return Op("Reshape", Op(cell, label="cell"), label="reshape")
 

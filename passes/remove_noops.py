@@ -8,6 +8,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
+from rkcompile.graph_edit import detach, replace_uses
 
 NAME = "remove-noops"
 
@@ -23,13 +24,12 @@ def run(ctx: CompileContext) -> None:
         if result.name in graph_outputs:
             if source.name in graph_inputs or source.name in graph_outputs or isinstance(source, gs.Constant):
                 continue
-            _replace_uses(graph, source, result)
+            replace_uses(source, result)
             producer = source.inputs[0]
             producer.outputs[producer.outputs.index(source)] = result
         else:
-            _replace_uses(graph, result, source)
-        node.inputs.clear()
-        node.outputs.clear()
+            replace_uses(result, source)
+        detach(node)
         ctx.retire(node, "removed", f"{node.op} is a no-op at inference")
     ctx.cleanup_graph()
 
@@ -41,9 +41,3 @@ def _is_noop(node: gs.Node) -> bool:
         return len(node.outputs) < 2 or not node.outputs[1].name or not node.outputs[1].outputs
     return False
 
-
-def _replace_uses(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
-    for consumer in list(old.outputs):
-        for index, tensor in enumerate(consumer.inputs):
-            if tensor is old:
-                consumer.inputs[index] = new

@@ -1,11 +1,17 @@
-"""Rewrite: replace nodes the NPU cannot run with equivalent nodes it can (rewrite_rules.RULES).
+"""Rewrite: replace nodes the NPU cannot run with equivalent nodes it can (passes/rewrites/).
 
 A rule fires on a node that breaks a target rule, or on any node when the rule is marked
 `always` (its result is what the NPU runs best). A candidate replacement is kept only when every
-new node passes every rule of the target (legalize.check_node); otherwise the node stays as it
-is and legalize reports why. New nodes carry the origins of the nodes they replace, so each
-original node still has one plan entry; its entry's step is the last step that carries it,
-the one that produces its outputs. Every applied rewrite is recorded in `ctx.rewrites`.
+new node passes every rule of the target (legalize.check_node). A new node that breaks a rule is
+rewritten again, by the rules of its own op, inside the candidate: ReduceMean becomes a global
+pool, and a global pool over the window limit becomes staged pools. Such chains are at most
+MAX_CHAIN_RULES rules long and never use one rule twice, so they end and cannot cycle. When no
+candidate can be made legal the node stays as it is and legalize reports why.
+
+New nodes carry the origins of the nodes they replace, so each original node still has one plan
+entry; its entry's step is the last step that carries it, the one that produces its outputs.
+Every applied rewrite is recorded in `ctx.rewrites`, and every rule tried on a node, with why it
+declined, in `ctx.rewrite_attempts` (`plan --explain` shows them).
 
 Rules only ever replace a node by legal nodes, shrink relabel chains, or turn an op into one no
 rule matches while legal, so the worklist drains.
@@ -20,15 +26,19 @@ from collections import Counter, deque
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext
+from rkcompile.context import CompileContext, RewriteAttempt
+from rkcompile.graph_edit import detach, replace_uses
 from rkcompile.ir import topological_nodes
 from rkcompile.plan import Rewrite
 
 from .legalize import check_node, compile_facts
-from .rewrite_rules import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
+from .rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 
 NAME = "rewrite"
 log = logging.getLogger("rkcompile")
+
+#: Longest chain of rules one node's replacement may take (the rule on the graph node included).
+MAX_CHAIN_RULES = 3
 
 
 def run(ctx: CompileContext) -> None:
@@ -85,38 +95,117 @@ class _Edits:
 
 def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
                  late: bool = False) -> Replacement | None:
-    """Apply the first rule whose candidate is legal on the target; None when none is."""
+    """Apply the first rule whose candidate is, or can be made, legal on the target; None when none is."""
     rules = [rule for rule in RULES if node.op in rule.ops and rule.late == late]
     if not rules:
         return None
     illegal = bool(check_node(node, ctx.target, **site.facts))
+    attempts = []
     for rule in rules:
         if not (illegal or rule.always):
             continue
-        for candidate in rule.build(node, site):
-            if all(not check_node(new, ctx.target, **site.facts) for new in candidate.new):
-                apply(candidate, rule, ctx, edits)
-                return candidate
-            candidate.discard()
+        legal, outcome = _first_legal_candidate(node, rule, site, (rule.name,), owned=None)
+        if legal is not None:
+            chain, replacement = legal
+            attempts.append(RewriteAttempt(node.name, rule.name, "applied" + _via(chain)))
+            _record_attempts(ctx, node, attempts)
+            apply(replacement, " > ".join(chain), ctx, edits)
+            return replacement
+        attempts.append(RewriteAttempt(node.name, rule.name, outcome))
+    _record_attempts(ctx, node, attempts)
     return None
 
 
-def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext, edits: _Edits) -> None:
+def _via(chain: tuple[str, ...]) -> str:
+    return f" (then {', '.join(chain[1:])})" if len(chain) > 1 else ""
+
+
+def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: tuple[str, ...],
+                           owned: set[int] | None) -> tuple[tuple[tuple[str, ...], Replacement] | None, str]:
+    """The first candidate of `rule` on `node` that is legal as built, else the first that is legal
+    once its illegal nodes are rewritten in turn, with the chain of rules used; else None and why
+    not. The rule's own alternatives are preferred to refining one of them.
+
+    `owned` holds the nodes of the enclosing candidate when `node` is one of them: a nested
+    candidate may replace only those, never a graph node the enclosing rule did not claim.
+    """
+    problems: list[str] = []
+    for refine in (False, True):
+        candidates = rule.build(node, site)
+        while True:
+            try:
+                candidate = next(candidates)
+            except StopIteration as declined:
+                if not refine:
+                    reason = declined.value
+                break
+            if owned is not None and (candidate.aliases or any(id(old) not in owned for old in candidate.old)):
+                candidate.discard()
+                problems.append("its candidate reaches outside the rewrite it would refine")
+                continue
+            legal, chain_used, problem = _made_legal(candidate, site, chain, refine)
+            if legal is not None:
+                candidates.close()
+                return (chain_used, legal), ""
+            candidate.discard()
+            if refine:
+                problems.append(problem)
+    if not problems:
+        return None, f"declined: {reason or 'the node is not of the form it rewrites'}"
+    return None, "; ".join(dict.fromkeys(problems))
+
+
+def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
+                refine: bool) -> tuple[Replacement | None, tuple[str, ...], str]:
+    """`candidate` with each new node that breaks a rule replaced by a legal rewrite of it (only
+    when `refine`), the rules used; or None and the first node no rule makes legal."""
+    nodes = list(candidate.new)
+    used = chain
+    for node in candidate.new:
+        if node not in nodes:
+            continue  # replaced along with an earlier node by that node's rewrite
+        failures = check_node(node, site.target, **site.facts)
+        if not failures:
+            continue
+        rewrite = None
+        if refine and len(used) < MAX_CHAIN_RULES:
+            owned = {id(n) for n in nodes}
+            for rule in RULES:
+                if node.op not in rule.ops or rule.name in used or rule.late:
+                    continue
+                rewrite, _ = _first_legal_candidate(node, rule, site, used + (rule.name,), owned)
+                if rewrite is not None:
+                    break
+        if rewrite is None:
+            for built in nodes:
+                detach(built)
+            return None, chain, f"its {node.op} would break: {failures[0]}"
+        used, inner = rewrite
+        first = min(nodes.index(old) for old in inner.old)
+        for old in inner.old:
+            nodes.remove(old)
+            detach(old)
+        nodes[first:first] = inner.new
+    return Replacement(candidate.old, tuple(nodes), candidate.aliases), used, ""
+
+
+def _record_attempts(ctx: CompileContext, node: gs.Node, attempts: list[RewriteAttempt]) -> None:
+    for original in ctx.origins.get(node.name, (node.name,)):
+        ctx.rewrite_attempts.setdefault(original, []).extend(attempts)
+
+
+def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edits) -> None:
     origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
     edits.spliced[id(replacement.old[0])] = (replacement.old[0], replacement.new)
     edits.bypassed.extend(producer for node in replacement.old for t in node.inputs for producer in t.inputs)
     for node in replacement.old:
-        node.inputs.clear()
-        node.outputs.clear()
+        detach(node)
         edits.alive.discard(id(node))
         edits.carriers.subtract(ctx.origins.get(node.name, (node.name,)))
         for record in (ctx.origins, ctx.failures, ctx.placement):
             record.pop(node.name, None)
     for old, new in replacement.aliases:
-        for reader in list(old.outputs):
-            for index, tensor in enumerate(reader.inputs):
-                if tensor is old:
-                    reader.inputs[index] = new
+        replace_uses(old, new)
     for node in replacement.new:
         ctx.origins[node.name] = origins
         ctx.failures[node.name] = []  # every new node passed check_node
@@ -124,8 +213,8 @@ def apply(replacement: Replacement, rule: RewriteRule, ctx: CompileContext, edit
         edits.carriers.update(origins)
     for original in origins:
         if edits.carriers[original] <= 0:
-            ctx.fates[original] = ("removed", f"relabel only, its readers read its input ({rule.name})")
-    ctx.rewrites.append(Rewrite(rule=rule.name, nodes=origins, into=tuple(n.name for n in replacement.new),
+            ctx.fates[original] = ("removed", f"relabel only, its readers read its input ({rule})")
+    ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=tuple(n.name for n in replacement.new),
                                 ops=tuple(n.op for n in replacement.new)))
-    log.debug("rewrite %s: %s -> %s", rule.name, ", ".join(origins),
+    log.debug("rewrite %s: %s -> %s", rule, ", ".join(origins),
               ", ".join(n.op for n in replacement.new) or "nothing")

@@ -1,5 +1,5 @@
 """Rewrite, late: the legalizing rewrites that would hide a fusion pattern, run after fusion on
-the nodes that are still illegal (the rules marked `late` in rewrite_rules.RULES)."""
+the nodes that are still illegal (the rules marked `late` in passes/rewrites/)."""
 from __future__ import annotations
 
 from rkcompile.context import CompileContext

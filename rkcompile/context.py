@@ -48,6 +48,16 @@ class Placement:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class RewriteAttempt:
+    """One rewrite rule tried on a node: what `plan --explain` lists. `outcome` is 'applied', or
+    why the rule declined or why its candidates could not be made legal."""
+
+    node: str
+    rule: str
+    outcome: str
+
+
 @dataclass
 class CompileContext:
     model_path: Path
@@ -65,6 +75,7 @@ class CompileContext:
     tensors: dict[str, TensorPlacement] = field(default_factory=dict)
     memory: Memory | None = None
     rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
+    rewrite_attempts: dict[str, list[RewriteAttempt]] = field(default_factory=dict)  # original node -> rules tried
     notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
     verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
     multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)

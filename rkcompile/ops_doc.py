@@ -70,6 +70,10 @@ def render_explanation(ctx, plan, original: str) -> str:
     if original not in op_of:
         raise CompileError(f"--explain: no node named '{original}' in {ctx.model_path.name}")
     lines = [f"{original} ({op_of[original]}) on {ctx.target.name}:"]
+    attempts = ctx.rewrite_attempts.get(original, [])
+    if attempts:
+        lines.append("  rewrites tried:")
+        lines += [f"    {a.rule} on {a.node}: {a.outcome}" for a in attempts]
     if not any(original in checked.originals for checked in ctx.verdicts.values()):
         fate, reason = ctx.fates.get(original, ("gone", "no rule was checked"))
         return "\n".join(lines + [f"  {fate} before legalize: {reason}"])

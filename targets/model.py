@@ -85,3 +85,11 @@ class Target:
 
     def supports_dtype(self, dtype: str) -> bool:
         return self.c2.get(dtype) is not None
+
+    def rule_parameter(self, op: str, check: str, parameter: str) -> Any:
+        """One parameter of one of `op`'s rules here (the K limit of MatMul's `matmul_depth`, say):
+        the very number the rule checks, so a rewrite working to a limit never copies it. None when
+        the target lacks the op or the rule."""
+        op_rule = self.ops.get(op)
+        rule = next((r for r in op_rule.rules if r.name == check), None) if op_rule else None
+        return None if rule is None else rule.params.get(parameter)

@@ -15,7 +15,8 @@ from onnx.reference import ReferenceEvaluator
 from rkcompile.context import CompileContext
 from rkcompile.ir import static_shape
 from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite, rewrite_late
-from rkcompile.passes.rewrite_rules import pool_stage_kernels
+from rkcompile.passes.legalize import check_node
+from rkcompile.passes.rewrites.pooling import pool_stage_kernels
 from rkcompile.pipeline import PASSES, assemble_plan
 from rkcompile.plan import Plan, contract_violations
 from rkcompile.targets import get_target
@@ -220,7 +221,7 @@ def test_maxpool_ceil_mode_becomes_explicit_end_pads(tmp_path, size, kernel, str
 @pytest.mark.parametrize("size, kernels", [(1, []), (7, [7]), (13, [7, 2]), (20, [5, 4]), (40, [7, 6]), (49, [7, 7]),
                                            (50, [5, 5, 2])])
 def test_pool_stage_kernels_use_the_fewest_stages_of_at_most_7(size, kernels):
-    assert pool_stage_kernels(size) == kernels
+    assert pool_stage_kernels(size, limit=7) == kernels
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
@@ -581,3 +582,85 @@ def test_zoo_plans_after_rewrites_keep_the_contract(name):
     for target in ("rk3588", "rk3576"):
         plan, _ = compile_model(ZOO / f"{name}.onnx", target)
         assert contract_violations(plan, [n.name for n in model.graph.node]) == []
+
+
+# --- the engine: chains, declines, limits from the target --------------------------------------
+
+@pytest.mark.parametrize("size", [14, 20, 56])
+def test_a_rewrite_whose_result_is_illegal_is_rewritten_again(tmp_path, size):
+    """ReduceMean -> GlobalAveragePool is illegal over 7x7; the chain stages the pool, where a
+    candidate containing one illegal node used to be discarded."""
+    node = helper.make_node("ReduceMean", ["x"], ["y"], name="mean", axes=[2, 3], keepdims=1)
+    model = make_model([node], [value_info("x", [1, 4, size, size])], [value_info("y", [1, 4, 1, 1])], opset=17)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx) == ["reducemean_to_global_pool > global_pool_to_stages"]
+    assert "ReduceMean" not in ops_of(ctx) and "GlobalAveragePool" not in ops_of(ctx)
+    assert all(not check_node(n, ctx.target, plan_dtype="float16", opset=17) for n in ctx.graph.nodes)
+    assert_same_outputs(model, ctx, {"x": feed([1, 4, size, size])})
+    assert ctx.rewrite_attempts["mean"][-1].outcome == "applied (then global_pool_to_stages)"
+
+
+def test_chains_are_bounded_and_never_reuse_a_rule(tmp_path, monkeypatch):
+    """A rule whose result is its own op again cannot loop: a chain never uses one rule twice."""
+    from rkcompile.passes import rewrite as rewrite_pass
+    from rkcompile.passes.rewrites.base import RewriteRule
+
+    def relu_again(node, site):
+        builder = site.builder(node)
+        builder.op("Relu", [node.inputs[0]], out=node.outputs[0])
+        yield builder.finish()
+
+    monkeypatch.setattr(rewrite_pass, "RULES", (RewriteRule(relu_again, frozenset({"Relu"})),))
+    model = unary_model("Relu", [1, 2, 3, 3])
+    ctx = rewritten(model, tmp_path, with_refusals(Relu=lambda n: True))
+    assert ops_of(ctx) == ["Relu"] and rules_fired(ctx) == []
+    assert "would break" in ctx.rewrite_attempts["n"][0].outcome
+
+
+def test_explain_lists_the_rewrites_tried_and_why_each_declined(tmp_path, capsys):
+    from rkcompile.cli import main
+
+    model = make_model([helper.make_node("Pow", ["x", "e"], ["y"], name="pow")],
+                       [value_info("x", [1, 2, 4, 4])], [value_info("y", [1, 2, 4, 4])],
+                       [weight("e", np.array(2.5, np.float32))])
+    path = tmp_path / "pow.onnx"
+    onnx.save(model, path)
+    assert main(["plan", str(path), "--target", "rk3588", "--explain", "pow"]) == 0
+    out = capsys.readouterr().out
+    assert "rewrites tried:" in out
+    assert "pow_to_mul_chain on pow: declined: exponent 2.5 is not an integer of at least 4" in out
+
+
+def test_matmul_k_split_reads_the_limit_from_the_target(tmp_path):
+    """The K limit is the target's MatMul rule parameter, not a copy in the rewrite."""
+    k = 6000
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")],
+                       [value_info("a", [1, 1, 4, k]), value_info("b", [1, 1, k, 8])], [value_info("y", [1, 1, 4, 8])])
+    for target, splits in (("rk3588", False), ("rk3576", True)):
+        limit = get_target(target).rule_parameter("MatMul", "matmul_depth", "limit")
+        assert (k > limit) == splits
+        ctx = rewritten(model, tmp_path, get_target(target))
+        assert ("matmul_k_split" in rules_fired(ctx)) == splits
+
+
+def test_passes_name_no_soc():
+    """Targets are data: no pass names a SoC in its code (docstrings and comments may cite files)."""
+    import ast
+    from pathlib import Path
+
+    from rkcompile.targets import all_targets
+
+    names = {t.name for t in all_targets()} | {a for t in all_targets() for a in t.aliases}
+    passes_dir = Path(__file__).resolve().parents[1] / "passes"
+    offenders = []
+    for path in sorted(passes_dir.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                else node.id if isinstance(node, ast.Name) else None
+            if text and any(name in text.lower() for name in names):
+                offenders.append(f"{path.name}:{node.lineno}: {text[:60]}")
+    assert not offenders

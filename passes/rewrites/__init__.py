@@ -1,0 +1,25 @@
+"""The legalizing rewrites, one module per family, each exporting its `RULES`.
+
+`RULES` concatenates the families in the order below. For one node the pass tries the rules of
+its op in this order and keeps the first legal candidate, so the order is a preference: rules
+that remove work (folding a BatchNormalization into its Conv, a constant into a cheaper op)
+come before rules that only reshape it, and relabel clean-up comes last, after every family has
+wrapped its ops in relabels. A new family adds its module here, in the place its preference
+calls for.
+"""
+from __future__ import annotations
+
+from . import elementwise, layout, matmul, norm, pooling
+from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
+
+FAMILIES = (
+    norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
+    elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
+    matmul,       # Gemm/MatMul by weights as 1x1 Conv, K splits
+    pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
+    layout,       # rank > 4, Transpose limits, Gather of one index, relabels, Conv layouts
+)
+
+RULES: tuple[RewriteRule, ...] = tuple(rule for family in FAMILIES for rule in family.RULES)
+
+__all__ = ["FAMILIES", "RULES", "RESHAPE_LIKE", "Candidates", "Replacement", "RewriteRule", "Site"]

@@ -1,0 +1,214 @@
+"""Element-wise rewrites: constants folded into the cheaper op, exponents and activation
+parameters the NPU lacks expressed with those it has, ranks lifted to 4-D, and broadcasts the
+NPU's Expand patterns do not cover made explicit."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir import constant_value, static_shape
+
+from .base import Candidates, RewriteRule, Site, clip, float_constant, scalar
+
+
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where", "Relu", "LeakyRelu", "PRelu", "Sigmoid",
+    "Tanh", "HardSigmoid", "HardSwish", "Elu", "Softplus", "Gelu", "Mish", "Clip",
+})
+
+
+def pow_to_mul_chain(node: gs.Node, site: Site) -> Candidates:
+    """x^n for an integer n >= 4 as square-and-multiply Muls (at most 2*log2(n) of them): the NPU's
+    Pow takes only the exponents 0, 1, 2, 3, 0.5 and -0.5 (seed 000, Pow)."""
+    base, exponent = node.inputs[0], node.inputs[1]
+    value = constant_value(exponent)
+    shape = static_shape(node.outputs[0])
+    if value is None or value.size != 1 or shape is None or static_shape(base) != shape:
+        return "the exponent is not one constant, or the shapes are unknown or broadcast"
+    power = float(value.reshape(-1)[0])
+    if power != int(power) or power < 4:
+        return f"exponent {power:g} is not an integer of at least 4"
+    # values[0] is x; each step multiplies two earlier values. The top bit of n is always set,
+    # so the last step is the one that completes x^n.
+    steps: list[tuple[int, int]] = []
+
+    def multiply(left: int, right: int) -> int:
+        steps.append((left, right))
+        return len(steps)
+
+    n, square, result = int(power), 0, None
+    while n:
+        if n & 1:
+            result = square if result is None else multiply(result, square)
+        n >>= 1
+        if n:
+            square = multiply(square, square)
+    builder = site.builder(node)
+    values = [base]
+    for index, (left, right) in enumerate(steps):
+        last = index == len(steps) - 1
+        values.append(builder.op("Mul", [values[left], values[right]], shape, base.dtype,
+                                 out=node.outputs[0] if last else None))
+    yield builder.finish()
+
+
+def sub_constant_to_add(node: gs.Node, site: Site) -> Candidates:
+    """x - c as x + (-c): Add broadcasts like Expand and runs on several cores, while Sub takes only
+    [b,c,1,1] or scalar operands and no multi-core (oplist V2.3.2, RK3588, Sub and Add)."""
+    value = float_constant(node.inputs[1])
+    if value is None or constant_value(node.inputs[0]) is not None:
+        return "the subtrahend is not a float constant, or both operands are constant"
+    builder = site.builder(node)
+    builder.op("Add", [node.inputs[0], builder.const(-value)], out=node.outputs[0])
+    yield builder.finish()
+
+
+def div_constant_to_mul(node: gs.Node, site: Site) -> Candidates:
+    """x / c as x * (1/c): the NPU's Div computes in float16 only (seed 000, Div), its Mul in int8
+    and float16 and on several cores (oplist V2.3.2, Mul)."""
+    value = float_constant(node.inputs[1])
+    if value is None or constant_value(node.inputs[0]) is not None or not np.all(value != 0):
+        return "the divisor is not a nonzero float constant, or both operands are constant"
+    reciprocal = (1 / value).astype(value.dtype)
+    if not np.all(np.isfinite(reciprocal)):
+        return "the reciprocal of the divisor overflows"
+    builder = site.builder(node)
+    builder.op("Mul", [node.inputs[0], builder.const(reciprocal, "reciprocal")], out=node.outputs[0])
+    yield builder.finish()
+
+
+def hardsigmoid_to_native(node: gs.Node, site: Site) -> Candidates:
+    """HardSigmoid(x; a, b) = clip(a*x + b, 0, 1) with other a, b than the NPU's 1/6 and 0.5
+    (seed 001, HardSigmoid): first as the native HardSigmoid of 6a*x + 6b - 3, else as
+    Clip(6a*x + 6b, 0, 6) / 6, the ReLU6 form of oplist V2.3.2 Clip/ReLU6."""
+    alpha, beta = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
+    native_alpha = site.target.rule_parameter("HardSigmoid", "hard_sigmoid_constants", "alpha")
+    native_beta = site.target.rule_parameter("HardSigmoid", "hard_sigmoid_constants", "beta")
+    if native_alpha is None:
+        return f"{site.target.name} has no HardSigmoid kernel to rewrite onto"
+    if np.allclose((alpha, beta), (native_alpha, native_beta), rtol=1e-6, atol=0):
+        return "alpha and beta are already the NPU's own"
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    if shape is None:
+        return "the input shape is unknown"
+    native = site.builder(node)
+    # native_alpha * (s*x + t) + native_beta = alpha*x + beta
+    scale, shift = alpha / native_alpha, (beta - native_beta) / native_alpha
+    scaled = native.op("Mul", [x, scalar(native, scale, x)], shape, x.dtype)
+    shifted = native.op("Add", [scaled, scalar(native, shift, x)], shape, x.dtype)
+    native.op("HardSigmoid", [shifted], out=y, alpha=float(np.float32(native_alpha)), beta=float(native_beta))
+    yield native.finish()
+    relu6 = site.builder(node)
+    scaled = relu6.op("Mul", [x, scalar(relu6, 6 * alpha, x)], shape, x.dtype)
+    shifted = relu6.op("Add", [scaled, scalar(relu6, 6 * beta, x)], shape, x.dtype)
+    clipped = clip(relu6, shifted, 0.0, 6.0, shape)
+    relu6.op("Mul", [clipped, scalar(relu6, 1 / 6, x)], out=y)
+    yield relu6.finish()
+
+
+def elu_to_native(node: gs.Node, site: Site) -> Candidates:
+    """Elu with alpha a != 1 as a*Elu1(x) + (1-a)*Relu(x): both terms are x for x >= 0, and for
+    x < 0 the sum is a*(exp(x)-1). The NPU's Elu has alpha = 1 only (seed 001, Elu)."""
+    alpha = float(node.attrs.get("alpha", 1.0))
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    if alpha == 1.0 or shape is None:
+        return "alpha is already 1" if alpha == 1.0 else "the input shape is unknown"
+    builder = site.builder(node)
+    elu = builder.op("Elu", [x], shape, x.dtype, alpha=1.0)
+    relu = builder.op("Relu", [x], shape, x.dtype)
+    scaled_elu = builder.op("Mul", [elu, scalar(builder, alpha, x)], shape, x.dtype)
+    scaled_relu = builder.op("Mul", [relu, scalar(builder, 1 - alpha, x)], shape, x.dtype)
+    builder.op("Add", [scaled_elu, scaled_relu], out=y)
+    yield builder.finish()
+
+
+def sum_to_adds(node: gs.Node, site: Site) -> Candidates:
+    """Sum of several inputs (opset 8 exporters' residual adds) as a chain of Adds: the NPU has
+    Add, not Sum (oplist V2.3.2 lists Add only)."""
+    operands = [t for t in node.inputs if t.name]
+    if len(operands) < 2 or static_shape(node.outputs[0]) is None:
+        return "fewer than two operands, or the output shape is unknown"
+    builder = site.builder(node)
+    total = operands[0]
+    for index, operand in enumerate(operands[1:], start=2):
+        last = index == len(operands)
+        total = builder.op("Add", [total, operand], static_shape(node.outputs[0]), node.outputs[0].dtype,
+                           out=node.outputs[0] if last else None)
+    yield builder.finish()
+
+
+def lift_to_4d(node: gs.Node, site: Site) -> Candidates:
+    """An element-wise op on tensors of rank 1 to 3 run on 4-D tensors: every operand gets leading
+    1s up to [1, ..., dims] (which never changes NumPy broadcasting), the result is relabelled
+    back. The NPU's operators take [batch, channel, height, width] only (oplist V2.3.2)."""
+    shapes = [static_shape(t) for t in node.inputs if t.name] + [static_shape(t) for t in node.outputs]
+    if any(s is None for s in shapes) or not 1 <= max(len(s) for s in shapes) <= 3:
+        return "a shape is unknown, or the op is not of rank 1 to 3"
+    builder = site.builder(node)
+    inputs = []
+    for tensor in node.inputs:
+        shape = static_shape(tensor) if tensor.name else None
+        value = constant_value(tensor)
+        if not tensor.name or (value is not None and value.ndim == 0):
+            inputs.append(tensor)
+        elif value is not None:
+            inputs.append(builder.const(value.reshape([1] * (4 - value.ndim) + list(value.shape)), "const4d"))
+        else:
+            inputs.append(builder.reshape(tensor, [1] * (4 - len(shape)) + list(shape)))
+    out_shape = static_shape(node.outputs[0])
+    lifted = builder.op(node.op, inputs, [1] * (4 - len(out_shape)) + list(out_shape), node.outputs[0].dtype,
+                        **node.attrs)
+    builder.reshape(lifted, out_shape, out=node.outputs[0])
+    yield builder.finish()
+
+
+#: Most copies broadcast_by_concat makes of one operand along one axis.
+BROADCAST_COPIES = 64
+
+
+BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
+
+
+def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
+    """A binary element-wise op whose broadcast is none of the NPU's Expand patterns (oplist
+    V2.3.2, Expand; Add/Mul/Div/Max inherit them), with both operands made full-sized first: a
+    constant operand is stored broadcast, a computed one is repeated by a Concat along each
+    broadcast axis (as many copies as that axis has, at most 64). Equal shapes need no broadcast."""
+    out_shape = static_shape(node.outputs[0])
+    operands = [t for t in node.inputs if t.name]
+    if out_shape is None or len(operands) != 2 or any(static_shape(t) is None for t in operands):
+        return "not two operands of known shape"
+    builder = site.builder(node)
+    full = []
+    for operand in operands:
+        shape = list(static_shape(operand))
+        shape = [1] * (len(out_shape) - len(shape)) + shape
+        value = constant_value(operand)
+        if value is not None:
+            full.append(operand if value.size == 1 else builder.const(np.broadcast_to(value, out_shape), "full"))
+            continue
+        tensor = operand if len(shape) == len(static_shape(operand)) else builder.reshape(operand, shape)
+        for axis, (have, want) in enumerate(zip(shape, out_shape)):
+            if have == want:
+                continue
+            if have != 1 or want > BROADCAST_COPIES:
+                return f"operand {operand.name} broadcasts axis {axis} from {have} to {want}: not from 1, or over {BROADCAST_COPIES} copies"
+            shape[axis] = want
+            tensor = builder.op("Concat", [tensor] * want, list(shape), operand.dtype, axis=axis)
+        full.append(tensor)
+    builder.op(node.op, full, out=node.outputs[0], **node.attrs)
+    yield builder.finish()
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(sub_constant_to_add, frozenset({"Sub"}), always=True),
+    RewriteRule(div_constant_to_mul, frozenset({"Div"}), always=True),
+    RewriteRule(pow_to_mul_chain, frozenset({"Pow"})),
+    RewriteRule(hardsigmoid_to_native, frozenset({"HardSigmoid"})),
+    RewriteRule(elu_to_native, frozenset({"Elu"})),
+    RewriteRule(sum_to_adds, frozenset({"Sum"})),
+    RewriteRule(lift_to_4d, ELEMENTWISE),
+    RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
+)

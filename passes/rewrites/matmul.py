@@ -1,0 +1,140 @@
+"""Matrix-product rewrites: Gemm and MatMul by weights as 1x1 convolutions (absorbing their
+bias and residual Adds), and MatMul over the target's K limit split along K."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir import constant_value, element_count, static_shape
+
+from .base import Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
+
+
+def gemm_to_conv(node: gs.Node, site: Site) -> Candidates:
+    """Gemm with constant B (and C) as Reshape [M,K,1,1] -> 1x1 Conv -> Reshape [M,N]: the oplist
+    has no Gemm kernel, fully connected layers run as Convolution (oplist V2.3.2, Convolution;
+    rknn-toolkit2's layer tables show Conv for every Gemm). alpha, beta and transB fold into
+    the weights; transA is left alone."""
+    a, y = node.inputs[0], node.outputs[0]
+    b = constant_value(node.inputs[1])
+    a_shape, y_shape = static_shape(a), static_shape(y)
+    if b is None or node.attrs.get("transA", 0) or a_shape is None or y_shape is None or len(a_shape) != 2:
+        return "B is not constant, transA is set, or A is not 2-D of known shape"
+    weight = b if node.attrs.get("transB", 0) else b.T  # [N, K]
+    weight = (weight * node.attrs.get("alpha", 1.0)).astype(b.dtype)
+    bias = None
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        c = constant_value(node.inputs[2])
+        n = weight.shape[0]
+        if c is None or np.broadcast_shapes(c.shape, (1, n)) != (1, n):
+            return "C is not a constant that broadcasts to [1, N]"
+        bias = (np.broadcast_to(c, (1, n)).reshape(n) * node.attrs.get("beta", 1.0)).astype(b.dtype)
+    m, n = y_shape
+    builder = site.builder(node)
+    conv = conv_1x1(builder, builder.reshape(a, [m, a_shape[1], 1, 1]), weight, bias, [m, n, 1, 1])
+    builder.reshape(conv, y_shape, out=y)
+    yield builder.finish()
+
+
+def matmul_constant_to_conv(node: gs.Node, site: Site) -> Candidates:
+    """MatMul with one constant 2-D operand as a 1x1 Conv whose weights are that operand, as
+    rknn-toolkit2 runs it (its bert layer table shows Conv for MatMul by weights): Convolution
+    runs on several cores and takes per-channel weights, exMatMul neither (oplist V2.3.2).
+    x[..., M, K] @ W[K, N] reads x as [L, K, 1, 1]; W[M, K] @ x[..., K, N] reads x as [L, K, 1, N].
+    A constant bias Add that alone reads x @ W becomes the Conv's bias, and a residual Add after
+    it is done on the Conv's output layout, so the two fuse as ConvAdd."""
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    y_shape = static_shape(y)
+    if y_shape is None:
+        return "the output shape is unknown"
+    right, left = constant_value(b), constant_value(a)
+    builder = site.builder(node)
+    absorbed = ()
+    if right is not None and left is None and right.ndim == 2 and static_shape(a) and len(static_shape(a)) >= 2:
+        k, n = right.shape
+        rows = element_count(static_shape(a)[:-1])
+        bias_add, bias = _bias_add(y, n, site)
+        if bias_add is not None:
+            absorbed, y = (bias_add,), bias_add.outputs[0]
+        conv = conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), right.T, bias, [rows, n, 1, 1])
+        residual_add, residual = _residual_add(y, site)
+        if residual_add is not None:
+            absorbed, y = absorbed + (residual_add,), residual_add.outputs[0]
+            conv = builder.op("Add", [conv, builder.reshape(residual, [rows, n, 1, 1])], [rows, n, 1, 1], y.dtype)
+    elif left is not None and right is None and left.ndim == 2 and static_shape(b) and len(static_shape(b)) >= 2:
+        m, k = left.shape
+        batch = element_count(static_shape(b)[:-2])
+        n = static_shape(b)[-1]
+        conv = conv_1x1(builder, builder.reshape(b, [batch, k, 1, n]), left, None, [batch, m, 1, n])
+    else:
+        return "neither operand is a 2-D constant beside a computed operand of rank >= 2"
+    builder.reshape(conv, y_shape, out=y)
+    yield builder.finish(node, *absorbed)
+
+
+def _residual_add(y: gs.Tensor, site: Site) -> tuple[gs.Node | None, gs.Tensor | None]:
+    """The Add of a computed tensor of y's own shape (a residual connection) that alone reads
+    `y`: done on the Conv's [L, N, 1, 1] output, Conv and Add become one ConvAdd kernel (oplist
+    V2.3.2, ConvolutionAdd), as rknn-toolkit2 runs transformer blocks."""
+    if len(y.outputs) != 1 or y.name in site.graph_outputs:
+        return None, None
+    add = y.outputs[0]
+    if add.op != "Add" or len(add.inputs) != 2 or add.inputs[0] is add.inputs[1]:
+        return None, None
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    if isinstance(other, gs.Constant) or static_shape(other) != static_shape(y):
+        return None, None
+    return add, other
+
+
+def _bias_add(y: gs.Tensor, n: int, site: Site) -> tuple[gs.Node | None, np.ndarray | None]:
+    """The Add of a constant [N] (or [1, ..., N]) bias that alone reads the MatMul's result `y`:
+    it becomes the Conv's bias, which the NPU adds in the same kernel (rknn-toolkit2's ConvAdd)."""
+    if len(y.outputs) != 1 or y.name in site.graph_outputs:
+        return None, None
+    add = y.outputs[0]
+    if add.op != "Add" or len(add.inputs) != 2 or static_shape(add.outputs[0]) != static_shape(y):
+        return None, None
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    bias = float_constant(other)
+    if bias is None or bias.size != n or bias.shape[-1] != n:
+        return None, None
+    return add, bias.reshape(n)
+
+
+def matmul_k_split(node: gs.Node, site: Site) -> Candidates:
+    """MatMul with K over the target's limit as T = ceil(K / limit) MatMuls over K segments, summed:
+    A·B = Σ A[:, seg] · B[seg, :]. Seed 002, 4.1.1.4.1: B is split into T segments when K > 8192
+    on RK3588 and K > 4096 on RK3576/RV1126B."""
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    a_shape, b_shape, y_shape = static_shape(a), static_shape(b), static_shape(y)
+    if a_shape is None or b_shape is None or y_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
+        return "an operand is below rank 2 or of unknown shape"
+    limit = site.target.rule_parameter("MatMul", "matmul_depth", "limit")
+    k = a_shape[-1]
+    if limit is None:
+        return f"{site.target.name} has no MatMul depth rule to split to"
+    if k <= limit:
+        return f"K = {k} is within the limit {limit}"
+    segments = -(-k // limit)
+    sizes = [limit] * (segments - 1) + [k - limit * (segments - 1)]
+    builder = site.builder(node)
+    a_parts = split_node(builder, a, len(a_shape) - 1, sizes)
+    b_value = constant_value(b)
+    if b_value is None:
+        b_parts = split_node(builder, b, len(b_shape) - 2, sizes)
+    else:
+        bounds = np.cumsum([0] + sizes)
+        b_parts = [builder.const(b_value[..., start:end, :], "weight") for start, end in zip(bounds, bounds[1:])]
+    partials = [builder.op("MatMul", [pa, pb], y_shape, y.dtype) for pa, pb in zip(a_parts, b_parts)]
+    total = partials[0]
+    for index, partial in enumerate(partials[1:], start=2):
+        total = builder.op("Add", [total, partial], y_shape, y.dtype, out=y if index == segments else None)
+    yield builder.finish()
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(gemm_to_conv, frozenset({"Gemm"}), always=True),
+    RewriteRule(matmul_constant_to_conv, frozenset({"MatMul"}), always=True),
+    RewriteRule(matmul_k_split, frozenset({"MatMul"})),
+)

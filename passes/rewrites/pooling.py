@@ -1,0 +1,147 @@
+"""Pooling rewrites: ceil mode and excluded pads as the NPU's floor-mode pools, global pools
+over the window limit as staged pools, and ReduceMean over the spatial axes as global pooling."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir import constant_value, dtype_name, static_shape
+
+from .base import Candidates, RewriteRule, Site, scalar
+
+
+def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
+    """MaxPool with ceil_mode = 1 as floor mode with the extra end padding that yields the same
+    output size; padding never wins a max. The NPU does not support ceil_mode (seed 000, MaxPool)."""
+    if not node.attrs.get("ceil_mode", 0) or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return "ceil_mode is 0, or auto_pad is set"
+    if len([t for t in node.outputs if t.name]) != 1:
+        return "its Indices output is read"
+    in_shape, out_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    if in_shape is None or out_shape is None:
+        return "a shape is unknown"
+    kernel = list(node.attrs["kernel_shape"])
+    spatial = len(kernel)
+    strides = list(node.attrs.get("strides", [1] * spatial))
+    dilations = list(node.attrs.get("dilations", [1] * spatial))
+    pads = list(node.attrs.get("pads", [0] * 2 * spatial))
+    for axis in range(spatial):
+        covered = (out_shape[axis + 2] - 1) * strides[axis] + (kernel[axis] - 1) * dilations[axis] + 1
+        missing = covered - (in_shape[axis + 2] + pads[axis] + pads[axis + spatial])
+        pads[axis + spatial] += max(0, missing)
+    builder = site.builder(node)
+    builder.op("MaxPool", list(node.inputs), out=node.outputs[0], **{**node.attrs, "ceil_mode": 0, "pads": pads})
+    yield builder.finish()
+
+
+def average_pool_excluding_pads(node: gs.Node, site: Site) -> Candidates:
+    """AveragePool with pads and count_include_pad = 0 (ONNX's default) as the NPU's pooling,
+    which counts the pads (oplist V2.3.2, AveragePool), times a constant map of
+    window size / valid elements per output position: near the border the NPU divides by the
+    whole window, ONNX by the elements inside the image."""
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = static_shape(x), static_shape(y)
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", ())]
+    if in_shape is None or out_shape is None or len(in_shape) != 4 or len(kernel) != 2:
+        return "not a 2-D pool of known shape"
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET" or any(int(d) != 1 for d in node.attrs.get("dilations", [1, 1])):
+        return "auto_pad or dilations are set"
+    pads = [int(p) for p in node.attrs.get("pads", [0, 0, 0, 0])]
+    if int(node.attrs.get("count_include_pad", 0)) or not any(pads):
+        return "count_include_pad is 1, or there are no pads"
+    strides = [int(v) for v in node.attrs.get("strides", [1, 1])]
+    valid = []
+    for axis in range(2):
+        starts = np.arange(out_shape[axis + 2]) * strides[axis] - pads[axis]
+        valid.append(np.minimum(starts + kernel[axis], in_shape[axis + 2]) - np.maximum(starts, 0))
+    counts = np.outer(valid[0], valid[1]).astype(np.float64)
+    correction = (kernel[0] * kernel[1] / counts).astype(dtype_name(x.dtype) or "float32")
+    builder = site.builder(node)
+    pooled = builder.op("AveragePool", [x], out_shape, x.dtype, **{**node.attrs, "count_include_pad": 1})
+    # Full-sized: the NPU's Mul broadcasts [1, 1, h, w] to [1, c, h, w] by none of its Expand patterns.
+    border = np.broadcast_to(correction, (1, out_shape[1], *counts.shape))
+    builder.op("Mul", [pooled, builder.const(border, "border")], out=y)
+    yield builder.finish()
+
+
+def pool_stage_kernels(size: int, limit: int) -> list[int]:
+    """Kernels (each its own stride) whose stages reduce `size` to 1 in the fewest stages,
+    preferring exact divisors, else the kernel that needs the least end padding."""
+    kernels = []
+    while size > 1:
+        stages = 1
+        while limit ** stages < size:
+            stages += 1
+        reach = limit ** (stages - 1)
+        fitting = [k for k in range(limit, 1, -1) if -(-size // k) <= reach]
+        kernel = min(fitting, key=lambda k: (-(-size // k) * k - size, -k))
+        kernels.append(kernel)
+        size = -(-size // kernel)
+    return kernels
+
+
+def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
+    """GlobalAveragePool/GlobalMaxPool over more than 7x7 (seed 000: height, width ∈ (0,7]) as
+    pools with kernel = stride <= 7 that tile the map. Averages pad with zeros and count them
+    (count_include_pad = 1, seed 000), so a final Mul rescales by padded area / true area."""
+    x = node.inputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) != 4:
+        return "the input is not 4-D of known shape"
+    average = node.op == "GlobalAveragePool"
+    limit = site.target.rule_parameter("AveragePool" if average else "MaxPool", "pool_window", "kernel")
+    if limit is None:
+        return f"{site.target.name} has no {'AveragePool' if average else 'MaxPool'} kernel to stage with"
+    stages_h, stages_w = pool_stage_kernels(shape[2], limit), pool_stage_kernels(shape[3], limit)
+    count = max(len(stages_h), len(stages_w))
+    if count == 0:
+        return "the input is already 1x1"
+    stages_h += [1] * (count - len(stages_h))
+    stages_w += [1] * (count - len(stages_w))
+    correction = math.prod(stages_h) * math.prod(stages_w) / (shape[2] * shape[3])
+    builder = site.builder(node)
+    current, (height, width) = x, shape[2:]
+    for index, kernel in enumerate(zip(stages_h, stages_w)):
+        out_h, out_w = -(-height // kernel[0]), -(-width // kernel[1])
+        pads = [0, 0, out_h * kernel[0] - height, out_w * kernel[1] - width]
+        last = index == count - 1 and (not average or correction == 1)
+        attrs = {"kernel_shape": list(kernel), "strides": list(kernel), "pads": pads}
+        if average:
+            attrs["count_include_pad"] = 1
+        current = builder.op("AveragePool" if average else "MaxPool", [current], [*shape[:2], out_h, out_w],
+                             x.dtype, out=node.outputs[0] if last else None, **attrs)
+        height, width = out_h, out_w
+    if average and correction != 1:
+        builder.op("Mul", [current, scalar(builder, correction, x)], out=node.outputs[0])
+    yield builder.finish()
+
+
+def reducemean_to_global_pool(node: gs.Node, site: Site) -> Candidates:
+    """ReduceMean over height and width of a 4-D tensor as GlobalAveragePool (then a Reshape
+    when keepdims = 0): the oplist V2.3.2 has no ReduceMean kernel, it has GlobalAveragePool;
+    torch exports adaptive_avg_pool2d(1) as this ReduceMean (mobilenet_v2 in the zoo)."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape, y_shape = static_shape(x), static_shape(y)
+    axes = node.attrs.get("axes")
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        axes = constant_value(node.inputs[1])
+    if shape is None or y_shape is None or len(shape) != 4 or axes is None:
+        return "not a 4-D input of known shape with constant axes"
+    if sorted(int(a) % 4 for a in np.ravel(axes)) != [2, 3]:
+        return "the axes are not height and width"
+    builder = site.builder(node)
+    keep = node.attrs.get("keepdims", 1)
+    pooled = builder.op("GlobalAveragePool", [x], [*shape[:2], 1, 1], x.dtype, out=y if keep else None)
+    if not keep:
+        builder.reshape(pooled, y_shape, out=y)
+    yield builder.finish()
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
+    RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
+    RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
+    RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
+)
