@@ -96,7 +96,7 @@ def step_works(ctx: CompileContext, as_dtype: str | None = None) -> list[StepWor
 
 def batch_plan(ctx: CompileContext, works: list[StepWork], dtype: str) -> tuple[Multicore, list[tuple[int, ...]]]:
     """Seed 004's contexts, one per core, images dealt round-robin, and their timeline."""
-    batch, hardware = ctx.options.batch, cost_model.hardware_for(ctx.target.name)
+    batch, hardware = ctx.options.batch, cost_model.hardware_for(ctx.target)
     count = min(batch, ctx.target.npu_cores)
     images = [tuple(range(first, batch, count)) for first in range(count)]
     npu_steps = tuple(index for index, work in enumerate(works) if work.device == "npu")
@@ -130,7 +130,7 @@ def split_plan(ctx: CompileContext, works: list[StepWork], dtype: str,
                cores: tuple[int, ...]) -> tuple[Multicore, list[tuple[int, ...]]]:
     """One input on the mask's cores: multi-core steps split where it pays, the rest on the
     first core; the latency is the steps one after another."""
-    hardware = cost_model.hardware_for(ctx.target.name)
+    hardware = cost_model.hardware_for(ctx.target)
     nodes = {node.name: node for node in ctx.graph.nodes}
     busy = dict.fromkeys(cores, 0.0)
     ran: dict[int, list[int]] = {core: [] for core in cores}
@@ -204,7 +204,7 @@ def best_split(node: gs.Node, ctx: CompileContext, work: StepWork, dtype: str, c
     kernel = oplist_kernel(node, ctx.target)
     if kernel not in ctx.target.multi_core_kernels:
         return None
-    hardware = cost_model.hardware_for(ctx.target.name)
+    hardware = cost_model.hardware_for(ctx.target)
     _, channels, height, _ = as_nchw(ctx.tensors[node.outputs[0].name].shape)
     block = ctx.target.c2_for(dtype)
     extents = {"C": (-(-channels // block), block, channels), "H": (height, 1, height)}
@@ -232,7 +232,7 @@ def _estimate(ctx: CompileContext, works: list[StepWork], dtype: str, *, spent: 
               splits: tuple[StepSplit, ...] = ()) -> Multicore:
     """The plan's multicore record: per-core timeline against the batch latency `spent`, and
     the speedup over running the batch one image at a time on one core."""
-    hardware = cost_model.hardware_for(ctx.target.name)
+    hardware = cost_model.hardware_for(ctx.target)
     one_core = cost_model.one_core_seconds(works, hardware, dtype)
     batch = ctx.options.batch
     per_core = tuple(CoreTimeline(core=core, steps=steps, est_ms=_ms(busy), utilisation=round(busy / spent, 4))

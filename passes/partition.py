@@ -133,7 +133,7 @@ class PlacementEstimate:
 
     def __init__(self, ctx: CompileContext):
         self.nodes = {node.name: node for node in ctx.graph.nodes}
-        self.compute = {name: {device: cost_estimate.compute_seconds(node, device, ctx.target.name, ctx.options.dtype) for device in ("npu", "cpu")}
+        self.compute = {name: {device: cost_estimate.compute_seconds(node, device, ctx.target, ctx.options.dtype) for device in ("npu", "cpu")}
                         for name, node in self.nodes.items()}
         # (producer or None for a model input, consumers, is model output, format per device)
         self.tensors = []

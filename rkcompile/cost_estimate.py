@@ -10,6 +10,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile import cost_model
 from rkcompile.ir import element_count, itemsize, present_inputs, static_shape
+from rkcompile.targets.model import Target
 
 _REDUCTION_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -59,7 +60,7 @@ def _reduction_length(node: gs.Node) -> int:
     return weight[-2] if len(weight) >= 2 else weight[0]
 
 
-def compute_seconds(node: gs.Node, device: str, target: str, dtype: str) -> float:
+def compute_seconds(node: gs.Node, device: str, target: Target, dtype: str) -> float:
     """Roofline seconds of `node` on the NPU (in `dtype`) or on the CPU (in its ONNX dtype)."""
     element_bytes = itemsize(dtype) if device == "npu" else 4
     sizes = {id(t): element_count(static_shape(t)) * element_bytes if static_shape(t) is not None else 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rkcompile.errors import CompileError
+from rkcompile.targets.model import Target
 
 # --- calibrated against the rknn_model_zoo RK3588 single-core fps and the issue's multi-core
 #     ratios (docs/cost-model.md, "Calibration"); shared by every target ------------------------
@@ -67,39 +68,20 @@ class Hardware:
         return min(self.core_bytes_per_second, self.ddr_bytes_per_second * DDR_EFFICIENCY / max(active, 1))
 
 
-def _tops_int8(tops: float, cores: int) -> float:
-    """MACs per second per core from a marketed int8 TOPS figure (one MAC = two ops)."""
-    return tops * 1e12 / 2 / cores
-
-
 #: fp16 runs at a quarter of the int8 MAC rate, 256 fp16 MACs per cycle per core on RK3588: an
 #: assumption, reading a published "0.5 TFLOPS fp16" as per core (docs/cost-model.md), applied
 #: to every RKNPU2.
 FP16_SHARE = 0.25
 
 
-def _hardware(name: str, tops: float, cores: int, ddr_gb_s: float, source: str) -> Hardware:
-    int8 = _tops_int8(tops, cores)
-    return Hardware(name, int8, int8 * FP16_SHARE, ddr_gb_s * 1e9, source)
-
-
-HARDWARE = {h.name: h for h in (
-    _hardware("rk3588", 6.0, 3, 34.1, "TRM: 1024x3 int8 MACs per cycle at 1 GHz; 4x16-bit LPDDR4x-4266"),
-    _hardware("rk3576", 6.0, 2, 17.0, "marketed 6 TOPS over 2 cores; 32-bit LPDDR4x-4266 (assumed)"),
-    _hardware("rv1126b", 3.0, 1, 8.5, "marketed 3 TOPS; 16-bit LPDDR4x-4266 (assumed)"),
-    _hardware("rk3562", 1.0, 1, 8.5, "marketed 1 TOPS; 32-bit LPDDR4-2133 (assumed)"),
-    _hardware("rk3566", 0.8, 1, 8.5, "marketed 0.8 TOPS; 32-bit LPDDR4-2133 (assumed)"),
-    _hardware("rv1106", 0.5, 1, 2.1, "marketed 0.5 TOPS; 16-bit DDR3L-1066 (assumed)"),
-    _hardware("rv1106b", 1.0, 1, 2.1, "marketed 1 TOPS; 16-bit DDR3L-1066 (assumed)"),
-    _hardware("rk2118", 0.3, 1, 1.0, "no published figure: assumed"),
-)}
-
-
-def hardware_for(target: str) -> Hardware:
-    try:
-        return HARDWARE[target]
-    except KeyError:
-        raise CompileError(f"the cost model has no figures for target {target}") from None
+def hardware_for(target: Target) -> Hardware:
+    """The cost model's view of `target`, from the figures its own file gives
+    (`Target.performance`): the marketed int8 TOPS spread over its cores (one MAC is two ops)."""
+    figures = target.performance
+    if figures is None:
+        raise CompileError(f"the cost model has no figures for target {target.name}")
+    int8 = figures.int8_tops * 1e12 / 2 / target.npu_cores
+    return Hardware(target.name, int8, int8 * FP16_SHARE, figures.ddr_gb_per_second * 1e9, figures.source)
 
 
 @dataclass(frozen=True)

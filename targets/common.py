@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from . import constraints as c
-from .model import OpRule, Rule, Target
+from .model import OpRule, Performance, Rule, Target
 from .transpose import FULL_TABLE, NARROW
 
 #: ONNX op -> (oplist kernel, inputs that carry integer indices rather than data)
@@ -219,7 +219,7 @@ def build_target(*, name: str, aliases: tuple[str, ...] = (), description: str, 
                  c2: Mapping[str, int | None], oplist_platform: str, kernels: Iterable[str],
                  multi_core: Iterable[str] = (), seeds: Mapping[str, str] | None = None,
                  figures: Figures = Figures(), kernel_dtypes: Mapping[str, tuple[str, ...]] | None = None,
-                 sram_bytes: int | None = None) -> Target:
+                 sram_bytes: int | None = None, performance: Performance) -> Target:
     """A Target from one SoC's data. Multi-core flags only matter on a multi-core NPU."""
     kernels = frozenset(kernels)
     multi_core = frozenset(multi_core) if npu_cores > 1 else frozenset()
@@ -229,7 +229,7 @@ def build_target(*, name: str, aliases: tuple[str, ...] = (), description: str, 
         name=name, aliases=aliases, npu_cores=npu_cores, c2=dict(c2), sram_bytes=sram_bytes,
         ops=build_ops(kernels, multi_core, op_rules(figures, sources), kernel_dtypes or {}, sources),
         common_rules=common, kernels=kernels, multi_core_kernels=multi_core,
-        description=description, oplist_platform=oplist_platform,
+        description=description, oplist_platform=oplist_platform, performance=performance,
     )
 
 

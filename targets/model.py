@@ -60,6 +60,17 @@ class OpRule:
 
 
 @dataclass(frozen=True)
+class Performance:
+    """The published figures the cost model (rkcompile/cost_model.py) times steps with:
+    marketed int8 TOPS over all NPU cores and the DDR's theoretical bandwidth, with where each
+    figure comes from (docs/cost-model.md says which are assumed)."""
+
+    int8_tops: float
+    ddr_gb_per_second: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     aliases: tuple[str, ...]
@@ -72,6 +83,7 @@ class Target:
     multi_core_kernels: frozenset[str] = frozenset()
     description: str = ""
     oplist_platform: str = ""
+    performance: Performance | None = None
 
     def has_kernel(self, kernel: str) -> bool:
         """Whether the oplist names `kernel` (fused ones included, e.g. ConvolutionRelu) here."""

@@ -7,6 +7,7 @@ float16 plans meet. One core: seed 003 3.1.1 and seed 004 name multi-core for RK
 only.
 """
 from .common import SHARED_KERNELS, Figures, build_target
+from .model import Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + (
@@ -21,4 +22,6 @@ TARGET = build_target(
     c2={"int8": None, "float16": 4}, oplist_platform="RK2118", kernels=KERNELS,
     figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8)),
     kernel_dtypes=KERNEL_DTYPES,
+    performance=Performance(int8_tops=0.3, ddr_gb_per_second=1.0,
+                            source="no published figure: assumed"),
 )

@@ -6,6 +6,7 @@ float16 8). One core: seed 003 3.1.1 and seed 004 name core selection and multi-
 for RK3588 and RK3576 only. No SRAM size is given by the seeds.
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SEED_000, SEED_000_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
+from .model import Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
@@ -21,4 +22,6 @@ TARGET = build_target(
     oplist_platform="RK3562", kernels=KERNELS, seeds=seeded(SEED_000, SEED_000_KERNELS),
     figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8)),
     kernel_dtypes=KERNEL_DTYPES,
+    performance=Performance(int8_tops=1.0, ddr_gb_per_second=8.5,
+                            source="marketed 1 TOPS; 32-bit LPDDR4-2133 (assumed)"),
 )

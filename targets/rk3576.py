@@ -7,6 +7,7 @@ table 3-1. Cores: seed 004, 4.1.4.1 ("2 cores inside the RK3576 NPU"). No SRAM s
 the seeds. RV1126B shares every rule here (rv1126b.py).
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SEED_001, SEED_001_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
+from .model import Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
@@ -39,4 +40,6 @@ TARGET = build_target(
     name="rk3576", description="RK3576, 2-core RKNPU2", npu_cores=2, c2={"int8": 16, "float16": 8},
     oplist_platform="RK3576/RV1126B", kernels=KERNELS, multi_core=MULTI_CORE, seeds=SEEDS,
     figures=FIGURES, kernel_dtypes=KERNEL_DTYPES,
+    performance=Performance(int8_tops=6.0, ddr_gb_per_second=17.0,
+                            source="marketed 6 TOPS over 2 cores; 32-bit LPDDR4x-4266 (assumed)"),
 )

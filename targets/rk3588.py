@@ -7,6 +7,7 @@ Kernel and multi-core lists: oplist V2.3.2, platform RK3588 (multi-core: the ker
 rules cite the oplist, except the MatMul depth, which seed 002's K split gives.
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+from .model import Performance
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",
@@ -28,4 +29,6 @@ TARGET = build_target(
     kernels=KERNELS, multi_core=MULTI_CORE, kernel_dtypes=KERNEL_DTYPES,
     figures=Figures(matmul_k=8192, matmul_k_source="seed 002, V2.5.0 Matmul API: K above 8192 is split "
                                                    "on RK3588; oplist V2.3.2 RK3588 exMatMul k in (0, 8192]"),
+    performance=Performance(int8_tops=6.0, ddr_gb_per_second=34.1,
+                            source="TRM: 1024x3 int8 MACs per cycle at 1 GHz; 4x16-bit LPDDR4x-4266"),
 )

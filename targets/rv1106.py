@@ -6,6 +6,7 @@ table 3-1 (column RV1103/RV1106: int8 16, float16 8). One core: seed 003 3.1.1 a
 multi-core for RK3588 and RK3576 only.
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+from .model import Performance
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GlobalAveragePool", "Hardmax", "LSTM", "Min", "Pow",
@@ -25,4 +26,6 @@ TARGET = build_target(
     c2={"int8": 16, "float16": 8}, oplist_platform="RV1103/RV1106", kernels=KERNELS,
     figures=Figures(deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8), hardmax_volume=8192),
     kernel_dtypes=KERNEL_DTYPES,
+    performance=Performance(int8_tops=0.5, ddr_gb_per_second=2.1,
+                            source="marketed 0.5 TOPS; 16-bit DDR3L-1066 (assumed)"),
 )

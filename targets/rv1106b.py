@@ -7,6 +7,7 @@ lives on this NPU. One core: seed 003 3.1.1 and seed 004 name multi-core for RK3
 only.
 """
 from .common import SHARED_KERNELS, Figures, build_target
+from .model import Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + (
@@ -23,4 +24,6 @@ TARGET = build_target(
     npu_cores=1, c2={"int8": 8, "float16": None}, oplist_platform="RV1103B/RV1106B", kernels=KERNELS,
     figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8), max_pool_extent=(7, 7)),
     kernel_dtypes=KERNEL_DTYPES,
+    performance=Performance(int8_tops=1.0, ddr_gb_per_second=2.1,
+                            source="marketed 1 TOPS; 16-bit DDR3L-1066 (assumed)"),
 )

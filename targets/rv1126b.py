@@ -5,10 +5,13 @@ reads "RV1126B: not supported", and RV1126B has one core (seed 004 names multi-c
 RK3588 and RK3576 only). C2: seed 003, table 3-1 (column RK3588/RK3576/RV1126B).
 """
 from .common import build_target
+from .model import Performance
 from .rk3576 import FIGURES, KERNEL_DTYPES, KERNELS, SEEDS
 
 TARGET = build_target(
     name="rv1126b", description="RV1126B, 1-core RKNPU2", npu_cores=1, c2={"int8": 16, "float16": 8},
     oplist_platform="RK3576/RV1126B", kernels=KERNELS, seeds=SEEDS, figures=FIGURES,
     kernel_dtypes=KERNEL_DTYPES,
+    performance=Performance(int8_tops=3.0, ddr_gb_per_second=8.5,
+                            source="marketed 3 TOPS; 16-bit LPDDR4x-4266 (assumed)"),
 )

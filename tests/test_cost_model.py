@@ -2,6 +2,7 @@
 every target, and the calibration against the published rknn_model_zoo RK3588 fps."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import onnx
@@ -11,9 +12,9 @@ from conftest import REPO, ZOO
 from rkcompile import cost_model
 from rkcompile.cost_model import Share, StepWork
 from rkcompile.errors import CompileError
-from rkcompile.targets import all_targets
+from rkcompile.targets import all_targets, get_target
 
-RK3588 = cost_model.hardware_for("rk3588")
+RK3588 = cost_model.hardware_for(get_target("rk3588"))
 COMPUTE_BOUND = StepWork("npu", macs=10**10, weight_bytes=1000, input_bytes=1000, output_bytes=1000)
 MEMORY_BOUND = StepWork("npu", macs=1000, weight_bytes=3 * 10**6, input_bytes=4 * 10**6, output_bytes=4 * 10**6)
 
@@ -69,10 +70,11 @@ def test_one_core_reference_pays_one_run():
 
 def test_every_target_has_figures_and_unknown_ones_are_a_clear_error():
     for target in all_targets():
-        hardware = cost_model.hardware_for(target.name)
+        hardware = cost_model.hardware_for(target)
         assert hardware.int8_macs_per_core > hardware.fp16_macs_per_core > 0 and hardware.ddr_bytes_per_second > 0
+    bare = dataclasses.replace(get_target("rk3588"), name="rk9999", performance=None)
     with pytest.raises(CompileError, match="no figures for target rk9999"):
-        cost_model.hardware_for("rk9999")
+        cost_model.hardware_for(bare)
     with pytest.raises(CompileError, match="no NPU MAC rate for dtype float32"):
         RK3588.macs_per_second("float32")
 
@@ -98,3 +100,13 @@ def test_calibration_is_within_30_percent_of_the_published_single_core_fps(tmp_p
             assert estimate(ctx, 3, "auto", "int8", rknn_run_only=True).speedup == pytest.approx(2.8, abs=0.15)
             assert estimate(ctx, 8, "auto", "int8", rknn_run_only=True).speedup == pytest.approx(3.15, abs=0.15)
         assert 1.0 <= estimate(ctx, 1, "0_1_2", "int8", rknn_run_only=True).speedup <= 1.3
+
+
+def test_the_cost_model_reads_every_figure_from_the_target():
+    """Targets are data: the rates follow the Target's own figures and core count, whatever its name."""
+    rk3588 = get_target("rk3588")
+    figures = dataclasses.replace(rk3588.performance, int8_tops=1.5, ddr_gb_per_second=10.0)
+    invented = dataclasses.replace(rk3588, name="soc-x", npu_cores=1, performance=figures)
+    hardware = cost_model.hardware_for(invented)
+    assert hardware.int8_macs_per_core == pytest.approx(1.5e12 / 2)
+    assert hardware.ddr_bytes_per_second == pytest.approx(10e9)
