@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from rkcompile.fusion_patterns import Alt, Any, Const, Match, Op, Pattern, optional
+from rkcompile.fusion_patterns import Alt, Any, Chain, Const, Match, Op, Pattern, optional
 from rkcompile.ir import static_shape
 
 Predicate = Callable[[Match], tuple[bool, str]]
@@ -231,48 +231,49 @@ def clip_attributes(match: Match) -> dict:
 # --- patterns -------------------------------------------------------------------------------
 
 
-def _mul(a: Pattern, b: Pattern, label: str | None = None) -> Op:
-    return Op("Mul", a, b, label=label, commutative=True)
+def _mul(*factors: Pattern, label: str | None = None) -> Chain:
+    """A product in any order and grouping of the factors (Mul is associative and commutative)."""
+    return Chain("Mul", *factors, label=label)
 
 
-def _add(a: Pattern, b: Pattern, label: str | None = None) -> Op:
-    return Op("Add", a, b, label=label, commutative=True)
-
-
-def _half_x_times(x: Pattern, inner: Pattern) -> Pattern:
-    """0.5 * x * inner, in the two orders exporters write it."""
-    return Alt(_mul(_mul(x, inner), Const(0.5)), _mul(_mul(x, Const(0.5)), inner))
+def _add(*terms: Pattern, label: str | None = None) -> Chain:
+    """A sum in any order and grouping of the terms."""
+    return Chain("Add", *terms, label=label)
 
 
 def _gelu_erf() -> Pattern:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), the 0.5 on any factor, every operand in any order."""
     x = Any("x")
     scaled = Alt(Op("Div", x, Const(float(np.sqrt(2)))), _mul(x, Const(float(1 / np.sqrt(2)))))
-    return _half_x_times(x, _add(Op("Erf", scaled), Const(1.0)))
+    return _mul(x, Const(0.5), _add(Op("Erf", scaled), Const(1.0)))
 
 
 def _gelu_tanh() -> Pattern:
+    """x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), and the form that factors x out of
+    the tanh's argument: sqrt(2/pi) * x * (1 + 0.044715 x^2) (transformers' FastGELU)."""
     x = Any("x")
-    cube = Alt(Op("Pow", x, Const(3.0)), _mul(x, _mul(x, x)))
-    inner = _mul(_add(x, _mul(cube, Const(0.044715))), Const(float(np.sqrt(2 / np.pi))))
-    return _half_x_times(x, _add(Op("Tanh", inner), Const(1.0)))
+    cube = Alt(Op("Pow", x, Const(3.0)), _mul(x, x, x), _mul(x, Op("Pow", x, Const(2.0))))
+    square = Alt(_mul(x, x), Op("Pow", x, Const(2.0)))
+    inner = Alt(_mul(_add(x, _mul(cube, Const(0.044715))), Const(float(np.sqrt(2 / np.pi)))),
+                _mul(x, Const(float(np.sqrt(2 / np.pi))), _add(Const(1.0), _mul(square, Const(0.044715)))))
+    return _mul(x, Const(0.5), _add(Op("Tanh", inner), Const(1.0)))
 
 
 def _hard_swish_relu6() -> Pattern:
     x = Any("x")
     relu6 = Op("Clip", _add(x, Const(3.0)), Const(0.0), Const(6.0))
     return Alt(Op("Div", _mul(x, relu6), Const(6.0)),
-               _mul(_mul(x, relu6), Const(1 / 6)),
-               _mul(x, Op("Div", relu6, Const(6.0))),
-               _mul(x, _mul(relu6, Const(1 / 6))))
+               _mul(x, relu6, Const(1 / 6)),
+               _mul(x, Op("Div", relu6, Const(6.0))))
 
 
 def _layer_norm() -> Pattern:
     x = Any("x")
     centred = Op("Sub", x, Op("ReduceMean", x, label="mean"), label="centred")
-    again = Op("Sub", label="centred")
-    square = Alt(Op("Pow", again, Const(2.0)), Op("Mul", again, again))
+    # `centred` whole wherever it appears: the first occurrence matched binds x and the mean.
+    square = Alt(Op("Pow", centred, Const(2.0)), Op("Mul", centred, centred))
     spread = Op("Sqrt", _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
-    normalized = Op("Div", centred, spread)
+    normalized = Alt(Op("Div", centred, spread), _mul(centred, Op("Reciprocal", spread)))
     return _affine(normalized)
 
 

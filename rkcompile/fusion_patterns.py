@@ -6,7 +6,11 @@ produces it (the root):
 - `Op(ops, *inputs)` matches a tensor made by a node whose op is one of `ops`; that node becomes
   a member of the fusion. `inputs` constrain the node's first inputs in order; inputs beyond them
   are taken as they are (a Conv's weight and bias). `commutative=True` also tries two inputs
-  swapped, for Add and Mul.
+  swapped.
+- `Chain(op, *terms)` matches `terms` combined by one associative and commutative binary op
+  (Add, Mul) in any order and grouping: `Chain("Mul", x, Const(0.5), y)` matches
+  `(x * 0.5) * y`, `x * (y * 0.5)`, `0.5 * (y * x)`, ... so a recogniser states the terms once
+  and never lists the orders exporters write.
 - `Any()` matches any tensor: it becomes an input of the fused kernel.
 - `Const(value)` matches a constant, with `value` a scalar the constant must equal.
 - `Alt(a, b, ...)` matches the first alternative that fits; `optional(wrap, inner)` is
@@ -129,6 +133,43 @@ class Op(Pattern):
             orders.append(self.inputs[::-1])
         for order in orders:
             yield from _match_all(order, node.inputs, found)
+
+
+@dataclass(frozen=True)
+class Chain(Pattern):
+    """`terms` combined by `op` in any order and grouping (see the module docstring). The root
+    node gets `label`. A chain of n terms is n - 1 member nodes; a term may itself be a
+    product or sum of the same op only when a pattern says so (then it is one of `terms`)."""
+
+    op: str
+    terms: tuple[Pattern, ...]
+    label: str | None = None
+
+    def __init__(self, op: str, *terms: Pattern, label: str | None = None):
+        # Unlabelled chains of the same op nested in `terms` are one chain: flatten them.
+        flat: list[Pattern] = []
+        for term in terms:
+            nested = isinstance(term, Chain) and term.op == op and term.label is None
+            flat.extend(term.terms if nested else (term,))
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "terms", tuple(flat))
+        object.__setattr__(self, "label", label)
+
+    def match(self, tensor, found):
+        if len(self.terms) == 1:
+            yield from self.terms[0].match(tensor, found)
+            return
+        # Every split of the terms between the root's two inputs, in both orders.
+        count = len(self.terms)
+        for mask in range(1, 2 ** count - 1):
+            left = tuple(t for i, t in enumerate(self.terms) if mask >> i & 1)
+            right = tuple(t for i, t in enumerate(self.terms) if not mask >> i & 1)
+            root = Op(self.op, _chain_of(self.op, left), _chain_of(self.op, right), label=self.label)
+            yield from root.match(tensor, found)
+
+
+def _chain_of(op: str, terms: tuple[Pattern, ...]) -> Pattern:
+    return terms[0] if len(terms) == 1 else Chain(op, *terms)
 
 
 def _match_all(patterns, tensors, found: Match) -> Iterator[Match]:
