@@ -1,0 +1,102 @@
+"""The wide-zoo tools (tools/make_wide_zoo.py, tools/run_peer_zoo.py, tools/wide_zoo_table.py):
+the measure tolerates a crashing model, groups CPU causes by op, reduces the peer's report to the
+committed shape, and the committed peer results cover the generator's models. None of this needs
+torch or the peer: the exporters and rknn-toolkit2 run only in tools/."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = REPO / "tools"
+PEER_RESULTS = TOOLS / "wide_zoo" / "peer_rk3588.json"
+
+
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_tool("wide_zoo_table")
+
+
+def test_table_reports_a_model_that_fails_to_plan_and_goes_on(table, tmp_path, capsys):
+    shutil.copy(REPO / "examples" / "tiny_cnn.onnx", tmp_path / "good.onnx")
+    (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
+    out = tmp_path / "rows.json"
+    assert table.main([str(tmp_path), "--target", "rk3588", "--peer", str(tmp_path / "none.json"),
+                       "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = {r["model"]: r["plans"]["rk3588"] for r in json.loads(out.read_text())["rows"]}
+    assert rows["broken"]["error"] and "broken@rk3588:" in text
+    good = rows["good"]
+    assert good["error"] is None and good["cpu"] == len(good["cpu_nodes"]) >= 1  # tiny_cnn keeps an Erf on the CPU
+    assert "| good |" in text and "Erf x1" in text
+
+
+def test_top_causes_group_cpu_nodes_by_op_most_first(table):
+    nodes = ([{"op": "Reshape", "reason": "Reshape on t: rule A (oplist)"}] * 3
+             + [{"op": "Cast", "reason": "Cast on t: not listed"}] * 2
+             + [{"op": "Reshape", "reason": "Reshape on t: rule B"}]
+             + [{"op": "Erf", "reason": "Erf on t: x"}, {"op": "Abs", "reason": "Abs on t: y"}])
+    causes = table.top_causes(nodes)
+    assert [(op, n) for op, n, _ in causes] == [("Reshape", 4), ("Cast", 2), ("Abs", 1)]
+    assert causes[0][2] == "Reshape on t: rule A (oplist)"
+    assert table.short_reason(causes[0][2]) == "rule A"
+
+
+def test_an_internal_error_names_its_type_and_innermost_frame(table):
+    def fails():
+        raise KeyError("tensor_7")
+    try:
+        fails()
+    except KeyError as exc:
+        text = table._describe_exception(exc)
+    assert text.startswith("KeyError: 'tensor_7' (at ") and "in fails)" in text
+
+
+def test_peer_report_is_reduced_to_the_shared_shape():
+    peer = load_tool("run_peer_zoo")
+    built = peer.summarize({"ok": True, "steps": {"build": 0}, "build_seconds": 2.5,
+                            "counts": {"compute_by_target": {"NPU": 5, "CPU": 1}, "cpu_layers": ["Gather (Gather:g)"]},
+                            "fused_op_types": ["ConvRelu"]})
+    assert built == {"built": True, "error": None, "compute_layers_by_target": {"NPU": 5, "CPU": 1},
+                     "cpu_layers": ["Gather (Gather:g)"], "fused_kernels": ["ConvRelu"],
+                     "simulator_min_cosine": None, "build_seconds": 2.5}
+    traceback_text = "exception: ValueError: Traceback (most recent call last):\n  File x\nIndexError: out of range\n"
+    failed = peer.summarize({"ok": False, "steps": {"load_onnx": 0, "build": traceback_text}, "errors": []})
+    assert failed["built"] is False and failed["error"] == "build: IndexError: out of range"
+
+
+def test_peer_runner_needs_the_peer_python(tmp_path, capsys):
+    peer = load_tool("run_peer_zoo")
+    assert peer.main([str(tmp_path), "--python", str(tmp_path / "missing-python")]) == 2
+    assert capsys.readouterr().err.startswith("error: the peer venv's python is needed")
+
+
+def test_committed_peer_results_cover_the_generators_models():
+    generator = load_tool("make_wide_zoo")
+    names = {spec.name for spec in generator.SPECS}
+    assert len(names) == len(generator.SPECS) >= 40
+    results = json.loads(PEER_RESULTS.read_text())
+    assert results["target"] == "rk3588" and results["dtype"] == "float16"
+    assert set(results["models"]) <= names
+    for entry in results["models"].values():
+        assert entry["built"] == (entry["error"] is None)
+        assert entry["compute_layers_by_target"].get("CPU", 0) == len(entry["cpu_layers"])
+
+
+def test_generator_rejects_an_unknown_model(tmp_path, capsys):
+    generator = load_tool("make_wide_zoo")
+    assert generator.main([str(tmp_path), "--only", "no_such_model"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown model(s): no_such_model")

@@ -1,0 +1,738 @@
+"""Build the wide zoo: real architectures exported with seeded random weights, the measure of how
+rkcompile plans models it was never tuned on (issue 14, "Unseen models").
+
+    python tools/make_wide_zoo.py OUT_DIR [--only NAME,NAME] [--force] [--timeout 900] [--list]
+
+Each model becomes OUT_DIR/NAME.onnx and OUT_DIR/NAME.npz in the format of ../shared/zoo:
+the npz holds the graph inputs (seeded random values) and the graph outputs as onnxruntime
+computes them, keyed by the graph's names. OUT_DIR/manifest.json describes every model
+(source, exporter and opset, inputs, outputs, node and op counts, sha256, checker results,
+torch-vs-onnxruntime agreement) and lists the models that failed to export with their reason.
+`rkcompile zoo OUT_DIR` then plans the whole folder.
+
+The families: torchvision classification, detection and segmentation; timm; transformers
+encoders and decoders built from tiny configs (random init, nothing fetched from a hub);
+speech models; ultralytics YOLO models built from their yaml (random init, no weights fetched).
+Both torch exporters are used (`torch.onnx.export(dynamo=False)`, the TorchScript exporter, and
+the dynamo exporter), with opsets spread over 13..20; ultralytics models go through
+`YOLO.export(format="onnx")` as a user would run it.
+
+Every model is exported in its own child process (a crash or hang costs one model, not the
+run); a model that fails is skipped with its reason printed and recorded. Models already in
+OUT_DIR with a manifest entry are kept unless --force. Weights and inputs come from fixed seeds.
+
+Needs the `wide-zoo` extra (torch, torchvision, timm, transformers, ultralytics, onnxscript,
+onnxslim, onnxruntime); rkcompile itself never imports this file.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+SEED = 1234
+TORCHSCRIPT = "torchscript"
+DYNAMO = "dynamo"
+ULTRALYTICS = "ultralytics"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One wide-zoo model: how to build it and how to export it."""
+
+    name: str
+    family: str
+    source: str
+    exporter: str  # TORCHSCRIPT | DYNAMO | ULTRALYTICS
+    opset: int
+    build: Callable[[], tuple[Any, dict[str, Any], list[str]]] | None = None  # -> module, inputs, output names
+    yolo_yaml: str | None = None
+    imgsz: int = 320
+
+
+# --------------------------------------------------------------------------- model builders
+# Each builder runs in the child after torch.manual_seed(SEED); it returns the module in eval
+# mode, its named example inputs (in forward's order) and the names of its outputs.
+
+def _image(size: int, channels: int = 3):
+    import torch
+    return torch.randn(1, channels, size, size, generator=torch.Generator().manual_seed(SEED))
+
+
+def _tokens(vocab: int, length: int, masked_tail: int = 4) -> dict[str, Any]:
+    """Token ids and an attention mask whose last `masked_tail` positions are padding, so the
+    mask arithmetic an exporter writes is live, not folded away."""
+    import torch
+    ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(SEED))
+    mask = torch.ones(1, length, dtype=torch.int64)
+    mask[:, length - masked_tail:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _returning(module, pick: Callable[[Any], tuple]):
+    """`module` wrapped so that it returns the tuple of tensors `pick` takes from its output
+    (a dict, as torchvision's segmentation models return)."""
+    import torch
+
+    class Picked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *args):
+            return pick(self.inner(*args))
+
+    return Picked().eval()
+
+
+def _classifier(factory: Callable[[], Any], size: int = 224):
+    def build():
+        return factory().eval(), {"input": _image(size)}, ["logits"]
+    return build
+
+
+def _tv(name: str, size: int = 224, **kwargs):
+    def factory():
+        import torchvision
+        return torchvision.models.get_model(name, weights=None, **kwargs)
+    return _classifier(factory, size)
+
+
+def _timm(name: str, size: int = 224, **kwargs):
+    def factory():
+        import timm
+        return timm.create_model(name, pretrained=False, **kwargs)
+    return _classifier(factory, size)
+
+
+def _tv_vit_tiny():
+    from torchvision.models.vision_transformer import VisionTransformer
+    return VisionTransformer(image_size=112, patch_size=16, num_layers=4, num_heads=3, hidden_dim=192,
+                             mlp_dim=768).eval(), {"input": _image(112)}, ["logits"]
+
+
+def _tv_swin_nano():
+    from torchvision.models.swin_transformer import SwinTransformer
+    model = SwinTransformer(patch_size=[4, 4], embed_dim=48, depths=[2, 2, 2, 2], num_heads=[3, 3, 6, 12],
+                            window_size=[7, 7], stochastic_depth_prob=0.0)
+    return model.eval(), {"input": _image(224)}, ["logits"]
+
+
+def _detection(factory: Callable[[], Any], size: int):
+    def build():
+        import torch
+        model = factory().eval()
+
+        class Batched(torch.nn.Module):  # torchvision detectors take a list of images, return dicts
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, images):
+                det = self.model([images[0]])[0]
+                return det["boxes"], det["scores"], det["labels"]
+
+        return Batched().eval(), {"images": _image(size)}, ["boxes", "scores", "labels"]
+    return build
+
+
+def _ssdlite():
+    import torchvision
+    return torchvision.models.detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+
+
+def _fasterrcnn_mobilenet():
+    import torchvision
+    return torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, min_size=320, max_size=320)
+
+
+def _resnet18_fpn(extra_p6p7: bool):
+    from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+    from torchvision.models import resnet18
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+    extra = LastLevelP6P7(256, 256) if extra_p6p7 else None
+    return _resnet_fpn_extractor(resnet18(weights=None), 5, returned_layers=[2, 3, 4], extra_blocks=extra)
+
+
+def _retinanet_resnet18():
+    from torchvision.models.detection import RetinaNet
+    return RetinaNet(_resnet18_fpn(True), num_classes=91, min_size=320, max_size=320)
+
+
+def _fcos_resnet18():
+    from torchvision.models.detection import FCOS
+    return FCOS(_resnet18_fpn(True), num_classes=91, min_size=320, max_size=320)
+
+
+def _segmentation(factory: Callable[[], Any], size: int):
+    def build():
+        model = factory().eval()
+        return _returning(model, lambda out: (out["out"],)), {"input": _image(size)}, ["out"]
+    return build
+
+
+def _deeplabv3_mobilenet():
+    import torchvision
+    return torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
+        weights=None, weights_backbone=None, aux_loss=False)
+
+
+def _fcn_resnet18():
+    from torchvision.models import resnet18
+    from torchvision.models._utils import IntermediateLayerGetter
+    from torchvision.models.segmentation.fcn import FCN, FCNHead
+    backbone = IntermediateLayerGetter(resnet18(weights=None), return_layers={"layer4": "out"})
+    return FCN(backbone, FCNHead(512, 21))
+
+
+# ---- transformers: tiny configs, random init, no hub
+def _hf_text(model_cls: str, config_cls: str, config: dict, length: int = 32, outputs: tuple = ("last_hidden_state",),
+             extra_inputs: Callable[[dict], dict] | None = None):
+    def build():
+        import transformers
+        cfg = getattr(transformers, config_cls)(**config)
+        model = getattr(transformers, model_cls)(cfg).eval()
+        inputs = _tokens(cfg.vocab_size, length)
+        if extra_inputs:
+            inputs.update(extra_inputs(inputs))
+        names = list(inputs)
+
+        import torch
+
+        class Keyword(torch.nn.Module):  # transformers' forwards take these by name
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args):
+                out = self.model(**dict(zip(names, args)), return_dict=True)
+                return tuple(out[k] for k in outputs)
+
+        return Keyword().eval(), inputs, list(outputs)
+    return build
+
+
+_TINY_ENCODER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                     max_position_embeddings=64)
+
+
+def _hf_audio(model_cls: str, config_cls: str, config: dict, input_name: str, shape: tuple,
+              outputs: tuple = ("last_hidden_state",)):
+    def build():
+        import torch
+        import transformers
+        model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**config)).eval()
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(SEED))
+
+        class Audio(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, features):
+                out = self.model(**{input_name: features}, return_dict=True)
+                return tuple(out[k] for k in outputs)
+
+        return Audio().eval(), {input_name: x}, list(outputs)
+    return build
+
+
+def _whisper_encoder():
+    import torch
+    import transformers
+    cfg = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=2, decoder_layers=1,
+                                     decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                     num_mel_bins=80, max_source_positions=100, vocab_size=256)
+    encoder = transformers.WhisperModel(cfg).get_encoder().eval()
+    x = torch.randn(1, 80, 200, generator=torch.Generator().manual_seed(SEED))
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_features):
+            return self.encoder(input_features=input_features, return_dict=True).last_hidden_state
+
+    return Encoder().eval(), {"input_features": x}, ["last_hidden_state"]
+
+
+def _kws_crnn():
+    """A keyword-spotting CRNN over a log-mel spectrogram: conv front end, bidirectional GRU,
+    attention pooling, classifier (the shape of the common KWS recipes)."""
+    import torch
+    from torch import nn
+
+    class KwsCrnn(nn.Module):
+        def __init__(self, mels=40, classes=12):
+            super().__init__()
+            self.front = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                       nn.Conv2d(16, 32, 3, stride=(2, 1), padding=1), nn.BatchNorm2d(32), nn.ReLU())
+            self.gru = nn.GRU(32 * (mels // 2), 64, batch_first=True, bidirectional=True)
+            self.attn = nn.Linear(128, 1)
+            self.head = nn.Linear(128, classes)
+
+        def forward(self, mel):  # [1, 1, mels, frames]
+            x = self.front(mel)
+            x = x.flatten(1, 2).transpose(1, 2)  # [1, frames, 32 * mels/2]
+            x, _ = self.gru(x)
+            weights = torch.softmax(self.attn(x), dim=1)
+            return self.head((weights * x).sum(dim=1))
+
+    x = torch.randn(1, 1, 40, 98, generator=torch.Generator().manual_seed(SEED))
+    return KwsCrnn().eval(), {"mel": x}, ["logits"]
+
+
+def _bart_decoder_ids(inputs: dict) -> dict:
+    return {"decoder_input_ids": inputs["input_ids"][:, :16].clone()}
+
+
+_TV = "torchvision classification"
+_TV_DET = "torchvision detection"
+_TV_SEG = "torchvision segmentation"
+_TIMM = "timm"
+_HF = "transformers"
+_SPEECH = "speech"
+_YOLO = "ultralytics"
+
+SPECS: list[Spec] = [
+    # torchvision classification
+    Spec("tv_mobilenet_v3_small", _TV, "torchvision mobilenet_v3_small", TORCHSCRIPT, 13, _tv("mobilenet_v3_small")),
+    Spec("tv_mobilenet_v3_small_dyn", _TV, "torchvision mobilenet_v3_small", DYNAMO, 18, _tv("mobilenet_v3_small")),
+    Spec("tv_mobilenet_v3_large", _TV, "torchvision mobilenet_v3_large", DYNAMO, 19, _tv("mobilenet_v3_large")),
+    Spec("tv_efficientnet_b0", _TV, "torchvision efficientnet_b0", TORCHSCRIPT, 14, _tv("efficientnet_b0")),
+    Spec("tv_shufflenet_v2_x0_5", _TV, "torchvision shufflenet_v2_x0_5", TORCHSCRIPT, 15, _tv("shufflenet_v2_x0_5")),
+    Spec("tv_mnasnet0_5", _TV, "torchvision mnasnet0_5", DYNAMO, 20, _tv("mnasnet0_5")),
+    Spec("tv_densenet121", _TV, "torchvision densenet121 at 128x128", TORCHSCRIPT, 16, _tv("densenet121", 128)),
+    Spec("tv_regnet_y_400mf", _TV, "torchvision regnet_y_400mf", DYNAMO, 18, _tv("regnet_y_400mf")),
+    Spec("tv_resnet50", _TV, "torchvision resnet50 at 160x160", TORCHSCRIPT, 17, _tv("resnet50", 160)),
+    Spec("tv_googlenet", _TV, "torchvision googlenet (no aux logits)", TORCHSCRIPT, 13,
+         _tv("googlenet", aux_logits=False, init_weights=True)),
+    Spec("tv_squeezenet1_0", _TV, "torchvision squeezenet1_0", DYNAMO, 19, _tv("squeezenet1_0")),
+    Spec("tv_vit_tiny", _TV, "torchvision VisionTransformer(image 112, patch 16, 4 layers, 3 heads, dim 192)",
+         TORCHSCRIPT, 14, _tv_vit_tiny),
+    Spec("tv_swin_nano", _TV, "torchvision SwinTransformer(embed 48, depths 2-2-2-2, window 7) at 224",
+         TORCHSCRIPT, 17, _tv_swin_nano),
+    Spec("tv_maxvit_t", _TV, "torchvision maxvit_t", DYNAMO, 18, _tv("maxvit_t")),
+    # torchvision detection and segmentation
+    Spec("tv_ssdlite320_mobilenet_v3_large", _TV_DET, "torchvision ssdlite320_mobilenet_v3_large with post-processing",
+         TORCHSCRIPT, 13, _detection(_ssdlite, 320)),
+    Spec("tv_fasterrcnn_mobilenet_v3_large_320_fpn", _TV_DET,
+         "torchvision fasterrcnn_mobilenet_v3_large_320_fpn with post-processing", TORCHSCRIPT, 16,
+         _detection(_fasterrcnn_mobilenet, 320)),
+    Spec("tv_retinanet_resnet18_fpn", _TV_DET, "torchvision RetinaNet on a resnet18 FPN (P3-P7), 320x320",
+         TORCHSCRIPT, 17, _detection(_retinanet_resnet18, 320)),
+    Spec("tv_fcos_resnet18_fpn", _TV_DET, "torchvision FCOS on a resnet18 FPN (P3-P7), 320x320",
+         TORCHSCRIPT, 14, _detection(_fcos_resnet18, 320)),
+    Spec("tv_deeplabv3_mobilenet_v3_large", _TV_SEG, "torchvision deeplabv3_mobilenet_v3_large at 224",
+         TORCHSCRIPT, 17, _segmentation(_deeplabv3_mobilenet, 224)),
+    Spec("tv_fcn_resnet18", _TV_SEG, "torchvision FCN with a resnet18 backbone at 224", DYNAMO, 19,
+         _segmentation(_fcn_resnet18, 224)),
+    # timm
+    Spec("timm_vit_tiny_patch16_224", _TIMM, "timm vit_tiny_patch16_224", DYNAMO, 18, _timm("vit_tiny_patch16_224")),
+    Spec("timm_vit_tiny_patch16_224_ts", _TIMM, "timm vit_tiny_patch16_224", TORCHSCRIPT, 17,
+         _timm("vit_tiny_patch16_224")),
+    Spec("timm_swin_tiny_patch4_window7_224", _TIMM, "timm swin_tiny_patch4_window7_224", TORCHSCRIPT, 17,
+         _timm("swin_tiny_patch4_window7_224")),
+    Spec("timm_convnext_atto", _TIMM, "timm convnext_atto", DYNAMO, 19, _timm("convnext_atto")),
+    Spec("timm_tf_efficientnet_b0", _TIMM, "timm tf_efficientnet_b0 (TF 'SAME' padding)", TORCHSCRIPT, 15,
+         _timm("tf_efficientnet_b0")),
+    Spec("timm_mobilenetv3_small_100", _TIMM, "timm mobilenetv3_small_100", DYNAMO, 20, _timm("mobilenetv3_small_100")),
+    Spec("timm_regnetx_002", _TIMM, "timm regnetx_002", TORCHSCRIPT, 16, _timm("regnetx_002")),
+    Spec("timm_levit_128s", _TIMM, "timm levit_128s", DYNAMO, 18, _timm("levit_128s")),
+    Spec("timm_mobilevit_xxs", _TIMM, "timm mobilevit_xxs at 256", TORCHSCRIPT, 17, _timm("mobilevit_xxs", 256)),
+    Spec("timm_ghostnet_100", _TIMM, "timm ghostnet_100", TORCHSCRIPT, 13, _timm("ghostnet_100")),
+    Spec("timm_poolformer_s12", _TIMM, "timm poolformer_s12", DYNAMO, 19, _timm("poolformer_s12")),
+    Spec("timm_efficientformerv2_s0", _TIMM, "timm efficientformerv2_s0", TORCHSCRIPT, 16,
+         _timm("efficientformerv2_s0")),
+    Spec("timm_edgenext_xx_small", _TIMM, "timm edgenext_xx_small at 256", TORCHSCRIPT, 14,
+         _timm("edgenext_xx_small", 256)),
+    Spec("timm_fastvit_t8", _TIMM, "timm fastvit_t8", DYNAMO, 18, _timm("fastvit_t8")),
+    Spec("timm_hgnetv2_b0", _TIMM, "timm hgnetv2_b0", TORCHSCRIPT, 15, _timm("hgnetv2_b0")),
+    Spec("timm_repvit_m0_9", _TIMM, "timm repvit_m0_9", DYNAMO, 20, _timm("repvit_m0_9")),
+    # transformers encoders and decoders (tiny configs, random init)
+    Spec("hf_bert_tiny", _HF, "transformers BertModel (hidden 64, 2 layers, 2 heads), seq 32", DYNAMO, 18,
+         _hf_text("BertModel", "BertConfig", dict(_TINY_ENCODER, vocab_size=512),
+                  outputs=("last_hidden_state", "pooler_output"))),
+    Spec("hf_distilbert_tiny", _HF, "transformers DistilBertModel (dim 64, 2 layers, 2 heads), seq 32", TORCHSCRIPT, 14,
+         _hf_text("DistilBertModel", "DistilBertConfig",
+                  dict(vocab_size=512, dim=64, n_layers=2, n_heads=2, hidden_dim=128, max_position_embeddings=64))),
+    Spec("hf_gpt2_tiny", _HF, "transformers GPT2Model (n_embd 64, 2 layers, 2 heads), seq 32, no cache", TORCHSCRIPT, 17,
+         _hf_text("GPT2Model", "GPT2Config",
+                  dict(vocab_size=512, n_embd=64, n_layer=2, n_head=2, n_positions=64, use_cache=False))),
+    Spec("hf_gpt2_tiny_dyn", _HF, "transformers GPT2Model (n_embd 64, 2 layers, 2 heads), seq 32, no cache", DYNAMO, 18,
+         _hf_text("GPT2Model", "GPT2Config",
+                  dict(vocab_size=512, n_embd=64, n_layer=2, n_head=2, n_positions=64, use_cache=False))),
+    Spec("hf_t5_encoder_tiny", _HF, "transformers T5EncoderModel (d_model 64, 2 layers, 4 heads), seq 32", DYNAMO, 19,
+         _hf_text("T5EncoderModel", "T5Config",
+                  dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                       relative_attention_num_buckets=16))),
+    Spec("hf_llama_tiny", _HF, "transformers LlamaModel (hidden 64, 2 layers, 4 heads, 2 kv heads), seq 32, no cache",
+         DYNAMO, 18, _hf_text("LlamaModel", "LlamaConfig",
+                              dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False))),
+    Spec("hf_llama_tiny_ts", _HF, "transformers LlamaModel (hidden 64, 2 layers, 4 heads, 2 kv heads), seq 32, no cache",
+         TORCHSCRIPT, 17, _hf_text("LlamaModel", "LlamaConfig",
+                                   dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        use_cache=False))),
+    Spec("hf_deberta_v2_tiny", _HF, "transformers DebertaV2Model (hidden 64, 2 layers, 2 heads), seq 32", TORCHSCRIPT, 15,
+         _hf_text("DebertaV2Model", "DebertaV2Config", dict(_TINY_ENCODER, vocab_size=512))),
+    Spec("hf_albert_tiny", _HF, "transformers AlbertModel (embedding 32, hidden 64, 2 layers), seq 32", DYNAMO, 20,
+         _hf_text("AlbertModel", "AlbertConfig", dict(_TINY_ENCODER, vocab_size=512, embedding_size=32),
+                  outputs=("last_hidden_state", "pooler_output"))),
+    Spec("hf_bart_tiny", _HF, "transformers BartModel (d_model 64, 2+2 layers), encoder seq 32, decoder seq 16",
+         TORCHSCRIPT, 17, _hf_text("BartModel", "BartConfig",
+                                   dict(vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2,
+                                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128,
+                                        decoder_ffn_dim=128, max_position_embeddings=64, use_cache=False),
+                                   extra_inputs=_bart_decoder_ids)),
+    Spec("hf_segformer_tiny", _HF, "transformers SegformerForSemanticSegmentation (hidden 16-32-64-128), 128x128",
+         DYNAMO, 18, _hf_audio("SegformerForSemanticSegmentation", "SegformerConfig",
+                               dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], decoder_hidden_size=64,
+                                    num_attention_heads=[1, 2, 4, 8], num_labels=8),
+                               "pixel_values", (1, 3, 128, 128), outputs=("logits",))),
+    # speech
+    Spec("hf_whisper_encoder_tiny", _SPEECH, "transformers WhisperModel encoder (d_model 64, 2 layers), 80 mels x 200",
+         TORCHSCRIPT, 17, _whisper_encoder),
+    Spec("hf_wav2vec2_tiny", _SPEECH, "transformers Wav2Vec2Model (hidden 64, 2 layers, 7 conv layers of 32), 8000 samples",
+         TORCHSCRIPT, 16, _hf_audio("Wav2Vec2Model", "Wav2Vec2Config",
+                                    dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                                         conv_dim=(32,) * 7, num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4),
+                                    "input_values", (1, 8000))),
+    Spec("hf_hubert_tiny", _SPEECH, "transformers HubertModel (hidden 64, 2 layers, 7 conv layers of 32), 8000 samples",
+         DYNAMO, 18, _hf_audio("HubertModel", "HubertConfig",
+                               dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                                    conv_dim=(32,) * 7, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+                               "input_values", (1, 8000))),
+    Spec("hf_ast_tiny", _SPEECH, "transformers ASTModel (hidden 64, 2 layers), 128 mels x 100 frames", TORCHSCRIPT, 14,
+         _hf_audio("ASTModel", "ASTConfig",
+                   dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                        max_length=100, num_mel_bins=128),
+                   "input_values", (1, 100, 128), outputs=("last_hidden_state", "pooler_output"))),
+    Spec("kws_crnn", _SPEECH, "torch keyword-spotting CRNN: conv front end, bidirectional GRU, attention pooling",
+         TORCHSCRIPT, 13, _kws_crnn),
+    # ultralytics (random init from yaml; exported by YOLO.export)
+    Spec("yolo11n", _YOLO, "ultralytics yolo11n.yaml", ULTRALYTICS, 15, yolo_yaml="yolo11n.yaml"),
+    Spec("yolov8n_seg", _YOLO, "ultralytics yolov8n-seg.yaml", ULTRALYTICS, 17, yolo_yaml="yolov8n-seg.yaml"),
+    Spec("yolov8n_pose", _YOLO, "ultralytics yolov8n-pose.yaml", ULTRALYTICS, 13, yolo_yaml="yolov8n-pose.yaml"),
+    Spec("yolov8n_cls", _YOLO, "ultralytics yolov8n-cls.yaml at 224", ULTRALYTICS, 16, yolo_yaml="yolov8n-cls.yaml",
+         imgsz=224),
+    Spec("yolo11n_obb", _YOLO, "ultralytics yolo11n-obb.yaml", ULTRALYTICS, 19, yolo_yaml="yolo11n-obb.yaml"),
+    Spec("yolov10n", _YOLO, "ultralytics yolov10n.yaml (NMS-free head)", ULTRALYTICS, 18, yolo_yaml="yolov10n.yaml"),
+    Spec("rtdetr_l", _YOLO, "ultralytics rtdetr-l.yaml", ULTRALYTICS, 17, yolo_yaml="rtdetr-l.yaml"),
+]
+
+
+# --------------------------------------------------------------------------- child: one model
+def _export_torch(spec: Spec, path: Path) -> dict[str, Any]:
+    """Export spec's module to `path` (one file, no external data); returns the torch outputs."""
+    import onnx
+    import torch
+    torch.manual_seed(SEED)
+    module, inputs, output_names = spec.build()
+    args = tuple(inputs.values())
+    with torch.no_grad():
+        expected = module(*args)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    raw = path.with_suffix(".raw.onnx")
+    if spec.exporter == TORCHSCRIPT:
+        torch.onnx.export(module, args, str(raw), dynamo=False, opset_version=spec.opset,
+                          input_names=list(inputs), output_names=output_names, do_constant_folding=True)
+    else:
+        program = torch.onnx.export(module, args, dynamo=True, opset_version=spec.opset,
+                                    input_names=list(inputs), output_names=output_names)
+        program.save(str(raw), external_data=False)
+    model = onnx.load(str(raw))  # pulls in any external data, so the saved model is one file
+    onnx.save(model, str(path))
+    for leftover in raw.parent.glob(raw.name + "*"):
+        leftover.unlink()
+    raw.unlink(missing_ok=True)
+    return {"inputs": {k: v.numpy() for k, v in inputs.items()},
+            "torch_outputs": {n: t.detach().numpy() for n, t in zip(output_names, expected)}}
+
+
+def _export_ultralytics(spec: Spec, path: Path) -> dict[str, Any]:
+    """Build spec's YOLO from its yaml (random init) and export it as a user would; the inputs
+    are seeded, the reference comes from onnxruntime (YOLO.export runs its own copy of the model)."""
+    import numpy as np
+    import torch
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from ultralytics import YOLO
+    torch.manual_seed(SEED)
+    workdir = Path(tempfile.mkdtemp(prefix="wide_zoo_yolo_"))
+    cwd = os.getcwd()
+    try:
+        os.chdir(workdir)
+        produced = YOLO(spec.yolo_yaml).export(format="onnx", imgsz=spec.imgsz, opset=spec.opset, simplify=True,
+                                               dynamic=False, batch=1)
+        Path(produced).replace(path)
+    finally:
+        os.chdir(cwd)
+    rng = np.random.default_rng(SEED)
+    image = rng.random((1, 3, spec.imgsz, spec.imgsz), dtype=np.float32)  # ultralytics feeds 0..1 images
+    return {"inputs": {"images": image}, "torch_outputs": {}}
+
+
+def _describe(spec: Spec, onnx_path: Path, npz_path: Path, arrays: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The model's manifest entry, in the shape of ../shared/zoo/manifest.json."""
+    from collections import Counter
+
+    import numpy as np
+    import onnx
+    import onnxruntime
+    import torch
+    model = onnx.load(str(onnx_path))
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        checker = "check_model(full_check=True) passed"
+    except Exception as exc:  # recorded, not fatal: planning such a model is part of the measure
+        checker = f"check_model(full_check=True) failed: {' '.join(str(exc).split())[:300]}"
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        shape_inference = f"infer_shapes(strict_mode=True) passed; value_info entries: {len(inferred.graph.value_info)}"
+    except Exception as exc:
+        shape_inference = f"infer_shapes(strict_mode=True) failed: {' '.join(str(exc).split())[:300]}"
+
+    def count(graph) -> int:
+        return sum(1 + sum(count(a.g) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+                   + sum(count(g) for a in n.attribute for g in a.graphs) for n in graph.node)
+
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+
+    def spec_of(vi):
+        t = vi.type.tensor_type
+        return {"name": vi.name, "dtype": str(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)),
+                "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim]}
+
+    outputs = [o.name for o in model.graph.output]
+    agreement = {}
+    for name, want in arrays["torch_outputs"].items():
+        got = arrays["ort_outputs"].get(name)
+        if got is not None and got.shape == want.shape and want.dtype.kind == "f":
+            agreement[name] = {"max_abs_diff": float(np.max(np.abs(got - want), initial=0.0)),
+                               "max_abs_ref": float(np.max(np.abs(want), initial=0.0))}
+        elif got is not None:
+            agreement[name] = {"equal": bool(got.shape == want.shape and np.array_equal(got, want))}
+    exporter = {
+        TORCHSCRIPT: f"torch.onnx.export(dynamo=False, TorchScript exporter) torch {torch.__version__}",
+        DYNAMO: f"torch.onnx.export(dynamo=True) torch {torch.__version__}",
+        ULTRALYTICS: f"ultralytics YOLO.export(format='onnx', opset={spec.opset}, simplify=True) "
+                     f"-> torch.onnx.export(dynamo=False) torch {torch.__version__} + onnxslim",
+    }[spec.exporter]
+    return {
+        "name": spec.name,
+        "set": "wide",
+        "family": spec.family,
+        "file": onnx_path.name,
+        "source": spec.source,
+        "exporter": exporter,
+        "exporter_kind": spec.exporter,
+        "opset": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
+        "ir_version": model.ir_version,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "inputs": [spec_of(i) for i in inputs],
+        "outputs": [spec_of(o) for o in model.graph.output],
+        "outputs_ort_shapes": {n: {"shape": list(a.shape), "dtype": str(a.dtype)}
+                               for n, a in arrays["ort_outputs"].items()},
+        "node_count": len(model.graph.node),
+        "node_count_incl_subgraphs": count(model.graph),
+        "op_histogram": dict(Counter(n.op_type for n in model.graph.node).most_common()),
+        "initializer_count": len(model.graph.initializer),
+        "parameters": int(sum(np.prod(i.dims, dtype=np.int64) for i in model.graph.initializer)),
+        "file_size_bytes": onnx_path.stat().st_size,
+        "file_size_mb": round(onnx_path.stat().st_size / 2**20, 2),
+        "sha256": _sha256(onnx_path),
+        "onnx_checker": checker,
+        "shape_inference": shape_inference,
+        "reference": {
+            "file": npz_path.name,
+            "sha256": _sha256(npz_path),
+            "keys_inputs": [i.name for i in inputs],
+            "keys_outputs": outputs,
+            "input_generation": f"seed {SEED}: float inputs standard normal (images in [0, 1) for ultralytics), "
+                                "token ids uniform over the vocabulary, attention masks with 4 padded positions",
+            "onnxruntime_version": onnxruntime.__version__,
+            "onnxruntime_settings": "CPUExecutionProvider, default graph_optimization_level (ORT_ENABLE_ALL), "
+                                    "intra/inter_op_num_threads=1",
+            "torch_vs_onnxruntime": agreement or "not compared (the exporter ran its own copy of the model)",
+        },
+        "build_seconds": round(seconds, 1),
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def export_one(spec: Spec, out: Path) -> dict[str, Any]:
+    """Export, run onnxruntime, write NAME.onnx + NAME.npz atomically; the manifest entry."""
+    import numpy as np
+    import onnxruntime
+    started = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=f"wide_zoo_{spec.name}_", dir=out.parent))  # same disk, not under OUT
+    try:
+        onnx_tmp = staging / f"{spec.name}.onnx"
+        export = _export_ultralytics if spec.exporter == ULTRALYTICS else _export_torch
+        arrays = export(spec, onnx_tmp)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(str(onnx_tmp), options, providers=["CPUExecutionProvider"])
+        feed = {i.name: arrays["inputs"][i.name] for i in session.get_inputs()}
+        values = session.run(None, feed)
+        arrays["ort_outputs"] = {o.name: v for o, v in zip(session.get_outputs(), values)}
+        npz_tmp = staging / f"{spec.name}.npz"
+        with open(npz_tmp, "wb") as f:
+            np.savez(f, **feed, **arrays["ort_outputs"])
+        entry = _describe(spec, onnx_tmp, npz_tmp, arrays, time.perf_counter() - started)
+        npz_tmp.replace(out / npz_tmp.name)
+        onnx_tmp.replace(out / onnx_tmp.name)  # the .onnx last: a model in the folder always has its npz
+        return entry
+    finally:
+        for leftover in sorted(staging.rglob("*"), reverse=True):
+            leftover.unlink() if leftover.is_file() else leftover.rmdir()
+        staging.rmdir()
+
+
+def _child(name: str, out: Path, result: Path) -> int:
+    spec = next(s for s in SPECS if s.name == name)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # exporters chat on stdout
+            entry = export_one(spec, out)
+        payload = {"ok": True, "entry": entry}
+    except Exception as exc:
+        traceback.print_exc()
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        payload = {"ok": False, "reason": f"{type(exc).__name__}: {text[:400]}"}
+    result.write_text(json.dumps(payload))
+    return 0
+
+
+# --------------------------------------------------------------------------- parent
+def _environment() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+    env = {"python": sys.version.split()[0]}
+    for package in ("torch", "torchvision", "timm", "transformers", "ultralytics", "onnx", "onnxruntime",
+                    "onnxscript", "onnxslim", "numpy"):
+        try:
+            env[package] = version(package)
+        except PackageNotFoundError:
+            env[package] = "not installed"
+    return env
+
+
+def _load_manifest(out: Path) -> dict[str, Any]:
+    path = out / "manifest.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, nargs="?", help="folder to write NAME.onnx + NAME.npz into (outside git)")
+    parser.add_argument("--only", default="", help="comma-separated model names (default: all)")
+    parser.add_argument("--force", action="store_true", help="re-export models already in OUT")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per model export")
+    parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_result", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.list:
+        for spec in SPECS:
+            print(f"{spec.name:42s} {spec.family:28s} {spec.exporter:11s} opset {spec.opset}")
+        return 0
+    if args.out is None:
+        parser.error("OUT is required")
+    if args._child:
+        return _child(args._child, args.out, args._result)
+
+    known = {s.name for s in SPECS}
+    wanted = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(wanted) - known)
+    if unknown:
+        print(f"error: unknown model(s): {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    previous = _load_manifest(args.out)
+    entries = {m["name"]: m for m in previous.get("models", []) if m.get("name") in known}
+    failures = {f["name"]: f for f in previous.get("failures_last_run", []) if f.get("name") in known}
+    selected = [s for s in SPECS if not wanted or s.name in wanted]
+    for index, spec in enumerate(selected, 1):
+        present = (args.out / f"{spec.name}.onnx").is_file() and (args.out / f"{spec.name}.npz").is_file()
+        if present and spec.name in entries and not args.force:
+            print(f"[{index}/{len(selected)}] {spec.name}: kept (use --force to re-export)")
+            continue
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="wide_zoo_") as tmp:
+            result = Path(tmp) / "result.json"
+            log = args.out / "logs" / f"{spec.name}.log"
+            log.parent.mkdir(exist_ok=True)
+            command = [sys.executable, os.path.abspath(__file__), str(args.out), "--_child", spec.name,
+                       "--_result", str(result)]
+            try:
+                with open(log, "w") as f:
+                    subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
+                payload = json.loads(result.read_text()) if result.is_file() else {
+                    "ok": False, "reason": f"the export process died (see {log})"}
+            except subprocess.TimeoutExpired:
+                payload = {"ok": False, "reason": f"export timed out after {args.timeout} s"}
+        seconds = time.perf_counter() - started
+        if payload["ok"]:
+            entries[spec.name] = payload["entry"]
+            failures.pop(spec.name, None)
+            print(f"[{index}/{len(selected)}] {spec.name}: exported ({spec.exporter}, opset {spec.opset}, "
+                  f"{payload['entry']['node_count']} nodes, {seconds:.0f} s)")
+        else:
+            entries.pop(spec.name, None)
+            for stale in (args.out / f"{spec.name}.onnx", args.out / f"{spec.name}.npz"):
+                stale.unlink(missing_ok=True)
+            failures[spec.name] = {"name": spec.name, "exporter": spec.exporter, "opset": spec.opset,
+                                   "reason": payload["reason"]}
+            print(f"[{index}/{len(selected)}] {spec.name}: SKIPPED: {payload['reason']}")
+        _write_manifest(args.out, entries, failures)
+    print(f"{len(entries)} models in {args.out}, {len(failures)} failed to export")
+    return 0
+
+
+def _write_manifest(out: Path, entries: dict[str, Any], failures: dict[str, Any]) -> None:
+    order = [s.name for s in SPECS]
+    models = sorted(entries.values(), key=lambda m: order.index(m["name"]))
+    manifest = {
+        "set": "wide",
+        "description": "Architectures rkcompile was not tuned on, exported by torchvision, timm, transformers, "
+                       "torch and ultralytics with seeded random weights (tools/make_wide_zoo.py); each with a "
+                       "reference input and onnxruntime output in NAME.npz",
+        "generated_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "environment": _environment(),
+        "npz_format": "np.savez; keys = graph input names (seeded random inputs) + graph output names "
+                      "(onnxruntime outputs)",
+        "total_onnx_bytes": sum(m["file_size_bytes"] for m in models),
+        "models": models,
+        "failures_last_run": sorted(failures.values(), key=lambda f: order.index(f["name"])),
+    }
+    staged = out / "manifest.json.tmp"
+    staged.write_text(json.dumps(manifest, indent=1) + "\n")
+    staged.replace(out / "manifest.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
