@@ -7,7 +7,8 @@ tensor crosses from one to the other, a `host` step converts it and writes a new
 entering the NPU and model outputs leaving it are boundaries too: rknn-toolkit2 lists them as
 the CPU layers InputOperator and OutputOperator (shared/peer/zoo_rk3588.json).
 
-Each conversion runs right after the partition that produced its tensor, in a `host` partition
+A tensor an If, Loop or Scan reads from inside a subgraph crosses like any other input: the
+subgraph's nodes are rewired to the converted tensor. Each conversion runs right after the partition that produced its tensor, in a `host` partition
 of its own, so one conversion serves every later consumer on the other device. Tensors stored
 the same way on both sides (integer shape and index tensors) cross without a step.
 Formats are `layout.placement`'s, the one rule for how a device stores a tensor; `layout` runs
@@ -20,6 +21,7 @@ from typing import NamedTuple
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext, Placement
+from rkcompile.ir import readers, replace_reads
 from rkcompile.passes.layout import placement
 
 NAME = "boundaries"
@@ -61,12 +63,13 @@ def crossings(ctx: CompileContext) -> list[Crossing]:
     device_of = {name: placed.device for name, placed in ctx.placement.items()}
     nodes = {node.name: node for node in ctx.graph.nodes}
     outputs = {t.name for t in ctx.graph.outputs}
+    reading = readers(ctx.graph)
     produced = [(t, "cpu") for t in ctx.graph.inputs]
     produced += [(t, device_of[name]) for name in ctx.order for t in nodes[name].outputs if t.name]
     found = []
     for tensor, producer_device in produced:
         by_device: dict[str, list[gs.Node]] = {}
-        for consumer in tensor.outputs:
+        for consumer in reading.get(tensor.name, ()):
             by_device.setdefault(device_of.get(consumer.name, producer_device), []).append(consumer)
         if tensor.name in outputs:
             by_device.setdefault("cpu", [])
@@ -82,9 +85,11 @@ def run(ctx: CompileContext) -> None:
     owner = {name: index for index, (_, members) in enumerate(ctx.partitions) for name in members}
     outputs = {t.name for t in ctx.graph.outputs}
     after_partition: dict[int, list[str]] = {}
-    for crossing in crossings(ctx):
+    found = crossings(ctx)
+    reading = readers(ctx.graph)
+    for crossing in found:
         producer = crossing.tensor.inputs[0].name if crossing.tensor.inputs else None
-        step = _insert_conversion(ctx, crossing, crossing.tensor.name in outputs)
+        step = _insert_conversion(ctx, crossing, crossing.tensor.name in outputs, reading.get(crossing.tensor.name, ()))
         after_partition.setdefault(owner[producer] if producer else -1, []).append(step)
     partitions = [("host", after_partition[-1])] if -1 in after_partition else []
     for index, partition in enumerate(ctx.partitions):
@@ -96,8 +101,10 @@ def run(ctx: CompileContext) -> None:
     ctx.graph.toposort()
 
 
-def _insert_conversion(ctx: CompileContext, crossing: Crossing, is_model_output: bool) -> str:
-    """Add the host node converting `crossing.tensor` and rewire the consumers; returns its name.
+def _insert_conversion(ctx: CompileContext, crossing: Crossing, is_model_output: bool,
+                       reading: tuple[gs.Node, ...] | list[gs.Node]) -> str:
+    """Add the host node converting `crossing.tensor` and rewire the consumers (`reading`: every
+    node of the graph that reads the tensor, outer-scope reads included); returns its name.
 
     A model output keeps its name on the user's side: the NPU then writes `NAME@npu`, which
     its own consumers read, and the host step converts that into `NAME`.
@@ -107,15 +114,16 @@ def _insert_conversion(ctx: CompileContext, crossing: Crossing, is_model_output:
         source = gs.Variable(f"{tensor.name}@npu", dtype=tensor.dtype, shape=tensor.shape)
         producer = tensor.inputs[0]
         producer.outputs[producer.outputs.index(tensor)] = source
-        for consumer in list(tensor.outputs):
-            if consumer.name not in {c.name for c in crossing.consumers}:
-                _replace_input(consumer, tensor, source)
+        converting_for = {id(c) for c in crossing.consumers}
+        for consumer in reading:
+            if id(consumer) not in converting_for:
+                replace_reads(consumer, tensor, source)
         converted = tensor
     else:
         source = tensor
         converted = gs.Variable(f"{tensor.name}@{crossing.device}", dtype=tensor.dtype, shape=tensor.shape)
         for consumer in crossing.consumers:
-            _replace_input(consumer, tensor, converted)
+            replace_reads(consumer, tensor, converted)
     name = f"convert:{converted.name}"
     node = gs.Node(op=HOST_OP, name=name, domain=HOST_DOMAIN, inputs=[source], outputs=[converted],
                    attrs={"from": str(crossing.source), "to": str(crossing.target)})
@@ -123,14 +131,3 @@ def _insert_conversion(ctx: CompileContext, crossing: Crossing, is_model_output:
     ctx.placement[name] = Placement("host", f"{crossing.source} -> {crossing.target}")
     ctx.origins[name] = ()
     return name
-
-
-def _replace_input(consumer: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
-    for position, tensor in enumerate(consumer.inputs):
-        if tensor is old:
-            consumer.inputs[position] = new
-
-
-def conversion_bytes(source: TensorFormat, target: TensorFormat) -> int:
-    """Bytes a conversion moves: it reads the source and writes the target."""
-    return source.bytes + target.bytes

@@ -14,7 +14,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
-from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, itemsize, present_inputs, static_shape
+from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs, present_inputs, static_shape
 from rkcompile.plan import TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -28,7 +28,7 @@ def run(ctx: CompileContext) -> None:
     outputs = {t.name for t in graph.outputs}
     readers: dict[str, list[str]] = {}
     for name in ctx.order:
-        for tensor in present_inputs(nodes[name]):
+        for tensor in node_inputs(nodes[name]):
             readers.setdefault(tensor.name, []).append(ctx.placement[name].device)
     tensors: dict[str, TensorPlacement] = {}
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from rkcompile.allocation import Buffer, live_ranges, plan_arena
 from rkcompile.context import CompileContext
-from rkcompile.ir import itemsize, present_inputs
+from rkcompile.ir import itemsize, node_inputs
 from rkcompile.plan import Memory, TensorPlacement
 
 NAME = "memory"
@@ -30,7 +30,7 @@ STREAMING_KERNELS = frozenset({
 
 def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
-    steps = [(ctx.placement[name].kernel, [t.name for t in present_inputs(nodes[name])],
+    steps = [(ctx.placement[name].kernel, [t.name for t in node_inputs(nodes[name])],
               [t.name for t in nodes[name].outputs if t.name]) for name in ctx.order]
     arena = {name: t for name, t in ctx.tensors.items() if t.region == "arena"}
     ranges = live_ranges([(inputs, outputs) for _, inputs, outputs in steps], arena)

@@ -18,10 +18,10 @@ import onnx_graphsurgeon as gs
 
 from rkcompile import cost_model
 from rkcompile.context import CompileContext
-from rkcompile.cost_estimate import node_macs
+from rkcompile.cost_estimate import step_work
 from rkcompile.cost_model import Share, StepWork
 from rkcompile.errors import CompileError
-from rkcompile.ir import itemsize, present_inputs
+from rkcompile.ir import fused_body, itemsize, present_inputs
 from rkcompile.passes.fusion_table import TABLES
 from rkcompile.passes.layout import as_nchw
 from rkcompile.plan import BatchContext, CoreTimeline, IoSlice, Multicore, SplitPart, StepSplit
@@ -81,17 +81,7 @@ def step_works(ctx: CompileContext, as_dtype: str | None = None) -> list[StepWor
         return tensor.bytes * (scale if tensor.dtype == plan_dtype else 1.0)
 
     nodes = {node.name: node for node in ctx.graph.nodes}
-    works = []
-    for name in ctx.order:
-        node, device = nodes[name], ctx.placement[name].device
-        reads = [t.name for t in present_inputs(node)]
-        works.append(StepWork(
-            device=device, macs=node_macs(node) if device != "host" else 0,
-            weight_bytes=round(sum(size(t) for t in reads if ctx.tensors[t].region == "weight")),
-            input_bytes=round(sum(size(t) for t in reads if ctx.tensors[t].region != "weight")),
-            output_bytes=round(sum(size(t.name) for t in node.outputs if t.name)),
-        ))
-    return works
+    return [step_work(nodes[name], ctx.placement[name].device, lambda t: size(t.name)) for name in ctx.order]
 
 
 def batch_plan(ctx: CompileContext, works: list[StepWork], dtype: str) -> tuple[Multicore, list[tuple[int, ...]]]:
@@ -192,8 +182,8 @@ def _depthwise(node: gs.Node) -> bool:
 
 def _channel_local(node: gs.Node, kernel: str) -> bool:
     """Output channel c reads only input channel c, so a channel split divides the input too."""
-    body = node.attrs.get("body")
-    members = body.nodes if isinstance(body, gs.Graph) else [node]
+    body = fused_body(node)
+    members = body.nodes if body is not None else [node]
     return kernel in _ELEMENTWISE or any(_depthwise(member) for member in members)
 
 

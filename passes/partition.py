@@ -9,35 +9,40 @@ it convex and the contracted graph acyclic; `check_partitions_acyclic` proves it
 Placement then changes in three ways, each recorded as the node's reason in the plan:
 - shape arithmetic (nodes whose results only feed shape and index inputs) stays on the CPU, so
   it never ping-pongs between devices; `fold_constants` already folded what is static;
-- an NPU island (fed by and feeding CPU partitions, touching no model input or output) whose
-  estimated compute saving is smaller than the conversions and launch it needs moves to the
-  CPU, one island at a time, best first, until no move helps;
+- an NPU island (fed by and feeding CPU partitions, touching no model input or output) moves to
+  the CPU when the plan's own estimate of the whole run (what passes/multicore.py reports, for
+  one image on one core) says the plan gets faster without it; one island at a time, best
+  first, each move strictly lowering the estimate, so the loop ends;
 - a cheap CPU partition between NPU partitions, where the rules leave no choice, is annotated
   with why it stays (rewrites that could have moved it run before `assign`).
-The estimate is `rkcompile.cost_estimate`; nothing here knows its rates.
+The estimate is `rkcompile.cost_model` over `cost_estimate.step_work`; nothing here knows its rates.
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 import onnx_graphsurgeon as gs
 
-from rkcompile import cost_estimate
+from rkcompile import cost_model
 from rkcompile.context import CompileContext, Placement
-from rkcompile.ir import dataflow_graph, is_onnx_domain
-from rkcompile.passes.boundaries import conversion_bytes, tensor_format
+from rkcompile.cost_estimate import step_work
+from rkcompile.ir import dataflow_graph, is_onnx_domain, outer_scope_reads, readers
+from rkcompile.passes.boundaries import TensorFormat, tensor_format
+from rkcompile.passes.layout import placement
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 NAME = "partition"
 
 Partitions = list[tuple[str, list[str]]]
+DEVICES = ("npu", "cpu")
 
 SHAPE_ARITHMETIC = ("shape arithmetic: its result only feeds shape and index inputs, so it stays on "
                     "the CPU rather than ping-pong between devices")
-MOVED_TO_CPU = ("moved to the CPU with its NPU island: the estimated compute it saves on the NPU is less "
-                "than its conversions and NPU launch cost")
+MOVED_TO_CPU = ("moved to the CPU with its NPU island: the plan runs faster by the cost model's estimate "
+                "without the conversions the island needs")
 STAYS_BETWEEN_NPU = ("stays on the CPU between two NPU partitions although its conversions cost more "
                      "than its compute: no legal NPU rewrite applies")
 
@@ -48,7 +53,7 @@ def run(ctx: CompileContext) -> None:
     estimate = PlacementEstimate(ctx)
     keep_shape_arithmetic_on_cpu(ctx, dag)
     partitions = wave_partitions(dag, _devices(ctx), position)
-    while (move := best_island_move(estimate, dag, partitions, position)) is not None:
+    while (move := best_island_move(estimate, dag, partitions)) is not None:
         for name in move.nodes:
             ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, move.reason)
         partitions = wave_partitions(dag, _devices(ctx), position)
@@ -107,20 +112,28 @@ def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: nx.DiGraph) -> None:
 
 def shape_arithmetic(graph: gs.Graph, dag: nx.DiGraph) -> set[str]:
     """Nodes whose every result is read only as a shape or index input (the positions
-    `ONNX_TO_KERNEL` marks), directly or through other such nodes; model outputs never are."""
+    `ONNX_TO_KERNEL` marks), directly or through other such nodes; model outputs never are,
+    and neither is anything an If, Loop or Scan reads from inside a subgraph (data, there)."""
     nodes = {node.name: node for node in graph.nodes}
+    reading = readers(graph)
     outputs = {t.name for t in graph.outputs}
     found: set[str] = set()
     for name in reversed(list(nx.topological_sort(dag))):
         node = nodes[name]
-        reads = [(consumer, position) for tensor in node.outputs if tensor.name
-                 for consumer in tensor.outputs
-                 for position, read in enumerate(consumer.inputs) if read is tensor]
-        if not reads or any(t.name in outputs for t in node.outputs):
+        results = [t for t in node.outputs if t.name]
+        consumers = {id(c): c for t in results for c in reading.get(t.name, ())}
+        if not consumers or any(t.name in outputs for t in results):
             continue
-        if all(consumer.name in found or position in _index_inputs(consumer) for consumer, position in reads):
+        if all(consumer.name in found or _reads_only_as_index(consumer, results) for consumer in consumers.values()):
             found.add(name)
     return found
+
+
+def _reads_only_as_index(consumer: gs.Node, tensors: list[gs.Tensor]) -> bool:
+    index_positions = _index_inputs(consumer)
+    listed = all(position in index_positions for position, read in enumerate(consumer.inputs)
+                 if any(read is t for t in tensors))
+    return listed and not any(read is t for read in outer_scope_reads(consumer) for t in tensors)
 
 
 def _index_inputs(node: gs.Node) -> tuple[int, ...]:
@@ -129,28 +142,52 @@ def _index_inputs(node: gs.Node) -> tuple[int, ...]:
 
 
 class PlacementEstimate:
-    """Estimated seconds for a whole placement: compute, conversions, NPU launches."""
+    """The plan's own estimate (`cost_model.one_core_seconds`: one image, one core, one run) of
+    a placement before the plan exists: each node a step on its device, each tensor crossing
+    devices a host conversion, every tensor sized as that device stores it (`layout.placement`,
+    which the plan's tensors then follow) and every step's work counted by
+    `cost_estimate.step_work`, as passes/multicore.py counts the finished plan's."""
 
     def __init__(self, ctx: CompileContext):
-        self.nodes = {node.name: node for node in ctx.graph.nodes}
-        self.compute = {name: {device: cost_estimate.compute_seconds(node, device, ctx.target, ctx.options.dtype) for device in ("npu", "cpu")}
-                        for name, node in self.nodes.items()}
-        # (producer or None for a model input, consumers, is model output, format per device)
-        self.tensors = []
+        self.hardware, self.dtype = cost_model.hardware_for(ctx.target), ctx.options.dtype
+        nodes = {node.name: node for node in ctx.graph.nodes}
+        reading = readers(ctx.graph)
         outputs = {t.name for t in ctx.graph.outputs}
+        # (producer or None for a model input, readers, is model output, format per device)
+        self.tensors = []
         produced = [(None, t) for t in ctx.graph.inputs]
         produced += [(node.name, t) for node in ctx.graph.nodes for t in node.outputs if t.name]
+        formats: dict[str, dict[str, TensorFormat | None]] = {}
         for producer, tensor in produced:
-            formats = {device: tensor_format(tensor, device, ctx) for device in ("npu", "cpu")}
-            self.tensors.append((producer, tuple(c.name for c in tensor.outputs), tensor.name in outputs, formats))
-        self.io_nodes = {c.name for t in ctx.graph.inputs for c in t.outputs}
+            formats[tensor.name] = {device: tensor_format(tensor, device, ctx) for device in DEVICES}
+            self.tensors.append((producer, tuple(c.name for c in reading.get(tensor.name, ())),
+                                 tensor.name in outputs, formats[tensor.name]))
+        self.step = {name: {device: self._seconds(step_work(node, device, self._stored_on(device, formats, ctx)))
+                            for device in DEVICES} for name, node in nodes.items()}
+        self.io_nodes = {c.name for t in ctx.graph.inputs for c in reading.get(t.name, ())}
         self.io_nodes |= {p.name for t in ctx.graph.outputs for p in t.inputs}
+
+    def _seconds(self, work: cost_model.StepWork) -> float:
+        return cost_model.step_seconds(work, self.hardware, self.dtype)
+
+    @staticmethod
+    def _stored_on(device: str, formats: dict[str, dict[str, TensorFormat | None]],
+                   ctx: CompileContext) -> Callable[[gs.Tensor], int]:
+        """Bytes of a tensor as a step on `device` reads or writes it: a weight as that device
+        stores weights, anything else in the device's own format, which a host conversion
+        provides when the producer stores it otherwise (unknown shapes: no bytes, as layout)."""
+        def stored(tensor: gs.Tensor) -> int:
+            if isinstance(tensor, gs.Constant):
+                return placement(tensor, "weight", device, ctx.target, ctx.options.dtype).bytes
+            own = formats[tensor.name][device]
+            return own.bytes if own is not None else 0
+        return stored
 
     def touches_model_io(self, members: list[str]) -> bool:
         return not self.io_nodes.isdisjoint(members)
 
     def conversion_seconds(self, device: dict[str, str], among: set[str] | None = None) -> float:
-        """Conversions of the tensors produced or read by `among` (every node when None)."""
+        """Host conversions of the tensors produced or read by `among` (every node when None)."""
         total = 0.0
         for producer, consumers, is_output, formats in self.tensors:
             if among is not None and producer not in among and among.isdisjoint(consumers):
@@ -160,13 +197,13 @@ class PlacementEstimate:
             for target_device in wanted - {source_device}:
                 source, target = formats[source_device], formats[target_device]
                 if source is not None and target is not None and source != target:
-                    total += cost_estimate.conversion_seconds(conversion_bytes(source, target))
+                    total += self._seconds(cost_model.StepWork("host", 0, 0, source.bytes, target.bytes))
         return total
 
-    def seconds(self, device: dict[str, str], partitions: Partitions) -> float:
-        compute = sum(self.compute[name][dev] for name, dev in device.items())
-        launches = sum(1 for dev, _ in partitions if dev == "npu") * cost_estimate.NPU_LAUNCH_SECONDS
-        return compute + launches + self.conversion_seconds(device)
+    def seconds(self, device: dict[str, str]) -> float:
+        """The whole plan's estimated run with every node on `device[node]`."""
+        steps = sum(self.step[name][dev] for name, dev in device.items())
+        return cost_model.RUN_SECONDS + steps + self.conversion_seconds(device)
 
 
 @dataclass(frozen=True)
@@ -176,28 +213,26 @@ class IslandMove:
     reason: str
 
 
-def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: Partitions,
-                     position: dict[str, int]) -> IslandMove | None:
-    """The NPU island whose move to the CPU lowers the estimate most, or None.
+def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: Partitions) -> IslandMove | None:
+    """The NPU island whose move to the CPU makes the whole plan's estimated run fastest, or
+    None when no move makes it faster at all.
 
     Only islands in a CPU sea qualify: NPU partitions fed by a CPU partition and feeding one.
     A partition that reads the model's inputs or writes its outputs is the NPU part of the
     model, which the user asked for (and which rknn-toolkit2 would run there), however small.
     """
     device = {name: dev for dev, members in partitions for name in members}
-    before = estimate.seconds(device, partitions)
+    before = estimate.seconds(device)
     contracted = contracted_graph(dag, partitions)
     best = None
     for index, (dev, members) in enumerate(partitions):
         if dev != "npu" or not _between_cpu_partitions(contracted, partitions, index, estimate, members):
             continue
-        moved = dict(device, **{name: "cpu" for name in members})
-        gain = before - estimate.seconds(moved, wave_partitions(dag, moved, position))
-        if gain > 0 and (best is None or gain > best.gain):
-            saving = sum(estimate.compute[n]["cpu"] - estimate.compute[n]["npu"] for n in members)
-            reason = (f"{MOVED_TO_CPU} (seen: island of {len(members)} nodes saves {saving * 1e6:.1f} us, "
-                      f"costs {(gain + saving) * 1e6:.1f} us)")
-            best = IslandMove(tuple(members), gain, reason)
+        after = estimate.seconds(dict(device, **{name: "cpu" for name in members}))
+        if after < before and (best is None or before - after > best.gain):
+            reason = (f"{MOVED_TO_CPU} (seen: island of {len(members)} nodes; the plan's estimated run is "
+                      f"{after * 1e6:.1f} us with it on the CPU, {before * 1e6:.1f} us on the NPU)")
+            best = IslandMove(tuple(members), before - after, reason)
     return best
 
 
@@ -218,7 +253,7 @@ def annotate_sandwiched_cpu_partitions(ctx: CompileContext, estimate: PlacementE
                      [partitions[s][0] for s in contracted.successors(index)]
         if dev != "cpu" or not all("npu" in side for side in neighbours):
             continue
-        compute = sum(estimate.compute[name]["cpu"] for name in members)
+        compute = sum(estimate.step[name]["cpu"] for name in members)
         if compute >= estimate.conversion_seconds(device, set(members)):
             continue
         for name in members:

@@ -1,16 +1,15 @@
-"""Per-node costs for decisions made before the plan exists (which NPU islands to keep).
-
-MACs are counted here (`node_macs`, also what plan steps report); seconds come from the one cost
-model, `rkcompile.cost_model`, so partitioning and the plan's estimates agree. Before layout,
-a node's bytes are its dense tensor sizes at the dtype each device computes in.
+"""What one step does, counted once for every estimate: MACs (`node_macs`, also what plan steps
+report) and the bytes it moves (`step_work`). Seconds come from the one cost model,
+`rkcompile.cost_model`, so partitioning and the plan's estimates agree.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import onnx_graphsurgeon as gs
 
 from rkcompile import cost_model
-from rkcompile.ir import element_count, itemsize, present_inputs, static_shape
-from rkcompile.targets.model import Target
+from rkcompile.ir import element_count, fused_body, node_inputs, present_inputs, static_shape
 
 _REDUCTION_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -19,8 +18,8 @@ _RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 def node_macs(node: gs.Node) -> int:
     """MACs of `node`: output elements times the reduction length for convolutions and matrix
     products, one per output element for everything else. Unknown shapes count as zero."""
-    body = node.attrs.get("body")
-    if isinstance(body, gs.Graph):  # a fused kernel (passes/fuse.py) does its members' work
+    body = fused_body(node)
+    if body is not None:  # a fused kernel does its members' work
         return sum(node_macs(member) for member in body.nodes)
     outputs = [static_shape(t) for t in node.outputs if t.name]
     if not outputs or any(shape is None for shape in outputs):
@@ -60,25 +59,16 @@ def _reduction_length(node: gs.Node) -> int:
     return weight[-2] if len(weight) >= 2 else weight[0]
 
 
-def compute_seconds(node: gs.Node, device: str, target: Target, dtype: str) -> float:
-    """Roofline seconds of `node` on the NPU (in `dtype`) or on the CPU (in its ONNX dtype)."""
-    element_bytes = itemsize(dtype) if device == "npu" else 4
-    sizes = {id(t): element_count(static_shape(t)) * element_bytes if static_shape(t) is not None else 0
-             for t in list(present_inputs(node)) + [t for t in node.outputs if t.name]}
-    work = cost_model.StepWork(
-        device=device, macs=node_macs(node),
-        weight_bytes=sum(sizes[id(t)] for t in present_inputs(node) if isinstance(t, gs.Constant)),
-        input_bytes=sum(sizes[id(t)] for t in present_inputs(node) if not isinstance(t, gs.Constant)),
-        output_bytes=sum(sizes[id(t)] for t in node.outputs if t.name),
+def step_work(node: gs.Node, device: str, stored_bytes: Callable[[gs.Tensor], float]) -> cost_model.StepWork:
+    """What `node` does as a step on `device`: its MACs, and the bytes of every tensor it reads
+    (`node_inputs`, outer-scope reads included) and writes, each as `stored_bytes` says it is
+    stored. The one way a step's work is counted, both for the plan's own estimate
+    (passes/multicore.py, from the plan's tensors) and for what-ifs before the plan exists
+    (passes/partition.py, from each device's storage), so the two cannot disagree."""
+    reads = node_inputs(node)
+    return cost_model.StepWork(
+        device=device, macs=node_macs(node) if device != "host" else 0,
+        weight_bytes=round(sum(stored_bytes(t) for t in reads if isinstance(t, gs.Constant))),
+        input_bytes=round(sum(stored_bytes(t) for t in reads if not isinstance(t, gs.Constant))),
+        output_bytes=round(sum(stored_bytes(t) for t in node.outputs if t.name)),
     )
-    if device == "npu":
-        return cost_model.npu_seconds(work, cost_model.hardware_for(target), dtype)
-    return cost_model.cpu_seconds(work)
-
-
-def conversion_seconds(bytes_moved: int) -> float:
-    return bytes_moved / cost_model.CONVERSION_BYTES_PER_SECOND
-
-
-#: Seconds an NPU partition costs to submit and sync, as one inference run does.
-NPU_LAUNCH_SECONDS = cost_model.RUN_SECONDS

@@ -31,11 +31,7 @@ from typing import Callable, Iterator
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .ir import is_onnx_domain
-
-#: Domain of the nodes a fusion creates; patterns match these as well as ONNX ops, so a kernel
-#: fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
-FUSED_DOMAIN = "rkcompile"
+from .ir import FUSED_DOMAIN, is_onnx_domain
 
 
 @dataclass(frozen=True)

@@ -61,17 +61,94 @@ def present_inputs(node: gs.Node) -> list[gs.Tensor]:
     return [t for t in node.inputs if t.name]
 
 
+def subgraphs(node: gs.Node) -> list[gs.Graph]:
+    """The graphs `node` carries as attributes: If's branches, Loop's and Scan's bodies (a
+    GRAPHS attribute gives a list of them), a fused kernel's body (passes/fuse.py)."""
+    found = []
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, gs.Graph))
+    return found
+
+
+def outer_scope_reads(node: gs.Node) -> list[gs.Variable]:
+    """The tensors `node`'s subgraphs read from the scope around `node` without listing them as
+    inputs: ONNX lets an If branch or a Loop/Scan body name any tensor visible where the node
+    stands (onnx IR spec, "Names Within a Graph": outer-scope references), at any depth of
+    nesting. They are as much the node's inputs as its listed ones: it cannot run before their
+    producers, and they must stay alive until it has. Constants are left out: they are values,
+    exported inside the subgraph with it, not dataflow."""
+    found: dict[str, gs.Variable] = {}
+    for graph in subgraphs(node):
+        local = {t.name for t in graph.inputs} | {t.name for inner in graph.nodes for t in inner.outputs}
+        for inner in graph.nodes:
+            for tensor in node_inputs(inner):
+                if tensor.name not in local and not isinstance(tensor, gs.Constant):
+                    found.setdefault(tensor.name, tensor)
+    return list(found.values())
+
+
+def node_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Every tensor `node` reads: its present inputs in order, then its outer-scope reads.
+
+    The one answer to "what does this node read" for dataflow, ordering, placement, boundary
+    conversions, lifetimes and execution, so no pass misses an If that reads a tensor only
+    from inside a branch."""
+    explicit = present_inputs(node)
+    if not node.attrs:
+        return explicit
+    implicit = outer_scope_reads(node)
+    if not implicit:
+        return explicit
+    listed = {t.name for t in explicit}
+    return explicit + [t for t in implicit if t.name not in listed]
+
+
+def node_operands(node: gs.Node) -> list[gs.Tensor]:
+    """What an executor feeds `node`, position by position: its inputs as ONNX lists them
+    (empty placeholders included, so kernels index them as the spec does), then its
+    outer-scope reads."""
+    listed = {t.name for t in node.inputs if t.name}
+    return list(node.inputs) + [t for t in outer_scope_reads(node) if t.name not in listed]
+
+
+def readers(graph: gs.Graph) -> dict[str, list[gs.Node]]:
+    """Tensor name -> the nodes of `graph` that read it (`node_inputs`), in node order.
+
+    Unlike a gs tensor's `outputs`, this lists only nodes of `graph` itself: an If reading a
+    tensor from inside a branch is its reader, not the branch's node."""
+    found: dict[str, list[gs.Node]] = {}
+    for node in graph.nodes:
+        for tensor in node_inputs(node):
+            found.setdefault(tensor.name, []).append(node)
+    return found
+
+
+def replace_reads(node: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
+    """`node` reads `new` wherever it read `old`: in its listed inputs and, for an outer-scope
+    read, inside its subgraphs at any depth (a subgraph tensor of the same name is another
+    object, so shadowed names are left alone)."""
+    for position, tensor in enumerate(node.inputs):
+        if tensor is old:
+            node.inputs[position] = new
+    for graph in subgraphs(node):
+        for inner in graph.nodes:
+            replace_reads(inner, old, new)
+
+
 def producers(graph: gs.Graph) -> dict[str, gs.Node]:
     return {t.name: node for node in graph.nodes for t in node.outputs}
 
 
 def dataflow_graph(graph: gs.Graph) -> nx.DiGraph:
-    """Nodes are gs node names, edges follow tensors from producer to consumer."""
+    """Nodes are gs node names, edges follow tensors (`node_inputs`) from producer to consumer."""
     dag = nx.DiGraph()
     dag.add_nodes_from(node.name for node in graph.nodes)
     made_by = producers(graph)
     dag.add_edges_from((made_by[t.name].name, node.name) for node in graph.nodes
-                       for t in present_inputs(node) if t.name in made_by)
+                       for t in node_inputs(node) if t.name in made_by)
     return dag
 
 
@@ -87,7 +164,7 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
     successors: list[list[int]] = [[] for _ in nodes]
     indegree = [0] * len(nodes)
     for index, node in enumerate(nodes):
-        for source in {made_by[t.name] for t in present_inputs(node) if t.name in made_by}:
+        for source in {made_by[t.name] for t in node_inputs(node) if t.name in made_by}:
             successors[source].append(index)
             indegree[index] += 1
     ready = [index for index, degree in enumerate(indegree) if degree == 0]
@@ -106,6 +183,18 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
     return order
 
 
+#: Domain of the nodes a fusion creates (passes/fuse.py); fusion patterns match these as well
+#: as ONNX ops, so a kernel fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
+FUSED_DOMAIN = "rkcompile"
+
+
+def fused_body(node: gs.Node) -> gs.Graph | None:
+    """The members of a fused kernel, as the subgraph passes/fuse.py stores in its `body`; None
+    for every other node, Loop and Scan included, whose `body` is a loop body, not members."""
+    body = node.attrs.get("body")
+    return body if node.domain == FUSED_DOMAIN and isinstance(body, gs.Graph) else None
+
+
 def is_onnx_domain(node: gs.Node) -> bool:
     """True for ops of the default ai.onnx domain (gs reports it as None or '')."""
     return node.domain in (None, "", "ai.onnx")
@@ -122,10 +211,11 @@ def node_proto(node: gs.Node) -> onnx.NodeProto:
 
 def single_node_graph(node: gs.Node) -> onnx.GraphProto:
     """The node alone in an untyped graph: onnx.reference honours a given opset only for
-    graphs (a bare NodeProto runs at the newest opset), and old models need their own."""
+    graphs (a bare NodeProto runs at the newest opset), and old models need their own. Its
+    outer-scope reads are graph inputs too, which its subgraphs then see."""
     untyped = onnx.TypeProto()
     return onnx.helper.make_graph([node_proto(node)], node.name,
-                                  [onnx.helper.make_value_info(t.name, untyped) for t in present_inputs(node)],
+                                  [onnx.helper.make_value_info(t.name, untyped) for t in node_inputs(node)],
                                   [onnx.helper.make_value_info(t.name, untyped) for t in node.outputs if t.name])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .context import CompileContext
-from .ir import present_inputs
+from .ir import node_inputs
 from .plan import Plan
 
 DEVICE_COLOURS = {"npu": "#b7e4c7", "cpu": "#ffd6a5", "host": "#dee2e6"}
@@ -53,7 +53,7 @@ def build_view(plan: Plan, ctx: CompileContext) -> PlanView:
     step_name = {index: name for index, name in enumerate(ctx.order)}
     made_by = {t.name: node.name for node in ctx.graph.nodes for t in node.outputs if t.name}
     partition_of = {step_name[s]: p.id for p in plan.partitions for s in p.steps}
-    edges = tuple((made_by[t.name], name, t.name) for name in ctx.order for t in present_inputs(nodes[name])
+    edges = tuple((made_by[t.name], name, t.name) for name in ctx.order for t in node_inputs(nodes[name])
                   if t.name in made_by)
     partitions = []
     for partition in plan.partitions:

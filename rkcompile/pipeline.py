@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 
 from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
-from .ir import present_inputs, static_shape, topological_nodes
+from .ir import node_inputs, present_inputs, static_shape, subgraphs, topological_nodes
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
                      memory, multicore, partition, quantize, remove_noops, rewrite, rewrite_late)
 from .plan import NodeEntry, Partition, Plan, Step
@@ -86,14 +86,16 @@ def verify(ctx: CompileContext) -> list[str]:
                 problems.append(f"tensor {tensor.name} does not know its producer {node.name}")
     consumers: dict[int, set[int]] = {}  # per tensor, built once: a weight may feed thousands of nodes
     for node in graph.nodes:
-        for tensor in present_inputs(node):
+        for tensor in node_inputs(node):
             if not isinstance(tensor, gs.Constant) and tensor.name not in defined:
                 problems.append(f"node {node.name} reads undefined tensor {tensor.name}")
+        for tensor in present_inputs(node):
             known = consumers.get(id(tensor))
             if known is None:
                 known = consumers[id(tensor)] = {id(consumer) for consumer in tensor.outputs}
             if id(node) not in known:
                 problems.append(f"tensor {tensor.name} does not know its consumer {node.name}")
+    problems += stray_links(graph)
     try:
         topological_nodes(graph)
     except ValueError as exc:
@@ -107,6 +109,29 @@ def verify(ctx: CompileContext) -> list[str]:
             problems.append(f"placement for missing node {name}")
         elif any(static_shape(t) is None for t in node.outputs):
             problems.append(f"NPU node {name} has an unknown output shape")
+    return problems
+
+
+def stray_links(graph: gs.Graph) -> list[str]:
+    """Tensors of `graph` that name, as producer or reader, a node that is neither in the graph
+    nor inside a subgraph of one of its nodes: a node a pass built and then abandoned without
+    detaching it. Every later pass that walks a tensor's readers would meet a node it does not
+    know."""
+    known: set[int] = set()
+    pending = list(graph.nodes)
+    while pending:
+        node = pending.pop()
+        known.add(id(node))
+        pending.extend(inner for sub in subgraphs(node) for inner in sub.nodes)
+    tensors = {id(t): t for t in graph.inputs}
+    for node in graph.nodes:
+        tensors.update((id(t), t) for t in (*present_inputs(node), *node.outputs))
+    problems = []
+    for tensor in tensors.values():
+        for role, linked in (("written", tensor.inputs), ("read", tensor.outputs)):
+            stray = next((node for node in linked if id(node) not in known), None)
+            if stray is not None:
+                problems.append(f"tensor {tensor.name} is {role} by {stray.name or stray.op}, which is not in the graph")
     return problems
 
 
@@ -126,7 +151,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
         node, placed = nodes[name], ctx.placement[name]
         steps.append(Step(
             id=index, device=placed.device, kernel=placed.kernel, nodes=ctx.origins[name],
-            inputs=tuple(t.name for t in present_inputs(node)),
+            inputs=tuple(t.name for t in node_inputs(node)),
             outputs=tuple(t.name for t in node.outputs if t.name),
             cores=ctx.step_cores.get(name, ()), partition=partition_of[name],
             note=ctx.notes.get(name),

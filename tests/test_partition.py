@@ -2,6 +2,7 @@
 sandwich reasons, and explicit host conversions at every device boundary."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -10,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkcompile.passes import partition
 from rkcompile.passes.partition import (MOVED_TO_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU, check_partitions_acyclic,
                                         contracted_graph, wave_partitions)
 from rkcompile.pipeline import compile_model
@@ -84,6 +86,57 @@ def test_tiny_npu_island_moves_to_the_cpu_with_a_reason(tmp_path):
     assert _entry(plan, "conv1").device == "npu"
     assert [p.device for p in plan.partitions if p.device != "host"] == ["npu", "cpu"]
     assert contract_violations(plan, [n for n, _ in ctx.original_nodes]) == []
+
+
+def _estimates_in(reason: str) -> tuple[float, float]:
+    """(us with the island on the CPU, us with it on the NPU) from a move's reason."""
+    match = re.search(r"run is ([0-9.]+) us with it on the CPU, ([0-9.]+) us on the NPU", reason)
+    assert match, reason
+    return float(match.group(1)), float(match.group(2))
+
+
+def test_an_island_move_states_both_estimates_and_they_are_the_plans_own(tmp_path, monkeypatch):
+    path = _conv_erf_model(tmp_path, "relu")
+    plan, _ = compile_model(path, "rk3588")
+    on_cpu, on_npu = _estimates_in(_entry(plan, "middle").reason)
+    assert on_cpu < on_npu
+    assert on_cpu == pytest.approx(plan.multicore.est_one_core_ms * 1e3, abs=0.1)
+    monkeypatch.setattr(partition, "best_island_move", lambda *args: None)
+    kept, _ = compile_model(path, "rk3588")
+    assert _entry(kept, "middle").device == "npu"
+    assert on_npu == pytest.approx(kept.multicore.est_one_core_ms * 1e3, abs=0.1)
+
+
+def _erf_conv_erf_model(tmp_path: Path, channels: int, side: int) -> Path:
+    """A 3x3 Conv between two Erfs (no NPU kernel): an NPU island reading and feeding the CPU."""
+    shape = [1, channels, side, side]
+    nodes = [helper.make_node("Erf", ["x"], ["e1"], name="erf1"),
+             helper.make_node("Conv", ["e1", "w"], ["mid"], name="middle", pads=[1, 1, 1, 1]),
+             helper.make_node("Erf", ["mid"], ["y"], name="erf2")]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                 [_weight("w", (channels, channels, 3, 3))], f"erf_conv_erf_{channels}_{side}")
+
+
+def test_an_island_stays_when_moving_it_would_slow_the_plans_own_estimate(tmp_path, monkeypatch):
+    """A 32-channel 16x16 Conv island: charged a per-partition NPU launch the plan's estimate
+    does not charge, it used to move, and the plan's estimate went from 0.81 to 1.23 ms."""
+    path = _erf_conv_erf_model(tmp_path, 32, 16)
+    plan, _ = compile_model(path, "rk3588")
+    assert _entry(plan, "middle").device == "npu"
+    always_move = partition.best_island_move
+
+    def move_regardless(estimate, dag, partitions):
+        move = always_move(estimate, dag, partitions)
+        if move is not None:
+            return move
+        islands = [members for dev, members in partitions if dev == "npu"]
+        return partition.IslandMove(tuple(islands[0]), 0.0, partition.MOVED_TO_CPU) if islands else None
+
+    monkeypatch.setattr(partition, "best_island_move", move_regardless)
+    moved, _ = compile_model(path, "rk3588")
+    assert _entry(moved, "middle").device == "cpu"
+    assert moved.multicore.est_one_core_ms > plan.multicore.est_one_core_ms
 
 
 def test_npu_island_that_pays_for_its_conversions_stays(tmp_path):

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import dtype_name
+from rkcompile.ir import dtype_name, fused_body, node_operands
 from rkcompile.plan import Plan
 from rkcompile.targets.model import Target
 
@@ -86,7 +86,7 @@ class Executor:
                 self._store(converted, self._real(source))
             else:
                 run = self._npu_node if step.device == "npu" else self._cpu_node
-                values = [self._operand(t, step.device) if t.name else None for t in node.inputs]
+                values = [self._operand(t, step.device) if t.name else None for t in node_operands(node)]
                 results = run(node, values)
                 for tensor, value in zip(node.outputs, results):
                     if tensor.name:
@@ -152,7 +152,7 @@ class Executor:
 
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
             return run_int8(node, values, out_quants, self.opset, is_movement)
-        if "body" in node.attrs:
+        if fused_body(node) is not None:
             return run_fused(node, values, self._npu_node)
         kernel = KERNELS.get(node.op)
         if kernel is None:
@@ -164,7 +164,7 @@ class Executor:
             return run_reference(node, values, self.opset)
 
     def _cpu_node(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
-        if "body" in node.attrs:
+        if fused_body(node) is not None:
             return run_fused(node, values, self._cpu_node)
         return run_reference(node, values, self.opset)
 

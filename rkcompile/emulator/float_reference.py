@@ -15,6 +15,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from rkcompile.ir import fused_body, node_operands
+
 from . import kernels  # noqa: F401  (registers the kernels)
 from .executor import run_fused
 from .reference import run_reference
@@ -29,7 +31,7 @@ class FloatReference:
         self.outputs = set(outputs)
         last_use: dict[str, int] = {}
         for index, node in enumerate(self.nodes):
-            for tensor in node.inputs:
+            for tensor in node_operands(node):
                 last_use[tensor.name] = index
         # what can be dropped after each step, so a big model's activations are not all held at once
         self.release: list[list[str]] = [[] for _ in self.nodes]
@@ -42,7 +44,7 @@ class FloatReference:
         env: dict[str, np.ndarray] = {name: np.asarray(value) for name, value in inputs.items()}
         for node, device, release in zip(self.nodes, self.devices, self.release):
             values = [None if not t.name else np.asarray(t.values) if isinstance(t, gs.Constant) else env[t.name]
-                      for t in node.inputs]
+                      for t in node_operands(node)]
             results = [values[0]] if device == "host" else (self._npu if device == "npu" else self._cpu)(node, values)
             for tensor, value in zip(node.outputs, results):
                 if tensor.name:
@@ -54,7 +56,7 @@ class FloatReference:
         return {name: env[name] for name in self.outputs}
 
     def _npu(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
-        if "body" in node.attrs:
+        if fused_body(node) is not None:
             return run_fused(node, values, self._npu)
         operands = [v.astype(np.float32, copy=False) if v is not None and v.dtype.kind == "f" else v for v in values]
         kernel = KERNELS.get(node.op)
@@ -66,6 +68,6 @@ class FloatReference:
         return run_reference(node, operands, self.opset)
 
     def _cpu(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
-        if "body" in node.attrs:
+        if fused_body(node) is not None:
             return run_fused(node, values, self._cpu)
         return run_reference(node, values, self.opset)

@@ -9,10 +9,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.ir import single_node_graph
+from rkcompile.ir import node_operands, single_node_graph
 
 
 def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    feeds = {t.name: value for t, value in zip(node.inputs, inputs) if t.name}
+    feeds = {t.name: value for t, value in zip(node_operands(node), inputs) if t.name}
     evaluator = ReferenceEvaluator(single_node_graph(node), opsets={"": opset})
     return [np.asarray(v) for v in evaluator.run(None, feeds)]

@@ -92,7 +92,8 @@ def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> d
             inputs[spec.name] = rng.integers(0, RANDOM_INT_HIGH, spec.shape).astype(spec.dtype)
         else:
             inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
-    return inputs
+    # a scalar input's draw is a numpy scalar, which onnxruntime refuses: every feed is an array
+    return {name: np.asarray(value) for name, value in inputs.items()}
 
 
 def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
