@@ -131,6 +131,7 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
     """
     problems: list[str] = []
     for refine in (False, True):
+        started = len(site.builders)
         candidates = rule.build(node, site)
         while True:
             try:
@@ -138,6 +139,11 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
             except StopIteration as declined:
                 if not refine:
                     reason = declined.value
+                # A rule may decline after building part of a candidate, wired to graph tensors:
+                # detached here, whatever the rule, so no pass meets a node outside the graph.
+                for builder in site.builders[started:]:
+                    builder.discard()
+                del site.builders[started:]
                 break
             if owned is not None and (candidate.aliases or any(id(old) not in owned for old in candidate.old)):
                 candidate.discard()
@@ -146,6 +152,7 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
             legal, chain_used, problem = _made_legal(candidate, site, chain, refine)
             if legal is not None:
                 candidates.close()
+                del site.builders[started:]
                 return (chain_used, legal), ""
             candidate.discard()
             if refine:

@@ -11,7 +11,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkcompile.passes import partition
+from rkcompile.context import Options
+from rkcompile.emulator import emulate, make_inputs, prepare
+from rkcompile.emulator.compare import agreement, onnxruntime_outputs
+from rkcompile.ir import static_shape
+from rkcompile.passes import partition, rewrite
+from rkcompile.passes.rewrites import RewriteRule
 from rkcompile.passes.partition import (MOVED_TO_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU, check_partitions_acyclic,
                                         contracted_graph, wave_partitions)
 from rkcompile.pipeline import compile_model
@@ -216,3 +221,36 @@ def _edges(ctx):
     made_by = {t.name: node.name for node in ctx.graph.nodes for t in node.outputs if t.name}
     return [(made_by[t.name], node.name) for node in ctx.graph.nodes for t in node.inputs
             if t.name in made_by]
+
+
+@pytest.mark.parametrize("target", ("rk3588", "rk3576", "rk3562"))
+def test_elementwise_op_whose_two_computed_operands_both_broadcast_plans_and_runs(tmp_path, target):
+    """Sub of [1,128] and [10,1]: the broadcast rewrite builds a Concat for the first operand,
+    then declines on the second (128 copies); the Concat it left wired to the first operand
+    used to reach partition as a reader no placement knew (KeyError)."""
+    nodes = [helper.make_node("Relu", ["p"], ["a"], name="relu_a"), helper.make_node("Relu", ["q"], ["b"], name="relu_b"),
+             helper.make_node("Sub", ["a", "b"], ["d"], name="sub"), helper.make_node("Sigmoid", ["d"], ["y"], name="sig")]
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 128]),
+                                   helper.make_tensor_value_info("q", TensorProto.FLOAT, [10, 1])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10, 128])], [], "sub_both_broadcast")
+    prepared = prepare(path, target, Options())
+    assert _entry(prepared.plan, "sub").device == "cpu"
+    inputs = make_inputs(prepared.plan, {})
+    expected = onnxruntime_outputs(path, inputs)["y"]
+    assert agreement("y", emulate(prepared, inputs).outputs["y"], expected).passes(0.9999)
+
+
+def test_a_rule_that_declines_after_building_leaves_nothing_wired_to_the_graph(tmp_path, monkeypatch):
+    """Whatever a rule built before it declined is detached by the rewrite pass, not by the rule."""
+    def builds_then_declines(node, site):
+        builder = site.builder(node)
+        builder.op("Neg", [node.inputs[0]], static_shape(node.inputs[0]), node.inputs[0].dtype)
+        return "declined after building"
+        yield  # a generator, as every rule is
+
+    monkeypatch.setattr(rewrite, "RULES", (RewriteRule(builds_then_declines, frozenset({"Relu"}), always=True),))
+    plan, ctx = compile_model(_conv_erf_model(tmp_path, "relu"), "rk3588")  # the verifier runs after every pass
+    relu_input = next(n for n in ctx.graph.nodes if "middle" in ctx.origins.get(n.name, ())).inputs[0]
+    in_graph = {id(node) for node in ctx.graph.nodes}
+    assert all(id(reader) in in_graph for reader in relu_input.outputs)
+    assert any("declined after building" in a.outcome for a in ctx.rewrite_attempts["middle"])

@@ -52,6 +52,9 @@ class Site:
         self.graph, self.target, self.opset, self.facts = graph, target, opset, facts
         self.graph_outputs = {t.name for t in graph.outputs}
         self._taken = {n.name for n in graph.nodes} | set(graph.tensors())
+        #: builders of the rule applications in progress, so the rewrite pass can detach what a
+        #: rule built before it declined (passes/rewrite.py)
+        self.builders: list[Builder] = []
 
     def fresh(self, base: str) -> str:
         name, index = base, 0
@@ -71,7 +74,9 @@ class Site:
         return not check_node(probe, self.target, **self.facts)
 
     def builder(self, node: gs.Node) -> "Builder":
-        return Builder(self, node)
+        builder = Builder(self, node)
+        self.builders.append(builder)
+        return builder
 
 
 class Builder:
