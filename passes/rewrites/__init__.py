@@ -9,7 +9,7 @@ calls for.
 """
 from __future__ import annotations
 
-from . import elementwise, layout, matmul, norm, pooling
+from . import elementwise, layout, matmul, norm, pooling, rank
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
@@ -17,7 +17,9 @@ FAMILIES = (
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
     matmul,       # Gemm/MatMul by weights as 1x1 Conv, K splits
     pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
-    layout,       # rank > 4, Transpose limits, Gather of one index, relabels, Conv layouts
+    rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
+                  # first, so no lone rank-5 relabel is left for layout's rules)
+    layout,       # Transpose limits, Gather of one index, relabels, Conv layouts
 )
 
 RULES: tuple[RewriteRule, ...] = tuple(rule for family in FAMILIES for rule in family.RULES)

@@ -2,59 +2,15 @@
 index, relabels (Reshape, Flatten, Squeeze, Unsqueeze) and the ops done in a Conv's own layout."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir import constant_value, element_count, static_shape
 
+from ..legalize import check_node
 from .base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, producer, split_node
-
-
-def transpose_to_4d(node: gs.Node, site: Site) -> Candidates:
-    """A Transpose of rank above 4 (exporters' channel shuffles and attention head splits) moves
-    the same data as a Transpose of the tensor with its size-1 axes dropped and every run of
-    neighbouring axes that the perm keeps together merged into one: so Reshape to that merged
-    shape, Transpose it (or, if the NPU refuses that perm, Split/relabel/Concat it), Reshape
-    back. The relabels that made the tensor rank 5 on either side are absorbed, so no rank-5
-    tensor is left. The NPU's operators take [batch, channel, height, width] only (oplist
-    V2.3.2, every operator's shape list)."""
-    x, y = node.inputs[0], node.outputs[0]
-    shape = static_shape(x)
-    if shape is None or len(shape) <= 4 or static_shape(y) is None:
-        return "not above rank 4, or a shape is unknown"
-    perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
-    kept = [axis for axis in perm if shape[axis] != 1]
-    runs: list[list[int]] = []
-    for axis in kept:
-        if runs and axis == _next_kept_axis(runs[-1][-1], shape):
-            runs[-1].append(axis)
-        else:
-            runs.append([axis])
-    if not runs or len(runs) > 4:
-        return "more than 4 axis groups move independently"
-    by_input_order = sorted(runs)
-    merged_shape = [element_count(shape[a] for a in run) for run in by_input_order]
-    merged_perm = [by_input_order.index(run) for run in runs]
-    source, dest, absorbed = x, y, []
-    before = producer(x)
-    if before is not None and before.op in RESHAPE_LIKE and len(x.outputs) == 1 and x.name not in site.graph_outputs:
-        source, absorbed = before.inputs[0], [before]
-    after = y.outputs[0] if len(y.outputs) == 1 else None
-    if (after is not None and after.op in RESHAPE_LIKE and y.name not in site.graph_outputs
-            and static_shape(after.outputs[0]) is not None):
-        dest, absorbed = after.outputs[0], absorbed + [after]
-    for as_concat in (False, True):
-        if as_concat and _moved_axis(merged_shape, merged_perm) is None:
-            return "the merged Transpose is refused and moves more than one axis"
-        builder = site.builder(node)
-        merged = builder.reshape(source, merged_shape)
-        if as_concat:
-            moved = _moved_axis_as_concat(builder, merged, merged_perm)
-        else:
-            moved = builder.op("Transpose", [merged], [merged_shape[p] for p in merged_perm], x.dtype,
-                               perm=merged_perm)
-        builder.reshape(moved, static_shape(dest), out=dest)
-        yield builder.finish(node, *absorbed)
 
 
 #: Largest axis _moved_axis_as_concat splits into slices.
@@ -108,31 +64,186 @@ def _next_kept_axis(axis: int, shape: tuple[int, ...]) -> int | None:
     return next((a for a in range(axis + 1, len(shape)) if shape[a] != 1), None)
 
 
-#: How many slices transpose_in_slices tries, fewest first.
-TRANSPOSE_SLICES = (2, 4, 8, 16, 32, 64)
-
-
-def transpose_in_slices(node: gs.Node, site: Site) -> Candidates:
-    """A Transpose over its perm's size limits (oplist V2.3.2, Transpose: products of dims below
-    p and q) done in slices along an axis the perm leaves in place: each slice is a smaller
-    Transpose of the same perm, and a Concat along that axis puts the slices back in order."""
+def transpose_as_legal_view(node: gs.Node, site: Site) -> Candidates:
+    """A Transpose the NPU refuses, of any rank, as the same data movement on another 4-D view:
+    the perm table's limits (oplist V2.3.2, Transpose: the supported perms and their limits in
+    p and q, read on the 4-D view [n1, c1, h1, w1]) depend on how the moved axes are laid out,
+    and the same movement has many views (transpose_views). When no view passes, a view is done
+    in slices along any one axis, moved or not: each slice is a smaller Transpose, a Concat
+    where that axis lands puts them back in order. A rank above 4 falls back to the merged view
+    for the next rule (Split/Concat of a small axis) to make legal."""
     x, y = node.inputs[0], node.outputs[0]
-    shape = static_shape(x)
-    if shape is None or len(shape) > 4:
-        return "above rank 4 or of unknown shape"
+    shape, y_shape = static_shape(x), static_shape(y)
+    if shape is None or y_shape is None:
+        return "a shape is unknown"
     perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
-    for axis in (a for a in reversed(range(len(shape))) if perm[a] == a and shape[a] > 1):
-        for parts in (n for n in TRANSPOSE_SLICES if shape[axis] % n == 0):
-            piece = [shape[axis] // parts if a == axis else d for a, d in enumerate(shape)]
-            if not site.transpose_legal(node, piece):
-                continue  # a slice would be refused too: building the candidate is wasted work
-            builder = site.builder(node)
-            slices = split_node(builder, x, axis, [shape[axis] // parts] * parts)
-            moved = [builder.op("Transpose", [piece], [static_shape(piece)[p] for p in perm], x.dtype, perm=perm)
-                     for piece in slices]
-            builder.op("Concat", moved, out=y, axis=axis)
-            yield builder.finish()
-    return f"no split into {TRANSPOSE_SLICES[-1]} or fewer slices along an axis perm {perm} keeps makes each slice legal"
+    builder = site.builder(node)
+    if emit_legal_transpose(builder, x, perm, y):
+        yield builder.finish()
+        return
+    builder.discard()
+    groups = transpose_groups(shape, perm)
+    if len(shape) > 4 and groups is not None and len(groups[0]) <= 4:
+        builder = site.builder(node)
+        merged = builder.reshape(x, groups[0])
+        moved = builder.op("Transpose", [merged], [groups[0][p] for p in groups[1]], x.dtype, perm=groups[1])
+        builder.reshape(moved, y_shape, out=y)
+        yield builder.finish()
+        return
+    return (f"no 4-D view of perm {perm} on {shape}, whole or in up to {MAX_TRANSPOSE_SLICES} slices "
+            "along one axis, passes the target's Transpose rules")
+
+
+def transpose_groups(shape, perm) -> tuple[list[int], list[int]] | None:
+    """The Transpose with size-1 axes dropped and every run of axes the perm keeps together
+    merged: (merged dims in input order, perm over them); None when nothing but size-1 axes move."""
+    kept = [axis for axis in perm if shape[axis] != 1]
+    runs: list[list[int]] = []
+    for axis in kept:
+        if runs and axis == _next_kept_axis(runs[-1][-1], shape):
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    if len(runs) < 2:
+        return None
+    by_input_order = sorted(runs)
+    return ([element_count(shape[a] for a in run) for run in by_input_order],
+            [by_input_order.index(run) for run in runs])
+
+
+#: Most 4-D views transpose_views yields for one Transpose (each is a probe of the target's rules).
+MAX_TRANSPOSE_VIEWS = 400
+#: Most views tried in slices, and most slices per view.
+SLICED_VIEWS, MAX_TRANSPOSE_SLICES = 24, 64
+
+
+def transpose_views(shape, perm) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every 4-D (input shape, perm) that moves data exactly as `perm` on `shape` does, the
+    merged view first: the merged groups (transpose_groups), any group cut in two factors that
+    move together (a row-major [a*b] is [a, b]), up to 4 groups, placed among size-1 axes
+    anywhere in input and output (a size-1 axis can go anywhere without moving data)."""
+    groups = transpose_groups(shape, perm)
+    if groups is None:
+        return []
+    layer, seen = [groups], set()
+    refinements = []
+    while layer and len(refinements) < MAX_TRANSPOSE_VIEWS:
+        refinements.extend(layer)
+        following = []
+        for dims, gperm in layer:
+            for index, dim in enumerate(dims if len(dims) < 4 else ()):
+                for factor in (f for f in range(2, dim) if dim % f == 0):
+                    split_perm = []
+                    for g in gperm:
+                        split_perm += [index, index + 1] if g == index else [g + (g > index)]
+                    split = (dims[:index] + [factor, dim // factor] + dims[index + 1:], split_perm)
+                    if repr(split) not in seen:
+                        seen.add(repr(split))
+                        following.append(split)
+        layer = following
+    # Each refinement with its size-1 axes leading first, the other placements after.
+    views: dict[tuple, None] = {}
+    for leading_only in (True, False):
+        for dims, gperm in refinements:
+            for view in _placements(dims, gperm, leading_only):
+                views[view] = None
+                if len(views) >= MAX_TRANSPOSE_VIEWS:
+                    return list(views)
+    return list(views)
+
+
+def _placements(dims: list[int], gperm: list[int], leading_only: bool):
+    """The 4-D (input shape, perm) views of groups `dims` moved by `gperm`, among size-1 axes:
+    only the view with the size-1 axes leading and in place, or every other one."""
+    rank = len(dims)
+    for in_pos in itertools.combinations(range(4), rank):
+        for out_pos in itertools.combinations(range(4), rank):
+            free_in = [a for a in range(4) if a not in in_pos]
+            free_out = [a for a in range(4) if a not in out_pos]
+            for units in itertools.permutations(free_in):
+                leading = in_pos == out_pos == tuple(range(4 - rank, 4)) and list(units) == free_in
+                if leading != leading_only:
+                    continue
+                perm4 = [0] * 4
+                for j, g in enumerate(gperm):
+                    perm4[out_pos[j]] = in_pos[g]
+                for slot, axis in zip(free_out, units):
+                    perm4[slot] = axis
+                in4 = [1] * 4
+                for g, axis in enumerate(in_pos):
+                    in4[axis] = dims[g]
+                yield tuple(in4), tuple(perm4)
+
+
+def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: gs.Tensor) -> bool:
+    """Build, into `builder`, a Transpose of `x` by `perm` writing `out` that passes the target's
+    rules: on the first legal 4-D view (transpose_views), else on a view in the fewest slices
+    along one of its axes; relabels move between the views. False, building nothing, when none
+    passes."""
+    shape = static_shape(x)
+    views = transpose_views(shape, perm)
+    legal = _TransposeProbe(builder.site, x.dtype)
+    found = next(((view, None) for view in views if legal(*view)), None)
+    for slices in range(2, MAX_TRANSPOSE_SLICES + 1):
+        if found is not None:
+            break
+        for view in views[:SLICED_VIEWS]:
+            sizes = next((s for s in (_slice_sizes(view, axis, slices, legal) for axis in range(4)) if s), None)
+            if sizes is not None:
+                found = view, sizes
+                break
+    if found is None:
+        return False
+    (in4, perm4), tiling = found
+    source = x if list(in4) == list(shape) else builder.reshape(x, in4)
+    out4 = [in4[p] for p in perm4]
+    moved_out = out if list(out4) == list(static_shape(out)) else None
+    if tiling is None:
+        moved = builder.op("Transpose", [source], out4, x.dtype, out=moved_out, perm=list(perm4))
+    else:
+        axis, sizes = tiling
+        pieces = split_node(builder, source, axis, sizes)
+        parts = [builder.op("Transpose", [piece], [static_shape(piece)[p] for p in perm4], x.dtype, perm=list(perm4))
+                 for piece in pieces]
+        if moved_out is None:
+            moved = builder.op("Concat", parts, out4, x.dtype, axis=perm4.index(axis))
+        else:
+            moved = builder.op("Concat", parts, out=moved_out, axis=perm4.index(axis))
+    if moved_out is None:
+        builder.reshape(moved, static_shape(out), out=out)
+    return True
+
+
+def _slice_sizes(view, axis: int, slices: int, legal) -> tuple[int, list[int]] | None:
+    """(axis, sizes) cutting `view`'s input along `axis` into `slices` pieces, all but the last
+    of one size, each a legal Transpose; None when they are not."""
+    in4, perm4 = view
+    dim = in4[axis]
+    size = -(-dim // slices)
+    if dim < slices or size * (slices - 1) >= dim:
+        return None
+    sizes = [size] * (slices - 1) + [dim - size * (slices - 1)]
+    for piece in set(sizes):
+        if not legal(tuple(piece if a == axis else d for a, d in enumerate(in4)), perm4):
+            return None
+    return axis, sizes
+
+
+class _TransposeProbe:
+    """Whether a 4-D Transpose passes the target's rules, judged on detached probe nodes (they
+    touch no graph tensor) and remembered per (shape, perm)."""
+
+    def __init__(self, site: Site, dtype):
+        self.site, self.dtype, self.seen = site, dtype, {}
+
+    def __call__(self, in4, perm4) -> bool:
+        key = (tuple(in4), tuple(perm4))
+        if key not in self.seen:
+            probe = gs.Node("Transpose", attrs={"perm": list(perm4)},
+                            inputs=[gs.Variable("probe_in", self.dtype, list(in4))],
+                            outputs=[gs.Variable("probe_out", self.dtype, [in4[p] for p in perm4])])
+            self.seen[key] = not check_node(probe, self.site.target, **self.site.facts)
+        return self.seen[key]
 
 
 def gather_scalar_to_slice(node: gs.Node, site: Site) -> Candidates:
@@ -181,9 +292,17 @@ def elementwise_in_conv_layout(node: gs.Node, site: Site) -> Candidates:
     shape (a residual), done in the Conv's own [L, C, 1, 1] layout and relabelled after, so the
     Conv and the op run as one kernel (oplist V2.3.2: ConvolutionAdd, ConvolutionTanh, ...), as
     rknn-toolkit2 runs fully connected and transformer layers. Element-wise ops commute with
-    relabelling every operand alike; constants of one element need no relabel."""
+    relabelling every operand alike; constants of one element need no relabel.
+
+    An op that already reads a Conv's output as it is, of its own shape, is in that Conv's
+    layout and stays: moving it to another Conv's layout would let the two Convs pull it back
+    and forth without end (a MatMul-by-weights Conv's residual Add of another Conv's output)."""
     y_shape = static_shape(node.outputs[0])
     operands = [t for t in node.inputs if t.name]
+    in_layout = next((t for t in operands if (p := producer(t)) is not None and p.op == "Conv"
+                      and static_shape(t) == y_shape), None)
+    if in_layout is not None:
+        return f"it already reads Conv output {in_layout.name} in that Conv's layout"
     for position, relabelled in enumerate(operands):
         relabel = producer(relabelled)
         if (relabel is None or relabel.op not in RESHAPE_LIKE or len(relabelled.outputs) != 1
@@ -244,8 +363,7 @@ def collapse_relabels(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
-    RewriteRule(transpose_to_4d, frozenset({"Transpose"})),
-    RewriteRule(transpose_in_slices, frozenset({"Transpose"})),
+    RewriteRule(transpose_as_legal_view, frozenset({"Transpose"})),
     RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
     RewriteRule(transpose_of_unit_axes_to_reshape, frozenset({"Transpose"}), always=True),

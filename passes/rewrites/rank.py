@@ -1,0 +1,253 @@
+"""Rank rewrites: a region of tensors above rank 4 (an exporter's Reshape to [.., 3, heads, dim],
+its Transpose, the Gathers that unbind q/k/v, element-wise ops between them) redone on tensors
+of rank 4 or less, so no NPU operator meets a fifth axis (oplist V2.3.2: every operator's shape
+is [batch, channel, height, width]).
+
+Each tensor of the region is read as a grouping of its axes: size-1 axes dropped and
+neighbouring axes merged wherever every op of the region treats them as one (a Transpose
+moves them together, a Gather does not pick along either, a broadcast operand spans both or
+neither). The groupings are refined together to a fixpoint, so a tensor read by several ops
+gets one grouping that suits all of them."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir import constant_value, element_count, static_shape
+
+from .base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
+from .elementwise import ELEMENTWISE
+from .layout import emit_legal_transpose
+
+#: The ops a region may hold: each has a form on merged axes.
+REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE
+#: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
+MAX_REGION_NODES = 64
+NPU_RANK = 4
+
+
+def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
+    """The region of ops connected through tensors above rank 4 that holds `node`, redone on
+    their grouped views (see the module docstring): each relabel becomes one Reshape between
+    groupings, each Transpose a Transpose of the groups (on a view the target accepts,
+    layout.emit_legal_transpose), each Gather a Gather of one group by rank-1 indices, each
+    element-wise op the same op on the groups with its operands relabelled to match. Tensors the
+    region hands to other ops are relabelled back to their own shapes, which are 4-D or less."""
+    if not any(len(shape) > NPU_RANK for shape in map(static_shape, _data_tensors(node)) if shape):
+        return "no tensor of the node is above rank 4"
+    region, reason = _region(node, site)
+    if region is None:
+        return reason
+    tensors = {id(t): t for n in region for t in _data_tensors(n)}
+    joinable = {key: set(_nonunit(static_shape(t))[:-1]) for key, t in tensors.items()}
+    while any([_refine(n, joinable) for n in region]):
+        pass
+    groups = {key: _groups(static_shape(t), joinable[key]) for key, t in tensors.items()}
+    for key, t in tensors.items():
+        if len(groups[key]) > NPU_RANK:
+            return f"{t.name} keeps {len(groups[key])} axis groups that move independently: above 4"
+    builder = site.builder(node)
+    produced = {id(t) for n in region for t in n.outputs}
+    readers = {id(n) for n in region}
+    view: dict[int, gs.Tensor] = {}
+    for member in _in_order(region, produced):
+        out = member.outputs[0]
+        grouped = _grouped_shape(static_shape(out), groups[id(out)])
+        internal = out.name not in site.graph_outputs and all(id(r) in readers for r in out.outputs)
+        target = gs.Variable(site.fresh(f"{out.name}/grouped"), out.dtype, grouped) if internal else out
+        _rebuild(member, builder, groups, view, target)
+        view[id(out)] = target
+    yield builder.finish(*_in_order(region, produced))
+
+
+def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
+    """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE or node.op == "Gather" else node.inputs
+    return [t for t in list(inputs) + list(node.outputs) if t.name]
+
+
+def _region(node: gs.Node, site: Site) -> tuple[list[gs.Node] | None, str]:
+    region, seen = [node], {id(node)}
+    for member in region:
+        problem = _unsupported(member)
+        if problem:
+            return None, f"{member.name} ({member.op}) in its rank > 4 region: {problem}"
+        for tensor in _data_tensors(member):
+            if len(static_shape(tensor)) <= NPU_RANK or isinstance(tensor, gs.Constant):
+                continue
+            if tensor.name in site.graph_outputs or not tensor.inputs:
+                return None, f"{tensor.name}, a model input or output, is above rank 4"
+            for other in list(tensor.inputs) + list(tensor.outputs):
+                if id(other) not in seen:
+                    seen.add(id(other))
+                    region.append(other)
+        if len(region) > MAX_REGION_NODES:
+            return None, f"its rank > 4 region holds over {MAX_REGION_NODES} nodes"
+    return region, ""
+
+
+def _unsupported(node: gs.Node) -> str:
+    if node.op not in REGION_OPS:
+        return f"{node.op} has no form on merged axes here"
+    if len(node.outputs) != 1 or any(static_shape(t) is None for t in _data_tensors(node)):
+        return "a shape is unknown"
+    if node.op == "Gather":
+        shape, indices = static_shape(node.inputs[0]), constant_value(node.inputs[1])
+        if indices is None or indices.ndim > 1:
+            return "its indices are not a constant of rank 0 or 1"
+        if shape[int(node.attrs.get("axis", 0)) % len(shape)] == 1:
+            return "it gathers along an axis of size 1"
+    if node.op in ELEMENTWISE and any(len(static_shape(t)) > len(static_shape(node.outputs[0]))
+                                      for t in node.inputs if t.name):
+        return "an operand has a higher rank than the result"
+    return ""
+
+
+def _nonunit(shape) -> list[int]:
+    return [axis for axis, dim in enumerate(shape) if dim != 1]
+
+
+def _next_nonunit(shape, axis: int) -> int | None:
+    return next((a for a in range(axis + 1, len(shape)) if shape[a] != 1), None)
+
+
+def _refine(node: gs.Node, joinable: dict[int, set[int]]) -> bool:
+    """Narrow the joinable boundaries of `node`'s tensors to what its op allows; True on a change."""
+    if node.op == "Transpose":
+        shape = static_shape(node.inputs[0])
+        perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+        return _link(node.inputs[0], node.outputs[0], perm, joinable)
+    if node.op == "Gather":
+        shape, extra = static_shape(node.inputs[0]), constant_value(node.inputs[1]).ndim
+        axis = int(node.attrs.get("axis", 0)) % len(shape)
+        out_to_in = [a for a in range(axis)] + [None] * extra + [a for a in range(axis + 1, len(shape))]
+        return _link(node.inputs[0], node.outputs[0], out_to_in, joinable)
+    if node.op in ELEMENTWISE:
+        return _refine_elementwise(node, joinable)
+    return False  # a relabel: any grouping on either side
+
+
+def _link(x: gs.Tensor, y: gs.Tensor, out_to_in: list[int | None], joinable: dict[int, set[int]]) -> bool:
+    """Axes of `y` are those of `x` (out_to_in[u] is y's axis u in x, None for a new axis): two
+    neighbouring axes merge on one side only if they are neighbours, in order, merged on the other."""
+    x_shape, y_shape = static_shape(x), static_shape(y)
+    in_to_out = {i: u for u, i in enumerate(out_to_in) if i is not None}
+    x_join, y_join = joinable[id(x)], joinable[id(y)]
+    before = len(x_join) + len(y_join)
+    for i in list(x_join):
+        u, v = in_to_out.get(i), in_to_out.get(_next_nonunit(x_shape, i))
+        if u is None or v is None or _next_nonunit(y_shape, u) != v or u not in y_join:
+            x_join.discard(i)
+    for u in list(y_join):
+        i, j = out_to_in[u], out_to_in[_next_nonunit(y_shape, u)]
+        if i is None or j is None or _next_nonunit(x_shape, i) != j or i not in x_join:
+            y_join.discard(u)
+    return len(x_join) + len(y_join) != before
+
+
+def _refine_elementwise(node: gs.Node, joinable: dict[int, set[int]]) -> bool:
+    """Operands of the result's own shape share its grouping; two axes of the result merge only
+    if every broadcasting operand broadcasts along both or neither."""
+    y = node.outputs[0]
+    y_shape = static_shape(y)
+    changed = False
+    for operand in (t for t in node.inputs if t.name):
+        shape = static_shape(operand)
+        if list(shape) == list(y_shape):
+            if not isinstance(operand, gs.Constant):
+                changed |= _link(operand, y, list(range(len(shape))), joinable)
+            continue
+        aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
+        for u in list(joinable[id(y)]):
+            if (aligned[u] == 1) != (aligned[_next_nonunit(y_shape, u)] == 1):
+                joinable[id(y)].discard(u)
+                changed = True
+    return changed
+
+
+def _groups(shape, joinable: set[int]) -> list[list[int]]:
+    groups: list[list[int]] = []
+    for axis in _nonunit(shape):
+        if groups and groups[-1][-1] in joinable:
+            groups[-1].append(axis)
+        else:
+            groups.append([axis])
+    return groups
+
+
+def _grouped_shape(shape, groups: list[list[int]]) -> list[int]:
+    return [element_count(shape[a] for a in group) for group in groups] or [1]
+
+
+def _in_order(region: list[gs.Node], produced: set[int]) -> list[gs.Node]:
+    """The region's nodes, each after the region nodes it reads."""
+    done: set[int] = set()
+    ordered: list[gs.Node] = []
+    pending = list(region)
+    while pending:
+        ready = [n for n in pending if all(id(t) not in produced or id(t) in done for t in n.inputs)]
+        for member in ready:
+            ordered.append(member)
+            done.update(id(t) for t in member.outputs)
+        pending = [n for n in pending if n not in ready]
+    return ordered
+
+
+def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]],
+             view: dict[int, gs.Tensor], target: gs.Tensor) -> None:
+    """`node` on grouped views, writing `target` (relabelled into it when its shape differs)."""
+    x, y = node.inputs[0], node.outputs[0]
+
+    def grouped(tensor: gs.Tensor, shape) -> gs.Tensor:
+        have = view.get(id(tensor), tensor)
+        return have if list(static_shape(have)) == list(shape) else builder.reshape(have, shape)
+
+    def emit(op: str, inputs: list, shape, **attrs) -> None:
+        if list(shape) == list(static_shape(target)):
+            builder.op(op, inputs, out=target, **attrs)
+        else:
+            builder.reshape(builder.op(op, inputs, shape, y.dtype, **attrs), static_shape(target), out=target)
+
+    if node.op in RESHAPE_LIKE:
+        builder.reshape(view.get(id(x), x), static_shape(target), out=target)
+        return
+    shape = static_shape(x)
+    source = grouped(x, _grouped_shape(shape, groups[id(x)]))
+    if node.op == "Transpose":
+        perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+        in_groups = groups[id(x)]
+        group_perm = [next(g for g, group in enumerate(in_groups) if perm[out[0]] in group)
+                      for out in groups[id(y)]]
+        if not emit_legal_transpose(builder, source, group_perm, target):
+            emit("Transpose", [source], [static_shape(source)[p] for p in group_perm], perm=group_perm)
+        return
+    if node.op == "Gather":
+        axis = int(node.attrs.get("axis", 0)) % len(shape)
+        group_axis = next(g for g, group in enumerate(groups[id(x)]) if axis in group)
+        indices = constant_value(node.inputs[1]).reshape(-1)
+        picked = list(static_shape(source))
+        picked[group_axis] = indices.size
+        emit("Gather", [source, builder.const(indices, "indices")], picked, axis=group_axis)
+        return
+    y_shape, out_groups = static_shape(y), groups[id(y)]
+    operands = []
+    for operand in node.inputs:
+        if not operand.name:
+            operands.append(operand)
+            continue
+        operand_shape = static_shape(operand)
+        aligned = [1] * (len(y_shape) - len(operand_shape)) + list(operand_shape)
+        wanted = [element_count(aligned[a] for a in group) for group in out_groups] or [1]
+        value = constant_value(operand)
+        if value is None:
+            operands.append(grouped(operand, wanted))
+        elif value.size == 1 and value.ndim <= 1:
+            operands.append(operand)
+        else:
+            operands.append(builder.const(value.reshape(wanted), "grouped"))
+    emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(collapse_rank_region, REGION_OPS),
+)

@@ -1,0 +1,245 @@
+"""Layout rewrites on shapes and perms of their own (not the repros'): Transposes over their
+perm's limits on another 4-D view or in slices along any axis, regions of tensors above rank 4
+collapsed onto merged axes, and the Conv/MatMul residual that once made `plan` run forever.
+Each case is planned at the three primary targets: no CPU node, and `rkcompile run --check`
+agrees with onnxruntime."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper
+
+from rkcompile.cli import main
+from rkcompile.passes.legalize import check_node
+from rkcompile.passes.rewrites.layout import transpose_views
+from rkcompile.pipeline import compile_model
+from rkcompile.targets import get_target
+
+from conftest import PRIMARY_TARGETS, SHARED, make_model, value_info, weight
+from test_rewrites import assert_same_outputs, feed, rewritten, rules_fired, shape_of, with_refusals
+
+RNG = np.random.default_rng(11)
+
+
+def transpose_model(shape, perm) -> onnx.ModelProto:
+    return make_model([helper.make_node("Transpose", ["x"], ["y"], name="t", perm=list(perm))],
+                      [value_info("x", shape)], [value_info("y", [shape[p] for p in perm])])
+
+
+def planned_on_npu(model: onnx.ModelProto, tmp_path, target: str) -> None:
+    """Every node of `model` planned on the NPU at `target`, and its emulation agrees with onnxruntime."""
+    path = tmp_path / f"model_{target}.onnx"
+    onnx.save(model, path)
+    plan, _ = compile_model(path, target)
+    on_cpu = [(n.name, n.op, n.reason) for n in plan.nodes if n.device == "cpu"]
+    assert not on_cpu, on_cpu
+    report = tmp_path / f"report_{target}.json"
+    assert main(["run", str(path), "--target", target, "--check", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["passed"] and min(a["cosine"] for a in data["agreement"]) >= 0.9999
+
+
+def refused_as_given(model: onnx.ModelProto, target: str) -> bool:
+    node = gs.import_onnx(onnx.shape_inference.infer_shapes(model)).nodes[0]
+    return bool(check_node(node, get_target(target)))
+
+
+# --- Transposes over their perm's limits ------------------------------------------------------
+
+@pytest.mark.parametrize("shape, perm", [
+    ([1, 300, 200], [0, 2, 1]),       # token transpose over h1*w1 < 2q on rk3588
+    ([2, 96, 136], [0, 2, 1]),
+    ([1, 8, 128, 96], [0, 1, 3, 2]),  # a key transposed for q @ k^T
+    ([1, 6, 72, 80], [0, 2, 1, 3]),   # heads moved, h1 not a multiple of 8
+    ([546, 400], [1, 0]),             # a merged detection head
+])
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_refused_transposes_run_on_the_npu_on_another_view(tmp_path, shape, perm, target):
+    model = transpose_model(shape, perm)
+    if target == "rk3588":
+        assert refused_as_given(model, target)  # the case is one the old plan put on the CPU
+    planned_on_npu(model, tmp_path, target)
+
+
+@pytest.mark.parametrize("shape, perm", [([64, 48], [1, 0]), ([3, 40, 24], [2, 0, 1]), ([1, 2, 30, 16], [0, 3, 2, 1])])
+def test_a_transpose_no_view_admits_runs_in_slices_even_along_a_moved_axis(tmp_path, shape, perm):
+    """A limit on the element count holds for every view, so only slices help; every axis of
+    these perms moves (the [64, 48] swap has no axis left in place at all)."""
+    limit = int(np.prod(shape)) // 3
+    small = with_refusals(Transpose=lambda n: int(np.prod(shape_of(n))) >= limit)
+    ctx = rewritten(transpose_model(shape, perm), tmp_path, small)
+    assert rules_fired(ctx) == ["transpose_as_legal_view"]
+    transposes = [n for n in ctx.graph.nodes if n.op == "Transpose"]
+    assert len(transposes) >= 3 and not any(check_node(t, small) for t in transposes)
+    assert_same_outputs(transpose_model(shape, perm), ctx, {"x": feed(shape)})
+
+
+@pytest.mark.parametrize("shape, perm", [([6, 35], [1, 0]), ([2, 3, 10, 4], [0, 3, 1, 2]), ([4, 1, 6, 5], [2, 1, 3, 0])])
+def test_transpose_views_all_move_data_as_the_perm_does(shape, perm):
+    x = RNG.normal(size=shape)
+    want = np.transpose(x, perm).reshape(-1)
+    views = transpose_views(shape, perm)
+    assert len(views) > 1
+    for in4, perm4 in views:
+        np.testing.assert_array_equal(np.transpose(x.reshape(in4), perm4).reshape(-1), want)
+
+
+# --- regions above rank 4 ---------------------------------------------------------------------
+
+def qkv_unbind_model(tokens, heads, dim) -> onnx.ModelProto:
+    """Reshape [1, T, 3*H*D] -> [1, T, 3, H, D] -> perm (2, 0, 3, 1, 4) -> Gather 0/1/2 (timm's qkv)."""
+    nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"]),
+             helper.make_node("Transpose", ["r5"], ["t5"], perm=[2, 0, 3, 1, 4]),
+             *[helper.make_node("Gather", ["t5", f"i{k}"], [name], axis=0) for k, name in enumerate("qkv")],
+             helper.make_node("Mul", ["q", "k"], ["qk"]),
+             helper.make_node("Add", ["qk", "v"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, tokens, 3 * heads * dim])], [value_info("y", [1, heads, tokens, dim])],
+                      [weight("s5", np.array([1, tokens, 3, heads, dim], np.int64)),
+                       *[weight(f"i{k}", np.array(k, np.int64)) for k in range(3)]])
+
+
+def head_flatten_model(anchors, classes, height, width) -> onnx.ModelProto:
+    """[1, A*C, H, W] -> [1, A, C, H, W] -> perm (0, 3, 4, 1, 2) -> [1, H*W*A, C] (SSD/YOLO heads)."""
+    nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"]),
+             helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 3, 4, 1, 2]),
+             helper.make_node("Reshape", ["t5", "s3"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, anchors * classes, height, width])],
+                      [value_info("y", [1, height * width * anchors, classes])],
+                      [weight("s5", np.array([1, anchors, classes, height, width], np.int64)),
+                       weight("s3", np.array([1, height * width * anchors, classes], np.int64))])
+
+
+def grouped_elementwise_model(groups, per_group, size) -> onnx.ModelProto:
+    """Element-wise ops on a rank-5 [1, G, P, S, S] with a constant per-group scale and a computed
+    operand broadcast over the groups, then back to 4-D."""
+    channels = groups * per_group
+    nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"]),
+             helper.make_node("Mul", ["r5", "scale"], ["m5"]),
+             helper.make_node("Add", ["m5", "bias"], ["a5"]),
+             helper.make_node("Sigmoid", ["a5"], ["g5"]),
+             helper.make_node("Reshape", ["g5", "s4"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, channels, size, size]), value_info("bias", [per_group, size, size])],
+                      [value_info("y", [1, channels, size, size])],
+                      [weight("s5", np.array([1, groups, per_group, size, size], np.int64)),
+                       weight("s4", np.array([1, channels, size, size], np.int64)),
+                       weight("scale", RNG.normal(size=[1, groups, 1, 1, 1]).astype(np.float32))])
+
+
+def rank6_shuffle_model() -> onnx.ModelProto:
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["r6"]),
+             helper.make_node("Transpose", ["r6"], ["t6"], perm=[0, 2, 1, 3, 4, 5]),
+             helper.make_node("Reshape", ["t6", "s4"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, 24, 6, 7])], [value_info("y", [1, 24, 6, 7])],
+                      [weight("s6", np.array([1, 2, 12, 1, 6, 7], np.int64)), weight("s4", np.array([1, 24, 6, 7], np.int64))])
+
+
+REGION_CASES = {
+    "qkv_49x4x32": lambda: qkv_unbind_model(49, 4, 32),
+    "qkv_10x3x6": lambda: qkv_unbind_model(10, 3, 6),
+    "head_6x91x20x20": lambda: head_flatten_model(6, 91, 20, 20),
+    "head_3x85x8x8": lambda: head_flatten_model(3, 85, 8, 8),
+    "head_2x7x5x3": lambda: head_flatten_model(2, 7, 5, 3),
+    "grouped_elementwise": lambda: grouped_elementwise_model(3, 4, 5),
+    "rank6_shuffle": rank6_shuffle_model,
+}
+
+
+@pytest.mark.parametrize("case", sorted(REGION_CASES))
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_rank_above_4_regions_collapse_onto_merged_axes(tmp_path, case, target):
+    model = REGION_CASES[case]()
+    ctx = rewritten(model, tmp_path, get_target(target))
+    assert "collapse_rank_region" in rules_fired(ctx)
+    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes for t in n.inputs + n.outputs if t.shape is not None)
+    assert not [n.name for n in ctx.graph.nodes if check_node(n, get_target(target))]
+    feeds = {i.name: feed([d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
+    assert_same_outputs(model, ctx, feeds)
+    planned_on_npu(model, tmp_path, target)
+
+
+def test_a_region_with_an_op_it_cannot_merge_says_which(tmp_path):
+    model = head_flatten_model(2, 7, 5, 3)
+    model.graph.node.insert(1, helper.make_node("Softmax", ["r5"], ["sm5"], axis=2))
+    model.graph.node[2].input[0] = "sm5"
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "collapse_rank_region" not in rules_fired(ctx)
+    reasons = [a.outcome for attempts in ctx.rewrite_attempts.values() for a in attempts
+               if a.rule == "collapse_rank_region"]
+    assert any("Softmax has no form on merged axes" in r for r in reasons), reasons
+
+
+# --- the Conv + MatMul residual that never finished -------------------------------------------
+
+@contextmanager
+def deadline(seconds: int):
+    def expire(*_):
+        raise TimeoutError(f"planning took over {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("channels, height, width, k", [(8, 4, 16, 16), (16, 2, 24, 40), (4, 1, 8, 8)])
+@pytest.mark.parametrize("matmul_first", [False, True])
+def test_conv_plus_matmul_by_weights_of_equal_shape_plans_in_seconds(tmp_path, channels, height, width, k,
+                                                                     matmul_first):
+    """Add(Conv(x), MatMul(y, W)): the MatMul becomes a Conv whose residual Add is the other Conv's
+    output; the Add, moved into one Conv's layout, must not be pulled back into the other's."""
+    operands = ["m", "c"] if matmul_first else ["c", "m"]
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("MatMul", ["y", "mw"], ["m"]),
+             helper.make_node("Add", operands, ["z"])]
+    model = make_model(nodes, [value_info("x", [1, channels, height, width]), value_info("y", [1, channels, height, k])],
+                       [value_info("z", [1, channels, height, width])],
+                       [weight("cw", RNG.normal(size=[channels, channels, 1, 1]).astype(np.float32)),
+                        weight("mw", RNG.normal(size=[k, width]).astype(np.float32))])
+    with deadline(30):
+        for target in PRIMARY_TARGETS:
+            planned_on_npu(model, tmp_path, target)
+
+
+# --- the shared repros ------------------------------------------------------------------------
+
+REPROS = SHARED / "repros" / "make_repros.py"
+#: README expectations for the layout repros: the ops that may stay on the CPU.
+REPRO_CPU_ALLOWED = {
+    "s4_attention_kT": {"IsNaN"},
+    "s4b_attention_kT_no_isnan": set(),
+    "s7_tokens_transpose": set(),
+    "s8_qkv_rank5_unbind": set(),
+    "s9_head_rank5_flatten": set(),
+}
+
+
+@pytest.fixture(scope="module")
+def repro_dir(tmp_path_factory):
+    if not REPROS.is_file():
+        pytest.skip("../shared/repros is not present")
+    folder = tmp_path_factory.mktemp("repros")
+    subprocess.run([sys.executable, str(REPROS), str(folder)], check=True, capture_output=True)
+    return folder
+
+
+@pytest.mark.parametrize("repro", sorted(REPRO_CPU_ALLOWED))
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_layout_repros_do_what_their_readme_asks(repro_dir, tmp_path, repro, target):
+    path = repro_dir / f"{repro}.onnx"
+    plan, _ = compile_model(path, target)
+    on_cpu = {n.op for n in plan.nodes if n.device == "cpu"}
+    assert on_cpu <= REPRO_CPU_ALLOWED[repro], [(n.name, n.reason) for n in plan.nodes if n.device == "cpu"]
+    report = tmp_path / "report.json"
+    assert main(["run", str(path), "--target", target, "--check", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["passed"] and min(a["cosine"] for a in data["agreement"]) >= 0.9999
