@@ -3,8 +3,15 @@
 Exporters emit long Shape -> Gather -> Concat -> Reshape chains; folding them leaves the NPU
 only the real work. Nodes are evaluated with onnx's reference evaluator, not a hand-written one.
 Shape and Size of statically shaped tensors fold from shape inference alone. ConstantOfShape
-folds to a broadcast view, so even a huge fill never allocates memory. Folding a node can make
-new shapes known, so shape inference runs again until a fixpoint.
+folds to a broadcast view, so even a huge fill never allocates memory.
+
+Folding a node can make new shapes known: a Reshape whose target just folded has a known
+output, so the Shape of it folds too, and so on down a chain of blocks each shaped by the one
+before. Each sweep therefore infers, in topological order, the output shapes of every node
+whose inputs are all known, and a chain folds in one sweep. Whole-graph shape inference then
+runs between sweeps for what one node alone does not show. There is no round limit: a sweep
+that folds nothing ends the pass, and every other sweep removes at least one node from the
+graph, so the pass ends after at most as many sweeps as the graph has nodes.
 """
 from __future__ import annotations
 
@@ -17,23 +24,25 @@ from onnx.reference import ReferenceEvaluator
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
 from rkcompile.ir import (element_count, is_onnx_domain, present_inputs, shape_only_model, single_node_graph,
-                          static_shape, topological_nodes)
+                          static_shape, subgraphs, topological_nodes)
 
 NAME = "fold-constants"
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                               "Multinomial", "Bernoulli"})
 #: Outputs larger than this stay as nodes: folding them would only bloat the weights.
 MAX_FOLDED_ELEMENTS = 1 << 24
-MAX_ROUNDS = 8
 
 
 def run(ctx: CompileContext) -> None:
     opset = ctx.model_info.opset
-    for _ in range(MAX_ROUNDS):
-        folded = _fold_sweep(ctx, opset)
-        if not folded:
-            break
+    while True:
+        before = len(ctx.graph.nodes)
+        if not _fold_sweep(ctx, opset):
+            return
         ctx.cleanup_graph()
+        if len(ctx.graph.nodes) >= before:
+            # cannot happen (a folded node loses its outputs and cleanup drops it), and would loop
+            raise AssertionError(f"constant folding folded nodes but the graph kept {before} nodes")
         if any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs):
             _reinfer_shapes(ctx)
 
@@ -41,6 +50,8 @@ def run(ctx: CompileContext) -> None:
 def _fold_sweep(ctx: CompileContext, opset: int) -> int:
     folded = 0
     for node in topological_nodes(ctx.graph):
+        if any(static_shape(t) is None for t in node.outputs if t.name):
+            _infer_node_shapes(ctx.graph, node, opset)
         values = _evaluate(node, opset)
         if values is None:
             continue
@@ -55,7 +66,7 @@ def _fold_sweep(ctx: CompileContext, opset: int) -> int:
 
 def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
     """The node's output values when they can be known now, else None."""
-    if not is_onnx_domain(node) or node.op in NONDETERMINISTIC or _has_subgraph(node):
+    if not is_onnx_domain(node) or node.op in NONDETERMINISTIC or subgraphs(node):
         return None
     if node.op in ("Shape", "Size"):
         shape = static_shape(node.inputs[0])
@@ -86,8 +97,21 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
     return [np.asarray(r) for r in results]
 
 
-def _has_subgraph(node: gs.Node) -> bool:
-    return any(isinstance(v, gs.Graph) for v in node.attrs.values())
+def _infer_node_shapes(graph: gs.Graph, node: gs.Node, opset: int) -> None:
+    """`node`'s unknown output shapes from its inputs' shapes and its constant inputs' values,
+    when all of those are known. What inference cannot tell is left unknown: whole-graph
+    inference after the sweep says why, if anything needs it."""
+    inputs = present_inputs(node)
+    if not is_onnx_domain(node) or subgraphs(node) or any(
+            not isinstance(t, gs.Constant) and (static_shape(t) is None or t.dtype is None) for t in inputs):
+        return
+    alone = gs.Graph(nodes=[node], inputs=[t for t in inputs if not isinstance(t, gs.Constant)],
+                     outputs=[t for t in node.outputs if t.name], opset=opset, import_domains=graph.import_domains)
+    try:
+        inferred = shape_inference.infer_shapes(shape_only_model(alone, opset), data_prop=True)
+    except shape_inference.InferenceError:
+        return
+    _carry_back(inferred, node.outputs)
 
 
 def _reinfer_shapes(ctx: CompileContext) -> None:
@@ -97,8 +121,13 @@ def _reinfer_shapes(ctx: CompileContext) -> None:
         inferred = shape_inference.infer_shapes(model, data_prop=True)
     except shape_inference.InferenceError as exc:
         raise CompileError(f"shape inference after constant folding failed: {str(exc).splitlines()[0]}") from None
+    _carry_back(inferred, ctx.graph.tensors().values())
+
+
+def _carry_back(inferred: onnx.ModelProto, tensors) -> None:
+    """Shapes and dtypes `inferred` found, onto those of `tensors` whose shape is not yet known."""
     known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
-    for tensor in ctx.graph.tensors().values():
+    for tensor in tensors:
         info = known.get(tensor.name)
         if isinstance(tensor, gs.Variable) and info is not None and static_shape(tensor) is None:
             tensor_type = info.type.tensor_type

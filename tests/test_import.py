@@ -103,3 +103,44 @@ def test_rank5_and_integer_tensors_fall_back_with_reasons(save):
     reasons = {n.name: n.reason for n in plan.nodes}
     assert "at most 4 dimensions" in reasons["relu5"] and "rank 5" in reasons["relu5"]
     assert "floating point" in reasons["int_add"] and "int64" in reasons["int_add"]
+
+
+def _chained_shape_blocks(blocks: int):
+    """`blocks` blocks, each reshaping by targets computed from the Shape of the block before
+    (Shape -> Gather -> Mod/Sub/Div -> Unsqueeze -> Concat), as exporters write them. Shape
+    inference's data propagation stops at Mod, so a block's shapes are known only once the block
+    before has folded."""
+    nodes, x = [], "x"
+    for b in range(blocks):
+        p = f"b{b}_"
+        nodes += [helper.make_node("Shape", [x], [p + "s"], name=p + "shape"),
+                  helper.make_node("Gather", [p + "s", "two"], [p + "l"], name=p + "gather", axis=0),
+                  helper.make_node("Mod", [p + "l", "two"], [p + "odd"], name=p + "mod"),
+                  helper.make_node("Sub", [p + "l", p + "odd"], [p + "even"], name=p + "sub"),
+                  helper.make_node("Div", [p + "even", "two"], [p + "half"], name=p + "div"),
+                  helper.make_node("Unsqueeze", [p + "half", "axis0"], [p + "hu"], name=p + "unsqueeze"),
+                  helper.make_node("Concat", ["lead", p + "hu", "pair"], [p + "t"], name=p + "concat", axis=0),
+                  helper.make_node("Mul", [p + "half", "two"], [p + "whole"], name=p + "mul"),
+                  helper.make_node("Unsqueeze", [p + "whole", "axis0"], [p + "wu"], name=p + "unsqueeze_back"),
+                  helper.make_node("Concat", ["lead", p + "wu"], [p + "back"], name=p + "concat_back", axis=0),
+                  helper.make_node("Reshape", [x, p + "t"], [p + "r"], name=p + "split"),
+                  helper.make_node("Relu", [p + "r"], [p + "a"], name=p + "relu"),
+                  helper.make_node("Reshape", [p + "a", p + "back"], [p + "y"], name=p + "merge")]
+        x = p + "y"
+    nodes.append(helper.make_node("Sigmoid", [x], ["y"], name="out"))
+    consts = [weight("two", np.array(2, np.int64)), weight("axis0", np.array([0], np.int64)),
+              weight("lead", np.array([1, 16], np.int64)), weight("pair", np.array([2], np.int64))]
+    return make_model(nodes, [value_info("x", [1, 16, 64])], [value_info("y", [1, 16, 64])], consts)
+
+
+def test_constant_folding_runs_to_a_fixpoint_however_long_the_chain(save):
+    """Every block's shape arithmetic folds however many blocks there are (there used to be a
+    silent limit of 8 rounds, one block folding per round)."""
+    blocks = 20
+    plan, _ = compile_model(save(_chained_shape_blocks(blocks)), "rk3588")
+    devices = _devices(plan)
+    for b in range(blocks):
+        assert [devices[f"b{b}_{op}"] for op in ("shape", "gather", "mod", "sub", "div", "unsqueeze", "concat", "mul",
+                                                 "unsqueeze_back", "concat_back")] == ["folded"] * 10, b
+    assert not [name for name, device in devices.items() if device == "cpu"]
+    assert contract_violations(plan) == []
