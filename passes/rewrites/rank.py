@@ -19,8 +19,11 @@ from .base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
 from .elementwise import ELEMENTWISE
 from .layout import emit_legal_transpose
 
+#: Ops that work along some axes and keep the others as they are: each of those axes stays a
+#: group of its own, the other axes merge as in their operands.
+AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax"})
 #: The ops a region may hold: each has a form on merged axes.
-REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE
+REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE | AXIS_OPS
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
 MAX_REGION_NODES = 64
 NPU_RANK = 4
@@ -31,7 +34,8 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
     their grouped views (see the module docstring): each relabel becomes one Reshape between
     groupings, each Transpose a Transpose of the groups (on a view the target accepts,
     layout.emit_legal_transpose), each Gather a Gather of one group by rank-1 indices, each
-    element-wise op the same op on the groups with its operands relabelled to match. Tensors the
+    element-wise op the same op on the groups with its operands relabelled to match, each
+    Slice/Split/Concat/Softmax the same op along the group its axis became. Tensors the
     region hands to other ops are relabelled back to their own shapes, which are 4-D or less."""
     if not any(len(shape) > NPU_RANK for shape in map(static_shape, _data_tensors(node)) if shape):
         return "no tensor of the node is above rank 4"
@@ -40,7 +44,7 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
         return reason
     tensors = {id(t): t for n in region for t in _data_tensors(n)}
     joinable = {key: set(_nonunit(static_shape(t))[:-1]) for key, t in tensors.items()}
-    while any([_refine(n, joinable) for n in region]):
+    while any([_refine(n, joinable, site.opset) for n in region]):
         pass
     groups = {key: _groups(static_shape(t), joinable[key]) for key, t in tensors.items()}
     for key, t in tensors.items():
@@ -51,25 +55,26 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
     readers = {id(n) for n in region}
     view: dict[int, gs.Tensor] = {}
     for member in _in_order(region, produced):
-        out = member.outputs[0]
-        grouped = _grouped_shape(static_shape(out), groups[id(out)])
-        internal = out.name not in site.graph_outputs and all(id(r) in readers for r in out.outputs)
-        target = gs.Variable(site.fresh(f"{out.name}/grouped"), out.dtype, grouped) if internal else out
-        _rebuild(member, builder, groups, view, target)
-        view[id(out)] = target
+        targets = []
+        for out in member.outputs:
+            grouped = _grouped_shape(static_shape(out), groups[id(out)])
+            internal = out.name not in site.graph_outputs and all(id(r) in readers for r in out.outputs)
+            targets.append(gs.Variable(site.fresh(f"{out.name}/grouped"), out.dtype, grouped) if internal else out)
+        _rebuild(member, builder, groups, view, targets, site.opset)
+        view.update((id(out), target) for out, target in zip(member.outputs, targets))
     yield builder.finish(*_in_order(region, produced))
 
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
     """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
-    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE or node.op == "Gather" else node.inputs
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | {"Gather", "Slice", "Split"} else node.inputs
     return [t for t in list(inputs) + list(node.outputs) if t.name]
 
 
 def _region(node: gs.Node, site: Site) -> tuple[list[gs.Node] | None, str]:
     region, seen = [node], {id(node)}
     for member in region:
-        problem = _unsupported(member)
+        problem = _unsupported(member, site.opset)
         if problem:
             return None, f"{member.name} ({member.op}) in its rank > 4 region: {problem}"
         for tensor in _data_tensors(member):
@@ -86,11 +91,20 @@ def _region(node: gs.Node, site: Site) -> tuple[list[gs.Node] | None, str]:
     return region, ""
 
 
-def _unsupported(node: gs.Node) -> str:
+def _unsupported(node: gs.Node, opset: int) -> str:
     if node.op not in REGION_OPS:
         return f"{node.op} has no form on merged axes here"
-    if len(node.outputs) != 1 or any(static_shape(t) is None for t in _data_tensors(node)):
+    if any(static_shape(t) is None for t in _data_tensors(node)):
         return "a shape is unknown"
+    if node.op in AXIS_OPS:
+        axes = _op_axes(node, opset)
+        if axes is None:
+            return "its axes are not constants (or Softmax before opset 13 reduces a flattened tail)"
+        if any(static_shape(node.inputs[0])[a] == 1 for a in axes) and node.op != "Concat":
+            return "it works along an axis of size 1"
+        return ""
+    if len(node.outputs) != 1:
+        return "it has several outputs"
     if node.op == "Gather":
         shape, indices = static_shape(node.inputs[0]), constant_value(node.inputs[1])
         if indices is None or indices.ndim > 1:
@@ -111,7 +125,24 @@ def _next_nonunit(shape, axis: int) -> int | None:
     return next((a for a in range(axis + 1, len(shape)) if shape[a] != 1), None)
 
 
-def _refine(node: gs.Node, joinable: dict[int, set[int]]) -> bool:
+def _op_axes(node: gs.Node, opset: int) -> list[int] | None:
+    """The axes an AXIS_OPS node works along, None when they are not known constants."""
+    rank = len(static_shape(node.inputs[0]))
+    if node.op in ("Softmax", "LogSoftmax"):
+        return [int(node.attrs.get("axis", -1)) % rank] if opset >= 13 else None
+    if node.op in ("Concat", "Split"):
+        return [int(node.attrs.get("axis", 0)) % rank]
+    if opset < 10:
+        return None
+    bounds = [constant_value(t) if t.name else None for t in node.inputs[1:]]
+    if any(value is None for value in bounds[:2]) or any(
+            t.name and value is None for t, value in zip(node.inputs[3:], bounds[2:])):
+        return None
+    axes = bounds[2] if len(bounds) > 2 and bounds[2] is not None else np.arange(len(bounds[0]))
+    return [int(a) % rank for a in axes]
+
+
+def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
     """Narrow the joinable boundaries of `node`'s tensors to what its op allows; True on a change."""
     if node.op == "Transpose":
         shape = static_shape(node.inputs[0])
@@ -124,7 +155,27 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]]) -> bool:
         return _link(node.inputs[0], node.outputs[0], out_to_in, joinable)
     if node.op in ELEMENTWISE:
         return _refine_elementwise(node, joinable)
+    if node.op in AXIS_OPS:
+        return _refine_axis_op(node, joinable, _op_axes(node, opset))
     return False  # a relabel: any grouping on either side
+
+
+def _refine_axis_op(node: gs.Node, joinable: dict[int, set[int]], axes: list[int]) -> bool:
+    """Each axis the op works along is a group of its own in every tensor; the other axes merge
+    alike in all of them (they keep their sizes)."""
+    reference = node.outputs[0] if node.op == "Concat" else node.inputs[0]
+    changed = False
+    for tensor in _data_tensors(node):
+        shape, join = static_shape(tensor), joinable[id(tensor)]
+        for axis in axes:
+            previous = max((a for a in _nonunit(shape) if a < axis), default=None)
+            for cut in (previous, axis):
+                if cut in join:
+                    join.discard(cut)
+                    changed = True
+        if tensor is not reference:
+            changed |= _link(tensor, reference, list(range(len(shape))), joinable)
+    return changed
 
 
 def _link(x: gs.Tensor, y: gs.Tensor, out_to_in: list[int | None], joinable: dict[int, set[int]]) -> bool:
@@ -194,9 +245,9 @@ def _in_order(region: list[gs.Node], produced: set[int]) -> list[gs.Node]:
 
 
 def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]],
-             view: dict[int, gs.Tensor], target: gs.Tensor) -> None:
-    """`node` on grouped views, writing `target` (relabelled into it when its shape differs)."""
-    x, y = node.inputs[0], node.outputs[0]
+             view: dict[int, gs.Tensor], targets: list[gs.Tensor], opset: int) -> None:
+    """`node` on grouped views, writing `targets` (relabelled into each when its shape differs)."""
+    x, y, target = node.inputs[0], node.outputs[0], targets[0]
 
     def grouped(tensor: gs.Tensor, shape) -> gs.Tensor:
         have = view.get(id(tensor), tensor)
@@ -210,6 +261,9 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
 
     if node.op in RESHAPE_LIKE:
         builder.reshape(view.get(id(x), x), static_shape(target), out=target)
+        return
+    if node.op in AXIS_OPS:
+        _rebuild_axis_op(node, builder, groups, grouped, targets, _op_axes(node, opset))
         return
     shape = static_shape(x)
     source = grouped(x, _grouped_shape(shape, groups[id(x)]))
@@ -246,6 +300,43 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         else:
             operands.append(builder.const(value.reshape(wanted), "grouped"))
     emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
+
+
+def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]], grouped,
+                     targets: list[gs.Tensor], axes: list[int]) -> None:
+    """A Slice/Split/Concat/Softmax along the groups its axes became: every tensor is viewed on
+    the groups of the op's full-sized tensor (Concat's output, the others' input)."""
+    reference = node.outputs[0] if node.op == "Concat" else node.inputs[0]
+    reference_groups = groups[id(reference)]
+
+    def on_groups(tensor: gs.Tensor) -> list[int]:
+        shape = static_shape(tensor)
+        return [element_count(shape[a] for a in group) for group in reference_groups] or [1]
+
+    def group_of(axis: int) -> int:
+        return next(g for g, group in enumerate(reference_groups) if axis in group)
+
+    data_inputs = node.inputs if node.op == "Concat" else node.inputs[:1]
+    inputs = [grouped(t, on_groups(t)) for t in data_inputs]
+    attrs = dict(node.attrs)
+    if node.op == "Slice":
+        starts, ends = (constant_value(t) for t in node.inputs[1:3])
+        steps = constant_value(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4].name else None
+        new_axes = np.array([group_of(a) for a in axes], np.int64)
+        inputs += [builder.const(starts, "starts"), builder.const(ends, "ends"), builder.const(new_axes, "axes")]
+        if steps is not None:
+            inputs.append(builder.const(steps, "steps"))
+    else:
+        attrs["axis"] = group_of(axes[0])
+        inputs += list(node.inputs[1:]) if node.op == "Split" else []
+    outs = [target if on_groups(y) == list(static_shape(target)) else
+            gs.Variable(builder.site.fresh(f"{builder.node.name}/{node.op.lower()}_out"), y.dtype, on_groups(y))
+            for y, target in zip(node.outputs, targets)]
+    builder.nodes.append(gs.Node(node.op, builder.site.fresh(f"{builder.node.name}/{node.op.lower()}"),
+                                 attrs=attrs, inputs=inputs, outputs=outs))
+    for out, target in zip(outs, targets):
+        if out is not target:
+            builder.reshape(out, static_shape(target), out=target)
 
 
 RULES: tuple[RewriteRule, ...] = (
