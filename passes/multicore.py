@@ -23,7 +23,7 @@ from rkcompile.cost_model import Share, StepWork
 from rkcompile.errors import CompileError
 from rkcompile.ir import fused_body, itemsize, present_inputs
 from rkcompile.passes.fusion_table import TABLES
-from rkcompile.passes.layout import as_nchw
+from rkcompile.layouts import as_nchw
 from rkcompile.plan import BatchContext, CoreTimeline, IoSlice, Multicore, SplitPart, StepSplit
 from rkcompile.targets.model import Target
 

@@ -22,9 +22,9 @@ from rkcompile.context import CompileContext
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
-from rkcompile.passes.layout import as_nchw, nc1hwc2_bytes
+from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Quantization
-from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params,
+from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, is_movement,
                                 load_calibration, random_calibration, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
@@ -33,13 +33,6 @@ NAME = "quantize"
 DROWNED_LEVELS = 16
 
 log = logging.getLogger("rkcompile")
-
-#: Ops that only move, select or take the max of values: an affine map commutes with them, so
-#: their int8 output is their int8 input's values under the same parameters.
-MOVEMENT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split",
-                          "MaxPool", "GlobalMaxPool", "Gather", "Expand", "Tile", "DepthToSpace",
-                          "SpaceToDepth"})
-
 
 def run(ctx: CompileContext) -> None:
     ctx.quantization = {}
@@ -65,15 +58,6 @@ def run(ctx: CompileContext) -> None:
     _quantize_weights(ctx, ordered, devices, quantization)
     _warn_of_drowned_operands(ordered, devices, ranges, quantization)
     ctx.quantization = quantization
-
-
-def is_movement(node: gs.Node) -> bool:
-    if "body" in node.attrs:
-        return False
-    if node.op == "Resize":
-        mode = node.attrs.get("mode", "nearest")
-        return (mode.decode() if isinstance(mode, bytes) else mode) == "nearest"
-    return node.op in MOVEMENT_OPS
 
 
 def _is_quantized(ctx: CompileContext, name: str) -> bool:

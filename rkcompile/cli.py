@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="plan a model for a target and print a summary",
                                description="Plan MODEL for an RKNPU2 target: placement, partitions, memory.")
     _add_model_arguments(plan, names)
-    plan.add_argument("--json", type=Path, metavar="PATH", help="write the plan (rkcompile.plan/1) to PATH")
+    plan.add_argument("--json", type=Path, metavar="PATH", help="write the plan (rkcompile.plan/2) to PATH")
+    plan.add_argument("-o", "--output", type=Path, metavar="PLAN.rkplan",
+                      help="write the plan artifact (plan.json and the weight region, docs/plan-schema.md) to "
+                           "PLAN.rkplan; `rkcompile run --plan PLAN.rkplan` executes it without the model")
     plan.add_argument("--dump-after", action="append", default=[], choices=PASS_NAMES, metavar="PASS",
                       help=f"write the graph as ONNX after PASS ({', '.join(PASS_NAMES)}); repeatable")
     plan.add_argument("--dump-dir", type=Path, default=Path("."), help="folder for --dump-after files (default .)")
@@ -88,10 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="the file to write")
 
     run = commands.add_parser("run", help="execute a plan on the numpy emulator and check its outputs",
-                              description="Plan MODEL (or check a saved plan against it) and execute the plan "
-                                          "on the numpy emulator: arena offsets, NC1HWC2, float16 on the NPU.")
-    _add_model_arguments(run, names)
-    run.add_argument("--plan", type=Path, metavar="PLAN", help="execute this saved plan (it must match MODEL)")
+                              description="Plan MODEL (or load a saved plan) and execute the plan on the numpy "
+                                          "emulator: arena offsets, NC1HWC2, float16 on the NPU, weights read "
+                                          "from the weight region.")
+    _add_model_arguments(run, names, model_optional=True)
+    run.add_argument("--plan", type=Path, metavar="PLAN",
+                     help="execute this saved plan: a PLAN.rkplan artifact needs no MODEL (given one, it must "
+                          "be the model planned); a plan JSON file is checked against MODEL planned afresh")
     run.add_argument("--inputs", type=Path, metavar="X.npz",
                      help="input arrays keyed by graph input name (missing ones are seeded random)")
     run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name")
@@ -127,10 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str) -> None:
-    """What every command that plans a model takes."""
-    parser.add_argument("model", type=Path, help="the ONNX model file")
-    parser.add_argument("--target", required=True, help=f"the SoC to plan for ({target_names})")
+def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, model_optional: bool = False) -> None:
+    """What every command that plans a model takes (`run` can take a saved plan instead)."""
+    parser.add_argument("model", type=Path, nargs="?" if model_optional else None, help="the ONNX model file")
+    parser.add_argument("--target", required=not model_optional, help=f"the SoC to plan for ({target_names})")
     parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
                         help="NPU compute dtype (default float16); int8 is calibrated with --calib")
     parser.add_argument("--calib", type=Path, metavar="PATH",
@@ -187,8 +193,9 @@ def _plan(args: argparse.Namespace) -> int:
     from .summary import render_summary
 
     shapes = dict(args.input_shape)
-    if args.json is not None and not args.json.parent.is_dir():
-        raise CompileError(f"--json: folder {args.json.parent} does not exist")
+    for option, path in (("--json", args.json), ("--output", args.output)):
+        if path is not None and not path.parent.is_dir():
+            raise CompileError(f"{option}: folder {path.parent} does not exist")
     if args.dump_after and not args.dump_dir.is_dir():
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
@@ -202,6 +209,10 @@ def _plan(args: argparse.Namespace) -> int:
                            f"no plan written\n{listed}")
     if args.json is not None:
         write_atomically(args.json, plan.to_json())
+    if args.output is not None:
+        from .api import Plan, weight_region
+
+        Plan(plan, weight_region(plan, ctx.graph, ctx.target)).save(args.output)
     if explanation is not None:
         print(explanation)
     elif not args.quiet:
@@ -271,9 +282,11 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .emulator.run_command import run_command
+    from .run_command import run_command
 
-    return run_command(args)
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
+                      **calibration_options(args))
+    return run_command(args, options)
 
 
 def _zoo(args: argparse.Namespace) -> int:

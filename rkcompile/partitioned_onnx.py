@@ -16,7 +16,6 @@ import onnx_graphsurgeon as gs
 from onnx import helper
 
 from .context import CompileContext
-from .passes.boundaries import HOST_DOMAIN, HOST_OP
 
 DOMAIN = "rkcompile"
 OP = "NpuPartition"
@@ -26,7 +25,7 @@ MIN_IR_VERSION = 10
 def partitioned_model(ctx: CompileContext) -> onnx.ModelProto:
     model = gs.export_onnx(ctx.graph, do_type_check=False)
     graph = model.graph
-    _drop_host_steps(graph)
+    _drop_host_steps(graph, {name for name, placed in ctx.placement.items() if placed.device == "host"})
     fused_step = _expand_fused_nodes(graph)
 
     def step_of(node: onnx.NodeProto) -> str:
@@ -69,12 +68,12 @@ def partitioned_model(ctx: CompileContext) -> onnx.ModelProto:
     return model
 
 
-def _drop_host_steps(graph: onnx.GraphProto) -> None:
-    """Remove the Convert nodes: readers of a converted tensor read its source again, except for
+def _drop_host_steps(graph: onnx.GraphProto, host_steps: set[str]) -> None:
+    """Remove the host conversion nodes: readers of a converted tensor read its source again, except for
     a model output, whose name the producer takes back."""
     outputs = {o.name for o in graph.output}
     renames = {}
-    for node in [n for n in graph.node if n.domain == HOST_DOMAIN and n.op_type == HOST_OP]:
+    for node in [n for n in graph.node if n.name in host_steps]:
         source, converted = node.input[0], node.output[0]
         if converted in outputs:
             renames[source] = converted

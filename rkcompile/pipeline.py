@@ -12,6 +12,7 @@ import onnx_graphsurgeon as gs
 from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
 from .ir import node_inputs, present_inputs, static_shape, subgraphs, topological_nodes
+from .operations import describe
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
                      memory, multicore, partition, quantize, remove_noops, rewrite, rewrite_late)
 from .plan import NodeEntry, Partition, Plan, Step
@@ -146,6 +147,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
     step_of = {name: index for index, name in enumerate(ctx.order)}
     partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
     nodes = {node.name: node for node in ctx.graph.nodes}
+    weights = {name for name, tensor in ctx.tensors.items() if tensor.region == "weight"}
     steps = []
     for index, name in enumerate(ctx.order):
         node, placed = nodes[name], ctx.placement[name]
@@ -156,6 +158,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             cores=ctx.step_cores.get(name, ()), partition=partition_of[name],
             note=ctx.notes.get(name),
             macs=node_macs(node) if placed.device != "host" else 0,
+            operation=describe(node, weights),
         ))
     runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
     entries = []

@@ -1,7 +1,8 @@
-"""The plan contract, `rkcompile.plan/1`: frozen dataclasses, JSON in and out, and invariants.
+"""The plan contract, `rkcompile.plan/2`: frozen dataclasses, JSON in and out, and invariants.
 
 This module never imports onnx-graphsurgeon: tools that read plans need nothing but the JSON.
-docs/plan-schema.md documents every field.
+docs/plan-schema.md documents every field. `rkcompile.plan/1` files still load: plan/2 only
+adds fields (each step's `operation`), so a plan/1 file reads as a plan/2 one without them.
 """
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from . import PLAN_SCHEMA
+
+PLAN_SCHEMA = "rkcompile.plan/2"
+#: Every schema `Plan.from_dict` reads; the older ones lack only fields with a default.
+READABLE_SCHEMAS = ("rkcompile.plan/1", PLAN_SCHEMA)
 
 DEVICES_OF_NODES = ("npu", "cpu", "folded", "removed")
 DEVICES_OF_STEPS = ("npu", "cpu", "host")
 REGIONS = ("arena", "weight", "input", "output")
+#: Domain of the nodes rkcompile makes: fused kernels (passes/fuse.py) and host conversions.
+FUSED_DOMAIN = "rkcompile"
 #: Plan dtypes whose NPU tensors are integers that need `Plan.quantization` to mean anything.
 QUANTIZED_DTYPES = ("int8",)
 
@@ -48,6 +54,30 @@ class NodeEntry:
 
 
 @dataclass(frozen=True)
+class Operation:
+    """The ONNX node a step runs, as the kernel reads it: op type and domain, attributes, the
+    tensors it reads ('' for an omitted optional input) with their ONNX dtypes, and those it
+    writes. Attribute values are JSON: numbers, strings and lists as they are; a tensor as
+    {"tensor": {dtype, shape, data (base64, little-endian)}}; a graph (a fused kernel's `body`)
+    as {"graph": {name, inputs, outputs, nodes (operations), constants}}, where a graph reads
+    weights by name from the weight region and holds only its other constants.
+    rkcompile/operations.py writes and reads them."""
+
+    op: str
+    name: str
+    domain: str
+    inputs: tuple[str, ...]
+    input_dtypes: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> bool:
+        """A fused kernel: rkcompile's node whose `body` graph holds the members."""
+        return self.domain == FUSED_DOMAIN and "body" in self.attributes
+
+
+@dataclass(frozen=True)
 class Step:
     id: int
     device: str
@@ -59,6 +89,8 @@ class Step:
     partition: int
     note: str | None = None  # why a fusion candidate ending here was not fused
     macs: int = 0  # estimated multiply-accumulates (rkcompile.cost_estimate); 0 for host steps
+    #: What the step executes (plan/2); None in plan/1 files, which need their model to run.
+    operation: Operation | None = None
 
 
 @dataclass(frozen=True)
@@ -224,18 +256,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
-        if data.get("schema") != PLAN_SCHEMA:
+        if data.get("schema") not in READABLE_SCHEMAS:
             raise ValueError(f"not a {PLAN_SCHEMA} plan (schema {data.get('schema')!r})")
         model = data["model"]
         return cls(
-            schema=data["schema"], target=data["target"], dtype=data["dtype"], batch=data["batch"],
+            schema=PLAN_SCHEMA, target=data["target"], dtype=data["dtype"], batch=data["batch"],
             model=ModelInfo(
                 path=model["path"], sha256=model["sha256"], opset=model["opset"],
                 inputs=tuple(_build(TensorSpec, t) for t in model["inputs"]),
                 outputs=tuple(_build(TensorSpec, t) for t in model["outputs"]),
             ),
             nodes=tuple(_build(NodeEntry, n) for n in data["nodes"]),
-            steps=tuple(_build(Step, s) for s in data["steps"]),
+            steps=tuple(_build(Step, s, {"operation": partial(_build, Operation)}) for s in data["steps"]),
             tensors={name: _build(TensorPlacement, t) for name, t in data["tensors"].items()},
             partitions=tuple(_build(Partition, p) for p in data["partitions"]),
             memory=_build(Memory, data["memory"]),
@@ -247,17 +279,19 @@ class Plan:
 
 def _build(cls, data: dict[str, Any], nested: dict[str, Callable[[Any], Any]] | None = None):
     """Construct a dataclass from JSON, turning lists back into tuples (of what `nested` builds
-    from each item, for the fields it names); unknown keys are kept out so plans written by
-    newer versions that only add fields still load, and fields with a default may be absent so
-    older plans load too."""
+    from each item, or from the value when it is one object, for the fields it names); unknown
+    keys are kept out so plans written by newer versions that only add fields still load, and
+    fields with a default may be absent so older plans load too."""
     nested = nested or {}
     values = {}
     for f in fields(cls):
-        if f.name not in data and f.default is not MISSING:
+        if f.name not in data and (f.default is not MISSING or f.default_factory is not MISSING):
             continue  # a field added later with a default; older plans omit it
         value = data[f.name]
-        if f.name in nested:
+        if f.name in nested and isinstance(value, (list, tuple)):
             value = [nested[f.name](item) for item in value]
+        elif f.name in nested and isinstance(value, dict):
+            value = nested[f.name](value)
         values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
 
@@ -326,6 +360,15 @@ def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> 
             problems.append(f"tensor {name}: negative bytes or offset")
         if tensor.region == "arena" and tensor.offset + tensor.bytes > plan.memory.arena_bytes:
             problems.append(f"tensor {name}: outside the arena")
+        if tensor.region == "weight" and tensor.offset + tensor.bytes > plan.memory.weight_bytes:
+            problems.append(f"tensor {name}: outside the weight region")
+    # the weight, input and output regions hold their tensors one after another, never shared
+    for region in ("weight", "input", "output"):
+        placed = sorted((t.offset, t.offset + t.bytes, name) for name, t in plan.tensors.items()
+                        if t.region == region and t.bytes)
+        for (_, end, before), (start, _, after) in zip(placed, placed[1:]):
+            if start < end:
+                problems.append(f"tensors {before} and {after} overlap in the {region} region")
     covered = sorted(i for p in plan.partitions for i in p.steps)
     if covered != step_ids:
         problems.append("partitions: do not cover every step exactly once")

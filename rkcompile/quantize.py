@@ -37,6 +37,24 @@ PERCENTILE = 99.99
 INT8 = (-128, 127)
 WEIGHT_INT8 = (-127, 127)
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+#: Ops that only move, select or take the max of values: an affine map commutes with them, so
+#: their int8 output is their int8 input's values under the same parameters.
+MOVEMENT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split",
+                          "MaxPool", "GlobalMaxPool", "Gather", "Expand", "Tile", "DepthToSpace",
+                          "SpaceToDepth"})
+
+
+def is_movement(node) -> bool:
+    """Whether an int8 `node` (an onnx-graphsurgeon node) keeps its input's parameters (MOVEMENT_OPS)."""
+    if "body" in node.attrs:
+        return False
+    if node.op == "Resize":
+        mode = node.attrs.get("mode", "nearest")
+        return (mode.decode() if isinstance(mode, bytes) else mode) == "nearest"
+    return node.op in MOVEMENT_OPS
+
+
 #: Random calibration inputs used when no --calib is given (a warning says so).
 RANDOM_SAMPLES = 4
 #: Values kept per tensor and sample for the percentile and KL observers.

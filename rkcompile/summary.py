@@ -7,7 +7,6 @@ from collections import Counter
 
 import numpy as np
 
-from .passes.fusion_table import FUSED_KERNELS
 from .plan import Plan
 
 
@@ -51,7 +50,7 @@ def _partition_lines(plan: Plan) -> list[str]:
 
 def _fusion_lines(plan: Plan) -> list[str]:
     """Fused steps counted per kernel, and the candidates that were not fused, grouped by why."""
-    fused = [s for s in plan.steps if s.kernel in FUSED_KERNELS]
+    fused = [s for s in plan.steps if s.operation is not None and s.operation.fused]
     kernels = Counter(s.kernel for s in fused)
     listed = ", ".join(f"{kernel} {count}" for kernel, count in sorted(kernels.items(), key=lambda kv: (-kv[1], kv[0])))
     lines = [f"  fused kernels               {len(fused)} steps running {sum(len(s.nodes) for s in fused)} nodes"

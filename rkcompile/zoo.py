@@ -143,14 +143,15 @@ def worst_cosine(model: Path, plan, ctx) -> tuple[float, str]:
     """The lowest cosine over the outputs of the emulated plan against NAME.npz's reference
     outputs when the file beside the model has them all, else against onnxruntime; inputs from
     NAME.npz where it has them, seeded random otherwise."""
+    from .api import Plan, weight_region
     from .emulator.compare import agreement, onnxruntime_outputs
-    from .emulator.run_command import load_npz
-    from .emulator.session import Prepared, emulate, make_inputs
+    from .emulator.session import emulate, make_inputs
+    from .run_command import load_npz
 
     arrays = model.with_suffix(".npz")
     given = load_npz(arrays) if arrays.is_file() else {}
     inputs = make_inputs(plan, given)
-    outputs = emulate(Prepared(plan, ctx.graph, list(ctx.order)), inputs).outputs
+    outputs = emulate(Plan(plan, weight_region(plan, ctx.graph, ctx.target)).prepared(), inputs).outputs
     expected = {spec.name: given[spec.name] for spec in plan.model.outputs if spec.name in given}
     source = "npz"
     if len(expected) < len(plan.model.outputs):

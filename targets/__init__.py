@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 from rkcompile.errors import CompileError
 
@@ -24,3 +26,15 @@ def get_target(name: str) -> Target:
 
 
 __all__ = ["OpRule", "Rule", "Target", "all_targets", "get_target"]
+
+
+class _CallableModule(types.ModuleType):
+    """`rkcompile.targets()` lists the targets (the public API, docs/api.md), while
+    `rkcompile.targets` stays this package: Python binds a subpackage to its parent's attribute
+    of the same name, so a plain function there would be replaced on first import."""
+
+    def __call__(self) -> list[Target]:
+        return all_targets()
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -15,12 +15,12 @@ checked on that 4-D view. Rank 5 and above has no 4-D reading and fails `max_ran
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, present_inputs, static_shape
+from rkcompile.nodes import FLOAT_DTYPES, dtype_name, element_count, present_inputs, static_shape
 
 from .model import CheckResult
 
@@ -503,12 +503,3 @@ def lstm_variant(node: gs.Node, target, source: str) -> CheckResult:
     if len(node.inputs) > 7 and node.inputs[7].name:
         problems.append(f"peephole input {node.inputs[7].name}")
     return _report(problems)
-
-
-def describe_value(value: Any) -> str:
-    """How a rule parameter reads in a rendered rule or a SUPPORTED_OPS page."""
-    if isinstance(value, (tuple, list)) and value and isinstance(value[0], (tuple, list)):
-        return " or ".join(str(list(v)) for v in value)
-    if isinstance(value, (tuple, list)):
-        return "{" + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) + "}"
-    return str(value)

@@ -32,8 +32,6 @@ class Rule:
 
     @functools.cached_property
     def _text(self) -> str:
-        from .constraints import describe_value
-
         text = inspect.cleandoc(self.check.__doc__ or self.check.__name__)
         shown = {key: describe_value(value) if isinstance(value, (tuple, list)) else value
                  for key, value in self.params.items()}
@@ -43,6 +41,15 @@ class Rule:
         """Run the check; `facts` (plan_dtype, opset) are passed on only to checks that take them."""
         wanted = _parameter_names(self.check)
         return self.check(node, target, **self.params, **{k: v for k, v in facts.items() if k in wanted})
+
+
+def describe_value(value: Any) -> str:
+    """How a rule parameter reads in a rendered rule or a SUPPORTED_OPS page."""
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], (tuple, list)):
+        return " or ".join(str(list(v)) for v in value)
+    if isinstance(value, (tuple, list)):
+        return "{" + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) + "}"
+    return str(value)
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,8 @@ from onnx import helper, numpy_helper
 from rkcompile.allocation import verify_allocation
 from rkcompile.cli import main
 from rkcompile.context import Options
-from rkcompile.emulator import EmulationError, Executor, Storage, emulate, make_inputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import EmulationError, Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS
 from rkcompile.fusion_patterns import Pattern
 from rkcompile.passes.fusion_table import TABLES
@@ -132,7 +133,7 @@ def test_two_live_tensors_made_to_overlap_fail_the_verifier_and_change_the_outpu
     arena = max(t.offset + t.bytes for t in tensors.values() if t.region == "arena")
     corrupt = dataclasses.replace(plan, tensors=tensors, memory=dataclasses.replace(plan.memory, arena_bytes=arena))
     assert any("overlap" in problem for problem in verify_allocation(corrupt))
-    bad = Executor(corrupt, prepared.graph, prepared.order, RK3588).run(inputs).outputs["y"]
+    bad = Executor(corrupt, prepared.weights, RK3588).run(inputs).outputs["y"]
     assert np.abs(bad - good).max() > 0.1 * np.abs(good).max()
 
 

@@ -14,11 +14,12 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import Options
-from rkcompile.emulator import Executor, Storage, emulate, make_inputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import sigmoid
-from rkcompile.passes.layout import as_nchw, nc1hwc2_shape
+from rkcompile.layouts import as_nchw, nc1hwc2_shape
 from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets import get_target
 
@@ -151,11 +152,12 @@ def test_weight_cache_reuses_the_first_runs_weights_without_changing_outputs():
     inputs = make_inputs(prepared.plan, {}, seed=3)
     first = emulate(prepared, inputs).outputs
     decoded = dict(prepared.weight_cache.decoded)
-    assert decoded and prepared.weight_cache.region is not None
+    assert decoded and prepared.weight_cache.nodes is not None
     assert not any(array.flags.writeable for array in decoded.values())
     second = emulate(prepared, inputs).outputs
     assert all(prepared.weight_cache.decoded[k] is v for k, v in decoded.items())  # decoded once
-    uncached = Executor(prepared.plan, prepared.graph, prepared.order, RK3588).run(inputs).outputs
+    assert prepared.weight_cache.nodes is not None
+    uncached = Executor(prepared.plan, prepared.weights, RK3588).run(inputs).outputs
     for key in first:
         np.testing.assert_array_equal(first[key], second[key])
         np.testing.assert_array_equal(first[key], uncached[key])

@@ -16,7 +16,8 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import Options
-from rkcompile.emulator import agreement, emulate, make_inputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import agreement, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS
 
 OPSET = 17

@@ -14,9 +14,8 @@ from onnx.reference import ReferenceEvaluator
 
 from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table, requantize,
                                      run_int8)
-from rkcompile.passes.quantize import is_movement
 from rkcompile.plan import Quantization
-from rkcompile.quantize import activation_params, bias_params, dequantize, quantize, weight_params
+from rkcompile.quantize import activation_params, bias_params, dequantize, is_movement, quantize, weight_params
 
 OPSET = 17
 rng = np.random.default_rng(11)

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_model, value_info, weight
 from onnx import helper
 
-from rkcompile.passes.layout import as_nchw, nc1hwc2_bytes, nc1hwc2_shape
+from rkcompile.layouts import as_nchw, nc1hwc2_bytes, nc1hwc2_shape
 from rkcompile.pipeline import compile_model
 from rkcompile.targets import all_targets
 

@@ -14,7 +14,8 @@ from onnx import helper, numpy_helper
 
 from rkcompile.cli import main
 from rkcompile.context import Options
-from rkcompile.emulator import agreement, emulate, onnxruntime_outputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
 from rkcompile.pipeline import compile_model
@@ -232,9 +233,7 @@ def test_div_falls_back_to_the_cpu_in_int8_with_conversions_that_quantize(with_d
 
 def test_float_reference_of_the_planned_graph_matches_onnxruntime(cnn, tmp_path):
     prepared = prepare(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)))
-    nodes = {node.name: node for node in prepared.graph.nodes}
-    reference = FloatReference([nodes[name] for name in prepared.order], [s.device for s in prepared.plan.steps],
-                               17, ["y"])
+    reference = FloatReference(prepared.reference_nodes, [s.device for s in prepared.plan.steps], 17, ["y"])
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     seen = []
     outputs = reference.run({"x": x}, lambda name, value: seen.append(name))

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from rkcompile.context import Options
-from rkcompile.emulator import emulate, make_inputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import emulate, make_inputs
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 

@@ -818,8 +818,9 @@ def check(model: onnx.ModelProto, setting: str, folder: Path) -> str | None:
     None. A failure names where it happened: the rkcompile file a planning exception came from,
     or the plan step (device and kernel) the emulator raised in or first went wrong at."""
     from rkcompile.allocation import verify_allocation
+    from rkcompile.api import Plan, weight_region
     from rkcompile.emulator.compare import onnxruntime_outputs
-    from rkcompile.emulator.session import Prepared, emulate, make_inputs
+    from rkcompile.emulator.session import emulate, make_inputs
     from rkcompile.pipeline import compile_model
     from rkcompile.plan import contract_violations
 
@@ -839,8 +840,8 @@ def check(model: onnx.ModelProto, setting: str, folder: Path) -> str | None:
     observed: dict[int, dict[str, np.ndarray]] = {}
     try:
         with resource_limits(SECONDS_PER_GRAPH, MEMORY_PER_GRAPH):
-            outputs = emulate(Prepared(plan, ctx.graph, list(ctx.order)), inputs,
-                              lambda step, values: observed.__setitem__(step, values)).outputs
+            prepared = Plan(plan, weight_region(plan, ctx.graph, ctx.target)).prepared()
+            outputs = emulate(prepared, inputs, lambda step, values: observed.__setitem__(step, values)).outputs
     except Exception as exc:
         failing = plan.steps[len(observed)] if len(observed) < len(plan.steps) else None
         where = f"at a {failing.device} {failing.kernel} step" if failing else f"in {_raising_file(exc)}"

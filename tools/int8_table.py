@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 
 from rkcompile.context import Options
-from rkcompile.emulator import agreement, emulate, onnxruntime_outputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
 from rkcompile.quantize import METHODS, seeded_variations
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"

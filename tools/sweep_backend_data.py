@@ -24,7 +24,8 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import Options
-from rkcompile.emulator import agreement, emulate, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import agreement, emulate
 from rkcompile.errors import CompileError
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"

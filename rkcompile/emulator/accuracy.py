@@ -19,6 +19,7 @@ from .compare import agreement
 from .executor import Execution
 from .float_reference import FloatReference
 from .session import Prepared, emulate
+from .storage import EmulationError
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,10 @@ class StepAccuracy:
 
 def analyse(prepared: Prepared, inputs: Mapping[str, np.ndarray]) -> tuple[list[StepAccuracy], Execution]:
     """Per-step agreement of the plan's execution with the float32 graph, and the execution."""
-    plan = prepared.plan
-    by_name = {node.name: node for node in prepared.graph.nodes}
-    nodes = [by_name[name] for name in prepared.order]
+    plan, nodes = prepared.plan, prepared.reference_nodes
+    if nodes is None:
+        raise EmulationError("accuracy analysis compares with the planned graph in float32, which a saved plan "
+                             "does not hold (its weights are stored as the NPU reads them): plan the model")
     written = {name for step in plan.steps for name in step.outputs}
     reference: dict[str, np.ndarray] = {}
 

@@ -2,9 +2,11 @@
 with results rounded once to the stored dtype, CPU steps through onnx.reference in the model's
 dtype, host steps as the layout and dtype conversions they name.
 
-The plan gives the order, the tensors each step reads and writes, and where every tensor
-lives; the final graph (from re-planning the model) gives what the plan does not carry: each
-step's attributes, fused bodies and weight values. Step i of the plan is node `order[i]`.
+Everything comes from the plan and its weight region: the order, the tensors each step reads
+and writes, where every tensor lives, and each step's operation (attributes, fused members),
+rebuilt into the node the kernels take (rkcompile/operations.py). A weight an operation reads
+is decoded from the weight region at its planned offset, in its planned layout and dtype, so a
+wrong offset or layout is a wrong answer.
 """
 from __future__ import annotations
 
@@ -14,19 +16,19 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import dtype_name, fused_body, node_operands
+from rkcompile.nodes import dtype_name, fused_body, node_operands
+from rkcompile.operations import rebuild
 from rkcompile.plan import Plan
+from rkcompile.quantize import dequantize, is_movement, quantize
 from rkcompile.targets.model import Target
 
-from rkcompile.quantize import dequantize, quantize
-
 from . import kernels  # noqa: F401  (registers the kernels)
+from .fused import run_fused
 from .int8 import QTensor, run_int8
 from .reference import run_reference
 from .registry import KERNELS, Unsupported
 from .storage import EmulationError, Storage
 
-RunNode = Callable[[gs.Node, Sequence["np.ndarray | None"]], list]
 #: observe(step, {output name: real value}) after each step, for accuracy analysis
 Observe = Callable[[int, dict], None]
 
@@ -42,32 +44,53 @@ class Execution:
 
 @dataclass
 class WeightCache:
-    """What every run of one prepared plan computes the same way, because weights are constants:
-    the weight region's bytes, and the float32 decodes of the float weights NPU steps read. The
-    first run makes them; later runs copy the bytes into their weight region and read the
-    decodes. Weights are not arena tensors, so nothing the plan places is bypassed."""
-    region: np.ndarray | None = None
+    """What every run of one plan computes the same way, because weights are constants: each
+    weight's real value decoded from the weight region (float32 for float weights), and the step
+    nodes rebuilt over them. The first run makes them from its weight region; weights are not
+    arena tensors, so nothing the plan places is bypassed."""
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
+    nodes: list[gs.Node] | None = None
 
 
 class Executor:
-    def __init__(self, plan: Plan, graph: gs.Graph, order: Sequence[str], target: Target,
-                 weight_cache: WeightCache | None = None):
-        if len(order) != len(plan.steps):
-            raise EmulationError(f"the plan has {len(plan.steps)} steps but the model plans to {len(order)}")
+    def __init__(self, plan: Plan, weights: bytes, target: Target, weight_cache: WeightCache | None = None):
+        without = [step.id for step in plan.steps if step.operation is None]
+        if without:
+            raise EmulationError(f"step {without[0]} has no operation (a {plan.schema} plan written before "
+                                 "plans carried them): plan the model again")
         self.plan = plan
         self.opset = plan.model.opset
         self.storage = Storage(plan, target)
-        by_name = {node.name: node for node in graph.nodes}
-        self.step_nodes = [by_name[name] for name in order]
-        self.constants = {t.name: t for t in graph.tensors().values() if isinstance(t, gs.Constant)}
+        region = self.storage.regions["weight"]
+        if len(weights) != region.size:
+            raise EmulationError(f"the weight region holds {len(weights)} bytes, the plan places weights in "
+                                 f"{region.size}")
+        self.weights = np.frombuffer(weights, np.uint8)
         self.fallbacks: list[str] = []
         self._step = -1
         self.quantization = plan.quantization  # int8 plans; empty for float16
         self.weight_cache = WeightCache() if weight_cache is None else weight_cache
 
+    def step_nodes(self) -> list[gs.Node]:
+        """Each step's node, rebuilt from its operation over the weights of this weight region."""
+        if self.weight_cache.nodes is None:
+            self.storage.regions["weight"][...] = self.weights
+            constants: dict[str, gs.Constant] = {}
+
+            def weight(name: str) -> gs.Constant | None:
+                placement = self.plan.tensors.get(name)
+                if placement is None or placement.region != "weight":
+                    return None
+                if name not in constants:
+                    constants[name] = gs.Constant(name, self._weight(name))
+                return constants[name]
+
+            self.weight_cache.nodes = [rebuild(step.operation, weight) for step in self.plan.steps]
+        return self.weight_cache.nodes
+
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
-        self._load_weights()
+        nodes = self.step_nodes()
+        self.storage.regions["weight"][...] = self.weights
         for spec in self.plan.model.inputs:
             if spec.name not in inputs:
                 raise EmulationError(f"no value for model input {spec.name}")
@@ -76,10 +99,10 @@ class Executor:
                 raise EmulationError(f"input {spec.name} has shape {list(value.shape)}, the plan expects "
                                      f"{list(spec.shape)}")
             self.storage.write(spec.name, value)
-        for step, node in zip(self.plan.steps, self.step_nodes):
+        for step, node in zip(self.plan.steps, nodes):
             self._step = step.id
             if tuple(t.name for t in node.outputs if t.name) != tuple(step.outputs):
-                raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its node {node.name} "
+                raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its operation {node.name} "
                                      f"writes others")
             if step.device == "host":
                 (source,), (converted,) = step.inputs, step.outputs
@@ -95,19 +118,6 @@ class Executor:
                 observe(step.id, {name: self._real(name) for name in step.outputs})
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
         return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
-
-    def _load_weights(self) -> None:
-        region = self.storage.regions["weight"]
-        if self.weight_cache.region is not None:
-            region[...] = self.weight_cache.region
-            return
-        for name, tensor in self.plan.tensors.items():
-            if tensor.region != "weight":
-                continue
-            if name not in self.constants:
-                raise EmulationError(f"weight {name} is not a constant of the model")
-            self._store(name, np.asarray(self.constants[name].values))
-        self.weight_cache.region = region.copy()
 
     def _store(self, name: str, real: np.ndarray) -> None:
         """Write a real value, quantized first when the plan stores the tensor as integers."""
@@ -139,17 +149,18 @@ class Executor:
         return value.astype(wanted, copy=False) if wanted and wanted != value.dtype.name else value
 
     def _weight(self, name: str) -> np.ndarray:
+        """A weight's real value as the weight region holds it: float32 for float weights."""
         cached = self.weight_cache.decoded.get(name)
         if cached is None:
-            cached = self.storage.read(name, np.float32)
+            stored = np.dtype(self.storage.placement(name).dtype)
+            cached = np.asarray(self._real(name) if name in self.quantization else
+                                self.storage.read(name, np.float32 if stored.kind == "f" else None))
             cached.flags.writeable = False  # shared by every step and run that reads it
             self.weight_cache.decoded[name] = cached
         return cached
 
     def _npu_node(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
         if self.quantization:
-            from rkcompile.passes.quantize import is_movement
-
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
             return run_int8(node, values, out_quants, self.opset, is_movement)
         if fused_body(node) is not None:
@@ -167,24 +178,3 @@ class Executor:
         if fused_body(node) is not None:
             return run_fused(node, values, self._cpu_node)
         return run_reference(node, values, self.opset)
-
-
-def run_fused(node: gs.Node, values: Sequence[np.ndarray | None], run_member: RunNode) -> list:
-    """A fused node as one kernel: its `body` members run in order on unrounded intermediate
-    values, so only the fused node's outputs are rounded, when they are stored.
-
-    The body's graph inputs are the fused node's non-constant inputs in order (a boundary may
-    have renamed them since fusion); constants keep their names, and their values come from
-    the weight region like every other operand."""
-    body: gs.Graph = node.attrs["body"]
-    env: dict[str, np.ndarray] = {}
-    variables = [(t, v) for t, v in zip(node.inputs, values) if t.name and not isinstance(t, gs.Constant)]
-    if len(variables) != len(body.inputs):
-        raise EmulationError(f"fused node {node.name}: {len(variables)} runtime inputs, body takes {len(body.inputs)}")
-    env.update((inner.name, value) for inner, (_, value) in zip(body.inputs, variables))
-    env.update((t.name, v) for t, v in zip(node.inputs, values) if isinstance(t, gs.Constant))
-    for member in body.nodes:
-        operands = [None if not t.name else env[t.name] if t.name in env else np.asarray(t.values)
-                    for t in member.inputs]
-        env.update((t.name, v) for t, v in zip(member.outputs, run_member(member, operands)) if t.name)
-    return [env[t.name] for t in body.outputs]

@@ -15,10 +15,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import fused_body, node_operands
+from rkcompile.nodes import fused_body, node_operands
 
 from . import kernels  # noqa: F401  (registers the kernels)
-from .executor import run_fused
+from .fused import run_fused
 from .reference import run_reference
 from .registry import KERNELS, Unsupported
 

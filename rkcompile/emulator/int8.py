@@ -34,6 +34,7 @@ from rkcompile.plan import Quantization
 from rkcompile.quantize import INT8, INT32, dequantize, quantize
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
+from .fused import run_fused
 from .reference import run_reference
 from .registry import KERNELS, Unsupported
 
@@ -258,8 +259,6 @@ def run_real(node: gs.Node, operands: Sequence, opset: int) -> list:
     """Exact dequantization, float32 kernels; a fused body's accumulating head keeps its int32
     arithmetic and is dequantized exactly after it."""
     if "body" in node.attrs:
-        from .executor import run_fused
-
         return run_fused(node, list(operands), lambda member, values: _member_real(member, values, opset))
     return run_float(node, [v.real() if isinstance(v, QTensor) else v for v in operands], opset)
 

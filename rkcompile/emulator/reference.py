@@ -9,7 +9,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.ir import node_operands, single_node_graph
+from rkcompile.nodes import node_operands, single_node_graph
 
 
 def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray]:

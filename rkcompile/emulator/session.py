@@ -1,22 +1,19 @@
-"""From a model file to executed outputs: plan (or check a saved plan against a fresh one),
-make the inputs, run, compare.
+"""From a plan and its weight region to executed outputs: make the inputs, run.
 
-A saved plan does not carry the rewritten graph (folded BatchNorm, Gemm as Conv) or its
-weights, so the model is always re-planned for them; the saved plan must then describe the
-same execution (model hash, target, dtype, steps) and its tensor placements are the ones run.
+The emulator runs plans, never models: `rkcompile.api` plans a model (or loads a saved plan)
+into a `Prepared`, and this module executes it. The steps' operations and the weight region
+come from the plan alone (docs/emulator.md).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
+import onnx_graphsurgeon as gs
 
 from rkcompile.allocation import verify_allocation
-from rkcompile.context import Options
 from rkcompile.plan import Plan, contract_violations
 from rkcompile.targets import get_target
 
@@ -30,35 +27,20 @@ RANDOM_INT_HIGH = 100
 
 @dataclass
 class Prepared:
+    """A plan ready to execute: the plan, its weight region's bytes and, when it was planned in
+    this process, the planned graph's step nodes with the model's own weights, which accuracy
+    analysis runs in float32 as its reference."""
     plan: Plan
-    graph: object
-    order: list[str]
+    weights: bytes
+    reference_nodes: Sequence[gs.Node] | None = None
     weight_cache: WeightCache = dataclasses.field(default_factory=WeightCache, repr=False)
 
 
-def prepare(model: Path, target: str, options: Options, saved_plan: Path | None = None) -> Prepared:
-    from rkcompile.pipeline import compile_model
-
-    fresh, ctx = compile_model(model, target, options)
-    plan = fresh
-    if saved_plan is not None:
-        plan = load_plan(saved_plan)
-        mismatch = plan_mismatch(plan, fresh)
-        if mismatch:
-            raise EmulationError(f"--plan {saved_plan} does not match {model} planned for {target}: {mismatch}")
+def check_plan(plan: Plan) -> None:
+    """Refuse a plan that breaks its contract or whose allocation is unsound."""
     problems = contract_violations(plan) + verify_allocation(plan)
     if problems:
         raise EmulationError(f"the plan is unsound: {problems[0]}")
-    return Prepared(plan, ctx.graph, list(ctx.order))
-
-
-def load_plan(path: Path) -> Plan:
-    try:
-        return Plan.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        raise EmulationError(f"--plan: {path} does not exist") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EmulationError(f"--plan: {path} is not a readable plan ({exc})") from None
 
 
 def plan_mismatch(saved: Plan, fresh: Plan) -> str | None:
@@ -98,4 +80,4 @@ def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> d
 
 def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
     target = get_target(prepared.plan.target)
-    return Executor(prepared.plan, prepared.graph, prepared.order, target, prepared.weight_cache).run(inputs, observe)
+    return Executor(prepared.plan, prepared.weights, target, prepared.weight_cache).run(inputs, observe)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from rkcompile.errors import CompileError
-from rkcompile.ir import element_count
-from rkcompile.passes.layout import as_nchw, nc1hwc2_shape
+from rkcompile.layouts import as_nchw, nc1hwc2_shape
+from rkcompile.nodes import element_count
 from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets.model import Target
 

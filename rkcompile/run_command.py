@@ -1,7 +1,11 @@
-"""`rkcompile run`: plan, emulate, write the outputs, compare and report."""
+"""`rkcompile run`: plan (or load a saved plan), emulate, write the outputs, compare and report.
+
+The command line's layer: `cli.py` parses the flags and builds the Options; everything below
+goes through the library (`rkcompile.api`), which executes a plan and its weight region."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import time
@@ -10,28 +14,26 @@ from pathlib import Path
 
 import numpy as np
 
-from rkcompile.cli import calibration_options
-from rkcompile.context import Options
-from rkcompile.plan import write_atomically
-
-from .accuracy import analyse, render
-from .compare import agreement, onnxruntime_outputs
-from .session import emulate, make_inputs, prepare
-from .storage import EmulationError
+from .api import load, prepare
+from .context import Options
+from .emulator.accuracy import analyse, render
+from .emulator.compare import agreement, onnxruntime_outputs
+from .emulator.session import Prepared, emulate, make_inputs
+from .emulator.storage import EmulationError
+from .errors import CompileError
+from .plan import write_atomically
 
 
 #: --check's default tolerance per plan dtype: float16 rounding, and the issue's int8 bar
 DEFAULT_MIN_COSINE = {"float16": 0.9999, "int8": 0.99}
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace, options: Options) -> int:
     for option, path in (("--outputs", args.outputs), ("--json", args.json)):
         if path is not None and not path.parent.is_dir():
             raise EmulationError(f"{option}: folder {path.parent} does not exist")
     given = load_npz(args.inputs) if args.inputs is not None else {}
-    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
-                      **calibration_options(args))
-    prepared = prepare(args.model, args.target, options, args.plan)
+    prepared = _prepared(args, options)
     inputs = make_inputs(prepared.plan, given, args.seed)
     started = time.perf_counter()
     steps = None
@@ -43,7 +45,7 @@ def run_command(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     if args.outputs is not None:
         save_npz(args.outputs, execution.outputs)
-    report = {"model": str(args.model), "target": prepared.plan.target, "dtype": prepared.plan.dtype,
+    report = {"model": str(args.model if args.model is not None else prepared.plan.model.path), "target": prepared.plan.target, "dtype": prepared.plan.dtype,
               "steps": len(prepared.plan.steps), "arena_bytes": prepared.plan.memory.arena_bytes,
               "seconds": round(seconds, 4), "fallbacks": execution.fallbacks,
               "dynamic_tensors": execution.dynamic_tensors,
@@ -56,6 +58,8 @@ def run_command(args: argparse.Namespace) -> int:
         expected = {spec.name: given[spec.name] for spec in prepared.plan.model.outputs if spec.name in given}
         source = "inputs file"
         if len(expected) < len(prepared.plan.model.outputs):
+            if args.model is None:
+                raise CompileError("--check: --inputs holds no reference outputs, and onnxruntime needs the MODEL")
             expected, source = onnxruntime_outputs(args.model, inputs), "onnxruntime"
         agreements = [agreement(name, value, expected[name]) for name, value in execution.outputs.items()]
         passed = all(a.passes(min_cosine) for a in agreements)
@@ -74,6 +78,29 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return status
+
+
+def _prepared(args: argparse.Namespace, options: Options) -> Prepared:
+    """What `run` executes: a saved artifact as it is (checked against MODEL when one is given),
+    a JSON plan checked against a fresh plan of MODEL, or a fresh plan of MODEL; every one
+    through the same executor, on the plan's operations and weight region."""
+    saved = None if args.plan is None else load(args.plan)
+    if saved is not None and saved.weights is not None:
+        if args.model is not None:
+            digest = hashlib.sha256(_read(args.model)).hexdigest()
+            if digest != saved.record.model.sha256:
+                raise EmulationError(f"--plan {args.plan} was planned from another model than {args.model}")
+        return saved.prepared()
+    if args.model is None or args.target is None:
+        raise CompileError("run needs MODEL and --target (or --plan PLAN.rkplan, a saved plan artifact)")
+    return prepare(args.model, args.target, options, args.plan)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise CompileError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:

@@ -1,0 +1,184 @@
+"""The public Python API (docs/api.md): plan a model, save and load the plan, execute it.
+
+    import rkcompile
+    plan = rkcompile.compile("model.onnx", target="rk3588", dtype="int8", calibration="calib/")
+    plan.save("model.rkplan")
+    outputs = rkcompile.run(rkcompile.load("model.rkplan"), {"images": x})
+
+A `Plan` is the plan record (`rkcompile.plan.Plan`, the JSON contract) with its weight region;
+`run` executes exactly that, so a saved plan runs the same in any process without the model.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from . import artifact
+from .context import Options
+from .emulator.accuracy import StepAccuracy, analyse
+from .emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
+from .emulator.storage import EmulationError, Storage
+from .errors import CompileError
+from .plan import Plan as PlanRecord
+from .quantize import quantize
+from .targets import get_target
+from .targets.model import Target
+
+__all__ = ["Options", "Plan", "accuracy_analysis", "compile", "load", "run", "targets"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """A compiled execution plan: `record` (steps with their operations, tensors and offsets,
+    partitions, memory, quantization; docs/plan-schema.md) and `weights`, the weight region's
+    bytes. `reference_nodes` are the planned graph's steps with the model's own weights when
+    the plan was compiled in this process (accuracy analysis needs them); None once loaded."""
+
+    record: PlanRecord
+    weights: bytes | None
+    reference_nodes: Sequence[gs.Node] | None = dataclasses.field(default=None, repr=False)
+    _prepared: list = dataclasses.field(default_factory=list, repr=False)  # the one Prepared, made on first run
+
+    @property
+    def target(self) -> str:
+        return self.record.target
+
+    @property
+    def dtype(self) -> str:
+        return self.record.dtype
+
+    def save(self, path: str | Path) -> Path:
+        """Write the plan artifact (.rkplan: plan.json and weights.bin) to `path`."""
+        artifact.save(artifact.Artifact(self.record, self.weights), path)
+        return Path(path)
+
+    def summary(self) -> str:
+        """The text `rkcompile plan` prints."""
+        from .summary import render_summary
+
+        return render_summary(self.record)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (`rkcompile.plan/2`), without the weight region."""
+        return self.record.to_dict()
+
+    def prepared(self) -> Prepared:
+        if self.weights is None:
+            raise CompileError("this plan was read from a JSON file and has no weight region: compile the model, "
+                               "or load an .rkplan file")
+        if not self._prepared:
+            self._prepared.append(Prepared(self.record, self.weights, self.reference_nodes))
+        return self._prepared[0]
+
+
+def compile(model: str | Path, target: str = "rk3588", options: Options | None = None, **kwargs: Any) -> Plan:
+    """Plan `model` for `target`. Options come as an `Options` or as its fields by keyword
+    (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
+    from .pipeline import compile_model
+
+    options = _options(options, kwargs)
+    record, ctx = compile_model(model, target, options)
+    by_name = {node.name: node for node in ctx.graph.nodes}
+    return Plan(record, weight_region(record, ctx.graph, ctx.target), [by_name[name] for name in ctx.order])
+
+
+def load(path: str | Path) -> Plan:
+    """A saved plan: an .rkplan artifact (runs as saved), or a plan JSON file (for reading only)."""
+    saved = artifact.load(path)
+    if saved.weights is not None:
+        check_plan(saved.plan)
+    return Plan(saved.plan, saved.weights)
+
+
+def run(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Execute `plan` on the emulator: the outputs by name. Inputs it does not name are seeded
+    random (`seed`)."""
+    prepared = plan.prepared()
+    return emulate(prepared, _inputs(plan.record, inputs, seed)).outputs
+
+
+def accuracy_analysis(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> list[StepAccuracy]:
+    """Each step's outputs against the planned graph run in float32 (rknn-toolkit2's
+    accuracy_analysis): cosine, max abs error and the cosine the step itself loses."""
+    rows, _ = analyse(plan.prepared(), _inputs(plan.record, inputs, seed))
+    return rows
+
+
+def _inputs(record: PlanRecord, given: Mapping[str, np.ndarray] | None, seed: int) -> dict[str, np.ndarray]:
+    """The model inputs: the given ones, seeded random for the rest; a name that is no model
+    input is refused rather than silently replaced by random values."""
+    names = [spec.name for spec in record.model.inputs]
+    unknown = sorted(set(given or {}) - set(names))
+    if unknown:
+        raise CompileError(f"{unknown[0]!r} is not an input of the model (inputs: {', '.join(names)})")
+    return make_inputs(record, given or {}, seed)
+
+
+def targets() -> list[Target]:
+    """Every SoC rkcompile plans for, with its figures."""
+    from .targets import all_targets
+
+    return all_targets()
+
+
+def _options(options: Options | None, overrides: Mapping[str, Any]) -> Options:
+    options = options or Options()
+    known = {f.name for f in dataclasses.fields(Options)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise CompileError(f"unknown option {unknown[0]!r} (options: {', '.join(sorted(known))})")
+    converted = dict(overrides)
+    for name in ("calibration", "dump_dir"):
+        if converted.get(name) is not None:
+            converted[name] = Path(converted[name])
+    if "input_shapes" in converted:
+        converted["input_shapes"] = {name: tuple(shape) for name, shape in converted["input_shapes"].items()}
+    for name in ("dump_after", "float16_tensors"):
+        if name in converted:
+            converted[name] = tuple(converted[name])
+    return dataclasses.replace(options, **converted)
+
+
+def prepare(model: str | Path, target: str, options: Options | None = None,
+            saved_plan: str | Path | None = None) -> Prepared:
+    """Plan `model` and make it ready to execute. With `saved_plan` (a plan JSON file), that
+    plan is the one executed, after checking it describes the same execution as a fresh plan;
+    its weight region is laid out from the model's weights at the saved offsets."""
+    fresh = compile(model, target, options)
+    if saved_plan is None:
+        check_plan(fresh.record)
+        return fresh.prepared()
+    saved = artifact.load(saved_plan).plan
+    mismatch = plan_mismatch(saved, fresh.record)
+    if mismatch:
+        raise EmulationError(f"--plan {saved_plan} does not match {model} planned for {target}: {mismatch}")
+    if any(step.operation is None for step in saved.steps):  # plan/1: operations from the fresh plan
+        saved = dataclasses.replace(saved, steps=tuple(
+            dataclasses.replace(old, operation=new.operation) for old, new in zip(saved.steps, fresh.record.steps)))
+    check_plan(saved)
+    constants = {t.name: t for node in fresh.reference_nodes for t in node.inputs if isinstance(t, gs.Constant)}
+    return Prepared(saved, _encode_weights(saved, constants), fresh.reference_nodes)
+
+
+def weight_region(plan: PlanRecord, graph: gs.Graph, target: Target) -> bytes:
+    """The weight region's bytes: every weight of the plan from the graph's constants, written
+    at its offset in its planned layout and dtype (quantized where the plan says)."""
+    constants = {name: tensor for name, tensor in graph.tensors().items() if isinstance(tensor, gs.Constant)}
+    return _encode_weights(plan, constants, target)
+
+
+def _encode_weights(plan: PlanRecord, constants: Mapping[str, gs.Constant], target: Target | None = None) -> bytes:
+    storage = Storage(plan, target or get_target(plan.target))
+    for name, tensor in plan.tensors.items():
+        if tensor.region != "weight":
+            continue
+        if name not in constants:
+            raise EmulationError(f"weight {name} is not a constant of the model")
+        value = np.asarray(constants[name].values)
+        quant = plan.quantization.get(name)
+        storage.write(name, quantize(value, quant) if quant is not None else value)
+    return storage.regions["weight"].tobytes()

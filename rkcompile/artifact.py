@@ -1,0 +1,61 @@
+"""The plan artifact, `.rkplan`: one zip file holding everything execution needs.
+
+- `plan.json`: the plan (`rkcompile.plan/2`), whose steps carry their operations;
+- `weights.bin`: the weight region, the bytes the NPU reads, each weight at its planned offset
+  in its planned layout and dtype (int8 plans: quantized, with the parameters in the plan).
+
+docs/plan-schema.md documents the format. This module reads and writes bytes only; a plain
+plan JSON file (plan/1 or plan/2) loads too, with no weight region.
+"""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CompileError
+from .plan import Plan, write_atomically
+
+PLAN_MEMBER = "plan.json"
+WEIGHTS_MEMBER = "weights.bin"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    plan: Plan
+    #: the weight region's bytes; None for a plan read from a plain JSON file
+    weights: bytes | None
+
+
+def save(artifact: Artifact, path: str | Path) -> None:
+    """Write the zip atomically: a failure leaves no file behind."""
+    if artifact.weights is None:
+        raise CompileError("the plan has no weight region to save (it was read from a JSON plan)")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(PLAN_MEMBER, artifact.plan.to_json())
+        archive.writestr(WEIGHTS_MEMBER, artifact.weights)
+    write_atomically(path, buffer.getvalue())
+
+
+def load(path: str | Path) -> Artifact:
+    """An .rkplan zip, or a plan JSON file (weights None); a clear CompileError otherwise."""
+    path = Path(path)
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = set(archive.namelist())
+                missing = {PLAN_MEMBER, WEIGHTS_MEMBER} - names
+                if missing:
+                    raise CompileError(f"{path} is not a plan artifact: no {', '.join(sorted(missing))}")
+                plan = Plan.from_dict(json.loads(archive.read(PLAN_MEMBER).decode("utf-8")))
+                return Artifact(plan, archive.read(WEIGHTS_MEMBER))
+        return Artifact(Plan.from_dict(json.loads(path.read_text(encoding="utf-8"))), None)
+    except FileNotFoundError:
+        raise CompileError(f"{path} does not exist") from None
+    except CompileError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        raise CompileError(f"{path} is not a readable plan ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,135 @@
+"""Facts about one ONNX tensor or node (onnx-graphsurgeon objects, with the subgraphs a node
+carries) and dtype names: what the passes, the targets' constraints and the emulator's kernels
+share. Nothing here looks at a whole graph or at the compiler; rkcompile/ir.py builds the
+graph-level helpers on top."""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+# The domain of the nodes a fusion creates (passes/fuse.py); fusion patterns match these as well
+# as ONNX ops, so a kernel fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
+from .plan import FUSED_DOMAIN
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
+
+
+def dtype_name(dtype) -> str | None:
+    """numpy or ONNX dtype -> a plain name ('float32', 'int64', ...), None when unknown."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, (int, np.integer)):
+        return onnx.helper.tensor_dtype_to_np_dtype(int(dtype)).name if dtype else None
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def itemsize(dtype: str) -> int:
+    if dtype == "bfloat16":
+        return 2
+    return np.dtype(dtype).itemsize
+
+
+def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
+    """The tensor's shape when every dim is a known non-negative int, else None."""
+    shape = tensor.shape
+    if shape is None:
+        return None
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+def element_count(shape: Iterable[int]) -> int:
+    """Python-int product, so huge shapes never overflow or allocate."""
+    return math.prod(int(d) for d in shape)
+
+
+def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
+    return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
+
+
+def present_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """The node's inputs without ONNX's empty-name placeholders for omitted optionals."""
+    return [t for t in node.inputs if t.name]
+
+
+def subgraphs(node: gs.Node) -> list[gs.Graph]:
+    """The graphs `node` carries as attributes: If's branches, Loop's and Scan's bodies (a
+    GRAPHS attribute gives a list of them), a fused kernel's body (passes/fuse.py)."""
+    found = []
+    for value in node.attrs.values():
+        if isinstance(value, gs.Graph):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, gs.Graph))
+    return found
+
+
+def outer_scope_reads(node: gs.Node) -> list[gs.Variable]:
+    """The tensors `node`'s subgraphs read from the scope around `node` without listing them as
+    inputs: ONNX lets an If branch or a Loop/Scan body name any tensor visible where the node
+    stands (onnx IR spec, "Names Within a Graph": outer-scope references), at any depth of
+    nesting. They are as much the node's inputs as its listed ones: it cannot run before their
+    producers, and they must stay alive until it has. Constants are left out: they are values,
+    exported inside the subgraph with it, not dataflow."""
+    found: dict[str, gs.Variable] = {}
+    for graph in subgraphs(node):
+        local = {t.name for t in graph.inputs} | {t.name for inner in graph.nodes for t in inner.outputs}
+        for inner in graph.nodes:
+            for tensor in node_inputs(inner):
+                if tensor.name not in local and not isinstance(tensor, gs.Constant):
+                    found.setdefault(tensor.name, tensor)
+    return list(found.values())
+
+
+def node_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Every tensor `node` reads: its present inputs in order, then its outer-scope reads.
+
+    The one answer to "what does this node read" for dataflow, ordering, placement, boundary
+    conversions, lifetimes and execution, so no pass misses an If that reads a tensor only
+    from inside a branch."""
+    explicit = present_inputs(node)
+    if not node.attrs:
+        return explicit
+    implicit = outer_scope_reads(node)
+    if not implicit:
+        return explicit
+    listed = {t.name for t in explicit}
+    return explicit + [t for t in implicit if t.name not in listed]
+
+
+def node_operands(node: gs.Node) -> list[gs.Tensor]:
+    """What an executor feeds `node`, position by position: its inputs as ONNX lists them
+    (empty placeholders included, so kernels index them as the spec does), then its
+    outer-scope reads."""
+    listed = {t.name for t in node.inputs if t.name}
+    return list(node.inputs) + [t for t in outer_scope_reads(node) if t.name not in listed]
+
+
+def fused_body(node: gs.Node) -> gs.Graph | None:
+    """The members of a fused kernel, as the subgraph passes/fuse.py stores in its `body`; None
+    for every other node, Loop and Scan included, whose `body` is a loop body, not members."""
+    body = node.attrs.get("body")
+    return body if node.domain == FUSED_DOMAIN and isinstance(body, gs.Graph) else None
+
+
+def node_proto(node: gs.Node) -> onnx.NodeProto:
+    return OnnxExporter.export_node(node)
+
+
+def single_node_graph(node: gs.Node) -> onnx.GraphProto:
+    """The node alone in an untyped graph: onnx.reference honours a given opset only for
+    graphs (a bare NodeProto runs at the newest opset), and old models need their own. Its
+    outer-scope reads are graph inputs too, which its subgraphs then see."""
+    untyped = onnx.TypeProto()
+    return onnx.helper.make_graph([node_proto(node)], node.name,
+                                  [onnx.helper.make_value_info(t.name, untyped) for t in node_inputs(node)],
+                                  [onnx.helper.make_value_info(t.name, untyped) for t in node.outputs if t.name])

@@ -1,0 +1,124 @@
+"""A step's ONNX node as plan data (`plan.Operation`) and back.
+
+`describe` turns an onnx-graphsurgeon node into the JSON record a plan keeps; `rebuild` turns the
+record back into a node the emulator's kernels take, whose weight inputs are constants holding
+the values read from the plan's weight region, so what executes is what the plan says. The
+encoding of attribute values is documented on `plan.Operation` and in docs/plan-schema.md.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any, Callable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from .errors import CompileError
+from .nodes import dtype_name
+from .plan import Operation
+
+#: weight(name) -> a constant holding the weight's value; None when `name` is no weight
+WeightLookup = Callable[[str], "gs.Constant | None"]
+
+
+def describe(node: gs.Node, weights: frozenset[str] | set[str]) -> Operation:
+    """The plan record of `node`; `weights` are the tensors the plan keeps in its weight region
+    (a graph attribute reads those by name instead of holding a copy)."""
+    return Operation(
+        op=node.op, name=node.name, domain=node.domain or "",
+        inputs=tuple(t.name for t in node.inputs),
+        input_dtypes=tuple(dtype_name(t.dtype) or "" if t.name else "" for t in node.inputs),
+        outputs=tuple(t.name for t in node.outputs),
+        attributes={key: _encode(value, weights, f"{node.name}.{key}") for key, value in node.attrs.items()},
+    )
+
+
+def rebuild(operation: Operation, weight: WeightLookup, scope: dict[str, gs.Tensor] | None = None) -> gs.Node:
+    """The node `operation` describes; weights come from `weight`, other inputs are variables of
+    the recorded ONNX dtype (shared by name through `scope` within one graph)."""
+    scope = {} if scope is None else scope
+    return gs.Node(
+        op=operation.op, name=operation.name, domain=operation.domain or None,
+        attrs={key: _decode(value, weight) for key, value in operation.attributes.items()},
+        inputs=[_tensor(name, dtype, weight, scope) for name, dtype in zip(operation.inputs, operation.input_dtypes)],
+        outputs=[_tensor(name, "", weight, scope) for name in operation.outputs])
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    array = np.ascontiguousarray(array)
+    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    return {"dtype": array.dtype.name, "shape": list(array.shape),
+            "data": base64.b64encode(little.tobytes()).decode("ascii")}
+
+
+def decode_array(record: dict[str, Any]) -> np.ndarray:
+    dtype = np.dtype(record["dtype"]).newbyteorder("<")
+    raw = np.frombuffer(base64.b64decode(record["data"]), dtype)
+    return raw.astype(dtype.newbyteorder("="), copy=True).reshape(record["shape"])
+
+
+def _encode(value: Any, weights, where: str) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float, str)) or value is None:
+        return value
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, (list, tuple)):
+        return [_encode(item, weights, where) for item in value]
+    if isinstance(value, gs.Constant):
+        return {"tensor": encode_array(np.asarray(value.values))}
+    if isinstance(value, np.ndarray):
+        return {"tensor": encode_array(value)}
+    if isinstance(value, gs.Graph):
+        return {"graph": _encode_graph(value, weights)}
+    raise CompileError(f"attribute {where}: a {type(value).__name__} value cannot be written to a plan")
+
+
+def _encode_graph(graph: gs.Graph, weights) -> dict[str, Any]:
+    constants = {name: encode_array(np.asarray(t.values)) for name, t in graph.tensors().items()
+                 if isinstance(t, gs.Constant) and name not in weights}
+    return {"name": graph.name or "", "inputs": [[t.name, dtype_name(t.dtype) or ""] for t in graph.inputs],
+            "outputs": [t.name for t in graph.outputs], "constants": constants,
+            "nodes": [_operation_dict(describe(node, weights)) for node in graph.nodes]}
+
+
+def _operation_dict(operation: Operation) -> dict[str, Any]:
+    return {"op": operation.op, "name": operation.name, "domain": operation.domain,
+            "inputs": list(operation.inputs), "input_dtypes": list(operation.input_dtypes),
+            "outputs": list(operation.outputs), "attributes": operation.attributes}
+
+
+def _decode(value: Any, weight: WeightLookup) -> Any:
+    if isinstance(value, dict) and "tensor" in value:
+        return gs.Constant("", decode_array(value["tensor"]))
+    if isinstance(value, dict) and "graph" in value:
+        return _decode_graph(value["graph"], weight)
+    return value
+
+
+def _decode_graph(record: dict[str, Any], weight: WeightLookup) -> gs.Graph:
+    scope: dict[str, gs.Tensor] = {name: gs.Constant(name, decode_array(array))
+                                   for name, array in record["constants"].items()}
+    inputs = [_tensor(name, dtype, weight, scope) for name, dtype in record["inputs"]]
+    nodes = [rebuild(Operation(**{**member, "inputs": tuple(member["inputs"]), "outputs": tuple(member["outputs"]),
+                                  "input_dtypes": tuple(member["input_dtypes"])}), weight, scope)
+             for member in record["nodes"]]
+    return gs.Graph(nodes=nodes, name=record["name"], inputs=inputs,
+                    outputs=[_tensor(name, "", weight, scope) for name in record["outputs"]])
+
+
+def _tensor(name: str, dtype: str, weight: WeightLookup, scope: dict[str, gs.Tensor]) -> gs.Tensor:
+    """The tensor called `name` in one node or graph: a weight, a constant of the graph, or a
+    variable (one object per name within a graph, so its members connect)."""
+    if not name:
+        return gs.Variable.empty()
+    if name in scope:
+        return scope[name]
+    found = weight(name)
+    if found is None:
+        found = gs.Variable(name, dtype=dtype or None)
+    scope[name] = found
+    return found

@@ -1,0 +1,76 @@
+"""The public Python API: the script in docs/api.md runs as written, options are a dataclass or
+keywords, and the API runs what it saves."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+import rkcompile
+from rkcompile.errors import CompileError
+
+TINY = REPO / "examples" / "tiny_cnn.onnx"
+
+
+def run_examples(document: str, tmp_path) -> subprocess.CompletedProcess:
+    """Every ```python block of `document`, as one script, from a folder beside examples/."""
+    text = (REPO / document).read_text(encoding="utf-8")
+    script = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
+    assert script.strip()
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_the_script_in_docs_api_md_runs(tmp_path):
+    done = run_examples("docs/api.md", tmp_path)
+    assert "Network summary for tiny_cnn.onnx" in done.stdout and "rk3588" in done.stdout
+    assert (tmp_path / "tiny_cnn.rkplan").is_file()
+    script = re.search(r"```python\n(.*?)```", (REPO / "docs" / "api.md").read_text(), re.S).group(1)
+    assert len(script.strip().splitlines()) <= 10
+
+
+def test_the_readme_examples_run(tmp_path):
+    run_examples("README.md", tmp_path)
+    assert (tmp_path / "tiny_cnn.rkplan").is_file()
+
+
+def test_the_package_exports_the_api():
+    assert {"compile", "load", "run", "accuracy_analysis", "targets", "Plan", "Options"} <= set(dir(rkcompile))
+    assert "rk3588" in [t.name for t in rkcompile.targets()]
+
+
+def test_options_as_keywords_or_a_dataclass_agree_and_unknown_ones_are_refused():
+    by_keyword = rkcompile.compile(TINY, "rk3588", dtype="int8", calibration_method="minmax")
+    by_options = rkcompile.compile(TINY, "rk3588", rkcompile.Options(dtype="int8"))
+    assert by_keyword.to_dict() == by_options.to_dict() and by_keyword.dtype == "int8"
+    with pytest.raises(CompileError, match="unknown option 'dtpye'"):
+        rkcompile.compile(TINY, "rk3588", dtpye="int8")
+
+
+def test_run_on_a_compiled_plan_equals_run_on_its_saved_copy(tmp_path):
+    plan = rkcompile.compile(TINY, "rk3588")
+    x = {"image": np.ones((1, 3, 64, 64), np.float32)}
+    direct = rkcompile.run(plan, x)
+    loaded = rkcompile.run(rkcompile.load(plan.save(tmp_path / "p.rkplan")), x)
+    assert direct.keys() == loaded.keys()
+    for name in direct:
+        np.testing.assert_array_equal(direct[name], loaded[name])
+
+
+def test_accuracy_analysis_of_an_int8_plan_lists_every_step_output():
+    plan = rkcompile.compile(TINY, "rk3588", dtype="int8")
+    rows = rkcompile.accuracy_analysis(plan)
+    assert rows and all(-1.0 <= row.cosine <= 1.0 + 1e-6 for row in rows)
+    assert {row.step for row in rows} <= {step.id for step in plan.record.steps}
+
+
+def test_an_input_name_the_model_lacks_is_refused():
+    plan = rkcompile.compile(TINY, "rk3588")
+    with pytest.raises(CompileError, match="'input' is not an input of the model \\(inputs: image\\)"):
+        rkcompile.run(plan, {"input": np.ones((1, 3, 64, 64), np.float32)})

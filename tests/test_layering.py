@@ -1,0 +1,122 @@
+"""The layers show in the imports (issue 16), checked over the import graph of rkcompile/,
+passes/ and targets/ as the source states it: every `import` and `from ... import`, at module
+level or inside a function, parsed with ast (nothing is imported to check).
+
+- Plan data (rkcompile/plan.py and what it needs) and the emulator import nothing of the
+  compiler: no pass, not the IR module, the pipeline or the compile context.
+- Views read plans and import no pass.
+- No import circles.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: installed package name -> folder in the repository (pyproject.toml's package-dir)
+PACKAGES = {"rkcompile": REPO / "rkcompile", "rkcompile.passes": REPO / "passes", "rkcompile.targets": REPO / "targets"}
+
+#: The plan-data layer: the contract and what reading, checking and laying out a plan needs.
+PLAN_DATA = ("rkcompile.plan", "rkcompile.artifact", "rkcompile.allocation", "rkcompile.layouts",
+             "rkcompile.quantize", "rkcompile.errors", "rkcompile.operations", "rkcompile.nodes")
+EMULATOR = "rkcompile.emulator"
+VIEWS = ("rkcompile.summary", "rkcompile.graphviz", "rkcompile.html_report", "rkcompile.partition_view",
+         "rkcompile.partitioned_onnx")
+COMPILER = ("rkcompile.passes", "rkcompile.ir", "rkcompile.pipeline", "rkcompile.context")
+
+
+def module_files() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The rkcompile modules `module` imports, as written in its source."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import name` imports the submodule pkg.name when there is one
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> nx.DiGraph:
+    files = module_files()
+    known = set(files)
+    dag = nx.DiGraph()
+    dag.add_nodes_from(known)
+    for module, path in files.items():
+        dag.add_edges_from((module, imported) for imported in imports_of(module, path, known))
+    return dag
+
+
+def in_layer(module: str, prefixes: tuple[str, ...] | str) -> bool:
+    prefixes = (prefixes,) if isinstance(prefixes, str) else prefixes
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def forbidden_paths(graph: nx.DiGraph, sources: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    """One import chain from each source to each forbidden module it reaches."""
+    found = []
+    for source in sources:
+        reached = nx.single_source_shortest_path(graph, source)
+        found += [" -> ".join(chain) for target, chain in reached.items() if in_layer(target, forbidden)]
+    return found
+
+
+def test_the_import_graph_is_read(graph):
+    assert {"rkcompile.plan", "rkcompile.emulator.executor", "rkcompile.passes.fuse", "rkcompile.targets.rk3588"} <= \
+        set(graph.nodes)
+    assert ("rkcompile.pipeline", "rkcompile.passes.fuse") in graph.edges
+
+
+def test_plan_data_and_the_emulator_import_nothing_of_the_compiler(graph):
+    sources = [m for m in graph.nodes if in_layer(m, PLAN_DATA) or in_layer(m, EMULATOR)]
+    assert len(sources) > 10
+    assert forbidden_paths(graph, sources, COMPILER) == []
+
+
+def test_views_import_no_pass(graph):
+    assert forbidden_paths(graph, list(VIEWS), ("rkcompile.passes", "rkcompile.pipeline")) == []
+
+
+def test_no_import_circles(graph):
+    assert list(nx.simple_cycles(graph)) == []
+
+
+def test_a_forbidden_import_is_caught(graph, tmp_path):
+    """The checks see a violation: the emulator's storage importing a pass, as it once did."""
+    broken = graph.copy()
+    broken.add_edge("rkcompile.emulator.storage", "rkcompile.passes.layout")
+    assert "rkcompile.emulator.executor -> rkcompile.emulator.storage -> rkcompile.passes.layout" in \
+        forbidden_paths(broken, ["rkcompile.emulator.executor"], COMPILER)
+    assert forbidden_paths(graph, ["rkcompile.emulator.executor"], COMPILER) == []
+    source = tmp_path / "module.py"
+    source.write_text("def f():\n    from rkcompile.passes.layout import as_nchw\n")
+    assert imports_of("rkcompile.emulator.fake", source, set(graph.nodes)) == {"rkcompile.passes.layout"}
