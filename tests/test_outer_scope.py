@@ -11,7 +11,8 @@ from conftest import PRIMARY_TARGETS, make_model, value_info, weight
 from onnx import TensorProto, helper
 
 from rkcompile.context import Options
-from rkcompile.emulator import emulate, make_inputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.compare import agreement, onnxruntime_outputs
 from rkcompile.ir import dataflow_graph, node_inputs, outer_scope_reads, readers, topological_nodes
 from rkcompile.pipeline import stray_links

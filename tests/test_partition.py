@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkcompile.context import Options
-from rkcompile.emulator import emulate, make_inputs, prepare
+from rkcompile.api import prepare
+from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.compare import agreement, onnxruntime_outputs
 from rkcompile.ir import static_shape
 from rkcompile.passes import partition, rewrite

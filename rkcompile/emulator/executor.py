@@ -76,13 +76,19 @@ class Executor:
         if self.weight_cache.nodes is None:
             self.storage.regions["weight"][...] = self.weights
             constants: dict[str, gs.Constant] = {}
+            # a weight's constant holds its value in the model's dtype, as the model's constant did
+            model_dtypes = {name: dtype for step in self.plan.steps
+                            for name, dtype in zip(step.operation.inputs, step.operation.input_dtypes) if dtype}
 
             def weight(name: str) -> gs.Constant | None:
                 placement = self.plan.tensors.get(name)
                 if placement is None or placement.region != "weight":
                     return None
                 if name not in constants:
-                    constants[name] = gs.Constant(name, self._weight(name))
+                    value, dtype = self._weight(name), model_dtypes.get(name)
+                    if dtype in ("float16", "float32", "float64") and value.dtype.kind == "f" and dtype != value.dtype.name:
+                        value = value.astype(dtype)
+                    constants[name] = gs.Constant(name, value)
                 return constants[name]
 
             self.weight_cache.nodes = [rebuild(step.operation, weight) for step in self.plan.steps]
