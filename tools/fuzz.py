@@ -2,22 +2,27 @@
 
     python tools/fuzz.py [--examples 3000] [--chunk 200] [--seed 0] [--save tests/regressions]
 
-`graphs()` is a hypothesis strategy over small float32 graphs of ops the planner knows (and a
-few it leaves on the CPU): conv blocks, activations, binary ops against tensors and constants
-of every broadcastable shape, branches joined by Concat, splits, slices, transposes, reshapes
-(rank 5 too), pools, softmax, matmuls, resize, pad, normalizations, where. Dimensions mix small
+`graphs()` is a hypothesis strategy over small float32 graphs shaped like real exports, from
+rank-1 to rank-5 tensors: convolutions (strided, dilated, grouped, depthwise, large, over 1-3
+axes) and ConvTranspose (grouped, strided, output_padding), attention (Q/K/V projections, heads,
+transposed keys, scaled scores, masks), decomposed and fused normalizations, GELU in its erf and
+tanh forms, reductions over any axes, Slice/Split/Gather/Pad/Resize, pools with ceil_mode,
+shape arithmetic feeding Reshape/Expand/Tile, float16 stretches between Casts, activations,
+binary ops against tensors and constants of every broadcastable shape. Dimensions mix small
 values with ones just past the C2 alignment and the rules' limits, so both sides of a
-constraint come up. `plan_settings()` picks the target, and sometimes a batch of 2 or 3 (seed 004 contexts) or a
-core mask (steps split across cores). `check()` says what is wrong with one graph, or None: the plan must keep
-every contract invariant and `verify_allocation`, and the float16 emulation must match
-onnxruntime's float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range),
-unless the float32 reference run with every tensor rounded to float16 misses that bar too
-(LayerNormalization over two nearly equal values, say): no float16 plan can match such a graph,
-so it is reported as ill-conditioned and counted apart.
+constraint come up. `plan_settings()` picks the target, and sometimes a batch of 2 or 3 (seed
+004 contexts) or a core mask (steps split across cores). `check()` says what is wrong with one
+graph, or None: planning must finish within time and memory bounds, the plan must keep every
+contract invariant and `verify_allocation`, and the float16 emulation must match onnxruntime's
+float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range), unless
+onnxruntime with every tensor rounded to float16 misses that bar too (LayerNormalization over
+two nearly equal values, say): no float16 plan can match such a graph, so it is reported as
+ill-conditioned and counted apart. A failure names the plan step or the file it happened in.
 
 The runner draws examples in chunks of hypothesis runs. When one fails with a new kind of
 failure, hypothesis shrinks it, the shrunk model is saved under --save, and that kind is then
-counted rather than raised, so one bug does not hide the others.
+counted rather than raised, so one bug does not hide the others. Kinds known to be owned
+elsewhere (`ELSEWHERE`) are counted without shrinking.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -971,50 +976,69 @@ class Failure(AssertionError):
 
 
 def fuzz(examples: int, chunk: int, first_seed: int, save: Path | None, log=print) -> Counter:
-    """Run `examples` graphs; returns the counts of clean runs and of each failure kind."""
+    """Run `examples` graphs; returns the counts of clean runs and of each failure kind.
+
+    Chunks only generate, so every graph counted was drawn, not made while shrinking. A new kind
+    of failure ends its chunk; the chunk's seed is then drawn again, uncounted, with shrinking
+    on, raising for that kind alone, and the smallest such graph is saved."""
     counts: Counter = Counter()
     known: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         last_failing: list[onnx.ModelProto] = []
 
-        def one(model: onnx.ModelProto, setting: str) -> None:
+        def kind_of(model: onnx.ModelProto, setting: str) -> tuple[str, str]:
+            """(outcome or failure kind, the problem)."""
             problem = check(model, setting, folder)
             if problem is None:
-                counts["clean"] += 1
-                return
+                return "clean", ""
             excused = next((kind for kind in NOT_FAILURES if problem.startswith(kind)), None)
-            if excused:
-                counts[excused] += 1
+            return excused or signature(problem, model), problem
+
+        new_kind: list[str] = []  # the kind this chunk found, raised again when hypothesis replays it
+
+        def counted(model: onnx.ModelProto, setting: str) -> None:
+            kind, problem = kind_of(model, setting)
+            if new_kind and kind == new_kind[0]:
+                raise Failure(kind)
+            counts[kind] += 1
+            if kind in NOT_FAILURES or kind in known or kind in ELSEWHERE:
                 return
-            kind = signature(problem, model)
-            if kind in known or kind in ELSEWHERE:
-                counts[kind] += 1
-                return
-            last_failing[:] = [model]
-            raise Failure(f"{setting}: {problem}")
+            known[kind] = f"{setting}: {problem}"
+            new_kind[:] = [kind]
+            raise Failure(kind)
+
+        def shrinking(kind: str):
+            def one(model: onnx.ModelProto, setting: str) -> None:
+                if kind_of(model, setting)[0] == kind:
+                    last_failing[:] = [model, setting]
+                    raise Failure(kind)
+            return one
+
+        def run(chunk_seed: int, size: int, test, phases) -> None:
+            seed(chunk_seed)(settings(max_examples=size, database=None, deadline=None, print_blob=False,
+                                      phases=phases, suppress_health_check=list(HealthCheck))(
+                given(graphs(), plan_settings())(test)))()
 
         done, chunk_seed = 0, first_seed
         while done < examples:
             size = min(chunk, examples - done)
             before = sum(counts.values())
-            test = settings(max_examples=size, database=None, deadline=None, print_blob=False,
-                            suppress_health_check=list(HealthCheck))(
-                given(graphs(), plan_settings())(one))
+            new_kind.clear()
             try:
-                seed(chunk_seed)(test)()
+                run(chunk_seed, size, counted, (Phase.generate,))
             except Failure as failure:
-                model = last_failing[0]  # hypothesis replays the shrunk example last
-                kind = signature(str(failure).split(": ", 1)[1], model)
-                known[kind] = str(failure)
-                counts[kind] += 1
-                log(f"new failure ({kind}): {failure}")
-                if save is not None:
-                    save.mkdir(parents=True, exist_ok=True)
-                    setting = str(failure).split(": ", 1)[0]
-                    path = save / f"fuzz_{chunk_seed}_{len(known)}@{setting}.onnx"
-                    onnx.save(model, str(path))
-                    log(f"  saved the shrunk model as {path}")
+                kind = str(failure)
+                log(f"new failure ({kind}): {known[kind]}")
+                try:
+                    run(chunk_seed, size, shrinking(kind), (Phase.generate, Phase.shrink))
+                except Failure:
+                    model, setting = last_failing  # hypothesis replays the shrunk example last
+                    if save is not None:
+                        save.mkdir(parents=True, exist_ok=True)
+                        path = save / f"fuzz_{chunk_seed}_{len(known)}@{setting}.onnx"
+                        onnx.save(model, str(path))
+                        log(f"  saved the shrunk model as {path}")
             done += max(sum(counts.values()) - before, 1)
             chunk_seed += 1
             log(f"{done} graphs: " + ", ".join(f"{counts[kind]} {kind}" for kind in NOT_FAILURES)
