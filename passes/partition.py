@@ -230,8 +230,8 @@ def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: P
             continue
         after = estimate.seconds(dict(device, **{name: "cpu" for name in members}))
         if after < before and (best is None or before - after > best.gain):
-            reason = (f"{MOVED_TO_CPU} (seen: island of {len(members)} nodes; the plan's estimated run is "
-                      f"{after * 1e6:.1f} us with it on the CPU, {before * 1e6:.1f} us on the NPU)")
+            reason = (f"{MOVED_TO_CPU} (seen: island of {len(members)} nodes; the plan's estimated run (one image, "
+                      f"one core) is {after * 1e6:.1f} us with it on the CPU, {before * 1e6:.1f} us on the NPU)")
             best = IslandMove(tuple(members), before - after, reason)
     return best
 

@@ -96,7 +96,7 @@ def test_tiny_npu_island_moves_to_the_cpu_with_a_reason(tmp_path):
 
 def _estimates_in(reason: str) -> tuple[float, float]:
     """(us with the island on the CPU, us with it on the NPU) from a move's reason."""
-    match = re.search(r"run is ([0-9.]+) us with it on the CPU, ([0-9.]+) us on the NPU", reason)
+    match = re.search(r"run \(one image, one core\) is ([0-9.]+) us with it on the CPU, ([0-9.]+) us on the NPU", reason)
     assert match, reason
     return float(match.group(1)), float(match.group(2))
 
