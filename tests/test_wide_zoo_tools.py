@@ -42,6 +42,8 @@ def test_table_reports_a_model_that_fails_to_plan_and_goes_on(table, tmp_path, c
     good = rows["good"]
     assert good["error"] is None and good["cpu"] == len(good["cpu_nodes"]) >= 1  # tiny_cnn keeps an Erf on the CPU
     assert "| good |" in text and "Erf x1" in text
+    assert table.main(["unused", "--rows-from", str(out), "--peer", str(tmp_path / "none.json")]) == 0
+    assert capsys.readouterr().out == text  # the same table, re-rendered without planning
 
 
 def test_top_causes_group_cpu_nodes_by_op_most_first(table):
@@ -100,3 +102,37 @@ def test_generator_rejects_an_unknown_model(tmp_path, capsys):
     generator = load_tool("make_wide_zoo")
     assert generator.main([str(tmp_path), "--only", "no_such_model"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown model(s): no_such_model")
+
+
+FAKE_PEER = '''
+import json, sys
+import onnx
+model = sys.argv[1]
+opset = max(o.version for o in onnx.load(model).opset_import if o.domain in ("", "ai.onnx"))
+if opset > 19:
+    print(json.dumps({"ok": False, "steps": {"config": 0, "load_onnx": -1},
+                      "errors": [f"load_onnx: Unsupport onnx opset {opset}, need <= 19!"]}))
+else:
+    print(json.dumps({"ok": True, "steps": {"build": 0}, "build_seconds": 1.0, "fused_op_types": ["ConvRelu"],
+                      "counts": {"compute_by_target": {"NPU": opset}, "cpu_layers": []}}))
+'''
+
+
+def test_a_model_the_peer_refuses_for_its_opset_is_built_again_down_converted(tmp_path):
+    import onnx
+    from onnx import version_converter
+    peer = load_tool("run_peer_zoo")
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    tiny = onnx.load(str(REPO / "examples" / "tiny_cnn.onnx"))
+    onnx.save(version_converter.convert_version(tiny, 20), str(zoo / "new_opset.onnx"))
+    onnx.save(tiny, str(zoo / "old_opset.onnx"))
+    (tmp_path / "fake_peer.py").write_text(FAKE_PEER)
+    out = tmp_path / "peer.json"
+    assert peer.main([str(zoo), "--python", sys.executable, "--peer", str(tmp_path / "fake_peer.py"),
+                      "--out", str(out)]) == 0
+    models = json.loads(out.read_text())["models"]
+    assert models["new_opset"]["built"] and models["new_opset"]["compute_layers_by_target"] == {"NPU": 19}
+    assert models["new_opset"]["error_as_exported"] == "load_onnx: Unsupport onnx opset 20, need <= 19!"
+    assert "converted to opset 19" in models["new_opset"]["note"]
+    assert models["old_opset"]["built"] and "note" not in models["old_opset"]

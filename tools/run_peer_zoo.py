@@ -16,7 +16,8 @@ Per model: `built`, `error` (the step that failed and its message), `compute_lay
 (layers of librknnc's table other than Input/OutputOperator, by NPU/CPU), `cpu_layers`
 (`OpType (FullName)` of each CPU layer), `fused_kernels` (layer op types that are not ONNX ops
 of the model: ConvRelu, exNorm, ...), `simulator_min_cosine` (with --sim), `build_seconds`,
-and the model's `sha256`.
+and the model's `sha256`; for a model the toolkit refused for its opset and built from a
+down-converted copy, `error_as_exported` and a `note`.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,35 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PEER = REPO.parent / "shared" / "peer" / "rknn_peer.py"
 PEER_NAME = "rknn-toolkit2 2.5.0"
+OPSET_REFUSAL = re.compile(r"Unsupport onnx opset (\d+), need <= (\d+)")
 
 
 def peer_result(python: str, peer: Path, model: Path, target: str, sim: bool, timeout: int) -> dict[str, Any]:
-    """One model through the peer; the summary entry (never raises)."""
+    """One model through the peer; the summary entry (never raises). The toolkit refuses opsets
+    above the newest it knows ("Unsupport onnx opset 20, need <= 19!"); such a model is built
+    again from a copy that onnx.version_converter brings down to that opset, as a user would
+    do, and the entry keeps both the refusal and the conversion."""
+    entry = _peer_build(python, peer, model, target, sim, timeout)
+    refused = OPSET_REFUSAL.search(entry["error"] or "")
+    if not refused:
+        return entry
+    newest = int(refused.group(2))
+    with tempfile.TemporaryDirectory(prefix="peer_opset_") as tmp:
+        converted = Path(tmp) / model.name
+        try:
+            import onnx
+            from onnx import version_converter
+            onnx.save(version_converter.convert_version(onnx.load(str(model)), newest), str(converted))
+        except Exception as exc:  # the refusal stands
+            entry["note"] = f"conversion to opset {newest} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            return entry
+        retried = _peer_build(python, peer, converted, target, sim, timeout)
+    retried["error_as_exported"] = entry["error"]
+    retried["note"] = f"built from a copy converted to opset {newest} by onnx.version_converter"
+    return retried
+
+
+def _peer_build(python: str, peer: Path, model: Path, target: str, sim: bool, timeout: int) -> dict[str, Any]:
     command = ["nice", "-n", "10", python, str(peer), str(model), "--target", target, "--timeout", str(timeout)]
     if sim:
         command.append("--sim")

@@ -5,6 +5,7 @@ target, and the three biggest causes of our CPU nodes (grouped by op).
     python tools/wide_zoo_table.py ZOO_DIR [--target rk3588 --target rk3576 --target rk3562]
                                    [--peer tools/wide_zoo/peer_rk3588.json] [--only NAME,...]
                                    [--jobs 1] [--timeout 600] [--json OUT.json] [--causes OUT.md]
+                                   [--rows-from EARLIER.json]
 
 Each (model, target) plan runs in its own child process (`--_one`), so a crash, a hang past
 --timeout or a runaway allocation costs one cell, reported as an error, never the table. A plan
@@ -82,6 +83,16 @@ def _describe_exception(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------- parent
 def run_plan(model: Path, target: str, timeout: int) -> dict[str, Any]:
+    """One plan in a child process. An ImportError is retried once: measured against a checkout
+    that others land into, a child can start while files are being replaced."""
+    result = _run_child(model, target, timeout)
+    if (result.get("error") or "").startswith(("ImportError", "ModuleNotFoundError")):
+        time.sleep(10)
+        result = _run_child(model, target, timeout)
+    return result
+
+
+def _run_child(model: Path, target: str, timeout: int) -> dict[str, Any]:
     command = [sys.executable, os.path.abspath(__file__), "--_one", str(model), target]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
@@ -96,10 +107,10 @@ def run_plan(model: Path, target: str, timeout: int) -> dict[str, Any]:
 
 
 def short_reason(reason: str) -> str:
-    """A reason's rule in a few words, for the table: the text after 'OP on TARGET[ (runs as K)]:',
-    up to its first sentence or source bracket."""
+    """A reason's rule in a few words, for the table: the text after 'OP on TARGET[ (runs as K)]: '
+    up to the end of the rule's title (its first ':', ';' or sentence end) or its source bracket."""
     rule = reason.split(": ", 1)[1] if ": " in reason else reason
-    rule = re.split(r"(?<=[a-z0-9)])[.;] | \((?:oplist|seed|RKNN)", rule, maxsplit=1)[0]
+    rule = re.split(r": |; |(?<=[a-z0-9)])\. | \((?:oplist|seed|RKNN)", rule, maxsplit=1)[0]
     return rule if len(rule) <= 70 else rule[:67] + "..."
 
 
@@ -177,9 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds per plan")
     parser.add_argument("--json", type=Path, default=None, help="write every row, with CPU nodes and reasons")
     parser.add_argument("--causes", type=Path, default=None, help="write the zoo-wide CPU causes (markdown)")
+    parser.add_argument("--rows-from", type=Path, default=None,
+                        help="render the rows of an earlier --json instead of planning (e.g. with newer peer results)")
     args = parser.parse_args(argv)
     targets = args.target or list(DEFAULT_TARGETS)
-    if not args.zoo.is_dir():
+    if args.rows_from is None and not args.zoo.is_dir():
         print(f"error: {args.zoo} is not a folder", file=sys.stderr)
         return 2
     peer: dict[str, Any] = {}
@@ -189,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError as exc:
             print(f"error: {args.peer}: not JSON ({exc})", file=sys.stderr)
             return 2
+    if args.rows_from is not None:
+        try:
+            earlier = json.loads(args.rows_from.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"error: {args.rows_from}: {exc}", file=sys.stderr)
+            return 2
+        return report(earlier["rows"], earlier["targets"], peer, args)
     wanted = {n for n in args.only.split(",") if n}
     models = [p for p in sorted(args.zoo.glob("*.onnx")) if not wanted or p.stem in wanted]
     if not models:
@@ -204,15 +224,18 @@ def main(argv: list[str] | None = None) -> int:
             rows[path.stem]["plans"][target] = result
             state = result["error"] if result.get("error") else f"{result['cpu']} CPU"
             print(f"[{done}/{len(jobs)}] {path.stem}@{target}: {state}", file=sys.stderr, flush=True)
-    ordered = [rows[p.stem] for p in models]
-    print(render(ordered, targets, peer))
-    errors = render_errors(ordered, targets)
+    return report([rows[p.stem] for p in models], targets, peer, args)
+
+
+def report(rows: list[dict[str, Any]], targets: list[str], peer: dict[str, Any], args) -> int:
+    print(render(rows, targets, peer))
+    errors = render_errors(rows, targets)
     if errors:
         print("\nInternal errors:\n" + errors)
     if args.json:
-        args.json.write_text(json.dumps({"targets": targets, "rows": ordered}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"targets": targets, "rows": rows}, indent=1) + "\n")
     if args.causes:
-        args.causes.write_text(render_causes(ordered, targets[0]) + "\n")
+        args.causes.write_text(render_causes(rows, targets[0]) + "\n")
     return 0
 
 
