@@ -94,15 +94,17 @@ def test_transpose_views_all_move_data_as_the_perm_does(shape, perm):
 
 # --- regions above rank 4 ---------------------------------------------------------------------
 
-def qkv_unbind_model(tokens, heads, dim) -> onnx.ModelProto:
-    """Reshape [1, T, 3*H*D] -> [1, T, 3, H, D] -> perm (2, 0, 3, 1, 4) -> Gather 0/1/2 (timm's qkv)."""
+def qkv_unbind_model(tokens, heads, dim, windows=1) -> onnx.ModelProto:
+    """Reshape [W, T, 3*H*D] -> [W, T, 3, H, D] -> perm (2, 0, 3, 1, 4) -> Gather 0/1/2 (timm's
+    qkv; W windows in windowed attention)."""
     nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"]),
              helper.make_node("Transpose", ["r5"], ["t5"], perm=[2, 0, 3, 1, 4]),
              *[helper.make_node("Gather", ["t5", f"i{k}"], [name], axis=0) for k, name in enumerate("qkv")],
              helper.make_node("Mul", ["q", "k"], ["qk"]),
              helper.make_node("Add", ["qk", "v"], ["y"])]
-    return make_model(nodes, [value_info("x", [1, tokens, 3 * heads * dim])], [value_info("y", [1, heads, tokens, dim])],
-                      [weight("s5", np.array([1, tokens, 3, heads, dim], np.int64)),
+    return make_model(nodes, [value_info("x", [windows, tokens, 3 * heads * dim])],
+                      [value_info("y", [windows, heads, tokens, dim])],
+                      [weight("s5", np.array([windows, tokens, 3, heads, dim], np.int64)),
                        *[weight(f"i{k}", np.array(k, np.int64)) for k in range(3)]])
 
 
@@ -141,12 +143,14 @@ def rank6_shuffle_model() -> onnx.ModelProto:
                       [weight("s6", np.array([1, 2, 12, 1, 6, 7], np.int64)), weight("s4", np.array([1, 24, 6, 7], np.int64))])
 
 
-def qkv_split_model(tokens, heads, dim, unbind: str) -> onnx.ModelProto:
+def qkv_split_model(tokens, heads, dim, unbind: str, windows=1) -> onnx.ModelProto:
     """The same q/k/v unbind written as torch exports `unbind(0)`: a Split (or three Slices) along
-    the moved axis, each piece squeezed."""
+    the moved axis, each piece squeezed. With windows > 1 (Swin, MobileViT) the transposed tensor
+    keeps 5 groups: the pieces are selected before the Transpose."""
     nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"]),
              helper.make_node("Transpose", ["r5"], ["t5"], perm=[2, 0, 3, 1, 4])]
-    initializers = [weight("s5", np.array([1, tokens, 3, heads, dim], np.int64)), weight("axis0", np.array([0], np.int64))]
+    initializers = [weight("s5", np.array([windows, tokens, 3, heads, dim], np.int64)),
+                    weight("axis0", np.array([0], np.int64))]
     if unbind == "split":
         nodes.append(helper.make_node("Split", ["t5", "ones"], ["p0", "p1", "p2"], axis=0))
         initializers.append(weight("ones", np.array([1, 1, 1], np.int64)))
@@ -156,8 +160,8 @@ def qkv_split_model(tokens, heads, dim, unbind: str) -> onnx.ModelProto:
         initializers += [weight(f"b{k}", np.array([k], np.int64)) for k in range(4)]
     nodes += [helper.make_node("Squeeze", [f"p{k}", "axis0"], [name]) for k, name in enumerate("qkv")]
     nodes += [helper.make_node("Mul", ["q", "k"], ["qk"]), helper.make_node("Sub", ["qk", "v"], ["y"])]
-    return make_model(nodes, [value_info("x", [1, tokens, 3 * heads * dim])], [value_info("y", [1, heads, tokens, dim])],
-                      initializers)
+    return make_model(nodes, [value_info("x", [windows, tokens, 3 * heads * dim])],
+                      [value_info("y", [windows, heads, tokens, dim])], initializers)
 
 
 def grouped_softmax_concat_model(groups, per_group, size) -> onnx.ModelProto:
@@ -176,6 +180,9 @@ def grouped_softmax_concat_model(groups, per_group, size) -> onnx.ModelProto:
 REGION_CASES = {
     "qkv_split_16x2x8": lambda: qkv_split_model(16, 2, 8, "split"),
     "qkv_slice_12x3x16": lambda: qkv_split_model(12, 3, 16, "slice"),
+    "windows_split_4x16x2x8": lambda: qkv_split_model(16, 2, 8, "split", windows=4),
+    "windows_slice_3x12x3x8": lambda: qkv_split_model(12, 3, 8, "slice", windows=3),
+    "windows_gather_2x9x2x4": lambda: qkv_unbind_model(9, 2, 4, windows=2),
     "softmax_concat": lambda: grouped_softmax_concat_model(3, 4, 6),
     "qkv_49x4x32": lambda: qkv_unbind_model(49, 4, 32),
     "qkv_10x3x6": lambda: qkv_unbind_model(10, 3, 6),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from rkcompile.graph_edit import detach
 from rkcompile.ir import constant_value, element_count, static_shape
 
 from .base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
@@ -22,6 +23,8 @@ from .layout import emit_legal_transpose
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
 #: group of its own, the other axes merge as in their operands.
 AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax"})
+#: Ops that pick part of their input along some axes.
+SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 #: The ops a region may hold: each has a form on merged axes.
 REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE | AXIS_OPS
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
@@ -42,27 +45,105 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
     region, reason = _region(node, site)
     if region is None:
         return reason
+    original, scratch = region, []
+    try:
+        while True:
+            groups = _grouping(region, site.opset)
+            too_many = next((t for n in region for t in _data_tensors(n) if len(groups[id(t)]) > NPU_RANK), None)
+            if too_many is None:
+                break
+            region = _select_before_transpose(region, groups, site, scratch)
+            if region is None:
+                return f"{too_many.name} keeps {len(groups[id(too_many)])} axis groups that move independently: above 4"
+        builder = site.builder(node)
+        produced = {id(t) for n in region for t in n.outputs}
+        readers = {id(n) for n in region + original}
+        view: dict[int, gs.Tensor] = {}
+        for member in _in_order(region, produced):
+            targets = []
+            for out in member.outputs:
+                grouped = _grouped_shape(static_shape(out), groups[id(out)])
+                internal = out.name not in site.graph_outputs and all(id(r) in readers for r in out.outputs)
+                targets.append(gs.Variable(site.fresh(f"{out.name}/grouped"), out.dtype, grouped) if internal else out)
+            _rebuild(member, builder, groups, view, targets, site.opset)
+            view.update((id(out), target) for out, target in zip(member.outputs, targets))
+    finally:
+        for template in scratch:
+            detach(template)
+    yield builder.finish(*_in_order(original, {id(t) for n in original for t in n.outputs}))
+
+
+def _grouping(region: list[gs.Node], opset: int) -> dict[int, list[list[int]]]:
+    """Each tensor's axis groups: every boundary starts joinable and each op narrows them, to a
+    fixpoint."""
     tensors = {id(t): t for n in region for t in _data_tensors(n)}
     joinable = {key: set(_nonunit(static_shape(t))[:-1]) for key, t in tensors.items()}
-    while any([_refine(n, joinable, site.opset) for n in region]):
+    while any([_refine(n, joinable, opset) for n in region]):
         pass
-    groups = {key: _groups(static_shape(t), joinable[key]) for key, t in tensors.items()}
-    for key, t in tensors.items():
-        if len(groups[key]) > NPU_RANK:
-            return f"{t.name} keeps {len(groups[key])} axis groups that move independently: above 4"
-    builder = site.builder(node)
-    produced = {id(t) for n in region for t in n.outputs}
-    readers = {id(n) for n in region}
-    view: dict[int, gs.Tensor] = {}
-    for member in _in_order(region, produced):
-        targets = []
-        for out in member.outputs:
-            grouped = _grouped_shape(static_shape(out), groups[id(out)])
-            internal = out.name not in site.graph_outputs and all(id(r) in readers for r in out.outputs)
-            targets.append(gs.Variable(site.fresh(f"{out.name}/grouped"), out.dtype, grouped) if internal else out)
-        _rebuild(member, builder, groups, view, targets, site.opset)
-        view.update((id(out), target) for out, target in zip(member.outputs, targets))
-    yield builder.finish(*_in_order(region, produced))
+    return {key: _groups(static_shape(t), joinable[key]) for key, t in tensors.items()}
+
+
+def _select_before_transpose(region: list[gs.Node], groups, site: Site,
+                             scratch: list[gs.Node]) -> list[gs.Node] | None:
+    """The region with one Transpose whose result keeps over 4 groups, and that is read only by
+    Splits, Gathers or one-axis Slices along one of its axes, replaced by templates that select
+    first and transpose each piece: selecting along output axis u of a Transpose is selecting
+    along input axis perm[u] before it. A piece of size 1 along that axis (torch's unbind of
+    q/k/v in windowed attention) has one group fewer. None when no Transpose is of that kind.
+    The templates (in `scratch`) are read, never kept: the caller rebuilds them and detaches them."""
+    for transpose in (n for n in region if n.op == "Transpose"):
+        y = transpose.outputs[0]
+        if len(groups[id(y)]) <= NPU_RANK or y.name in site.graph_outputs or not y.outputs:
+            continue
+        axes = {_selection_axis(reader, y, site.opset) for reader in y.outputs}
+        if len(axes) != 1 or None in axes:
+            continue
+        x, rank = transpose.inputs[0], len(static_shape(y))
+        perm = [int(p) for p in transpose.attrs.get("perm", range(rank - 1, -1, -1))]
+        axis = perm[axes.pop()]
+        templates = []
+        for reader in y.outputs:
+            pieces = [gs.Variable(site.fresh(f"{reader.name}/piece"), x.dtype,
+                                  _selected_shape(reader, static_shape(x), axis, out)) for out in reader.outputs]
+            attrs = dict(reader.attrs)
+            inputs = [x, *reader.inputs[1:]]
+            if reader.op == "Slice":
+                inputs = [x, *reader.inputs[1:3], gs.Constant(site.fresh(f"{reader.name}/axes"), np.array([axis], np.int64)),
+                          *reader.inputs[4:]]
+            else:
+                attrs["axis"] = axis
+            templates.append(gs.Node(reader.op, site.fresh(f"{reader.name}/first"), attrs=attrs, inputs=inputs,
+                                     outputs=pieces))
+            for piece, out in zip(pieces, reader.outputs):
+                piece_perm = perm if len(static_shape(piece)) == rank else [p - (p > axis) for p in perm if p != axis]
+                templates.append(gs.Node("Transpose", site.fresh(f"{reader.name}/then"), attrs={"perm": piece_perm},
+                                         inputs=[piece], outputs=[out]))
+        scratch.extend(templates)
+        replaced = {id(transpose)} | {id(reader) for reader in y.outputs}
+        return [n for n in region if id(n) not in replaced] + templates
+    return None
+
+
+def _selection_axis(reader: gs.Node, y: gs.Tensor, opset: int) -> int | None:
+    """The one axis of `y` along which `reader` picks part of it, if it is a Split, a Gather or a
+    one-axis Slice of `y`."""
+    if reader.inputs[0] is not y or reader.op not in SELECTIONS or _unsupported(reader, opset):
+        return None
+    if reader.op == "Gather":
+        return int(reader.attrs.get("axis", 0)) % len(static_shape(y))
+    axes = _op_axes(reader, opset)
+    return axes[0] if len(axes) == 1 else None
+
+
+def _selected_shape(reader: gs.Node, x_shape, axis: int, out: gs.Tensor) -> list[int]:
+    """The shape of what `reader`, moved before the Transpose to pick along `axis` of its input,
+    makes in place of `out`."""
+    shape = list(x_shape)
+    if reader.op == "Gather" and constant_value(reader.inputs[1]).ndim == 0:
+        return shape[:axis] + shape[axis + 1:]
+    out_axis = _selection_axis(reader, reader.inputs[0], 13 if reader.op != "Slice" else 10)
+    shape[axis] = static_shape(out)[out_axis]
+    return shape
 
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
@@ -149,10 +230,7 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
         perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
         return _link(node.inputs[0], node.outputs[0], perm, joinable)
     if node.op == "Gather":
-        shape, extra = static_shape(node.inputs[0]), constant_value(node.inputs[1]).ndim
-        axis = int(node.attrs.get("axis", 0)) % len(shape)
-        out_to_in = [a for a in range(axis)] + [None] * extra + [a for a in range(axis + 1, len(shape))]
-        return _link(node.inputs[0], node.outputs[0], out_to_in, joinable)
+        return _refine_axis_op(node, joinable, [int(node.attrs.get("axis", 0)) % len(static_shape(node.inputs[0]))])
     if node.op in ELEMENTWISE:
         return _refine_elementwise(node, joinable)
     if node.op in AXIS_OPS:
@@ -161,11 +239,13 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
 
 
 def _refine_axis_op(node: gs.Node, joinable: dict[int, set[int]], axes: list[int]) -> bool:
-    """Each axis the op works along is a group of its own in every tensor; the other axes merge
-    alike in all of them (they keep their sizes)."""
+    """Each axis the op works along is a group of its own; for Concat and Softmax in every
+    tensor, whose other axes merge alike (they keep their sizes). What a selection (Split,
+    Slice, Gather) picks is relabelled into a grouping of its own after the op, so only its
+    input is narrowed."""
     reference = node.outputs[0] if node.op == "Concat" else node.inputs[0]
     changed = False
-    for tensor in _data_tensors(node):
+    for tensor in _data_tensors(node) if node.op not in SELECTIONS else [reference]:
         shape, join = static_shape(tensor), joinable[id(tensor)]
         for axis in axes:
             previous = max((a for a in _nonunit(shape) if a < axis), default=None)
