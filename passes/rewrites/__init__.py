@@ -9,13 +9,15 @@ calls for.
 """
 from __future__ import annotations
 
-from . import elementwise, layout, matmul, norm, pooling, rank
+from . import conv, elementwise, layout, matmul, norm, pooling, rank
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
     matmul,       # Gemm/MatMul by weights as 1x1 Conv, K splits
+    conv,         # Conv strides and kernels over the window limits (space-to-depth, kernel tiles);
+                  # after matmul, whose Convs it may have to legalize
     pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
     rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
                   # first, so no lone rank-5 relabel is left for layout's rules)

@@ -1,0 +1,238 @@
+"""Convolution rewrites: a Conv whose stride or kernel is over the target's window limits as
+convolutions within them, exactly, and a Slice with steps as the convolutions that pick its rows,
+columns and channels.
+
+Space-to-depth is the common tool. A one-hot grouped convolution with kernel = stride = f moves
+each f x f block of a channel into f*f channels, so a convolution of stride s on the input is a
+convolution of stride s/f on the blocks, with its weights regrouped. The limits are the
+target's own `conv_window` rule (oplist V2.3.2, Convolution: kernel, stride, pad ranges), read
+through `Target.rule_parameter`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir import constant_value, dtype_name, static_shape
+
+from .base import Builder, Candidates, RewriteRule, Site
+
+
+@dataclass(frozen=True)
+class ConvLimits:
+    kernel: int
+    depthwise_kernel: int
+    stride: int
+
+
+def conv_limits(site: Site) -> ConvLimits | None:
+    values = [site.target.rule_parameter("Conv", "conv_window", name)
+              for name in ("kernel", "depthwise_kernel", "stride")]
+    return None if None in values else ConvLimits(*values)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A 2-D Conv's input and output shapes and its window, pads as [top, left, bottom, right]."""
+
+    x_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    weight: np.ndarray
+    bias: gs.Tensor | None
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    group: int
+
+    @property
+    def depthwise(self) -> bool:
+        return self.group > 1 and self.weight.shape[1] == 1 and self.weight.shape[0] == self.group
+
+
+def conv_geometry(node: gs.Node) -> ConvGeometry | str:
+    """The Conv's geometry, or why a rewrite cannot read it."""
+    x_shape, y_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    weight = constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if x_shape is None or y_shape is None or len(x_shape) != 4 or weight is None or weight.ndim != 4:
+        return "not a 2-D convolution of known shapes with constant weights"
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return "auto_pad is set"
+    if any(int(d) != 1 for d in node.attrs.get("dilations", [1, 1])):
+        return "dilations other than 1"
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+    return ConvGeometry(x_shape, y_shape, weight, bias, tuple(int(k) for k in weight.shape[2:]),
+                        tuple(int(s) for s in node.attrs.get("strides", [1, 1])),
+                        tuple(int(p) for p in node.attrs.get("pads", [0, 0, 0, 0])), int(node.attrs.get("group", 1)))
+
+
+def _geometry_and_limits(node: gs.Node, site: Site) -> tuple[ConvGeometry, ConvLimits, int] | str:
+    """The Conv's geometry, the target's limits and the kernel limit that applies to it."""
+    conv = conv_geometry(node)
+    if isinstance(conv, str):
+        return conv
+    limits = conv_limits(site)
+    if limits is None:
+        return f"{site.target.name} has no convolution window rule to work to"
+    return conv, limits, limits.depthwise_kernel if conv.depthwise else limits.kernel
+
+
+def factors_within(value: int, limit: int) -> list[int] | None:
+    """`value` as a product of factors each at most `limit`, few of them; None when a prime
+    factor is over the limit."""
+    primes, rest, p = [], value, 2
+    while p * p <= rest:
+        while rest % p == 0:
+            primes.append(p)
+            rest //= p
+        p += 1
+    if rest > 1:
+        primes.append(rest)
+    if any(p > limit for p in primes):
+        return None
+    factors: list[int] = []
+    for prime in sorted(primes, reverse=True):  # first fit, largest primes first
+        for index, factor in enumerate(factors):
+            if factor * prime <= limit:
+                factors[index] *= prime
+                break
+        else:
+            factors.append(prime)
+    return factors
+
+
+def block_factor(stride: int, kernel: int, limits: ConvLimits, kernel_limit: int) -> list[int] | None:
+    """The stages (each a factor <= the stride limit) of the smallest block size A dividing
+    `stride` after which stride/A and the kernel's ceil(kernel/A) are within the limits."""
+    for block in range(1, stride + 1):
+        if stride % block or stride // block > limits.stride or -(-kernel // block) > kernel_limit:
+            continue
+        stages = factors_within(block, limits.stride)
+        if stages is not None:
+            return [f for f in stages if f > 1]
+    return None
+
+
+def space_to_depth(builder: Builder, x: gs.Tensor, shape: list[int], stages: list[tuple[int, int]],
+                   pads: list[int]) -> tuple[gs.Tensor, list[int], np.ndarray]:
+    """Blocks of `x` moved into channels by one-hot grouped convolutions, one per stage
+    (kernel = stride = the stage's factors; `pads` on the first). Returns the result, its
+    shape and, per result channel, (source channel, row offset, column offset): result channel
+    ch at block (I, J) holds x[source, A_h*I + row, A_w*J + column] of the padded input, with
+    A the product of the stages' factors. Channels stay source-major, so groups stay contiguous."""
+    mapping = np.array([(c, 0, 0) for c in range(shape[1])], dtype=np.int64)
+    reach = [1, 1]
+    current, (n, channels, height, width) = x, shape
+    height, width = height + pads[0] + pads[2], width + pads[1] + pads[3]
+    for index, (fh, fw) in enumerate(stages):
+        one_hot = np.zeros((channels * fh * fw, 1, fh, fw), dtype=dtype_name(x.dtype) or "float32")
+        blocks = np.arange(fh * fw)
+        for c in range(channels):
+            one_hot[c * fh * fw + blocks, 0, blocks // fw, blocks % fw] = 1
+        rows, columns = np.divmod(blocks, fw)
+        mapping = np.concatenate([
+            np.stack([np.full(fh * fw, source), row + reach[0] * rows, column + reach[1] * columns], axis=1)
+            for source, row, column in mapping])
+        reach = [reach[0] * fh, reach[1] * fw]
+        channels, height, width = channels * fh * fw, height // fh, width // fw
+        current = builder.op("Conv", [current, builder.const(one_hot, "space_to_depth")], [n, channels, height, width],
+                             x.dtype, kernel_shape=[fh, fw], strides=[fh, fw], group=channels // (fh * fw),
+                             pads=list(pads) if index == 0 else [0, 0, 0, 0])
+    return current, [n, channels, height, width], mapping
+
+
+def conv_stride_to_space_to_depth(node: gs.Node, site: Site) -> Candidates:
+    """A Conv whose stride (or, with a stride over 1, kernel) is over the target's limits as a
+    space-to-depth by A (one-hot convolutions, each stage's factor within the stride limit) then
+    a Conv of stride s/A and kernel ceil(k/A) on the blocks, whose weight at block tap (I, J) of
+    block channel (c, i, j) is the original's at (A*I + i, A*J + j), zero past the kernel. The
+    padding becomes the space-to-depth's, extended at the end so the blocks cover exactly the
+    rows the original reads; groups stay groups, since blocks keep their channel's group. Exact
+    (every output is the same sum of the same products). Patch embeddings (ViT's 16x16 stride 16)
+    need it: the oplist V2.3.2 Convolution bounds the stride well below 16."""
+    read = _geometry_and_limits(node, site)
+    if isinstance(read, str):
+        return read
+    conv, limits, kernel_limit = read
+    if all(s <= limits.stride for s in conv.strides) and all(k <= kernel_limit for k in conv.kernel):
+        return "its stride and kernel are within the limits"
+    per_axis = [block_factor(s, k, limits, limits.kernel) for s, k in zip(conv.strides, conv.kernel)]
+    if None in per_axis:
+        return (f"no block size divides stride {list(conv.strides)} into factors within {limits.stride} "
+                f"and brings the kernel {list(conv.kernel)} within {limits.kernel}")
+    if not any(per_axis):
+        return "the stride is 1, so there is no block to move into channels (a kernel tiling may apply)"
+    count = max(len(stages) for stages in per_axis)
+    stages = list(zip(*(axis + [1] * (count - len(axis)) for axis in per_axis)))
+    blocks = [math.prod(axis) for axis in per_axis]
+    out_size = conv.y_shape[2:]
+    taps = [-(-k // a) for k, a in zip(conv.kernel, blocks)]
+    # The padded extent the blocks must cover: the last output's window, rounded up to blocks.
+    covered = [s * (o - 1) + a * t for s, o, a, t in zip(conv.strides, out_size, blocks, taps)]
+    begin = conv.pads[:2]
+    end = [max(0, cover - size - start) for cover, size, start in zip(covered, conv.x_shape[2:], begin)]
+    builder = site.builder(node)
+    blocked, blocked_shape, mapping = space_to_depth(builder, node.inputs[0], list(conv.x_shape), stages,
+                                                     [*begin, *end])
+    out_channels, in_per_group = conv.weight.shape[:2]
+    padded = np.zeros((out_channels, in_per_group, blocks[0] * taps[0], blocks[1] * taps[1]), conv.weight.dtype)
+    padded[:, :, :conv.kernel[0], :conv.kernel[1]] = conv.weight
+    group_map = mapping[:in_per_group * blocks[0] * blocks[1]]  # group 0's channels; every group maps alike
+    rows = blocks[0] * np.arange(taps[0])[None, :] + group_map[:, 1:2]
+    columns = blocks[1] * np.arange(taps[1])[None, :] + group_map[:, 2:3]
+    regrouped = padded[:, group_map[:, 0, None, None], rows[:, :, None], columns[:, None, :]]
+    inputs = [blocked, builder.const(regrouped, "weight")] + ([conv.bias] if conv.bias is not None else [])
+    builder.op("Conv", inputs, out=node.outputs[0], kernel_shape=taps, group=conv.group,
+               strides=[s // a for s, a in zip(conv.strides, blocks)], pads=[0, 0, 0, 0])
+    yield builder.finish()
+
+
+def conv_kernel_to_tiles(node: gs.Node, site: Site) -> Candidates:
+    """A Conv whose kernel is over the target's limit (a separate, smaller one depthwise: oplist
+    V2.3.2, Convolution and Depthwise Convolution) as the sum of convolutions of kernel tiles within it,
+    each reading the padded input from its tile's offset: sum over tiles of the taps in the tile
+    is the sum over all taps. The padding becomes one Pad before the tiles."""
+    read = _geometry_and_limits(node, site)
+    if isinstance(read, str):
+        return read
+    conv, limits, kernel_limit = read
+    if all(k <= kernel_limit for k in conv.kernel):
+        return "its kernel is within the limit"
+    x, (n, channels, height, width) = node.inputs[0], conv.x_shape
+    builder = site.builder(node)
+    if any(conv.pads):
+        top, left, bottom, right = conv.pads
+        height, width = height + top + bottom, width + left + right
+        pads = builder.const(np.array([0, 0, top, left, 0, 0, bottom, right], dtype=np.int64), "pads")
+        x = builder.op("Pad", [x, pads], [n, channels, height, width], x.dtype, mode="constant")
+    out_h, out_w = conv.y_shape[2:]
+    tiles = [[(start, min(kernel_limit, size - start)) for start in range(0, size, kernel_limit)]
+             for size in conv.kernel]
+    total = None
+    for (row, tile_h) in tiles[0]:
+        for (column, tile_w) in tiles[1]:
+            extent = [conv.strides[0] * (out_h - 1) + tile_h, conv.strides[1] * (out_w - 1) + tile_w]
+            window = x
+            if (row, column) != (0, 0) or extent != [height, width]:
+                bounds = [builder.const(np.array(v, dtype=np.int64), name) for v, name in (
+                    ([row, column], "starts"), ([row + extent[0], column + extent[1]], "ends"), ([2, 3], "axes"))]
+                window = builder.op("Slice", [x, *bounds], [n, channels, *extent], x.dtype)
+            weight = builder.const(conv.weight[:, :, row:row + tile_h, column:column + tile_w], "weight")
+            bias = [conv.bias] if conv.bias is not None and total is None else []
+            last = (row, column) == (tiles[0][-1][0], tiles[1][-1][0])
+            part = builder.op("Conv", [window, weight, *bias], conv.y_shape, x.dtype,
+                              out=node.outputs[0] if last and total is None else None,
+                              kernel_shape=[tile_h, tile_w], strides=list(conv.strides), group=conv.group)
+            if total is not None:
+                part = builder.op("Add", [total, part], out=node.outputs[0] if last else None,
+                                  shape=conv.y_shape, dtype=x.dtype)
+            total = part
+    yield builder.finish()
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(conv_stride_to_space_to_depth, frozenset({"Conv"})),
+    RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
+)

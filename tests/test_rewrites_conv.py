@@ -1,0 +1,111 @@
+"""Conv rewrites (passes/rewrites/conv.py): a Conv over the target's window limits becomes
+convolutions within them that compute exactly what it computes, for strides, kernels, pads and
+groups other than the repros', at every primary target."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from conftest import PRIMARY_TARGETS, make_model, value_info, weight
+from rkcompile.context import CompileContext
+from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite
+from rkcompile.passes.rewrites.conv import factors_within
+from rkcompile.pipeline import compile_model
+from rkcompile.targets import get_target
+
+RNG = np.random.default_rng(11)
+
+
+def conv_model(channels, out_channels, size, kernel, strides, pads=(0, 0, 0, 0), group=1, bias=True):
+    kernel = (kernel, kernel) if isinstance(kernel, int) else kernel
+    strides = (strides, strides) if isinstance(strides, int) else strides
+    w = RNG.standard_normal((out_channels, channels // group, *kernel)).astype(np.float32) * 0.1
+    inputs, inits = ["x", "w"], [weight("w", w)]
+    if bias:
+        inputs.append("b")
+        inits.append(weight("b", RNG.standard_normal(out_channels).astype(np.float32)))
+    size = (size, size) if isinstance(size, int) else size
+    out = [(s + p0 + p1 - k) // st + 1 for s, p0, p1, k, st in zip(size, pads[:2], pads[2:], kernel, strides)]
+    node = helper.make_node("Conv", inputs, ["y"], name="conv", kernel_shape=list(kernel), strides=list(strides),
+                            pads=list(pads), group=group)
+    return make_model([node], [value_info("x", [1, channels, *size])], [value_info("y", [1, out_channels, *out])], inits)
+
+
+def rewritten(model, tmp_path, target) -> CompileContext:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    ctx = CompileContext(model_path=path, target=get_target(target))
+    for compiler_pass in (import_model, fold_constants, remove_noops, rewrite):
+        compiler_pass.run(ctx)
+    return ctx
+
+
+def run_ort(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def assert_rewrite_exact(model, ctx, feeds):
+    after = gs.export_onnx(ctx.graph, do_type_check=False)
+    del after.opset_import[:]
+    after.opset_import.extend(model.opset_import)
+    for want, got in zip(run_ort(model, feeds), run_ort(after, feeds)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+CASES = {
+    "patch_embedding": dict(channels=3, out_channels=8, size=64, kernel=16, strides=16),
+    "kernel_over_stride_with_pads": dict(channels=3, out_channels=4, size=40, kernel=17, strides=16, pads=(8, 8, 8, 8)),
+    "depthwise_stride_8": dict(channels=4, out_channels=4, size=35, kernel=8, strides=8, group=4),
+    "rectangular": dict(channels=2, out_channels=3, size=(45, 20), kernel=(14, 4), strides=(14, 2)),
+    "groups_asymmetric_pads": dict(channels=4, out_channels=6, size=50, kernel=12, strides=12, pads=(1, 2, 3, 0),
+                                   group=2),
+    "stride_9_kernel_10": dict(channels=3, out_channels=5, size=40, kernel=10, strides=9, bias=False),
+    "stride_32_in_two_stages": dict(channels=2, out_channels=3, size=70, kernel=4, strides=32),
+    "tiles_kernel_33_stride_1": dict(channels=2, out_channels=3, size=40, kernel=33, strides=1, pads=(16, 16, 16, 16)),
+    "tiles_depthwise_kernel_11": dict(channels=4, out_channels=4, size=24, kernel=11, strides=2, pads=(5, 5, 5, 5), group=4),
+}
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_over_the_window_limits_becomes_legal_convs_computing_the_same(tmp_path, name, target):
+    model = conv_model(**CASES[name])
+    ctx = rewritten(model, tmp_path, target)
+    expected = "conv_kernel_to_tiles" if name.startswith("tiles_") else "conv_stride_to_space_to_depth"
+    assert [r.rule for r in ctx.rewrites] == [expected]
+    limits = get_target(target)
+    for node in ctx.graph.nodes:
+        if node.op == "Conv":
+            assert max(node.attrs["strides"]) <= limits.rule_parameter("Conv", "conv_window", "stride")
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    assert_rewrite_exact(model, ctx, feeds)
+    plan, _ = compile_model(tmp_path / "model.onnx", target)
+    assert not [n.op for n in plan.nodes if n.device == "cpu"]
+
+
+def test_a_stride_with_a_prime_factor_over_the_limit_stays_and_says_why(tmp_path):
+    model = conv_model(channels=2, out_channels=2, size=44, kernel=11, strides=11)
+    ctx = rewritten(model, tmp_path, "rk3588")
+    assert not ctx.rewrites
+    reasons = {a.rule: a.outcome for a in ctx.rewrite_attempts["conv"]}
+    assert "no block size divides stride [11, 11]" in reasons["conv_stride_to_space_to_depth"]
+    assert "kernel is within the limit" in reasons["conv_kernel_to_tiles"]
+
+
+def test_a_legal_conv_is_left_alone(tmp_path):
+    ctx = rewritten(conv_model(channels=3, out_channels=4, size=16, kernel=7, strides=7), tmp_path, "rk3588")
+    assert not ctx.rewrites
+
+
+@pytest.mark.parametrize("value, limit, factors", [(16, 7, [4, 4]), (8, 7, [4, 2]), (36, 7, [6, 6]),
+                                                   (11, 7, None), (1, 7, [])])
+def test_factors_within_the_limit(value, limit, factors):
+    found = factors_within(value, limit)
+    assert (sorted(found) if found is not None else None) == (sorted(factors) if factors is not None else None)
