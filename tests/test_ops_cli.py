@@ -70,11 +70,13 @@ def test_targets_lists_every_target_with_its_figures(capsys):
 
 
 def _model(tmp_path, kernel: int):
-    """A Conv whose kernel is legal (7) or not (33) on every target."""
+    """A Conv of kernel = stride that is legal (7) or not (11) on every target: 11 is a prime over
+    the stride limit, so no space-to-depth decomposes it either (rewrites/conv.py)."""
     weight = numpy_helper.from_array(np.zeros((2, 2, kernel, kernel), np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", strides=[kernel, kernel])
+    size = 40 // kernel
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 40, 40])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 41 - kernel, 41 - kernel])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, size, size])],
                               [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / f"conv{kernel}.onnx"
@@ -84,28 +86,28 @@ def _model(tmp_path, kernel: int):
 
 def test_strict_fails_without_writing_a_plan(tmp_path, capsys):
     plan_file = tmp_path / "plan.json"
-    code = main(["plan", str(_model(tmp_path, 33)), "--target", "rk3588", "--strict", "--json", str(plan_file)])
+    code = main(["plan", str(_model(tmp_path, 11)), "--target", "rk3588", "--strict", "--json", str(plan_file)])
     err = capsys.readouterr().err
     assert code == 1 and not plan_file.exists()
     assert err.startswith("error: --strict: 1 nodes fall back to the CPU on rk3588, no plan written")
-    assert "conv (Conv): Conv on rk3588: kernel_h, kernel_w in [1, 31]" in err and "kernel=33" in err
+    assert "conv (Conv): Conv on rk3588: kernel_h, kernel_w in [1, 31]" in err and "stride=11" in err
     assert "Traceback" not in err
 
 
 def test_without_strict_the_same_plan_is_written(tmp_path):
     plan_file = tmp_path / "plan.json"
-    assert main(["plan", str(_model(tmp_path, 33)), "--target", "rk3588", "--json", str(plan_file), "--quiet"]) == 0
+    assert main(["plan", str(_model(tmp_path, 11)), "--target", "rk3588", "--json", str(plan_file), "--quiet"]) == 0
     assert plan_file.exists()
 
 
 def test_explain_prints_every_rule_with_its_verdict(tmp_path, capsys):
-    assert main(["plan", str(_model(tmp_path, 33)), "--target", "rk3588", "--explain", "conv"]) == 0
+    assert main(["plan", str(_model(tmp_path, 11)), "--target", "rk3588", "--explain", "conv"]) == 0
     out = capsys.readouterr().out
     rules = get_target("rk3588").common_rules + get_target("rk3588").ops["Conv"].rules
     assert out.startswith("conv (Conv) on rk3588:")
-    assert "inputs x [1, 2, 40, 40] float32, w const [2, 2, 33, 33] float32" in out
+    assert "inputs x [1, 2, 40, 40] float32, w const [2, 2, 11, 11] float32" in out
     assert out.count("    PASS  ") == len(rules) - 1 and out.count("    FAIL  ") == 1
-    assert "FAIL  kernel_h, kernel_w in [1, 31]" in out and "(seen: kernel=33, kernel=33)" in out
+    assert "FAIL  kernel_h, kernel_w in [1, 31]" in out and "(seen: stride=11, stride=11)" in out
     assert "plan: cpu (Conv on rk3588:" in out
 
 
