@@ -19,7 +19,9 @@ import onnx_graphsurgeon as gs
 
 from . import artifact
 from .context import Options
+from .cpu_partitions import cpu_partition_models
 from .emulator.accuracy import StepAccuracy, analyse
+from .emulator.executor import Executor
 from .emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from .emulator.storage import EmulationError, Storage
 from .errors import CompileError
@@ -52,8 +54,12 @@ class Plan:
         return self.record.dtype
 
     def save(self, path: str | Path) -> Path:
-        """Write the plan artifact (.rkplan: plan.json and weights.bin) to `path`."""
-        artifact.save(artifact.Artifact(self.record, self.weights), path)
+        """Write the plan artifact (.rkplan: plan.json, weights.bin, cpu/*.onnx) to `path`."""
+        if self.weights is None:
+            raise CompileError("this plan was read from a JSON file and has no weight region to save")
+        models = cpu_partition_models(self.record, self.step_nodes())
+        artifact.save(artifact.Artifact(self.record, self.weights,
+                                        {pid: model.SerializeToString() for pid, model in models.items()}), path)
         return Path(path)
 
     def summary(self) -> str:
@@ -65,6 +71,12 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data (`rkcompile.plan/2`), without the weight region."""
         return self.record.to_dict()
+
+    def step_nodes(self) -> list[gs.Node]:
+        """Each step's node as the emulator executes it: rebuilt from its operation, weights read
+        from the weight region."""
+        prepared = self.prepared()
+        return Executor(self.record, self.weights, get_target(self.target), prepared.weight_cache).step_nodes()
 
     def prepared(self) -> Prepared:
         if self.weights is None:

@@ -2,7 +2,9 @@
 
 - `plan.json`: the plan (`rkcompile.plan/2`), whose steps carry their operations;
 - `weights.bin`: the weight region, the bytes the NPU reads, each weight at its planned offset
-  in its planned layout and dtype (int8 plans: quantized, with the parameters in the plan).
+  in its planned layout and dtype (int8 plans: quantized, with the parameters in the plan);
+- `cpu/partition_<id>.onnx`: each CPU partition as a standalone ONNX model for a CPU runtime
+  (rkcompile/cpu_partitions.py); the emulator runs the CPU steps from plan.json like the others.
 
 docs/plan-schema.md documents the format. This module reads and writes bytes only; a plain
 plan JSON file (plan/1 or plan/2) loads too, with no weight region.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CompileError
@@ -20,6 +22,7 @@ from .plan import Plan, write_atomically
 
 PLAN_MEMBER = "plan.json"
 WEIGHTS_MEMBER = "weights.bin"
+CPU_FOLDER = "cpu/"
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class Artifact:
     plan: Plan
     #: the weight region's bytes; None for a plan read from a plain JSON file
     weights: bytes | None
+    #: partition id -> the serialized ONNX model of that CPU partition
+    cpu_partitions: dict[int, bytes] = field(default_factory=dict)
 
 
 def save(artifact: Artifact, path: str | Path) -> None:
@@ -37,6 +42,8 @@ def save(artifact: Artifact, path: str | Path) -> None:
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(PLAN_MEMBER, artifact.plan.to_json())
         archive.writestr(WEIGHTS_MEMBER, artifact.weights)
+        for partition, model in sorted(artifact.cpu_partitions.items()):
+            archive.writestr(f"{CPU_FOLDER}partition_{partition}.onnx", model)
     write_atomically(path, buffer.getvalue())
 
 
@@ -51,7 +58,9 @@ def load(path: str | Path) -> Artifact:
                 if missing:
                     raise CompileError(f"{path} is not a plan artifact: no {', '.join(sorted(missing))}")
                 plan = Plan.from_dict(json.loads(archive.read(PLAN_MEMBER).decode("utf-8")))
-                return Artifact(plan, archive.read(WEIGHTS_MEMBER))
+                cpu = {int(name[len(CPU_FOLDER + "partition_"):-len(".onnx")]): archive.read(name)
+                       for name in names if name.startswith(CPU_FOLDER + "partition_") and name.endswith(".onnx")}
+                return Artifact(plan, archive.read(WEIGHTS_MEMBER), cpu)
         return Artifact(Plan.from_dict(json.loads(path.read_text(encoding="utf-8"))), None)
     except FileNotFoundError:
         raise CompileError(f"{path} does not exist") from None

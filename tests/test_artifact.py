@@ -170,3 +170,40 @@ def test_plan_output_writes_nothing_when_planning_fails(tmp_path, capsys):
     artifact = tmp_path / "tiny.rkplan"
     assert main(["plan", str(TINY), "--target", "rk3588", "--strict", "-o", str(artifact)]) == 1
     assert not artifact.exists() and not list(tmp_path.iterdir())
+
+
+def test_each_cpu_partition_is_a_standalone_onnx_model_that_computes_what_the_emulator_did(tmp_path):
+    """cpu/partition_<id>.onnx, run by onnx.reference on the values the emulator fed the partition,
+    gives what the emulator's CPU steps wrote."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from rkcompile.emulator.session import emulate, make_inputs
+
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [1, 4, 1, 1], [0.5, 1.5, -2.0, 3.0])
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 1, 1], np.linspace(-1, 1, 12).tolist())
+    model = helper.make_model(helper.make_graph([
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Erf", ["c"], ["e"], name="erf"),
+        helper.make_node("Mul", ["e", "scale"], ["m"], name="mul"),
+        helper.make_node("Erf", ["m"], ["y"], name="erf2"),
+    ], "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [scale, weight]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "chain.onnx")
+    for source in (TINY, tmp_path / "chain.onnx"):
+        plan = rkcompile.load(rkcompile.compile(source, "rk3588").save(tmp_path / f"{source.stem}.rkplan"))
+        with zipfile.ZipFile(tmp_path / f"{source.stem}.rkplan") as archive:
+            saved = {int(name[len("cpu/partition_"):-len(".onnx")]): onnx.load_from_string(archive.read(name))
+                     for name in archive.namelist() if name.startswith("cpu/")}
+        assert set(saved) == {p.id for p in plan.record.partitions if p.device == "cpu"} != set()
+        inputs = make_inputs(plan.record, {})
+        seen = dict(inputs)
+        emulate(plan.prepared(), inputs, lambda step, values: seen.update(values))
+        for partition_model in saved.values():
+            onnx.checker.check_model(partition_model)
+            feeds = {i.name: seen[i.name] for i in partition_model.graph.input}
+            results = ReferenceEvaluator(partition_model).run(None, feeds)
+            for output, value in zip(partition_model.graph.output, results):
+                np.testing.assert_allclose(value, seen[output.name], rtol=1e-6, atol=1e-6)
