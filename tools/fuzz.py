@@ -85,6 +85,14 @@ ELSEWHERE = {
         "max_pool_end_pad_on_cpu@rk3588",
         "CPU fallback: onnx.reference's MaxPool with only end pads (pads [0, 0, 1, 0]) reads them as VALID "
         "and raises (conformance: CPU steps on onnxruntime)"),
+    "emulator raised IndexError at a cpu MaxPool step": Known(
+        "max_pool_begin_pad_rank5_on_cpu@rk3588",
+        "CPU fallback: onnx.reference's 3-D MaxPool with only a begin pad indexes past the input (conformance: "
+        "CPU steps on onnxruntime)"),
+    "emulator raised EmulationError at a cpu MaxPool step": Known(
+        "max_pool_end_pad_rank3_on_cpu@rk3588",
+        "CPU fallback: onnx.reference's 1-D MaxPool with only an end pad drops the last window (conformance: "
+        "CPU steps on onnxruntime)"),
     "emulator raised ValueError at a cpu Pad step": Known(
         "pad_negative_on_cpu@rk3588",
         "CPU fallback: onnx.reference's Pad raises on a negative pad, which crops (conformance: CPU steps on "
