@@ -173,6 +173,15 @@ ONNXRUNTIME_CASES = {
                         attrs={"mode": "reflect"}),
     "pad_edge_crop": Case("Pad", {"x": normal(2, 3, 5)}, {"pads": np.array([0, -1, 3, 0, 2, -2], np.int64)},
                           attrs={"mode": "edge"}),
+    # a negative step from a start before the first element: ONNX clamps the start to 0 (one
+    # element), numpy's slice to "before the first" (none)
+    "slice_negative_step_from_before_the_start": Case(
+        "Slice", {"x": normal(1, 5, 3, 6)},
+        {"starts": np.array([-10, 7], np.int64), "ends": np.array([-100, -8], np.int64),
+         "axes": np.array([1, 3], np.int64), "steps": np.array([-1, -2], np.int64)}),
+    # windows larger than the padded input along one axis: no output there, as onnx infers
+    "max_pool_window_past_the_input": Case("MaxPool", {"x": normal(1, 3, 2, 7)},
+                                           attrs={"kernel_shape": [3, 3], "pads": [0, 0, 0, 0]}),
 }
 
 

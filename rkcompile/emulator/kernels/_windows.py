@@ -53,6 +53,13 @@ def windows(x: np.ndarray, kernel, strides, dilations, begin, end, fill: float =
             widths[axis] = pads
         x = np.pad(x, widths, constant_values=fill)
     extents = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    if any(x.shape[axis] < extent for axis, extent in zip(spatial, extents)):
+        # a window larger than the padded input: no output position along that axis (onnx
+        # defines the size as 0), and sliding_window_view refuses it
+        shape = list(x.shape) + list(kernel)
+        for axis, extent, stride in zip(spatial, extents, strides):
+            shape[axis] = max(0, (x.shape[axis] - extent) // stride + 1)
+        return np.empty(shape, x.dtype)
     view = sliding_window_view(x, extents, axis=tuple(spatial))
     index = [slice(None)] * view.ndim
     for axis, stride in zip(spatial, strides):
