@@ -136,3 +136,20 @@ def test_a_model_the_peer_refuses_for_its_opset_is_built_again_down_converted(tm
     assert models["new_opset"]["error_as_exported"] == "load_onnx: Unsupport onnx opset 20, need <= 19!"
     assert "converted to opset 19" in models["new_opset"]["note"]
     assert models["old_opset"]["built"] and "note" not in models["old_opset"]
+
+
+def test_random_weights_are_exercised_zero_heads_redrawn_and_batchnorm_calibrated():
+    torch = pytest.importorskip("torch")  # a tool dependency (the wide-zoo extra), not the project's
+    generator = load_tool("make_wide_zoo")
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 4)
+    torch.nn.init.zeros_(head.weight)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), head).eval()
+    x = torch.randn(1, 3, 16, 16)
+    generator.exercise_random_weights(model, (x,))
+    assert head.weight.abs().min() > 0 and not model.training and not model[1].training
+    assert not torch.allclose(model[1].running_var, torch.ones(8))  # statistics of the calibration batches
+    assert torch.allclose(model[1].running_mean, torch.zeros(8)) is False
+    with torch.no_grad():
+        assert model(x).abs().max() > 1e-3

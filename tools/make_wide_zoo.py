@@ -254,7 +254,8 @@ def _whisper_encoder():
     import transformers
     cfg = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=2, decoder_layers=1,
                                      decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                                     num_mel_bins=80, max_source_positions=100, vocab_size=256)
+                                     num_mel_bins=80, max_source_positions=100, vocab_size=256, pad_token_id=0,
+                                     bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
     encoder = transformers.WhisperModel(cfg).get_encoder().eval()
     x = torch.randn(1, 80, 200, generator=torch.Generator().manual_seed(SEED))
 
@@ -375,7 +376,7 @@ SPECS: list[Spec] = [
     Spec("hf_gpt2_tiny_dyn", _HF, "transformers GPT2Model (n_embd 64, 2 layers, 2 heads), seq 32, no cache", DYNAMO, 18,
          _hf_text("GPT2Model", "GPT2Config",
                   dict(vocab_size=512, n_embd=64, n_layer=2, n_head=2, n_positions=64, use_cache=False))),
-    Spec("hf_t5_encoder_tiny", _HF, "transformers T5EncoderModel (d_model 64, 2 layers, 4 heads), seq 32", DYNAMO, 19,
+    Spec("hf_t5_encoder_tiny", _HF, "transformers T5EncoderModel (d_model 64, 2 layers, 4 heads), seq 32", TORCHSCRIPT, 15,
          _hf_text("T5EncoderModel", "T5Config",
                   dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                        relative_attention_num_buckets=16))),
@@ -439,6 +440,40 @@ SPECS: list[Spec] = [
 
 
 # --------------------------------------------------------------------------- child: one model
+CALIBRATION_BATCHES = 4
+
+
+def exercise_random_weights(module, args: tuple) -> None:
+    """Make a randomly initialised model compute something worth comparing.
+
+    Library inits are meant for training, not for use: torchvision's ViT head and several
+    residual branches start at exactly zero (the peer then folds the whole model to a constant),
+    and with BatchNorm's initial statistics (mean 0, variance 1) activations shrink layer by
+    layer (logits of 1e-9 to 1e-14 for MobileNetV3/EfficientNet, no box above a detector's
+    score threshold). So every all-zero weight matrix gets seeded values of scale 1/sqrt(fan_in),
+    and every BatchNorm takes its running statistics from CALIBRATION_BATCHES seeded batches
+    shaped like the example inputs (only the norms in training mode; the model stays in eval)."""
+    import torch
+    generator = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() >= 2 and parameter.is_floating_point() and not parameter.any():
+                fan_in = parameter[0].numel()
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / fan_in ** 0.5)
+        norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                 and m.track_running_stats]
+        if not norms:
+            return
+        for norm in norms:
+            norm.reset_running_stats()
+            norm.momentum = None  # a cumulative average over the calibration batches
+            norm.train()
+        for _ in range(CALIBRATION_BATCHES):
+            module(*[torch.randn(a.shape, generator=generator) if a.is_floating_point() else a for a in args])
+        for norm in norms:
+            norm.eval()
+
+
 def _export_torch(spec: Spec, path: Path) -> dict[str, Any]:
     """Export spec's module to `path` (one file, no external data); returns the torch outputs."""
     import onnx
@@ -446,6 +481,7 @@ def _export_torch(spec: Spec, path: Path) -> dict[str, Any]:
     torch.manual_seed(SEED)
     module, inputs, output_names = spec.build()
     args = tuple(inputs.values())
+    exercise_random_weights(module, args)
     with torch.no_grad():
         expected = module(*args)
     expected = expected if isinstance(expected, tuple) else (expected,)
@@ -472,13 +508,14 @@ def _export_ultralytics(spec: Spec, path: Path) -> dict[str, Any]:
     import numpy as np
     import torch
     os.environ.setdefault("YOLO_OFFLINE", "1")
-    from ultralytics import YOLO
+    from ultralytics import RTDETR, YOLO
     torch.manual_seed(SEED)
     workdir = Path(tempfile.mkdtemp(prefix="wide_zoo_yolo_"))
     cwd = os.getcwd()
     try:
         os.chdir(workdir)
-        produced = YOLO(spec.yolo_yaml).export(format="onnx", imgsz=spec.imgsz, opset=spec.opset, simplify=True,
+        model = (RTDETR if spec.yolo_yaml.startswith("rtdetr") else YOLO)(spec.yolo_yaml)
+        produced = model.export(format="onnx", imgsz=spec.imgsz, opset=spec.opset, simplify=True,
                                                dynamic=False, batch=1)
         Path(produced).replace(path)
     finally:
@@ -543,6 +580,9 @@ def _describe(spec: Spec, onnx_path: Path, npz_path: Path, arrays: dict[str, Any
         "source": spec.source,
         "exporter": exporter,
         "exporter_kind": spec.exporter,
+        "weights": (f"ultralytics' own random init (torch seed {SEED})" if spec.exporter == ULTRALYTICS else
+                    f"the library's random init (torch seed {SEED}), all-zero matrices re-drawn, BatchNorm "
+                    f"statistics from {CALIBRATION_BATCHES} seeded batches (exercise_random_weights)"),
         "opset": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
         "ir_version": model.ir_version,
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
