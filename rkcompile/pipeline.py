@@ -118,21 +118,22 @@ def stray_links(graph: gs.Graph) -> list[str]:
     nor inside a subgraph of one of its nodes: a node a pass built and then abandoned without
     detaching it. Every later pass that walks a tensor's readers would meet a node it does not
     know."""
-    known: set[int] = set()
-    pending = list(graph.nodes)
+    known = set(map(id, graph.nodes))
+    pending = [inner for node in graph.nodes if node.attrs for sub in subgraphs(node) for inner in sub.nodes]
     while pending:
         node = pending.pop()
         known.add(id(node))
         pending.extend(inner for sub in subgraphs(node) for inner in sub.nodes)
     tensors = {id(t): t for t in graph.inputs}
     for node in graph.nodes:
-        tensors.update((id(t), t) for t in (*present_inputs(node), *node.outputs))
+        tensors.update((id(t), t) for t in (*node.inputs, *node.outputs))
     problems = []
     for tensor in tensors.values():
         for role, linked in (("written", tensor.inputs), ("read", tensor.outputs)):
-            stray = next((node for node in linked if id(node) not in known), None)
-            if stray is not None:
-                problems.append(f"tensor {tensor.name} is {role} by {stray.name or stray.op}, which is not in the graph")
+            if known.issuperset(map(id, linked)):  # the common case, checked without a Python loop
+                continue
+            stray = next(node for node in linked if id(node) not in known)
+            problems.append(f"tensor {tensor.name} is {role} by {stray.name or stray.op}, which is not in the graph")
     return problems
 
 
