@@ -144,3 +144,18 @@ def test_constant_folding_runs_to_a_fixpoint_however_long_the_chain(save):
                                                  "unsqueeze_back", "concat_back")] == ["folded"] * 10, b
     assert not [name for name, device in devices.items() if device == "cpu"]
     assert contract_violations(plan) == []
+
+
+def test_a_constant_node_onnx_reference_cannot_evaluate_stays_a_node(save, caplog):
+    """GatherElements whose indices are narrower than the data on the gathered axis is valid
+    ONNX that onnx.reference cannot evaluate: the model still plans, the node stays as a step
+    and the log says why it did not fold."""
+    nodes = [helper.make_node("GatherElements", ["data", "index"], ["picked"], name="pick", axis=1),
+             helper.make_node("Cast", ["picked"], ["picked_f"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "picked_f"], ["y"], name="add")]
+    model = make_model(nodes, [value_info("x", [1, 32])], [value_info("y", [1, 32])],
+                       [weight("data", np.arange(64, dtype=np.int64).reshape(1, 64)),
+                        weight("index", np.arange(32, dtype=np.int64).reshape(1, 32) * 2)])
+    plan, _ = compile_model(save(model), "rk3588")
+    assert _devices(plan)["pick"] in ("npu", "cpu")
+    assert "GatherElements node pick is not folded" in caplog.text
