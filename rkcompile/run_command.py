@@ -22,6 +22,7 @@ from .emulator.session import Prepared, emulate, make_inputs
 from .emulator.storage import EmulationError
 from .errors import CompileError
 from .plan import write_atomically
+from .targets import get_target
 
 
 #: --check's default tolerance per plan dtype: float16 rounding, and the issue's int8 bar
@@ -90,6 +91,8 @@ def _prepared(args: argparse.Namespace, options: Options) -> Prepared:
             digest = hashlib.sha256(_read(args.model)).hexdigest()
             if digest != saved.record.model.sha256:
                 raise EmulationError(f"--plan {args.plan} was planned from another model than {args.model}")
+        if args.target is not None and get_target(args.target).name != saved.target:
+            raise EmulationError(f"--plan {args.plan} was planned for {saved.target}, not {args.target}")
         return saved.prepared()
     if args.model is None or args.target is None:
         raise CompileError("run needs MODEL and --target (or --plan PLAN.rkplan, a saved plan artifact)")

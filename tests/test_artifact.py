@@ -156,6 +156,10 @@ def test_run_refuses_an_artifact_of_another_model_and_bad_files_in_one_line(tmp_
     other = ZOO / "squeezenet1_1.onnx" if ZOO.is_dir() else REPO / "pyproject.toml"
     assert main(["run", str(other), "--plan", str(artifact)]) == 1
     assert "planned from another model" in capsys.readouterr().err
+    assert main(["run", "--plan", str(artifact), "--target", "rk3576"]) == 1
+    assert "planned for rk3588, not rk3576" in capsys.readouterr().err
+    assert main(["run", "--plan", str(artifact), "--accuracy-analysis"]) == 1
+    assert "a saved plan does not hold" in capsys.readouterr().err
     broken = tmp_path / "broken.rkplan"
     with zipfile.ZipFile(broken, "w") as archive:
         archive.writestr("plan.json", "{}")
