@@ -150,6 +150,9 @@ def test_random_weights_are_exercised_zero_heads_redrawn_and_batchnorm_calibrate
     generator.exercise_random_weights(model, (x,))
     assert head.weight.abs().min() > 0 and not model.training and not model[1].training
     assert not torch.allclose(model[1].running_var, torch.ones(8))  # statistics of the calibration batches
-    assert torch.allclose(model[1].running_mean, torch.zeros(8)) is False
+    assert not torch.allclose(model[1].running_mean, torch.zeros(8))
+    pooled = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.BatchNorm2d(3)).eval()
+    generator.exercise_random_weights(pooled, (x,))  # one value per channel: train-mode BatchNorm refuses it
+    assert torch.equal(pooled[1].running_var, torch.ones(3))
     with torch.no_grad():
         assert model(x).abs().max() > 1e-3

@@ -451,8 +451,11 @@ def exercise_random_weights(module, args: tuple) -> None:
     and with BatchNorm's initial statistics (mean 0, variance 1) activations shrink layer by
     layer (logits of 1e-9 to 1e-14 for MobileNetV3/EfficientNet, no box above a detector's
     score threshold). So every all-zero weight matrix gets seeded values of scale 1/sqrt(fan_in),
-    and every BatchNorm takes its running statistics from CALIBRATION_BATCHES seeded batches
-    shaped like the example inputs (only the norms in training mode; the model stays in eval)."""
+    and every BatchNorm's running statistics become the mean over CALIBRATION_BATCHES seeded
+    batches (shaped like the example inputs) of the statistics of its own input. The model stays
+    in eval mode: a pre-hook normalises each batch with its statistics as it passes, so later
+    norms see normalised inputs, and a channel with a single value (a batch of one pooled to
+    1x1) keeps variance 1, where training-mode BatchNorm would refuse."""
     import torch
     generator = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():
@@ -462,16 +465,29 @@ def exercise_random_weights(module, args: tuple) -> None:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) / fan_in ** 0.5)
         norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
                  and m.track_running_stats]
-        if not norms:
-            return
-        for norm in norms:
-            norm.reset_running_stats()
-            norm.momentum = None  # a cumulative average over the calibration batches
-            norm.train()
-        for _ in range(CALIBRATION_BATCHES):
-            module(*[torch.randn(a.shape, generator=generator) if a.is_floating_point() else a for a in args])
-        for norm in norms:
-            norm.eval()
+        sums: dict[Any, list] = {}
+
+        def use_batch_statistics(norm, inputs):
+            x = inputs[0].float()
+            axes = [0] + list(range(2, x.dim()))
+            mean = x.mean(axes)
+            var = x.var(axes, unbiased=False) if x.numel() > x.shape[1] else torch.ones_like(mean)
+            norm.running_mean.copy_(mean)
+            norm.running_var.copy_(var)
+            total = sums.setdefault(norm, [torch.zeros_like(mean), torch.zeros_like(var)])
+            total[0] += mean
+            total[1] += var
+
+        hooks = [norm.register_forward_pre_hook(use_batch_statistics) for norm in norms]
+        try:
+            for _ in range(CALIBRATION_BATCHES if norms else 0):
+                module(*[torch.randn(a.shape, generator=generator) if a.is_floating_point() else a for a in args])
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for norm, (mean, var) in sums.items():
+            norm.running_mean.copy_(mean / CALIBRATION_BATCHES)
+            norm.running_var.copy_(var / CALIBRATION_BATCHES)
 
 
 def _export_torch(spec: Spec, path: Path) -> dict[str, Any]:
