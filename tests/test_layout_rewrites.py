@@ -177,7 +177,33 @@ def grouped_softmax_concat_model(groups, per_group, size) -> onnx.ModelProto:
                        weight("s4", np.array([1, 2 * channels, size, size], np.int64))])
 
 
+def rank5_attention_model(groups, heads, tokens, dim, product: str) -> onnx.ModelProto:
+    """maxvit's block/grid attention on [1, G, H, N, D]: scores by Einsum (or MatMul of a
+    transposed key), a relative-position bias [H, N, N] broadcast over the groups, Softmax, and
+    the product with v, back to 4-D."""
+    shape5 = np.array([1, groups, heads, tokens, dim], np.int64)
+    nodes = [helper.make_node("Reshape", [name, "s5"], [f"{name}5"]) for name in "qkv"]
+    if product == "einsum":
+        nodes += [helper.make_node("Einsum", ["q5", "k5"], ["s"], equation="bghid,bghjd->bghij"),
+                  helper.make_node("Add", ["s", "bias"], ["sb"]),
+                  helper.make_node("Softmax", ["sb"], ["p"], axis=-1),
+                  helper.make_node("Einsum", ["p", "v5"], ["o5"], equation="bghij,bghjd->bghid")]
+    else:
+        nodes += [helper.make_node("Transpose", ["k5"], ["kt5"], perm=[0, 1, 2, 4, 3]),
+                  helper.make_node("MatMul", ["q5", "kt5"], ["s"]),
+                  helper.make_node("Add", ["s", "bias"], ["sb"]),
+                  helper.make_node("Softmax", ["sb"], ["p"], axis=-1),
+                  helper.make_node("MatMul", ["p", "v5"], ["o5"])]
+    nodes.append(helper.make_node("Reshape", ["o5", "s4"], ["y"]))
+    shape4 = [groups, heads, tokens, dim]
+    return make_model(nodes, [value_info(name, shape4) for name in "qkv"], [value_info("y", shape4)],
+                      [weight("s5", shape5), weight("s4", np.array(shape4, np.int64)),
+                       weight("bias", RNG.normal(size=[heads, tokens, tokens]).astype(np.float32))])
+
+
 REGION_CASES = {
+    "attention_einsum_8x2x16x8": lambda: rank5_attention_model(8, 2, 16, 8, "einsum"),
+    "attention_matmul_4x3x10x16": lambda: rank5_attention_model(4, 3, 10, 16, "matmul"),
     "qkv_split_16x2x8": lambda: qkv_split_model(16, 2, 8, "split"),
     "qkv_slice_12x3x16": lambda: qkv_split_model(12, 3, 16, "slice"),
     "windows_split_4x16x2x8": lambda: qkv_split_model(16, 2, 8, "split", windows=4),

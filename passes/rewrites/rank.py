@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.graph_edit import detach
 from rkcompile.ir import constant_value, element_count, static_shape
 
+from ..legalize import check_node
 from .base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
 from .elementwise import ELEMENTWISE
 from .layout import emit_legal_transpose
@@ -26,7 +27,10 @@ AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax"})
 #: Ops that pick part of their input along some axes.
 SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 #: The ops a region may hold: each has a form on merged axes.
-REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE | AXIS_OPS
+#: Batched matrix products: the batch axes merge alike in both operands and the result, the
+#: two matrix axes of each stay groups of their own.
+PRODUCTS = frozenset({"MatMul", "Einsum"})
+REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE | AXIS_OPS | PRODUCTS
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
 MAX_REGION_NODES = 64
 NPU_RANK = 4
@@ -177,6 +181,9 @@ def _unsupported(node: gs.Node, opset: int) -> str:
         return f"{node.op} has no form on merged axes here"
     if any(static_shape(t) is None for t in _data_tensors(node)):
         return "a shape is unknown"
+    if node.op in PRODUCTS:
+        return "" if _batched_product(node) is not None else (
+            "not a product of operands of one rank whose batch axes lead, in order, of equal sizes")
     if node.op in AXIS_OPS:
         axes = _op_axes(node, opset)
         if axes is None:
@@ -235,7 +242,37 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
         return _refine_elementwise(node, joinable)
     if node.op in AXIS_OPS:
         return _refine_axis_op(node, joinable, _op_axes(node, opset))
+    if node.op in PRODUCTS:
+        batch = len(static_shape(node.outputs[0])) - 2
+        out_to_in = list(range(batch)) + [None, None]
+        return (_link(node.inputs[0], node.outputs[0], out_to_in, joinable)
+                | _link(node.inputs[1], node.outputs[0], out_to_in, joinable))
     return False  # a relabel: any grouping on either side
+
+
+def _batched_product(node: gs.Node) -> tuple[bool, bool] | None:
+    """(A transposed, B transposed) when `node` is A @ B over leading batch axes of equal sizes:
+    a MatMul of two operands of one rank, or an Einsum such as 'bgid,bgjd->bgij' (batch letters
+    leading in order everywhere, one free letter per operand, one contracted); else None."""
+    a, b, y = (static_shape(t) for t in (*node.inputs[:2], node.outputs[0]))
+    if len(node.inputs) != 2 or not len(a) == len(b) == len(y) >= 3 or a[:-2] != b[:-2] or a[:-2] != y[:-2]:
+        return None
+    if node.op == "MatMul":
+        return False, False
+    equation = node.attrs.get("equation", "")
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    if "..." in equation or equation.count(",") != 1 or "->" not in equation:
+        return None
+    inputs, out = equation.split("->")
+    lhs, rhs = inputs.split(",")
+    batch = out[:-2]
+    if lhs[:-2] != batch or rhs[:-2] != batch or len(set(lhs + rhs)) != len(batch) + 3:
+        return None
+    free_a, free_b = out[-2:]
+    contracted = set(lhs[-2:]) & set(rhs[-2:])
+    if len(contracted) != 1 or set(lhs[-2:]) != {free_a, *contracted} or set(rhs[-2:]) != {free_b, *contracted}:
+        return None
+    return lhs[-2] != free_a, rhs[-1] != free_b
 
 
 def _refine_axis_op(node: gs.Node, joinable: dict[int, set[int]], axes: list[int]) -> bool:
@@ -345,6 +382,23 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
     if node.op in AXIS_OPS:
         _rebuild_axis_op(node, builder, groups, grouped, targets, _op_axes(node, opset))
         return
+    if node.op in PRODUCTS:
+        y_shape = static_shape(y)
+        batch = [element_count(y_shape[a] for a in group) for group in groups[id(y)] if group[-1] < len(y_shape) - 2]
+        matrices = []
+        for operand, transposed in zip(node.inputs, _batched_product(node)):
+            rows, columns = static_shape(operand)[-2:]
+            matrix = grouped(operand, batch + [rows, columns])
+            if transposed:
+                swap = list(range(len(batch))) + [len(batch) + 1, len(batch)]
+                swapped = gs.Variable(builder.site.fresh(f"{operand.name}/swapped"), operand.dtype,
+                                      batch + [columns, rows])
+                if not emit_legal_transpose(builder, matrix, swap, swapped):
+                    builder.op("Transpose", [matrix], out=swapped, perm=swap)
+                matrix = swapped
+            matrices.append(matrix)
+        emit("MatMul", matrices, batch + list(y_shape[-2:]))
+        return
     shape = static_shape(x)
     source = grouped(x, _grouped_shape(shape, groups[id(x)]))
     if node.op == "Transpose":
@@ -363,15 +417,19 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         picked[group_axis] = indices.size
         emit("Gather", [source, builder.const(indices, "indices")], picked, axis=group_axis)
         return
-    y_shape, out_groups = static_shape(y), groups[id(y)]
+    y_shape = static_shape(y)
+    out_groups = _elementwise_groups(node, groups[id(y)], builder.site)
+
+    def on_groups(shape) -> list[int]:
+        aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
+        return [element_count(aligned[a] for a in group) for group in out_groups] or [1]
+
     operands = []
     for operand in node.inputs:
         if not operand.name:
             operands.append(operand)
             continue
-        operand_shape = static_shape(operand)
-        aligned = [1] * (len(y_shape) - len(operand_shape)) + list(operand_shape)
-        wanted = [element_count(aligned[a] for a in group) for group in out_groups] or [1]
+        wanted = on_groups(static_shape(operand))
         value = constant_value(operand)
         if value is None:
             operands.append(grouped(operand, wanted))
@@ -380,6 +438,36 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         else:
             operands.append(builder.const(value.reshape(wanted), "grouped"))
     emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
+
+
+def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> list[list[int]]:
+    """The groups an element-wise op runs on: those its result shares with the region when the
+    target accepts the op on them, else the fewest its own broadcasts allow (a bias [H, I, J]
+    added to [G, H, I, J] is [1, H*I*J] added to [G, H*I*J], a broadcast the NPU's Expand
+    patterns cover where [1, H, I, J] is not), each operand relabelled to it."""
+    y_shape = static_shape(node.outputs[0])
+    joinable = set(_nonunit(y_shape)[:-1])
+    for operand in (t for t in node.inputs if t.name):
+        shape = static_shape(operand)
+        aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
+        joinable = {u for u in joinable if (aligned[u] == 1) == (aligned[_next_nonunit(y_shape, u)] == 1)}
+    own = _groups(y_shape, joinable)
+    for candidate in (linked, own):
+        if len(candidate) > NPU_RANK:
+            continue
+        inputs = []
+        for operand in node.inputs:
+            shape = static_shape(operand) if operand.name else None
+            aligned = None if shape is None else [1] * (len(y_shape) - len(shape)) + list(shape)
+            view = None if aligned is None else [element_count(aligned[a] for a in g) for g in candidate] or [1]
+            inputs.append(operand if view is None else gs.Variable("probe_in", operand.dtype, view))
+        probe = gs.Node(node.op, attrs=dict(node.attrs), inputs=inputs,
+                        outputs=[gs.Variable("probe_out", node.outputs[0].dtype, _grouped_shape(y_shape, candidate))])
+        legal = not check_node(probe, site.target, **site.facts)
+        detach(probe)
+        if legal:
+            return candidate
+    return linked
 
 
 def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]], grouped,
