@@ -201,7 +201,27 @@ def rank5_attention_model(groups, heads, tokens, dim, product: str) -> onnx.Mode
                        weight("bias", RNG.normal(size=[heads, tokens, tokens]).astype(np.float32))])
 
 
+def window_partition_model(channels, windows_h, windows_w, size, reverse=False) -> onnx.ModelProto:
+    """maxvit's window partition [1, C, H/p, p, W/p, p] -> perm (0, 2, 4, 3, 5, 1): five groups
+    that move independently, done in steps (and its reverse with reverse=True)."""
+    height, width = windows_h * size, windows_w * size
+    six = [1, channels, windows_h, size, windows_w, size]
+    perm = [0, 2, 4, 3, 5, 1]
+    moved = [six[p] for p in perm]
+    if reverse:
+        six, perm = moved, list(np.argsort(perm))
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["r6"]),
+             helper.make_node("Transpose", ["r6"], ["t6"], perm=perm),
+             helper.make_node("Reshape", ["t6", "s4"], ["y"])]
+    out = [1, channels, height, width] if reverse else [windows_h * windows_w, size * size, channels]
+    return make_model(nodes, [value_info("x", [1, channels, height, width])], [value_info("y", out)],
+                      [weight("s6", np.array(six, np.int64)), weight("s4", np.array(out, np.int64))])
+
+
 REGION_CASES = {
+    "window_partition_64x4x4x7": lambda: window_partition_model(64, 4, 4, 7),
+    "window_partition_24x2x3x4": lambda: window_partition_model(24, 2, 3, 4),
+    "window_reverse_32x2x2x7": lambda: window_partition_model(32, 2, 2, 7, reverse=True),
     "attention_einsum_8x2x16x8": lambda: rank5_attention_model(8, 2, 16, 8, "einsum"),
     "attention_matmul_4x3x10x16": lambda: rank5_attention_model(4, 3, 10, 16, "matmul"),
     "qkv_split_16x2x8": lambda: qkv_split_model(16, 2, 8, "split"),

@@ -10,6 +10,8 @@ neither). The groupings are refined together to a fixpoint, so a tensor read by 
 gets one grouping that suits all of them."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -56,7 +58,8 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
             too_many = next((t for n in region for t in _data_tensors(n) if len(groups[id(t)]) > NPU_RANK), None)
             if too_many is None:
                 break
-            region = _select_before_transpose(region, groups, site, scratch)
+            region = (_select_before_transpose(region, groups, site, scratch)
+                      or _transpose_in_steps(region, site, scratch))
             if region is None:
                 return f"{too_many.name} keeps {len(groups[id(too_many)])} axis groups that move independently: above 4"
         builder = site.builder(node)
@@ -126,6 +129,78 @@ def _select_before_transpose(region: list[gs.Node], groups, site: Site,
         replaced = {id(transpose)} | {id(reader) for reader in y.outputs}
         return [n for n in region if id(n) not in replaced] + templates
     return None
+
+
+#: Most groups a Transpose may move for _transpose_in_steps to search its steps (k! orders),
+#: and most groups one step moves.
+MAX_STEPPED_GROUPS, STEP_RUNS = 6, 3
+
+
+def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node]) -> list[gs.Node] | None:
+    """The region with one Transpose that moves over 4 groups of axes replaced by templates that
+    move them in the fewest steps of at most 4 groups each (a window partition's
+    [C, H/p, p, W/p, p] -> [H/p, W/p, p, p, C] is [H/p, p, W/p, p, C] first), an identity relabel
+    between steps so each step's result is read on a grouping of its own. None when no Transpose
+    is of that kind."""
+    for transpose in (n for n in region if n.op == "Transpose"):
+        x, y = transpose.inputs[0], transpose.outputs[0]
+        shape = static_shape(x)
+        perm = [int(p) for p in transpose.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+        runs: list[list[int]] = []
+        for axis in (a for a in perm if shape[a] != 1):
+            if runs and axis == _next_nonunit(shape, runs[-1][-1]):
+                runs[-1].append(axis)
+            else:
+                runs.append([axis])
+        if not NPU_RANK < len(runs) <= MAX_STEPPED_GROUPS:
+            continue
+        by_input = sorted(runs)
+        # Steps of 3 groups: the perm table's 3-group perms have the widest limits and views.
+        orders = _fewest_steps(tuple(by_input.index(run) for run in runs), STEP_RUNS)
+        units = [a for a in range(len(shape)) if shape[a] == 1]
+        layouts = [list(range(len(shape)))]
+        layouts += [units + [a for g in order for a in by_input[g]] for order in orders[:-1]]
+        layouts.append(perm)
+        templates, source = [], x
+        for step, (before, after) in enumerate(zip(layouts, layouts[1:])):
+            last = step == len(layouts) - 2
+            out = y if last else gs.Variable(site.fresh(f"{transpose.name}/step"), x.dtype, [shape[a] for a in after])
+            templates.append(gs.Node("Transpose", site.fresh(f"{transpose.name}/step"), inputs=[source], outputs=[out],
+                                     attrs={"perm": [before.index(a) for a in after]}))
+            if not last:
+                source = gs.Variable(site.fresh(f"{transpose.name}/step_view"), x.dtype, static_shape(out))
+                shape_const = gs.Constant(site.fresh(f"{transpose.name}/step_shape"), np.array(static_shape(out), np.int64))
+                templates.append(gs.Node("Reshape", site.fresh(f"{transpose.name}/step_view"),
+                                         inputs=[out, shape_const], outputs=[source]))
+        scratch.extend(templates)
+        return [n for n in region if n is not transpose] + templates
+    return None
+
+
+def _fewest_steps(goal: tuple[int, ...], most_runs: int) -> list[tuple[int, ...]]:
+    """The orders of groups 0..k-1 reached step by step from (0, ..., k-1) to `goal`, each step
+    moving at most `most_runs` runs of neighbouring groups (a breadth-first search over the k!
+    orders; with 2 runs or more every order is reached: a block move is a step)."""
+    start = tuple(range(len(goal)))
+    orders = list(itertools.permutations(start))
+    came_from = {start: None}
+    frontier = [start]
+    while goal not in came_from:
+        following = []
+        for order in frontier:
+            where = {g: i for i, g in enumerate(order)}
+            for candidate in orders:
+                if candidate in came_from:
+                    continue
+                positions = [where[g] for g in candidate]
+                if sum(b != a + 1 for a, b in zip(positions, positions[1:])) < most_runs:
+                    came_from[candidate] = order
+                    following.append(candidate)
+        frontier = following
+    path = [goal]
+    while came_from[path[-1]] != start:
+        path.append(came_from[path[-1]])
+    return path[::-1]
 
 
 def _selection_axis(reader: gs.Node, y: gs.Tensor, opset: int) -> int | None:
