@@ -218,7 +218,23 @@ def window_partition_model(channels, windows_h, windows_w, size, reverse=False) 
                       [weight("s6", np.array(six, np.int64)), weight("s4", np.array(out, np.int64))])
 
 
+def repeat_kv_model(kv_heads, repeats, tokens, dim) -> onnx.ModelProto:
+    """llama's grouped-query repeat_kv: Unsqueeze [B, KV, T, D] -> [B, KV, 1, T, D], Expand to
+    [B, KV, R, T, D], Reshape to [B, KV*R, T, D], then a scale."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis2"], ["u5"]),
+             helper.make_node("Expand", ["u5", "e5"], ["x5"]),
+             helper.make_node("Reshape", ["x5", "s4"], ["r4"]),
+             helper.make_node("Mul", ["r4", "half"], ["y"])]
+    out = [1, kv_heads * repeats, tokens, dim]
+    return make_model(nodes, [value_info("x", [1, kv_heads, tokens, dim])], [value_info("y", out)],
+                      [weight("axis2", np.array([2], np.int64)),
+                       weight("e5", np.array([1, kv_heads, repeats, tokens, dim], np.int64)),
+                       weight("s4", np.array(out, np.int64)), weight("half", np.array([0.5], np.float32))])
+
+
 REGION_CASES = {
+    "repeat_kv_2x4x8x16": lambda: repeat_kv_model(2, 4, 8, 16),
+    "repeat_kv_1x3x5x8": lambda: repeat_kv_model(1, 3, 5, 8),
     "window_partition_64x4x4x7": lambda: window_partition_model(64, 4, 4, 7),
     "window_partition_24x2x3x4": lambda: window_partition_model(24, 2, 3, 4),
     "window_reverse_32x2x2x7": lambda: window_partition_model(32, 2, 2, 7, reverse=True),

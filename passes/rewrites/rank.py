@@ -32,7 +32,9 @@ SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 #: Batched matrix products: the batch axes merge alike in both operands and the result, the
 #: two matrix axes of each stay groups of their own.
 PRODUCTS = frozenset({"MatMul", "Einsum"})
-REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | ELEMENTWISE | AXIS_OPS | PRODUCTS
+#: Element-wise ops and Expand: operands broadcast to the result.
+BROADCASTS = ELEMENTWISE | {"Expand"}
+REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
 MAX_REGION_NODES = 64
 NPU_RANK = 4
@@ -227,7 +229,7 @@ def _selected_shape(reader: gs.Node, x_shape, axis: int, out: gs.Tensor) -> list
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
     """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
-    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | {"Gather", "Slice", "Split"} else node.inputs
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | {"Gather", "Slice", "Split", "Expand"} else node.inputs
     return [t for t in list(inputs) + list(node.outputs) if t.name]
 
 
@@ -274,8 +276,8 @@ def _unsupported(node: gs.Node, opset: int) -> str:
             return "its indices are not a constant of rank 0 or 1"
         if shape[int(node.attrs.get("axis", 0)) % len(shape)] == 1:
             return "it gathers along an axis of size 1"
-    if node.op in ELEMENTWISE and any(len(static_shape(t)) > len(static_shape(node.outputs[0]))
-                                      for t in node.inputs if t.name):
+    if node.op in BROADCASTS and any(len(static_shape(t)) > len(static_shape(node.outputs[0]))
+                                     for t in _operands(node)):
         return "an operand has a higher rank than the result"
     return ""
 
@@ -313,7 +315,7 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
         return _link(node.inputs[0], node.outputs[0], perm, joinable)
     if node.op == "Gather":
         return _refine_axis_op(node, joinable, [int(node.attrs.get("axis", 0)) % len(static_shape(node.inputs[0]))])
-    if node.op in ELEMENTWISE:
+    if node.op in BROADCASTS:
         return _refine_elementwise(node, joinable)
     if node.op in AXIS_OPS:
         return _refine_axis_op(node, joinable, _op_axes(node, opset))
@@ -388,13 +390,18 @@ def _link(x: gs.Tensor, y: gs.Tensor, out_to_in: list[int | None], joinable: dic
     return len(x_join) + len(y_join) != before
 
 
+def _operands(node: gs.Node) -> list[gs.Tensor]:
+    """What a broadcasting op broadcasts: Expand's data, an element-wise op's present inputs."""
+    return node.inputs[:1] if node.op == "Expand" else [t for t in node.inputs if t.name]
+
+
 def _refine_elementwise(node: gs.Node, joinable: dict[int, set[int]]) -> bool:
     """Operands of the result's own shape share its grouping; two axes of the result merge only
     if every broadcasting operand broadcasts along both or neither."""
     y = node.outputs[0]
     y_shape = static_shape(y)
     changed = False
-    for operand in (t for t in node.inputs if t.name):
+    for operand in _operands(node):
         shape = static_shape(operand)
         if list(shape) == list(y_shape):
             if not isinstance(operand, gs.Constant):
@@ -500,7 +507,7 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         return [element_count(aligned[a] for a in group) for group in out_groups] or [1]
 
     operands = []
-    for operand in node.inputs:
+    for operand in node.inputs if node.op != "Expand" else node.inputs[:1]:
         if not operand.name:
             operands.append(operand)
             continue
@@ -512,6 +519,8 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
             operands.append(operand)
         else:
             operands.append(builder.const(value.reshape(wanted), "grouped"))
+    if node.op == "Expand":
+        operands.append(builder.const(np.array(_grouped_shape(y_shape, out_groups), np.int64), "shape"))
     emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
 
 
@@ -522,7 +531,7 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> l
     patterns cover where [1, H, I, J] is not), each operand relabelled to it."""
     y_shape = static_shape(node.outputs[0])
     joinable = set(_nonunit(y_shape)[:-1])
-    for operand in (t for t in node.inputs if t.name):
+    for operand in _operands(node):
         shape = static_shape(operand)
         aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
         joinable = {u for u in joinable if (aligned[u] == 1) == (aligned[_next_nonunit(y_shape, u)] == 1)}
@@ -531,11 +540,13 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> l
         if len(candidate) > NPU_RANK:
             continue
         inputs = []
-        for operand in node.inputs:
+        for operand in node.inputs if node.op != "Expand" else node.inputs[:1]:
             shape = static_shape(operand) if operand.name else None
             aligned = None if shape is None else [1] * (len(y_shape) - len(shape)) + list(shape)
             view = None if aligned is None else [element_count(aligned[a] for a in g) for g in candidate] or [1]
             inputs.append(operand if view is None else gs.Variable("probe_in", operand.dtype, view))
+        if node.op == "Expand":
+            inputs.append(gs.Constant("probe_shape", np.array(_grouped_shape(y_shape, candidate), np.int64)))
         probe = gs.Node(node.op, attrs=dict(node.attrs), inputs=inputs,
                         outputs=[gs.Variable("probe_out", node.outputs[0].dtype, _grouped_shape(y_shape, candidate))])
         legal = not check_node(probe, site.target, **site.facts)
