@@ -32,14 +32,15 @@ RUN_SECONDS = 730e-6
 #: Extra seconds per step split across cores: the cores are started and joined per step.
 SPLIT_SECONDS = 150e-6
 
-# --- CPU side (RK3588: 4x Cortex-A76 + 4x Cortex-A55); assumptions, see docs/cost-model.md ----
+# --- CPU side: the rates come from each target's CPU figures (`Target.performance.cpu`); these
+#     shares turn peak figures into what a fallback op sustains (docs/cost-model.md) -------------
 
-#: Sustained float32 MACs per second of one Cortex-A76 thread running a fallback op.
-CPU_MACS_PER_SECOND = 5e9
-#: Bytes per second one CPU thread reads plus writes in an element-wise fallback op.
-CPU_BYTES_PER_SECOND = 4e9
-#: Bytes per second (read plus written) of a host layout/dtype conversion: a strided copy.
-CONVERSION_BYTES_PER_SECOND = 3.3e9
+#: Share of a CPU core's peak fp32 NEON MAC rate a fallback op sustains: about a quarter
+#: (assumed; with RK3588's A76 figures, 2.4 GHz x 8 MACs x 0.26 = 5 GMAC/s as calibrated before).
+CPU_MAC_EFFICIENCY = 0.26
+#: Share of one thread's streaming rate a host layout/dtype conversion reaches: it is a strided
+#: copy (assumed; 3.3 of 4 GB/s, the low end of RK3588's measured memcpy range).
+CONVERSION_SHARE = 0.825
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,12 @@ class Hardware:
     fp16_macs_per_core: float  # per second
     ddr_bytes_per_second: float  # theoretical peak
     source: str
+    cpu_macs_per_second: float  # one fallback thread, sustained fp32
+    cpu_bytes_per_second: float  # one thread, read plus written
+
+    @property
+    def conversion_bytes_per_second(self) -> float:
+        return self.cpu_bytes_per_second * CONVERSION_SHARE
 
     def macs_per_second(self, dtype: str) -> float:
         if dtype in ("int8", "uint8"):
@@ -76,12 +83,17 @@ FP16_SHARE = 0.25
 
 def hardware_for(target: Target) -> Hardware:
     """The cost model's view of `target`, from the figures its own file gives
-    (`Target.performance`): the marketed int8 TOPS spread over its cores (one MAC is two ops)."""
+    (`Target.performance`): the marketed int8 TOPS spread over its cores (one MAC is two ops),
+    and one thread of its CPU complex for fallback steps and host conversions."""
     figures = target.performance
     if figures is None:
         raise CompileError(f"the cost model has no figures for target {target.name}")
     int8 = figures.int8_tops * 1e12 / 2 / target.npu_cores
-    return Hardware(target.name, int8, int8 * FP16_SHARE, figures.ddr_gb_per_second * 1e9, figures.source)
+    cpu = figures.cpu
+    return Hardware(target.name, int8, int8 * FP16_SHARE, figures.ddr_gb_per_second * 1e9,
+                    f"{figures.source}; CPU: {cpu.cores}, {cpu.source}",
+                    cpu_macs_per_second=cpu.clock_ghz * 1e9 * cpu.fp32_macs_per_cycle * CPU_MAC_EFFICIENCY,
+                    cpu_bytes_per_second=cpu.thread_gb_per_second * 1e9)
 
 
 @dataclass(frozen=True)
@@ -122,13 +134,13 @@ def npu_seconds(work: StepWork, hardware: Hardware, dtype: str, share: Share = W
     return max(compute, moved / hardware.bandwidth_per_core(active)) + STEP_SECONDS
 
 
-def cpu_seconds(work: StepWork) -> float:
+def cpu_seconds(work: StepWork, hardware: Hardware) -> float:
     """A CPU-fallback step on one thread: compute- or memory-bound, whichever is slower."""
-    return max(work.macs / CPU_MACS_PER_SECOND, work.bytes / CPU_BYTES_PER_SECOND)
+    return max(work.macs / hardware.cpu_macs_per_second, work.bytes / hardware.cpu_bytes_per_second)
 
 
-def host_seconds(work: StepWork) -> float:
-    return work.bytes / CONVERSION_BYTES_PER_SECOND
+def host_seconds(work: StepWork, hardware: Hardware) -> float:
+    return work.bytes / hardware.conversion_bytes_per_second
 
 
 def step_seconds(work: StepWork, hardware: Hardware, dtype: str, active: int = 1) -> float:
@@ -136,7 +148,7 @@ def step_seconds(work: StepWork, hardware: Hardware, dtype: str, active: int = 1
     cache hierarchy in front of the DDR, a simplification)."""
     if work.device == "npu":
         return npu_seconds(work, hardware, dtype, active=active)
-    return cpu_seconds(work) if work.device == "cpu" else host_seconds(work)
+    return cpu_seconds(work, hardware) if work.device == "cpu" else host_seconds(work, hardware)
 
 
 def image_seconds(works: list[StepWork], hardware: Hardware, dtype: str, active: int = 1) -> float:

@@ -67,6 +67,21 @@ class OpRule:
 
 
 @dataclass(frozen=True)
+class CpuFigures:
+    """The CPU complex that runs the plan's CPU-fallback steps and host conversions, as the SoC
+    datasheet gives it: the cores (a fallback step runs on one thread of the fastest cluster),
+    that cluster's clock, the fp32 NEON multiply-accumulates one of its cores issues per cycle,
+    and the bytes per second (read plus written) one thread streams from the DDR. `source` says
+    which figures are published and which are assumed (docs/cost-model.md)."""
+
+    cores: str
+    clock_ghz: float
+    fp32_macs_per_cycle: float
+    thread_gb_per_second: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Performance:
     """The published figures the cost model (rkcompile/cost_model.py) times steps with:
     marketed int8 TOPS over all NPU cores and the DDR's theoretical bandwidth, with where each
@@ -75,6 +90,7 @@ class Performance:
     int8_tops: float
     ddr_gb_per_second: float
     source: str
+    cpu: CpuFigures
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ float16 plans meet. One core: seed 003 3.1.1 and seed 004 name multi-core for RK
 only.
 """
 from .common import SHARED_KERNELS, Figures, build_target
-from .model import Performance
+from .model import CpuFigures, Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + (
@@ -23,5 +23,9 @@ TARGET = build_target(
     figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8)),
     kernel_dtypes=KERNEL_DTYPES,
     performance=Performance(int8_tops=0.3, ddr_gb_per_second=1.0,
-                            source="no published figure: assumed"),
+                            source="no published figure: assumed",
+                            cpu=CpuFigures(
+                                cores="Cortex-M class MCU with HiFi4 DSPs (no published CPU figure)", clock_ghz=0.4, fp32_macs_per_cycle=1,
+                                thread_gb_per_second=0.5,
+                                source="no published CPU figure: every number assumed (a 400 MHz microcontroller-class core, 1 MAC/cycle, 0.5 GB/s)")),
 )

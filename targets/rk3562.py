@@ -6,7 +6,7 @@ float16 8). One core: seed 003 3.1.1 and seed 004 name core selection and multi-
 for RK3588 and RK3576 only. No SRAM size is given by the seeds.
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SEED_000, SEED_000_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
-from .model import Performance
+from .model import CpuFigures, Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
@@ -23,5 +23,9 @@ TARGET = build_target(
     figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8)),
     kernel_dtypes=KERNEL_DTYPES,
     performance=Performance(int8_tops=1.0, ddr_gb_per_second=8.5,
-                            source="marketed 1 TOPS; 32-bit LPDDR4-2133 (assumed)"),
+                            source="marketed 1 TOPS; 32-bit LPDDR4-2133 (assumed)",
+                            cpu=CpuFigures(
+                                cores="4x Cortex-A53 @ 2.0 GHz", clock_ghz=2.0, fp32_macs_per_cycle=2,
+                                thread_gb_per_second=2.0,
+                                source="RK3562 datasheet: 4x A53 up to 2.0 GHz; 2 MACs/cycle: a 64-bit NEON datapath issues a 4-lane FMA every 2 cycles (assumed); 2 GB/s per thread assumed")),
 )

@@ -7,7 +7,7 @@ table 3-1. Cores: seed 004, 4.1.4.1 ("2 cores inside the RK3576 NPU"). No SRAM s
 the seeds. RV1126B shares every rule here (rv1126b.py).
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SEED_001, SEED_001_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
-from .model import Performance
+from .model import CpuFigures, Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
@@ -41,5 +41,9 @@ TARGET = build_target(
     oplist_platform="RK3576/RV1126B", kernels=KERNELS, multi_core=MULTI_CORE, seeds=SEEDS,
     figures=FIGURES, kernel_dtypes=KERNEL_DTYPES,
     performance=Performance(int8_tops=6.0, ddr_gb_per_second=17.0,
-                            source="marketed 6 TOPS over 2 cores; 32-bit LPDDR4x-4266 (assumed)"),
+                            source="marketed 6 TOPS over 2 cores; 32-bit LPDDR4x-4266 (assumed)",
+                            cpu=CpuFigures(
+                                cores="4x Cortex-A72 @ 2.2 GHz + 4x Cortex-A53 @ 1.8 GHz", clock_ghz=2.2, fp32_macs_per_cycle=8,
+                                thread_gb_per_second=3.0,
+                                source="RK3576 datasheet: 4x A72 up to 2.2 GHz; 8 MACs/cycle: two 128-bit NEON pipes (assumed sustained like the A76); 3 GB/s per thread assumed")),
 )

@@ -7,7 +7,7 @@ Kernel and multi-core lists: oplist V2.3.2, platform RK3588 (multi-core: the ker
 rules cite the oplist, except the MatMul depth, which seed 002's K split gives.
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
-from .model import Performance
+from .model import CpuFigures, Performance
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",
@@ -30,5 +30,9 @@ TARGET = build_target(
     figures=Figures(matmul_k=8192, matmul_k_source="seed 002, V2.5.0 Matmul API: K above 8192 is split "
                                                    "on RK3588; oplist V2.3.2 RK3588 exMatMul k in (0, 8192]"),
     performance=Performance(int8_tops=6.0, ddr_gb_per_second=34.1,
-                            source="TRM: 1024x3 int8 MACs per cycle at 1 GHz; 4x16-bit LPDDR4x-4266"),
+                            source="TRM: 1024x3 int8 MACs per cycle at 1 GHz; 4x16-bit LPDDR4x-4266",
+                            cpu=CpuFigures(
+                                cores="4x Cortex-A76 @ 2.4 GHz + 4x Cortex-A55 @ 1.8 GHz", clock_ghz=2.4, fp32_macs_per_cycle=8,
+                                thread_gb_per_second=4.0,
+                                source="RK3588 datasheet: 4x A76 up to 2.4 GHz; 8 MACs/cycle: two 128-bit NEON FMA pipes; 4 GB/s per thread assumed (Radxa forum memcpy 3.3-22.6 GB/s)")),
 )

@@ -6,7 +6,7 @@ table 3-1 (column RV1103/RV1106: int8 16, float16 8). One core: seed 003 3.1.1 a
 multi-core for RK3588 and RK3576 only.
 """
 from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
-from .model import Performance
+from .model import CpuFigures, Performance
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GlobalAveragePool", "Hardmax", "LSTM", "Min", "Pow",
@@ -27,5 +27,9 @@ TARGET = build_target(
     figures=Figures(deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8), hardmax_volume=8192),
     kernel_dtypes=KERNEL_DTYPES,
     performance=Performance(int8_tops=0.5, ddr_gb_per_second=2.1,
-                            source="marketed 0.5 TOPS; 16-bit DDR3L-1066 (assumed)"),
+                            source="marketed 0.5 TOPS; 16-bit DDR3L-1066 (assumed)",
+                            cpu=CpuFigures(
+                                cores="1x Cortex-A7 @ 1.2 GHz", clock_ghz=1.2, fp32_macs_per_cycle=1,
+                                thread_gb_per_second=0.8,
+                                source="RV1106 datasheet: 1x A7 up to 1.2 GHz; 1 MAC/cycle: VFPv4 NEON on a 64-bit datapath (assumed); 0.8 GB/s on 16-bit DDR3L assumed")),
 )

@@ -7,7 +7,7 @@ lives on this NPU. One core: seed 003 3.1.1 and seed 004 name multi-core for RK3
 only.
 """
 from .common import SHARED_KERNELS, Figures, build_target
-from .model import Performance
+from .model import CpuFigures, Performance
 from .transpose import WIDE
 
 KERNELS = SHARED_KERNELS + (
@@ -25,5 +25,9 @@ TARGET = build_target(
     figures=Figures(transpose_pq=WIDE, deconv_strides=(1, 2, 3, 4, 5, 6, 7, 8), max_pool_extent=(7, 7)),
     kernel_dtypes=KERNEL_DTYPES,
     performance=Performance(int8_tops=1.0, ddr_gb_per_second=2.1,
-                            source="marketed 1 TOPS; 16-bit DDR3L-1066 (assumed)"),
+                            source="marketed 1 TOPS; 16-bit DDR3L-1066 (assumed)",
+                            cpu=CpuFigures(
+                                cores="1x Cortex-A7 @ 1.2 GHz", clock_ghz=1.2, fp32_macs_per_cycle=1,
+                                thread_gb_per_second=0.8,
+                                source="RV1106B: 1x A7, clock and rates assumed as RV1106 (1 MAC/cycle, 0.8 GB/s on 16-bit DDR3L)")),
 )

@@ -5,7 +5,7 @@ reads "RV1126B: not supported", and RV1126B has one core (seed 004 names multi-c
 RK3588 and RK3576 only). C2: seed 003, table 3-1 (column RK3588/RK3576/RV1126B).
 """
 from .common import build_target
-from .model import Performance
+from .model import CpuFigures, Performance
 from .rk3576 import FIGURES, KERNEL_DTYPES, KERNELS, SEEDS
 
 TARGET = build_target(
@@ -13,5 +13,9 @@ TARGET = build_target(
     oplist_platform="RK3576/RV1126B", kernels=KERNELS, seeds=SEEDS, figures=FIGURES,
     kernel_dtypes=KERNEL_DTYPES,
     performance=Performance(int8_tops=3.0, ddr_gb_per_second=8.5,
-                            source="marketed 3 TOPS; 16-bit LPDDR4x-4266 (assumed)"),
+                            source="marketed 3 TOPS; 16-bit LPDDR4x-4266 (assumed)",
+                            cpu=CpuFigures(
+                                cores="4x Cortex-A53 @ 1.6 GHz", clock_ghz=1.6, fp32_macs_per_cycle=2,
+                                thread_gb_per_second=1.6,
+                                source="RV1126B datasheet: 4x A53 up to 1.6 GHz; 2 MACs/cycle (assumed, as RK3562); 1.6 GB/s per thread assumed")),
 )

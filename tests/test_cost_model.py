@@ -2,7 +2,9 @@
 every target, and the calibration against the published rknn_model_zoo RK3588 fps."""
 from __future__ import annotations
 
+import ast
 import dataclasses
+import math
 import sys
 
 import onnx
@@ -56,10 +58,54 @@ def test_a_share_reads_whole_what_its_axis_does_not_divide():
 def test_cpu_and_host_steps_use_the_cpu_rates_and_ignore_npu_cores():
     cpu = StepWork("cpu", macs=10**9, weight_bytes=0, input_bytes=100, output_bytes=100)
     assert cost_model.step_seconds(cpu, RK3588, "float16", active=3) == pytest.approx(
-        10**9 / cost_model.CPU_MACS_PER_SECOND)
+        10**9 / RK3588.cpu_macs_per_second)
     host = StepWork("host", macs=0, weight_bytes=0, input_bytes=10**6, output_bytes=2 * 10**6)
     assert cost_model.step_seconds(host, RK3588, "float16") == pytest.approx(
-        3 * 10**6 / cost_model.CONVERSION_BYTES_PER_SECOND)
+        3 * 10**6 / RK3588.conversion_bytes_per_second)
+
+
+def test_cpu_rates_follow_the_targets_cpu_figures():
+    """Each SoC's fallback steps run at its own CPU complex's rate (targets/<soc>.py), not RK3588's:
+    doubling a target's clock halves a compute-bound CPU step, a slower memory a memory-bound one."""
+    rk3588, rk3562 = get_target("rk3588"), get_target("rk3562")
+    compute = StepWork("cpu", macs=10**9, weight_bytes=0, input_bytes=10, output_bytes=10)
+    memory = StepWork("cpu", macs=10, weight_bytes=0, input_bytes=10**8, output_bytes=10**8)
+    small = cost_model.hardware_for(rk3562)
+    assert cost_model.step_seconds(compute, small, "float16") > cost_model.step_seconds(compute, RK3588, "float16")
+    cpu = rk3562.performance.cpu
+    faster = dataclasses.replace(cpu, clock_ghz=2 * cpu.clock_ghz, thread_gb_per_second=cpu.thread_gb_per_second / 2)
+    boosted = cost_model.hardware_for(dataclasses.replace(
+        rk3562, performance=dataclasses.replace(rk3562.performance, cpu=faster)))
+    assert cost_model.step_seconds(compute, boosted, "float16") == pytest.approx(
+        cost_model.step_seconds(compute, small, "float16") / 2)
+    assert cost_model.step_seconds(memory, boosted, "float16") == pytest.approx(
+        2 * cost_model.step_seconds(memory, small, "float16"))
+    host = StepWork("host", macs=0, weight_bytes=0, input_bytes=10**6, output_bytes=10**6)
+    assert cost_model.step_seconds(host, boosted, "float16") == pytest.approx(
+        2 * cost_model.step_seconds(host, small, "float16"))
+
+
+def test_the_cost_model_names_no_soc_and_copies_no_cpu_figure():
+    """Targets are data: the figures live in targets/<soc>.py and the model only reads them. Its
+    code (comments and docstrings, which cite the calibration, apart) names no SoC or CPU core,
+    and holds no absolute rate: every number is a share, a unit scale or a time."""
+    tree = ast.parse((REPO / "rkcompile" / "cost_model.py").read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body.pop(0)
+    code = ast.unparse(tree).lower()
+    names = [name.lower() for target in all_targets() for name in (target.name, *target.aliases)]
+    for word in (*names, "cortex", "a76", "a72", "a55", "a53"):
+        assert word not in code, word
+    numbers = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+               and isinstance(node.value, (int, float)) and not isinstance(node.value, bool)]
+    assert all(abs(n) < 1000 or math.log10(abs(n)).is_integer() for n in numbers), numbers
+    for target in all_targets():
+        cpu = target.performance.cpu
+        assert cpu.cores and cpu.source and cpu.clock_ghz > 0 and cpu.fp32_macs_per_cycle > 0
+        assert cpu.thread_gb_per_second > 0
 
 
 def test_one_core_reference_pays_one_run():
