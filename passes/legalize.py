@@ -36,8 +36,9 @@ class CheckedNode(NamedTuple):
 
 def run(ctx: CompileContext) -> None:
     if not ctx.target.supports_dtype(ctx.options.dtype):
-        raise CompileError(f"{ctx.target.name} has no {ctx.options.dtype} tensors on its NPU "
-                           f"(seed 003, table 3-1: C2 is '/'), so a {ctx.options.dtype} plan cannot use it")
+        runs = sorted(dtype for dtype in ctx.target.c2 if ctx.target.supports_dtype(dtype))
+        raise CompileError(f"{ctx.target.name}'s NPU runs {' and '.join(runs)} only: it has no {ctx.options.dtype} "
+                           f"tensors (seed 003, table 3-1: C2 is '/'); use --dtype {runs[0]}")
     facts = compile_facts(ctx)
     ctx.failures, ctx.verdicts = {}, {}
     for node in ctx.graph.nodes:

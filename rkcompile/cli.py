@@ -10,7 +10,8 @@ from pathlib import Path
 from . import __version__
 from .context import Options
 from .errors import CompileError
-from .plan import write_atomically
+from .idle_npu import refuse_idle_npu
+from .plan import STDOUT, write_atomically
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -87,8 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(needs Graphviz's dot), a self-contained HTML page, or an ONNX "
                                             "file with one rkcompile::NpuPartition node per NPU partition.")
     _add_model_arguments(graph, names)
-    graph.add_argument("--format", required=True, choices=GRAPH_FORMATS, help="what to write")
-    graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT", help="the file to write")
+    graph.add_argument("--format", choices=GRAPH_FORMATS,
+                       help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm or .onnx)")
+    graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
+                       help="the file to write ('-' for standard output, with --format)")
 
     run = commands.add_parser("run", help="execute a plan on the numpy emulator and check its outputs",
                               description="Plan MODEL (or load a saved plan) and execute the plan on the numpy "
@@ -98,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", type=Path, metavar="PLAN",
                      help="execute this saved plan: a PLAN.rkplan artifact needs no MODEL (given one, it must "
                           "be the model planned); a plan JSON file is checked against MODEL planned afresh")
-    run.add_argument("--inputs", type=Path, metavar="X.npz",
-                     help="input arrays keyed by graph input name (missing ones are seeded random)")
+    run.add_argument("--inputs", type=Path, metavar="X.npz|X.npy",
+                     help="input arrays: an .npz keyed by graph input name (and, for --check, reference outputs "
+                          "by output name; inputs it lacks are seeded random, keys the model does not name are "
+                          "refused), or one .npy array for a single-input model")
     run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name")
     run.add_argument("--check", action="store_true",
                      help="compare with the reference arrays in --inputs, else with onnxruntime; "
@@ -193,14 +198,16 @@ def _plan(args: argparse.Namespace) -> int:
     from .summary import render_summary
 
     shapes = dict(args.input_shape)
-    for option, path in (("--json", args.json), ("--output", args.output)):
-        if path is not None and not path.parent.is_dir():
-            raise CompileError(f"{option}: folder {path.parent} does not exist")
+    to_stdout = [option for option, path in (("--json", args.json), ("--output", args.output))
+                 if path is not None and str(path) == STDOUT]
+    if len(to_stdout) > 1:
+        raise CompileError("--json - and --output - both ask for standard output; send one to a file")
     if args.dump_after and not args.dump_dir.is_dir():
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
     plan, ctx = compile_model(args.model, args.target, options)
+    refuse_idle_npu(plan)
     explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]
     if args.strict and fallbacks:
@@ -213,10 +220,12 @@ def _plan(args: argparse.Namespace) -> int:
         from .api import Plan, weight_region
 
         Plan(plan, weight_region(plan, ctx.graph, ctx.target)).save(args.output)
+    # With the plan on standard output, what a person reads goes to standard error.
+    text_stream = sys.stderr if to_stdout else sys.stdout
     if explanation is not None:
-        print(explanation)
+        print(explanation, file=text_stream)
     elif not args.quiet:
-        print(render_summary(plan))
+        print(render_summary(plan), file=text_stream)
     return 0
 
 
@@ -237,8 +246,6 @@ def _ops(args: argparse.Namespace) -> int:
     from .ops_doc import render_supported_ops
     from .targets import get_target
 
-    if args.output is not None and not args.output.parent.is_dir():
-        raise CompileError(f"--output: folder {args.output.parent} does not exist")
     document = render_supported_ops(get_target(args.target), args.format)
     if args.output is not None:
         write_atomically(args.output, document)
@@ -248,6 +255,8 @@ def _ops(args: argparse.Namespace) -> int:
 
 
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
+#: `graph -o OUT` without --format: the format OUT's suffix names
+GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx"}
 CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantize.py METHODS
 OPS_FORMATS = ("md", "text")
 
@@ -255,12 +264,15 @@ OPS_FORMATS = ("md", "text")
 def _graph(args: argparse.Namespace) -> int:
     from .pipeline import compile_model
 
-    if not args.output.parent.is_dir():
-        raise CompileError(f"--output: folder {args.output.parent} does not exist")
+    graph_format = args.format or GRAPH_SUFFIXES.get(args.output.suffix.lower())
+    if graph_format is None:
+        raise CompileError(f"--format: cannot tell the format from '{args.output}'; add --format "
+                           f"({'|'.join(GRAPH_FORMATS)}) or name the file {', '.join(GRAPH_SUFFIXES)}")
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
     plan, ctx = compile_model(args.model, args.target, options)
-    if args.format == "onnx":
+    refuse_idle_npu(plan)
+    if graph_format == "onnx":
         from .partitioned_onnx import partitioned_model
 
         write_atomically(args.output, partitioned_model(ctx).SerializeToString())
@@ -268,7 +280,7 @@ def _graph(args: argparse.Namespace) -> int:
     from .partition_view import build_view
 
     view = build_view(plan, ctx)
-    if args.format == "html":
+    if graph_format == "html":
         from .html_report import to_html
         from .summary import render_summary
 
@@ -277,7 +289,7 @@ def _graph(args: argparse.Namespace) -> int:
     from .graphviz import dot_to_svg, to_dot
 
     dot_source = to_dot(view)
-    write_atomically(args.output, dot_to_svg(dot_source) if args.format == "svg" else dot_source)
+    write_atomically(args.output, dot_to_svg(dot_source) if graph_format == "svg" else dot_source)
     return 0
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
+
+from .errors import CompileError
 
 
 PLAN_SCHEMA = "rkcompile.plan/2"
@@ -296,12 +299,28 @@ def _build(cls, data: dict[str, Any], nested: dict[str, Callable[[Any], Any]] | 
     return cls(**values)
 
 
+#: The path that means "standard output" to every command that writes a file (`--json -`).
+STDOUT = "-"
+
+
 def write_atomically(path: str | os.PathLike, text: str | bytes) -> None:
     """Write via a temporary file in the same folder, so a failure leaves no partial file;
-    `bytes` are written as they are, `str` as UTF-8."""
+    `bytes` are written as they are, `str` as UTF-8. The path "-" writes to standard output.
+    Missing parent folders are created, and the file gets the mode any new file gets under the
+    umask (mkstemp's own 0600 would hide a plan from the other users of a board)."""
+    if str(path) == STDOUT:
+        stream = sys.stdout.buffer if isinstance(text, bytes) else sys.stdout
+        stream.write(text)
+        stream.flush()
+        return
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise CompileError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        os.chmod(temporary, 0o666 & ~_umask())
         with (os.fdopen(handle, "wb") if isinstance(text, bytes) else
               os.fdopen(handle, "w", encoding="utf-8")) as stream:
             stream.write(text)
@@ -309,6 +328,13 @@ def write_atomically(path: str | os.PathLike, text: str | bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask; reading it means setting it, so it is set straight back."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> list[str]:

@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import io
 import json
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -21,7 +22,8 @@ from .emulator.compare import agreement, onnxruntime_outputs
 from .emulator.session import Prepared, emulate, make_inputs
 from .emulator.storage import EmulationError
 from .errors import CompileError
-from .plan import write_atomically
+from .idle_npu import refuse_idle_npu
+from .plan import STDOUT, write_atomically
 from .targets import get_target
 
 
@@ -30,17 +32,25 @@ DEFAULT_MIN_COSINE = {"float16": 0.9999, "int8": 0.99}
 
 
 def run_command(args: argparse.Namespace, options: Options) -> int:
-    for option, path in (("--outputs", args.outputs), ("--json", args.json)):
-        if path is not None and not path.parent.is_dir():
-            raise EmulationError(f"{option}: folder {path.parent} does not exist")
-    given = load_npz(args.inputs) if args.inputs is not None else {}
+    to_stdout = [option for option, path in (("--json", args.json), ("--outputs", args.outputs))
+                 if path is not None and str(path) == STDOUT]
+    if len(to_stdout) > 1:
+        raise CompileError("--json - and --outputs - both ask for standard output; send one to a file")
+    # With a file on standard output, what a person reads goes to standard error.
+    text = sys.stderr if to_stdout else sys.stdout
+    arrays = _load_inputs(args.inputs) if args.inputs is not None else None
     prepared = _prepared(args, options)
+    refuse_idle_npu(prepared.plan)
+    given = {} if arrays is None else match_inputs(args.inputs, arrays, prepared.plan)
     inputs = make_inputs(prepared.plan, given, args.seed)
+    if given and set(inputs) - set(given):
+        print(f"note: seeded random values for {', '.join(sorted(set(inputs) - set(given)))} "
+              f"(not in {args.inputs})", file=sys.stderr)
     started = time.perf_counter()
     steps = None
     if args.accuracy_analysis:
         steps, execution = analyse(prepared, inputs)
-        print(render(steps))
+        print(render(steps), file=text)
     else:
         execution = emulate(prepared, inputs)
     seconds = time.perf_counter() - started
@@ -66,16 +76,16 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
         passed = all(a.passes(min_cosine) for a in agreements)
         report.update(reference=source, min_cosine=min_cosine, passed=passed,
                       agreement=[a.to_dict() for a in agreements])
-        print(f"{'output':32} {'cosine':>12} {'max abs':>12} {'max rel':>12}  (vs {source})")
+        print(f"{'output':32} {'cosine':>12} {'max abs':>12} {'max rel':>12}  (vs {source})", file=text)
         for a in agreements:
             verdict = "ok" if a.passes(min_cosine) else f"FAIL (< {min_cosine})"
-            print(f"{a.output[:32]:32} {a.cosine:12.8f} {a.max_abs:12.4g} {a.max_rel:12.4g}  {verdict}")
+            print(f"{a.output[:32]:32} {a.cosine:12.8f} {a.max_abs:12.4g} {a.max_rel:12.4g}  {verdict}", file=text)
         status = 0 if passed else 1
     else:
         print(f"ran {len(prepared.plan.steps)} steps in {seconds:.3f}s; outputs: "
-              + ", ".join(f"{n} {list(v.shape)}" for n, v in execution.outputs.items()))
+              + ", ".join(f"{n} {list(v.shape)}" for n, v in execution.outputs.items()), file=text)
     for fallback in execution.fallbacks:
-        print(f"note: onnx.reference computed {fallback}")
+        print(f"note: onnx.reference computed {fallback}", file=text)
     if args.json is not None:
         write_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return status
@@ -106,6 +116,40 @@ def _read(path: Path) -> bytes:
         raise CompileError(f"cannot read {path}: {exc.strerror}") from None
 
 
+def _load_inputs(path: Path) -> np.ndarray | dict[str, np.ndarray]:
+    """--inputs as the file holds it: one array (.npy) or arrays keyed by name (.npz)."""
+    if path.suffix.lower() != ".npy":
+        return load_npz(path)
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise EmulationError(f"--inputs: {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise EmulationError(f"--inputs: {path} is not an .npy array ({exc})") from None
+
+
+def match_inputs(path: Path, arrays: np.ndarray | dict[str, np.ndarray], plan) -> dict[str, np.ndarray]:
+    """--inputs keyed by the model's names, never guessed: one .npy array is the input of a
+    single-input model; an .npz names model inputs (and, for --check, reference outputs), and a
+    key that is neither, or a file naming none of the inputs, is refused (random values in
+    their place would make the comparison meaningless)."""
+    names = [spec.name for spec in plan.model.inputs]
+    expected = ", ".join(names)
+    if isinstance(arrays, np.ndarray):
+        if len(names) != 1:
+            raise EmulationError(f"--inputs: {path} holds one array but the model has {len(names)} inputs "
+                                 f"({expected}); give an .npz keyed by input name")
+        return {names[0]: arrays}
+    outputs = {spec.name for spec in plan.model.outputs}
+    unknown = sorted(set(arrays) - set(names) - outputs)
+    if unknown:
+        raise EmulationError(f"--inputs: {path} holds {', '.join(map(repr, unknown))}, which the model does not "
+                             f"name; expected inputs: {expected}")
+    if not set(arrays) & set(names):
+        raise EmulationError(f"--inputs: {path} holds none of the model's inputs; expected inputs: {expected}")
+    return arrays
+
+
 def load_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -120,6 +164,4 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """np.savez through write_atomically's temporary-file discipline, in bytes."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(buffer.getvalue())
-    temporary.replace(path)
+    write_atomically(path, buffer.getvalue())

@@ -424,7 +424,7 @@ def test_int8_only_convolutions_of_rv1106_refuse_float16_plans(tmp_path):
 
 
 def test_rv1106b_has_no_float16_storage(tmp_path):
-    with pytest.raises(CompileError, match=r"rv1106b has no float16 tensors on its NPU \(seed 003, table 3-1"):
+    with pytest.raises(CompileError, match=r"rv1106b.s NPU runs int8 only: it has no float16 tensors \(seed 003, table 3-1"):
         planned(tmp_path, one_node("Relu", x4()), "rv1106b")
 
 

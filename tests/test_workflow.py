@@ -1,0 +1,142 @@
+"""The command line as a new user meets it (issue 17): refusals that name the way out, --inputs
+matched by name, output files a user can read, and a summary that shows its evidence."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rkcompile.cli import main
+from rkcompile.pipeline import compile_model
+from rkcompile.summary import render_summary
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "tiny_cnn.onnx"
+
+
+def _one_line_error(capsys, code: int) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and err.startswith("error: ") and "internal" not in err
+    return err
+
+
+def test_float16_on_an_int8_only_npu_is_refused_naming_int8(capsys):
+    """rv1106 stores float16 (C2 8) but its convolutions run int8 only: planning 0% silently was the bug."""
+    err = _one_line_error(capsys, main(["plan", str(EXAMPLE), "--target", "rv1106"]))
+    assert "rv1106's NPU runs" in err and "use --dtype int8" in err
+
+
+def test_float16_on_a_target_without_float16_storage_names_int8(capsys):
+    err = _one_line_error(capsys, main(["plan", str(EXAMPLE), "--target", "rv1106b"]))
+    assert "use --dtype int8" in err
+
+
+def test_int8_on_the_int8_only_npu_still_plans(capsys):
+    assert main(["plan", str(EXAMPLE), "--target", "rv1106", "--dtype", "int8", "--quiet"]) == 0
+
+
+def _model_names():
+    plan, _ = compile_model(EXAMPLE, "rk3588")
+    return [s.name for s in plan.model.inputs], [s.name for s in plan.model.outputs], plan.model.inputs[0]
+
+
+def test_run_refuses_an_npz_whose_keys_are_not_the_models(tmp_path, capsys):
+    inputs, _, spec = _model_names()
+    other = tmp_path / "other.npz"
+    np.savez(other, images=np.zeros(spec.shape, np.float32))
+    err = _one_line_error(capsys, main(["run", str(EXAMPLE), "--target", "rk3588", "--inputs", str(other), "--check"]))
+    assert "'images'" in err and f"expected inputs: {', '.join(inputs)}" in err
+
+
+def test_run_refuses_an_npz_of_reference_outputs_without_inputs(tmp_path, capsys):
+    _, outputs, _ = _model_names()
+    only_outputs = tmp_path / "ref.npz"
+    np.savez(only_outputs, **{outputs[0]: np.zeros(3, np.float32)})
+    err = _one_line_error(capsys, main(["run", str(EXAMPLE), "--target", "rk3588", "--inputs", str(only_outputs)]))
+    assert "none of the model's inputs" in err
+
+
+def test_run_takes_an_npy_for_a_single_input_model(tmp_path, capsys):
+    inputs, _, spec = _model_names()
+    array = np.random.default_rng(1).standard_normal(spec.shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", array)
+    np.savez(tmp_path / "x.npz", **{inputs[0]: array})
+    reports = []
+    for name in ("x.npy", "x.npz"):
+        report = tmp_path / f"{name}.json"
+        assert main(["run", str(EXAMPLE), "--target", "rk3588", "--inputs", str(tmp_path / name),
+                     "--outputs", str(tmp_path / f"{name}.out.npz"), "--json", str(report)]) == 0
+        reports.append(json.loads(report.read_text())["random_inputs"])
+    assert reports == [[], []]
+    with np.load(tmp_path / "x.npy.out.npz") as a, np.load(tmp_path / "x.npz.out.npz") as b:
+        assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_run_refuses_an_npy_for_a_multi_input_model(tmp_path, capsys, save):
+    from onnx import helper
+    from conftest import make_model, value_info
+
+    model = save(make_model([helper.make_node("Add", ["a", "b"], ["y"])],
+                            [value_info("a", [1, 4, 2, 2]), value_info("b", [1, 4, 2, 2])], [value_info("y", [1, 4, 2, 2])]))
+    np.save(tmp_path / "x.npy", np.zeros((1, 4, 2, 2), np.float32))
+    err = _one_line_error(capsys, main(["run", str(model), "--target", "rk3588", "--inputs", str(tmp_path / "x.npy")]))
+    assert "2 inputs (a, b)" in err
+
+
+def test_onnxruntime_is_a_runtime_dependency():
+    """run --check and zoo --run import onnxruntime: a test extra left `pip install .` broken."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert any(dep.split(">")[0].split("=")[0].strip() == "onnxruntime" for dep in project["dependencies"])
+
+
+def test_outputs_follow_the_umask_and_folders_are_created(tmp_path, capsys):
+    previous = os.umask(0o022)
+    try:
+        plan_json, artifact = tmp_path / "new" / "deeper" / "plan.json", tmp_path / "made" / "m.rkplan"
+        assert main(["plan", str(EXAMPLE), "--target", "rk3588", "--quiet", "--json", str(plan_json),
+                     "-o", str(artifact)]) == 0
+    finally:
+        os.umask(previous)
+    for path in (plan_json, artifact):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_dash_writes_to_standard_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", str(EXAMPLE), "--target", "rk3588", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["target"] == "rk3588"
+    assert "Network summary" in captured.err
+    assert main(["graph", str(EXAMPLE), "--target", "rk3588", "--format", "dot", "-o", "-"]) == 0
+    assert capsys.readouterr().out.startswith("digraph")
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("suffix, start", [(".html", b"<!DOCTYPE html"), (".dot", b"digraph"), (".onnx", None)])
+def test_graph_infers_the_format_from_the_suffix(tmp_path, suffix, start):
+    out = tmp_path / f"g{suffix}"
+    assert main(["graph", str(EXAMPLE), "--target", "rk3588", "-o", str(out)]) == 0
+    if start is None:
+        import onnx
+
+        assert any(n.op_type == "NpuPartition" for n in onnx.load(str(out)).graph.node)
+    else:
+        assert out.read_bytes().lstrip()[:len(start)].lower() == start.lower()
+
+
+def test_graph_without_format_or_known_suffix_is_refused(tmp_path, capsys):
+    err = _one_line_error(capsys, main(["graph", str(EXAMPLE), "--target", "rk3588", "-o", str(tmp_path / "g.txt")]))
+    assert "--format" in err
+
+
+def test_python_dash_m_rkcompile(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rkcompile", "targets"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "rk3588" in result.stdout
