@@ -106,7 +106,9 @@ def split_halves_on_channels(match: Match) -> tuple[bool, str]:
     return ok, f"axis {axis}, parts {halves}"
 
 
-def _reduce_axes(node) -> list[int] | None:
+def reduction_axes(node) -> list[int] | None:
+    """A Reduce* node's axes, from its attribute or (newer opsets) its constant input; None when
+    not given or not constant."""
     if "axes" in node.attrs:
         return list(node.attrs["axes"])
     if len(node.inputs) > 1 and node.inputs[1].name:
@@ -121,7 +123,7 @@ def _normalized_axes(node, rank: int) -> list[int] | None:
         return list(range(axis, rank))
     if not node.attrs.get("keepdims", 1):
         return None
-    axes = _reduce_axes(node)
+    axes = reduction_axes(node)
     return None if axes is None else sorted(a % rank for a in axes)
 
 
@@ -267,27 +269,30 @@ def _hard_swish_relu6() -> Pattern:
                _mul(x, Op("Div", relu6, Const(6.0))))
 
 
-def _layer_norm() -> Pattern:
+def layer_norm_core() -> Pattern:
+    """(x - mean) / sqrt(variance + epsilon) as exporters write it out, without the affine."""
     x = Any("x")
     centred = Op("Sub", x, Op("ReduceMean", x, label="mean"), label="centred")
     # `centred` whole wherever it appears: the first occurrence matched binds x and the mean.
     square = Alt(Op("Pow", centred, Const(2.0)), Op("Mul", centred, centred))
     spread = Op("Sqrt", _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
-    normalized = Alt(Op("Div", centred, spread), _mul(centred, Op("Reciprocal", spread)))
-    return _affine(normalized)
+    return Alt(Op("Div", centred, spread), _mul(centred, Op("Reciprocal", spread)))
 
 
-def _rms_norm() -> Pattern:
+def rms_norm_core() -> Pattern:
+    """x / sqrt(mean(x^2) + epsilon) as exporters write it out, without the scale."""
     x = Any("x")
     square = Alt(Op("Pow", x, Const(2.0)), Op("Mul", x, x))
     root = Op("Sqrt", _add(Op("ReduceMean", square, label="mean_square"), Const(label="epsilon")))
-    normalized = Alt(Op("Div", x, root), _mul(x, Op("Reciprocal", root)))
+    return Alt(Op("Div", x, root), _mul(x, Op("Reciprocal", root)))
+
+
+def _scaled(normalized: Pattern) -> Pattern:
     return optional(lambda inner: _mul(inner, Const()), normalized)
 
 
 def _affine(normalized: Pattern) -> Pattern:
-    scaled = optional(lambda inner: _mul(inner, Const()), normalized)
-    return optional(lambda inner: _add(inner, Const()), scaled)
+    return optional(lambda inner: _add(inner, Const()), _scaled(normalized))
 
 
 def _attention() -> Op:
@@ -319,8 +324,8 @@ def _conv_then(activation: str | tuple[str, ...], *inputs: Pattern, label: str |
 RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exSDPAttention", "exSDPAttention", _attention(),
                (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes, absorbs=True),
-    FusionRule("exNorm", "exNorm", _layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
-    FusionRule("exNorm", "exNorm", _rms_norm(), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
+    FusionRule("exNorm", "exNorm", _affine(layer_norm_core()), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
+    FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
                (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),
     FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}, absorbs=True),

@@ -9,11 +9,12 @@ calls for.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, layout, matmul, norm, pooling, rank
+from . import conv, elementwise, layout, matmul, norm, pooling, reductions, rank
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
+    reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
     matmul,       # Gemm/MatMul by weights as 1x1 Conv, K splits
     conv,         # Conv strides and kernels over the window limits (space-to-depth, kernel tiles);

@@ -1,0 +1,225 @@
+"""Reductions and the norms built from them: what the NPU has no kernel for (ReduceMean,
+ReduceSum, ReduceMax, ReduceMin, Sqrt, InstanceNormalization; oplist V2.3.2 lists none of them)
+run as kernels it has, as rknn-toolkit2 runs them (its ONNX support table, RKNNToolKit2_OP_Support
+2.3.2, lists all six as supported).
+
+- A LayerNorm or RMSNorm written out op by op over trailing axes (exporters below opset 17) is
+  done on the [L, C, 1, 1] view of its input, where exNorm's axis [1] is the normalized axis:
+  as one LayerNormalization where the opset has it, else as 1x1 convolutions for the means and
+  element-wise ops the NPU runs. Norms already on the NPU's axes are left to the fusion pass.
+- InstanceNormalization normalizes each (image, channel) over its spatial axes: the same on the
+  [N*C, H*W, 1, 1] view, then the per-channel scale and bias.
+- Late, on what fusion left illegal: a mean or sum over one block of neighbouring axes is a 1x1
+  Conv with weights 1/D (or 1) on the [outer, D, inner, 1] view; a max or min over trailing axes
+  is a global max pool on the [1, outer, D, 1] view (staged when D is over the window limit);
+  Sqrt is Pow 0.5 (seed 000, Pow: exponents 0, 1, 2, 3, 0.5, -0.5).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.fusion_patterns import Match, matches
+from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, static_shape
+
+from ..fusion_table import layer_norm_core, reduction_axes, rms_norm_core
+from .base import Builder, Candidates, RewriteRule, Site, conv_1x1, scalar
+
+#: First opset with LayerNormalization.
+LAYER_NORMALIZATION_OPSET = 17
+NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()))
+
+
+def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
+    """A LayerNorm (x - mean) / sqrt(var + eps) or RMSNorm x / sqrt(mean(x^2) + eps) written out
+    op by op over the trailing axes of x [..., C], whose axes are not exNorm's [1] or [1,2,3]
+    on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same reduction over
+    axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv with weights -1/C,
+    x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C and bias eps, its
+    Pow -0.5 and a Mul."""
+    reason = "not the output of a LayerNorm or RMSNorm written out op by op"
+    for kind, core in NORM_CORES:
+        for match in matches(core, node):
+            region = _norm_region(match, node, site)
+            if isinstance(region, str):
+                reason = region
+                continue
+            x, trailing, epsilon = region
+            shape = static_shape(x)
+            rows, channels = element_count(shape[:trailing]), element_count(shape[trailing:])
+            if kind == "layer" and site.opset >= LAYER_NORMALIZATION_OPSET:
+                builder = site.builder(node)
+                view = builder.reshape(x, [rows, channels, 1, 1])
+                normed = _layer_normalization(builder, view, epsilon)
+                builder.reshape(normed, shape, out=node.outputs[0])
+                yield builder.finish(*match.members)
+            builder = site.builder(node)
+            view = builder.reshape(x, [rows, channels, 1, 1])
+            normed = _normalized_by_convs(builder, view, epsilon, centre=kind == "layer")
+            builder.reshape(normed, shape, out=node.outputs[0])
+            yield builder.finish(*match.members)
+            return
+    return reason
+
+
+def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, int, float] | str:
+    """(x, first normalized axis, epsilon) of a matched norm that can move to the channel view,
+    or why it cannot."""
+    x = match.tensors["x"]
+    shape = static_shape(x)
+    if shape is None or dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return "its input is not a float tensor of known shape"
+    rank = len(shape)
+    reductions = [n for n in match.members if n.op == "ReduceMean"]
+    axes = {tuple(sorted(a % rank for a in (reduction_axes(n) or ()))) for n in reductions}
+    if len(axes) != 1 or any(not n.attrs.get("keepdims", 1) for n in reductions):
+        return "its means do not share one set of axes, kept"
+    normalized = list(next(iter(axes)))
+    if not normalized or normalized != list(range(normalized[0], rank)):
+        return f"it normalizes axes {normalized}, not the trailing ones"
+    view = [a + 4 - rank for a in normalized] if rank <= 4 else None
+    allowed = site.target.rule_parameter("LayerNormalization", "norm_axes", "allowed") or ()
+    if view is not None and tuple(view) in {tuple(a) for a in allowed}:
+        return f"axes {view} on the 4-D view are exNorm's own: the fusion pass runs it as it is"
+    members = {id(n) for n in match.members}
+    for member in match.members:
+        if member is root:
+            continue
+        for tensor in member.outputs:
+            if tensor.name in site.graph_outputs or any(id(reader) not in members for reader in tensor.outputs):
+                return f"{tensor.name} is read outside the norm"
+    return x, normalized[0], float(np.asarray(match.constant("epsilon")).reshape(-1)[0])
+
+
+def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float) -> gs.Tensor:
+    channels = static_shape(view)[1]
+    dtype = dtype_name(view.dtype)
+    scale = builder.const(np.ones((channels, 1, 1), dtype), "scale")
+    bias = builder.const(np.zeros((channels, 1, 1), dtype), "bias")
+    return builder.op("LayerNormalization", [view, scale, bias], static_shape(view), view.dtype,
+                      axis=1, epsilon=epsilon)
+
+
+def _normalized_by_convs(builder: Builder, view: gs.Tensor, epsilon: float, centre: bool) -> gs.Tensor:
+    """(view - mean) * (var + eps)^-0.5, or view * (mean(view^2) + eps)^-0.5, over axis 1 of an
+    [L, C, 1, 1] view, in ops the NPU runs."""
+    rows, channels = static_shape(view)[:2]
+    dtype = dtype_name(view.dtype)
+    per_row = [rows, 1, 1, 1]
+    if centre:
+        negated_mean = conv_1x1(builder, view, np.full((1, channels), -1 / channels, dtype), None, per_row)
+        view = builder.op("Add", [view, negated_mean], static_shape(view), view.dtype)
+    square = builder.op("Mul", [view, view], static_shape(view), view.dtype)
+    spread = conv_1x1(builder, square, np.full((1, channels), 1 / channels, dtype),
+                      np.array([epsilon], dtype), per_row)
+    inverse = builder.op("Pow", [spread, scalar(builder, -0.5, view)], per_row, view.dtype)
+    return builder.op("Mul", [view, inverse], static_shape(view), view.dtype)
+
+
+def instance_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
+    """InstanceNormalization of x [N, C, spatial...] normalizes each (image, channel) over its
+    spatial axes: on the [N*C, S, 1, 1] view that is exNorm's axis [1] (seed 001, exNorm), then
+    the per-channel scale and bias as a Mul and an Add of [N, C, 1, ...] constants."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    scale, bias = (np.asarray(t.values) if isinstance(t, gs.Constant) else None for t in node.inputs[1:3])
+    if shape is None or len(shape) < 3 or scale is None or bias is None:
+        return "not a float input of known shape with constant scale and bias"
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    # [N, C, 1, ...]: a [1, C, 1, 1] operand reaches a batch of several images by none of the Expand patterns
+    channel_shape = [shape[0], shape[1]] + [1] * (len(shape) - 2)
+    dtype = dtype_name(x.dtype)
+    rows = [shape[0] * shape[1], element_count(shape[2:]), 1, 1]
+    as_layer_normalization = [True] if site.opset >= LAYER_NORMALIZATION_OPSET else []
+    for layer_normalization in as_layer_normalization + [False]:
+        builder = site.builder(node)
+        view = builder.reshape(x, rows)
+        normed = (_layer_normalization(builder, view, epsilon) if layer_normalization
+                  else _normalized_by_convs(builder, view, epsilon, centre=True))
+        per_channel_scale = builder.const(_per_channel(scale, channel_shape, dtype), "scale")
+        scaled = builder.op("Mul", [builder.reshape(normed, shape), per_channel_scale], shape, x.dtype)
+        builder.op("Add", [scaled, builder.const(_per_channel(bias, channel_shape, dtype), "bias")], out=y)
+        yield builder.finish()
+
+
+def _per_channel(values: np.ndarray, shape: list[int], dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(np.broadcast_to(values.reshape(1, -1, *[1] * (len(shape) - 2)), shape).astype(dtype))
+
+
+def _reduced_block(node: gs.Node) -> tuple[tuple[int, ...], int, int] | str:
+    """(input shape, first reduced axis, number of reduced axes) of a reduction over one block
+    of neighbouring axes, or why it is not one."""
+    shape = static_shape(node.inputs[0])
+    if shape is None or static_shape(node.outputs[0]) is None or dtype_name(node.inputs[0].dtype) not in FLOAT_DTYPES:
+        return "not a float tensor of known shape"
+    axes = reduction_axes(node)
+    has_axes_input = len(node.inputs) > 1 and node.inputs[1].name
+    if axes is None and has_axes_input:
+        return "its axes are not constant"
+    if not axes:
+        if node.attrs.get("noop_with_empty_axes", 0):
+            return "no axes with noop_with_empty_axes: an identity"
+        axes = list(range(len(shape)))
+    axes = sorted(a % len(shape) for a in axes)
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        return f"axes {axes} are not one block of neighbouring axes"
+    return shape, axes[0], len(axes)
+
+
+def reduce_mean_or_sum_as_conv(node: gs.Node, site: Site) -> Candidates:
+    """ReduceMean or ReduceSum over one block of neighbouring axes as a 1x1 Conv with weights 1/D
+    (or 1) on the [outer, D, inner, 1] view, the sum over D being the convolution's channel sum."""
+    block = _reduced_block(node)
+    if isinstance(block, str):
+        return block
+    shape, first, count = block
+    outer, depth = element_count(shape[:first]), element_count(shape[first:first + count])
+    inner = element_count(shape[first + count:])
+    weight = 1 / depth if node.op == "ReduceMean" else 1.0
+    builder = site.builder(node)
+    view = builder.reshape(node.inputs[0], [outer, depth, inner, 1])
+    summed = conv_1x1(builder, view, np.full((1, depth), weight, dtype_name(view.dtype)), None, [outer, 1, inner, 1])
+    builder.reshape(summed, static_shape(node.outputs[0]), out=node.outputs[0])
+    yield builder.finish()
+
+
+def reduce_max_or_min_as_global_pool(node: gs.Node, site: Site) -> Candidates:
+    """ReduceMax over trailing axes as GlobalMaxPool of the [1, outer, D, 1] view, each row a
+    channel (staged by the pooling rules when D is over the window); ReduceMin as the same on
+    -x, negated back."""
+    block = _reduced_block(node)
+    if isinstance(block, str):
+        return block
+    shape, first, count = block
+    if first + count != len(shape):
+        return "its axes are not the trailing ones"
+    outer, depth = element_count(shape[:first]), element_count(shape[first:])
+    builder = site.builder(node)
+    x = node.inputs[0]
+    view = builder.reshape(x, [1, outer, depth, 1])
+    if node.op == "ReduceMin":
+        view = builder.op("Mul", [view, scalar(builder, -1.0, x)], [1, outer, depth, 1], x.dtype)
+    pooled = builder.op("GlobalMaxPool", [view], [1, outer, 1, 1], x.dtype)
+    if node.op == "ReduceMin":
+        pooled = builder.op("Mul", [pooled, scalar(builder, -1.0, x)], [1, outer, 1, 1], x.dtype)
+    builder.reshape(pooled, static_shape(node.outputs[0]), out=node.outputs[0])
+    yield builder.finish()
+
+
+def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
+    """Sqrt(x) is Pow(x, 0.5), an exponent the NPU's Pow takes (seed 000, Pow)."""
+    x = node.inputs[0]
+    if dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return "not a float tensor"
+    builder = site.builder(node)
+    builder.op("Pow", [x, scalar(builder, 0.5, x)], out=node.outputs[0])
+    yield builder.finish()
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul"}), always=True),
+    RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
+    RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum"}), late=True),
+    RewriteRule(reduce_max_or_min_as_global_pool, frozenset({"ReduceMax", "ReduceMin"}), late=True),
+    RewriteRule(sqrt_as_pow, frozenset({"Sqrt"}), late=True),
+)

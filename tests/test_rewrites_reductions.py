@@ -1,0 +1,133 @@
+"""passes/rewrites/reductions.py: norms written out op by op, InstanceNormalization, and the
+late lowering of Reduce* and Sqrt. Each case is planned at the three primary targets, must land
+wholly on the NPU, and must agree with onnxruntime through the emulator."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import rkcompile
+
+from conftest import PRIMARY_TARGETS, make_model, value_info, weight
+
+RNG = np.random.default_rng(7)
+
+
+def _constant(name, value):
+    return weight(name, np.asarray(value, np.float32))
+
+
+def decomposed_layer_norm(shape, axes, opset, reciprocal=False, rms=False):
+    """LayerNorm (or RMSNorm) over `axes` as torch exports it below opset 17."""
+    axes_kw = {"axes": axes} if opset < 18 else {}
+    axes_in = ["axes"] if opset >= 18 else []
+    nodes, consts = [], [_constant("two", 2.0), _constant("eps", 1e-5), _constant("w", RNG.uniform(0.5, 2, shape[-1])),
+                          _constant("b", RNG.uniform(-1, 1, shape[-1]))]
+    if opset >= 18:
+        consts.append(weight("axes", np.array(axes, np.int64)))
+    source = "x"
+    if not rms:
+        nodes += [helper.make_node("ReduceMean", ["x", *axes_in], ["mean"], **axes_kw),
+                  helper.make_node("Sub", ["x", "mean"], ["centred"])]
+        source = "centred"
+    nodes += [helper.make_node("Pow", [source, "two"], ["square"]),
+              helper.make_node("ReduceMean", ["square", *axes_in], ["var"], **axes_kw),
+              helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+              helper.make_node("Sqrt", ["var_eps"], ["std"])]
+    if reciprocal:
+        nodes += [helper.make_node("Reciprocal", ["std"], ["inv"]), helper.make_node("Mul", ["inv", source], ["normed"])]
+    else:
+        nodes.append(helper.make_node("Div", [source, "std"], ["normed"]))
+    nodes += [helper.make_node("Mul", ["normed", "w"], ["scaled"]), helper.make_node("Add", ["scaled", "b"], ["y"])]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts, opset=opset)
+
+
+def plan_and_compare(model, save, target, name="model.onnx"):
+    path = save(model, name)
+    plan = rkcompile.compile(path, target)
+    on_cpu = [(n.name, n.op, n.reason) for n in plan.record.nodes if n.device == "cpu"]
+    feeds = {i.name: RNG.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    got = rkcompile.run(plan, feeds)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for expected, output in zip(want, model.graph.output):
+        actual = got[output.name].astype(np.float64).ravel()
+        expected = expected.astype(np.float64).ravel()
+        cosine = actual @ expected / (np.linalg.norm(actual) * np.linalg.norm(expected) + 1e-30)
+        assert cosine >= 0.9999, (output.name, cosine)
+    return plan, on_cpu
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("shape, axes, opset, reciprocal, rms", [
+    ([1, 50, 192], [-1], 14, False, False),      # ViT/BERT below opset 17
+    ([2, 7, 9, 40], [-1], 13, True, False),     # rank 4, the Reciprocal form
+    ([1, 6, 4, 5], [2, 3], 14, False, False),    # two trailing axes
+    ([1, 20, 64], [-1], 14, False, True),       # RMSNorm (llama)
+    ([1, 20, 64], [-1], 18, False, False),      # axes as an input
+])
+def test_decomposed_norm_over_trailing_axes_runs_on_the_npu(save, target, shape, axes, opset, reciprocal, rms):
+    plan, on_cpu = plan_and_compare(decomposed_layer_norm(shape, axes, opset, reciprocal, rms), save, target)
+    assert on_cpu == []
+    if axes == [-1]:  # over [2, 3] the means are spatial: global pooling takes them first
+        assert any(r.rule.startswith("decomposed_norm_on_channel_view") for r in plan.record.rewrites)
+
+
+def test_a_norm_on_exnorms_own_axes_is_left_to_the_fusion(save):
+    """Axis 1 of [1, C, H, W] is exNorm's own: the rewrite declines and the fusion makes exNorm."""
+    plan, on_cpu = plan_and_compare(decomposed_layer_norm([1, 16, 1, 1], [1], 14), save, "rk3588")
+    assert on_cpu == [] and not plan.record.rewrites
+    assert any(step.kernel == "exNorm" for step in plan.record.steps)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("shape, opset", [([1, 8, 12, 12], 14), ([2, 3, 5, 7], 17), ([1, 4, 30], 14)])
+def test_instance_normalization_runs_on_the_npu(save, target, shape, opset):
+    channels = shape[1]
+    model = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5)],
+                       [value_info("x", shape)], [value_info("y", shape)],
+                       [_constant("s", RNG.uniform(0.5, 2, channels)), _constant("b", RNG.uniform(-1, 1, channels))],
+                       opset=opset)
+    _, on_cpu = plan_and_compare(model, save, target)
+    assert on_cpu == []
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("op, shape, axes, keepdims", [
+    ("ReduceMean", [1, 10, 48], [-1], 1), ("ReduceMean", [2, 6, 5, 4], [1, 2], 0),
+    ("ReduceSum", [1, 3, 20], [1], 1), ("ReduceMax", [1, 30, 50], [-1], 0),
+    ("ReduceMin", [2, 3, 4, 9], [2, 3], 1), ("ReduceMax", [1, 6, 12], [-1], 1),
+])
+def test_late_reductions_run_on_the_npu(save, target, op, shape, axes, keepdims):
+    rank = len(shape)
+    out = [1 if a in [x % rank for x in axes] else d for a, d in enumerate(shape)] if keepdims \
+        else [d for a, d in enumerate(shape) if a not in [x % rank for x in axes]]
+    if op == "ReduceSum":  # axes are an input from opset 13
+        node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
+        consts = [weight("axes", np.array(axes, np.int64))]
+    else:
+        node, consts = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims), []
+    model = make_model([node], [value_info("x", shape)], [value_info("y", out)], consts, opset=17)
+    plan, on_cpu = plan_and_compare(model, save, target)
+    assert on_cpu == []
+
+
+def test_reductions_over_split_axes_decline_with_a_reason(save, capsys):
+    from rkcompile.cli import main
+
+    model = make_model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum", keepdims=1)],
+                       [value_info("x", [1, 3, 4, 5])], [value_info("y", [1, 1, 4, 1])],
+                       [weight("axes", np.array([1, 3], np.int64))], opset=17)
+    assert main(["plan", str(save(model, "split.onnx")), "--target", "rk3588", "--explain", "sum"]) == 0
+    assert "reduce_mean_or_sum_as_conv on sum: declined: axes [1, 3] are not one block of neighbouring axes" \
+        in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_sqrt_runs_as_pow(save, target):
+    model = make_model([helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Sqrt", ["a"], ["y"])],
+                       [value_info("x", [1, 4, 6, 6])], [value_info("y", [1, 4, 6, 6])])
+    plan, on_cpu = plan_and_compare(model, save, target)
+    assert not [n for n in on_cpu if n[1] == "Sqrt"]
