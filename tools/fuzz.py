@@ -81,10 +81,6 @@ ELSEWHERE = {
         "resize_linear_align_corners_on_cpu@rk3588",
         "CPU fallback: onnx.reference's 5-D linear Resize with align_corners gives [0, 2.67] for [0, 4] "
         "(conformance: CPU steps on onnxruntime)"),
-    "emulator raised RuntimeError at a cpu MaxPool step": Known(
-        "max_pool_end_pad_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's MaxPool with only end pads (pads [0, 0, 1, 0]) reads them as VALID "
-        "and raises (conformance: CPU steps on onnxruntime)"),
     "emulator raised IndexError at a cpu MaxPool step": Known(
         "max_pool_begin_pad_rank5_on_cpu@rk3588",
         "CPU fallback: onnx.reference's 3-D MaxPool with only a begin pad indexes past the input (conformance: "
@@ -93,14 +89,6 @@ ELSEWHERE = {
         "max_pool_end_pad_empty_window_on_cpu@rk3588",
         "CPU fallback: onnx.reference's MaxPool with an end pad only (kernel [2, 1], pads [0, 0, 1, 0]) reduces "
         "an empty window (conformance: CPU steps on onnxruntime)"),
-    "emulator raised EmulationError at a cpu MaxPool step": Known(
-        "max_pool_end_pad_rank3_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's 1-D MaxPool with only an end pad drops the last window (conformance: "
-        "CPU steps on onnxruntime)"),
-    "emulator raised ValueError at a cpu Pad step": Known(
-        "pad_negative_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's Pad raises on a negative pad, which crops (conformance: CPU steps on "
-        "onnxruntime)"),
     "mismatch at a cpu ConvTranspose step": Known(
         "depthwise_conv_transpose_bias_on_cpu@rk3588",
         "CPU fallback: onnx.reference's depthwise ConvTranspose adds channel 0's bias to every channel (here "
