@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+import zipfile
 from pathlib import Path
 
 from . import __version__
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "emulator: arena offsets, NC1HWC2, float16 on the NPU, weights read "
                                           "from the weight region.")
     _add_model_arguments(run, names, model_optional=True)
+    run.set_defaults(dtype=None, batch=None)  # None: not given, so a saved artifact's own values hold
     run.add_argument("--plan", type=Path, metavar="PLAN",
                      help="execute this saved plan: a PLAN.rkplan artifact needs no MODEL (given one, it must "
                           "be the model planned); a plan JSON file is checked against MODEL planned afresh")
@@ -296,9 +298,21 @@ def _graph(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .run_command import run_command
 
+    args.planning_flags = planning_flags(args)
+    args.dtype, args.batch = args.dtype or "float16", args.batch or 1
+    if args.plan is not None and zipfile.is_zipfile(args.plan):  # an artifact runs as planned
+        return run_command(args, Options())
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
     return run_command(args, options)
+
+
+def planning_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The planning flags `run` was given, by flag: a saved artifact was planned with its own."""
+    given = {"--dtype": args.dtype, "--batch": args.batch, "--calib": args.calib,
+             "--calib-method": args.calib_method if args.calib_method != "minmax" else None,
+             "--float16": args.float16 or None, "--input-shape": args.input_shape or None}
+    return {flag: value for flag, value in given.items() if value is not None}
 
 
 def _zoo(args: argparse.Namespace) -> int:

@@ -103,10 +103,25 @@ def _prepared(args: argparse.Namespace, options: Options) -> Prepared:
                 raise EmulationError(f"--plan {args.plan} was planned from another model than {args.model}")
         if args.target is not None and get_target(args.target).name != saved.target:
             raise EmulationError(f"--plan {args.plan} was planned for {saved.target}, not {args.target}")
+        _refuse_contradicting_flags(args, saved.record)
         return saved.prepared()
     if args.model is None or args.target is None:
         raise CompileError("run needs MODEL and --target (or --plan PLAN.rkplan, a saved plan artifact)")
     return prepare(args.model, args.target, options, args.plan)
+
+
+def _refuse_contradicting_flags(args: argparse.Namespace, record) -> None:
+    """An artifact runs as it was planned: a planning flag that restates the artifact is
+    harmless, one that differs (or asks to calibrate or reshape again) would be silently
+    ignored, so it is refused."""
+    planned = {"--dtype": record.dtype, "--batch": record.batch}
+    for flag, value in getattr(args, "planning_flags", {}).items():
+        if flag in planned and value == planned[flag]:
+            continue
+        shown = value if not isinstance(value, list) else " ".join(map(str, value))
+        was = f" (planned with {planned[flag]})" if flag in planned else ""
+        raise CompileError(f"{flag} {shown} contradicts --plan {args.plan}{was}: a saved artifact runs as planned; "
+                           f"plan the model again with {flag} instead")
 
 
 def _read(path: Path) -> bytes:

@@ -211,3 +211,21 @@ def test_each_cpu_partition_is_a_standalone_onnx_model_that_computes_what_the_em
             results = ReferenceEvaluator(partition_model).run(None, feeds)
             for output, value in zip(partition_model.graph.output, results):
                 np.testing.assert_allclose(value, seen[output.name], rtol=1e-6, atol=1e-6)
+
+
+def test_run_refuses_planning_flags_that_contradict_a_saved_artifact(tmp_path, capsys):
+    """A saved artifact runs as planned: --dtype, --batch, --calib... that differ from it would be
+    silently ignored, so they are refused in one line; restating the artifact's own is harmless."""
+    artifact, calib = tmp_path / "tiny.rkplan", tmp_path / "calib.npz"
+    rkcompile.compile(TINY, "rk3588").save(artifact)
+    np.savez(calib, **{spec.name: np.zeros(spec.shape, np.float32) for spec in Plan.from_dict(
+        json.loads(zipfile.ZipFile(artifact).read("plan.json"))).model.inputs})
+    refused = [(["--dtype", "int8"], "--dtype int8 contradicts"), (["--batch", "2"], "--batch 2 contradicts"),
+               (["--dtype", "int8", "--calib", str(calib)], "--dtype int8 contradicts"),
+               (["--input-shape", "x:1,3,8,8"], "--input-shape")]
+    for flags, message in refused:
+        assert main(["run", "--plan", str(artifact), *flags]) == 1, flags
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err and "runs as planned" in err and err.count("\n") == 1
+    assert main(["run", "--plan", str(artifact), "--dtype", "float16", "--batch", "1"]) == 0
+    assert "ran" in capsys.readouterr().out
