@@ -10,6 +10,19 @@ import numpy as np
 from .plan import Plan
 
 
+#: The value a rule saw, which the reason text carries as " (seen: ...)".
+SEEN = re.compile(r" \(seen: ([^;]*)\)")
+
+
+def _evidence(nodes: list, shown: int = 3) -> str:
+    """The first `shown` nodes of a reason, each with the values that broke its rules."""
+    named = []
+    for node in nodes[:shown]:
+        seen = "; ".join(SEEN.findall(node.reason))
+        named.append(f"{node.name} ({seen})" if seen else node.name)
+    return ", ".join(named) + (f" +{len(nodes) - shown} more" if len(nodes) > shown else "")
+
+
 def _kib(size: int) -> str:
     return f"{size / 1024:,.1f} KiB"
 
@@ -55,7 +68,7 @@ def _fusion_lines(plan: Plan) -> list[str]:
     listed = ", ".join(f"{kernel} {count}" for kernel, count in sorted(kernels.items(), key=lambda kv: (-kv[1], kv[0])))
     lines = [f"  fused kernels               {len(fused)} steps running {sum(len(s.nodes) for s in fused)} nodes"
              + (f" ({listed})" if listed else "")]
-    notes = Counter(re.sub(r" \(seen: [^;]*\)", "", s.note) for s in plan.steps if s.note)
+    notes = Counter(SEEN.sub("", s.note) for s in plan.steps if s.note)
     if notes:
         lines.append("  not fused:")
         lines += [f"    {count:4d} x {note}" for note, count in sorted(notes.items(), key=lambda kv: (-kv[1], kv[0]))]
@@ -84,7 +97,40 @@ def _multicore_lines(plan: Plan) -> list[str]:
     for timeline in multicore.per_core:
         lines.append(f"    {timeline.core:4d}  {images.get(timeline.core, multicore.batch):6d}  {len(timeline.steps):5d}  "
                      f"{timeline.est_ms:8.3f}   {100 * timeline.utilisation:10.1f}%")
+    asked = 1 if multicore.core_mask == "auto" else len(multicore.core_mask.split("_"))
+    if max(asked, multicore.cores) > 1 and not multicore.contexts and multicore.speedup < SMALL_SPEEDUP:
+        lines += _split_limits(plan)
     return lines
+
+
+#: A multi-core split of one input below this speedup gets a line saying what limits it.
+SMALL_SPEEDUP = 1.05
+
+
+def _split_limits(plan: Plan) -> list[str]:
+    """Why splitting one input across cores buys little, from the plan's own figures: how long the
+    busiest core waits for CPU steps, conversions and the other cores (no split shortens the first
+    two), and
+    the NPU steps that stayed whole, by kernel (not multi-core on the target, or no split of
+    theirs beat one core by the cost model: passes/multicore.py best_split)."""
+    multicore = plan.multicore
+    first = max(multicore.per_core, key=lambda timeline: timeline.est_ms)
+    waiting = max(multicore.est_latency_ms - first.est_ms, 0.0)
+    split = {s.step for s in multicore.splits}
+    npu = [s for s in plan.steps if s.device == "npu"]
+    whole = Counter(s.kernel for s in npu if s.id not in split)
+    return [
+        f"  {f'why {multicore.speedup:.2f}x':28}core {first.core} waits {waiting:.3f} of {multicore.est_latency_ms:.3f} "
+        f"ms for CPU steps, conversions and the other cores; {len(split)} of {len(npu)} NPU steps "
+        f"split, whole: {_most_common(whole)}",
+    ]
+
+
+def _most_common(counts: Counter, shown: int = 3) -> str:
+    """`a x5, b x2, c x1 +4 more`: the first `shown` by count."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{key} x{count}" for key, count in ranked[:shown]) or "none"
+    return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
 
 
 def render_summary(plan: Plan) -> str:
@@ -104,12 +150,16 @@ def render_summary(plan: Plan) -> str:
         f"  rewrites                    {len(plan.rewrites)} ({_rule_counts(plan) or 'none'})",
     ]
     # The "(seen: ...)" details name single tensors; without them, nodes that broke the same
-    # rules group together.
-    reasons = Counter(re.sub(r" \(seen: [^;]*\)", "", n.reason) for n in counted if n.device == "cpu")
-    if reasons:
+    # rules group together, and the first few nodes of each group show theirs.
+    by_reason: dict[str, list] = {}
+    for node in counted:
+        if node.device == "cpu":
+            by_reason.setdefault(SEEN.sub("", node.reason), []).append(node)
+    if by_reason:
         lines.append("  CPU ops by reason:")
-        for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"    {count:4d} x {reason}")
+        for reason, nodes in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            lines.append(f"    {len(nodes):4d} x {reason}")
+            lines.append(f"           nodes: {_evidence(nodes)}")
     lines += [
         f"  steps                       {len(plan.steps)}",
         *_fusion_lines(plan),

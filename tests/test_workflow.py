@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from rkcompile.cli import main
+from rkcompile.context import Options
 from rkcompile.pipeline import compile_model
 from rkcompile.summary import render_summary
 
@@ -140,3 +141,29 @@ def test_python_dash_m_rkcompile(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rkcompile", "targets"], cwd=tmp_path,
                             capture_output=True, text=True)
     assert result.returncode == 0 and "rk3588" in result.stdout
+
+
+def test_summary_names_the_fallback_nodes_and_the_values_they_broke():
+    """rv1106 in float16 (the library still plans it) sends every Conv to the CPU for its dtype."""
+    plan, _ = compile_model(EXAMPLE, "rv1106")
+    convs = [n for n in plan.nodes if n.op == "Conv" and n.device == "cpu"]
+    assert len(convs) > 3
+    lines = render_summary(plan).splitlines()
+    reason = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{len(convs)} x Conv on rv1106"))
+    evidence = lines[reason + 1].strip()
+    assert evidence.startswith(f"nodes: {convs[0].name} (plan dtype float16), {convs[1].name} (plan dtype float16)")
+    assert evidence.endswith(f"+{len(convs) - 3} more")
+
+
+def test_a_split_that_buys_little_says_what_limits_it():
+    plan, _ = compile_model(EXAMPLE, "rk3588", Options(core_mask="0_1_2"))
+    multicore = plan.multicore
+    assert multicore.speedup < 1.05
+    why = next(line for line in render_summary(plan).splitlines() if line.strip().startswith("why "))
+    waiting = multicore.est_latency_ms - max(t.est_ms for t in multicore.per_core)
+    npu_steps = sum(1 for s in plan.steps if s.device == "npu")
+    assert f"waits {waiting:.3f} of {multicore.est_latency_ms:.3f} ms" in why
+    assert f"{len(multicore.splits)} of {npu_steps} NPU steps split" in why
+    # one core asked for: nothing to explain
+    single, _ = compile_model(EXAMPLE, "rk3588")
+    assert not any(line.strip().startswith("why ") for line in render_summary(single).splitlines())
