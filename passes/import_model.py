@@ -47,6 +47,7 @@ def run(ctx: CompileContext) -> None:
         path=str(ctx.model_path), sha256=digest, opset=opset,
         inputs=tuple(_spec(v) for v in _true_inputs(model.graph)),
         outputs=tuple(_spec(v) for v in model.graph.output),
+        domain_opsets={o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")},
     )
     ctx.graph = gs.import_onnx(model)
 
@@ -152,7 +153,9 @@ def _check_tensors_defined_and_acyclic(graph: onnx.GraphProto) -> None:
 def _default_opset(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     if not versions:
-        raise CompileError("model imports no ai.onnx opset")
+        # only other domains' ops (ai.onnx.ml, ai.onnx.preview.training): no ai.onnx op reads the
+        # opset, and the checker refuses an ai.onnx node without one
+        return MAX_OPSET
     version = versions[0]
     if not MIN_OPSET <= version <= MAX_OPSET:
         raise CompileError(f"unsupported opset {version} (rkcompile supports ai.onnx opsets {MIN_OPSET} to {MAX_OPSET})")
@@ -182,10 +185,10 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
         if not tensor_type.HasField("shape"):
             raise CompileError(f"input '{name}' has no shape; set it with --input-shape {name}:1,3,224,224")
         for axis, dim in enumerate(tensor_type.shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
+            if dim.HasField("dim_value") and dim.dim_value >= 0:
                 continue
             if dim.HasField("dim_value"):
-                raise CompileError(f"input '{name}' has dim {axis} = {dim.dim_value}; dims must be positive")
+                raise CompileError(f"input '{name}' has dim {axis} = {dim.dim_value}; dims must not be negative")
             label = f" ('{dim.dim_param}')" if dim.dim_param else ""
             raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape {name}:d0,d1,...")
     if overrides:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext, Failure
@@ -43,9 +44,42 @@ def run(ctx: CompileContext) -> None:
     ctx.failures, ctx.verdicts = {}, {}
     for node in ctx.graph.nodes:
         verdicts = evaluate_rules(node, ctx.target, **facts)
+        verdicts += planner_verdicts(node)
         ctx.failures[node.name] = [Failure(v.rule, v.detail) for v in verdicts if not v.ok]
         ctx.verdicts[node.name] = CheckedNode(node.name, node.op, ctx.origins.get(node.name, (node.name,)),
                                               values_seen(node), verdicts)
+
+
+#: not target rules: what no NPU kernel of the operator list (oplist V2.3.2) computes
+TRAINING_MODE_RULE = "the NPU runs inference; a training-mode node computes batch statistics or draws random masks"
+ZERO_SIZE_RULE = "a zero-size activation (a dim of 0, which ONNX allows) holds no data for an NPU kernel"
+
+
+def planner_verdicts(node: gs.Node) -> list[Verdict]:
+    """The failed verdicts of the planner's own rules, which hold on every target."""
+    verdicts = []
+    training = training_mode(node)
+    if training is not None:
+        verdicts.append(Verdict(TRAINING_MODE_RULE, False, training))
+    # an empty constant is a parameter ONNX spells as absent (Resize's roi), not data
+    empty = [t for t in present_inputs(node) + node.outputs if t.name and not isinstance(t, gs.Constant)
+             and t.shape is not None and any(d == 0 for d in t.shape)]
+    if empty:
+        verdicts.append(Verdict(ZERO_SIZE_RULE, False, f"{empty[0].name} {list(empty[0].shape)}"))
+    return verdicts
+
+
+def training_mode(node: gs.Node) -> str | None:
+    """What puts the node in training mode (BatchNormalization's training_mode=1: batch
+    statistics and running-statistics outputs; Dropout's training_mode input not a constant
+    false: a random mask), or None for an inference node."""
+    if node.op == "BatchNormalization" and is_onnx_domain(node) and int(node.attrs.get("training_mode", 0)):
+        return "training_mode=1"
+    if node.op == "Dropout" and is_onnx_domain(node) and len(node.inputs) > 2 and node.inputs[2].name:
+        flag = node.inputs[2]
+        if not isinstance(flag, gs.Constant) or bool(np.asarray(flag.values).any()):
+            return f"training_mode input {flag.name}" + ("" if isinstance(flag, gs.Constant) else " (not a constant)")
+    return None
 
 
 def compile_facts(ctx: CompileContext) -> dict[str, object]:

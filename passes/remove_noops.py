@@ -1,4 +1,5 @@
-"""Remove inference no-ops: Identity, and Dropout whose mask nobody reads.
+"""Remove inference no-ops: Identity, and Dropout whose mask nobody reads and which is not in
+training mode (a training-mode Dropout draws a random mask: legalize keeps it on the CPU).
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
@@ -9,6 +10,8 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
 from rkcompile.graph_edit import detach, replace_uses
+
+from .legalize import training_mode
 
 NAME = "remove-noops"
 
@@ -38,6 +41,8 @@ def _is_noop(node: gs.Node) -> bool:
     if node.op == "Identity":
         return True
     if node.op == "Dropout":
+        if training_mode(node) is not None:
+            return False
         return len(node.outputs) < 2 or not node.outputs[1].name or not node.outputs[1].outputs
     return False
 

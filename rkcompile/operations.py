@@ -45,13 +45,18 @@ def rebuild(operation: Operation, weight: WeightLookup, scope: dict[str, gs.Tens
 
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if array.dtype == object:  # ONNX strings: their bytes would be pointers
+        return {"dtype": "object", "shape": list(array.shape), "strings": [str(v) for v in array.reshape(-1)]}
+    array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes a scalar 1-D
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
     return {"dtype": array.dtype.name, "shape": list(array.shape),
             "data": base64.b64encode(little.tobytes()).decode("ascii")}
 
 
 def decode_array(record: dict[str, Any]) -> np.ndarray:
+    if "strings" in record:
+        return np.array(record["strings"], dtype=object).reshape(record["shape"])
     dtype = np.dtype(record["dtype"]).newbyteorder("<")
     raw = np.frombuffer(base64.b64decode(record["data"]), dtype)
     return raw.astype(dtype.newbyteorder("="), copy=True).reshape(record["shape"])
@@ -80,7 +85,9 @@ def _encode(value: Any, weights, where: str) -> Any:
 def _encode_graph(graph: gs.Graph, weights) -> dict[str, Any]:
     constants = {name: encode_array(np.asarray(t.values)) for name, t in graph.tensors().items()
                  if isinstance(t, gs.Constant) and name not in weights}
-    return {"name": graph.name or "", "inputs": [[t.name, dtype_name(t.dtype) or ""] for t in graph.inputs],
+    # an input's shape too: onnxruntime runs a Loop or Scan body only when its inputs are shaped
+    return {"name": graph.name or "", "inputs": [[t.name, dtype_name(t.dtype) or "",
+                                                  None if t.shape is None else list(t.shape)] for t in graph.inputs],
             "outputs": [t.name for t in graph.outputs], "constants": constants,
             "nodes": [_operation_dict(describe(node, weights)) for node in graph.nodes]}
 
@@ -102,7 +109,10 @@ def _decode(value: Any, weight: WeightLookup) -> Any:
 def _decode_graph(record: dict[str, Any], weight: WeightLookup) -> gs.Graph:
     scope: dict[str, gs.Tensor] = {name: gs.Constant(name, decode_array(array))
                                    for name, array in record["constants"].items()}
-    inputs = [_tensor(name, dtype, weight, scope) for name, dtype in record["inputs"]]
+    inputs = [_tensor(name, dtype, weight, scope) for name, dtype, *_ in record["inputs"]]
+    for tensor, (_, _, *shape) in zip(inputs, record["inputs"]):
+        if shape and shape[0] is not None and isinstance(tensor, gs.Variable):
+            tensor.shape = list(shape[0])  # plans written before shapes were recorded have none
     nodes = [rebuild(Operation(**{**member, "inputs": tuple(member["inputs"]), "outputs": tuple(member["outputs"]),
                                   "input_dtypes": tuple(member["input_dtypes"])}), weight, scope)
              for member in record["nodes"]]

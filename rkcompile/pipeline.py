@@ -80,6 +80,8 @@ def verify(ctx: CompileContext) -> list[str]:
     defined = {t.name for t in graph.inputs}
     for node in graph.nodes:
         for tensor in node.outputs:
+            if not tensor.name:  # an omitted optional output: ONNX's '' placeholder, not a tensor
+                continue
             if tensor.name in defined:
                 problems.append(f"tensor {tensor.name} produced twice")
             defined.add(tensor.name)
@@ -145,10 +147,13 @@ def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
 
 
 def assemble_plan(ctx: CompileContext) -> Plan:
+    from .emulator.reference import cpu_backend
+
     step_of = {name: index for index, name in enumerate(ctx.order)}
     partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
     nodes = {node.name: node for node in ctx.graph.nodes}
     weights = {name for name, tensor in ctx.tensors.items() if tensor.region == "weight"}
+    opsets = ctx.model_info.opsets
     steps = []
     for index, name in enumerate(ctx.order):
         node, placed = nodes[name], ctx.placement[name]
@@ -160,6 +165,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             note=ctx.notes.get(name),
             macs=node_macs(node) if placed.device != "host" else 0,
             operation=describe(node, weights),
+            cpu_backend=cpu_backend(node, opsets) if placed.device == "cpu" else None,
         ))
     runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
     entries = []

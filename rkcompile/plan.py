@@ -45,6 +45,13 @@ class ModelInfo:
     opset: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    #: the opsets of the other domains the model imports (ai.onnx.ml, ai.onnx.preview.training)
+    domain_opsets: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def opsets(self) -> dict[str, int]:
+        """Every domain's opset, ai.onnx's under ""."""
+        return {**self.domain_opsets, "": self.opset}
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,9 @@ class Step:
     macs: int = 0  # estimated multiply-accumulates (rkcompile.cost_estimate); 0 for host steps
     #: What the step executes (plan/2); None in plan/1 files, which need their model to run.
     operation: Operation | None = None
+    #: what runs a CPU step in `rkcompile run`: "onnxruntime", or "onnx.reference" for what
+    #: onnxruntime has no kernel for (rkcompile/emulator/reference.py); None for NPU and host steps
+    cpu_backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +278,7 @@ class Plan:
                 path=model["path"], sha256=model["sha256"], opset=model["opset"],
                 inputs=tuple(_build(TensorSpec, t) for t in model["inputs"]),
                 outputs=tuple(_build(TensorSpec, t) for t in model["outputs"]),
+                domain_opsets=dict(model.get("domain_opsets", {})),
             ),
             nodes=tuple(_build(NodeEntry, n) for n in data["nodes"]),
             steps=tuple(_build(Step, s, {"operation": partial(_build, Operation)}) for s in data["steps"]),

@@ -32,12 +32,7 @@ def test_backend_cases_the_planner_accepts_pass(collection):
     assert failures(collection) == []
 
 
-ONNX_REFERENCE_BN5D = pytest.mark.xfail(
-    strict=True, reason="onnx.reference 1.23 computes a rank-5 BatchNormalization (test_BatchNorm3d_*, "
-                        "on the CPU) wrongly; onnxruntime matches the expected output (docs/emulator.md)")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("collection", [pytest.param(COLLECTIONS[0], marks=ONNX_REFERENCE_BN5D), COLLECTIONS[1]])
+@pytest.mark.parametrize("collection", COLLECTIONS)
 def test_backend_cases_upgraded_to_opset_13_pass_on_npu_kernels(collection):
     assert failures(collection, upgrade_opset=13) == []

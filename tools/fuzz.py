@@ -72,36 +72,7 @@ class Known:
 
 #: signature (see `signature`) -> the known failure. Runs count these apart instead of
 #: shrinking them again; the CI sample tolerates them.
-ELSEWHERE = {
-    "emulator raised ValueError at a cpu ConvTranspose step": Known(
-        "grouped_conv_transpose_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's ConvTranspose crashes on 1 < group < channels (conformance: CPU steps "
-        "on onnxruntime)"),
-    "mismatch at a cpu Resize step": Known(
-        "resize_linear_align_corners_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's 5-D linear Resize with align_corners gives [0, 2.67] for [0, 4] "
-        "(conformance: CPU steps on onnxruntime)"),
-    "emulator raised IndexError at a cpu MaxPool step": Known(
-        "max_pool_begin_pad_rank5_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's 3-D MaxPool with only a begin pad indexes past the input (conformance: "
-        "CPU steps on onnxruntime)"),
-    "emulator raised ValueError at a cpu MaxPool step": Known(
-        "max_pool_end_pad_empty_window_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's MaxPool with an end pad only (kernel [2, 1], pads [0, 0, 1, 0]) reduces "
-        "an empty window (conformance: CPU steps on onnxruntime)"),
-    "mismatch at a cpu ConvTranspose step": Known(
-        "depthwise_conv_transpose_bias_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's depthwise ConvTranspose adds channel 0's bias to every channel (here "
-        "stride 3 keeps it off the NPU; conformance: CPU steps on onnxruntime)"),
-    "mismatch at a cpu AveragePool step": Known(
-        "average_pool_ceil_single_element_window_on_cpu@rk3588",
-        "CPU fallback: onnx.reference's AveragePool with ceil_mode averages a last window holding one element "
-        "wrongly (conformance: CPU steps on onnxruntime)"),
-    "emulator raised EmulationError at a cpu GlobalMaxPool step": Known(
-        "global_max_pool_rank5_on_cpu@rk3562",
-        "CPU fallback: onnx.reference's GlobalMaxPool keeps a spatial axis of a rank-5 input (conformance: CPU "
-        "steps on onnxruntime)"),
-}
+ELSEWHERE: dict[str, Known] = {}
 #: Longest one graph may take to plan, and to run: a rewrite that repeats without bound is a
 #: failure, not a hang of the whole run.
 SECONDS_PER_GRAPH = 120

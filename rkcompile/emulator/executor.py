@@ -1,6 +1,7 @@
 """Execute a plan step by step on `Storage`: NPU steps through the kernel registry in float32
-with results rounded once to the stored dtype, CPU steps through onnx.reference in the model's
-dtype, host steps as the layout and dtype conversions they name.
+with results rounded once to the stored dtype, CPU steps in the model's dtype on the backend the
+step names (onnxruntime, or onnx.reference for what onnxruntime cannot
+run; reference.py), host steps as the layout and dtype conversions they name.
 
 Everything comes from the plan and its weight region: the order, the tensors each step reads
 and writes, where every tensor lives, and each step's operation (attributes, fused members),
@@ -25,10 +26,14 @@ from rkcompile.targets.model import Target
 from . import kernels  # noqa: F401  (registers the kernels)
 from .fused import run_fused
 from .int8 import QTensor, run_int8
-from .reference import run_reference
+from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
 from .registry import KERNELS, Unsupported
 from .storage import EmulationError, Storage
 
+#: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
+#: float8s through ml_dtypes, whose numpy kind is not "f")
+MODEL_FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
+                      "float8_e5m2", "float8_e5m2fnuz")
 #: observe(step, {output name: real value}) after each step, for accuracy analysis
 Observe = Callable[[int, dict], None]
 
@@ -36,7 +41,8 @@ Observe = Callable[[int, dict], None]
 @dataclass
 class Execution:
     outputs: dict[str, np.ndarray]
-    #: "step N op: reason" for each NPU op a kernel handed to onnx.reference
+    #: "step N op: reason" for each NPU op a kernel handed to onnx.reference, and each CPU node
+    #: onnxruntime failed on while running, which onnx.reference then computed
     fallbacks: list[str] = field(default_factory=list)
     #: CPU tensors of unknown shape held outside the regions (see storage.py)
     dynamic_tensors: int = 0
@@ -45,11 +51,14 @@ class Execution:
 @dataclass
 class WeightCache:
     """What every run of one plan computes the same way, because weights are constants: each
-    weight's real value decoded from the weight region (float32 for float weights), and the step
-    nodes rebuilt over them. The first run makes them from its weight region; weights are not
-    arena tensors, so nothing the plan places is bypassed."""
+    weight's real value decoded from the weight region (float32 for float weights), the step
+    nodes rebuilt over them, and the onnxruntime sessions of the CPU steps. The first run makes
+    them from its weight region; weights are not arena tensors, so nothing the plan places is
+    bypassed."""
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
     nodes: list[gs.Node] | None = None
+    #: onnxruntime sessions of the CPU steps, made by the first run that needs them
+    cpu: CpuRuntime | None = None
 
 
 class Executor:
@@ -70,6 +79,9 @@ class Executor:
         self._step = -1
         self.quantization = plan.quantization  # int8 plans; empty for float16
         self.weight_cache = WeightCache() if weight_cache is None else weight_cache
+        if self.weight_cache.cpu is None:
+            self.weight_cache.cpu = CpuRuntime(self.opset, plan.model.domain_opsets)
+        self.cpu = self.weight_cache.cpu
 
     def step_nodes(self) -> list[gs.Node]:
         """Each step's node, rebuilt from its operation over the weights of this weight region."""
@@ -86,7 +98,7 @@ class Executor:
                     return None
                 if name not in constants:
                     value, dtype = self._weight(name), model_dtypes.get(name)
-                    if dtype in ("float16", "float32", "float64") and value.dtype.kind == "f" and dtype != value.dtype.name:
+                    if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != value.dtype.name:
                         value = value.astype(dtype)
                     constants[name] = gs.Constant(name, value)
                 return constants[name]
@@ -114,9 +126,9 @@ class Executor:
                 (source,), (converted,) = step.inputs, step.outputs
                 self._store(converted, self._real(source))
             else:
-                run = self._npu_node if step.device == "npu" else self._cpu_node
                 values = [self._operand(t, step.device) if t.name else None for t in node_operands(node)]
-                results = run(node, values)
+                results = self._npu_node(node, values) if step.device == "npu" else \
+                    self._cpu_node(node, values, self._cpu_backend(step, node))
                 for tensor, value in zip(node.outputs, results):
                     if tensor.name:
                         self.storage.write(tensor.name, value)
@@ -180,7 +192,24 @@ class Executor:
             self.fallbacks.append(f"step {self._step} {node.op}: {exc}")
             return run_reference(node, values, self.opset)
 
-    def _cpu_node(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
+    def _cpu_backend(self, step, node: gs.Node) -> str:
+        """The step's backend as planned; plans written before the plan carried it get the
+        choice a fresh plan would make."""
+        if step.cpu_backend in (ONNXRUNTIME, ONNX_REFERENCE):
+            return step.cpu_backend
+        if step.cpu_backend is not None:
+            raise EmulationError(f"step {step.id}: unknown cpu_backend {step.cpu_backend!r}")
+        backend = self.cpu.backend_of(node)
+        if backend is None:
+            domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
+            raise EmulationError(f"step {step.id} ({domain}{node.op}): neither onnxruntime nor onnx.reference "
+                                 f"can run it, so the emulator cannot run this plan")
+        return backend
+
+    def _cpu_node(self, node: gs.Node, values: Sequence[np.ndarray | None], backend: str) -> list:
         if fused_body(node) is not None:
-            return run_fused(node, values, self._cpu_node)
-        return run_reference(node, values, self.opset)
+            return run_fused(node, values, lambda member, operands: self._cpu_node(member, operands, backend))
+        notes: list[str] = []
+        results = self.cpu.run(node, values, backend, notes)
+        self.fallbacks += [f"step {self._step} {note}" for note in notes]
+        return results

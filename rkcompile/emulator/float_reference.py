@@ -1,6 +1,7 @@
 """Every tensor of the planned graph in float32: the plan's steps in order, NPU nodes through the
-emulator's float kernels with nothing rounded to a stored dtype, CPU nodes through
-onnx.reference, host conversions as the identity they are on real values.
+emulator's float kernels with nothing rounded to a stored dtype, CPU nodes on the backend the
+executor would choose (onnxruntime, else onnx.reference: reference.py), host conversions as the
+identity they are on real values.
 
 This is the float32 model int8 calibration observes (rkcompile/quantize.py) and the reference
 `rkcompile run --accuracy-analysis` compares each int8 step with: it runs the same graph, with
@@ -19,7 +20,7 @@ from rkcompile.nodes import fused_body, node_operands
 
 from . import kernels  # noqa: F401  (registers the kernels)
 from .fused import run_fused
-from .reference import run_reference
+from .reference import ONNX_REFERENCE, CpuRuntime, run_reference
 from .registry import KERNELS, Unsupported
 
 Visit = Callable[[str, np.ndarray], None]
@@ -28,6 +29,7 @@ Visit = Callable[[str, np.ndarray], None]
 class FloatReference:
     def __init__(self, nodes: Sequence[gs.Node], devices: Sequence[str], opset: int, outputs: Sequence[str]):
         self.nodes, self.devices, self.opset = list(nodes), list(devices), opset
+        self.cpu = CpuRuntime(opset, {})
         self.outputs = set(outputs)
         last_use: dict[str, int] = {}
         for index, node in enumerate(self.nodes):
@@ -70,4 +72,4 @@ class FloatReference:
     def _cpu(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
         if fused_body(node) is not None:
             return run_fused(node, values, self._cpu)
-        return run_reference(node, values, self.opset)
+        return self.cpu.run(node, values, self.cpu.backend_of(node) or ONNX_REFERENCE, [])

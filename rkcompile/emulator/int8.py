@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from rkcompile.nodes import fused_body
 from rkcompile.plan import Quantization
 from rkcompile.quantize import INT8, INT32, dequantize, quantize
 from rkcompile.targets.common import ONNX_TO_KERNEL
@@ -160,9 +161,9 @@ def run_int8(node: gs.Node, operands: Sequence["QTensor | np.ndarray | None"],
     """The step's outputs: int8 arrays for quantized outputs, as computed arrays otherwise."""
     quant = out_quants[0] if len(out_quants) == 1 else None
     if quant is not None:
-        chain = list(node.attrs["body"].nodes) if "body" in node.attrs else [node]
+        chain = list(node.attrs["body"].nodes) if fused_body(node) is not None else [node]
         head, tail = chain[0], chain[1:]
-        if "body" in node.attrs:
+        if fused_body(node) is not None:
             head_operands = _body_operands(node, head, operands)
         else:
             head_operands = operands
@@ -172,7 +173,7 @@ def run_int8(node: gs.Node, operands: Sequence["QTensor | np.ndarray | None"],
             for member in tail:
                 low, high = _clamp(member, quant, low, high)
             return [requantize(INT8_KERNELS[head.op](head, head_operands, opset), quant, low, high)]
-        if "body" not in node.attrs and node.op in LOOKUP_OPS and _one_tensor(node, operands):
+        if fused_body(node) is None and node.op in LOOKUP_OPS and _one_tensor(node, operands):
             return [lookup_table(node, operands[0].quant, quant, opset, operands)[operands[0].values.astype(np.int64)
                                                                                 - INT8[0]]]
     if (is_movement(node) or node.op == "Concat") and all(q is not None for q in out_quants):
@@ -258,7 +259,7 @@ def move(node: gs.Node, operands: Sequence, out_quants: Sequence[Quantization], 
 def run_real(node: gs.Node, operands: Sequence, opset: int) -> list:
     """Exact dequantization, float32 kernels; a fused body's accumulating head keeps its int32
     arithmetic and is dequantized exactly after it."""
-    if "body" in node.attrs:
+    if fused_body(node) is not None:
         return run_fused(node, list(operands), lambda member, values: _member_real(member, values, opset))
     return run_float(node, [v.real() if isinstance(v, QTensor) else v for v in operands], opset)
 
@@ -266,7 +267,7 @@ def run_real(node: gs.Node, operands: Sequence, opset: int) -> list:
 def _member_real(member: gs.Node, values: Sequence, opset: int) -> list:
     if member.op in INT8_KERNELS and _accumulates(member, values):
         return [INT8_KERNELS[member.op](member, values, opset).real()]
-    if "body" in member.attrs:
+    if fused_body(member) is not None:
         return run_real(member, values, opset)
     return run_float(member, [v.real() if isinstance(v, QTensor) else v for v in values], opset)
 

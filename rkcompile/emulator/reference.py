@@ -1,18 +1,204 @@
-"""onnx.reference for one node: what CPU steps run (the CPU computes in the model's dtype),
-and what the NPU kernels in `kernels/reference_ops.py` or a kernel's `Unsupported` case fall
-back to, in float32."""
+"""The CPU side of the emulator: CPU steps run on onnxruntime, the runtime users trust and the
+one `rkcompile run --check` compares with; onnx.reference only runs what onnxruntime cannot
+(an op or a type it has no kernel for, or computes against the spec: ONNXRUNTIME_DEVIATIONS),
+and is what NPU kernels in `kernels/reference_ops.py`
+or a kernel's `Unsupported` case fall back to, in float32.
+
+Every function here returns one value per node output, in the node's output order, None for an
+omitted optional output (name ''): onnx.reference and onnxruntime return only the named ones,
+and pairing those by position would hand Y_h's value to an omitted Y.
+
+Which backend a CPU step runs on is decided when the plan is made (`cpu_backend`, recorded as
+the step's `cpu_backend`) by asking onnxruntime for a session on the node alone: it has no
+kernel for an op, domain or input type, and onnx.reference runs the step instead.
+"""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.nodes import node_operands, single_node_graph
+from rkcompile.nodes import fused_body, node_inputs, node_operands, node_proto, single_node_graph, subgraphs
+
+from .storage import EmulationError
+
+ONNXRUNTIME = "onnxruntime"
+ONNX_REFERENCE = "onnx.reference"
+#: the IR version the one-node models declare: one every onnxruntime >= 1.17 reads
+NODE_MODEL_IR_VERSION = 9
 
 
-def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray]:
+def by_output(node: gs.Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+    """A runtime's results (one per named output) lined up with all the node's outputs."""
+    results = iter(named)
+    return [np.asarray(next(results)) if t.name else None for t in node.outputs]
+
+
+def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int,
+                  opsets: Mapping[str, int] | None = None) -> list[np.ndarray | None]:
     feeds = {t.name: value for t, value in zip(node_operands(node), inputs) if t.name}
-    evaluator = ReferenceEvaluator(single_node_graph(node), opsets={"": opset})
-    return [np.asarray(v) for v in evaluator.run(None, feeds)]
+    evaluator = ReferenceEvaluator(single_node_graph(node), opsets={**(opsets or {}), "": opset})
+    try:
+        return by_output(node, evaluator.run(None, feeds))
+    except ImportError as exc:  # an op whose implementation needs an optional package (ImageDecoder: Pillow)
+        raise EmulationError(f"onnx.reference needs the Python package {exc.name or exc} to run {node.op} "
+                             f"node {node.name}, and onnxruntime cannot run it") from None
+
+
+def node_model(node: gs.Node, input_dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
+               input_shapes: Sequence[tuple[int, ...]] | None = None) -> onnx.ModelProto:
+    """The node alone as a model: what it reads (`nodes.node_inputs`: its present inputs, then
+    what its subgraphs read from outside) typed by element type only, so one session serves any
+    shape; its named outputs untyped (onnxruntime infers them). With `input_shapes` the inputs
+    are shaped too and onnx's shape inference types the subgraphs' outputs, which onnxruntime
+    needs to run a Loop or Scan body (a body rebuilt from a plan names its outputs only)."""
+    shapes = input_shapes if input_shapes is not None else [None] * len(input_dtypes)
+    inputs = [onnx.helper.make_tensor_value_info(t.name, onnx.helper.np_dtype_to_tensor_dtype(dtype), shape)
+              for t, dtype, shape in zip(node_inputs(node), input_dtypes, shapes)]
+    outputs = [onnx.helper.make_value_info(t.name, onnx.TypeProto()) for t in node.outputs if t.name]
+    graph = onnx.helper.make_graph([node_proto(node)], node.name or "node", inputs, outputs)
+    imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    model = onnx.helper.make_model(graph, opset_imports=imports, ir_version=NODE_MODEL_IR_VERSION)
+    return model if input_shapes is None else onnx.shape_inference.infer_shapes(model)
+
+
+def make_session(model: onnx.ModelProto):
+    """A one-thread CPU onnxruntime session on `model`; raises what onnxruntime raises."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 4  # a refused model is an answer here, not a warning
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_session(model: onnx.ModelProto):
+    """`make_session`, or None when onnxruntime cannot run the model."""
+    try:
+        return make_session(model)
+    except Exception:  # noqa: BLE001  (onnxruntime raises its own classes for every "cannot")
+        return None
+
+
+def cpu_backend(node: gs.Node, opsets: Mapping[str, int]) -> str | None:
+    """The backend a CPU step runs on: onnxruntime when it takes the node (every member of a
+    fused node) with the types the graph gives, else onnx.reference when it has the op, else
+    None: nothing here can run it (`rkcompile run` refuses the plan, naming the op)."""
+    body = fused_body(node)
+    members = body.nodes if body is not None else [node]
+    if all(runs_on_onnxruntime(member, opsets) for member in members):
+        return ONNXRUNTIME
+    if all(reference_has(member, opsets) for member in members):
+        return ONNX_REFERENCE
+    return None
+
+
+def onnxruntime_deviates(node: gs.Node) -> bool:
+    """Nodes onnxruntime 1.32 runs but computes against the ONNX spec, where onnx's own test
+    cases and onnx.reference agree with each other: onnx.reference runs them instead."""
+    return any(node.op == op and applies(node) for op, applies in ONNXRUNTIME_DEVIATIONS)
+
+
+#: (op, the attribute combination onnxruntime gets wrong), each found by onnx's node test cases
+ONNXRUNTIME_DEVIATIONS = (
+    # test_attention_4d_with_past_and_present_qk_matmul_bias_*_mask_causal: with
+    # qk_matmul_output_mode 1 or 2 (after the mask, after the softcap) the qk_matmul_output of
+    # a causal Attention comes out without the causal mask's -inf
+    ("Attention", lambda node: len(node.outputs) > 3 and bool(node.outputs[3].name)
+     and int(node.attrs.get("qk_matmul_output_mode", 0)) != 0),
+)
+
+
+def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
+    if onnxruntime_deviates(node):
+        return False
+    dtypes = [numpy_dtype(t.dtype) for t in node_inputs(node)]
+    # an output's dtype may be unrecorded (a node rebuilt from a plan): onnxruntime infers it
+    if None in dtypes or any(t.name and t.dtype is not None and numpy_dtype(t.dtype) is None for t in node.outputs):
+        return False
+    try:
+        model = node_model(node, dtypes, opsets)
+    except (TypeError, ValueError):  # an attribute onnx-graphsurgeon cannot export (a string tensor)
+        return False
+    return onnxruntime_session(model) is not None
+
+
+def reference_has(node: gs.Node, opsets: Mapping[str, int]) -> bool:
+    """Whether onnx.reference has an implementation for the node (it looks them up when built)."""
+    try:
+        ReferenceEvaluator(single_node_graph(node), opsets=dict(opsets))
+    except Exception:  # noqa: BLE001  (it raises RuntimeError and its own classes for a missing op)
+        return False
+    return True
+
+
+def numpy_dtype(dtype) -> np.dtype | None:
+    """`dtype` when onnxruntime's Python API exchanges it (numpy's own bool, integer, float and
+    complex types), else None: it has no numpy type for bfloat16, the float8s or int4, and the
+    graph leaves the type unknown (None) or as onnx's enum when numpy has none."""
+    try:
+        dtype = np.dtype(dtype) if dtype is not None and not isinstance(dtype, int) else None
+    except TypeError:
+        return None
+    native = dtype is not None and dtype.kind in "biufc" and dtype.type.__module__ == "numpy"  # not ml_dtypes'
+    return dtype if native else None
+
+
+class CpuRuntime:
+    """Runs CPU nodes on the backend their step names, keeping one onnxruntime session per node
+    and input types for every later run of the same prepared plan."""
+
+    def __init__(self, opset: int, opsets: Mapping[str, int]):
+        self.opset = opset
+        self.opsets = {**opsets, "": opset}
+        self.sessions: dict[tuple, object] = {}
+        self.backends: dict[str, str | None] = {}
+
+    def backend_of(self, node: gs.Node) -> str | None:
+        """`cpu_backend` for a node no plan step names one for, decided once per node."""
+        if node.name not in self.backends:
+            self.backends[node.name] = cpu_backend(node, self.opsets)
+        return self.backends[node.name]
+
+    def run(self, node: gs.Node, inputs: Sequence[np.ndarray | None], backend: str,
+            fallbacks: list[str]) -> list[np.ndarray | None]:
+        """The node's outputs; when onnxruntime fails on these values (a case the plan-time check
+        could not foresee: a subgraph's shapes, a runtime error) and onnx.reference has the op,
+        that computes it and `fallbacks` says so."""
+        if backend != ONNXRUNTIME:
+            return run_reference(node, inputs, self.opset, self.opsets)
+        present = [(t, np.asarray(v)) for t, v in zip(node_operands(node), inputs) if t.name]
+        shapes = [v.shape for _, v in present] if subgraphs(node) else None
+        key = (node.name, node.op, tuple(v.dtype.str for _, v in present), shapes and tuple(shapes))
+        session = self.sessions.get(key)
+        if session is None:
+            try:
+                session = self.sessions[key] = make_session(node_model(node, [v.dtype for _, v in present],
+                                                                       self.opsets, shapes))
+            except Exception as exc:  # noqa: BLE001  (onnx's shape inference and onnxruntime's own classes)
+                return self._instead(node, inputs, f"no session: {str(exc).splitlines()[0]}", fallbacks)
+        try:
+            named = session.run(None, {t.name: v for t, v in present})
+        except Exception as exc:  # noqa: BLE001  (onnxruntime's own error classes)
+            return self._instead(node, inputs, str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                                 fallbacks)
+        return by_output(node, named)
+
+    def _instead(self, node: gs.Node, inputs: Sequence[np.ndarray | None], failure: str,
+                 fallbacks: list[str]) -> list[np.ndarray | None]:
+        """onnx.reference's outputs for a node onnxruntime failed on with these values."""
+        if not reference_has(node, self.opsets):
+            raise EmulationError(f"onnxruntime failed on {node.op} node {node.name}: {failure}")
+        fallbacks.append(f"{node.op} {node.name}: onnxruntime failed ({failure})")
+        try:
+            return run_reference(node, inputs, self.opset, self.opsets)
+        except EmulationError:
+            raise
+        except Exception as second:  # noqa: BLE001  (onnx.reference's own error classes)
+            raise EmulationError(f"onnxruntime failed on {node.op} node {node.name} ({failure}), and so did "
+                                 f"onnx.reference ({str(second).splitlines()[0] if str(second) else ''})") from None

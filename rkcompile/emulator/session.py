@@ -67,7 +67,7 @@ def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> d
     inputs = {}
     for spec in plan.model.inputs:
         if spec.name in given:
-            inputs[spec.name] = np.asarray(given[spec.name]).astype(spec.dtype, copy=False)
+            inputs[spec.name] = as_input_dtype(spec.name, given[spec.name], np.dtype(spec.dtype))
         elif spec.dtype == "bool":
             inputs[spec.name] = rng.random(spec.shape) < 0.5
         elif np.issubdtype(np.dtype(spec.dtype), np.integer):
@@ -76,6 +76,27 @@ def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> d
             inputs[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
     # a scalar input's draw is a numpy scalar, which onnxruntime refuses: every feed is an array
     return {name: np.asarray(value) for name, value in inputs.items()}
+
+
+def as_input_dtype(name: str, value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A given input in its input's dtype: converted (an int64 index array for an int32 input,
+    float32 for a bfloat16 or float8 input), or, when it holds raw items (numpy's void dtype:
+    an ml_dtypes array saved to .npz loses its type), reinterpreted as the input's type when
+    the items have its size."""
+    value = np.asarray(value)
+    if value.dtype == dtype:
+        return value
+    if value.dtype.kind == "V":
+        if value.dtype.fields is None and value.dtype.itemsize == dtype.itemsize:
+            return value.view(dtype)
+        raise EmulationError(f"--inputs: {name} holds raw {value.dtype.itemsize}-byte items; input {name} is "
+                             f"{dtype.name}, {dtype.itemsize} bytes each (save it as {dtype.name} or widened, "
+                             f"e.g. float32)")
+    try:
+        return value.astype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise EmulationError(f"--inputs: {name} is {value.dtype.name}, which does not convert to the input's "
+                             f"{dtype.name} ({exc})") from None
 
 
 def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:

@@ -7,9 +7,10 @@ present (and written as zeros), other layouts are the ONNX shape row-major. Read
 working copy for one step; writing encodes into the view, rounding to the stored dtype. So two
 tensors that the plan places on the same bytes really do overwrite each other.
 
-The one exception is a CPU tensor whose shape the planner could not know (layout "unknown",
-0 bytes): the CPU runtime sizes it when it runs, so the emulator holds it the same way, in
-`dynamic`, and reports how many it held.
+The exceptions are CPU tensors the CPU runtime holds itself: one whose shape the planner could
+not know (layout "unknown", 0 bytes), which the runtime sizes when it runs, and a string tensor
+(dtype "object": variable-length strings are no fixed bytes). The emulator holds them the same
+way, in `dynamic`, and reports how many it held.
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class Storage:
         consecutive channels, so that order is the cheap one to decode, and it is the one the
         conv kernel multiplies in."""
         tensor = self.placement(name)
-        if tensor.layout == "unknown":
+        if held_by_runtime(tensor):
             if name not in self.dynamic:
                 raise EmulationError(f"tensor {name} is read before it is written")
             value = self.dynamic[name]
@@ -95,7 +96,7 @@ class Storage:
         """Store `value` (the tensor's ONNX shape) in its planned dtype and layout."""
         tensor = self.placement(name)
         value = np.asarray(value)
-        if tensor.layout == "unknown":
+        if held_by_runtime(tensor):
             self.dynamic[name] = value
             return
         if tuple(value.shape) != tuple(tensor.shape):
@@ -116,6 +117,11 @@ class Storage:
         if rest:
             view[:, whole_blocks, ..., :rest] = channels_last[..., whole_blocks * c2:]
             view[:, whole_blocks, ..., rest:] = 0
+
+
+def held_by_runtime(tensor: TensorPlacement) -> bool:
+    """A CPU tensor without planned bytes: of unknown shape, or of strings."""
+    return tensor.layout == "unknown" or tensor.dtype == "object"
 
 
 def view_as_blocks(array: np.ndarray) -> np.ndarray:
