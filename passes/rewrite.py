@@ -39,6 +39,10 @@ log = logging.getLogger("rkcompile")
 
 #: Longest chain of rules one node's replacement may take (the rule on the graph node included).
 MAX_CHAIN_RULES = 3
+#: Most rewrites applied to the nodes standing for one original node. Rules are written to make
+#: progress, but two rules that each undo the other would otherwise grow the graph without end;
+#: at this bound the node stays as it is, with the reason in `plan --explain`.
+MAX_REWRITES_PER_ORIGINAL = 64
 
 
 def run(ctx: CompileContext) -> None:
@@ -74,6 +78,7 @@ class _Edits:
         # from being reused by a node created later.
         self.spliced: dict[int, tuple[gs.Node, tuple[gs.Node, ...]]] = {}
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
+        self.rewrites_of: Counter[str] = Counter()  # original node -> rewrites applied to its carriers
         # Producers of what replaced nodes read: a relabel among them may have lost its last reader.
         self.bypassed: list[gs.Node] = []
 
@@ -98,6 +103,13 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
     """Apply the first rule whose candidate is, or can be made, legal on the target; None when none is."""
     rules = [rule for rule in RULES if node.op in rule.ops and rule.late == late]
     if not rules:
+        return None
+    origins = ctx.origins.get(node.name, (node.name,))
+    if any(edits.rewrites_of[o] >= MAX_REWRITES_PER_ORIGINAL for o in origins):
+        log.warning("rewrite: %s keeps being rewritten; stopped at %d rewrites", node.name, MAX_REWRITES_PER_ORIGINAL)
+        _record_attempts(ctx, node, [RewriteAttempt(node.name, "(any)", (
+            f"not tried: the nodes it stands for were rewritten {MAX_REWRITES_PER_ORIGINAL} times already, the "
+            "bound that stops rules undoing each other"))])
         return None
     illegal = bool(check_node(node, ctx.target, **site.facts))
     attempts = []
@@ -165,7 +177,11 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
 def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
                 refine: bool) -> tuple[Replacement | None, tuple[str, ...], str]:
     """`candidate` with each new node that breaks a rule replaced by a legal rewrite of it (only
-    when `refine`), the rules used; or None and the first node no rule makes legal."""
+    when `refine`), the rules used; or None and the first node no rule makes legal.
+
+    `chain` is the path of rules that built `candidate`: a node's rewrite may not repeat one of
+    them (no cycle) or make the path longer than MAX_CHAIN_RULES, while sibling nodes of one
+    candidate may each use the same rule (three Gathers, each as a Slice)."""
     nodes = list(candidate.new)
     used = chain
     for node in candidate.new:
@@ -175,19 +191,20 @@ def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
         if not failures:
             continue
         rewrite = None
-        if refine and len(used) < MAX_CHAIN_RULES:
+        if refine and len(chain) < MAX_CHAIN_RULES:
             owned = {id(n) for n in nodes}
             for rule in RULES:
-                if node.op not in rule.ops or rule.name in used or rule.late:
+                if node.op not in rule.ops or rule.name in chain or rule.late:
                     continue
-                rewrite, _ = _first_legal_candidate(node, rule, site, used + (rule.name,), owned)
+                rewrite, _ = _first_legal_candidate(node, rule, site, chain + (rule.name,), owned)
                 if rewrite is not None:
                     break
         if rewrite is None:
             for built in nodes:
                 detach(built)
             return None, chain, f"its {node.op} would break: {failures[0]}"
-        used, inner = rewrite
+        path, inner = rewrite
+        used += tuple(name for name in path if name not in used)
         first = min(nodes.index(old) for old in inner.old)
         for old in inner.old:
             nodes.remove(old)
@@ -204,6 +221,7 @@ def _record_attempts(ctx: CompileContext, node: gs.Node, attempts: list[RewriteA
 def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edits) -> None:
     origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
     edits.spliced[id(replacement.old[0])] = (replacement.old[0], replacement.new)
+    edits.rewrites_of.update(origins)
     edits.bypassed.extend(producer for node in replacement.old for t in node.inputs for producer in t.inputs)
     for node in replacement.old:
         detach(node)

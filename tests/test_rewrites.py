@@ -667,3 +667,45 @@ def test_passes_name_no_soc(sources):
             if text and any(name in text.lower() for name in names):
                 offenders.append(f"{path.name}:{node.lineno}: {text[:60]}")
     assert not offenders
+
+
+def test_rules_that_undo_each_other_stop_at_a_bound(tmp_path, monkeypatch):
+    """A rule whose result it matches again (Relu -> a new Relu, standing for two that undo each other) would grow the
+    graph forever through the worklist: the pass stops at MAX_REWRITES_PER_ORIGINAL and says why."""
+    from rkcompile.passes import rewrite as rewrite_pass
+    from rkcompile.passes.rewrites.base import RewriteRule
+
+    def relu_again(node, site):
+        builder = site.builder(node)
+        builder.op("Relu", [node.inputs[0]], out=node.outputs[0])
+        yield builder.finish()
+
+    monkeypatch.setattr(rewrite_pass, "RULES", (RewriteRule(relu_again, frozenset({"Relu"}), always=True),))
+    ctx = rewritten(unary_model("Relu", [1, 2, 3, 3]), tmp_path, get_target("rk3588"))
+    assert len(rules_fired(ctx)) == rewrite_pass.MAX_REWRITES_PER_ORIGINAL and ops_of(ctx) == ["Relu"]
+    assert "not tried: the nodes it stands for were rewritten" in ctx.rewrite_attempts["n"][-1].outcome
+
+
+def test_sibling_nodes_of_one_candidate_may_use_the_same_rule(tmp_path, monkeypatch):
+    """A chain never repeats a rule along one path, but two illegal nodes of one candidate may each
+    be refined by the same rule."""
+    from rkcompile.passes import rewrite as rewrite_pass
+    from rkcompile.passes.rewrites.base import RewriteRule
+
+    def split_in_two_tanhs(node, site):
+        builder = site.builder(node)
+        middle = builder.op("Tanh", [node.inputs[0]], static_shape(node.outputs[0]), node.outputs[0].dtype)
+        builder.op("Tanh", [middle], out=node.outputs[0])
+        yield builder.finish()
+
+    def tanh_as_sigmoid(node, site):
+        builder = site.builder(node)
+        builder.op("Sigmoid", [node.inputs[0]], out=node.outputs[0])
+        yield builder.finish()
+
+    monkeypatch.setattr(rewrite_pass, "RULES", (RewriteRule(split_in_two_tanhs, frozenset({"Erf"})),
+                                                RewriteRule(tanh_as_sigmoid, frozenset({"Tanh"}))))
+    target = with_refusals(Tanh=lambda n: True)
+    ctx = rewritten(unary_model("Erf", [1, 2, 3, 3]), tmp_path, target)
+    assert ops_of(ctx) == ["Sigmoid", "Sigmoid"]
+    assert rules_fired(ctx) == ["split_in_two_tanhs > tanh_as_sigmoid"]
