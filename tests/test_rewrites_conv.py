@@ -109,3 +109,47 @@ def test_a_legal_conv_is_left_alone(tmp_path):
 def test_factors_within_the_limit(value, limit, factors):
     found = factors_within(value, limit)
     assert (sorted(found) if found is not None else None) == (sorted(factors) if factors is not None else None)
+
+
+def slice_model(shape, starts, ends, axes, steps):
+    inits = [weight(name, np.array(v, dtype=np.int64)) for name, v in
+             (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps))]
+    node = helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="slice")
+    out = list(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        out[axis] = len(range(*slice(start, end, step).indices(shape[axis])))
+    return make_model([node], [value_info("x", list(shape))], [value_info("y", out)], inits)
+
+
+SLICES = {
+    "swin_rows_nhwc": ((1, 12, 12, 8), [1], [12], [1], [2]),
+    "height_and_width_from_the_end": ((1, 3, 20, 18), [-19, 2], [20, 100], [2, 3], [3, 4]),
+    "channels_and_width": ((2, 10, 6, 9), [1, 0], [9, 9], [1, 3], [2, 2]),
+    "rank3_last_axis": ((4, 6, 30), [0], [30], [-1], [3]),
+    "rank2_step_8_in_two_stages": ((5, 64), [3], [64], [1], [8]),
+    "prime_step_over_the_stride_limit": ((1, 2, 40, 6), [1], [40], [2], [11]),
+    "batch_axis": ((4, 3, 5, 5), [0], [4], [0], [2]),
+}
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("name", sorted(SLICES))
+def test_strided_slice_becomes_legal_picking_ops_computing_the_same(tmp_path, name, target):
+    shape, *spec = SLICES[name]
+    model = slice_model(shape, *spec)
+    ctx = rewritten(model, tmp_path, target)
+    assert [r.rule for r in ctx.rewrites][:1] == ["strided_slice_to_convs"]
+    picking = {n.op for n in ctx.graph.nodes} - {"Reshape", "Slice"}
+    assert picking == ({"Gather"} if name in ("prime_step_over_the_stride_limit", "batch_axis") else {"Conv"})
+    assert all(list(n.inputs[4].values) == [1] * len(n.inputs[4].values)
+               for n in ctx.graph.nodes if n.op == "Slice" and len(n.inputs) > 4)
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal(shape).astype(np.float32)})
+    plan, _ = compile_model(tmp_path / "model.onnx", target)
+    assert not [n.op for n in plan.nodes if n.device == "cpu"]
+
+
+def test_a_backwards_slice_is_not_rewritten_and_says_why(tmp_path):
+    ctx = rewritten(slice_model((1, 2, 8, 8), [7], [-9], [2], [-2]), tmp_path, "rk3588")
+    assert not ctx.rewrites
+    (attempt,) = [a for a in ctx.rewrite_attempts["slice"] if a.rule == "strided_slice_to_convs"]
+    assert "runs backwards" in attempt.outcome

@@ -9,10 +9,12 @@ calls for.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, layout, matmul, norm, pooling, reductions, rank
+from . import conv, elementwise, layout, masks, matmul, norm, pooling, reductions, rank
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
+    masks,        # mask movement done on the float values a Where selects, identity And/Or/Gather,
+                  # Expands their readers' broadcast does: first, they remove work
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts

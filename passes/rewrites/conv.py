@@ -1,6 +1,6 @@
 """Convolution rewrites: a Conv whose stride or kernel is over the target's window limits as
-convolutions within them, exactly, and a Slice with steps as the convolutions that pick its rows,
-columns and channels.
+convolutions within them, exactly, and a Slice with steps over 1 as the 1x1 convolutions that
+pick its rows, columns and channels.
 
 Space-to-depth is the common tool. A one-hot grouped convolution with kernel = stride = f moves
 each f x f block of a channel into f*f channels, so a convolution of stride s on the input is a
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import constant_value, dtype_name, static_shape
+from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
 from .base import Builder, Candidates, RewriteRule, Site
 
@@ -232,7 +232,104 @@ def conv_kernel_to_tiles(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+
+
+def slice_picks(node: gs.Node) -> tuple[list[int], list[tuple[int, int, int]]] | str:
+    """The Slice's input on the 4-D view (leading 1s for lower ranks) and, per axis of that view,
+    (start, step, count) with positive steps; or why a rewrite cannot read it."""
+    shape, out_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    if shape is None or out_shape is None or not 1 <= len(shape) <= 4:
+        return "not a tensor of rank 1 to 4 and known shape"
+    if len(node.inputs) < 5 or not node.inputs[4].name:
+        return "no steps (all 1)"
+    starts, axes, steps = (constant_value(node.inputs[i]) if node.inputs[i].name else None for i in (1, 3, 4))
+    if starts is None or steps is None or (node.inputs[3].name and axes is None):
+        return "starts, axes or steps are computed"
+    axes = range(len(shape)) if axes is None else np.ravel(axes)
+    lead = 4 - len(shape)
+    view = [1] * lead + list(shape)
+    picks = [(0, 1, size) for size in view]
+    for start, axis, step in zip(np.ravel(starts), axes, np.ravel(steps)):
+        axis, step, start = int(axis) % len(shape), int(step), int(start)
+        if step < 1:
+            return f"step {step} on axis {axis} runs backwards"
+        start = min(max(start + shape[axis] if start < 0 else start, 0), shape[axis])
+        picks[axis + lead] = (start, step, out_shape[axis])
+    if all(step == 1 for _, step, _ in picks):
+        return "every step is 1"
+    if any(count == 0 for _, _, count in picks):
+        return "the result is empty"
+    return view, picks
+
+
+def _cropped(builder: Builder, x: gs.Tensor, view: list[int], spans: list[tuple[int, int]]) -> tuple[gs.Tensor, list[int]]:
+    """`x` on its 4-D view, cut by a step-1 Slice to `spans` ([begin, end) per axis) where they cut."""
+    current = x if len(static_shape(x)) == 4 else builder.reshape(x, view)
+    cut = [axis for axis, (begin, end) in enumerate(spans) if (begin, end) != (0, view[axis])]
+    shape = [end - begin for begin, end in spans]
+    if cut:
+        bounds = [builder.const(np.array(values, dtype=np.int64), name) for values, name in (
+            ([spans[a][0] for a in cut], "starts"), ([spans[a][1] for a in cut], "ends"), (cut, "axes"))]
+        current = builder.op("Slice", [current, *bounds], shape, x.dtype)
+    return current, shape
+
+
+def strided_slice_to_convs(node: gs.Node, site: Site) -> Candidates:
+    """A Slice with steps over 1 as the step-1 Slice of what it spans (on the 4-D view), then 1x1
+    convolutions with strides = the height and width steps (in stages of factors within the
+    target's stride limit) whose weights pick every step-th channel (one-hot) or copy each
+    channel (depthwise ones). Every output is one input times 1: exact. Swin's patch merging,
+    x[:, r::2, q::2, :], needs it: the oplist V2.3.2 Slice takes steps of 1 only. The second
+    candidate picks the stepped axes with Gathers (oplist V2.3.2 Gather), for the first axis or
+    steps with a prime factor over the stride limit."""
+    read = slice_picks(node)
+    if isinstance(read, str):
+        return read
+    view, picks = read
+    x, y = node.inputs[0], node.outputs[0]
+    dtype = dtype_name(x.dtype)
+    four_d = len(static_shape(y)) == 4
+    limits = conv_limits(site)
+    stages = [factors_within(step, limits.stride) for _, step, _ in picks[2:]] if limits else [None]
+    if dtype in FLOAT_DTYPES and picks[0][1] == 1 and None not in stages:
+        builder = site.builder(node)
+        spans = [(start, start + step * (count - 1) + 1) for start, step, count in picks]
+        current, shape = _cropped(builder, x, view, spans)
+        count = max(1, *(len(axis) for axis in stages))
+        strides = list(zip(*(axis + [1] * (count - len(axis)) for axis in stages)))
+        _, step, channels = picks[1]
+        if step == 1:
+            weight, group = np.ones((channels, 1, 1, 1), dtype), channels
+        else:
+            weight, group = np.zeros((channels, shape[1], 1, 1), dtype), 1
+            weight[np.arange(channels), step * np.arange(channels), 0, 0] = 1
+        for index, stride in enumerate(strides):
+            shape = [shape[0], channels, *((size - 1) // f + 1 for size, f in zip(shape[2:], stride))]
+            last = index == len(strides) - 1
+            current = builder.op("Conv", [current, builder.const(weight, "picker")], shape, x.dtype,
+                                 out=y if last and four_d else None, kernel_shape=[1, 1], strides=list(stride),
+                                 group=group)
+            weight, group = np.ones((channels, 1, 1, 1), dtype), channels
+        if not four_d:
+            builder.reshape(current, static_shape(y), out=y)
+        yield builder.finish()
+    gather = site.builder(node)
+    spans = [(start, start + count) if step == 1 else (0, size) for (start, step, count), size in zip(picks, view)]
+    current, shape = _cropped(gather, x, view, spans)
+    stepped = [axis for axis, (_, step, _) in enumerate(picks) if step > 1]
+    for axis in stepped:
+        start, step, count = picks[axis]
+        shape[axis] = count
+        indices = gather.const(start + step * np.arange(count, dtype=np.int64), "indices")
+        current = gather.op("Gather", [current, indices], shape, x.dtype, axis=axis,
+                            out=y if axis == stepped[-1] and four_d else None)
+    if not four_d:
+        gather.reshape(current, static_shape(y), out=y)
+    yield gather.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(conv_stride_to_space_to_depth, frozenset({"Conv"})),
     RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
+    RewriteRule(strided_slice_to_convs, frozenset({"Slice"})),
 )
