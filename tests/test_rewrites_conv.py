@@ -153,3 +153,22 @@ def test_a_backwards_slice_is_not_rewritten_and_says_why(tmp_path):
     assert not ctx.rewrites
     (attempt,) = [a for a in ctx.rewrite_attempts["slice"] if a.rule == "strided_slice_to_convs"]
     assert "runs backwards" in attempt.outcome
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("size, dilation, strides, kept", [(14, 36, 1, [1, 1]), (20, 24, 2, [1, 1]), ((9, 12), 20, 1, [1, 1])])
+def test_taps_reading_only_padding_are_dropped(tmp_path, target, size, dilation, strides, kept):
+    model = conv_model(channels=4, out_channels=6, size=size, kernel=3, strides=strides, pads=(dilation,) * 4)
+    (conv,) = model.graph.node
+    conv.attribute.append(helper.make_attribute("dilations", [dilation, dilation]))
+    size = (size, size) if isinstance(size, int) else size
+    out = [(s + 2 * dilation - 2 * dilation - 1) // strides + 1 for s in size]
+    model.graph.output[0].type.tensor_type.shape.dim[2].dim_value = out[0]
+    model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = out[1]
+    ctx = rewritten(model, tmp_path, target)
+    assert [r.rule for r in ctx.rewrites] == ["conv_padding_only_taps_dropped"]
+    (new,) = [n for n in ctx.graph.nodes if n.op == "Conv"]
+    assert list(new.attrs["kernel_shape"]) == kept
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, 4, *size)).astype(np.float32)})
+    plan, _ = compile_model(tmp_path / "model.onnx", target)
+    assert not [n.op for n in plan.nodes if n.device == "cpu"]

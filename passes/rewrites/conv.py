@@ -52,15 +52,15 @@ class ConvGeometry:
         return self.group > 1 and self.weight.shape[1] == 1 and self.weight.shape[0] == self.group
 
 
-def conv_geometry(node: gs.Node) -> ConvGeometry | str:
-    """The Conv's geometry, or why a rewrite cannot read it."""
+def conv_geometry(node: gs.Node, dilated: bool = False) -> ConvGeometry | str:
+    """The Conv's geometry, or why a rewrite cannot read it (dilations only when `dilated`)."""
     x_shape, y_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
     weight = constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
     if x_shape is None or y_shape is None or len(x_shape) != 4 or weight is None or weight.ndim != 4:
         return "not a 2-D convolution of known shapes with constant weights"
     if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         return "auto_pad is set"
-    if any(int(d) != 1 for d in node.attrs.get("dilations", [1, 1])):
+    if not dilated and any(int(d) != 1 for d in node.attrs.get("dilations", [1, 1])):
         return "dilations other than 1"
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
     return ConvGeometry(x_shape, y_shape, weight, bias, tuple(int(k) for k in weight.shape[2:]),
@@ -328,7 +328,50 @@ def strided_slice_to_convs(node: gs.Node, site: Site) -> Candidates:
     yield gather.finish()
 
 
+def _live_taps(size: int, out: int, stride: int, dilation: int, kernel: int, pad: int) -> tuple[int, int] | None:
+    """The first and last kernel tap along one axis that reads the input (not only padding) for
+    some output; None when none does."""
+    live = [tap for tap in range(kernel)
+            if any(0 <= y * stride + tap * dilation - pad < size for y in range(out))]
+    return (live[0], live[-1]) if live else None
+
+
+def conv_padding_only_taps_dropped(node: gs.Node, site: Site) -> Candidates:
+    """A Conv whose outer kernel taps read only padding for every output (a dilated 3x3 whose
+    dilation reaches past a small feature map: DeepLab's atrous pyramid) without those taps:
+    they multiply zeros, so the smaller kernel, with the padding shrunk by what they spanned,
+    computes the same; its pads and dilation then fit the oplist V2.3.2 Convolution limits
+    where the original's did not."""
+    conv = conv_geometry(node, dilated=True)
+    if isinstance(conv, str):
+        return conv
+    dilations = [int(d) for d in node.attrs.get("dilations", [1, 1])]
+    spans = [_live_taps(size, out, stride, dilation, kernel, pad) for size, out, stride, dilation, kernel, pad in
+             zip(conv.x_shape[2:], conv.y_shape[2:], conv.strides, dilations, conv.kernel, conv.pads[:2])]
+    if None in spans:
+        return "no tap reads the input along an axis (the output is the bias alone)"
+    if all((first, last) == (0, kernel - 1) for (first, last), kernel in zip(spans, conv.kernel)):
+        return "every tap reads the input for some output"
+    kernel = [last - first + 1 for first, last in spans]
+    begin = [pad - first * dilation for pad, (first, _), dilation in zip(conv.pads[:2], spans, dilations)]
+    # End padding up to the last output's window; a window ending inside the input needs none
+    # (the output count rounds down to the same number).
+    end = [max(0, (out - 1) * stride + (k - 1) * dilation + 1 - size - start) for out, stride, k, dilation, size, start
+           in zip(conv.y_shape[2:], conv.strides, kernel, dilations, conv.x_shape[2:], begin)]
+    counts = [(size + start + stop - (k - 1) * dilation - 1) // stride + 1 for size, start, stop, k, dilation, stride
+              in zip(conv.x_shape[2:], begin, end, kernel, dilations, conv.strides)]
+    if min(begin) < 0 or counts != list(conv.y_shape[2:]):
+        return "the live taps start inside the input, which pads cannot express"
+    weight = conv.weight[:, :, spans[0][0]:spans[0][1] + 1, spans[1][0]:spans[1][1] + 1]
+    builder = site.builder(node)
+    inputs = [node.inputs[0], builder.const(weight, "weight")] + ([conv.bias] if conv.bias is not None else [])
+    builder.op("Conv", inputs, out=node.outputs[0], kernel_shape=kernel, strides=list(conv.strides), group=conv.group,
+               pads=[*begin, *end], dilations=[d if k > 1 else 1 for d, k in zip(dilations, kernel)])
+    yield builder.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(conv_padding_only_taps_dropped, frozenset({"Conv"})),
     RewriteRule(conv_stride_to_space_to_depth, frozenset({"Conv"})),
     RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
     RewriteRule(strided_slice_to_convs, frozenset({"Slice"})),
