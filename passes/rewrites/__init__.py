@@ -13,8 +13,8 @@ from . import conv, elementwise, layout, masks, matmul, norm, pooling, reduction
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
-    masks,        # mask movement done on the float values a Where selects, identity And/Or/Gather,
-                  # Expands their readers' broadcast does: first, they remove work
+    masks,        # mask movement done on the float values a Where selects, identity And/Or/Gather:
+                  # first, they remove work
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts

@@ -19,10 +19,6 @@ MOVING_OPS = RESHAPE_LIKE | {"Expand", "Transpose", "Identity"}
 #: Boolean ops and the constant that leaves the other operand as it is.
 IDENTITY_ELEMENT = {"And": True, "Or": False}
 
-#: Element-wise ops that broadcast every operand to their output's shape.
-BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where", "And", "Or", "Xor",
-                          "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "PRelu"})
-
 
 def _identity_operand(node: gs.Node) -> gs.Tensor | None:
     """For And/Or with a constant operand made of the op's identity element only (x AND true,
@@ -163,28 +159,8 @@ def and_or_with_identity_removed(node: gs.Node, site: Site) -> Candidates:
     yield Replacement((node,), (), ((node.outputs[0], kept),))
 
 
-def expand_into_broadcasting_readers(node: gs.Node, site: Site) -> Candidates:
-    """An Expand whose every reader is an element-wise op that broadcasts to the same shape
-    anyway: the readers read the Expand's input instead (copies of them, so their legality is
-    checked on what they now read)."""
-    x, y = node.inputs[0], node.outputs[0]
-    readers = list(y.outputs)
-    if not readers or y.name in site.graph_outputs or any(r.op not in BROADCASTING for r in readers):
-        return "a reader does not broadcast, or the result is a graph output"
-    builder = site.builder(node)
-    for reader in readers:
-        operands = [x if t is y else t for t in reader.inputs]
-        shapes = [static_shape(t) for t in operands if t.name]
-        if any(s is None for s in shapes) or list(np.broadcast_shapes(*shapes)) != list(static_shape(reader.outputs[0]) or []):
-            builder.discard()
-            return f"{reader.name} would not broadcast to its own shape without it"
-        builder.op(reader.op, operands, out=reader.outputs[0], **reader.attrs)
-    yield builder.finish(node, *readers)
-
-
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(where_before_mask_movement, frozenset({"Where"}), always=True),
     RewriteRule(and_or_with_identity_removed, frozenset(IDENTITY_ELEMENT), always=True),
     RewriteRule(gather_of_every_index_to_reshape, frozenset({"Gather"}), always=True),
-    RewriteRule(expand_into_broadcasting_readers, frozenset({"Expand"}), always=True),
 )
