@@ -11,6 +11,7 @@ A `Plan` is the plan record (`rkcompile.plan.Plan`, the JSON contract) with its 
 from __future__ import annotations
 
 import dataclasses
+import io
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -25,6 +26,8 @@ from .emulator.executor import Executor
 from .emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from .emulator.storage import EmulationError, Storage
 from .errors import CompileError
+from .ir import node_inputs
+from .operations import rebuild
 from .plan import Plan as PlanRecord
 from .quantize import quantize
 from .targets import get_target
@@ -37,8 +40,9 @@ __all__ = ["Options", "Plan", "accuracy_analysis", "compile", "load", "run", "ta
 class Plan:
     """A compiled execution plan: `record` (steps with their operations, tensors and offsets,
     partitions, memory, quantization; docs/plan-schema.md) and `weights`, the weight region's
-    bytes. `reference_nodes` are the planned graph's steps with the model's own weights when
-    the plan was compiled in this process (accuracy analysis needs them); None once loaded."""
+    bytes. `reference_nodes` are the planned graph's steps with the model's own weights (accuracy
+    analysis runs them as its float reference): from the compile, or rebuilt from a loaded
+    artifact's operations and its `reference_weights.npz`; None when the artifact has none."""
 
     record: PlanRecord
     weights: bytes | None
@@ -59,8 +63,19 @@ class Plan:
             raise CompileError("this plan was read from a JSON file and has no weight region to save")
         models = cpu_partition_models(self.record, self.step_nodes())
         artifact.save(artifact.Artifact(self.record, self.weights,
-                                        {pid: model.SerializeToString() for pid, model in models.items()}), path)
+                                        {pid: model.SerializeToString() for pid, model in models.items()},
+                                        self._reference_weights()), path)
         return Path(path)
+
+    def _reference_weights(self) -> bytes | None:
+        """The plan's weights as the model holds them (an .npz), from the reference nodes."""
+        if self.reference_nodes is None:
+            return None
+        weights = {t.name: np.asarray(t.values) for node in self.reference_nodes for t in node_inputs(node)
+                   if isinstance(t, gs.Constant) and getattr(self.record.tensors.get(t.name), "region", None) == "weight"}
+        buffer = io.BytesIO()
+        np.savez(buffer, **weights)
+        return buffer.getvalue()
 
     def summary(self) -> str:
         """The text `rkcompile plan` prints."""
@@ -103,7 +118,12 @@ def load(path: str | Path) -> Plan:
     saved = artifact.load(path)
     if saved.weights is not None:
         check_plan(saved.plan)
-    return Plan(saved.plan, saved.weights)
+    reference = None
+    if saved.reference_weights is not None:
+        with np.load(io.BytesIO(saved.reference_weights), allow_pickle=False) as stored:
+            constants = {name: gs.Constant(name, stored[name]) for name in stored.files}
+        reference = [rebuild(step.operation, constants.get) for step in saved.plan.steps]
+    return Plan(saved.plan, saved.weights, reference)
 
 
 def run(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:

@@ -4,7 +4,10 @@
 - `weights.bin`: the weight region, the bytes the NPU reads, each weight at its planned offset
   in its planned layout and dtype (int8 plans: quantized, with the parameters in the plan);
 - `cpu/partition_<id>.onnx`: each CPU partition as a standalone ONNX model for a CPU runtime
-  (rkcompile/cpu_partitions.py); the emulator runs the CPU steps from plan.json like the others.
+  (rkcompile/cpu_partitions.py); the emulator runs the CPU steps from plan.json like the others;
+- `reference_weights.npz` (optional): each weight's value in the model's own dtype, before the
+  planned encoding (float16 rounding, int8 quantization), which accuracy analysis of a loaded plan
+  runs its float reference with; written when the plan was compiled in the saving process.
 
 docs/plan-schema.md documents the format. This module reads and writes bytes only; a plain
 plan JSON file (plan/1 or plan/2) loads too, with no weight region.
@@ -23,6 +26,7 @@ from .plan import Plan, write_atomically
 PLAN_MEMBER = "plan.json"
 WEIGHTS_MEMBER = "weights.bin"
 CPU_FOLDER = "cpu/"
+REFERENCE_MEMBER = "reference_weights.npz"
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class Artifact:
     weights: bytes | None
     #: partition id -> the serialized ONNX model of that CPU partition
     cpu_partitions: dict[int, bytes] = field(default_factory=dict)
+    #: an .npz of each weight's model value (accuracy analysis's float reference), when saved
+    reference_weights: bytes | None = None
 
 
 def save(artifact: Artifact, path: str | Path) -> None:
@@ -44,6 +50,8 @@ def save(artifact: Artifact, path: str | Path) -> None:
         archive.writestr(WEIGHTS_MEMBER, artifact.weights)
         for partition, model in sorted(artifact.cpu_partitions.items()):
             archive.writestr(f"{CPU_FOLDER}partition_{partition}.onnx", model)
+        if artifact.reference_weights is not None:
+            archive.writestr(REFERENCE_MEMBER, artifact.reference_weights)
     write_atomically(path, buffer.getvalue())
 
 
@@ -60,7 +68,8 @@ def load(path: str | Path) -> Artifact:
                 plan = Plan.from_dict(json.loads(archive.read(PLAN_MEMBER).decode("utf-8")))
                 cpu = {int(name[len(CPU_FOLDER + "partition_"):-len(".onnx")]): archive.read(name)
                        for name in names if name.startswith(CPU_FOLDER + "partition_") and name.endswith(".onnx")}
-                return Artifact(plan, archive.read(WEIGHTS_MEMBER), cpu)
+                reference = archive.read(REFERENCE_MEMBER) if REFERENCE_MEMBER in names else None
+                return Artifact(plan, archive.read(WEIGHTS_MEMBER), cpu, reference)
         return Artifact(Plan.from_dict(json.loads(path.read_text(encoding="utf-8"))), None)
     except FileNotFoundError:
         raise CompileError(f"{path} does not exist") from None
