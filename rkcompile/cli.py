@@ -147,8 +147,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
     parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
                         help="NPU compute dtype (default float16); int8 is calibrated with --calib")
     parser.add_argument("--calib", type=Path, metavar="PATH",
-                        help="int8 calibration inputs: a folder of .npy/.npz files or one .npz keyed by input "
-                             "name (default: a few seeded random inputs, with a warning)")
+                        help="int8 calibration inputs: a folder of .npy/.npz files, one .npz keyed by input "
+                             "name, or a dataset.txt listing one sample a line (its .npy files, one per input, in "
+                             "input order) (default: a few seeded random inputs, with a warning)")
     parser.add_argument("--calib-method", default="minmax", choices=CALIBRATION_METHODS,
                         help="int8 activation ranges: min/max, 0.01-99.99 percentiles, KL, or mmse (the clip of "
                              "least quantization MSE per tensor) (default minmax)")

@@ -72,7 +72,9 @@ PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
 # ---- calibration data ----------------------------------------------------------------------
 
 def load_calibration(path: Path, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
-    """Calibration samples from a folder of .npy/.npz files or from one .npz.
+    """Calibration samples from a folder of .npy/.npz files, from one .npz, or from a list file
+    (.txt, rknn-toolkit2's dataset.txt): one sample a line, its .npy paths separated by spaces in
+    the order of the model's inputs, relative to the list's folder.
 
     An .npz gives arrays keyed by input name (other keys, such as reference outputs, are
     ignored); a .npy is the model's only input. An array of the input's shape is one sample,
@@ -83,6 +85,8 @@ def load_calibration(path: Path, specs: Sequence[TensorSpec]) -> list[dict[str, 
         files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
         if not files:
             raise CompileError(f"--calib: folder {path} holds no .npy or .npz file")
+    elif path.is_file() and path.suffix.lower() == ".txt":
+        return _samples_listed(path, specs)
     elif path.is_file():
         files = [path]
     else:
@@ -90,6 +94,36 @@ def load_calibration(path: Path, specs: Sequence[TensorSpec]) -> list[dict[str, 
     samples: list[dict[str, np.ndarray]] = []
     for file in files:
         samples += _samples_of(file, _read_arrays(file, specs), specs)
+    return samples
+
+
+def _samples_listed(listing: Path, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+    """The samples of a dataset.txt: each line's paths, one .npy per model input, in input order."""
+    try:
+        lines = listing.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CompileError(f"--calib: cannot read {listing} ({exc})") from None
+    samples: list[dict[str, np.ndarray]] = []
+    for number, line in enumerate(lines, 1):
+        paths = line.split()
+        if not paths or paths[0].startswith("#"):
+            continue
+        where = f"{listing} line {number}"
+        if len(paths) != len(specs):
+            raise CompileError(f"--calib: {where} names {len(paths)} files, the model has {len(specs)} inputs "
+                               f"({', '.join(spec.name for spec in specs)})")
+        arrays = {}
+        for spec, text in zip(specs, paths):
+            file = listing.parent / text
+            if file.suffix.lower() != ".npy":
+                raise CompileError(f"--calib: {where}: {text} is not a .npy array (images are not read yet: "
+                                   f"save each preprocessed input with numpy.save)")
+            if not file.is_file():
+                raise CompileError(f"--calib: {where}: {file} does not exist")
+            arrays[spec.name] = _read_arrays(file, [spec])[spec.name]
+        samples += _samples_of(Path(where), arrays, specs)
+    if not samples:
+        raise CompileError(f"--calib: {listing} lists no sample")
     return samples
 
 

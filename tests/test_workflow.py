@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -167,3 +168,48 @@ def test_a_split_that_buys_little_says_what_limits_it():
     # one core asked for: nothing to explain
     single, _ = compile_model(EXAMPLE, "rk3588")
     assert not any(line.strip().startswith("why ") for line in render_summary(single).splitlines())
+
+
+def test_calibration_from_an_rknn_style_dataset_txt(tmp_path):
+    from rkcompile.plan import TensorSpec
+    from rkcompile.quantize import load_calibration
+
+    specs = (TensorSpec("a", (1, 2), "float32"), TensorSpec("b", (1, 3), "float32"))
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        np.save(tmp_path / "data" / f"a{i}.npy", np.full((1, 2), i, np.float64))
+        np.save(tmp_path / "data" / f"b{i}.npy", np.full((1, 3), 10 + i, np.float32))
+    listing = tmp_path / "dataset.txt"
+    listing.write_text("# preprocessed\ndata/a0.npy data/b0.npy\n\ndata/a1.npy  data/b1.npy\n")
+    samples = load_calibration(listing, specs)
+    assert [(float(s["a"][0, 0]), float(s["b"][0, 0])) for s in samples] == [(0, 10), (1, 11)]
+    assert all(s["a"].dtype == np.float32 for s in samples)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("data/a0.npy", "names 1 files, the model has 2 inputs (a, b)"),
+    ("data/a0.npy data/cat.jpg", "cat.jpg is not a .npy array"),
+    ("data/a0.npy data/absent.npy", "does not exist"),
+])
+def test_a_bad_dataset_txt_line_is_one_clear_error(tmp_path, line, message):
+    from rkcompile.errors import CompileError
+    from rkcompile.plan import TensorSpec
+    from rkcompile.quantize import load_calibration
+
+    specs = (TensorSpec("a", (1, 2), "float32"), TensorSpec("b", (1, 3), "float32"))
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "a0.npy", np.zeros((1, 2), np.float32))
+    listing = tmp_path / "dataset.txt"
+    listing.write_text(line + "\n")
+    with pytest.raises(CompileError, match=re.escape(f"{listing} line 1")) as error:
+        load_calibration(listing, specs)
+    assert message in str(error.value)
+
+
+def test_plan_int8_calibrates_from_a_dataset_txt(tmp_path, capsys):
+    _, _, spec = _model_names()
+    for i in range(2):
+        np.save(tmp_path / f"s{i}.npy", np.random.default_rng(i).standard_normal(spec.shape).astype(np.float32))
+    (tmp_path / "dataset.txt").write_text("s0.npy\ns1.npy\n")
+    assert main(["plan", str(EXAMPLE), "--target", "rk3588", "--dtype", "int8", "--quiet",
+                 "--calib", str(tmp_path / "dataset.txt")]) == 0
