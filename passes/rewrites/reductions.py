@@ -12,7 +12,9 @@ run as kernels it has, as rknn-toolkit2 runs them (its ONNX support table, RKNNT
 - Late, on what fusion left illegal: a mean or sum over one block of neighbouring axes is a 1x1
   Conv with weights 1/D (or 1) on the [outer, D, inner, 1] view; a max or min over trailing axes
   is a global max pool on the [1, outer, D, 1] view (staged when D is over the window limit);
-  Sqrt is Pow 0.5 (seed 000, Pow: exponents 0, 1, 2, 3, 0.5, -0.5).
+  ReduceSumSquare and ReduceL2 sum x*x the same way (the support table lists them as not
+  supported, yet they are exact in these NPU ops, and rknn-toolkit2 2.5.0 plans EdgeNeXt's
+  ReduceL2 with no CPU layer: tools/wide_zoo/peer_rk3588.json); Sqrt is Pow 0.5 (seed 000, Pow: exponents 0, 1, 2, 3, 0.5, -0.5).
 """
 from __future__ import annotations
 
@@ -168,7 +170,9 @@ def _reduced_block(node: gs.Node) -> tuple[tuple[int, ...], int, int] | str:
 
 def reduce_mean_or_sum_as_conv(node: gs.Node, site: Site) -> Candidates:
     """ReduceMean or ReduceSum over one block of neighbouring axes as a 1x1 Conv with weights 1/D
-    (or 1) on the [outer, D, inner, 1] view, the sum over D being the convolution's channel sum."""
+    (or 1) on the [outer, D, inner, 1] view, the sum over D being the convolution's channel sum;
+    ReduceSumSquare and ReduceL2 sum x*x the same way, ReduceL2 then takes Pow 0.5 (seed 000,
+    Pow exponents)."""
     block = _reduced_block(node)
     if isinstance(block, str):
         return block
@@ -177,8 +181,13 @@ def reduce_mean_or_sum_as_conv(node: gs.Node, site: Site) -> Candidates:
     inner = element_count(shape[first + count:])
     weight = 1 / depth if node.op == "ReduceMean" else 1.0
     builder = site.builder(node)
-    view = builder.reshape(node.inputs[0], [outer, depth, inner, 1])
+    x = node.inputs[0]
+    view = builder.reshape(x, [outer, depth, inner, 1])
+    if node.op in ("ReduceSumSquare", "ReduceL2"):
+        view = builder.op("Mul", [view, view], [outer, depth, inner, 1], x.dtype)
     summed = conv_1x1(builder, view, np.full((1, depth), weight, dtype_name(view.dtype)), None, [outer, 1, inner, 1])
+    if node.op == "ReduceL2":
+        summed = builder.op("Pow", [summed, scalar(builder, 0.5, x)], [outer, 1, inner, 1], x.dtype)
     builder.reshape(summed, static_shape(node.outputs[0]), out=node.outputs[0])
     yield builder.finish()
 
@@ -219,7 +228,8 @@ def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul"}), always=True),
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
-    RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum"}), late=True),
+    RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
+                late=True),
     RewriteRule(reduce_max_or_min_as_global_pool, frozenset({"ReduceMax", "ReduceMin"}), late=True),
     RewriteRule(sqrt_as_pow, frozenset({"Sqrt"}), late=True),
 )
