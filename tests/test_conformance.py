@@ -81,6 +81,8 @@ def test_every_node_case_is_right_or_refused(cases):
     "test_ai_onnx_ml_binarizer", "test_adam",
     # string tensors: given as unicode arrays, held by the CPU runtime (no fixed bytes to place)
     "test_string_concat", "test_ai_onnx_ml_label_encoder_string_int",
+    # a fully masked row: a ReduceMax lowered onto the NPU met -inf (finfo.min in float16) and gave NaN
+    "test_attention_causal_boolmask_nan_robustness_expanded", "test_attention_local_window_gqa_rank4_mask_expanded",
 ])
 def test_cases_that_were_wrong_crashed_or_refused_now_pass(cases, name):
     result = outcome(cases, name)

@@ -97,8 +97,7 @@ def test_instance_normalization_runs_on_the_npu(save, target, shape, opset):
 @pytest.mark.parametrize("target", PRIMARY_TARGETS)
 @pytest.mark.parametrize("op, shape, axes, keepdims", [
     ("ReduceMean", [1, 10, 48], [-1], 1), ("ReduceMean", [2, 6, 5, 4], [1, 2], 0),
-    ("ReduceSum", [1, 3, 20], [1], 1), ("ReduceMax", [1, 30, 50], [-1], 0),
-    ("ReduceMin", [2, 3, 4, 9], [2, 3], 1), ("ReduceMax", [1, 6, 12], [-1], 1),
+    ("ReduceSum", [1, 3, 20], [1], 1),
     ("ReduceL2", [1, 16, 6, 6], [1], 1), ("ReduceSumSquare", [1, 12, 30], [-1], 0),
 ])
 def test_late_reductions_run_on_the_npu(save, target, op, shape, axes, keepdims):

@@ -1,7 +1,7 @@
 """Reductions and the norms built from them: what the NPU has no kernel for (ReduceMean,
-ReduceSum, ReduceMax, ReduceMin, Sqrt, InstanceNormalization; oplist V2.3.2 lists none of them)
-run as kernels it has, as rknn-toolkit2 runs them (its ONNX support table, RKNNToolKit2_OP_Support
-2.3.2, lists all six as supported).
+ReduceSum, Sqrt, InstanceNormalization; oplist V2.3.2 lists none of them) run as kernels it has,
+as rknn-toolkit2 runs them (its ONNX support table, RKNNToolKit2_OP_Support 2.3.2, lists all
+four as supported).
 
 - A LayerNorm or RMSNorm written out op by op over trailing axes (exporters below opset 17) is
   done on the [L, C, 1, 1] view of its input, where exNorm's axis [1] is the normalized axis:
@@ -9,12 +9,15 @@ run as kernels it has, as rknn-toolkit2 runs them (its ONNX support table, RKNNT
   element-wise ops the NPU runs. Norms already on the NPU's axes are left to the fusion pass.
 - InstanceNormalization normalizes each (image, channel) over its spatial axes: the same on the
   [N*C, H*W, 1, 1] view, then the per-channel scale and bias.
+- ReduceMax and ReduceMin stay on the CPU: a softmax written out with a float32 mask of
+  finfo.min overflows to -inf in float16, and -inf - max(-inf) is NaN where float32 gives 0
+  (onnx's expanded Attention cases with fully masked rows).
 - Late, on what fusion left illegal: a mean or sum over one block of neighbouring axes is a 1x1
-  Conv with weights 1/D (or 1) on the [outer, D, inner, 1] view; a max or min over trailing axes
-  is a global max pool on the [1, outer, D, 1] view (staged when D is over the window limit);
-  ReduceSumSquare and ReduceL2 sum x*x the same way (the support table lists them as not
-  supported, yet they are exact in these NPU ops, and rknn-toolkit2 2.5.0 plans EdgeNeXt's
-  ReduceL2 with no CPU layer: tools/wide_zoo/peer_rk3588.json); Sqrt is Pow 0.5 (seed 000, Pow: exponents 0, 1, 2, 3, 0.5, -0.5).
+  Conv with weights 1/D (or 1) on the [outer, D, inner, 1] view; ReduceSumSquare and ReduceL2
+  sum x*x the same way (the support table lists them as not supported, yet they are exact in
+  these NPU ops, and rknn-toolkit2 2.5.0 plans EdgeNeXt's ReduceL2 with no CPU layer:
+  tools/wide_zoo/peer_rk3588.json); Sqrt is Pow 0.5 (seed 000, Pow: exponents 0, 1, 2, 3, 0.5,
+  -0.5).
 """
 from __future__ import annotations
 
@@ -192,29 +195,6 @@ def reduce_mean_or_sum_as_conv(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
-def reduce_max_or_min_as_global_pool(node: gs.Node, site: Site) -> Candidates:
-    """ReduceMax over trailing axes as GlobalMaxPool of the [1, outer, D, 1] view, each row a
-    channel (staged by the pooling rules when D is over the window); ReduceMin as the same on
-    -x, negated back."""
-    block = _reduced_block(node)
-    if isinstance(block, str):
-        return block
-    shape, first, count = block
-    if first + count != len(shape):
-        return "its axes are not the trailing ones"
-    outer, depth = element_count(shape[:first]), element_count(shape[first:])
-    builder = site.builder(node)
-    x = node.inputs[0]
-    view = builder.reshape(x, [1, outer, depth, 1])
-    if node.op == "ReduceMin":
-        view = builder.op("Mul", [view, scalar(builder, -1.0, x)], [1, outer, depth, 1], x.dtype)
-    pooled = builder.op("GlobalMaxPool", [view], [1, outer, 1, 1], x.dtype)
-    if node.op == "ReduceMin":
-        pooled = builder.op("Mul", [pooled, scalar(builder, -1.0, x)], [1, outer, 1, 1], x.dtype)
-    builder.reshape(pooled, static_shape(node.outputs[0]), out=node.outputs[0])
-    yield builder.finish()
-
-
 def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
     """Sqrt(x) is Pow(x, 0.5), an exponent the NPU's Pow takes (seed 000, Pow)."""
     x = node.inputs[0]
@@ -230,6 +210,5 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
     RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
                 late=True),
-    RewriteRule(reduce_max_or_min_as_global_pool, frozenset({"ReduceMax", "ReduceMin"}), late=True),
     RewriteRule(sqrt_as_pow, frozenset({"Sqrt"}), late=True),
 )
