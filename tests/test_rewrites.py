@@ -709,3 +709,14 @@ def test_sibling_nodes_of_one_candidate_may_use_the_same_rule(tmp_path, monkeypa
     ctx = rewritten(unary_model("Erf", [1, 2, 3, 3]), tmp_path, target)
     assert ops_of(ctx) == ["Sigmoid", "Sigmoid"]
     assert rules_fired(ctx) == ["split_in_two_tanhs > tanh_as_sigmoid"]
+
+
+def test_a_rewrite_keeps_a_scalar_constant_scalar(tmp_path):
+    """Builder.const keeps a 0-d value 0-d: a scalar read by a shape-sensitive op (onnx's expanded
+    Gelu's SqrtTwo) was planned as [1] and refused by the emulator's shape check."""
+    from rkcompile.passes.rewrites.base import Site
+
+    model = unary_model("Relu", [1, 2, 3, 3])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    site = Site(ctx.graph, ctx.target, 17, {})
+    assert site.builder(ctx.graph.nodes[0]).const(np.float32(2.0)).shape == ()

@@ -86,7 +86,8 @@ class Builder:
         self.site, self.node, self.nodes = site, node, []
 
     def const(self, values, hint: str = "const") -> gs.Constant:
-        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), np.ascontiguousarray(values))
+        # np.array, not np.ascontiguousarray, which makes a 0-d constant 1-D
+        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), np.array(values, order="C"))
 
     def op(self, op: str, inputs: list, shape=None, dtype=None, out: gs.Tensor | None = None,
            **attrs) -> gs.Tensor:
