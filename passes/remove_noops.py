@@ -1,5 +1,8 @@
-"""Remove inference no-ops: Identity, and Dropout whose mask nobody reads and which is not in
-training mode (a training-mode Dropout draws a random mask: legalize keeps it on the CPU).
+"""Remove inference no-ops: Identity, a Cast or CastLike to the type its input already has
+(exporters keep the float32 round trips of mixed-precision code, e.g. an RMSNorm's
+`x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), and Dropout
+whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
+random mask: legalize keeps it on the CPU).
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
@@ -10,6 +13,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
 from rkcompile.graph_edit import detach, replace_uses
+from rkcompile.nodes import dtype_name
 
 from .legalize import training_mode
 
@@ -40,9 +44,19 @@ def run(ctx: CompileContext) -> None:
 def _is_noop(node: gs.Node) -> bool:
     if node.op == "Identity":
         return True
+    if node.op in ("Cast", "CastLike"):
+        return _same_type_cast(node)
     if node.op == "Dropout":
         if training_mode(node) is not None:
             return False
         return len(node.outputs) < 2 or not node.outputs[1].name or not node.outputs[1].outputs
     return False
 
+
+
+def _same_type_cast(node: gs.Node) -> bool:
+    """A Cast whose input already has the target type returns its input unchanged (ONNX Cast:
+    the conversion is elementwise per value; `saturate` only matters for float8 targets, which
+    this compares like any other type)."""
+    source_type = dtype_name(node.inputs[0].dtype)
+    return source_type is not None and source_type == dtype_name(node.outputs[0].dtype)

@@ -66,6 +66,23 @@ def test_identity_and_dropout_are_removed_and_output_names_survive(save):
     assert contract_violations(plan) == []
 
 
+def test_cast_to_the_type_it_already_has_is_removed_and_a_real_cast_stays(save):
+    """An RMSNorm's float32 round trip (`x.to(float32)` ... `.to(input_dtype)`) in a float32
+    model: both Casts are no-ops; a Cast that changes the type is kept."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Cast", ["r"], ["c"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Sigmoid", ["c"], ["s"], name="sigmoid"),
+             helper.make_node("CastLike", ["s", "x"], ["y"], name="like_x"),
+             helper.make_node("Cast", ["y"], ["z"], name="to_int", to=TensorProto.INT32)]
+    model = make_model(nodes, [value_info("x", [1, 3, 4, 4])],
+                       [value_info("y", [1, 3, 4, 4]), value_info("z", [1, 3, 4, 4], TensorProto.INT32)])
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["to_float"] == devices["like_x"] == "removed"
+    assert devices["to_int"] != "removed"
+    assert contract_violations(plan) == []
+
+
 def test_identity_of_a_graph_input_to_an_output_stays(save):
     model = make_model([helper.make_node("Identity", ["x"], ["y"], name="copy")],
                        [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
