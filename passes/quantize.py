@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
@@ -23,10 +24,14 @@ from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
-from rkcompile.plan import QUANTIZED_DTYPES, Quantization
+from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, is_movement,
                                 load_calibration, random_calibration, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
+
+from .int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize, find_pairs,
+                            set_constant)
+from .int8_accuracy import members as int8_members
 
 NAME = "quantize"
 #: An operand of a Concat that spans fewer int8 steps of the output than this is reported.
@@ -41,9 +46,14 @@ def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
     ordered = [nodes[name] for name in ctx.order]
     devices = [ctx.placement[name].device for name in ctx.order]
+    if ctx.options.equalization:
+        _equalize(ctx, ordered, devices)
     _keep_parameters_float(ctx, ordered, devices)
     _make_float16_islands(ctx, ordered, devices)
-    ranges = _calibrate(ctx, ordered, devices)
+    weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
+    ranges = _calibrate(ctx, ordered, devices, weight_errors)
+    if weight_errors is not None:
+        _correct_biases(ctx, weight_errors)
     quantization: dict[str, Quantization] = {}
     for node, device in zip(ordered, devices):
         for tensor in node.outputs:
@@ -65,7 +75,8 @@ def _is_quantized(ctx: CompileContext, name: str) -> bool:
     return tensor is not None and tensor.dtype in QUANTIZED_DTYPES
 
 
-def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> dict[str, RangeObserver]:
+def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
+               weight_errors: WeightErrorMeans | None = None) -> dict[str, RangeObserver]:
     specs = ctx.model_info.inputs
     samples = (load_calibration(ctx.options.calibration, specs) if ctx.options.calibration is not None
                else random_calibration(specs))
@@ -75,11 +86,54 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) 
     def observe(name, value):
         if name in observers:
             observers[name].update(value)
+        if weight_errors is not None:
+            weight_errors.observe(name, value)
 
     reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs])
     for sample in samples:
         reference.run(sample, observe)
     return observers
+
+
+def _equalize(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:
+    """Cross-layer equalization (passes/int8_accuracy.py) before anything is observed, so the
+    ranges are the equalized graph's; the float outputs do not change."""
+    found = find_pairs(ordered, devices, {t.name for t in ctx.graph.outputs})
+    equalize(found)
+    ctx.int8_techniques.append(Int8Technique(
+        "equalization", tuple(pair.label for pair in found.pairs), tuple(found.declined),
+        f"{len(found.pairs)} Conv pairs equalized in {found.sweeps} sweeps, {len(found.declined)} declined"))
+
+
+def _bias_correction_candidates(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> WeightErrorMeans:
+    """Every NPU step that begins with a Conv of int8 weights and a bias: the calibration run
+    measures the mean shift its rounded weights cause (passes/int8_accuracy.py)."""
+    convs = {}
+    for node, device in zip(ordered, devices):
+        first = int8_members(node)[0]
+        if (device == "npu" and first.op == "Conv" and constant_weight(first) and len(first.inputs) > 2
+                and first.inputs[2].name and ctx.tensors[first.inputs[1].name].dtype == "int8"
+                and node.inputs and _is_quantized(ctx, node.inputs[0].name)):
+            convs[node.name] = (first, node.inputs[0].name)
+    return WeightErrorMeans(convs)
+
+
+def _correct_biases(ctx: CompileContext, weight_errors: WeightErrorMeans) -> None:
+    """Each measured Conv's bias minus its weights' mean shift; the model's bias stays the float
+    reference's (`ctx.reference_constants`)."""
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    corrected = []
+    for step_name, shift in weight_errors.means().items():
+        conv = weight_errors.convs[step_name]
+        bias = conv.inputs[2]
+        if bias.name in ctx.reference_constants:  # one bias shared by two steps is corrected once
+            continue
+        ctx.reference_constants[bias.name] = np.asarray(bias.values)
+        set_constant(nodes[step_name], bias.name, corrected_bias(bias.values, shift))
+        corrected.append(step_name)
+    ctx.int8_techniques.append(Int8Technique(
+        "bias_correction", tuple(corrected), (),
+        f"{len(corrected)} Conv biases corrected for their int8 weights' mean output shift"))
 
 
 def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges: dict[str, RangeObserver],

@@ -110,7 +110,21 @@ def compile(model: str | Path, target: str = "rk3588", options: Options | None =
     options = _options(options, kwargs)
     record, ctx = compile_model(model, target, options)
     by_name = {node.name: node for node in ctx.graph.nodes}
-    return Plan(record, weight_region(record, ctx.graph, ctx.target), [by_name[name] for name in ctx.order])
+    return Plan(record, weight_region(record, ctx.graph, ctx.target),
+                _reference_nodes(record, [by_name[name] for name in ctx.order], ctx.reference_constants))
+
+
+def _reference_nodes(record: PlanRecord, nodes: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[gs.Node]:
+    """The steps as the float reference runs them: the planned nodes, except that a step reading
+    a constant the plan changed away from the model's float semantics (a corrected bias) is
+    rebuilt from its operation with the model's value."""
+    if not model_values:
+        return nodes
+    originals = {name: gs.Constant(name, np.asarray(value)) for name, value in model_values.items()}
+    constants = {t.name: t for node in nodes for t in node_inputs(node) if isinstance(t, gs.Constant)}
+    lookup = {**constants, **originals}.get
+    return [rebuild(step.operation, lookup) if any(t.name in originals for t in node_inputs(node)) else node
+            for step, node in zip(record.steps, nodes)]
 
 
 def load(path: str | Path) -> Plan:

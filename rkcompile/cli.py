@@ -157,17 +157,27 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
                         help="int8 hybrid quantization: the NPU step writing TENSOR computes in float16, or, "
                              "for a model input's NPU copy NAME@npu, the input reaches the NPU as float16; repeat "
                              "for several (run --accuracy-analysis lists the steps' outputs)")
+    for flag, what in (("equalization", "cross-layer equalization of Conv -> Conv pairs before calibration"),
+                       ("bias-correction", "Conv biases absorb the mean shift of their rounded int8 weights")):
+        default = getattr(Options(), flag.replace("-", "_"))
+        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None,
+                            help=f"int8: {what} (default {'on' if default else 'off'}; docs/quantization.md)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
                         help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
 
 
 def calibration_options(args: argparse.Namespace) -> dict:
-    """The Options fields of --calib and --calib-method, which only an int8 plan uses."""
-    if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax" or args.float16):
-        raise CompileError("--calib, --calib-method and --float16 apply to int8 plans; add --dtype int8")
+    """The Options fields of --calib, --calib-method, --float16 and the int8 techniques, which
+    only an int8 plan uses."""
+    techniques = {name: value for name, value in (("equalization", args.equalization),
+                                                  ("bias_correction", args.bias_correction)) if value is not None}
+    if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax" or args.float16
+                                 or techniques):
+        raise CompileError("--calib, --calib-method, --float16, --equalization and --bias-correction apply to "
+                           "int8 plans; add --dtype int8")
     return {"calibration": args.calib, "calibration_method": args.calib_method,
-            "float16_tensors": tuple(args.float16)}
+            "float16_tensors": tuple(args.float16), **techniques}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,7 +322,8 @@ def planning_flags(args: argparse.Namespace) -> dict[str, object]:
     """The planning flags `run` was given, by flag: a saved artifact was planned with its own."""
     given = {"--dtype": args.dtype, "--batch": args.batch, "--calib": args.calib,
              "--calib-method": args.calib_method if args.calib_method != "minmax" else None,
-             "--float16": args.float16 or None, "--input-shape": args.input_shape or None}
+             "--float16": args.float16 or None, "--input-shape": args.input_shape or None,
+             "--equalization": args.equalization, "--bias-correction": args.bias_correction}
     return {flag: value for flag, value in given.items() if value is not None}
 
 

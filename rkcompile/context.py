@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from .plan import Memory, ModelInfo, Multicore, Quantization, Rewrite, TensorPlacement
+from .plan import Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite, TensorPlacement
 from .targets.model import Target
 
 
@@ -27,6 +27,8 @@ class Options:
     calibration: Path | None = None  # int8: folder of .npy/.npz inputs or one .npz (rkcompile/quantize.py)
     calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile, kl or mmse
     float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
+    equalization: bool = False  # int8: cross-layer equalization of Conv -> Conv pairs (docs/quantization.md)
+    bias_correction: bool = False  # int8: Conv biases absorb their rounded weights' mean shift
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,10 @@ class CompileContext:
     multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
     step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
     quantization: dict[str, Quantization] = field(default_factory=dict)  # int8 plans: tensor -> parameters
+    int8_techniques: list[Int8Technique] = field(default_factory=list)  # int8: what the quantize pass applied
+    #: constants the quantize pass changed away from the model's float semantics (a corrected
+    #: bias) -> the model's value, which the float reference of accuracy analysis keeps
+    reference_constants: dict[str, Any] = field(default_factory=dict)
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""

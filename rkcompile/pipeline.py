@@ -185,6 +185,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
         nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
         memory=ctx.memory, multicore=ctx.multicore,
         rewrites=tuple(ctx.rewrites), quantization=dict(ctx.quantization),
+        int8_techniques=tuple(ctx.int8_techniques),
     )
 
 

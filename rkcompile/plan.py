@@ -140,6 +140,20 @@ class Quantization:
 
 
 @dataclass(frozen=True)
+class Int8Technique:
+    """An accuracy technique an int8 plan applied (docs/quantization.md): `name` is
+    "equalization" (cross-layer, `applied` lists the Conv step pairs), "bias_correction"
+    (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift)
+    or "auto_float16" (`applied` lists the tensors it kept in float16); `declined` says, per
+    candidate left alone, why; `note` sums up."""
+
+    name: str
+    applied: tuple[str, ...] = ()
+    declined: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Partition:
     id: int
     device: str
@@ -257,6 +271,8 @@ class Plan:
     rewrites: tuple[Rewrite, ...] = ()
     #: Per-tensor int8/int32 parameters of an int8 plan (rkcompile/quantize.py); {} for float16.
     quantization: dict[str, Quantization] = field(default_factory=dict)
+    #: What the int8 plan did beyond calibrating (equalization, bias correction, auto float16).
+    int8_techniques: tuple[Int8Technique, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
@@ -288,6 +304,7 @@ class Plan:
             multicore=Multicore.from_dict(data["multicore"]),
             rewrites=tuple(_build(Rewrite, r) for r in data.get("rewrites", ())),
             quantization={name: _build(Quantization, q) for name, q in data.get("quantization", {}).items()},
+            int8_techniques=tuple(_build(Int8Technique, t) for t in data.get("int8_techniques", ())),
         )
 
 

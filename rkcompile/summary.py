@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from .plan import Plan
+from .plan import QUANTIZED_DTYPES, Plan
 
 
 #: The value a rule saw, which the reason text carries as " (seen: ...)".
@@ -170,6 +170,9 @@ def render_summary(plan: Plan) -> str:
         _padding_line(plan),
         *_multicore_lines(plan),
     ]
+    if plan.dtype in QUANTIZED_DTYPES:
+        applied = [f"{t.name.replace('_', ' ')}: {t.note}" for t in plan.int8_techniques]
+        lines.append(f"  int8 techniques             {'; '.join(applied) if applied else 'none (calibration only)'}")
     warnings = [q.warning for q in plan.quantization.values() if q.warning]
     if warnings:
         lines.append("  int8 warnings:")

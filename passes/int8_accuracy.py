@@ -1,0 +1,228 @@
+"""Two ways an int8 plan loses less without retraining (Nagel et al., "Data-Free Quantization
+Through Weight Equalization and Bias Correction", ICCV 2019), used by the quantize pass:
+
+- **Cross-layer equalization** (`equalize`): in Conv -> f -> Conv, where f commutes with a
+  positive scale per channel (identity, Relu, LeakyRelu, max and average pooling), dividing the
+  first Conv's output channel i (weights and bias) by s_i and multiplying the second Conv's
+  weights that read channel i by s_i leaves the float outputs unchanged, since
+  f(x / s) = f(x) / s. s_i = sqrt(r1_i / r2_i), r1_i and r2_i the largest |weight| of channel i
+  in each Conv, gives both the same range sqrt(r1_i r2_i); chains are swept until the scales
+  settle. Clip (ReLU6) does not commute: Clip(x / s, 0, 6) clips channel i at 6 s_i in x's
+  terms, and ONNX Clip takes one bound for every channel, so such a pair is declined with that
+  reason, as is any other activation or fused operand (ConvAdd's residual is not scaled).
+- **Bias correction** (`WeightErrorMeans`, `correct_biases`): an int8 Conv computes with its
+  weights rounded, W_q = W + e, so each output channel shifts by the mean of conv(x, e) over
+  the calibration inputs x (the float inputs the calibration run observes); subtracting that
+  mean from the bias removes the expected shift. The float reference (accuracy analysis, and a
+  saved plan's `reference_weights.npz`) keeps the model's own bias.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.emulator.kernels.conv import convolve
+from rkcompile.nodes import fused_body
+from rkcompile.quantize import dequantize, quantize, weight_params
+
+#: Ops f with f(x / s) = f(x) / s for a positive scale s per channel.
+SCALE_COMMUTING = frozenset({"Relu", "LeakyRelu", "MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool"})
+#: Sweeps over all pairs at most, and the largest |log s| below which the scales have settled.
+SWEEPS = 20
+SETTLED = 1e-3
+
+
+def members(node: gs.Node) -> list[gs.Node]:
+    """The ONNX nodes one step runs: a fused step's body members (passes/fuse.py), else itself."""
+    body = fused_body(node)
+    return [inner for member in body.nodes for inner in members(member)] if body is not None else [node]
+
+
+def constant_weight(conv: gs.Node) -> bool:
+    return (len(conv.inputs) > 1 and isinstance(conv.inputs[1], gs.Constant)
+            and np.asarray(conv.inputs[1].values).ndim >= 3
+            and (len(conv.inputs) < 3 or not conv.inputs[2].name or isinstance(conv.inputs[2], gs.Constant)))
+
+
+def set_constant(step: gs.Node, name: str, values: np.ndarray) -> None:
+    """New values for constant `name` everywhere `step` holds it: its inputs and its fused
+    body's copies (passes/fuse.py copies constants into the body)."""
+    for tensor in step.inputs:
+        if isinstance(tensor, gs.Constant) and tensor.name == name:
+            tensor.values = values
+    for member in members(step):
+        if member is step:
+            continue
+        for tensor in member.inputs:
+            if isinstance(tensor, gs.Constant) and tensor.name == name:
+                tensor.values = values
+
+
+# ---- cross-layer equalization --------------------------------------------------------------
+
+@dataclass
+class Pair:
+    """Conv `first` (in step `first_step`) feeding Conv `second` (in `second_step`) through
+    steps that commute with channel scales."""
+    first_step: gs.Node
+    first: gs.Node
+    second_step: gs.Node
+    second: gs.Node
+
+    @property
+    def label(self) -> str:
+        return f"{self.first_step.name} -> {self.second_step.name}"
+
+
+@dataclass
+class Equalization:
+    pairs: list[Pair] = field(default_factory=list)
+    #: "first -> second: why not" for each Conv -> ... -> Conv chain left as it is
+    declined: list[str] = field(default_factory=list)
+    sweeps: int = 0
+
+
+def find_pairs(ordered: list[gs.Node], devices: list[str], graph_outputs: set[str]) -> Equalization:
+    """Every Conv step whose only reader chain, through scale-commuting single-reader steps,
+    ends at a Conv reading it as data; and the chains that do not qualify, with the reason."""
+    readers: dict[str, list[int]] = {}
+    weight_readers: dict[str, int] = {}
+    for index, node in enumerate(ordered):
+        for tensor in node.inputs:
+            if isinstance(tensor, gs.Constant):
+                weight_readers[tensor.name] = weight_readers.get(tensor.name, 0) + 1
+            elif tensor.name:
+                readers.setdefault(tensor.name, []).append(index)
+    found = Equalization()
+    for index, (step, device) in enumerate(zip(ordered, devices)):
+        body = members(step)
+        if device != "npu" or body[0].op != "Conv" or not constant_weight(body[0]) or len(step.outputs) != 1:
+            continue
+        after = [member.op for member in body[1:]]
+        tensor = step.outputs[0].name
+        chain_reason = None
+        while True:
+            read_by = readers.get(tensor, [])
+            if tensor in graph_outputs or len(read_by) != 1:
+                break
+            reader = ordered[read_by[0]]
+            reader_body = members(reader)
+            if devices[read_by[0]] != "npu":
+                break
+            if reader_body[0].op == "Conv" and constant_weight(reader_body[0]):
+                second = reader_body[0]
+                data = reader.inputs[0].name if reader.inputs else ""
+                inner = second.inputs[0].name
+                reads_elsewhere = sum(t.name == inner for m in reader_body for t in m.inputs) > 1
+                if data != tensor or reads_elsewhere:
+                    chain_reason = f"{reader.name} reads {tensor} other than as its Conv's data"
+                else:
+                    chain_reason = _declined_activation(after) or _shared_weights(body[0], second, weight_readers)
+                    if chain_reason is None:
+                        found.pairs.append(Pair(step, body[0], reader, second))
+                if chain_reason is not None:
+                    found.declined.append(f"{step.name} -> {reader.name}: {chain_reason}")
+                break
+            if len(reader_body) == 1 and reader_body[0].op in SCALE_COMMUTING and len(reader.outputs) == 1:
+                tensor = reader.outputs[0].name
+                continue
+            break
+    return found
+
+
+def _declined_activation(after: list[str]) -> str | None:
+    for op in after:
+        if op == "Clip":
+            return ("Clip (ReLU6) has one bound for every channel: a channel scaled by 1/s would clip at "
+                    "s times its bound, so equalization would change the outputs")
+        if op not in SCALE_COMMUTING:
+            return f"{op} fused after the Conv does not commute with a per-channel scale"
+    return None
+
+
+def _shared_weights(first: gs.Node, second: gs.Node, weight_readers: dict[str, int]) -> str | None:
+    for conv in (first, second):
+        for tensor in conv.inputs[1:3]:
+            if tensor.name and weight_readers.get(tensor.name, 1) > 1:
+                return f"{tensor.name} is shared with another step"
+    return None
+
+
+def _input_channel_index(weight_shape: tuple[int, ...], channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each input channel c of a grouped Conv, the output channels that read it and c's
+    position within its group: weight[outputs, position] are the taps of channel c."""
+    out_channels, per_group = weight_shape[0], weight_shape[1]
+    groups = channels // per_group
+    outputs_per_group = out_channels // groups
+    c = np.arange(channels)
+    return c // per_group * outputs_per_group, c % per_group  # first output of c's group, position
+
+
+def equalize(found: Equalization) -> None:
+    """Scale each pair in place (weights of both Convs, the first's bias) until settled."""
+    for sweep in range(1, SWEEPS + 1):
+        largest = 0.0
+        for pair in found.pairs:
+            w1 = np.asarray(pair.first.inputs[1].values, np.float64)
+            w2 = np.asarray(pair.second.inputs[1].values, np.float64)
+            channels = w1.shape[0]
+            first_output, position = _input_channel_index(w2.shape, channels)
+            per_group = w2.shape[0] // (channels // w2.shape[1])
+            r1 = np.abs(w1.reshape(channels, -1)).max(axis=1)
+            taps = np.stack([np.abs(w2[first_output[c]:first_output[c] + per_group, position[c]]).max()
+                             for c in range(channels)])
+            scale = np.ones(channels)
+            usable = (r1 > 0) & (taps > 0)
+            scale[usable] = np.sqrt(r1[usable] / taps[usable])
+            largest = max(largest, float(np.abs(np.log(scale)).max(initial=0)))
+            w1 = w1 / scale.reshape((-1,) + (1,) * (w1.ndim - 1))
+            for c in range(channels):
+                w2[first_output[c]:first_output[c] + per_group, position[c]] *= scale[c]
+            set_constant(pair.first_step, pair.first.inputs[1].name, w1.astype(np.float32))
+            set_constant(pair.second_step, pair.second.inputs[1].name, w2.astype(np.float32))
+            if len(pair.first.inputs) > 2 and pair.first.inputs[2].name:
+                bias = np.asarray(pair.first.inputs[2].values, np.float64) / scale
+                set_constant(pair.first_step, pair.first.inputs[2].name, bias.astype(np.float32))
+        found.sweeps = sweep
+        if largest < SETTLED:
+            return
+
+
+# ---- bias correction -----------------------------------------------------------------------
+
+def weight_error(weight: np.ndarray) -> np.ndarray:
+    """W_q - W for the plan's int8 weights (symmetric, per output channel)."""
+    weight = np.asarray(weight, np.float64)
+    quant = weight_params(weight, per_channel=True)
+    return dequantize(quantize(weight, quant), quant).astype(np.float64) - weight
+
+
+class WeightErrorMeans:
+    """Per Conv, the running mean over calibration inputs of conv(x, W_q - W) per output
+    channel: the shift the int8 weights add to the Conv's output. `convs` maps a key to the
+    Conv and the name of the step input it reads as data (a fused body renames it)."""
+
+    def __init__(self, convs: dict[str, tuple[gs.Node, str]]):
+        self.convs = {key: conv for key, (conv, _) in convs.items()}
+        self.by_input: dict[str, list[tuple[str, gs.Node]]] = {}
+        for key, (conv, data) in convs.items():
+            self.by_input.setdefault(data, []).append((key, conv))
+        self.errors = {key: weight_error(conv.inputs[1].values).astype(np.float32) for key, (conv, _) in convs.items()}
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+
+    def observe(self, name: str, value: np.ndarray) -> None:
+        for key, conv in self.by_input.get(name, ()):
+            shift = convolve(conv, np.asarray(value, np.float32), self.errors[key]).astype(np.float64)
+            self.sums[key] = self.sums.get(key, 0) + shift.mean(axis=(0,) + tuple(range(2, shift.ndim)))
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {key: total / self.counts[key] for key, total in self.sums.items()}
+
+
+def corrected_bias(bias: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """The bias that cancels the expected output shift of rounded weights."""
+    return (np.asarray(bias, np.float64) - shift).astype(np.float32)

@@ -1,0 +1,140 @@
+"""int8 accuracy techniques (passes/int8_accuracy.py): cross-layer equalization is exact in float
+and balances the pair's weights; bias correction lowers a quantized layer's mean error; both are
+recorded in the plan, shown in the summary, and survive the .rkplan round trip."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper, numpy_helper
+
+import rkcompile
+from rkcompile.emulator import onnxruntime_outputs
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.emulator.kernels.conv import convolve
+from rkcompile.passes.int8_accuracy import WeightErrorMeans, corrected_bias, weight_error
+
+rng = np.random.default_rng(19)
+
+
+def vi(name, shape):
+    return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+
+
+def uneven(shape, axis=0):
+    """Random weights whose channels along `axis` span ranges 100x apart (what equalization evens)."""
+    spread = np.ones(len(shape), int)
+    spread[axis] = shape[axis]
+    return (rng.standard_normal(shape) * np.exp(rng.uniform(-2.3, 2.3, spread))).astype(np.float32)
+
+
+@pytest.fixture
+def chain(tmp_path) -> Path:
+    """Conv -> Relu -> depthwise Conv -> LeakyRelu -> MaxPool -> Conv (two equalizable pairs, one
+    through a pooling step), then -> Clip (ReLU6) -> Conv (declined) and -> Conv with a second
+    reader (not a pair)."""
+    weights = {"w1": uneven((8, 3, 3, 3)), "b1": rng.standard_normal(8).astype(np.float32),
+               "w2": uneven((8, 1, 3, 3)), "b2": rng.standard_normal(8).astype(np.float32),
+               "w3": uneven((6, 8, 1, 1), axis=1), "b3": rng.standard_normal(6).astype(np.float32),
+               "w4": uneven((4, 6, 3, 3), axis=1), "b4": rng.standard_normal(4).astype(np.float32),
+               "zero": np.array(0, np.float32), "six": np.array(6, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=8),
+             helper.make_node("LeakyRelu", ["c2"], ["r2"], alpha=0.1),
+             helper.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p2", "w3", "b3"], ["c3"]),
+             helper.make_node("Clip", ["c3", "zero", "six"], ["r3"]),
+             helper.make_node("Conv", ["r3", "w4", "b4"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "chain", [vi("x", [1, 3, 16, 16])], [vi("y", [1, 4, 8, 8])],
+                              [numpy_helper.from_array(v, n) for n, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _calibration(tmp_path: Path) -> Path:
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(3):
+        np.save(folder / f"{i}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    return folder
+
+
+def _technique(plan, name):
+    (found,) = [t for t in plan.record.int8_techniques if t.name == name]
+    return found
+
+
+def _constants(plan) -> dict[str, np.ndarray]:
+    return {t.name: np.asarray(t.values) for node in plan.step_nodes() for t in node.inputs
+            if isinstance(t, gs.Constant)}
+
+
+def test_equalization_is_exact_in_float_and_evens_the_pairs(chain, tmp_path):
+    calibration = _calibration(tmp_path)
+    plain = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, equalization=True)
+    technique = _technique(plan, "equalization")
+    assert len(technique.applied) == 2, technique
+    assert any("Clip (ReLU6)" in reason for reason in technique.declined), technique.declined
+    # before quantization the equalized graph computes what the model computes
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    reference = FloatReference(plan.reference_nodes, [s.device for s in plan.record.steps],
+                               plan.record.model.opset, ["y"]).run(x)["y"]
+    expected = onnxruntime_outputs(chain, x)["y"]
+    assert np.abs(reference - expected).max() <= 1e-4 * np.abs(expected).max()
+    # ... with the weights changed: each pair's channel ranges are now the same on both sides
+    before, after = _constants(plain), _constants(plan)
+    assert not np.allclose(before["w1"], after["w1"])
+    first = np.abs(after["w1"]).reshape(8, -1).max(axis=1)
+    second = np.abs(after["w2"]).reshape(8, -1).max(axis=1)  # depthwise: input channel i is output i
+    np.testing.assert_allclose(first, second, rtol=1e-3)
+    assert np.allclose(before["w4"], after["w4"])  # behind the declined Clip: untouched
+    assert "equalization: 2 Conv pairs equalized" in plan.summary()
+    assert "int8 techniques             none" in plain.summary()
+
+
+def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
+    conv = gs.Node("Conv", "conv", attrs={"pads": [1, 1, 1, 1]},
+                   inputs=[gs.Variable("x"), gs.Constant("w", uneven((16, 8, 3, 3))), gs.Constant("b", np.zeros(16, np.float32))],
+                   outputs=[gs.Variable("y")])
+    weight = conv.inputs[1].values
+    # post-ReLU-like inputs with a channel-dependent mean: the rounded weights' error does not average out
+    def sample():
+        return np.maximum(rng.standard_normal((1, 8, 12, 12)) + rng.uniform(0, 2, (1, 8, 1, 1)), 0).astype(np.float32)
+    means = WeightErrorMeans({"conv": (conv, "x")})
+    for _ in range(8):
+        means.observe("x", sample())
+    bias = corrected_bias(np.zeros(16), means.means()["conv"])
+    rounded = weight + weight_error(weight)
+    held_out = np.concatenate([sample() for _ in range(8)])
+    exact = convolve(conv, held_out, weight)
+    error_before = (convolve(conv, held_out, rounded) - exact).mean(axis=(0, 2, 3))
+    error_after = (convolve(conv, held_out, rounded) + bias.reshape(1, -1, 1, 1) - exact).mean(axis=(0, 2, 3))
+    assert np.abs(error_after).mean() < 0.5 * np.abs(error_before).mean()
+
+
+def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_path):
+    calibration = _calibration(tmp_path)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, bias_correction=True)
+    technique = _technique(plan, "bias_correction")
+    assert len(technique.applied) == 4
+    planned = _constants(plan)
+    assert not np.allclose(planned["b1"], onnx.numpy_helper.to_array(
+        [i for i in onnx.load(str(chain)).graph.initializer if i.name == "b1"][0]))
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    reference = FloatReference(plan.reference_nodes, [s.device for s in plan.record.steps],
+                               plan.record.model.opset, ["y"]).run(x)["y"]
+    expected = onnxruntime_outputs(chain, x)["y"]
+    assert np.abs(reference - expected).max() <= 1e-4 * np.abs(expected).max()
+    # the artifact carries the corrected plan and the model's bias for its reference
+    saved = rkcompile.load(plan.save(tmp_path / "chain.rkplan"))
+    assert saved.record.int8_techniques == plan.record.int8_techniques
+    np.testing.assert_array_equal(rkcompile.run(saved, x)["y"], rkcompile.run(plan, x)["y"])
+    assert rkcompile.accuracy_analysis(saved, x) == rkcompile.accuracy_analysis(plan, x)
