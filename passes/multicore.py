@@ -13,6 +13,8 @@ first core. The split step's parts are recorded in the plan.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -210,7 +212,9 @@ def best_split(node: gs.Node, ctx: CompileContext, work: StepWork, dtype: str, c
             fraction=(part.stop - part.start) / limit, divides_weights=axis == "C",
             divides_inputs=axis == "H" or _channel_local(node, kernel)), active=len(cores)) for part in parts]
         if best is None or max(seconds) < max(best[1]):
-            best = StepSplit(step=index, kernel=kernel, axis=axis, parts=parts), seconds
+            timed = tuple(replace(part, est_ms=round(part_seconds * 1e3, 6))
+                          for part, part_seconds in zip(parts, seconds))
+            best = StepSplit(step=index, kernel=kernel, axis=axis, parts=timed), seconds
     whole = cost_model.step_seconds(work, hardware, dtype)
     if best is None or max(best[1]) + cost_model.SPLIT_SECONDS >= whole:
         return None

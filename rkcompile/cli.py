@@ -85,10 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_argument("-o", "--output", type=Path, metavar="OUT", help="write to OUT instead of printing")
 
     graph = commands.add_parser("graph", help="draw the partition graph of a plan",
-                                description="Plan MODEL and write its partition graph: Graphviz DOT, SVG "
-                                            "(needs Graphviz's dot), a self-contained HTML page, or an ONNX "
-                                            "file with one rkcompile::NpuPartition node per NPU partition.")
-    _add_model_arguments(graph, names)
+                                description="Plan MODEL (or read a saved plan) and write its partition graph: "
+                                            "Graphviz DOT, SVG (needs Graphviz's dot), a self-contained HTML page "
+                                            "with the memory and time pictures, an ONNX file with one "
+                                            "rkcompile::NpuPartition node per NPU partition, or one of the two "
+                                            "pictures as SVG: the arena over the steps (memory-svg) or the "
+                                            "per-core timeline of an estimated run (timeline-svg).")
+    _add_model_arguments(graph, names, saved_plan=True)
+    graph.set_defaults(dtype=None, batch=None)  # None: not given, so a saved plan's own values hold
     graph.add_argument("--format", choices=GRAPH_FORMATS,
                        help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm or .onnx)")
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
@@ -140,10 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, model_optional: bool = False) -> None:
-    """What every command that plans a model takes (`run` can take a saved plan instead)."""
-    parser.add_argument("model", type=Path, nargs="?" if model_optional else None, help="the ONNX model file")
-    parser.add_argument("--target", required=not model_optional, help=f"the SoC to plan for ({target_names})")
+def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, model_optional: bool = False,
+                         saved_plan: bool = False) -> None:
+    """What every command that plans a model takes (`run` can take a saved plan instead, and
+    `graph` a saved plan as MODEL)."""
+    parser.add_argument("model", type=Path, nargs="?" if model_optional else None,
+                        help="the ONNX model file, or a saved plan (PLAN.rkplan or plan JSON)" if saved_plan
+                        else "the ONNX model file")
+    parser.add_argument("--target", required=not (model_optional or saved_plan),
+                        help=f"the SoC to plan for ({target_names})"
+                             + ("; a saved plan has its own" if saved_plan else ""))
     parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
                         help="NPU compute dtype (default float16); int8 is calibrated with --calib")
     parser.add_argument("--calib", type=Path, metavar="PATH",
@@ -267,7 +277,7 @@ def _ops(args: argparse.Namespace) -> int:
     return 0
 
 
-GRAPH_FORMATS = ("dot", "svg", "html", "onnx")
+GRAPH_FORMATS = ("dot", "svg", "html", "onnx", "memory-svg", "timeline-svg")
 #: `graph -o OUT` without --format: the format OUT's suffix names
 GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx"}
 CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantize.py METHODS
@@ -275,35 +285,61 @@ OPS_FORMATS = ("md", "text")
 
 
 def _graph(args: argparse.Namespace) -> int:
-    from .pipeline import compile_model
-
     graph_format = args.format or GRAPH_SUFFIXES.get(args.output.suffix.lower())
     if graph_format is None:
         raise CompileError(f"--format: cannot tell the format from '{args.output}'; add --format "
                            f"({'|'.join(GRAPH_FORMATS)}) or name the file {', '.join(GRAPH_SUFFIXES)}")
-    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
-                      **calibration_options(args))
-    plan, ctx = compile_model(args.model, args.target, options)
-    refuse_idle_npu(plan)
+    plan = _plan_to_draw(args)
+    record = plan.record
+    refuse_idle_npu(record)
     if graph_format == "onnx":
         from .partitioned_onnx import partitioned_model
 
-        write_atomically(args.output, partitioned_model(ctx).SerializeToString())
+        nodes = plan.reference_nodes if plan.reference_nodes is not None else plan.step_nodes()
+        write_atomically(args.output, partitioned_model(record, nodes).SerializeToString())
+        return 0
+    if graph_format in ("memory-svg", "timeline-svg"):
+        from .charts import memory_svg, timeline_svg
+
+        write_atomically(args.output, (memory_svg if graph_format == "memory-svg" else timeline_svg)(record))
         return 0
     from .partition_view import build_view
 
-    view = build_view(plan, ctx)
+    view = build_view(record)
     if graph_format == "html":
         from .html_report import to_html
         from .summary import render_summary
 
-        write_atomically(args.output, to_html(view, render_summary(plan)))
+        write_atomically(args.output, to_html(view, render_summary(record), record))
         return 0
     from .graphviz import dot_to_svg, to_dot
 
     dot_source = to_dot(view)
     write_atomically(args.output, dot_to_svg(dot_source) if graph_format == "svg" else dot_source)
     return 0
+
+
+def _plan_to_draw(args: argparse.Namespace):
+    """The plan `graph` draws: MODEL planned now, or MODEL itself when it is a saved plan (an
+    .rkplan artifact or a plan JSON file), which keeps the flags it was planned with."""
+    from . import api
+    from .targets import get_target
+
+    if zipfile.is_zipfile(args.model) or args.model.suffix.lower() == ".json":
+        given = planning_flags(args)
+        if given:
+            raise CompileError(f"{args.model} is a saved plan, planned with its own flags: drop "
+                               f"{', '.join(given)}")
+        plan = api.load(args.model)
+        if args.target is not None and get_target(args.target).name != plan.target:
+            raise CompileError(f"--target {args.target}: {args.model} was planned for {plan.target}")
+        return plan
+    if args.target is None:
+        raise CompileError("--target is required to plan an ONNX model (a saved plan has its own)")
+    args.dtype, args.batch = args.dtype or "float16", args.batch or 1
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
+                      **calibration_options(args))
+    return api.compile(args.model, args.target, options)
 
 
 def _run(args: argparse.Namespace) -> int:

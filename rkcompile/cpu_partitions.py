@@ -32,7 +32,7 @@ def cpu_partition_models(plan: Plan, nodes: Sequence[gs.Node]) -> dict[int, onnx
 
 
 def _partition_model(plan: Plan, steps: list[Step], nodes: list[gs.Node], name: str) -> onnx.ModelProto:
-    members = [member for node in nodes for member in _expanded(node)]
+    members = [member for node in nodes for member in expanded_members(node)]
     written = {t.name for member in members for t in member.outputs if t.name}
     inside = {step.id for step in steps}
     read_elsewhere = {tensor for step in plan.steps if step.id not in inside for tensor in step.inputs}
@@ -53,7 +53,7 @@ def _partition_model(plan: Plan, steps: list[Step], nodes: list[gs.Node], name: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", plan.model.opset)])
 
 
-def _expanded(node: gs.Node) -> list[gs.Node]:
+def expanded_members(node: gs.Node) -> list[gs.Node]:
     """A fused kernel as its members (renamed to the fused node's tensors: a boundary may have
     renamed an input since fusion), every other node as it is."""
     body = fused_body(node)
@@ -66,7 +66,7 @@ def _expanded(node: gs.Node) -> list[gs.Node]:
         copy = gs.Node(op=member.op, name=member.name, domain=member.domain, attrs=dict(member.attrs),
                        inputs=[_renamed(t, renamed) for t in member.inputs],
                        outputs=[_renamed(t, renamed) for t in member.outputs])
-        members += _expanded(copy)
+        members += expanded_members(copy)
     return members
 
 

@@ -3,13 +3,17 @@
 Partitions are listed in execution order, coloured by device, as native <details> blocks, so a
 large graph stays usable: partitions above `OPEN_LIMIT` nodes start collapsed and open with a
 click. A strip at the top shows every partition's share of the steps. Each node shows its op,
-kernel, input and output shapes; a CPU node lists every rule it breaks, one per line.
+kernel, input and output shapes; a CPU node lists every rule it breaks, one per line. Two
+pictures (`charts.py`, inline SVG) follow the summary: the arena over the steps and the per-core
+timeline of an estimated run.
 """
 from __future__ import annotations
 
 from html import escape
 
+from .charts import memory_svg, timeline_svg
 from .partition_view import DEVICE_COLOURS, NodeView, PartitionView, PlanView
+from .plan import Plan
 
 OPEN_LIMIT = 12
 
@@ -30,6 +34,8 @@ details.partition > summary { cursor: pointer; font-weight: 600; }
 .node ul.rules { margin: .3em 0 0; padding-left: 1.2em; color: #c92a2a; font-size: 11px; }
 .node .reason { color: #862e9c; font-size: 11px; }
 .feeds { color: #495057; font-size: 11px; }
+h2 { font-size: 15px; margin: 1.2em 0 .3em; }
+.chart { overflow-x: auto; }
 """
 
 
@@ -61,7 +67,7 @@ def _partition_html(partition: PartitionView) -> str:
             f'<div class="nodes">{"".join(_node_html(n) for n in partition.nodes)}</div></details>')
 
 
-def to_html(view: PlanView, summary: str) -> str:
+def to_html(view: PlanView, summary: str, plan: Plan) -> str:
     total = sum(len(p.nodes) for p in view.partitions) or 1
     strip = "".join(
         f'<a href="#partition-{p.id}" title="partition {p.id}: {p.device} ({len(p.nodes)})" '
@@ -74,4 +80,7 @@ def to_html(view: PlanView, summary: str) -> str:
             f"<title>{escape(title)} - rkcompile partitions</title><style>{_STYLE}</style></head><body>"
             f"<h1>{escape(title)}</h1><div class=\"legend\">{legend}</div>"
             f'<div class="strip">{strip}</div><pre class="summary">{escape(summary)}</pre>'
+            f'<h2>Memory: the arena over the steps</h2><div class="chart">{memory_svg(plan)}</div>'
+            f'<h2>Time: one estimated run, per core</h2><div class="chart">{timeline_svg(plan)}</div>'
+            f"<h2>Partitions</h2>"
             f'{"".join(_partition_html(p) for p in view.partitions)}</body></html>\n')

@@ -1,13 +1,12 @@
-"""What the pictures of a plan show, gathered once: partitions in execution order, their nodes
+"""What the pictures of a plan show, gathered once: partitions in execution order, their steps
 with op, shapes, kernel and every failing rule, and the edges between partitions.
-`graphviz.py` and `html_report.py` render it; neither looks at the compiler's context."""
+Built from the plan alone (a fresh compile, or a saved .rkplan or plan JSON file), so
+`graphviz.py` and `html_report.py` draw what the plan says and never look at the compiler."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import CompileContext
-from .ir import node_inputs
-from .plan import Plan
+from .plan import NodeEntry, Plan, Step
 
 DEVICE_COLOURS = {"npu": "#b7e4c7", "cpu": "#ffd6a5", "host": "#dee2e6"}
 
@@ -48,29 +47,42 @@ def _shape_text(plan: Plan, tensor: str) -> str:
     return "x".join(str(d) for d in placed.shape) or "scalar"
 
 
-def build_view(plan: Plan, ctx: CompileContext) -> PlanView:
-    nodes = {node.name: node for node in ctx.graph.nodes}
-    step_name = {index: name for index, name in enumerate(ctx.order)}
-    made_by = {t.name: node.name for node in ctx.graph.nodes for t in node.outputs if t.name}
-    partition_of = {step_name[s]: p.id for p in plan.partitions for s in p.steps}
-    edges = tuple((made_by[t.name], name, t.name) for name in ctx.order for t in node_inputs(nodes[name])
-                  if t.name in made_by)
+def step_name(step: Step) -> str:
+    """The name of the node a step runs (its operation's); plan/1 files, which record no
+    operation, name a step by its first original node or its id."""
+    if step.operation is not None:
+        return step.operation.name
+    return step.nodes[0] if step.nodes else f"step_{step.id}"
+
+
+def build_view(plan: Plan) -> PlanView:
+    names = [step_name(step) for step in plan.steps]
+    made_by = {tensor: step.id for step in plan.steps for tensor in step.outputs}
+    step_edges = [(made_by[tensor], step.id, tensor) for step in plan.steps for tensor in step.inputs
+                  if tensor in made_by]
+    edges = tuple((names[producer], names[consumer], tensor) for producer, consumer, tensor in step_edges)
+    entries: dict[int, list[NodeEntry]] = {}
+    for node in plan.nodes:
+        if node.step is not None:
+            entries.setdefault(node.step, []).append(node)
     partitions = []
     for partition in plan.partitions:
         views = []
         for step_id in partition.steps:
             step = plan.steps[step_id]
-            name = step_name[step_id]
+            runs = entries.get(step_id, [])
             views.append(NodeView(
-                name=name, op=nodes[name].op, device=step.device, kernel=step.kernel,
+                name=names[step_id], op=step.operation.op if step.operation is not None else step.kernel,
+                device=step.device, kernel=step.kernel,
                 inputs=tuple((t, _shape_text(plan, t)) for t in step.inputs),
                 outputs=tuple((t, _shape_text(plan, t)) for t in step.outputs),
                 originals=step.nodes,
-                failing_rules=tuple(str(f) for f in ctx.failures.get(name, ())),
-                reason=ctx.placement[name].reason,
+                # every original node of a step carries the step's placement, so the first speaks for all
+                failing_rules=runs[0].rules if runs else (),
+                reason=runs[0].reason if runs else None,
             ))
-        feeds = sorted({partition_of[consumer] for producer, consumer, _ in edges
-                        if partition_of[producer] == partition.id and partition_of[consumer] != partition.id})
+        feeds = sorted({plan.steps[consumer].partition for producer, consumer, _ in step_edges
+                        if plan.steps[producer].partition == partition.id != plan.steps[consumer].partition})
         partitions.append(PartitionView(partition.id, partition.device, tuple(views), tuple(feeds)))
     return PlanView(model=plan.model.path.rsplit("/", 1)[-1], target=plan.target,
                     partitions=tuple(partitions), edges=edges)

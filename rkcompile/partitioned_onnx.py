@@ -1,141 +1,113 @@
 """The planned graph as ONNX, each NPU partition one `rkcompile::NpuPartition` node.
 
-Each partition node calls a model-local ONNX function that holds the partition's original nodes,
-its weights as Constant nodes inside the body. The functions share the name `NpuPartition` and
-are told apart by ONNX's function `overload` (IR version 10), so Netron shows one op type and
-opens each partition's own subgraph; onnxruntime runs the file as the plain model it came from.
-Fused kernels (`fuse` pass: a `rkcompile` node whose `body` attribute holds its members) are
-expanded back into their members, so every body is plain ONNX and the file runs anywhere; the
-function's doc string names the kernels. Host conversion steps change only the NPU's storage,
-which ONNX does not model, so they are left out and their tensors keep their ONNX names.
+Built from the plan alone: its steps in order, each rebuilt from its `operation` (`nodes`, from
+a fresh compile or a loaded .rkplan). Each partition node calls a model-local ONNX function that
+holds the partition's nodes, its weights as Constant nodes inside the body. The functions share
+the name `NpuPartition` and are told apart by ONNX's function `overload` (IR version 10), so
+Netron shows one op type and opens each partition's own subgraph; onnxruntime runs the file as
+the plain model it came from. Fused kernels are expanded back into their members, so every body
+is plain ONNX and the file runs anywhere; the function's doc string names the kernels. Host
+conversion steps change only the NPU's storage, which ONNX does not model, so they are left out
+and their readers read the tensor they convert.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from .context import CompileContext
+from .cpu_partitions import expanded_members
+from .nodes import node_operands, node_proto
+from .plan import FUSED_DOMAIN, Plan
 
-DOMAIN = "rkcompile"
 OP = "NpuPartition"
 MIN_IR_VERSION = 10
 
 
-def partitioned_model(ctx: CompileContext) -> onnx.ModelProto:
-    model = gs.export_onnx(ctx.graph, do_type_check=False)
-    graph = model.graph
-    _drop_host_steps(graph, {name for name, placed in ctx.placement.items() if placed.device == "host"})
-    fused_step = _expand_fused_nodes(graph)
-
-    def step_of(node: onnx.NodeProto) -> str:
-        return fused_step.get(node.name, node.name)
-
-    # Execution order keeps each partition contiguous and after everything it reads; the
-    # graph's own node list need not (rewrites place new nodes where the old ones stood).
-    position = {name: index for index, name in enumerate(ctx.order)}
-    ordered = sorted(graph.node, key=lambda n: position.get(step_of(n), -1))
-    del graph.node[:]
-    graph.node.extend(ordered)
-    initializers = {t.name: t for t in graph.initializer}
-    members = {index: set(names) for index, (device, names) in enumerate(ctx.partitions) if device == "npu"}
-    owner = {name: index for index, names in members.items() for name in names}
-    opsets = [o for o in model.opset_import if o.domain != DOMAIN]
-    functions, new_nodes, placed = [], [], set()
-    for node in graph.node:
-        partition = owner.get(step_of(node))
-        if partition is None:
-            new_nodes.append(node)
-        elif partition not in placed:
-            placed.add(partition)
-            body = [n for n in graph.node if owner.get(step_of(n)) == partition]
-            kernels = sorted({ctx.placement[step_of(n)].kernel for n in body})
-            call, function = _partition_function(partition, body, kernels, graph, initializers, ctx, opsets)
-            new_nodes.append(call)
-            functions.append(function)
-    used = {name for node in new_nodes for name in node.input}
-    kept_initializers = [t for t in graph.initializer if t.name in used]
-    names = used | {o for node in new_nodes for o in node.output}
-    kept_info = [v for v in graph.value_info if v.name in names]
-    del graph.node[:], graph.initializer[:], graph.value_info[:]
-    graph.node.extend(new_nodes)
-    graph.initializer.extend(kept_initializers)
-    graph.value_info.extend(kept_info)
-    model.functions.extend(functions)
-    del model.opset_import[:]
-    model.opset_import.extend(opsets + [helper.make_opsetid(DOMAIN, 1)])
-    model.ir_version = max(model.ir_version, MIN_IR_VERSION)
+def partitioned_model(plan: Plan, nodes: Sequence[gs.Node]) -> onnx.ModelProto:
+    """`nodes` are the plan's step nodes, in step order: with the model's own weights
+    (`rkcompile.api.Plan.reference_nodes`) or as the weight region holds them (`step_nodes()`)."""
+    renames = _host_renames(plan)
+    members: dict[int, list[onnx.NodeProto]] = {}   # step id -> its plain ONNX nodes
+    weights: dict[str, onnx.TensorProto] = {}
+    for step, node in zip(plan.steps, nodes):
+        if step.device == "host":
+            continue
+        members[step.id] = []
+        for member in expanded_members(node):
+            for tensor in node_operands(member):
+                if isinstance(tensor, gs.Constant) and tensor.name:
+                    weights.setdefault(tensor.name, numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
+            proto = node_proto(member)
+            for field in (proto.input, proto.output):
+                field[:] = [renames.get(name, name) for name in field]
+            members[step.id].append(proto)
+    model_outputs = {spec.name for spec in plan.model.outputs}
+    opsets = [helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()]
+    graph_nodes, functions = [], []
+    for partition in plan.partitions:
+        body = [proto for step_id in partition.steps for proto in members.get(step_id, ())]
+        if partition.device != "npu":
+            graph_nodes += body
+            continue
+        others = [proto for step_id, protos in members.items() if step_id not in partition.steps for proto in protos]
+        kernels = sorted({plan.steps[step_id].kernel for step_id in partition.steps if step_id in members})
+        call, function = _partition_function(plan, partition.id, body, kernels, others, model_outputs,
+                                             weights, opsets)
+        graph_nodes.append(call)
+        functions.append(function)
+    read = {name for node in graph_nodes for name in node.input}
+    graph = helper.make_graph(
+        graph_nodes, plan.model.path.rsplit("/", 1)[-1],
+        [_value_info(spec) for spec in plan.model.inputs], [_value_info(spec) for spec in plan.model.outputs],
+        [tensor for name, tensor in weights.items() if name in read])
+    model = helper.make_model(graph, opset_imports=opsets + [helper.make_opsetid(FUSED_DOMAIN, 1)],
+                              functions=functions)
+    model.ir_version = max(MIN_IR_VERSION, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     return model
 
 
-def _drop_host_steps(graph: onnx.GraphProto, host_steps: set[str]) -> None:
-    """Remove the host conversion nodes: readers of a converted tensor read its source again, except for
-    a model output, whose name the producer takes back."""
-    outputs = {o.name for o in graph.output}
+def _host_renames(plan: Plan) -> dict[str, str]:
+    """Tensor renames that drop the host conversion steps: readers of a converted tensor read its
+    source, except for a model output, whose name the source takes."""
+    outputs = {spec.name for spec in plan.model.outputs}
     renames = {}
-    for node in [n for n in graph.node if n.name in host_steps]:
-        source, converted = node.input[0], node.output[0]
-        if converted in outputs:
-            renames[source] = converted
-        else:
-            renames[converted] = source
-        graph.node.remove(node)
-    for node in graph.node:
-        for field in (node.input, node.output):
-            for position, name in enumerate(field):
-                if name in renames:
-                    field[position] = renames[name]
+    for step in plan.steps:
+        if step.device == "host":
+            source, converted = step.inputs[0], step.outputs[0]
+            if converted in outputs:
+                renames[source] = converted
+            else:
+                renames[converted] = renames.get(source, source)
+    return renames
 
 
-def _expand_fused_nodes(graph: onnx.GraphProto) -> dict[str, str]:
-    """Replace each fused node by its body's nodes, which keep their original names, until no
-    fused node is left (a fused kernel can contain an earlier one); the bodies' weights join the
-    graph's initializers. Returns each expanded node's fused step name."""
-    fused_step: dict[str, str] = {}
-    pending, expanded = list(graph.node), []
-    known = {t.name for t in graph.initializer}
-    while pending:
-        node = pending.pop(0)
-        body = next((a.g for a in node.attribute if a.name == "body" and a.type == onnx.AttributeProto.GRAPH), None)
-        if node.domain != DOMAIN or body is None:
-            expanded.append(node)
-            continue
-        graph.initializer.extend(t for t in body.initializer if t.name not in known)
-        known.update(t.name for t in body.initializer)
-        step = fused_step.get(node.name, node.name)
-        members = []
-        for index, member in enumerate(body.node):
-            copy = onnx.NodeProto()
-            copy.CopyFrom(member)
-            copy.name = member.name or f"{node.name}#{index}"
-            fused_step[copy.name] = step
-            members.append(copy)
-        pending[:0] = members
-    del graph.node[:]
-    graph.node.extend(expanded)
-    return fused_step
-
-
-def _partition_function(partition: int, body: list[onnx.NodeProto], kernels: list[str], graph: onnx.GraphProto,
-                        initializers: dict[str, onnx.TensorProto], ctx: CompileContext,
+def _partition_function(plan: Plan, partition: int, body: list[onnx.NodeProto], kernels: list[str],
+                        others: list[onnx.NodeProto], model_outputs: set[str], weights: dict[str, onnx.TensorProto],
                         opsets: list[onnx.OperatorSetIdProto]) -> tuple[onnx.NodeProto, onnx.FunctionProto]:
-    produced = [o for node in body for o in node.output if o]
-    produced_set = set(produced)
-    body_ids = {id(node) for node in body}
-    read_outside = {name for node in graph.node if id(node) not in body_ids for name in node.input}
-    read_outside |= {o.name for o in graph.output}
-    inputs, weights = [], []
+    produced = [name for node in body for name in node.output if name]
+    read_outside = {name for node in others for name in node.input} | model_outputs
+    inputs, constants = [], []
     for node in body:
         for name in node.input:
-            if not name or name in produced_set or name in inputs or name in weights:
+            if not name or name in produced or name in inputs or name in constants:
                 continue
-            (weights if name in initializers else inputs).append(name)
+            (constants if name in weights else inputs).append(name)
     outputs = [name for name in produced if name in read_outside]
-    constants = [helper.make_node("Constant", [], [name], value=initializers[name]) for name in weights]
+    constant_nodes = [helper.make_node("Constant", [], [name], value=weights[name]) for name in constants]
     overload = f"partition{partition}"
-    doc = f"NPU partition {partition} on {ctx.target.name}: {len(body)} nodes; kernels: {', '.join(kernels)}"
-    function = helper.make_function(DOMAIN, OP, inputs, outputs, constants + body, opsets, overload=overload,
-                                    doc_string=doc)
-    call = helper.make_node(OP, inputs, outputs, name=f"npu_partition_{partition}", domain=DOMAIN, doc_string=doc)
+    doc = f"NPU partition {partition} on {plan.target}: {len(body)} nodes; kernels: {', '.join(kernels)}"
+    function = helper.make_function(FUSED_DOMAIN, OP, inputs, outputs, constant_nodes + body, opsets,
+                                    overload=overload, doc_string=doc)
+    call = helper.make_node(OP, inputs, outputs, name=f"npu_partition_{partition}", domain=FUSED_DOMAIN,
+                            doc_string=doc)
     call.overload = overload
     return call, function
+
+
+def _value_info(spec) -> onnx.ValueInfoProto:
+    shape = [d if d >= 0 else None for d in spec.shape]
+    return helper.make_tensor_value_info(spec.name, helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype)), shape)

@@ -174,7 +174,8 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             current = runs_in[original]
             placed = ctx.placement[current]
             entries.append(NodeEntry(original, op, placed.device, step_of[current],
-                                     _reason(op, placed, ctx.target.name)))
+                                     _reason(op, placed, ctx.target.name),
+                                     tuple(str(failure) for failure in ctx.failures.get(current, ()))))
         else:
             fate, reason = ctx.fates[original]
             entries.append(NodeEntry(original, op, fate, None, reason))

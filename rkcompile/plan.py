@@ -61,6 +61,9 @@ class NodeEntry:
     device: str
     step: int | None
     reason: str | None
+    #: each rule the node breaks on the NPU, with the values seen (`reason` joins them with "; ",
+    #: which rule texts use too); empty when it breaks none, and in plans written before it existed
+    rules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,8 @@ class SplitPart:
     core: int
     start: int
     stop: int
+    #: this core's estimated time for its part (rkcompile/cost_model.py); 0.0 in older plans
+    est_ms: float = 0.0
 
 
 @dataclass(frozen=True)

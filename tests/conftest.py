@@ -53,3 +53,20 @@ def save(tmp_path):
         return path
 
     return _save
+
+
+@pytest.fixture(scope="session")
+def mixed_model(tmp_path_factory) -> Path:
+    """Conv -> Erf (no NPU kernel) -> Conv -> Sigmoid: NPU, CPU and NPU partitions with host
+    conversions between them, an in-place hand-over in the arena (Erf over its converted input),
+    and a Conv large enough that core mask 0_1_2 splits it."""
+    rng = np.random.default_rng(0)
+    weights = [weight(name, rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1) for name in ("w1", "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Erf", ["a"], ["b"], name="erf"),
+             helper.make_node("Conv", ["b", "w2"], ["c"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
+    model = make_model(nodes, [value_info("x", [1, 64, 56, 56])], [value_info("y", [1, 64, 56, 56])], weights)
+    path = tmp_path_factory.mktemp("mixed") / "mixed.onnx"
+    onnx.save(model, str(path))
+    return path

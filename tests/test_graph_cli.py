@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
+import rkcompile
 from rkcompile.cli import main
 from rkcompile.partitioned_onnx import partitioned_model
 from rkcompile.pipeline import compile_model
@@ -21,25 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 sys.path.insert(0, str(REPO / "tools"))
 import screenshot_html  # noqa: E402  (a tools/ script, not a package)
-
-
-@pytest.fixture(scope="module")
-def mixed_model(tmp_path_factory) -> Path:
-    """Conv -> Erf (no NPU kernel) -> Conv -> Sigmoid: NPU, CPU, NPU partitions."""
-    rng = np.random.default_rng(0)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])
-    weights = [numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1, name)
-               for name in ("w1", "w2")]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Erf", ["a"], ["b"], name="erf"),
-             helper.make_node("Conv", ["b", "w2"], ["c"], name="conv2", pads=[1, 1, 1, 1]),
-             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
-    model = helper.make_model(helper.make_graph(nodes, "mixed", [x], [y], weights),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    path = tmp_path_factory.mktemp("graph") / "mixed.onnx"
-    onnx.save(model, str(path))
-    return path
 
 
 def _graph(model: Path, fmt: str, out: Path) -> int:
@@ -128,10 +109,10 @@ def test_partitioned_onnx_checks_and_computes_the_same(mixed_model, tmp_path):
 @pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is absent")
 @pytest.mark.parametrize("name", sorted(p.stem for p in ZOO.glob("*.onnx")) if ZOO.is_dir() else [])
 def test_zoo_partitioned_onnx_passes_the_checker_and_matches_the_reference(name):
-    plan, ctx = compile_model(ZOO / f"{name}.onnx", "rk3588")
-    model = partitioned_model(ctx)
+    plan = rkcompile.compile(ZOO / f"{name}.onnx", "rk3588")
+    model = partitioned_model(plan.record, plan.reference_nodes)
     onnx.checker.check_model(model, full_check=True)
-    npu_partitions = sum(1 for p in plan.partitions if p.device == "npu")
+    npu_partitions = sum(1 for p in plan.record.partitions if p.device == "npu")
     assert sum(1 for n in model.graph.node if n.op_type == "NpuPartition") == npu_partitions
     reference = np.load(ZOO / f"{name}.npz")
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
