@@ -1,8 +1,9 @@
 """Fold constants: evaluate every node whose inputs are all known, until nothing changes.
 
 Exporters emit long Shape -> Gather -> Concat -> Reshape chains; folding them leaves the NPU
-only the real work. Nodes are evaluated with onnx's reference evaluator, not a hand-written one;
-a node it cannot evaluate stays a node (logged), and runs as a step.
+only the real work. Nodes are evaluated with onnx's reference evaluator, not a hand-written one,
+except the few ops in NUMPY_EVALUATORS whose reference kernel fails on valid models; a node
+neither can evaluate stays a node (logged), and runs as a step.
 Shape and Size of statically shaped tensors fold from shape inference alone. ConstantOfShape
 folds to a broadcast view, so even a huge fill never allocates memory.
 
@@ -93,16 +94,45 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
         shape = tuple(int(d) for d in np.asarray(inputs[0].values).reshape(-1))
         return [np.broadcast_to(np.asarray(fill), shape)]
     feeds = {t.name: np.asarray(t.values) for t in inputs}
+    if node.op in NUMPY_EVALUATORS:
+        try:
+            return NUMPY_EVALUATORS[node.op](node, *feeds.values())
+        except (ValueError, IndexError) as exc:  # indices out of range: left to the step to report
+            log.warning("fold-constants: %s node %s is not folded: %s", node.op, node.name, exc)
+            return None
     try:
         evaluator = ReferenceEvaluator(single_node_graph(node), opsets={"": opset})
         results = evaluator.run(None, feeds)
     except Exception as exc:  # noqa: BLE001  (onnx.reference raises its own classes, or numpy's)
-        # onnx.reference lacks some cases onnxruntime runs (GatherElements with indices smaller
-        # than the data on a non-gathered axis): the node stays, and runs as a step instead.
+        # onnx.reference lacks some cases onnxruntime runs: the node stays, and runs as a step.
         log.warning("fold-constants: %s node %s is not folded: onnx.reference cannot evaluate it (%s)",
                     node.op, node.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return None
     return [np.asarray(r) for r in results]
+
+
+def _gather_elements(node: gs.Node, data: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
+    """GatherElements by its definition, out[i..][j][k..] = data[i..][indices[i..][j][k..]][k..]
+    on `axis` (negative indices count from the end). onnx.reference's kernel builds it with
+    np.choose, which takes at most 64 choices (32 on older numpy), and fails on any gathered
+    axis longer than that; its fallback fails whenever the indices are narrower than the data
+    (transformers' token_type_ids buffer, [1, max_positions] gathered to [1, sequence])."""
+    axis = int(node.attrs.get("axis", 0)) % data.ndim
+    if indices.ndim != data.ndim:
+        raise ValueError(f"indices of rank {indices.ndim} for data of rank {data.ndim}")
+    size = data.shape[axis]
+    if np.any((indices < -size) | (indices >= size)):
+        raise IndexError(f"an index is outside [-{size}, {size - 1}]")
+    if any(n > d for a, (n, d) in enumerate(zip(indices.shape, data.shape)) if a != axis):
+        raise ValueError(f"indices {list(indices.shape)} are wider than the data {list(data.shape)}")
+    # The output is the indices' shape: on every other axis the data is read from 0 only as far
+    # as the indices reach.
+    window = tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))
+    return [np.take_along_axis(data[window], np.where(indices < 0, indices + size, indices).astype(np.int64), axis)]
+
+
+#: Ops folded by numpy instead of onnx.reference, whose kernel for them fails on valid models.
+NUMPY_EVALUATORS = {"GatherElements": _gather_elements}
 
 
 def _infer_node_shapes(graph: gs.Graph, node: gs.Node, opset: int) -> None:

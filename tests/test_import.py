@@ -163,16 +163,41 @@ def test_constant_folding_runs_to_a_fixpoint_however_long_the_chain(save):
     assert contract_violations(plan) == []
 
 
-def test_a_constant_node_onnx_reference_cannot_evaluate_stays_a_node(save, caplog):
-    """GatherElements whose indices are narrower than the data on the gathered axis is valid
-    ONNX that onnx.reference cannot evaluate: the model still plans, the node stays as a step
-    and the log says why it did not fold."""
-    nodes = [helper.make_node("GatherElements", ["data", "index"], ["picked"], name="pick", axis=1),
+def _gather_elements_model(data: np.ndarray, index: np.ndarray, axis: int):
+    nodes = [helper.make_node("GatherElements", ["data", "index"], ["picked"], name="pick", axis=axis),
              helper.make_node("Cast", ["picked"], ["picked_f"], name="cast", to=TensorProto.FLOAT),
              helper.make_node("Add", ["x", "picked_f"], ["y"], name="add")]
-    model = make_model(nodes, [value_info("x", [1, 32])], [value_info("y", [1, 32])],
-                       [weight("data", np.arange(64, dtype=np.int64).reshape(1, 64)),
-                        weight("index", np.arange(32, dtype=np.int64).reshape(1, 32) * 2)])
+    return make_model(nodes, [value_info("x", list(index.shape))], [value_info("y", list(index.shape))],
+                      [weight("data", data), weight("index", index)])
+
+
+def test_constant_gather_elements_onnx_reference_fails_on_folds_to_onnxruntime_value(save):
+    """GatherElements over an axis longer than 64, with indices narrower than the data on
+    another axis (transformers' token_type_ids buffer), is valid ONNX whose onnx.reference
+    kernel fails (np.choose); it folds by its definition, to what onnxruntime computes, and the
+    Gather of the embedding it indexes folds after it."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(0)
+    data = rng.integers(-50, 50, size=(3, 80), dtype=np.int64)
+    index = rng.integers(-80, 80, size=(2, 40), dtype=np.int64)
+    model = _gather_elements_model(data, index, axis=1)
+    path = save(model)
+    x = rng.standard_normal((2, 40)).astype(np.float32)
+    expected = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert not np.array_equal(expected, x + data[:2, :40])  # the indices really reorder
+    plan, _ = compile_model(path, "rk3588")
+    devices = _devices(plan)
+    assert devices["pick"] == "folded" and devices["cast"] == "folded"
+    import rkcompile
+    got = rkcompile.run(rkcompile.compile(path, target="rk3588"), {"x": x})["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=0.05)  # float16 on the NPU
+
+
+def test_a_constant_node_no_evaluator_can_evaluate_stays_a_node(save, caplog):
+    """A GatherElements index out of range cannot be folded: the model still plans, the node
+    stays as a step and the log says why it did not fold."""
+    model = _gather_elements_model(np.arange(64, dtype=np.int64).reshape(1, 64),
+                                   np.full((1, 32), 64, dtype=np.int64), axis=1)
     plan, _ = compile_model(save(model), "rk3588")
     assert _devices(plan)["pick"] in ("npu", "cpu")
     assert "GatherElements node pick is not folded" in caplog.text
