@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.context import CompileContext
@@ -444,6 +444,19 @@ def test_sum_of_three_becomes_two_adds(tmp_path):
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
     assert ops_of(ctx) == ["Add", "Add"] and rules_fired(ctx) == ["sum_to_adds"]
     assert_same_outputs(model, ctx, {n: feed([1, 4, 3, 3]) for n in "abc"})
+
+
+def test_neg_becomes_a_mul_by_minus_one_and_an_integer_neg_is_left(tmp_path):
+    """Rotary embeddings' rotate_half: cat(-x2, x1). Neg is not on the NPU, x * -1 is, exactly."""
+    model = make_model([helper.make_node("Neg", ["x"], ["y"], name="neg"),
+                        helper.make_node("Neg", ["i"], ["j"], name="int_neg")],
+                       [value_info("x", [1, 4, 32, 8]), value_info("i", [1, 4], TensorProto.INT64)],
+                       [value_info("y", [1, 4, 32, 8]), value_info("j", [1, 4], TensorProto.INT64)])
+    ctx = rewritten(model, tmp_path, get_target("rk3562"))
+    assert sorted(ops_of(ctx)) == ["Mul", "Neg"] and rules_fired(ctx) == ["neg_to_mul"]
+    assert [n.name for n in ctx.graph.nodes if n.op == "Neg"] == ["int_neg"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 4, 32, 8]), "i": np.arange(-2, 2).reshape(1, 4)},
+                        rtol=0, atol=0)
 
 
 def test_unlisted_broadcast_repeats_the_computed_operand_by_concat(tmp_path):

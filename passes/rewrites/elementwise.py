@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import constant_value, static_shape
+from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
 from .base import Candidates, RewriteRule, Site, clip, float_constant, scalar
 
@@ -74,6 +74,18 @@ def div_constant_to_mul(node: gs.Node, site: Site) -> Candidates:
         return "the reciprocal of the divisor overflows"
     builder = site.builder(node)
     builder.op("Mul", [node.inputs[0], builder.const(reciprocal, "reciprocal")], out=node.outputs[0])
+    yield builder.finish()
+
+
+def neg_to_mul(node: gs.Node, site: Site) -> Candidates:
+    """-x as x * -1, exact in every float format (only the sign bit changes): Neg is not on the
+    NPU (oplist V2.3.2, RKNNToolKit2_OP_Support: Neg "Not Supported"), Mul is. Rotary
+    embeddings' rotate_half negates half of every query and key."""
+    x = node.inputs[0]
+    if dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return f"the input is {dtype_name(x.dtype)}, not floating point"
+    builder = site.builder(node)
+    builder.op("Mul", [x, scalar(builder, -1.0, x)], out=node.outputs[0])
     yield builder.finish()
 
 
@@ -205,6 +217,7 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(sub_constant_to_add, frozenset({"Sub"}), always=True),
     RewriteRule(div_constant_to_mul, frozenset({"Div"}), always=True),
+    RewriteRule(neg_to_mul, frozenset({"Neg"})),
     RewriteRule(pow_to_mul_chain, frozenset({"Pow"})),
     RewriteRule(hardsigmoid_to_native, frozenset({"HardSigmoid"})),
     RewriteRule(elu_to_native, frozenset({"Elu"})),
