@@ -9,7 +9,7 @@ calls for.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, layout, masks, matmul, norm, pooling, reductions, rank
+from . import conv, elementwise, layout, masks, matmul, norm, pooling, rank, reductions, resize
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
@@ -22,6 +22,8 @@ FAMILIES = (
     conv,         # Conv strides and kernels over the window limits (space-to-depth, kernel tiles);
                   # after matmul, whose Convs it may have to legalize
     pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
+    resize,       # Resize scales the NPU's kernel lacks as constant-weight MatMuls (matmul's rules
+                  # then make 1x1 Convs of them)
     rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
                   # first, so no lone rank-5 relabel is left for layout's rules)
     layout,       # Transpose limits, Gather of one index, relabels, Conv layouts
