@@ -105,10 +105,10 @@ class Plan:
 def compile(model: str | Path, target: str = "rk3588", options: Options | None = None, **kwargs: Any) -> Plan:
     """Plan `model` for `target`. Options come as an `Options` or as its fields by keyword
     (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
-    from .pipeline import compile_model
+    from .auto_float16 import compile_with_choice
 
     options = _options(options, kwargs)
-    record, ctx = compile_model(model, target, options)
+    record, ctx = compile_with_choice(model, target, options, compile)
     by_name = {node.name: node for node in ctx.graph.nodes}
     return Plan(record, weight_region(record, ctx.graph, ctx.target),
                 _reference_nodes(record, [by_name[name] for name in ctx.order], ctx.reference_constants))

@@ -167,6 +167,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
                         help="int8 hybrid quantization: the NPU step writing TENSOR computes in float16, or, "
                              "for a model input's NPU copy NAME@npu, the input reaches the NPU as float16; repeat "
                              "for several (run --accuracy-analysis lists the steps' outputs)")
+    parser.add_argument("--auto-float16", type=float, metavar="COSINE",
+                        help="int8: compute the fewest NPU steps in float16 so that the outputs reach COSINE "
+                             "against the float32 graph on every calibration sample (or the all-float16 plan's "
+                             "cosine when lower); the summary lists them with their estimated cost")
     for flag, what in (("equalization", "cross-layer equalization of Conv -> Conv pairs before calibration"),
                        ("bias-correction", "Conv biases absorb the mean shift of their rounded int8 weights")):
         default = getattr(Options(), flag.replace("-", "_"))
@@ -181,11 +185,12 @@ def calibration_options(args: argparse.Namespace) -> dict:
     """The Options fields of --calib, --calib-method, --float16 and the int8 techniques, which
     only an int8 plan uses."""
     techniques = {name: value for name, value in (("equalization", args.equalization),
-                                                  ("bias_correction", args.bias_correction)) if value is not None}
+                                                  ("bias_correction", args.bias_correction),
+                                                  ("auto_float16", args.auto_float16)) if value is not None}
     if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax" or args.float16
                                  or techniques):
-        raise CompileError("--calib, --calib-method, --float16, --equalization and --bias-correction apply to "
-                           "int8 plans; add --dtype int8")
+        raise CompileError("--calib, --calib-method, --float16, --auto-float16, --equalization and "
+                           "--bias-correction apply to int8 plans; add --dtype int8")
     return {"calibration": args.calib, "calibration_method": args.calib_method,
             "float16_tensors": tuple(args.float16), **techniques}
 
@@ -216,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from .api import compile as compile_plan
+    from .auto_float16 import compile_with_choice
     from .ops_doc import render_explanation
-    from .pipeline import compile_model
     from .summary import render_summary
 
     shapes = dict(args.input_shape)
@@ -229,7 +235,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
-    plan, ctx = compile_model(args.model, args.target, options)
+    plan, ctx = compile_with_choice(args.model, args.target, options, compile_plan)
     refuse_idle_npu(plan)
     explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]
@@ -359,7 +365,8 @@ def planning_flags(args: argparse.Namespace) -> dict[str, object]:
     given = {"--dtype": args.dtype, "--batch": args.batch, "--calib": args.calib,
              "--calib-method": args.calib_method if args.calib_method != "minmax" else None,
              "--float16": args.float16 or None, "--input-shape": args.input_shape or None,
-             "--equalization": args.equalization, "--bias-correction": args.bias_correction}
+             "--equalization": args.equalization, "--bias-correction": args.bias_correction,
+             "--auto-float16": args.auto_float16}
     return {flag: value for flag, value in given.items() if value is not None}
 
 

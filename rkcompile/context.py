@@ -29,6 +29,7 @@ class Options:
     float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
     equalization: bool = False  # int8: cross-layer equalization of Conv -> Conv pairs (docs/quantization.md)
     bias_correction: bool = False  # int8: Conv biases absorb their rounded weights' mean shift
+    auto_float16: float | None = None  # int8: the fewest float16 steps reaching this cosine (auto_float16.py)
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,9 @@ def render_summary(plan: Plan) -> str:
     if plan.dtype in QUANTIZED_DTYPES:
         applied = [f"{t.name.replace('_', ' ')}: {t.note}" for t in plan.int8_techniques]
         lines.append(f"  int8 techniques             {'; '.join(applied) if applied else 'none (calibration only)'}")
+        for technique in plan.int8_techniques:
+            if technique.name == "auto_float16" and technique.applied:
+                lines.append(f"    float16: {', '.join(technique.applied)}")
     warnings = [q.warning for q in plan.quantization.values() if q.warning]
     if warnings:
         lines.append("  int8 warnings:")

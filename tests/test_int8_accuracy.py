@@ -12,6 +12,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import rkcompile
+import rkcompile.errors
+from rkcompile.auto_float16 import STRATEGIES, choose
 from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.emulator.kernels.conv import convolve
@@ -138,3 +140,28 @@ def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_
     assert saved.record.int8_techniques == plan.record.int8_techniques
     np.testing.assert_array_equal(rkcompile.run(saved, x)["y"], rkcompile.run(plan, x)["y"])
     assert rkcompile.accuracy_analysis(saved, x) == rkcompile.accuracy_analysis(plan, x)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_auto_float16_reaches_its_target_with_float16_steps(chain, tmp_path, strategy):
+    calibration = _calibration(tmp_path)
+    options = rkcompile.Options(dtype="int8", calibration=calibration)
+    start = choose(chain, "rk3588", options, 0.0, rkcompile.compile, strategy)
+    assert start.chosen == () and start.cosine < 0.9999  # int8 alone misses the target below
+    wanted = 1 - (1 - start.cosine) / 4
+    search = choose(chain, "rk3588", options, wanted, rkcompile.compile, strategy)
+    assert search.target == min(wanted, search.all_float16_cosine)
+    assert search.cosine >= search.target and search.chosen
+    assert all(search.plan.record.tensors[name].dtype == "float16" for name in search.chosen)
+
+
+def test_auto_float16_is_recorded_in_the_plan_and_the_summary(chain, tmp_path):
+    calibration = _calibration(tmp_path)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, auto_float16=0.99999)
+    technique = _technique(plan, "auto_float16")
+    chosen = [entry.split(" (+")[0] for entry in technique.applied]
+    assert chosen and all(plan.record.tensors[name].dtype == "float16" for name in chosen)
+    assert "ms)" in technique.applied[0] and "reached target" in technique.note
+    assert "float16: " + technique.applied[0] in plan.summary()
+    with pytest.raises(rkcompile.errors.CompileError, match="int8"):
+        rkcompile.compile(chain, "rk3588", auto_float16=0.999)

@@ -1,63 +1,113 @@
-"""int8 cosines of the zoo's CNNs at rk3588 against onnxruntime float32 (docs/quantization.md).
+"""int8 cosines of zoo CNNs at rk3588 against onnxruntime float32 (docs/quantization.md).
 
-    python tools/int8_table.py [--method minmax|percentile|kl|mmse] [--float16 TENSOR ...] [MODEL ...]
+    python tools/int8_table.py [--zoo DIR] [--method minmax|percentile|kl|mmse] [--float16 TENSOR ...]
+                               [--techniques | --auto-float16 COSINE] [--save-calib DIR] [MODEL ...]
 
-Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`),
-planned once, and emulated on the npz input (the issue's measure) and on 3 held-out variations
-(seed 99) not in the calibration set; the row is the worst output's cosine on each."""
+Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`).
+By default it is planned once and emulated on the npz input (the issue's measure) and on 3
+held-out variations (seed 99) not in the calibration set; the row is the worst output's cosine
+on each. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
+each switched explicitly) and gives the npz input's cosine of each. --auto-float16 COSINE
+runs both searches of rkcompile/auto_float16.py and gives, per search, the float16 tensors
+chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged.
+--save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy... and its npz
+input as DIR/NAME_input.npz (what tools/peer_int8.py gives rknn-toolkit2)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+import rkcompile
+from rkcompile.auto_float16 import STRATEGIES, choose
 from rkcompile.context import Options
-from rkcompile.api import prepare
-from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
+from rkcompile.emulator import agreement, onnxruntime_outputs
 from rkcompile.quantize import METHODS, seeded_variations
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 CNNS = ("resnet18_halfwidth", "mobilenet_v2", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yolov8n")
 HELD_OUT_SEED = 99
+TECHNIQUES = {"none": {"equalization": False, "bias_correction": False},
+              "equalization": {"equalization": True, "bias_correction": False},
+              "bias correction": {"equalization": False, "bias_correction": True},
+              "both": {"equalization": True, "bias_correction": True}}
 
 
-def worst_cosine(prepared, model: Path, inputs: dict[str, np.ndarray]) -> float:
-    produced = emulate(prepared, inputs).outputs
+def worst_cosine(plan, model: Path, inputs: dict[str, np.ndarray]) -> float:
+    produced = rkcompile.run(plan, inputs)
     expected = onnxruntime_outputs(model, inputs)
     return min(agreement(name, produced[name], value).cosine for name, value in expected.items())
 
 
-def measure(name: str, method: str, float16: tuple[str, ...]) -> str:
-    model = ZOO / f"{name}.onnx"
-    data = np.load(ZOO / f"{name}.npz")
+def model_input(model: Path) -> tuple[str, np.ndarray]:
     graph = onnx.load(str(model), load_external_data=False).graph
     weights = {initializer.name for initializer in graph.initializer}
     (input_name,) = [value.name for value in graph.input if value.name not in weights]
-    x = data[input_name]
-    with tempfile.TemporaryDirectory() as folder:
-        for i, sample in enumerate([x] + seeded_variations(x)):
-            np.save(Path(folder) / f"{i}.npy", sample)
-        prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=Path(folder),
-                                                      calibration_method=method, float16_tensors=float16))
-    on_npz = worst_cosine(prepared, model, {input_name: x})
-    held_out = [worst_cosine(prepared, model, {input_name: v}) for v in seeded_variations(x, seed=HELD_OUT_SEED)]
-    return (f"| {name} | {method} | {len(float16)} | {on_npz:.5f} | {np.mean(held_out):.5f} "
-            f"({min(held_out):.5f}) |")
+    return input_name, np.load(model.with_suffix(".npz"))[input_name]
+
+
+def write_calibration(folder: Path, x: np.ndarray) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, sample in enumerate([x] + seeded_variations(x)):
+        np.save(folder / f"{i}.npy", sample)
+    return folder
+
+
+def measure(model: Path, options: Options, args, folder: Path) -> str:
+    name, (input_name, x) = model.stem, model_input(model)
+    options = dataclasses.replace(options, calibration=write_calibration(folder / name, x))
+    if args.save_calib is not None:
+        write_calibration(args.save_calib / name, x)
+        np.savez(args.save_calib / f"{name}_input.npz", **{input_name: x})
+    if args.techniques:
+        cells = [worst_cosine(rkcompile.compile(model, "rk3588", dataclasses.replace(options, **switches)),
+                              model, {input_name: x}) for switches in TECHNIQUES.values()]
+        return f"| {name} | " + " | ".join(f"{c:.5f}" for c in cells) + " |"
+    if args.auto_float16 is not None:
+        cells = []
+        for strategy in STRATEGIES:
+            search = choose(model, "rk3588", options, args.auto_float16, rkcompile.compile, strategy)
+            cells.append(f"{len(search.chosen)} | {search.cosine:.5f} | "
+                         f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
+        target = f"{search.target:.5f}" + (" (all-float16)" if search.target < args.auto_float16 else "")
+        return f"| {name} | {search.start_cosine:.5f} | {target} | " + " | ".join(cells) + " |"
+    plan = rkcompile.compile(model, "rk3588", options)
+    on_npz = worst_cosine(plan, model, {input_name: x})
+    held_out = [worst_cosine(plan, model, {input_name: v}) for v in seeded_variations(x, seed=HELD_OUT_SEED)]
+    return (f"| {name} | {options.calibration_method} | {len(options.float16_tensors)} | {on_npz:.5f} | "
+            f"{np.mean(held_out):.5f} ({min(held_out):.5f}) |")
+
+
+HEADERS = {
+    "techniques": "| model | none | equalization | bias correction | both |",
+    "auto_float16": ("| model | int8 (calibration) | target | sensitivity: float16 tensors | cosine (calibration) | "
+                     "npz input | plans | worst drop: float16 tensors | cosine (calibration) | npz input | plans |"),
+    "default": "| model | method | float16 tensors | npz input | held-out mean (min) |",
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=CNNS)
+    parser.add_argument("--zoo", type=Path, default=ZOO)
     parser.add_argument("--method", choices=METHODS, default="minmax")
     parser.add_argument("--float16", action="append", default=[], metavar="TENSOR")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--techniques", action="store_true")
+    mode.add_argument("--auto-float16", type=float, metavar="COSINE")
+    parser.add_argument("--save-calib", type=Path, metavar="DIR")
     args = parser.parse_args()
-    print("| model | method | float16 tensors | npz input | held-out mean (min) |")
-    print("|---|---|---|---|---|")
-    for name in args.models:
-        print(measure(name, args.method, tuple(args.float16)), flush=True)
+    options = Options(dtype="int8", calibration_method=args.method, float16_tensors=tuple(args.float16))
+    header = HEADERS["techniques" if args.techniques else "auto_float16" if args.auto_float16 else "default"]
+    print(header)
+    print("|---" * header.count(" | ") + "|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models:
+            print(measure(args.zoo / f"{name}.onnx", options, args, Path(folder)), flush=True)
 
 
 if __name__ == "__main__":

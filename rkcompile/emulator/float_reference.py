@@ -24,6 +24,8 @@ from .reference import ONNX_REFERENCE, CpuRuntime, run_reference
 from .registry import KERNELS, Unsupported
 
 Visit = Callable[[str, np.ndarray], None]
+#: name, value -> a value to continue with instead, or None to keep it
+Adjust = Callable[[str, np.ndarray], "np.ndarray | None"]
 
 
 class FloatReference:
@@ -41,8 +43,11 @@ class FloatReference:
             if name not in self.outputs:
                 self.release[index].append(name)
 
-    def run(self, inputs: Mapping[str, np.ndarray], visit: Visit | None = None) -> dict[str, np.ndarray]:
-        """The graph outputs; `visit(name, value)` sees every tensor a step writes, in step order."""
+    def run(self, inputs: Mapping[str, np.ndarray], visit: Visit | None = None,
+            adjust: Adjust | None = None) -> dict[str, np.ndarray]:
+        """The graph outputs; `visit(name, value)` sees every tensor a step writes, in step order;
+        `adjust(name, value)` may replace it for the steps after (--auto-float16 rounds one
+        tensor at a time to its int8 grid to see what that costs at the outputs)."""
         env: dict[str, np.ndarray] = {name: np.asarray(value) for name, value in inputs.items()}
         for node, device, release in zip(self.nodes, self.devices, self.release):
             values = [None if not t.name else np.asarray(t.values) if isinstance(t, gs.Constant) else env[t.name]
@@ -51,6 +56,10 @@ class FloatReference:
             for tensor, value in zip(node.outputs, results):
                 if tensor.name:
                     env[tensor.name] = np.asarray(value)
+                    if adjust is not None:
+                        adjusted = adjust(tensor.name, env[tensor.name])
+                        if adjusted is not None:
+                            env[tensor.name] = np.asarray(adjusted, env[tensor.name].dtype)
                     if visit is not None:
                         visit(tensor.name, env[tensor.name])
             for name in release:

@@ -1,0 +1,79 @@
+"""rknn-toolkit2's int8 cosine on the calibration set rkcompile's int8 tables use
+(docs/quantization.md), for comparison. Runs in the toolkit's own virtualenv (the recipe is
+at the top of ../shared/peer/rknn_peer.py); imports nothing of rkcompile.
+
+    PEER_VENV/bin/python tools/peer_int8.py MODEL.onnx CALIB_DIR INPUT.npz [--target rk3588]
+                         [--algorithm normal|mmse] [--disable-rule RULE ...]
+
+CALIB_DIR holds the calibration samples as 0.npy, 1.npy, ... (one-input models: the npz input
+and its 3 seeded variations, as tools/int8_table.py --save-calib writes them). The model is
+built with config(target_platform, quantized_algorithm, quantized_method='channel') and
+build(do_quantization=True) on those files, run on the simulator on INPUT.npz's input, and
+compared with onnxruntime on the model. Prints one JSON line: the worst output cosine, per
+output cosines, and the build seconds (or the step that failed).
+"""
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("calib", type=Path)
+    parser.add_argument("inputs", type=Path)
+    parser.add_argument("--target", default="rk3588")
+    parser.add_argument("--algorithm", default="normal", choices=["normal", "mmse"])
+    parser.add_argument("--disable-rule", action="append", default=[])
+    args = parser.parse_args()
+    import onnx
+    import onnxruntime as ort
+    from rknn.api import RKNN
+
+    graph = onnx.load(args.model, load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    (name,) = [v.name for v in graph.input if v.name not in weights]
+    x = np.load(args.inputs)[name]
+    result = {"model": Path(args.model).stem, "algorithm": args.algorithm}
+    listing = Path(tempfile.mkdtemp(prefix="peer_int8_")) / "dataset.txt"
+    listing.write_text("".join(f"{path.resolve()}\n" for path in sorted(args.calib.glob("*.npy"))))
+    rknn = RKNN(verbose=False)
+    config = dict(target_platform=args.target, quantized_algorithm=args.algorithm, quantized_method="channel")
+    if args.disable_rule:
+        config["disable_rules"] = args.disable_rule
+    started = time.perf_counter()
+    for step, call in (("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(args.model)),
+                       ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing))),
+                       ("init_runtime", lambda: rknn.init_runtime())):
+        try:
+            code = call()
+        except BaseException as exc:  # the toolkit raises or exits on some failures
+            code = f"{type(exc).__name__}: {exc}"
+        if code != 0:
+            result["error"] = f"{step}: {code}"
+            print(json.dumps(result))
+            return 1
+    result["build_seconds"] = round(time.perf_counter() - started, 1)
+    produced = rknn.inference(inputs=[x], data_format=["nchw"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"]).run(None, {name: x})
+    cosines = []
+    for got, want in zip(produced, expected):
+        a = np.asarray(got, np.float64).reshape(-1)
+        b = np.asarray(want, np.float64).reshape(-1)
+        denominator = np.linalg.norm(a) * np.linalg.norm(b)
+        cosines.append(float(a @ b / denominator) if a.size == b.size and denominator > 0 else None)
+    result["cosines"] = cosines
+    result["worst_cosine"] = min((c for c in cosines if c is not None), default=None)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
