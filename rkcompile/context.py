@@ -27,8 +27,9 @@ class Options:
     calibration: Path | None = None  # int8: folder of .npy/.npz inputs or one .npz (rkcompile/quantize.py)
     calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile, kl or mmse
     float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
-    equalization: bool = False  # int8: cross-layer equalization of Conv -> Conv pairs (docs/quantization.md)
-    bias_correction: bool = False  # int8: Conv biases absorb their rounded weights' mean shift
+    # int8 techniques, on by default only where they helped the zoo CNNs (docs/quantization.md)
+    equalization: bool = False  # cross-layer equalization of Conv -> Conv pairs: mixed, off
+    bias_correction: bool = True  # Conv biases absorb their rounded weights' mean shift
     auto_float16: float | None = None  # int8: the fewest float16 steps reaching this cosine (auto_float16.py)
 
 
