@@ -9,8 +9,10 @@ CALIB_DIR holds the calibration samples as 0.npy, 1.npy, ... (one-input models: 
 and its 3 seeded variations, as tools/int8_table.py --save-calib writes them). The model is
 built with config(target_platform, quantized_algorithm, quantized_method='channel') and
 build(do_quantization=True) on those files, run on the simulator on INPUT.npz's input, and
-compared with onnxruntime on the model. Prints one JSON line: the worst output cosine, per
-output cosines, and the build seconds (or the step that failed).
+compared with onnxruntime on the model. A model above the newest opset the toolkit reads (19)
+is built from a copy onnx.version_converter brings down to it, as tools/run_peer_zoo.py does.
+Prints one JSON line: the worst output cosine, per output cosines, and the build seconds (or
+the step that failed).
 """
 import argparse
 import json
@@ -20,6 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+#: rknn-toolkit2 2.5.0: "Unsupport onnx opset 20, need <= 19!"
+NEWEST_OPSET = 19
 
 
 def main() -> int:
@@ -40,14 +45,24 @@ def main() -> int:
     (name,) = [v.name for v in graph.input if v.name not in weights]
     x = np.load(args.inputs)[name]
     result = {"model": Path(args.model).stem, "algorithm": args.algorithm}
-    listing = Path(tempfile.mkdtemp(prefix="peer_int8_")) / "dataset.txt"
+    scratch = Path(tempfile.mkdtemp(prefix="peer_int8_"))
+    built = args.model
+    opset = max((o.version for o in onnx.load(args.model, load_external_data=False).opset_import
+                 if o.domain in ("", "ai.onnx")), default=0)
+    if opset > NEWEST_OPSET:
+        from onnx import version_converter
+
+        built = str(scratch / Path(args.model).name)
+        onnx.save(version_converter.convert_version(onnx.load(args.model), NEWEST_OPSET), built)
+        result["note"] = f"built from a copy converted from opset {opset} to {NEWEST_OPSET}"
+    listing = scratch / "dataset.txt"
     listing.write_text("".join(f"{path.resolve()}\n" for path in sorted(args.calib.glob("*.npy"))))
     rknn = RKNN(verbose=False)
     config = dict(target_platform=args.target, quantized_algorithm=args.algorithm, quantized_method="channel")
     if args.disable_rule:
         config["disable_rules"] = args.disable_rule
     started = time.perf_counter()
-    for step, call in (("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(args.model)),
+    for step, call in (("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(built)),
                        ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing))),
                        ("init_runtime", lambda: rknn.init_runtime())):
         try:
