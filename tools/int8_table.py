@@ -9,13 +9,15 @@ held-out variations (seed 99) not in the calibration set; the row is the worst o
 on each. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
 each switched explicitly) and gives the npz input's cosine of each. --auto-float16 COSINE
 runs both searches of rkcompile/auto_float16.py and gives, per search, the float16 tensors
-chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged.
+chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged
+(each search's progress on stderr).
 --save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy... and its npz
 input as DIR/NAME_input.npz (what tools/peer_int8.py gives rknn-toolkit2)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import tempfile
 from pathlib import Path
 
@@ -70,7 +72,8 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
     if args.auto_float16 is not None:
         cells = []
         for strategy in STRATEGIES:
-            search = choose(model, "rk3588", options, args.auto_float16, rkcompile.compile, strategy)
+            search = choose(model, "rk3588", options, args.auto_float16, rkcompile.compile, strategy,
+                            progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True))
             cells.append(f"{len(search.chosen)} | {search.cosine:.5f} | "
                          f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
         target = f"{search.target:.5f}" + (" (all-float16)" if search.target < args.auto_float16 else "")
