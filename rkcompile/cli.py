@@ -98,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
                        help="the file to write ('-' for standard output, with --format)")
 
+    compare = commands.add_parser("compare", help="plan a model for several SoCs and print one table",
+                                  description="Plan MODEL for each target and print one row per SoC: NPU share "
+                                              "of the ops, CPU ops, steps, arena, weights and estimated fps "
+                                              "(docs/cost-model.md). A target that cannot take the model gets "
+                                              "a row saying why.")
+    _add_model_arguments(compare, names, target_help="the SoCs to plan for: 'all', or a comma list")
+    compare.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH ('-': "
+                                                                   "standard output, the table then on standard error)")
+
     run = commands.add_parser("run", help="execute a plan on the numpy emulator and check its outputs",
                               description="Plan MODEL (or load a saved plan) and execute the plan on the numpy "
                                           "emulator: arena offsets, NC1HWC2, float16 on the NPU, weights read "
@@ -145,14 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, model_optional: bool = False,
-                         saved_plan: bool = False) -> None:
+                         saved_plan: bool = False, target_help: str = "the SoC to plan for") -> None:
     """What every command that plans a model takes (`run` can take a saved plan instead, and
     `graph` a saved plan as MODEL)."""
     parser.add_argument("model", type=Path, nargs="?" if model_optional else None,
                         help="the ONNX model file, or a saved plan (PLAN.rkplan or plan JSON)" if saved_plan
                         else "the ONNX model file")
     parser.add_argument("--target", required=not (model_optional or saved_plan),
-                        help=f"the SoC to plan for ({target_names})"
+                        help=f"{target_help} ({target_names})"
                              + ("; a saved plan has its own" if saved_plan else ""))
     parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
                         help="NPU compute dtype (default float16); int8 is calibrated with --calib")
@@ -348,6 +357,20 @@ def _plan_to_draw(args: argparse.Namespace):
     return api.compile(args.model, args.target, options)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare, parse_targets, render_table, to_json
+
+    targets = parse_targets(args.target)
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
+                      **calibration_options(args))
+    rows = compare(args.model, targets, options)
+    to_stdout = args.json is not None and str(args.json) == STDOUT
+    if args.json is not None:
+        write_atomically(args.json, to_json(args.model, options, rows))
+    print(render_table(args.model, options, rows), file=sys.stderr if to_stdout else sys.stdout)
+    return 0 if any(row.error is None for row in rows) else 1
+
+
 def _run(args: argparse.Namespace) -> int:
     from .run_command import run_command
 
@@ -376,7 +399,8 @@ def _zoo(args: argparse.Namespace) -> int:
     return zoo_command(args)
 
 
-_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run, "zoo": _zoo}
+_COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run, "zoo": _zoo,
+             "compare": _compare}
 
 if __name__ == "__main__":
     sys.exit(main())

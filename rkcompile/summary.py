@@ -133,12 +133,17 @@ def _most_common(counts: Counter, shown: int = 3) -> str:
     return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
 
 
+def placed_counts(plan: Plan) -> tuple[int, int]:
+    """The original nodes that run on the NPU and on the CPU (folded and removed ones run nowhere)."""
+    devices = Counter(n.device for n in plan.nodes)
+    return devices["npu"], devices["cpu"]
+
+
 def render_summary(plan: Plan) -> str:
     model_name = plan.model.path.rsplit("/", 1)[-1]
     counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
-    total = len(counted) or 1
-    npu = sum(1 for n in counted if n.device == "npu")
-    cpu = len(counted) - npu
+    npu, cpu = placed_counts(plan)
+    total = (npu + cpu) or 1
     folded = sum(1 for n in plan.nodes if n.device == "folded")
     removed = sum(1 for n in plan.nodes if n.device == "removed")
     lines = [
