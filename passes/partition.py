@@ -110,10 +110,18 @@ def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: nx.DiGraph) -> None:
             ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, SHAPE_ARITHMETIC)
 
 
+#: Ops whose integer results locate or rank the values of their data input rather than compute
+#: on shapes (ONNX: TopK, ArgMax, ArgMin, NonZero, NonMaxSuppression, Unique).
+LOCATES_VALUES = frozenset({"TopK", "ArgMax", "ArgMin", "NonZero", "NonMaxSuppression", "Unique"})
+
+
 def shape_arithmetic(graph: gs.Graph, dag: nx.DiGraph) -> set[str]:
     """Nodes whose every result is read only as a shape or index input (the positions
     `ONNX_TO_KERNEL` marks), directly or through other such nodes; model outputs never are,
-    and neither is anything an If, Loop or Scan reads from inside a subgraph (data, there)."""
+    and neither is anything an If, Loop or Scan reads from inside a subgraph (data, there).
+    What an op of `LOCATES_VALUES` reads stays data: its indices say where values lie or how
+    they rank (a detector's scores through ReduceMax and TopK), and the score head computing
+    them is the network's work, not arithmetic on shapes."""
     nodes = {node.name: node for node in graph.nodes}
     reading = readers(graph)
     outputs = {t.name for t in graph.outputs}
@@ -124,7 +132,8 @@ def shape_arithmetic(graph: gs.Graph, dag: nx.DiGraph) -> set[str]:
         consumers = {id(c): c for t in results for c in reading.get(t.name, ())}
         if not consumers or any(t.name in outputs for t in results):
             continue
-        if all(consumer.name in found or _reads_only_as_index(consumer, results) for consumer in consumers.values()):
+        if all((consumer.name in found and consumer.op not in LOCATES_VALUES) or _reads_only_as_index(consumer, results)
+               for consumer in consumers.values()):
             found.add(name)
     return found
 

@@ -202,6 +202,29 @@ def test_runtime_resize_scales_are_shape_arithmetic_kept_on_the_cpu(tmp_path):
     assert not ctx.failures["double_scales"], "a float Mul breaks no rule: only the shape rule keeps it off"
 
 
+def test_a_score_head_ranked_by_topk_into_indices_stays_on_the_npu(tmp_path):
+    """rtdetr's query selection: scores = Conv(features), ReduceMax over classes, TopK, and the
+    indices Gather the features. TopK's indices locate values; they do not make the score head
+    shape arithmetic (it ran on the CPU before)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 20, 20])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 10])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["scores"], name="score_head"),
+             helper.make_node("Reshape", ["scores", "flat"], ["flat_scores"], name="flatten_scores"),
+             helper.make_node("ReduceMax", ["flat_scores"], ["best"], name="best_class", axes=[1], keepdims=0),
+             helper.make_node("TopK", ["best", "k"], ["top", "picked"], name="topk", axis=-1),
+             helper.make_node("Reshape", ["x", "flat"], ["features"], name="flatten_features"),
+             helper.make_node("Squeeze", ["picked", "zero"], ["picked_1d"], name="squeeze_indices"),
+             helper.make_node("Gather", ["features", "picked_1d"], ["y"], name="select", axis=2)]
+    inits = [_weight("w", (16, 64, 1, 1)), numpy_helper.from_array(np.array([1, -1, 400], np.int64), "flat"),
+             numpy_helper.from_array(np.array([10], np.int64), "k"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero")]
+    path = _save(tmp_path, nodes, [x], [y], inits, "query_selection")
+    plan, _ = compile_model(path, "rk3588")
+    assert _entry(plan, "score_head").device == "npu"
+    assert SHAPE_ARITHMETIC not in _entry(plan, "best_class").reason
+    assert _entry(plan, "squeeze_indices").device == "cpu"
+
+
 @pytest.mark.skipif(not ZOO.is_dir(), reason="../shared/zoo is absent")
 @pytest.mark.parametrize("model", sorted(p.stem for p in ZOO.glob("*.onnx")) if ZOO.is_dir() else [])
 def test_zoo_partitions_hold_and_every_cpu_node_is_justified(model):
