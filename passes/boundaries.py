@@ -13,6 +13,11 @@ of its own, so one conversion serves every later consumer on the other device. T
 the same way on both sides (integer shape and index tensors) cross without a step.
 Formats are `layout.placement`'s, the one rule for how a device stores a tensor; `layout` runs
 after this pass and stores each converted tensor the way the device that reads it does.
+
+A float constant read on both devices is stored once per device: the CPU's readers read a copy,
+`NAME@cpu`, in the model's dtype. The CPU computes in the model's dtype, and a weight rounded
+to the NPU's float16 would change its results: a shared scale of 0.0123 is 1e-4 off, enough
+for x/scale to round to another integer.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from typing import NamedTuple
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext, Placement
-from rkcompile.ir import readers, replace_reads
+from rkcompile.ir import node_inputs, readers, replace_reads
 from rkcompile.passes.layout import placement
 
 NAME = "boundaries"
@@ -82,6 +87,7 @@ def crossings(ctx: CompileContext) -> list[Crossing]:
 
 
 def run(ctx: CompileContext) -> None:
+    split_shared_constants(ctx)
     owner = {name: index for index, (_, members) in enumerate(ctx.partitions) for name in members}
     outputs = {t.name for t in ctx.graph.outputs}
     after_partition: dict[int, list[str]] = {}
@@ -99,6 +105,26 @@ def run(ctx: CompileContext) -> None:
     ctx.partitions = partitions
     ctx.order = [name for _, members in partitions for name in members]
     ctx.graph.toposort()
+
+
+def split_shared_constants(ctx: CompileContext) -> None:
+    """Give the CPU readers of a constant the NPU also reads, and stores in another dtype, a copy
+    of their own (`NAME@cpu`, stored as the model wrote it)."""
+    device_of = {name: placed.device for name, placed in ctx.placement.items()}
+    for name, consumers in readers(ctx.graph).items():
+        tensor = next((t for t in node_inputs(consumers[0]) if t.name == name), None)
+        if not isinstance(tensor, gs.Constant):
+            continue
+        on_cpu = [c for c in consumers if device_of.get(c.name) == "cpu"]
+        if not on_cpu or len(on_cpu) == len(consumers):
+            continue
+        stored = {device: placement(tensor, "weight", device, ctx.target, ctx.options.dtype).dtype
+                  for device in ("npu", "cpu")}
+        if stored["npu"] == stored["cpu"]:
+            continue
+        copy = gs.Constant(f"{name}@cpu", values=tensor.values)
+        for consumer in on_cpu:
+            replace_reads(consumer, tensor, copy)
 
 
 def _insert_conversion(ctx: CompileContext, crossing: Crossing, is_model_output: bool,

@@ -16,6 +16,8 @@ from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, is_onnx_domain, present_inputs
 from rkcompile.targets.model import Rule, Target
 
+from .integer_results import rounded_to_integers
+
 NAME = "legalize"
 
 
@@ -41,10 +43,11 @@ def run(ctx: CompileContext) -> None:
         raise CompileError(f"{ctx.target.name}'s NPU runs {' and '.join(runs)} only: it has no {ctx.options.dtype} "
                            f"tensors (seed 003, table 3-1: C2 is '/'); use --dtype {runs[0]}")
     facts = compile_facts(ctx)
+    rounded = rounded_to_integers(ctx.graph)
     ctx.failures, ctx.verdicts = {}, {}
     for node in ctx.graph.nodes:
         verdicts = evaluate_rules(node, ctx.target, **facts)
-        verdicts += planner_verdicts(node)
+        verdicts += planner_verdicts(node, rounded)
         ctx.failures[node.name] = [Failure(v.rule, v.detail) for v in verdicts if not v.ok]
         ctx.verdicts[node.name] = CheckedNode(node.name, node.op, ctx.origins.get(node.name, (node.name,)),
                                               values_seen(node), verdicts)
@@ -53,11 +56,18 @@ def run(ctx: CompileContext) -> None:
 #: not target rules: what no NPU kernel of the operator list (oplist V2.3.2) computes
 TRAINING_MODE_RULE = "the NPU runs inference; a training-mode node computes batch statistics or draws random masks"
 ZERO_SIZE_RULE = "a zero-size activation (a dim of 0, which ONNX allows) holds no data for an NPU kernel"
+INTEGER_RESULT_RULE = (
+    "an integer is rounded from this result (by a Cast to an integer type, Round, Floor, Ceil or QuantizeLinear), "
+    "so it runs in float32 on the CPU: the NPU's float16 (oplist V2.3.2, T1 int8/float16) keeps 11 significant bits "
+    "(IEEE 754 binary16) and holds 3.4999 as 3.5, which rounds to 4, not 3")
 
 
-def planner_verdicts(node: gs.Node) -> list[Verdict]:
-    """The failed verdicts of the planner's own rules, which hold on every target."""
+def planner_verdicts(node: gs.Node, rounded: dict[str, str] | None = None) -> list[Verdict]:
+    """The failed verdicts of the planner's own rules, which hold on every target. `rounded` is
+    `rounded_to_integers` of the node's graph."""
     verdicts = []
+    if rounded and node.name in rounded:
+        verdicts.append(Verdict(INTEGER_RESULT_RULE, False, rounded[node.name]))
     training = training_mode(node)
     if training is not None:
         verdicts.append(Verdict(TRAINING_MODE_RULE, False, training))

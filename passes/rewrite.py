@@ -31,6 +31,7 @@ from rkcompile.graph_edit import detach, replace_uses
 from rkcompile.ir import topological_nodes
 from rkcompile.plan import Rewrite
 
+from .integer_results import rounded_to_integers
 from .legalize import check_node, compile_facts
 from .rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 
@@ -50,7 +51,7 @@ def run(ctx: CompileContext) -> None:
 
 
 def rewrite_graph(ctx: CompileContext, late: bool) -> None:
-    site = Site(ctx.graph, ctx.target, ctx.model_info.opset, compile_facts(ctx))
+    site = Site(ctx.graph, ctx.target, ctx.model_info.opset, compile_facts(ctx), rounded_to_integers(ctx.graph))
     edits = _Edits(ctx)
     worklist = deque(topological_nodes(ctx.graph))
     while worklist:
@@ -111,6 +112,11 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
             f"not tried: the nodes it stands for were rewritten {MAX_REWRITES_PER_ORIGINAL} times already, the "
             "bound that stops rules undoing each other"))])
         return None
+    if node.name in site.pinned:  # no rule may change what its float32 arithmetic computes
+        if not late:
+            _record_attempts(ctx, node, [RewriteAttempt(node.name, "(any)", (
+                f"not tried: an integer is {site.pinned[node.name]}, so it runs on the CPU as written"))])
+        return None
     illegal = bool(check_node(node, ctx.target, **site.facts))
     attempts = []
     for rule in rules:
@@ -160,6 +166,12 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
             if owned is not None and (candidate.aliases or any(id(old) not in owned for old in candidate.old)):
                 candidate.discard()
                 problems.append("its candidate reaches outside the rewrite it would refine")
+                continue
+            pinned = next((old.name for old in candidate.old if old.name in site.pinned), None)
+            if pinned is not None:
+                candidate.discard()
+                problems.append(f"its candidate would replace {pinned}, whose result an integer is "
+                                f"{site.pinned[pinned]}")
                 continue
             legal, chain_used, problem = _made_legal(candidate, site, chain, refine)
             if legal is not None:

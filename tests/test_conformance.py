@@ -83,6 +83,8 @@ def test_every_node_case_is_right_or_refused(cases):
     "test_string_concat", "test_ai_onnx_ml_label_encoder_string_int",
     # a fully masked row: a ReduceMax lowered onto the NPU met -inf (finfo.min in float16) and gave NaN
     "test_attention_causal_boolmask_nan_robustness_expanded", "test_attention_local_window_gqa_rank4_mask_expanded",
+    # DynamicQuantizeLinear written out: its scale computed on the NPU in float16, one uint8 off
+    "test_dynamicquantizelinear_expanded",
 ])
 def test_cases_that_were_wrong_crashed_or_refused_now_pass(cases, name):
     result = outcome(cases, name)
@@ -192,3 +194,97 @@ def test_a_scalar_constant_keeps_its_shape_in_a_plan():
 
     assert decode_array(encode_array(np.array(1.5, np.float32))).shape == ()
     assert decode_array(encode_array(np.arange(6, dtype=np.int64).reshape(2, 3)[:, ::2])).tolist() == [[0, 2], [3, 5]]
+
+
+def quantized_conv(elements: int = 4096) -> onnx.ModelProto:
+    """A Conv's result quantized as models write it (x/scale, Round, a Reshape on the way, Clip,
+    Cast to uint8), x/scale also an output; beside it a stretch that is float16 by the model's
+    own Casts and a plain activation, neither of which rounds to integers."""
+    side = int(np.sqrt(elements // 8))
+    weights = np.random.default_rng(1).standard_normal((8, 8, 1, 1)).astype(np.float32) / 3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Div", ["x", "scale"], ["q"]),
+             helper.make_node("Reshape", ["q", "flat"], ["q_flat"]),
+             helper.make_node("Round", ["q_flat"], ["r"]),
+             helper.make_node("Clip", ["r", "low", "high"], ["clipped"]),
+             helper.make_node("Cast", ["clipped"], ["y"], to=TensorProto.UINT8),
+             helper.make_node("Div", ["c", "scale"], ["c_scaled"]),
+             helper.make_node("Round", ["c_scaled"], ["c_rounded"]),
+             helper.make_node("Cast", ["c_rounded"], ["c_int"], to=TensorProto.INT32),
+             helper.make_node("Mul", ["c", "scale"], ["m"]),
+             helper.make_node("Cast", ["m"], ["half"], to=TensorProto.FLOAT16),
+             helper.make_node("Relu", ["c"], ["r_float"])]
+    for index, node in enumerate(nodes):
+        node.name = f"{node.op_type}_{index}"
+    floats = {"scale": np.float32(0.0123), "low": np.float32(0), "high": np.float32(255)}
+    graph = helper.make_graph(
+        nodes, "quantized", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 8 * side * side]),
+         helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 8, side, side]),
+         helper.make_tensor_value_info("c_int", TensorProto.INT32, [1, 8, side, side]),
+         helper.make_tensor_value_info("half", TensorProto.FLOAT16, [1, 8, side, side]),
+         helper.make_tensor_value_info("r_float", TensorProto.FLOAT, [1, 8, side, side])],
+        [helper.make_tensor(name, TensorProto.FLOAT, [], [value]) for name, value in floats.items()]
+        + [onnx.numpy_helper.from_array(weights, "w"), onnx.numpy_helper.from_array(np.array([1, -1], np.int64), "flat")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_what_integers_are_rounded_from_runs_in_float32_on_the_cpu(tmp_path):
+    """x/scale computed on the NPU in float16 rounded to other integers than float32 (onnx's
+    DynamicQuantizeLinear written out: one uint8 off). The arithmetic an integer is rounded
+    from, and the data movement on the way, run on the CPU as written (no rewrite); a Conv, a
+    model's own float16 Cast and a float activation stay where they were."""
+    from rkcompile.passes.legalize import INTEGER_RESULT_RULE
+
+    path = save(quantized_conv(), tmp_path)
+    prepared = prepare(path, "rk3588", Options())
+    placed = {n.name: n for n in prepared.plan.nodes}
+    for name in ("Div_1", "Reshape_2", "Clip_4", "Div_6"):
+        assert placed[name].device == "cpu" and INTEGER_RESULT_RULE in placed[name].reason, placed[name]
+    assert "rounded by Cast_5 (Cast to uint8)" in placed["Reshape_2"].reason
+    for name in ("Conv_0", "Mul_9", "Relu_11"):
+        assert placed[name].device == "npu", placed[name]
+    assert not any(name in rewrite.nodes for rewrite in prepared.plan.rewrites for name in ("Div_1", "Div_6"))
+    x = (np.random.default_rng(0).standard_normal((1, 8, 22, 22)) * 3).astype(np.float32)
+    outputs = emulate(prepared, {"x": x}).outputs
+    expected = sweep.onnxruntime_outputs(path, {"x": x})
+    np.testing.assert_array_equal(outputs["y"], expected["y"])  # from a model input: exact
+    np.testing.assert_array_equal(outputs["q"], expected["q"])
+    # from the Conv's float16 result: off by at most one step where the float16 Conv rounds
+    assert np.abs(outputs["c_int"].astype(np.int64) - expected["c_int"]).max() <= 1
+
+
+def test_a_conversion_to_float_pins_nothing():
+    from rkcompile.passes.integer_results import rounded_to_integers
+    import onnx_graphsurgeon as gs
+
+    graph = gs.import_onnx(onnx.shape_inference.infer_shapes(quantized_conv()))
+    rounded = rounded_to_integers(graph)
+    names = {node.name for node in graph.nodes}
+    assert set(rounded) == {"Div_1", "Reshape_2", "Round_3", "Clip_4", "Div_6", "Round_7"} <= names
+
+
+@pytest.mark.parametrize("column, boxes_pinned", [(0, False), (1, True), (4, True)])
+def test_only_what_a_conversion_reads_is_pinned(column, boxes_pinned):
+    """torchvision's MultiScaleRoIAlign: rois = cat([ids, boxes], 1); rois[:, 0].to(int64)
+    rounds the ids alone, through a Gather of rows on the way; a box column rounds the boxes."""
+    from rkcompile.passes.integer_results import rounded_to_integers
+    import onnx_graphsurgeon as gs
+
+    nodes = [helper.make_node("Mul", ["x", "k"], ["boxes"], name="boxes"),
+             helper.make_node("Concat", ["ids", "boxes"], ["rois"], axis=1, name="rois"),
+             helper.make_node("Gather", ["rois", "rows"], ["kept"], axis=0, name="kept"),
+             helper.make_node("Gather", ["kept", "column"], ["picked"], axis=1, name="picked"),
+             helper.make_node("Squeeze", ["picked", "one"], ["flat"], name="flat"),
+             helper.make_node("Cast", ["flat"], ["index"], to=TensorProto.INT64, name="index")]
+    graph = helper.make_graph(
+        nodes, "rois", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4]),
+                        helper.make_tensor_value_info("ids", TensorProto.FLOAT, [6, 1]),
+                        helper.make_tensor_value_info("rows", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("index", TensorProto.INT64, [3])],
+        [helper.make_tensor("k", TensorProto.FLOAT, [], [0.5]), helper.make_tensor("column", TensorProto.INT64, [1], [column]),
+         helper.make_tensor("one", TensorProto.INT64, [1], [1])])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    rounded = rounded_to_integers(gs.import_onnx(model))
+    assert {"rois", "kept", "picked", "flat"} <= set(rounded)
+    assert ("boxes" in rounded) == boxes_pinned

@@ -38,7 +38,7 @@ def test_random_graphs_plan_soundly_and_match_onnxruntime(model, setting, tmp_pa
 def test_the_strategy_builds_valid_models_of_varied_ops():
     seen = set()
 
-    @settings(max_examples=150, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=400, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(model=fuzz.graphs())
     def collect(model):
         onnx.checker.check_model(model, full_check=True)
@@ -49,7 +49,7 @@ def test_the_strategy_builds_valid_models_of_varied_ops():
     collect()
     wanted = {"Conv", "ConvTranspose", "Concat", "MatMul", "Transpose", "Softmax", "LayerNormalization",
               "ReduceMean", "Pow", "Sqrt", "Erf", "Tanh", "Gather", "Slice", "Split", "Pad", "Resize", "MaxPool",
-              "AveragePool", "Shape", "Cast", "Reshape", "Flatten"}
+              "AveragePool", "Shape", "Cast", "Reshape", "Flatten", "QuantizeLinear", "Round"}
     assert wanted <= seen and len(seen) >= 40, (wanted - seen, seen)
 
 

@@ -8,14 +8,17 @@ axes) and ConvTranspose (grouped, strided, output_padding), attention (Q/K/V pro
 transposed keys, scaled scores, masks), decomposed and fused normalizations, GELU in its erf and
 tanh forms, reductions over any axes, Slice/Split/Gather/Pad/Resize, pools with ceil_mode,
 shape arithmetic feeding Reshape/Expand/Tile, float16 stretches between Casts, activations,
-binary ops against tensors and constants of every broadcastable shape. Dimensions mix small
+binary ops against tensors and constants of every broadcastable shape, and quantization
+arithmetic (DynamicQuantizeLinear, written out or not, QuantizeLinear, x/scale with Round,
+Clip and Cast, Floor and Ceil) whose integer outputs must match exactly. Dimensions mix small
 values with ones just past the C2 alignment and the rules' limits, so both sides of a
 constraint come up. `plan_settings()` picks the target, and sometimes a batch of 2 or 3 (seed
 004 contexts) or a core mask (steps split across cores). `check()` says what is wrong with one
 graph, or None: planning must finish within time and memory bounds, the plan must keep every
 contract invariant and `verify_allocation`, and the float16 emulation must match onnxruntime's
-float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range), unless
-onnxruntime with every tensor rounded to float16 misses that bar too (LayerNormalization over
+float32 outputs (cosine >= 0.999, or max |error| within 1% of the output's range; integer
+outputs exactly), unless, for the float outputs, onnxruntime with every tensor rounded to
+float16 misses that bar too (LayerNormalization over
 two nearly equal values, say): no float16 plan can match such a graph, so it is reported as
 ill-conditioned and counted apart. A failure names the plan step or the file it happened in.
 
@@ -103,6 +106,9 @@ class GraphBuilder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.consumed: set[str] = set()
+        #: outputs besides the float32 tensors of `shapes`: quantized integers (compared exactly)
+        #: and the float values they are rounded from
+        self.extra_outputs: list[onnx.ValueInfoProto] = []
         self.rng = np.random.default_rng(draw(st.integers(0, 2**16)))
 
     def name(self, prefix: str) -> str:
@@ -680,6 +686,117 @@ def add_where(b: GraphBuilder, x: str) -> str:
     return b.node("Where", [condition, x, other], shape)
 
 
+#: integer types quantization arithmetic writes: name -> (ONNX type, lowest, highest)
+QUANTIZED_TYPES = {"uint8": (TensorProto.UINT8, 0, 255), "int8": (TensorProto.INT8, -128, 127),
+                   "int32": (TensorProto.INT32, -(2**31), 2**31 - 1)}
+
+
+def add_quantization(b: GraphBuilder, x: str) -> str:
+    """Quantization arithmetic as models write it, on a tensor computed from the first graph
+    input by exact arithmetic and data movement only, so its integers have one right answer:
+    DynamicQuantizeLinear, its function body written out (ranges from ReduceMin/ReduceMax, the
+    scale and zero point by Sub, Div, Clip, Round and Cast), QuantizeLinear with a constant
+    per-tensor or per-axis scale, a symmetric quantization by the largest magnitude (Abs,
+    ReduceMax, Div, Round, Clip, Cast or QuantizeLinear), a fake quantization (x/scale by Div or
+    Mul, a zero point, Round, Clip, data movement on the way) and Floor or Ceil of a product.
+    The integers are graph outputs, compared exactly, and sometimes the scale or x/scale too (a
+    float output keeps an NPU island from moving to the CPU); the dequantized float tensor goes on
+    (`x` is left as it is)."""
+    source = b.inputs[0].name
+    shape = b.shapes[source]
+    rank = len(shape)
+    prefix = b.choice(("none", "mul", "add", "transpose", "flatten"))
+    if prefix == "mul":
+        source = b.node("Mul", [source, b.constant(np.float32(b.choice((3.0, 0.37, 25.5))), "k")], shape)
+    elif prefix == "add":
+        offset = b.rng.standard_normal(b.choice(broadcast_shapes(shape))).astype(np.float32)
+        source = b.node("Add", [source, b.constant(offset, "c")], shape)
+    elif prefix == "transpose" and rank >= 2:
+        shape = shape[::-1]
+        source = b.node("Transpose", [source], shape, perm=list(range(rank))[::-1])
+    elif prefix == "flatten" and rank >= 2:
+        shape = (shape[0], math.prod(shape[1:]))
+        source = b.node("Flatten", [source], shape, axis=1)
+    rank = len(shape)
+    kind = b.choice(("dynamic", "dynamic_written_out", "static", "symmetric", "fake", "floor_or_ceil"))
+
+    def output(name: str, type_name: str) -> None:
+        b.extra_outputs.append(helper.make_tensor_value_info(name, QUANTIZED_TYPES[type_name][0], shape))
+
+    def maybe_output(name: str, float_shape: tuple[int, ...]) -> None:
+        if b.draw(st.booleans()):
+            b.extra_outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, float_shape))
+
+    def scalar(value: float, prefix: str = "q") -> str:
+        return b.constant(np.float32(value), prefix)
+
+    if kind == "dynamic":
+        y, scale, zero = b.multi("DynamicQuantizeLinear", [source], [None, None, None])
+        output(y, "uint8")
+        return b.node("DequantizeLinear", [y, scale, zero], shape)
+    if kind == "dynamic_written_out":  # onnx's function body of DynamicQuantizeLinear
+        low = b.node("Min", [b.node("ReduceMin", [source], None, keepdims=0), scalar(0.0)], None)
+        high = b.node("Max", [b.node("ReduceMax", [source], None, keepdims=0), scalar(0.0)], None)
+        scale = b.node("Div", [b.node("Sub", [high, low], None), scalar(255.0)], None)
+        maybe_output(scale, ())
+        zero = b.node("Sub", [scalar(0.0), b.node("Div", [low, scale], None)], None)
+        zero = b.node("Round", [b.node("Clip", [zero, scalar(0.0), scalar(255.0)], None)], None)
+        zero = b.node("Cast", [zero], None, to=TensorProto.UINT8)
+        y = b.node("QuantizeLinear", [source, scale, zero], None)
+        output(y, "uint8")
+        return b.node("DequantizeLinear", [y, scale, zero], shape)
+    type_name = b.choice(("uint8", "int8"))
+    _, lowest, highest = QUANTIZED_TYPES[type_name]
+    if kind == "static":
+        axis = b.draw(st.integers(0, rank - 1)) if b.draw(st.booleans()) else None
+        count = () if axis is None else (shape[axis],)
+        scale = b.constant(b.rng.uniform(0.004, 0.05, count).astype(np.float32), "scale")
+        zero = b.constant(b.rng.integers(lowest, highest + 1, count).astype(type_name), "zero")
+        attrs = {} if axis is None else {"axis": axis - rank if b.draw(st.booleans()) else axis}
+        y = b.node("QuantizeLinear", [source, scale, zero], None, **attrs)
+        output(y, type_name)
+        return b.node("DequantizeLinear", [y, scale, zero], shape, **attrs)
+    if kind == "symmetric":
+        largest = b.node("ReduceMax", [b.node("Abs", [source], None)], None, keepdims=0)
+        scale = b.node("Div", [largest, scalar(127.0)], None)
+        maybe_output(scale, ())
+        if b.draw(st.booleans()):
+            zero = b.constant(np.array(0, np.int8), "zero")
+            y = b.node("QuantizeLinear", [source, scale, zero], None)
+            output(y, "int8")
+            return b.node("DequantizeLinear", [y, scale, zero], shape)
+        q = b.node("Clip", [b.node("Round", [b.node("Div", [source, scale], None)], None), scalar(-127.0),
+                            scalar(127.0)], None)
+        output(b.node("Cast", [q], None, to=TensorProto.INT8), "int8")
+        return b.node("Mul", [q, scale], shape)
+    if kind == "fake":
+        step = b.rng.uniform(0.004, 0.05, b.choice(broadcast_shapes(shape))).astype(np.float32)
+        if b.draw(st.booleans()):
+            q = b.node("Div", [source, b.constant(step, "scale")], None)
+        else:
+            q = b.node("Mul", [source, b.constant((1 / step).astype(np.float32), "inverse")], None)
+        offset = float(b.rng.integers(lowest, highest + 1)) if b.draw(st.booleans()) else 0.0
+        if offset:
+            q = b.node("Add", [q, scalar(offset)], None)
+        maybe_output(q, shape)
+        if rank >= 2 and b.draw(st.booleans()):  # data movement inside the chain, undone after
+            flipped = list(range(rank))[::-1]
+            q = b.node("Transpose", [b.node("Round", [b.node("Transpose", [q], None, perm=flipped)], None)], None,
+                       perm=flipped)
+        else:
+            q = b.node("Round", [q], None)
+        q = b.node("Clip", [q, scalar(lowest), scalar(highest)], None)
+        cast = b.choice((type_name, "int32"))
+        output(b.node("Cast", [q], None, to=QUANTIZED_TYPES[cast][0]), cast)
+        return b.node("Mul", [b.node("Sub", [q, scalar(offset)], None), b.constant(step, "scale")], shape)
+    factor = b.choice((3.0, 10.0, 0.7))
+    product = b.node("Mul", [source, scalar(factor)], None)
+    maybe_output(product, shape)
+    rounded = b.node(b.choice(("Floor", "Ceil")), [product], None)
+    output(b.node("Cast", [rounded], None, to=TensorProto.INT32), "int32")
+    return b.node("Div", [rounded, scalar(factor)], shape)
+
+
 def add_gemm(b: GraphBuilder, x: str) -> str:
     shape = b.shapes[x]
     flat = b.node("Flatten", [x], (shape[0], math.prod(shape[1:])), axis=1)
@@ -696,11 +813,13 @@ STEPS = {
     add_pool: (3, 4, 5), add_softmax: (1, 2, 3, 4, 5), add_matmul: (2, 3, 4, 5), add_attention: (3,),
     add_resize: (3, 4, 5), add_pad: (1, 2, 3, 4, 5), add_reduce: (2, 3, 4, 5), add_normalization: (2, 3, 4, 5),
     add_gelu: (1, 2, 3, 4, 5), add_float16: (1, 2, 3, 4, 5), add_where: (1, 2, 3, 4, 5), add_gemm: (2, 3, 4),
+    add_quantization: (1, 2, 3, 4, 5),
 }
 # ordered for hypothesis: it shrinks towards the first entries, the plainest steps
 STEP_ORDER = (add_unary, add_binary, add_conv, add_concat, add_slice, add_split, add_transpose, add_reshape,
               add_pool, add_softmax, add_matmul, add_normalization, add_reduce, add_gelu, add_attention, add_pad,
-              add_gather, add_shape_arithmetic, add_conv_transpose, add_resize, add_float16, add_where, add_gemm)
+              add_gather, add_shape_arithmetic, add_conv_transpose, add_resize, add_float16, add_where, add_gemm,
+              add_quantization)
 
 
 def input_shape(draw) -> tuple[int, ...]:
@@ -740,7 +859,8 @@ def graphs(draw, max_steps: int = 12) -> onnx.ModelProto:
         outputs = [add_unary(b, x)]
     graph = helper.make_graph(
         b.nodes, "fuzz", b.inputs,
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, b.shapes[o]) for o in outputs], b.initializers)
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, b.shapes[o]) for o in outputs] + b.extra_outputs,
+        b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8
     return model
@@ -803,7 +923,6 @@ def check(model: onnx.ModelProto, setting: str, folder: Path) -> str | None:
     or the plan step (device and kernel) the emulator raised in or first went wrong at."""
     from rkcompile.allocation import verify_allocation
     from rkcompile.api import Plan, weight_region
-    from rkcompile.emulator.compare import onnxruntime_outputs
     from rkcompile.emulator.session import emulate, make_inputs
     from rkcompile.pipeline import compile_model
     from rkcompile.plan import contract_violations
@@ -827,21 +946,41 @@ def check(model: onnx.ModelProto, setting: str, folder: Path) -> str | None:
             prepared = Plan(plan, weight_region(plan, ctx.graph, ctx.target)).prepared()
             outputs = emulate(prepared, inputs, lambda step, values: observed.__setitem__(step, values)).outputs
     except Exception as exc:
+        refused = reference(path, inputs)
+        if isinstance(refused, str):  # the emulator runs CPU steps on onnxruntime
+            return refused
         failing = plan.steps[len(observed)] if len(observed) < len(plan.steps) else None
         where = f"at a {failing.device} {failing.kernel} step" if failing else f"in {_raising_file(exc)}"
         return f"emulator raised {type(exc).__name__} {where}: {exc}"
-    try:
-        expected = onnxruntime_outputs(path, inputs)
-    except Exception as exc:  # onnxruntime's own limits, e.g. linear Resize after its layout rewrites
-        return f"{REFERENCE_REFUSED}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    expected = reference(path, inputs)
+    if isinstance(expected, str):
+        return expected
     floor = FLOAT16_RESOLUTION * max((float(np.abs(v).max(initial=0)) for v in inputs.values()), default=0.0)
-    problem = mismatch(outputs, expected, floor)
+    exact = {name for name, value in expected.items() if value.dtype.kind in "biu"}
+    # integers have one right answer: a float16 plan computes what they are rounded from in float32
+    problem = mismatch({name: outputs[name] for name in exact}, expected)
     if problem is None:
-        return None
-    if mismatch(float16_rounded_reference(model, inputs), expected, floor) is not None:
-        return f"{ILL_CONDITIONED}: {problem}"
+        floats = {name: value for name, value in outputs.items() if name not in exact}
+        problem = mismatch(floats, expected, floor)
+        if problem is None:
+            return None
+        rounded = float16_rounded_reference(model, inputs)
+        if mismatch({name: rounded[name] for name in floats}, expected, floor) is not None:
+            return f"{ILL_CONDITIONED}: {problem}"
     first = first_divergence(model, plan, observed, inputs, floor)
     return f"mismatch at a {first.device} {first.kernel} step: {problem}" if first else problem
+
+
+def reference(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | str:
+    """onnxruntime's outputs, or why it cannot run the model (its own limits: linear Resize after
+    its layout rewrites, ConvTranspose with an output_padding past the stride whatever the
+    dilation): then there is nothing to compare with."""
+    from rkcompile.emulator.compare import onnxruntime_outputs
+
+    try:
+        return onnxruntime_outputs(path, inputs)
+    except Exception as exc:
+        return f"{REFERENCE_REFUSED}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
 def _raising_file(exc: BaseException) -> str:
@@ -879,12 +1018,18 @@ def first_divergence(model: onnx.ModelProto, plan, observed: dict[int, dict[str,
 
 
 def mismatch(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], floor: float = 0.0) -> str | None:
-    """The first output that disagrees; an error below `floor` (float16's resolution at the
-    inputs' magnitude) never does, since an output that cancels to zero keeps that much of a
-    float16 operand's rounding."""
+    """The first output that disagrees: an integer or bool output in any value, a float output
+    beyond the tolerance; an error below `floor` (float16's resolution at the inputs' magnitude)
+    never does, since an output that cancels to zero keeps that much of a float16 operand's
+    rounding."""
     from rkcompile.emulator.compare import agreement
 
     for name, value in outputs.items():
+        if expected[name].dtype.kind in "biu":
+            if value.shape != expected[name].shape or not np.array_equal(value, expected[name]):
+                differ = int(np.sum(value != expected[name])) if value.shape == expected[name].shape else "all"
+                return f"mismatch on {name}: {differ} of {expected[name].size} {expected[name].dtype} values differ"
+            continue
         a = agreement(name, value, expected[name])
         scale = float(np.abs(expected[name]).max(initial=0))
         if a.cosine < MIN_COSINE and a.max_abs > max(MAX_ABS_OF_RANGE * max(scale, 1e-3), floor):

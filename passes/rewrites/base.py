@@ -46,10 +46,14 @@ class Replacement:
 
 class Site:
     """What rules may read: the graph, the target, the opset, the compile's facts for the
-    target's rules (legalize.compile_facts), and fresh unique names."""
+    target's rules (legalize.compile_facts), the nodes no rule may replace, and fresh unique
+    names."""
 
-    def __init__(self, graph: gs.Graph, target: Target, opset: int, facts: dict[str, object]):
+    def __init__(self, graph: gs.Graph, target: Target, opset: int, facts: dict[str, object],
+                 pinned: dict[str, str] | None = None):
         self.graph, self.target, self.opset, self.facts = graph, target, opset, facts
+        #: node name -> why it stays as the model wrote it (it runs on the CPU in float32)
+        self.pinned = pinned or {}
         self.graph_outputs = {t.name for t in graph.outputs}
         self._taken = {n.name for n in graph.nodes} | set(graph.tensors())
         #: builders of the rule applications in progress, so the rewrite pass can detach what a
