@@ -8,6 +8,7 @@ shapes contradict their ops (strict shape inference catches those).
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import onnx
@@ -31,15 +32,13 @@ def run(ctx: CompileContext) -> None:
     _check_tensors_defined_and_acyclic(graph)
     opset = _default_opset(model)
     _set_input_shapes(graph, ctx.options.input_shapes)
+    _refuse_optional_outputs(graph)
     serialized = model.SerializeToString()  # once, for both the checker and shape inference
     try:
         onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
-    try:
-        model = shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True, data_prop=True)
-    except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
+    model = _infer_shapes(serialized, opset)
 
     ctx.original_nodes = [(node.name, node.op_type) for node in model.graph.node]
     ctx.origins = {name: (name,) for name, _ in ctx.original_nodes}
@@ -174,6 +173,9 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
         if name not in inputs:
             raise CompileError(f"--input-shape names '{name}', which is not a model input (inputs: {', '.join(inputs)})")
     for name, value in inputs.items():
+        if value.type.WhichOneof("value") != "tensor_type":
+            raise CompileError(f"input '{name}' has type {_type_text(value.type)}, not a tensor type: rkcompile plans "
+                               "models whose inputs are tensors (an inputs file holds tensors only)")
         tensor_type = value.type.tensor_type
         if name in overrides:
             dims = overrides[name]
@@ -200,6 +202,54 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
     for tensor in graph.initializer:
         if any(d < 0 for d in tensor.dims):
             raise CompileError(f"weight '{tensor.name}' has a negative dim {list(tensor.dims)}")
+
+
+def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
+    """Tensor and sequence outputs only: onnx-graphsurgeon, which the planner builds on, drops
+    an optional's type (Optional's type_proto attribute), so its value could not be told apart
+    from the sequence or tensor inside it."""
+    for value in graph.output:
+        if value.type.WhichOneof("value") in ("optional_type", "map_type", "sparse_tensor_type"):
+            raise CompileError(f"output '{value.name}' has type {_type_text(value.type)}: rkcompile plans models "
+                               "whose outputs are tensors or sequences of tensors")
+
+
+def _infer_shapes(serialized: bytes, opset: int) -> onnx.ModelProto:
+    """Strict shape inference. Where it fails only inside the function bodies of ONNX ops
+    (onnx's own definition of the op: MeanVarianceNormalization-13's body builds its axes with a
+    Constant whose value is an attribute reference, which inference does not resolve), the
+    model is inferred again non-strictly: those nodes' outputs keep the shapes the model
+    declares, and a node reading an unknown shape stays on the CPU."""
+    def infer(strict: bool) -> onnx.ModelProto:
+        return shape_inference.infer_shapes(serialized, check_type=True, strict_mode=strict, data_prop=True)
+
+    try:
+        return infer(strict=True)
+    except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        failing = re.findall(r"\(op_type:(\w+), node name: [^)]*\)", str(exc))
+        if not failing or not all(_has_function_body(op, opset) for op in failing):
+            raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
+    return infer(strict=False)
+
+
+def _has_function_body(op: str, opset: int) -> bool:
+    try:
+        return onnx.defs.get_schema(op, opset).has_function
+    except onnx.defs.SchemaError:
+        return False
+
+
+def _type_text(value_type: onnx.TypeProto) -> str:
+    """An ONNX type as the spec writes it: seq(tensor(float)), optional(seq(tensor(int64)))."""
+    kind = value_type.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({dtype_name(value_type.tensor_type.elem_type) or 'undefined'})"
+    if kind in ("sequence_type", "optional_type"):
+        inner = getattr(value_type, kind).elem_type
+        return f"{kind.split('_')[0].replace('sequence', 'seq')}({_type_text(inner)})"
+    if kind == "map_type":
+        return f"map({dtype_name(value_type.map_type.key_type)}, {_type_text(value_type.map_type.value_type)})"
+    return kind.replace("_type", "") if kind else "value of no type"
 
 
 def _spec(value: onnx.ValueInfoProto) -> TensorSpec:

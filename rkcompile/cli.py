@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="input arrays: an .npz keyed by graph input name (and, for --check, reference outputs "
                           "by output name; inputs it lacks are seeded random, keys the model does not name are "
                           "refused), or one .npy array for a single-input model")
-    run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name")
+    run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name "
+                     "(a sequence output as NAME[0], NAME[1], ...)")
     run.add_argument("--check", action="store_true",
                      help="compare with the reference arrays in --inputs, else with onnxruntime; "
                           "exit 1 below --min-cosine")

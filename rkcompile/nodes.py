@@ -122,7 +122,23 @@ def fused_body(node: gs.Node) -> gs.Graph | None:
 
 
 def node_proto(node: gs.Node) -> onnx.NodeProto:
-    return OnnxExporter.export_node(node)
+    """The node as ONNX. A tensor attribute of strings (LabelEncoder's keys_tensor) is written
+    by onnx's numpy_helper: onnx-graphsurgeon writes every constant as raw data, which a string
+    tensor cannot be."""
+    strings = {name: value for name, value in node.attrs.items()
+               if isinstance(value, gs.Constant) and np.asarray(value.values).dtype.kind in "OSU"}
+    if not strings:
+        return OnnxExporter.export_node(node)
+    attrs = node.attrs
+    node.attrs = {name: value for name, value in attrs.items() if name not in strings}
+    try:
+        proto = OnnxExporter.export_node(node)
+    finally:
+        node.attrs = attrs
+    proto.attribute.extend(
+        onnx.helper.make_attribute(name, onnx.numpy_helper.from_array(np.asarray(value.values).astype(object), name))
+        for name, value in strings.items())
+    return proto
 
 
 def single_node_graph(node: gs.Node) -> onnx.GraphProto:

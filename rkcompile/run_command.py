@@ -84,7 +84,7 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
         status = 0 if passed else 1
     else:
         print(f"ran {len(prepared.plan.steps)} steps in {seconds:.3f}s; outputs: "
-              + ", ".join(f"{n} {list(v.shape)}" for n, v in execution.outputs.items()), file=text)
+              + ", ".join(f"{n} {shape_text(v)}" for n, v in execution.outputs.items()), file=text)
     for fallback in execution.fallbacks:
         print(f"note: onnx.reference computed {fallback}", file=text)
     if args.json is not None:
@@ -203,8 +203,24 @@ def read_npy(data: bytes) -> np.ndarray:
     return raw.reshape(shape, order="F" if header["fortran_order"] else "C")
 
 
+def shape_text(value) -> str:
+    """[2, 3] for an array, a sequence as the list of its tensors' shapes, 'none' for an empty optional."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return f"sequence of {[list(np.shape(item)) for item in value]}"
+    return str(list(np.shape(value)))
+
+
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez through write_atomically's temporary-file discipline, in bytes."""
+    """np.savez through write_atomically's temporary-file discipline, in bytes. A sequence
+    output is saved as one array per tensor, NAME[0], NAME[1], ...; an empty optional not at all."""
+    flat = {}
+    for name, value in arrays.items():
+        if isinstance(value, (list, tuple)):
+            flat.update((f"{name}[{index}]", item) for index, item in enumerate(value))
+        elif value is not None:
+            flat[name] = value
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **flat)
     write_atomically(path, buffer.getvalue())

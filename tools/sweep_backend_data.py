@@ -211,6 +211,24 @@ def as_array(value) -> np.ndarray | None:
     return None
 
 
+def as_output(value) -> np.ndarray | list | None:
+    """An expected output: an array, or a sequence as a list of arrays; None for what the
+    emulator holds no value for (an absent optional)."""
+    if isinstance(value, list):
+        items = [as_array(item) for item in value]
+        return None if any(item is None for item in items) else items
+    return as_array(value)
+
+
+def sequences_match(actual, expected: list, on_npu: bool, rtol: float, atol: float) -> str | None:
+    """None when the sequence `actual` holds a right answer for each tensor of `expected`."""
+    if not isinstance(actual, list) or len(actual) != len(expected):
+        return f"a sequence of {len(expected)} tensors expected, got {type(actual).__name__}" + \
+            (f" of {len(actual)}" if isinstance(actual, list) else "")
+    problems = [outputs_match(a, b, on_npu, rtol, atol) for a, b in zip(actual, expected)]
+    return next((f"tensor {i}: {p}" for i, p in enumerate(problems) if p), None)
+
+
 def as_saved(value: np.ndarray) -> np.ndarray:
     """How a user saves an input to an npz that loads without unpickling: strings as numpy's
     fixed-width unicode instead of Python objects."""
@@ -243,7 +261,7 @@ def _run_node_case(case, target: str) -> Outcome:
     initializers = {t.name for t in model.graph.initializer}
     input_names = [v.name for v in model.graph.input if v.name not in initializers]
     output_names = [v.name for v in model.graph.output]
-    datasets = [([as_array(v) for v in inputs], [as_array(v) for v in outputs]) for inputs, outputs in case.data_sets]
+    datasets = [([as_array(v) for v in inputs], [as_output(v) for v in outputs]) for inputs, outputs in case.data_sets]
     feedable = all(v is not None for inputs, outputs in datasets for v in inputs + outputs)
     first_inputs = datasets[0][0]
     shapes = {name: tuple(value.shape) for name, value in zip(input_names, first_inputs)
@@ -253,7 +271,7 @@ def _run_node_case(case, target: str) -> Outcome:
         onnx.save(model, str(path))
         prepared = prepare(path, target, Options(input_shapes=shapes))
         if not feedable:
-            return Outcome(case.name, "refused", "a sequence or absent optional value, which an npz cannot hold")
+            return Outcome(case.name, "refused", "a sequence input or an absent optional, which an npz cannot hold")
         on_npu = any(step.device == "npu" for step in prepared.plan.steps)
         random_op = any(n.op_type in RANDOM_OPS or (n.op_type == "Dropout" and len(n.input) > 2 and n.input[2])
                         for n in model.graph.node)  # Dropout with a training_mode input may draw a mask
@@ -270,6 +288,8 @@ def _run_node_case(case, target: str) -> Outcome:
                 if random_op:
                     problem = None if results[name].shape == want.shape and results[name].dtype == want.dtype \
                         else f"{results[name].dtype} {list(results[name].shape)}, expected {want.dtype} {list(want.shape)}"
+                elif isinstance(want, list):
+                    problem = sequences_match(results[name], want, on_npu, case.rtol, case.atol)
                 else:
                     problem = outputs_match(results[name], want, on_npu, case.rtol, case.atol)
                 if problem and on_npu and outputs_match(results[name], float16_expectation(path, given)[name],

@@ -163,7 +163,9 @@ def split_node(builder: Builder, tensor: gs.Tensor, axis: int, sizes: list[int])
 
 
 def scalar(builder: Builder, value: float, like: gs.Tensor) -> gs.Constant:
-    return builder.const(np.array([value], dtype=dtype_name(like.dtype)))
+    """A 0-d operand in `like`'s dtype: it broadcasts to any shape without changing it (a [1]
+    would make a 0-d result [1])."""
+    return builder.const(np.array(value, dtype=dtype_name(like.dtype)))
 
 
 def clip(builder: Builder, x: gs.Tensor, low: float, high: float, shape) -> gs.Tensor:

@@ -26,6 +26,14 @@ class Agreement:
 
 
 def agreement(name: str, actual: np.ndarray, expected: np.ndarray) -> Agreement:
+    """Also of a sequence output (a list of arrays, compared as their elements one after the
+    other once their shapes agree) and of an empty optional (None)."""
+    if any(v is None or isinstance(v, (list, tuple)) for v in (actual, expected)):
+        shapes = [[np.shape(item) for item in v] if isinstance(v, (list, tuple)) else v for v in (actual, expected)]
+        if shapes[0] != shapes[1]:
+            return Agreement(name, float("-inf"), float("inf"), float("inf"))
+        actual, expected = (np.concatenate([np.ravel(item) for item in v]) if v else np.zeros(0)
+                            for v in (actual, expected))
     a = np.asarray(actual, np.float64).reshape(-1)
     b = np.asarray(expected, np.float64).reshape(-1)
     if a.shape != b.shape:

@@ -160,7 +160,7 @@ class Executor:
                 return self._weight(tensor.name)
             return self.storage.read(tensor.name, np.float32)
         value = self.storage.read(tensor.name)
-        if value.dtype.kind != "f":
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":  # also a sequence's list
             return value
         # the CPU computes in the model's dtype, even on a weight stored for an NPU reader
         wanted = dtype_name(tensor.dtype)

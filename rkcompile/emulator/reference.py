@@ -34,7 +34,17 @@ NODE_MODEL_IR_VERSION = 9
 def by_output(node: gs.Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:
     """A runtime's results (one per named output) lined up with all the node's outputs."""
     results = iter(named)
-    return [np.asarray(next(results)) if t.name else None for t in node.outputs]
+    return [runtime_value(next(results)) if t.name else None for t in node.outputs]
+
+
+def runtime_value(value) -> np.ndarray | list | None:
+    """A value as the emulator holds it: an array; a sequence as a list of arrays (its tensors
+    may differ in shape: SplitToSequence with uneven parts); an empty optional as None."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [np.asarray(item) for item in value]
+    return np.asarray(value)
 
 
 def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int,
@@ -139,13 +149,14 @@ def reference_has(node: gs.Node, opsets: Mapping[str, int]) -> bool:
 
 def numpy_dtype(dtype) -> np.dtype | None:
     """`dtype` when onnxruntime's Python API exchanges it (numpy's own bool, integer, float and
-    complex types), else None: it has no numpy type for bfloat16, the float8s or int4, and the
-    graph leaves the type unknown (None) or as onnx's enum when numpy has none."""
+    complex types, and strings as object arrays), else None: it has no numpy type for bfloat16,
+    the float8s or int4, and the graph leaves the type unknown (None) or as onnx's enum when
+    numpy has none."""
     try:
         dtype = np.dtype(dtype) if dtype is not None and not isinstance(dtype, int) else None
     except TypeError:
         return None
-    native = dtype is not None and dtype.kind in "biufc" and dtype.type.__module__ == "numpy"  # not ml_dtypes'
+    native = dtype is not None and dtype.kind in "biufcO" and dtype.type.__module__ == "numpy"  # not ml_dtypes'
     return dtype if native else None
 
 
@@ -172,6 +183,8 @@ class CpuRuntime:
         that computes it and `fallbacks` says so."""
         if backend != ONNXRUNTIME:
             return run_reference(node, inputs, self.opset, self.opsets)
+        if any(isinstance(v, list) for v in inputs):  # a sequence: onnx.reference takes it as a list
+            return self._instead(node, inputs, "a sequence input", fallbacks)
         present = [(t, np.asarray(v)) for t, v in zip(node_operands(node), inputs) if t.name]
         shapes = [v.shape for _, v in present] if subgraphs(node) else None
         key = (node.name, node.op, tuple(v.dtype.str for _, v in present), shapes and tuple(shapes))

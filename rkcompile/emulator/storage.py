@@ -77,7 +77,7 @@ class Storage:
             if name not in self.dynamic:
                 raise EmulationError(f"tensor {name} is read before it is written")
             value = self.dynamic[name]
-            return value if dtype is None else value.astype(dtype, copy=False)
+            return value if dtype is None or not isinstance(value, np.ndarray) else value.astype(dtype, copy=False)
         view = self.view(name)
         dtype = view.dtype if dtype is None else np.dtype(dtype)
         if tensor.layout != "NC1HWC2":
@@ -95,10 +95,10 @@ class Storage:
     def write(self, name: str, value: np.ndarray) -> None:
         """Store `value` (the tensor's ONNX shape) in its planned dtype and layout."""
         tensor = self.placement(name)
-        value = np.asarray(value)
-        if held_by_runtime(tensor):
-            self.dynamic[name] = value
+        if held_by_runtime(tensor):  # a sequence stays a list, an empty optional None
+            self.dynamic[name] = value if value is None or isinstance(value, list) else np.asarray(value)
             return
+        value = np.asarray(value)
         if tuple(value.shape) != tuple(tensor.shape):
             raise EmulationError(f"tensor {name}: computed shape {list(value.shape)}, "
                                  f"planned {list(tensor.shape)}")
