@@ -25,7 +25,7 @@ from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
-from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, is_movement,
+from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, fit_bias, is_movement,
                                 load_calibration, random_calibration, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
@@ -198,6 +198,11 @@ def _quantize_weights(ctx: CompileContext, ordered: list[gs.Node], devices: list
     for name, tensor in ctx.tensors.items():
         if tensor.region == "weight" and tensor.dtype in QUANTIZED_DTYPES and name not in biases:
             quantization[name] = weight_params(constants[name].values, name in per_channel)
+    for name, (data, weight) in biases.items():  # every bias must fit int32 before any is set
+        if data in quantization and weight in quantization:
+            quantization[weight] = fit_bias(quantization[weight], quantization[data], constants[name].values)
+            if quantization[weight].warning:
+                log.warning("int8: %s", quantization[weight].warning)
     for name, (data, weight) in biases.items():
         if data in quantization and weight in quantization:
             quantization[name] = bias_params(quantization[data], quantization[weight])

@@ -22,6 +22,7 @@ Every range is widened to include 0 so that real zero (padding, ReLU) is exactly
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -307,6 +308,28 @@ def bias_params(input_quant: Quantization, weight_quant: Quantization) -> Quanti
     scales = tuple(input_quant.scales[0] * s for s in weight_quant.scales)
     axis = 0 if len(scales) > 1 else None
     return Quantization("int32", scales, (0,) * len(scales), axis, "bias")
+
+
+def fit_bias(weight_quant: Quantization, input_quant: Quantization, bias: np.ndarray) -> Quantization:
+    """The weight's parameters with each channel's scale raised, where needed, so that its bias
+    fits int32 at scale input scale x weight scale: a tiny input range (a random-weight
+    network's near-zero features before a classifier whose output is mostly its bias, e.g. the
+    wide zoo's tv_googlenet) would otherwise saturate the bias, a silent wrong answer (0.87
+    output cosine there). Coarser weights on such a channel cost less than a clipped bias; the
+    parameters say so in `warning`."""
+    bias = np.abs(np.asarray(bias, np.float64)).reshape(-1)
+    scales = np.broadcast_to(np.asarray(weight_quant.scales, np.float64), bias.shape)
+    needed = bias / (input_quant.scales[0] * INT32[1])
+    if not (needed > scales).any():
+        return weight_quant
+    raised = np.maximum(scales, needed)
+    if len(weight_quant.scales) == 1:
+        raised = np.array([raised.max()])
+    count = int((needed > scales).sum())
+    warning = (f"{count} channel(s) of this weight have a bias that int32 cannot hold at input scale "
+               f"{input_quant.scales[0]:.3g} x weight scale; their weight scale is raised (up to "
+               f"{float((raised / np.resize(np.asarray(weight_quant.scales), raised.shape)).max()):.3g}x) so the bias fits")
+    return replace(weight_quant, scales=tuple(float(v) for v in raised), warning=warning)
 
 
 def _broadcast(values: Iterable[float], quant: Quantization, ndim: int) -> np.ndarray:

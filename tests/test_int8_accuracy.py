@@ -166,3 +166,29 @@ def test_auto_float16_is_recorded_in_the_plan_and_the_summary(chain, tmp_path):
     assert "float16: " + technique.applied[0] in plan.summary()
     with pytest.raises(rkcompile.errors.CompileError, match="int8"):
         rkcompile.compile(chain, "rk3588", auto_float16=0.999)
+
+
+def test_a_bias_that_int32_cannot_hold_raises_the_weight_scale_instead_of_saturating(tmp_path):
+    """A tiny input range and a large bias (a random-weight classifier whose logits are mostly
+    its bias): at scale input x weight the bias would pass int32 and be clipped silently."""
+    weights = {"w": rng.standard_normal((6, 3, 1, 1)).astype(np.float32),
+               "b": np.array([1, -3, 5, 0.5, -2, 4], np.float32)}
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"])], "tiny",
+                              [vi("x", [1, 3, 4, 4])], [vi("y", [1, 6, 4, 4])],
+                              [numpy_helper.from_array(v, n) for n, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, str(path))
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    samples = [(rng.standard_normal((1, 3, 4, 4)) * 1e-6).astype(np.float32) for _ in range(3)]
+    for i, sample in enumerate(samples):
+        np.save(folder / f"{i}.npy", sample)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=folder)
+    produced = rkcompile.run(plan, {"x": samples[0]})["y"]
+    expected = onnxruntime_outputs(path, {"x": samples[0]})["y"]
+    (conv,) = [step for step in plan.record.steps if step.device == "npu"]
+    step = plan.record.quantization[conv.outputs[0]].scales[0]
+    assert np.abs(produced - expected).max() <= 0.51 * step  # the output's own int8 rounding only
+    assert "int32 cannot hold" in plan.record.quantization["w"].warning
