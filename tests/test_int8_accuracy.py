@@ -192,3 +192,15 @@ def test_a_bias_that_int32_cannot_hold_raises_the_weight_scale_instead_of_satura
     step = plan.record.quantization[conv.outputs[0]].scales[0]
     assert np.abs(produced - expected).max() <= 0.51 * step  # the output's own int8 rounding only
     assert "int32 cannot hold" in plan.record.quantization["w"].warning
+
+
+def test_cli_plans_with_auto_float16_and_refuses_it_without_int8(chain, tmp_path, capsys):
+    from rkcompile.cli import main
+
+    calibration = _calibration(tmp_path)
+    assert main(["plan", str(chain), "--target", "rk3588", "--dtype", "int8", "--calib", str(calibration),
+                 "--auto-float16", "0.99999", "--no-bias-correction"]) == 0
+    printed = capsys.readouterr().out
+    assert "auto float16: " in printed and "    float16: " in printed and "bias correction" not in printed
+    assert main(["plan", str(chain), "--target", "rk3588", "--auto-float16", "0.999"]) != 0
+    assert "add --dtype int8" in capsys.readouterr().err
