@@ -204,3 +204,5 @@ def test_cli_plans_with_auto_float16_and_refuses_it_without_int8(chain, tmp_path
     assert "auto float16: " in printed and "    float16: " in printed and "bias correction" not in printed
     assert main(["plan", str(chain), "--target", "rk3588", "--auto-float16", "0.999"]) != 0
     assert "add --dtype int8" in capsys.readouterr().err
+    assert main(["plan", str(chain), "--target", "rk3588", "--dtype", "int8", "--auto-float16", "2"]) != 0
+    assert "error: --auto-float16 2.0: a cosine in (0, 1]" in capsys.readouterr().err
