@@ -4,6 +4,7 @@ at its height, and the timeline shows every step, ends at the plan's latency and
 the busy time the plan states. `graph` draws a saved .rkplan like the model it came from."""
 from __future__ import annotations
 
+import json
 import sys
 import xml.etree.ElementTree as ET
 from itertools import combinations
@@ -209,3 +210,22 @@ def test_the_pictures_render_in_headless_chromium(mixed_model, tmp_path):
     assert count(charts.FILLS["npu"]) > 500 and count(charts.FILLS["cpu"]) > 100
     red = (pixels[:, 0] > 180) & (pixels[:, 1] < 110) & (pixels[:, 2] < 110)  # the line, antialiased
     assert int(red.sum()) > 300
+
+
+def test_graph_draws_a_plan1_file_without_operations_or_rules(saved, tmp_path):
+    """Plans written before steps carried operations and nodes their rules still draw: steps are
+    named by their first node, and a CPU node shows its reason whole."""
+    body = json.loads((saved / "m.json").read_text(encoding="utf-8"))
+    body["schema"] = "rkcompile.plan/1"
+    for step in body["steps"]:
+        step.pop("operation"), step.pop("cpu_backend")
+    for node in body["nodes"]:
+        node.pop("rules")
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(body), encoding="utf-8")
+    for fmt in ("html", "memory-svg", "timeline-svg", "dot"):
+        assert _graph(old, "--format", fmt, "-o", tmp_path / f"old.{fmt}") == 0
+    page = (tmp_path / "old.html").read_text(encoding="utf-8")
+    erf = next(node for node in body["nodes"] if node["name"] == "erf")
+    assert '<div class="reason">' in page and 'id="node-erf"' in page
+    assert "Erf is not in rk3588" in erf["reason"] and "<li>" not in page
