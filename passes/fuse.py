@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 
-import networkx as nx
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
+from rkcompile.dag import Dag, descendants
 from rkcompile.fusion_patterns import FUSED_DOMAIN, Match, matches
 from rkcompile.ir import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
 from rkcompile.targets.model import Rule
@@ -78,7 +78,7 @@ def fuse_table(ctx: CompileContext, rules: tuple[FusionRule, ...]) -> None:
                            if replaced.get(id(node), node) is not None]
 
 
-def contract(dag: nx.DiGraph, members: list[gs.Node], fused: gs.Node) -> None:
+def contract(dag: Dag, members: list[gs.Node], fused: gs.Node) -> None:
     """Make `dag` what dataflow_graph would build after `members` became `fused`."""
     names = {member.name for member in members}
     outside_in = {source for name in names for source in dag.predecessors(name)} - names
@@ -89,7 +89,7 @@ def contract(dag: nx.DiGraph, members: list[gs.Node], fused: gs.Node) -> None:
     dag.add_edges_from((fused.name, sink) for sink in outside_out)
 
 
-def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node, dag: nx.DiGraph,
+def find_fusion(ctx: CompileContext, rule: FusionRule, root: gs.Node, dag: Dag,
                 rank: dict[str, int] | None = None) -> tuple[Match | None, str | None]:
     """The first match of `rule` at `root` that passes every check, else the first reason a
     match failed (None when the pattern never fits or the target lacks the kernel)."""
@@ -141,14 +141,14 @@ def predicate_problem(rule: FusionRule, match: Match) -> str | None:
     return None
 
 
-def cycle_problem(match: Match, dag: nx.DiGraph, rank: dict[str, int] | None = None) -> str | None:
+def cycle_problem(match: Match, dag: Dag, rank: dict[str, int] | None = None) -> str | None:
     """An outside node on a path from one member to another, which fusing would make a cycle.
     With `rank` (a topological index per node) the search stops at the last member's rank:
     no path back into the chain runs through a node ranked after all of it."""
     members = {node.name for node in match.members}
     outside_producers = {source for name in members for source in dag.predecessors(name)} - members
     if rank is None:
-        reachable = set().union(*(nx.descendants(dag, name) for name in members))
+        reachable = set().union(*(descendants(dag, name) for name in members))
     else:
         last = max(rank[name] for name in members)
         reachable, frontier = set(), list(members)

@@ -4,7 +4,7 @@ not pay for themselves, and fix the execution order.
 Topological-wave grouping, as onnxruntime's EP partitioner does: keep taking ready nodes of the
 current device; when none is ready, close the partition and switch to the device of the
 earliest ready node. Each partition is then a contiguous run of a topological order, which makes
-it convex and the contracted graph acyclic; `check_partitions_acyclic` proves it with networkx.
+it convex and the contracted graph acyclic; `check_partitions_acyclic` proves it.
 
 Placement then changes in three ways, each recorded as the node's reason in the plan:
 - shape arithmetic (nodes whose results only feed shape and index inputs) stays on the CPU, so
@@ -23,11 +23,11 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
-import networkx as nx
 import onnx_graphsurgeon as gs
 
 from rkcompile import cost_model
 from rkcompile.context import CompileContext, Placement
+from rkcompile.dag import Dag, find_cycle, topological_sort
 from rkcompile.cost_estimate import step_work
 from rkcompile.ir import dataflow_graph, is_onnx_domain, outer_scope_reads, readers
 from rkcompile.passes.boundaries import TensorFormat, tensor_format
@@ -67,7 +67,7 @@ def _devices(ctx: CompileContext) -> dict[str, str]:
     return {name: placed.device for name, placed in ctx.placement.items()}
 
 
-def wave_partitions(dag: nx.DiGraph, device: dict[str, str], position: dict[str, int]) -> Partitions:
+def wave_partitions(dag: Dag, device: dict[str, str], position: dict[str, int]) -> Partitions:
     indegree = {n: dag.in_degree(n) for n in dag.nodes}
     ready: dict[str, list[tuple[int, str]]] = {}
     for name, degree in indegree.items():
@@ -89,22 +89,23 @@ def wave_partitions(dag: nx.DiGraph, device: dict[str, str], position: dict[str,
     return partitions
 
 
-def contracted_graph(dag: nx.DiGraph, partitions: Partitions) -> nx.DiGraph:
+def contracted_graph(dag: Dag, partitions: Partitions) -> Dag:
     """One node per partition index, an edge wherever a tensor flows between two partitions."""
     owner = {name: index for index, (_, members) in enumerate(partitions) for name in members}
-    contracted = nx.DiGraph()
+    contracted = Dag()
     contracted.add_nodes_from(range(len(partitions)))
     contracted.add_edges_from((owner[a], owner[b]) for a, b in dag.edges if owner[a] != owner[b])
     return contracted
 
 
-def check_partitions_acyclic(dag: nx.DiGraph, partitions: Partitions) -> None:
+def check_partitions_acyclic(dag: Dag, partitions: Partitions) -> None:
     contracted = contracted_graph(dag, partitions)
-    if not nx.is_directed_acyclic_graph(contracted):
-        raise AssertionError(f"partitions form a cycle: {nx.find_cycle(contracted)}")
+    cycle = find_cycle(contracted)
+    if cycle:
+        raise AssertionError(f"partitions form a cycle: {cycle}")
 
 
-def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: nx.DiGraph) -> None:
+def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: Dag) -> None:
     for name in shape_arithmetic(ctx.graph, dag):
         if ctx.placement[name].device == "npu":
             ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, SHAPE_ARITHMETIC)
@@ -115,7 +116,7 @@ def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: nx.DiGraph) -> None:
 LOCATES_VALUES = frozenset({"TopK", "ArgMax", "ArgMin", "NonZero", "NonMaxSuppression", "Unique"})
 
 
-def shape_arithmetic(graph: gs.Graph, dag: nx.DiGraph) -> set[str]:
+def shape_arithmetic(graph: gs.Graph, dag: Dag) -> set[str]:
     """Nodes whose every result is read only as a shape or index input (the positions
     `ONNX_TO_KERNEL` marks), directly or through other such nodes; model outputs never are,
     and neither is anything an If, Loop or Scan reads from inside a subgraph (data, there).
@@ -126,7 +127,7 @@ def shape_arithmetic(graph: gs.Graph, dag: nx.DiGraph) -> set[str]:
     reading = readers(graph)
     outputs = {t.name for t in graph.outputs}
     found: set[str] = set()
-    for name in reversed(list(nx.topological_sort(dag))):
+    for name in reversed(topological_sort(dag)):
         node = nodes[name]
         results = [t for t in node.outputs if t.name]
         consumers = {id(c): c for t in results for c in reading.get(t.name, ())}
@@ -222,7 +223,7 @@ class IslandMove:
     reason: str
 
 
-def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: Partitions) -> IslandMove | None:
+def best_island_move(estimate: PlacementEstimate, dag: Dag, partitions: Partitions) -> IslandMove | None:
     """The NPU island whose move to the CPU makes the whole plan's estimated run fastest, or
     None when no move makes it faster at all.
 
@@ -245,14 +246,14 @@ def best_island_move(estimate: PlacementEstimate, dag: nx.DiGraph, partitions: P
     return best
 
 
-def _between_cpu_partitions(contracted: nx.DiGraph, partitions: Partitions, index: int,
+def _between_cpu_partitions(contracted: Dag, partitions: Partitions, index: int,
                             estimate: PlacementEstimate, members: list[str]) -> bool:
     fed_by_cpu = any(partitions[p][0] == "cpu" for p in contracted.predecessors(index))
     feeds_cpu = any(partitions[s][0] == "cpu" for s in contracted.successors(index))
     return fed_by_cpu and feeds_cpu and not estimate.touches_model_io(members)
 
 
-def annotate_sandwiched_cpu_partitions(ctx: CompileContext, estimate: PlacementEstimate, dag: nx.DiGraph,
+def annotate_sandwiched_cpu_partitions(ctx: CompileContext, estimate: PlacementEstimate, dag: Dag,
                                        partitions: Partitions) -> None:
     """Say why a cheap CPU partition fed by and feeding NPU partitions stays on the CPU."""
     contracted = contracted_graph(dag, partitions)

@@ -1,14 +1,13 @@
-"""Helpers over the mutable IR (onnx-graphsurgeon) and its analysis view (networkx).
+"""Helpers over the mutable IR (onnx-graphsurgeon) and its analysis view (`rkcompile.dag`).
 
 Every pass mutates a `gs.Graph`; whole-graph questions (cycles, convexity, reachability) use a
-networkx view built by `dataflow_graph`. The topological order, asked after every pass, is
+`Dag` built by `dataflow_graph`. The topological order, asked after every pass, is
 computed on plain lists instead.
 """
 from __future__ import annotations
 
 import heapq
 
-import networkx as nx
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -16,6 +15,7 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
 # What one node or tensor says about itself lives in rkcompile.nodes, below the plan layer (the
 # emulator and the targets' constraints use it too); passes keep importing it from here.
+from .dag import Dag, find_cycle
 from .nodes import (FLOAT_DTYPES, FUSED_DOMAIN, constant_value, dtype_name, element_count,  # noqa: F401
                     fused_body, itemsize, node_inputs, node_operands, node_proto, outer_scope_reads,
                     present_inputs, single_node_graph, static_shape, subgraphs)
@@ -49,9 +49,9 @@ def producers(graph: gs.Graph) -> dict[str, gs.Node]:
     return {t.name: node for node in graph.nodes for t in node.outputs}
 
 
-def dataflow_graph(graph: gs.Graph) -> nx.DiGraph:
+def dataflow_graph(graph: gs.Graph) -> Dag:
     """Nodes are gs node names, edges follow tensors (`node_inputs`) from producer to consumer."""
-    dag = nx.DiGraph()
+    dag = Dag()
     dag.add_nodes_from(node.name for node in graph.nodes)
     made_by = producers(graph)
     dag.add_edges_from((made_by[t.name].name, node.name) for node in graph.nodes
@@ -64,7 +64,7 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
 
     Kahn's algorithm, always releasing the ready node that came first in the file, so
     plans are stable and read in the order users see in Netron. It runs after every pass, so it
-    works on plain lists indexed by file position rather than on a networkx view.
+    works on plain lists indexed by file position rather than on a `Dag`.
     """
     nodes = list(graph.nodes)
     made_by = {t.name: index for index, node in enumerate(nodes) for t in node.outputs if t.name}
@@ -85,7 +85,7 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
             if indegree[successor] == 0:
                 heapq.heappush(ready, successor)
     if len(order) != len(nodes):
-        cycle = nx.find_cycle(dataflow_graph(graph))
+        cycle = find_cycle(dataflow_graph(graph))
         raise ValueError("graph has a cycle through " + " -> ".join(a for a, _ in cycle))
     return order
 

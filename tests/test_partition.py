@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import networkx as nx
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkcompile.context import Options
+from rkcompile.dag import Dag, is_acyclic
 from rkcompile.api import prepare
 from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.compare import agreement, onnxruntime_outputs
@@ -27,9 +27,9 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 ZOO = SHARED / "zoo"
 
 
-def _diamond() -> tuple[nx.DiGraph, dict[str, str]]:
+def _diamond() -> tuple[Dag, dict[str, str]]:
     """a -> b (CPU) -> d, a -> c -> d: b sits between two NPU nodes on one side of the diamond."""
-    dag = nx.DiGraph([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    dag = Dag([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
     return dag, {"a": "npu", "b": "cpu", "c": "npu", "d": "npu"}
 
 
@@ -37,7 +37,7 @@ def test_diamond_partitions_are_convex_and_acyclic():
     dag, device = _diamond()
     partitions = wave_partitions(dag, device, {name: i for i, name in enumerate("abcd")})
     assert [(dev, members) for dev, members in partitions] == [("npu", ["a", "c"]), ("cpu", ["b"]), ("npu", ["d"])]
-    assert nx.is_directed_acyclic_graph(contracted_graph(dag, partitions))
+    assert is_acyclic(contracted_graph(dag, partitions))
     check_partitions_acyclic(dag, partitions)
 
 
@@ -231,10 +231,10 @@ def test_zoo_partitions_hold_and_every_cpu_node_is_justified(model):
     plan, ctx = compile_model(ZOO / f"{model}.onnx", "rk3588")
     assert contract_violations(plan, [n for n, _ in ctx.original_nodes]) == []
     order = {name: i for i, name in enumerate(ctx.order)}
-    dag = nx.DiGraph((order[a], order[b]) for a, b in _edges(ctx))
+    dag = Dag((order[a], order[b]) for a, b in _edges(ctx))
     dag.add_nodes_from(order.values())
     step_partitions = [(p.device, list(p.steps)) for p in plan.partitions]
-    assert nx.is_directed_acyclic_graph(contracted_graph(dag, step_partitions))
+    assert is_acyclic(contracted_graph(dag, step_partitions))
     for name, placed in ctx.placement.items():
         if placed.device == "cpu":
             assert ctx.failures.get(name) or MOVED_TO_CPU in placed.reason \

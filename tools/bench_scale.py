@@ -1,4 +1,5 @@
-"""Plan time as graphs grow: 5,000- and 20,000-node models, beside onnxruntime session creation.
+"""Plan time as graphs grow, in this process: 5,000- and 20,000-node models, beside onnxruntime
+session creation (tools/bench_plan.py times the same models as whole processes).
 
     python tools/bench_scale.py [--nodes 5000 20000] [--target rk3588] [--repeat 1] [--keep DIR]
 
@@ -7,23 +8,42 @@ Add, and around every block the shape arithmetic of a flatten-and-restore (Shape
 dimension, Mul, Unsqueeze, Concat, Reshape and back), so most nodes are shape arithmetic that
 constant folding must see through and a few hundred are NPU work. The issue's bar: the
 20,000-node plan takes at most 4.5x the 5,000-node one (4x the nodes). Session creation uses
-ORT_ENABLE_ALL on one thread, as tools/bench_plan.py does. Each figure is the best of --repeat.
+ORT_ENABLE_ALL on one thread. Each figure is the best of --repeat.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from bench_plan import best_of, ort_session  # tools/ is on sys.path when run as a script
 from rkcompile.pipeline import compile_model
 
 CHANNELS, SIZE = 8, 8
 SCALING_BAR = 4.5
+
+
+def best_of(repeat: int, action) -> float:
+    times = []
+    for _ in range(repeat):
+        gc.collect()  # the previous run's garbage is not this run's cost
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def ort_session(path: Path) -> None:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def block(index: int, x: str, nodes: list, weights: list) -> str:
