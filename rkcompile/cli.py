@@ -189,11 +189,15 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
                         help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
+    parser.add_argument("--verify-passes", action="store_true",
+                        help="check the graph's invariants after every pass (debugging; also "
+                             "RKCOMPILE_VERIFY_PASSES=1): a pass that breaks one fails by name")
 
 
 def calibration_options(args: argparse.Namespace) -> dict:
     """The Options fields of --calib, --calib-method, --float16 and the int8 techniques, which
-    only an int8 plan uses."""
+    only an int8 plan uses, and of --verify-passes (not given: Options' default, from the
+    environment)."""
     techniques = {name: value for name, value in (("equalization", args.equalization),
                                                   ("bias_correction", args.bias_correction),
                                                   ("auto_float16", args.auto_float16)) if value is not None}
@@ -202,7 +206,8 @@ def calibration_options(args: argparse.Namespace) -> dict:
         raise CompileError("--calib, --calib-method, --float16, --auto-float16, --equalization and "
                            "--bias-correction apply to int8 plans; add --dtype int8")
     return {"calibration": args.calib, "calibration_method": args.calib_method,
-            "float16_tensors": tuple(args.float16), **techniques}
+            "float16_tensors": tuple(args.float16), **techniques,
+            **({"verify_passes": True} if args.verify_passes else {})}
 
 
 def main(argv: list[str] | None = None) -> int:

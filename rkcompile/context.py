@@ -6,6 +6,7 @@ keeps the plan's one-entry-per-original-node promise.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ import onnx_graphsurgeon as gs
 
 from .plan import Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite, TensorPlacement
 from .targets.model import Target
+
+
+VERIFY_PASSES_VARIABLE = "RKCOMPILE_VERIFY_PASSES"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,10 @@ class Options:
     equalization: bool = False  # cross-layer equalization of Conv -> Conv pairs: mixed, off
     bias_correction: bool = True  # Conv biases absorb their rounded weights' mean shift
     auto_float16: float | None = None  # int8: the fewest float16 steps reaching this cosine (auto_float16.py)
+    # `pipeline.verify` after every pass, for tests and debugging (--verify-passes, or
+    # RKCOMPILE_VERIFY_PASSES=1 in the environment, which the test suite sets): a broken graph
+    # invariant then fails at the pass that broke it instead of somewhere later
+    verify_passes: bool = field(default_factory=lambda: os.environ.get(VERIFY_PASSES_VARIABLE, "0") not in ("", "0"))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def compile_model(model_path: str | Path, target: str, options: Options | None =
     with _cyclic_collector_paused():
         for compiler_pass in PASSES:
             compiler_pass.run(ctx)
-            problems = verify(ctx)
+            problems = verify(ctx) if ctx.options.verify_passes else []
             if problems:
                 raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
             if compiler_pass.NAME in ctx.options.dump_after:
@@ -71,7 +71,10 @@ def _cyclic_collector_paused():
 
 def verify(ctx: CompileContext) -> list[str]:
     """Graph invariants every pass must keep: unique names, consistent edges, no cycle, and
-    known shapes for every node placed on the NPU."""
+    known shapes for every node placed on the NPU. Checked after every pass when
+    `Options.verify_passes` is on (tests, debugging), as torch.fx's run_checks_after_each_pass:
+    it costs about a tenth of a plan, and a plan's own contract (`plan.contract_violations`,
+    `allocation.verify_allocation`) is checked wherever a plan is used anyway."""
     graph = ctx.graph
     problems = []
     names = [node.name for node in graph.nodes]

@@ -9,6 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+# Every plan the tests make, in this process or a child, checks the graph after every pass.
+os.environ.setdefault("RKCOMPILE_VERIFY_PASSES", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 ZOO = SHARED / "zoo"

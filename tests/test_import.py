@@ -201,3 +201,33 @@ def test_a_constant_node_no_evaluator_can_evaluate_stays_a_node(save, caplog):
     plan, _ = compile_model(save(model), "rk3588")
     assert _devices(plan)["pick"] in ("npu", "cpu")
     assert "GatherElements node pick is not folded" in caplog.text
+
+
+def test_verify_passes_names_the_pass_that_broke_the_graph_only_when_asked(save, monkeypatch):
+    """Options.verify_passes (on in the test suite through RKCOMPILE_VERIFY_PASSES) checks the
+    graph after every pass; off, as for users, a plan pays for no such check."""
+    import pytest
+
+    from rkcompile import pipeline
+    from rkcompile.context import Options
+    from rkcompile.passes import remove_noops
+
+    path = save(make_model([helper.make_node("Relu", ["x"], ["r"], name="a"), helper.make_node("Relu", ["r"], ["y"], name="b")],
+                           [value_info("x", [1, 4, 8, 8])], [value_info("y", [1, 4, 8, 8])]))
+    assert Options().verify_passes  # tests/conftest.py turns it on for the whole suite
+    original = remove_noops.run
+
+    def duplicate_a_name(ctx):
+        original(ctx)
+        ctx.graph.nodes[1].name = ctx.graph.nodes[0].name
+
+    monkeypatch.setattr(remove_noops, "run", duplicate_a_name)
+    with pytest.raises(AssertionError, match="after pass remove-noops: duplicate node names"):
+        pipeline.compile_model(path, "rk3588", Options(verify_passes=True))
+    monkeypatch.setattr(remove_noops, "run", original)
+    calls = []
+    monkeypatch.setattr(pipeline, "verify", lambda ctx: calls.append(ctx) or [])
+    pipeline.compile_model(path, "rk3588", Options(verify_passes=False))
+    assert calls == []
+    pipeline.compile_model(path, "rk3588", Options(verify_passes=True))
+    assert len(calls) == len(pipeline.PASSES)

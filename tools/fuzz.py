@@ -886,7 +886,8 @@ def parse_setting(setting: str):
 
     target, *pairs = setting.split("@")
     values = dict(pair.split("=", 1) for pair in pairs)
-    return target, Options(batch=int(values.get("batch", 1)), core_mask=values.get("core_mask", "auto"))
+    return target, Options(batch=int(values.get("batch", 1)), core_mask=values.get("core_mask", "auto"),
+                           verify_passes=True)
 
 
 class TimeLimit(Exception):
