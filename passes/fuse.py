@@ -55,11 +55,14 @@ def fuse_table(ctx: CompileContext, rules: tuple[FusionRule, ...]) -> None:
     position = {id(node): index for index, node in enumerate(ctx.graph.nodes)}
     original_position = {name: index for index, (name, _) in enumerate(ctx.original_nodes)}
     replaced: dict[int, gs.Node | None] = {}  # id of a fused member -> the fused node at the root, or None
+    root_ops = [(rule, rule.pattern.root_ops()) for rule in rules]
     for root in reversed(order):
         if id(root) in replaced:
             continue
         first_reason = None
-        for rule in rules:
+        for rule, ops in root_ops:
+            if ops is not None and root.op not in ops:
+                continue  # the pattern cannot fit here: no match, no reason
             match, reason = find_fusion(ctx, rule, root, dag, rank)
             if match is not None:
                 fused = apply_fusion(ctx, rule, match, position, original_position)

@@ -59,6 +59,12 @@ class Pattern:
     def match(self, tensor: gs.Tensor, found: Match) -> Iterator[Match]:
         raise NotImplementedError
 
+    def root_ops(self) -> frozenset[str] | None:
+        """The ops a node producing a matching tensor can have, or None when the pattern also
+        matches a tensor no listed op produces (`Any`, `Const`): what lets the fuse pass skip,
+        without matching, every rule that cannot fit at a node."""
+        return None
+
 
 @dataclass(frozen=True)
 class Any(Pattern):
@@ -106,6 +112,9 @@ class Op(Pattern):
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "commutative", commutative)
 
+    def root_ops(self):
+        return frozenset(self.ops)
+
     def match(self, tensor, found):
         if len(tensor.inputs) != 1:
             return
@@ -151,6 +160,9 @@ class Chain(Pattern):
         object.__setattr__(self, "terms", tuple(flat))
         object.__setattr__(self, "label", label)
 
+    def root_ops(self):
+        return self.terms[0].root_ops() if len(self.terms) == 1 else frozenset((self.op,))
+
     def match(self, tensor, found):
         if len(self.terms) == 1:
             yield from self.terms[0].match(tensor, found)
@@ -182,6 +194,10 @@ class Alt(Pattern):
 
     def __init__(self, *options: Pattern):
         object.__setattr__(self, "options", options)
+
+    def root_ops(self):
+        options = [option.root_ops() for option in self.options]
+        return None if any(ops is None for ops in options) else frozenset().union(*options)
 
     def match(self, tensor, found):
         for option in self.options:
