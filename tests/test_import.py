@@ -231,3 +231,36 @@ def test_verify_passes_names_the_pass_that_broke_the_graph_only_when_asked(save,
     assert calls == []
     pipeline.compile_model(path, "rk3588", Options(verify_passes=True))
     assert len(calls) == len(pipeline.PASSES)
+
+
+def test_constant_and_identity_fold_exactly_as_onnx_reference():
+    """fold-constants reads Constant and Identity off the node; every value, dtype and shape is
+    what onnx.reference's evaluator returns, and what it does not read (strings, bfloat16) is
+    left to onnx.reference."""
+    import onnx
+    import onnx_graphsurgeon as gs
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from rkcompile.passes.fold_constants import _reference_outputs, _trivial_outputs
+
+    constants = [dict(value=numpy_helper.from_array(np.arange(6, dtype=np.float16).reshape(2, 3))),
+                 dict(value=numpy_helper.from_array(np.array(3, dtype=np.int64))),
+                 dict(value=numpy_helper.from_array(np.array([True, False]))),
+                 dict(value_float=0.1), dict(value_floats=[0.1, 1e-7]), dict(value_int=7), dict(value_ints=[1, -1]),
+                 dict(value_strings=["a"]),
+                 dict(value=helper.make_tensor("v", TensorProto.BFLOAT16, [2], [1.5, 2.0]))]
+    nodes = [helper.make_node("Constant", [], ["y"], **attributes) for attributes in constants]
+    nodes += [helper.make_node("Identity", ["c"], ["y"])]
+    read_off = 0
+    for proto in nodes:
+        initializers = [numpy_helper.from_array(np.array([[1.5, -2]], np.float32), "c")] if proto.input else []
+        model = helper.make_model(helper.make_graph([proto], "g", [], [helper.make_value_info("y", onnx.TypeProto())],
+                                                    initializers), opset_imports=[helper.make_opsetid("", 17)])
+        node = gs.import_onnx(model).nodes[0]
+        expected = ReferenceEvaluator(model).run(None, {})[0]
+        ours = _trivial_outputs(node)
+        read_off += ours is not None
+        got = _reference_outputs(node, 17)[0]
+        assert got.dtype == expected.dtype and got.shape == expected.shape and np.array_equal(got, expected)
+    assert read_off == len(nodes) - 2  # value_strings and the bfloat16 tensor went to onnx.reference
