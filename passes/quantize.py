@@ -20,7 +20,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
-from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
@@ -88,6 +87,8 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
             observers[name].update(value)
         if weight_errors is not None:
             weight_errors.observe(name, value)
+
+    from rkcompile.emulator.float_reference import FloatReference  # int8 plans only: the emulator's kernels
 
     reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs])
     for sample in samples:

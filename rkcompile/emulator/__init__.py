@@ -1,11 +1,35 @@
 """The numpy emulator: executes a plan as planned (arena offsets, NC1HWC2, float16 on the NPU,
 fused kernels as one, CPU steps on onnxruntime or onnx.reference) so its outputs can be checked against
 onnxruntime. It reads plans and their weight regions, never models or the compiler.
-docs/emulator.md describes the choices."""
-from .compare import Agreement, agreement, onnxruntime_outputs
-from .executor import Execution, Executor
-from .session import Prepared, check_plan, emulate, make_inputs
-from .storage import EmulationError, Storage
+docs/emulator.md describes the choices.
 
-__all__ = ["Agreement", "EmulationError", "Execution", "Executor", "Prepared", "Storage", "agreement", "check_plan",
-           "emulate", "make_inputs", "onnxruntime_outputs"]
+The names below load on first use (PEP 562): planning imports `emulator.reference` to name each
+CPU step's backend, and must not pay for the executor and every kernel (0.1 s of a plan process).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+#: public name -> the submodule defining it
+_EXPORTS = {"Agreement": "compare", "agreement": "compare", "onnxruntime_outputs": "compare",
+            "Execution": "executor", "Executor": "executor",
+            "Prepared": "session", "check_plan": "session", "emulate": "session", "make_inputs": "session",
+            "EmulationError": "storage", "Storage": "storage"}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .compare import Agreement, agreement, onnxruntime_outputs  # noqa: F401
+    from .executor import Execution, Executor  # noqa: F401
+    from .session import Prepared, check_plan, emulate, make_inputs  # noqa: F401
+    from .storage import EmulationError, Storage  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -19,7 +19,6 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx.reference import ReferenceEvaluator
 
 from rkcompile.nodes import fused_body, node_inputs, node_operands, node_proto, single_node_graph, subgraphs
 
@@ -49,6 +48,8 @@ def runtime_value(value) -> np.ndarray | list | None:
 
 def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int,
                   opsets: Mapping[str, int] | None = None) -> list[np.ndarray | None]:
+    from onnx.reference import ReferenceEvaluator  # here: 0.1 s to import, and most plans never need it
+
     feeds = {t.name: value for t, value in zip(node_operands(node), inputs) if t.name}
     evaluator = ReferenceEvaluator(single_node_graph(node), opsets={**(opsets or {}), "": opset})
     try:
@@ -140,6 +141,8 @@ def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
 
 def reference_has(node: gs.Node, opsets: Mapping[str, int]) -> bool:
     """Whether onnx.reference has an implementation for the node (it looks them up when built)."""
+    from onnx.reference import ReferenceEvaluator
+
     try:
         ReferenceEvaluator(single_node_graph(node), opsets=dict(opsets))
     except Exception:  # noqa: BLE001  (it raises RuntimeError and its own classes for a missing op)
