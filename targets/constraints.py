@@ -14,6 +14,7 @@ checked on that 4-D view. Rank 5 and above has no 4-D reading and fails `max_ran
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable, Mapping
 
@@ -276,6 +277,13 @@ def _view_perm(perm: Iterable[int], rank: int) -> tuple[int, ...]:
     return tuple(range(lead)) + tuple(p + lead for p in perm)
 
 
+@functools.cache
+def _compiled(condition: str):
+    """A perm table's condition compiled once: compiling it on every check was 0.8 s of
+    tv_maxvit_t's plan, whose rewrites check thousands of candidate Transposes."""
+    return compile(condition, "<perm condition>", "eval")
+
+
 def transpose_perm(node: gs.Node, target, table: Mapping[tuple[int, ...], tuple[str, ...]],
                    p: int, q: int, source: str) -> CheckResult:
     """perm, read on the 4-D view [n1, c1, h1, w1], is one the NPU implements, within that
@@ -293,7 +301,7 @@ def transpose_perm(node: gs.Node, target, table: Mapping[tuple[int, ...], tuple[
     n1, c1, h1, w1 = _as_4d(shape)
     names = {"n1": n1, "c1": c1, "h1": h1, "w1": w1, "p": p, "q": q}
     broken = [condition for condition in table[perm]
-              if not eval(condition, {"__builtins__": {}}, names)]  # conditions are our own data
+              if not eval(_compiled(condition), {"__builtins__": {}}, names)]  # conditions are our own data
     detail = f"perm {list(perm)} on {[n1, c1, h1, w1]} breaks {' and '.join(broken)}"
     return not broken, detail if broken else ""
 
