@@ -6,7 +6,10 @@ new node passes every rule of the target (legalize.check_node). A new node that 
 rewritten again, by the rules of its own op, inside the candidate: ReduceMean becomes a global
 pool, and a global pool over the window limit becomes staged pools. Such chains are at most
 MAX_CHAIN_RULES rules long and never use one rule twice, so they end and cannot cycle. When no
-candidate can be made legal the node stays as it is and legalize reports why.
+candidate can be made legal the node stays as it is and legalize reports why. A rule marked
+`fewer_cpu` is the one exception: its candidate may keep nodes no rule makes legal when they are
+fewer than the nodes breaking a rule that it replaces (CPU work the NPU cannot take, done in
+fewer CPU steps).
 
 New nodes carry the origins of the nodes they replace, so each original node still has one plan
 entry; its entry's step is the last step that carries it, the one that produces its outputs.
@@ -122,10 +125,13 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
     for rule in rules:
         if not (illegal or rule.always):
             continue
-        legal, outcome = _first_legal_candidate(node, rule, site, (rule.name,), owned=None)
+        legal, outcome = _first_legal_candidate(node, rule, site, (rule.name,), owned=None,
+                                                fewer_cpu=rule.fewer_cpu)
         if legal is not None:
             chain, replacement = legal
-            attempts.append(RewriteAttempt(node.name, rule.name, "applied" + _via(chain)))
+            kept = sum(1 for new in replacement.new if check_node(new, site.target, **site.facts))
+            attempts.append(RewriteAttempt(node.name, rule.name, "applied" + _via(chain) + (
+                f" ({kept} node(s) still for the CPU, in place of more)" if kept else "")))
             _record_attempts(ctx, node, attempts)
             apply(replacement, " > ".join(chain), ctx, edits)
             return replacement
@@ -139,10 +145,12 @@ def _via(chain: tuple[str, ...]) -> str:
 
 
 def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: tuple[str, ...],
-                           owned: set[int] | None) -> tuple[tuple[tuple[str, ...], Replacement] | None, str]:
+                           owned: set[int] | None,
+                           fewer_cpu: bool = False) -> tuple[tuple[tuple[str, ...], Replacement] | None, str]:
     """The first candidate of `rule` on `node` that is legal as built, else the first that is legal
     once its illegal nodes are rewritten in turn, with the chain of rules used; else None and why
-    not. The rule's own alternatives are preferred to refining one of them.
+    not. The rule's own alternatives are preferred to refining one of them. With `fewer_cpu`, a
+    refined candidate may keep illegal nodes, fewer than the illegal nodes it replaces.
 
     `owned` holds the nodes of the enclosing candidate when `node` is one of them: a nested
     candidate may replace only those, never a graph node the enclosing rule did not claim.
@@ -173,7 +181,8 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
                 problems.append(f"its candidate would replace {pinned}, whose result an integer is "
                                 f"{site.pinned[pinned]}")
                 continue
-            legal, chain_used, problem = _made_legal(candidate, site, chain, refine)
+            budget = _cpu_budget(candidate, site) if fewer_cpu and refine else 0
+            legal, chain_used, problem = _made_legal(candidate, site, chain, refine, budget)
             if legal is not None:
                 candidates.close()
                 del site.builders[started:]
@@ -186,10 +195,17 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, chain: 
     return None, "; ".join(dict.fromkeys(problems))
 
 
+def _cpu_budget(candidate: Replacement, site: Site) -> int:
+    """How many illegal nodes a `fewer_cpu` candidate may keep: fewer than the illegal nodes it
+    replaces."""
+    return max(0, sum(1 for old in candidate.old if check_node(old, site.target, **site.facts)) - 1)
+
+
 def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
-                refine: bool) -> tuple[Replacement | None, tuple[str, ...], str]:
+                refine: bool, budget: int = 0) -> tuple[Replacement | None, tuple[str, ...], str]:
     """`candidate` with each new node that breaks a rule replaced by a legal rewrite of it (only
-    when `refine`), the rules used; or None and the first node no rule makes legal.
+    when `refine`), the rules used; or None and the first node no rule makes legal. Up to
+    `budget` such nodes are kept as they are instead.
 
     `chain` is the path of rules that built `candidate`: a node's rewrite may not repeat one of
     them (no cycle) or make the path longer than MAX_CHAIN_RULES, while sibling nodes of one
@@ -211,6 +227,9 @@ def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
                 rewrite, _ = _first_legal_candidate(node, rule, site, chain + (rule.name,), owned)
                 if rewrite is not None:
                     break
+        if rewrite is None and budget > 0:
+            budget -= 1
+            continue
         if rewrite is None:
             for built in nodes:
                 detach(built)
@@ -230,8 +249,37 @@ def _record_attempts(ctx: CompileContext, node: gs.Node, attempts: list[RewriteA
         ctx.rewrite_attempts.setdefault(original, []).extend(attempts)
 
 
+def _origins_of_new(replacement: Replacement, ctx: CompileContext) -> dict[int, tuple[str, ...]]:
+    """The original nodes each new node stands for: all the replaced ones, except that a node a
+    fewer_cpu rule kept for the CPU stands for one replaced node that broke a rule (the one
+    writing the same tensor, else one of its op, else the first), and the other new nodes for
+    the rest. So an original whose work stays on the CPU is still reported there, and one whose
+    work the NPU now does, or no one does, is not."""
+    def origins_of(nodes) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(o for node in nodes for o in ctx.origins.get(node.name, (node.name,))))
+
+    facts = compile_facts(ctx)
+    kept = [n for n in replacement.new if check_node(n, ctx.target, **facts)]
+    if not kept:
+        everything = origins_of(replacement.old)
+        return {id(n): everything for n in replacement.new}
+    # a fewer_cpu candidate keeps fewer illegal nodes than it replaces, so a partner is left for each
+    unpaired = [old for old in replacement.old if check_node(old, ctx.target, **facts)]
+    partners = {}
+    for node in kept:
+        writes = {t.name for t in node.outputs}
+        partner = next((old for old in unpaired if writes & {t.name for t in old.outputs}), None) or next(
+            (old for old in unpaired if old.op == node.op), unpaired[0])
+        unpaired.remove(partner)
+        partners[id(node)] = partner
+    taken = {id(old) for old in partners.values()}
+    rest = origins_of([old for old in replacement.old if id(old) not in taken])
+    return {id(n): origins_of([partners[id(n)]]) if id(n) in partners else rest for n in replacement.new}
+
+
 def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edits) -> None:
     origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
+    new_origins = _origins_of_new(replacement, ctx)
     edits.spliced[id(replacement.old[0])] = (replacement.old[0], replacement.new)
     edits.rewrites_of.update(origins)
     edits.bypassed.extend(producer for node in replacement.old for t in node.inputs for producer in t.inputs)
@@ -243,11 +291,13 @@ def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edit
             record.pop(node.name, None)
     for old, new in replacement.aliases:
         replace_uses(old, new)
+    facts = compile_facts(ctx)
     for node in replacement.new:
-        ctx.origins[node.name] = origins
-        ctx.failures[node.name] = []  # every new node passed check_node
+        ctx.origins[node.name] = new_origins[id(node)]
+        # [] but for what a fewer_cpu rule kept; legalize records every node's failures again
+        ctx.failures[node.name] = check_node(node, ctx.target, **facts)
         edits.alive.add(id(node))
-        edits.carriers.update(origins)
+        edits.carriers.update(new_origins[id(node)])
     for original in origins:
         if edits.carriers[original] <= 0:
             ctx.fates[original] = ("removed", f"relabel only, its readers read its input ({rule})")

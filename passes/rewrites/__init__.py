@@ -13,8 +13,9 @@ from . import conv, elementwise, layout, masks, matmul, norm, pooling, rank, red
 from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
-    masks,        # mask movement done on the float values a Where selects, identity And/Or/Gather:
-                  # first, they remove work
+    masks,        # Wheres reading masks where they are made, mask movement done on the float values a
+                  # Where selects, Wheres over combined masks, identity And/Or/Gather, Casts before
+                  # integer relabels: first, they remove work
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts

@@ -121,12 +121,15 @@ class RewriteRule:
     """`build` yields candidate replacements for a node of one of `ops` and returns why it
     declines. An `always` rule fires even when the node is legal as it stands, because its
     result is what the NPU runs best. A `late` rule runs after fusion (passes/rewrite_late.py):
-    its result would hide a pattern."""
+    its result would hide a pattern. A `fewer_cpu` rule's candidate may keep nodes that stay on
+    the CPU, when they are fewer than the nodes breaking a rule that it replaces (the work no NPU
+    kernel does, in fewer CPU steps: passes/rewrite.py)."""
 
     build: Callable[[gs.Node, "Site"], "Candidates"]
     ops: frozenset[str]
     always: bool = False
     late: bool = False
+    fewer_cpu: bool = False
 
     @property
     def name(self) -> str:

@@ -368,5 +368,5 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
     RewriteRule(transpose_of_unit_axes_to_reshape, frozenset({"Transpose"}), always=True),
     RewriteRule(elementwise_in_conv_layout, frozenset({"Add"}) | CONV_ACTIVATIONS, always=True),
-    RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True),
+    RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True, fewer_cpu=True),
 )

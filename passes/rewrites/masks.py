@@ -1,17 +1,21 @@
 """Mask rewrites: the boolean and integer mask arithmetic exporters write around attention
-(transformers' attention-mask chain: Cast, Flatten, a Gather of every index, Reshapes, And with
-an all-true constant, Expand, Where) reduced to what computes. An op that only moves, repeats or
-keeps a mask's elements is done on the float values the mask selects instead, where the NPU
-runs it; the oplist V2.3.2 computes int8/float16 tensors only, so on the mask itself each of
-these ops would stay on the CPU."""
+(transformers' attention-mask chain: Cast, Flatten, a Gather or GatherND of every index,
+Reshapes, And with an all-true or a causal constant, Not, Expand, Where) reduced to what
+computes. A Where reads its mask where the mask is made when its own broadcast moves the
+elements as the chain does; otherwise an op that only moves, repeats or keeps a mask's elements
+is done on the float values the mask selects instead, where the NPU runs it; a Where over a
+combined mask is Wheres over its parts; a Cast to float is done before the integer relabels it
+read. The oplist V2.3.2 computes int8/float16 tensors only, so on the mask itself each of these
+ops would stay on the CPU."""
 from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import constant_value, element_count, static_shape
+from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
-from .base import RESHAPE_LIKE, Builder, Candidates, Replacement, RewriteRule, Site, producer
+from .base import RESHAPE_LIKE, Builder, Candidates, Replacement, RewriteRule, Site, producer, split_node
+from .elementwise import BROADCAST_COPIES
 
 #: Ops that move or repeat their first input's elements and compute nothing.
 MOVING_OPS = RESHAPE_LIKE | {"Expand", "Transpose", "Identity"}
@@ -32,13 +36,29 @@ def _identity_operand(node: gs.Node) -> gs.Tensor | None:
     return None
 
 
+def _picks_by_constant_indices(node: gs.Node) -> bool:
+    """Gather, or GatherND without batch axes, whose indices are a constant: it picks elements."""
+    if node.op == "GatherND" and int(node.attrs.get("batch_dims", 0)) != 0:
+        return False
+    return node.op in ("Gather", "GatherND") and constant_value(node.inputs[1]) is not None
+
+
 def moved_input(node: gs.Node) -> gs.Tensor | None:
     """The tensor whose elements `node` only moves, repeats or keeps, or None when it computes."""
-    if node.op in MOVING_OPS:
-        return node.inputs[0]
-    if node.op == "Gather" and constant_value(node.inputs[1]) is not None:
+    if node.op in MOVING_OPS or _picks_by_constant_indices(node):
         return node.inputs[0]
     return _identity_operand(node)
+
+
+def moved_chain(tensor: gs.Tensor) -> tuple[list[gs.Node], gs.Tensor]:
+    """The nodes that only move, repeat or keep elements on the way to `tensor` (source first),
+    and the tensor they start from."""
+    chain, source = [], tensor
+    while (made := producer(source)) is not None and (moved := moved_input(made)) is not None:
+        chain.append(made)
+        source = moved
+    chain.reverse()
+    return chain, source
 
 
 def index_map(chain: list[gs.Node], source_shape: tuple[int, ...]) -> np.ndarray:
@@ -51,6 +71,9 @@ def index_map(chain: list[gs.Node], source_shape: tuple[int, ...]) -> np.ndarray
             index = np.transpose(index, [int(p) for p in node.attrs.get("perm", range(index.ndim - 1, -1, -1))])
         elif node.op == "Gather":
             index = np.take(index, constant_value(node.inputs[1]).astype(np.int64), axis=int(node.attrs.get("axis", 0)))
+        elif node.op == "GatherND":  # batch_dims 0: the last axis of the indices addresses the leading axes
+            picks = constant_value(node.inputs[1]).astype(np.int64)
+            index = index[tuple(np.moveaxis(picks, -1, 0))]
         elif node.op in RESHAPE_LIKE:
             index = index.reshape(out_shape)
         else:  # Expand, Identity, And/Or with their identity element
@@ -95,16 +118,12 @@ def where_before_mask_movement(node: gs.Node, site: Site) -> Candidates:
     branches = [constant_value(a), constant_value(b)]
     if any(v is None or v.size != 1 for v in branches):
         return "a branch is not a single constant"
-    chain, source = [], cond
-    while (made := producer(source)) is not None and (moved := moved_input(made)) is not None:
-        chain.append(made)
-        source = moved
+    chain, source = moved_chain(cond)
     if not chain:
         return "the condition is not a moved, repeated or kept mask"
     source_shape, out_shape = static_shape(source), static_shape(node.outputs[0])
     if source_shape is None or out_shape is None or any(static_shape(n.outputs[0]) is None for n in chain):
         return "a shape is unknown"
-    chain.reverse()
     index = np.broadcast_to(index_map(chain, source_shape), out_shape)
     builder = site.builder(node)
     small = [builder.const(v.reshape([1] * len(source_shape)), "branch") for v in branches]
@@ -113,6 +132,145 @@ def where_before_mask_movement(node: gs.Node, site: Site) -> Candidates:
                         out=node.outputs[0] if unmoved else None)
     if not unmoved:
         emit_movement(builder, picked, index, node.outputs[0])
+    yield builder.finish(node, *_only_feeding(chain, node, site))
+
+
+def where_reads_mask_source(node: gs.Node, site: Site) -> Candidates:
+    """Where(cond, a, b) whose cond only moves, repeats or keeps the elements of a mask m (the
+    ops of where_before_mask_movement) such that the Where's own broadcast of m puts every
+    element where the chain does (relabels that add or drop leading unit axes, an And with
+    all-true that only broadcasts, Expand, a Gather or GatherND of every index in order) as
+    Where(m, a, b): the same output, with no op on the bool mask, which the NPU does not
+    compute (oplist V2.3.2, data types). The earliest such m is read, whatever the branches."""
+    cond = node.inputs[0]
+    out_shape = static_shape(node.outputs[0])
+    chain, _ = moved_chain(cond)
+    if not chain:
+        return "the condition is not a moved, repeated or kept mask"
+    branch_shapes = [static_shape(t) for t in node.inputs[1:]]
+    if out_shape is None or any(s is None for s in branch_shapes):
+        return "a shape is unknown"
+    for start, first in enumerate(chain):
+        source = first.inputs[0]
+        source_shape = static_shape(source)
+        if source_shape is None or any(static_shape(n.outputs[0]) is None for n in chain[start:]):
+            continue
+        try:
+            if tuple(np.broadcast_shapes(source_shape, *branch_shapes)) != tuple(out_shape):
+                continue
+        except ValueError:
+            continue
+        moved = np.broadcast_to(index_map(chain[start:], source_shape), out_shape)
+        direct = np.broadcast_to(np.arange(element_count(source_shape)).reshape(source_shape), out_shape)
+        if np.array_equal(moved, direct):
+            builder = site.builder(node)
+            builder.op("Where", [source, *node.inputs[1:]], out=node.outputs[0])
+            yield builder.finish(node, *_only_feeding(chain[start:], node, site))
+            return None
+    return "the mask's movement is not the Where's own broadcast of it"
+
+
+def _is_identity_constant(tensor: gs.Tensor, op: str) -> bool:
+    value = constant_value(tensor)
+    return value is not None and bool(np.all(value == IDENTITY_ELEMENT[op]))
+
+
+def where_of_boolean_op(node: gs.Node, site: Site) -> Candidates:
+    """Where over a combined condition as Wheres over its parts, each part then free to be read
+    where it is made (where_reads_mask_source) or selected on the float side instead:
+    Where(Not(x), a, b) = Where(x, b, a); Where(And(x, y), a, b) = Where(x, Where(y, a, b), b);
+    Where(Or(x, y), a, b) = Where(x, a, Where(y, a, b)). The outer Where broadcasts x, y, a and
+    b to the same shape as the original (And and Or broadcast x with y). A constant part is the
+    outer condition, computed by no one. Not, And and Or are not NPU operators (oplist V2.3.2),
+    and bool tensors stay on the CPU."""
+    made = producer(node.inputs[0])
+    if made is None or made.op not in ("Not", "And", "Or"):
+        return "the condition is not made by Not, And or Or"
+    if any(reader.op != "Where" for reader in made.outputs[0].outputs):
+        return f"the {made.op}'s result is read by other ops than Where too: it would stay"
+    _, a, b = node.inputs
+    builder = site.builder(node)
+    if made.op == "Not":
+        builder.op("Where", [made.inputs[0], b, a], out=node.outputs[0])
+    else:
+        x, y = made.inputs
+        if any(_is_identity_constant(t, made.op) for t in (x, y)):
+            builder.discard()
+            return f"an operand of the {made.op} is its identity element (and_or_with_identity_removed)"
+        if constant_value(y) is not None and constant_value(x) is None:
+            x, y = y, x
+        shapes = [static_shape(t) for t in (y, a, b)]
+        if any(s is None for s in shapes):
+            builder.discard()
+            return "a shape is unknown"
+        inner_shape = list(np.broadcast_shapes(*shapes))
+        inner = builder.op("Where", [y, a, b], inner_shape, node.outputs[0].dtype)
+        outer = [x, inner, b] if made.op == "And" else [x, a, inner]
+        builder.op("Where", outer, out=node.outputs[0])
+    yield builder.finish(node, *_only_feeding([made], node, site))
+
+
+def where_by_pieces(node: gs.Node, site: Site) -> Candidates:
+    """A Where whose condition broadcasts along an axis in a way the target refuses (oplist
+    V2.3.2, Where: the Expand broadcast patterns only) as one Where per slice of that axis,
+    Concat together: each piece's condition is then no wider on that axis than its result.
+    The condition, a bool tensor, cannot be repeated on the NPU; the float branches are split
+    instead (constants sliced). At most BROADCAST_COPIES pieces; the fewest pieces first."""
+    cond = node.inputs[0]
+    out_shape = static_shape(node.outputs[0])
+    shapes = [static_shape(t) for t in node.inputs]
+    if out_shape is None or any(s is None for s in shapes):
+        return "a shape is unknown"
+    rank = len(out_shape)
+    padded = [[1] * (rank - len(s)) + list(s) for s in shapes]
+    axes = sorted((out_shape[axis], axis) for axis in range(rank)
+                  if padded[0][axis] == 1 and 1 < out_shape[axis] <= BROADCAST_COPIES)
+    if not axes:
+        return f"the condition broadcasts along no axis of 2 to {BROADCAST_COPIES}"
+    for pieces, axis in axes:
+        builder = site.builder(node)
+        branches = []
+        for tensor, shape in zip(node.inputs[1:], padded[1:]):
+            value = constant_value(tensor)
+            if shape[axis] == 1:
+                branches.append([tensor] * pieces)
+            elif value is not None:
+                full = value.reshape(shape)
+                branches.append([builder.const(np.take(full, [k], axis=axis), "piece") for k in range(pieces)])
+            else:
+                lifted = tensor if len(static_shape(tensor)) == rank else builder.reshape(tensor, shape)
+                branches.append(split_node(builder, lifted, axis, [1] * pieces))
+        piece_shape = list(out_shape)
+        piece_shape[axis] = 1
+        parts = [builder.op("Where", [cond, a, b], piece_shape, node.outputs[0].dtype)
+                 for a, b in zip(*branches)]
+        builder.op("Concat", parts, out=node.outputs[0], axis=axis)
+        yield builder.finish()
+    return None
+
+
+def cast_before_movement(node: gs.Node, site: Site) -> Candidates:
+    """A Cast to a float type of an integer or bool tensor that was only moved, repeated or kept
+    (relabels, Transpose, Expand, a Gather or GatherND of constant indices) as the Cast of the
+    unmoved tensor, the movement then done on its float result: converting each element commutes
+    with moving it. The Cast stays on the CPU (not an NPU operator, oplist V2.3.2); the movement,
+    on integers a CPU op each (data types T1 int8/float16), runs on the NPU. Kept only when the
+    movement's nodes leave with it (fewer_cpu)."""
+    if dtype_name(node.outputs[0].dtype) not in FLOAT_DTYPES:
+        return "it does not cast to a float type"
+    chain, source = moved_chain(node.inputs[0])
+    if not chain:
+        return "its input is not a moved, repeated or kept tensor"
+    source_shape, out_shape = static_shape(source), static_shape(node.outputs[0])
+    if source_shape is None or out_shape is None or any(static_shape(n.outputs[0]) is None for n in chain):
+        return "a shape is unknown"
+    index = np.broadcast_to(index_map(chain, source_shape), out_shape)
+    unmoved = source_shape == out_shape and np.array_equal(index.ravel(), np.arange(index.size))
+    builder = site.builder(node)
+    cast = builder.op("Cast", [source], source_shape, node.outputs[0].dtype,
+                      out=node.outputs[0] if unmoved else None, **node.attrs)
+    if not unmoved:
+        emit_movement(builder, cast, index, node.outputs[0])
     yield builder.finish(node, *_only_feeding(chain, node, site))
 
 
@@ -160,7 +318,11 @@ def and_or_with_identity_removed(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(where_reads_mask_source, frozenset({"Where"}), always=True),
     RewriteRule(where_before_mask_movement, frozenset({"Where"}), always=True),
+    RewriteRule(where_of_boolean_op, frozenset({"Where"}), always=True),
+    RewriteRule(where_by_pieces, frozenset({"Where"})),
     RewriteRule(and_or_with_identity_removed, frozenset(IDENTITY_ELEMENT), always=True),
     RewriteRule(gather_of_every_index_to_reshape, frozenset({"Gather"}), always=True),
+    RewriteRule(cast_before_movement, frozenset({"Cast"}), fewer_cpu=True),
 )
