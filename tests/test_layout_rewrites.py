@@ -52,6 +52,23 @@ def refused_as_given(model: onnx.ModelProto, target: str) -> bool:
     return bool(check_node(node, get_target(target)))
 
 
+# --- Gathers of constant indices of rank 2 or more -------------------------------------------
+
+@pytest.mark.parametrize("shape, axis, indices", [
+    ([1, 40, 6], 1, np.arange(40)[::-1].reshape(1, 40) % 40),   # positions reordered, indices [1, 40]
+    ([12, 8], 0, np.array([[3, -1, 0], [5, 5, 2]])),              # repeats and a negative index
+    ([2, 10, 7], 2, np.arange(6).reshape(3, 2)),                   # the last axis, rank grows to 4
+])
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_gather_of_constant_multi_axis_indices_runs_flat_on_the_npu(tmp_path, shape, axis, indices, target):
+    out = list(np.take(np.zeros(shape), indices, axis=axis).shape)
+    model = make_model([helper.make_node("Gather", ["x", "idx"], ["g"], name="gather", axis=axis),
+                        helper.make_node("Relu", ["g"], ["y"], name="relu")],
+                       [value_info("x", shape)], [value_info("y", out)], [weight("idx", indices.astype(np.int64))])
+    assert refused_as_given(model, target)
+    planned_on_npu(model, tmp_path, target)
+
+
 # --- Transposes over their perm's limits ------------------------------------------------------
 
 @pytest.mark.parametrize("shape, perm", [

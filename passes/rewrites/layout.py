@@ -265,6 +265,25 @@ def gather_scalar_to_slice(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def gather_indices_flattened(node: gs.Node, site: Site) -> Candidates:
+    """A Gather of constant indices of rank 2 or more is a Gather of the same indices laid out
+    flat (rank 1), then a relabel of its result: row-major order puts index k's slice at the
+    same place either way. The NPU's Gather takes rank-1 indices only (oplist V2.3.2, Gather)."""
+    x, indices, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    shape, index, y_shape = static_shape(x), constant_value(indices), static_shape(y)
+    if shape is None or index is None or y_shape is None or index.ndim < 2:
+        return "the indices are computed, not of rank 2 or more, or a shape is unknown"
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    if np.any((index < -shape[axis]) | (index >= shape[axis])):
+        return "an index is out of range"
+    flat = index.reshape(-1).astype(np.int64) % shape[axis]  # negative indices count from the end
+    builder = site.builder(node)
+    gathered = builder.op("Gather", [x, builder.const(flat, "indices")],
+                          [*shape[:axis], flat.size, *shape[axis + 1:]], x.dtype, axis=axis)
+    builder.reshape(gathered, y_shape, out=y)
+    yield builder.finish()
+
+
 def transpose_of_unit_axes_to_reshape(node: gs.Node, site: Site) -> Candidates:
     """A Transpose that moves only axes of size 1 keeps every element where it was in a
     row-major tensor: it is a relabel, and runs (and collapses with its neighbours) as a Reshape."""
@@ -366,6 +385,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(transpose_as_legal_view, frozenset({"Transpose"})),
     RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),
+    RewriteRule(gather_indices_flattened, frozenset({"Gather"})),
     RewriteRule(transpose_of_unit_axes_to_reshape, frozenset({"Transpose"}), always=True),
     RewriteRule(elementwise_in_conv_layout, frozenset({"Add"}) | CONV_ACTIVATIONS, always=True),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True, fewer_cpu=True),
