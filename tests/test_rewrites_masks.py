@@ -201,6 +201,8 @@ def test_cast_to_float_moves_before_the_integer_relabels_it_read(tmp_path, targe
                        [value_info("y", [1, 16, 8])], [weight("axes", np.array([1], np.int64))])
     ctx = rewritten(model, tmp_path, target)
     assert "cast_before_movement" in {r.rule for r in ctx.rewrites}
+    (attempt,) = [a for a in ctx.rewrite_attempts["n_mf"] if a.rule == "cast_before_movement" and a.node == "n_mf"]
+    assert attempt.outcome == "applied (1 node(s) still for the CPU, in place of more)"
     assert_rewrite_exact(model, ctx, {"mask": RNG.integers(-3, 3, (1, 16)), "x": RNG.standard_normal((1, 16, 8)).astype(np.float32)})
     plan, _ = compile_model(tmp_path / "model.onnx", target)
     devices = {n.name: n.device for n in plan.nodes}
