@@ -129,7 +129,7 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
                                                 fewer_cpu=rule.fewer_cpu)
         if legal is not None:
             chain, replacement = legal
-            kept = sum(1 for new in replacement.new if check_node(new, site.target, **site.facts))
+            kept = rule.fewer_cpu and sum(1 for new in replacement.new if check_node(new, site.target, **site.facts))
             attempts.append(RewriteAttempt(node.name, rule.name, "applied" + _via(chain) + (
                 f" ({kept} node(s) still for the CPU, in place of more)" if kept else "")))
             _record_attempts(ctx, node, attempts)
@@ -249,21 +249,21 @@ def _record_attempts(ctx: CompileContext, node: gs.Node, attempts: list[RewriteA
         ctx.rewrite_attempts.setdefault(original, []).extend(attempts)
 
 
-def _origins_of_new(replacement: Replacement, ctx: CompileContext) -> dict[int, tuple[str, ...]]:
+def _origins_of_new(replacement: Replacement, ctx: CompileContext,
+                    kept: list[gs.Node]) -> dict[int, tuple[str, ...]]:
     """The original nodes each new node stands for: all the replaced ones, except that a node a
     fewer_cpu rule kept for the CPU stands for one replaced node that broke a rule (the one
     writing the same tensor, else one of its op, else the first), and the other new nodes for
     the rest. So an original whose work stays on the CPU is still reported there, and one whose
-    work the NPU now does, or no one does, is not."""
+    work the NPU now does, or no one does, is not. `kept` are the new nodes that break a rule."""
     def origins_of(nodes) -> tuple[str, ...]:
         return tuple(dict.fromkeys(o for node in nodes for o in ctx.origins.get(node.name, (node.name,))))
 
-    facts = compile_facts(ctx)
-    kept = [n for n in replacement.new if check_node(n, ctx.target, **facts)]
     if not kept:
         everything = origins_of(replacement.old)
         return {id(n): everything for n in replacement.new}
     # a fewer_cpu candidate keeps fewer illegal nodes than it replaces, so a partner is left for each
+    facts = compile_facts(ctx)
     unpaired = [old for old in replacement.old if check_node(old, ctx.target, **facts)]
     partners = {}
     for node in kept:
@@ -279,7 +279,10 @@ def _origins_of_new(replacement: Replacement, ctx: CompileContext) -> dict[int, 
 
 def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edits) -> None:
     origins = tuple(dict.fromkeys(o for node in replacement.old for o in ctx.origins.get(node.name, (node.name,))))
-    new_origins = _origins_of_new(replacement, ctx)
+    facts = compile_facts(ctx)
+    # [] but for what a fewer_cpu rule kept; legalize records every node's failures again
+    failures = {id(node): check_node(node, ctx.target, **facts) for node in replacement.new}
+    new_origins = _origins_of_new(replacement, ctx, [n for n in replacement.new if failures[id(n)]])
     edits.spliced[id(replacement.old[0])] = (replacement.old[0], replacement.new)
     edits.rewrites_of.update(origins)
     edits.bypassed.extend(producer for node in replacement.old for t in node.inputs for producer in t.inputs)
@@ -291,11 +294,9 @@ def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edit
             record.pop(node.name, None)
     for old, new in replacement.aliases:
         replace_uses(old, new)
-    facts = compile_facts(ctx)
     for node in replacement.new:
         ctx.origins[node.name] = new_origins[id(node)]
-        # [] but for what a fewer_cpu rule kept; legalize records every node's failures again
-        ctx.failures[node.name] = check_node(node, ctx.target, **facts)
+        ctx.failures[node.name] = failures[id(node)]
         edits.alive.add(id(node))
         edits.carriers.update(new_origins[id(node)])
     for original in origins:
