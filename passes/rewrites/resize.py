@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
+from rkcompile.emulator.reference import make_session
 from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
 from .base import Candidates, RewriteRule, Site
@@ -20,7 +20,7 @@ def resize_as_matrix_products(node: gs.Node, site: Site) -> Candidates:
     separable: the output at (i, j) weighs input (k, l) by w_h(i, k) * w_w(j, l), each factor
     depending on one axis's size, scale and the node's attributes alone (ONNX Resize, "the
     interpolation is done along each axis"). Each A is the node itself applied to an identity
-    matrix along its axis, by onnx's reference Resize, so the weights are the ones ONNX defines,
+    matrix along its axis, by onnxruntime's Resize, so the weights are the ones the model runs with,
     edge clamping included. The NPU's Resize takes integer upscales of height and width within
     a limit only (oplist V2.3.2, Resize: "目前仅支持宽高方向的整数倍缩放"); MatMul by weights
     runs as Convolution (oplist V2.3.2)."""
@@ -96,7 +96,7 @@ def _axis_scales(node: gs.Node, opset: int, in_shape: list[int], out_shape: list
 
 def interpolation_matrix(node: gs.Node, opset: int, size: int, out_size: int, stated: tuple) -> np.ndarray | str:
     """The [out_size, size] matrix of one axis: the node's Resize, with its attributes and this
-    axis's scale or size, applied by onnx's reference to the identity [size, size] along axis 0
+    axis's scale or size, applied by onnxruntime to the identity [size, size] along axis 0
     (axis 1 keeps scale 1, which every mode maps onto itself)."""
     kind, value = stated
     attrs = {k: v for k, v in node.attrs.items() if k not in ("axes", "keep_aspect_ratio_policy")}
@@ -113,10 +113,15 @@ def interpolation_matrix(node: gs.Node, opset: int, size: int, out_size: int, st
         inputs = ["identity", "", "scales", ""] if kind == "scales" else ["identity", "", "", "sizes"]
     graph = helper.make_graph(
         [helper.make_node("Resize", inputs, ["matrix"], **attrs)], "axis",
-        [helper.make_tensor_value_info("identity", onnx.TensorProto.DOUBLE, [size, size])],
-        [helper.make_tensor_value_info("matrix", onnx.TensorProto.DOUBLE, None)], initializers)
+        [helper.make_tensor_value_info("identity", onnx.TensorProto.FLOAT, [size, size])],
+        [helper.make_tensor_value_info("matrix", onnx.TensorProto.FLOAT, None)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    (matrix,) = ReferenceEvaluator(model).run(None, {"identity": np.eye(size)})
+    try:  # onnxruntime, the reference every check compares with: onnx.reference's align_corners
+        # downscale divides by the fractional output length (0..4 along 3 -> [0, 2.67], not [0, 4])
+        session = make_session(model)
+    except Exception:  # noqa: BLE001  (onnxruntime raises its own classes for every "cannot")
+        return "onnxruntime has no kernel for this Resize on one axis"
+    (matrix,) = session.run(None, {"identity": np.eye(size, dtype=np.float32)})
     if matrix.shape != (out_size, size):
         return f"the interpolation matrix came out {list(matrix.shape)}, not [{out_size}, {size}]"
     return matrix
