@@ -75,13 +75,7 @@ class Known:
 
 #: signature (see `signature`) -> the known failure. Runs count these apart instead of
 #: shrinking them again; the CI sample tolerates them.
-ELSEWHERE: dict[str, Known] = {
-    "emulator raised MemoryError at a npu Conv step": Known(
-        "resize_nearest_as_matmuls_conv_memory@rk3588",
-        "the resize family's MatMul by a [15, 22] interpolation matrix, as a 1x1 Conv, makes the emulator's "
-        "Conv kernel (rkcompile/emulator/kernels/conv.py) allocate a (4950, 32768, 1, 2) float32 array for a "
-        "15x15x15x15 input"),
-}
+ELSEWHERE: dict[str, Known] = {}
 #: Longest one graph may take to plan, and to run: a rewrite that repeats without bound is a
 #: failure, not a hang of the whole run.
 SECONDS_PER_GRAPH = 120

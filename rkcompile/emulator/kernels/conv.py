@@ -77,7 +77,8 @@ def _depthwise(channels_last: np.ndarray, weight: np.ndarray, strides, dilations
     row = y.shape[2:]  # (*out[1:], M)
     taps = weight.reshape(weight.shape[0], -1).T  # (kernel taps, M)
     per_tap = np.broadcast_to(taps.reshape((len(taps),) + (1,) * (len(row) - 1) + (-1,)), (len(taps),) + row).copy()
-    rows_per_block = max(1, CACHE_BLOCK_ELEMENTS // int(np.prod(row)))
+    # never more rows than the map has: the scratch is (batch, rows_per_block, *row)
+    rows_per_block = max(1, min(y.shape[1], CACHE_BLOCK_ELEMENTS // int(np.prod(row))))
     product = np.empty((y.shape[0], rows_per_block) + row, np.float32)
     for start in range(0, y.shape[1], rows_per_block):
         block = y[:, start:start + rows_per_block]
