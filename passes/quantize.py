@@ -24,6 +24,7 @@ from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
+from rkcompile.progress import bar
 from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, fit_bias, is_movement,
                                 load_calibration, random_calibration, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
@@ -90,9 +91,14 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
 
     from rkcompile.emulator.float_reference import FloatReference  # int8 plans only: the emulator's kernels
 
-    reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs])
-    for sample in samples:
+    observed = wanted | set(weight_errors.by_input if weight_errors is not None else ())
+    reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs], observed)
+    method = ctx.options.calibration_method
+    for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
         reference.run(sample, observe)
+    if method != "minmax":  # the distribution methods search each tensor's clip once, here
+        for observer in bar(observers.values(), description=f"int8 calibration: {method} ranges", unit="tensor"):
+            observer.range()
     return observers
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -13,6 +14,7 @@ from .context import Options
 from .errors import CompileError
 from .idle_npu import refuse_idle_npu
 from .plan import STDOUT, write_atomically
+from .progress import quiet
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -250,7 +252,8 @@ def _plan(args: argparse.Namespace) -> int:
         raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
-    plan, ctx = compile_with_choice(args.model, args.target, options, compile_plan)
+    with quiet() if args.quiet else contextlib.nullcontext():
+        plan, ctx = compile_with_choice(args.model, args.target, options, compile_plan)
     refuse_idle_npu(plan)
     explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]

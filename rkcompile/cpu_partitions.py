@@ -15,7 +15,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper
 
-from .nodes import fused_body, node_operands, node_proto
+from .nodes import expanded_members, node_operands, node_proto
 from .plan import Plan, Step
 
 
@@ -51,29 +51,6 @@ def _partition_model(plan: Plan, steps: list[Step], nodes: list[gs.Node], name: 
     graph = helper.make_graph([node_proto(member) for member in members], name, list(inputs.values()), outputs,
                               list(initializers.values()))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", plan.model.opset)])
-
-
-def expanded_members(node: gs.Node) -> list[gs.Node]:
-    """A fused kernel as its members (renamed to the fused node's tensors: a boundary may have
-    renamed an input since fusion), every other node as it is."""
-    body = fused_body(node)
-    if body is None:
-        return [node]
-    variables = [t for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
-    renamed = {inner.name: outer.name for inner, outer in zip(body.inputs, variables)}
-    members = []
-    for member in body.nodes:
-        copy = gs.Node(op=member.op, name=member.name, domain=member.domain, attrs=dict(member.attrs),
-                       inputs=[_renamed(t, renamed) for t in member.inputs],
-                       outputs=[_renamed(t, renamed) for t in member.outputs])
-        members += expanded_members(copy)
-    return members
-
-
-def _renamed(tensor: gs.Tensor, names: dict[str, str]) -> gs.Tensor:
-    if isinstance(tensor, gs.Constant) or tensor.name not in names:
-        return tensor
-    return gs.Variable(names[tensor.name], dtype=tensor.dtype, shape=tensor.shape)
 
 
 def _value_info(plan: Plan, name: str, dtype) -> onnx.ValueInfoProto:

@@ -121,6 +121,29 @@ def fused_body(node: gs.Node) -> gs.Graph | None:
     return body if node.domain == FUSED_DOMAIN and isinstance(body, gs.Graph) else None
 
 
+def expanded_members(node: gs.Node) -> list[gs.Node]:
+    """A fused kernel as its members (nested fusions too), reading and writing the fused node's
+    own tensors: a boundary may have renamed one since fusion. Every other node as it is."""
+    body = fused_body(node)
+    if body is None:
+        return [node]
+    variables = [t for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
+    renamed = {inner.name: outer for inner, outer in zip(body.inputs, variables)}
+    renamed.update((inner.name, outer) for inner, outer in zip(body.outputs, node.outputs) if outer.name)
+
+    def outer(tensor: gs.Tensor) -> gs.Tensor:
+        if isinstance(tensor, gs.Constant) or tensor.name not in renamed:
+            return tensor
+        return gs.Variable(renamed[tensor.name].name, dtype=tensor.dtype, shape=tensor.shape)
+
+    members = []
+    for member in body.nodes:
+        copy = gs.Node(op=member.op, name=member.name, domain=member.domain, attrs=dict(member.attrs),
+                       inputs=[outer(t) for t in member.inputs], outputs=[outer(t) for t in member.outputs])
+        members += expanded_members(copy)
+    return members
+
+
 def node_proto(node: gs.Node) -> onnx.NodeProto:
     """The node as ONNX. A tensor attribute of strings (LabelEncoder's keys_tensor) is written
     by onnx's numpy_helper: onnx-graphsurgeon writes every constant as raw data, which a string

@@ -206,17 +206,26 @@ class RangeObserver:
         self.low, self.high = np.inf, -np.inf
         self.kept: list[np.ndarray] = []
         self.rng = np.random.default_rng(seed)
+        self.found: tuple[float, float] | None = None  # range()'s answer until the next update
+
 
     def update(self, value: np.ndarray) -> None:
         flat = np.asarray(value, np.float32).reshape(-1)
         flat = flat[np.isfinite(flat)]
         if not flat.size:
             return
+        self.found = None
         self.low, self.high = min(self.low, float(flat.min())), max(self.high, float(flat.max()))
         if self.method != "minmax":
             self.kept.append(flat if flat.size <= KEPT_VALUES else self.rng.choice(flat, KEPT_VALUES, replace=False))
 
     def range(self) -> tuple[float, float]:
+        """The calibrated [low, high]; KL and mmse search for it, so it is kept until the next update."""
+        if self.found is None:
+            self.found = self._search()
+        return self.found
+
+    def _search(self) -> tuple[float, float]:
         if self.low > self.high:  # never saw a finite value
             return 0.0, 0.0
         if self.method == "minmax":

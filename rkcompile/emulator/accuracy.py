@@ -15,6 +15,8 @@ from typing import Mapping
 
 import numpy as np
 
+from rkcompile.progress import bar
+
 from .compare import agreement
 from .executor import Execution
 from .float_reference import FloatReference
@@ -51,11 +53,14 @@ def analyse(prepared: Prepared, inputs: Mapping[str, np.ndarray]) -> tuple[list[
             reference[name] = value
 
     FloatReference(nodes, [s.device for s in plan.steps], plan.model.opset,
-                   [spec.name for spec in plan.model.outputs]).run(inputs, keep)
+                   [spec.name for spec in plan.model.outputs], observed=written).run(inputs, keep)
     rows: list[StepAccuracy] = []
     cosines: dict[str, float] = {}
 
+    steps = bar(total=len(plan.steps), description="accuracy analysis: int8 steps", unit="step")
+
     def compare(step_id: int, values: dict) -> None:
+        steps.update()
         step = plan.steps[step_id]
         before = min((cosines[name] for name in step.inputs if name in cosines), default=1.0)
         for name, value in values.items():
@@ -69,7 +74,8 @@ def analyse(prepared: Prepared, inputs: Mapping[str, np.ndarray]) -> tuple[list[
                 rows.append(StepAccuracy(step_id, step.device, step.kernel, name, match.cosine, match.max_abs,
                                          before - match.cosine))
 
-    execution = emulate(prepared, inputs, observe=compare)
+    with steps:
+        execution = emulate(prepared, inputs, observe=compare)
     return rows, execution
 
 
