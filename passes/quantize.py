@@ -25,8 +25,8 @@ from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
-from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, fit_bias, is_movement,
-                                load_calibration, random_calibration, weight_params)
+from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, ImagePreprocessing, RangeObserver, activation_params, bias_params,
+                                calibration_samples, fit_bias, is_movement, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from .int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize, find_pairs,
@@ -77,9 +77,9 @@ def _is_quantized(ctx: CompileContext, name: str) -> bool:
 
 def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                weight_errors: WeightErrorMeans | None = None) -> dict[str, RangeObserver]:
-    specs = ctx.model_info.inputs
-    samples = (load_calibration(ctx.options.calibration, specs) if ctx.options.calibration is not None
-               else random_calibration(specs))
+    options = ctx.options
+    samples = calibration_samples(options.calibration, ctx.model_info.inputs,
+                                  ImagePreprocessing(options.mean_values, options.std_values, options.channel_order))
     wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
     observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
 

@@ -186,6 +186,10 @@ def _options(options: Options | None, overrides: Mapping[str, Any]) -> Options:
     for name in ("dump_after", "float16_tensors"):
         if name in converted:
             converted[name] = tuple(converted[name])
+    for name in ("mean_values", "std_values"):  # one number for every channel, or a sequence
+        if name in converted:
+            values = converted[name]
+            converted[name] = tuple(float(v) for v in (values if np.ndim(values) else [values]))
     return dataclasses.replace(options, **converted)
 
 

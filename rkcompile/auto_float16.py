@@ -36,7 +36,7 @@ from .emulator.session import emulate
 from .errors import CompileError
 from .pipeline import compile_model
 from .plan import Int8Technique, Plan as PlanRecord
-from .quantize import dequantize, load_calibration, quantize, random_calibration
+from .quantize import ImagePreprocessing, calibration_samples, dequantize, quantize
 from .targets import get_target
 
 STRATEGIES = ("sensitivity", "worst_drop")
@@ -130,8 +130,8 @@ def choose(model, target: str, options: Options, wanted: float, compile_plan: Co
     judge = Judge(model, target, options, [], compile_plan)
     plan = judge.plan(())
     specs = plan.record.model.inputs
-    judge.samples = (load_calibration(options.calibration, specs) if options.calibration is not None
-                     else random_calibration(specs))
+    judge.samples = calibration_samples(options.calibration, specs, ImagePreprocessing(
+        options.mean_values, options.std_values, options.channel_order))
     samples = judge.samples
     start, plan = judge(())
     pool = candidates(plan.record)

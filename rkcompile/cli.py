@@ -15,6 +15,7 @@ from .errors import CompileError
 from .idle_npu import refuse_idle_npu
 from .plan import STDOUT, write_atomically
 from .progress import quiet
+from .quantize import CHANNEL_ORDERS
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -28,6 +29,14 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     if any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"dims of '{name}' must be positive, got '{dims}'")
     return name, shape
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got '{text}'") from None
+    return values
 
 
 def _positive(text: str) -> int:
@@ -169,9 +178,19 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
     parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
                         help="NPU compute dtype (default float16); int8 is calibrated with --calib")
     parser.add_argument("--calib", type=Path, metavar="PATH",
-                        help="int8 calibration inputs: a folder of .npy/.npz files, one .npz keyed by input "
-                             "name, or a dataset.txt listing one sample a line (its .npy files, one per input, in "
-                             "input order) (default: a few seeded random inputs, with a warning)")
+                        help="int8 calibration inputs: a folder of .npy/.npz files or images (png, jpg, bmp; "
+                             "with Pillow), one such file (an .npz keyed by input name), or a dataset.txt listing "
+                             "one sample a line (its .npy or image files, one per input, in input order) "
+                             "(default: a few seeded random inputs, with a warning)")
+    parser.add_argument("--mean-values", type=_numbers, metavar="M[,M,M]",
+                        help="calibration images: subtract these per channel, in --channel-order, before dividing "
+                             "by --std-values (rknn-toolkit2's mean_values, e.g. 123.675,116.28,103.53; default 0)")
+    parser.add_argument("--std-values", type=_numbers, metavar="S[,S,S]",
+                        help="calibration images: divide by these per channel (rknn-toolkit2's std_values, e.g. "
+                             "58.395,57.12,57.375 or 255; default 1)")
+    parser.add_argument("--channel-order", choices=CHANNEL_ORDERS,
+                        help="calibration images: the channel order the model takes (images decode as RGB; BGR "
+                             "reverses them, rknn-toolkit2's quant_img_RGB2BGR) (default RGB)")
     parser.add_argument("--calib-method", default="minmax", choices=CALIBRATION_METHODS,
                         help="int8 activation ranges: min/max, 0.01-99.99 percentiles, KL, or mmse (the clip of "
                              "least quantization MSE per tensor) (default minmax)")
@@ -203,12 +222,14 @@ def calibration_options(args: argparse.Namespace) -> dict:
     techniques = {name: value for name, value in (("equalization", args.equalization),
                                                   ("bias_correction", args.bias_correction),
                                                   ("auto_float16", args.auto_float16)) if value is not None}
+    images = {name: value for name, value in (("mean_values", args.mean_values), ("std_values", args.std_values),
+                                              ("channel_order", args.channel_order)) if value is not None}
     if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax" or args.float16
-                                 or techniques):
-        raise CompileError("--calib, --calib-method, --float16, --auto-float16, --equalization and "
-                           "--bias-correction apply to int8 plans; add --dtype int8")
+                                 or techniques or images):
+        raise CompileError("--calib, --calib-method, --mean-values, --std-values, --channel-order, --float16, "
+                           "--auto-float16, --equalization and --bias-correction apply to int8 plans; add --dtype int8")
     return {"calibration": args.calib, "calibration_method": args.calib_method,
-            "float16_tensors": tuple(args.float16), **techniques,
+            "float16_tensors": tuple(args.float16), **techniques, **images,
             **({"verify_passes": True} if args.verify_passes else {})}
 
 
@@ -398,7 +419,8 @@ def planning_flags(args: argparse.Namespace) -> dict[str, object]:
              "--calib-method": args.calib_method if args.calib_method != "minmax" else None,
              "--float16": args.float16 or None, "--input-shape": args.input_shape or None,
              "--equalization": args.equalization, "--bias-correction": args.bias_correction,
-             "--auto-float16": args.auto_float16}
+             "--auto-float16": args.auto_float16,
+             "--mean-values": args.mean_values, "--std-values": args.std_values, "--channel-order": args.channel_order}
     return {flag: value for flag, value in given.items() if value is not None}
 
 

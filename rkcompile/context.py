@@ -28,7 +28,12 @@ class Options:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dump_after: tuple[str, ...] = ()
     dump_dir: Path = Path(".")
-    calibration: Path | None = None  # int8: folder of .npy/.npz inputs or one .npz (rkcompile/quantize.py)
+    calibration: Path | None = None  # int8: .npy/.npz/image files, a folder of them, or a dataset.txt (rkcompile/quantize.py)
+    # int8 calibration images (rknn-toolkit2's config): (x - mean) / std per channel, after the channels are
+    # put in channel_order ("RGB" or "BGR"); one value serves every channel; quantize.ImagePreprocessing
+    mean_values: tuple[float, ...] = (0.0,)
+    std_values: tuple[float, ...] = (1.0,)
+    channel_order: str = "RGB"
     calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile, kl or mmse
     float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
     # int8 techniques, on by default only where they helped the zoo CNNs (docs/quantization.md)

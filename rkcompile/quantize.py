@@ -22,7 +22,7 @@ Every range is widened to include 0 so that real zero (padding, ReLU) is exactly
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -72,34 +72,94 @@ PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
 
 # ---- calibration data ----------------------------------------------------------------------
 
-def load_calibration(path: Path, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
-    """Calibration samples from a folder of .npy/.npz files, from one .npz, or from a list file
-    (.txt, rknn-toolkit2's dataset.txt): one sample a line, its .npy paths separated by spaces in
-    the order of the model's inputs, relative to the list's folder.
+#: Image files calibration reads (with Pillow), as rknn-toolkit2's dataset.txt names them.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+CHANNEL_ORDERS = ("RGB", "BGR")
+
+
+@dataclass(frozen=True)
+class ImagePreprocessing:
+    """How a calibration image becomes a model input, as rknn-toolkit2's config does it: the
+    image decodes to RGB values 0-255 (grey for a one-channel input), its channels are put in
+    `channel_order` (quant_img_RGB2BGR), then each channel c of that order becomes
+    (x - mean[c]) / std[c] (mean_values, std_values; one value serves every channel), and the
+    [H, W, C] pixels are laid out as the input's [1, C, H, W] or [1, H, W, C]. rknn-toolkit2 folds
+    mean and std into the model; here the model takes its input already normalized, so they
+    apply to the calibration images only."""
+
+    mean_values: tuple[float, ...] = (0.0,)
+    std_values: tuple[float, ...] = (1.0,)
+    channel_order: str = "RGB"
+
+    def __post_init__(self):
+        if self.channel_order not in CHANNEL_ORDERS:
+            raise CompileError(f"--channel-order {self.channel_order}: choose from {', '.join(CHANNEL_ORDERS)}")
+        for flag, values in (("--mean-values", self.mean_values), ("--std-values", self.std_values)):
+            if not values or not all(np.isfinite(values)):
+                raise CompileError(f"{flag} {','.join(map(str, values))}: give finite numbers")
+        if not all(np.asarray(self.std_values) != 0):
+            raise CompileError(f"--std-values {','.join(map(str, self.std_values))}: a standard deviation of 0")
+
+    @property
+    def is_default(self) -> bool:
+        return self == ImagePreprocessing()
+
+
+def calibration_samples(path: Path | None, specs: Sequence[TensorSpec],
+                        images: ImagePreprocessing) -> list[dict[str, np.ndarray]]:
+    """--calib's samples (`load_calibration`), or seeded random ones with a warning when there is
+    no --calib (`random_calibration`); image preprocessing without --calib is refused."""
+    if path is not None:
+        return load_calibration(path, specs, images)
+    if not images.is_default:
+        raise CompileError("--mean-values, --std-values and --channel-order apply to calibration images; add --calib")
+    return random_calibration(specs)
+
+
+def load_calibration(path: Path, specs: Sequence[TensorSpec],
+                     images: ImagePreprocessing | None = None) -> list[dict[str, np.ndarray]]:
+    """Calibration samples from a folder of .npy/.npz/image files, from one such file, or from
+    a list file (.txt, rknn-toolkit2's dataset.txt): one sample a line, its .npy or image paths
+    separated by spaces in the order of the model's inputs, relative to the list's folder.
 
     An .npz gives arrays keyed by input name (other keys, such as reference outputs, are
-    ignored); a .npy is the model's only input. An array of the input's shape is one sample,
-    one with an extra leading axis is a stack of samples.
+    ignored); a .npy or an image is the model's only input (or, in a dataset.txt line, the input
+    at its position). An array of the input's shape is one sample, one with an extra leading
+    axis is a stack of samples. Images follow `images` (ImagePreprocessing); preprocessing other
+    than the default with no image to apply it to is refused rather than ignored.
     """
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
-        if not files:
-            raise CompileError(f"--calib: folder {path} holds no .npy or .npz file")
-    elif path.is_file() and path.suffix.lower() == ".txt":
-        return _samples_listed(path, specs)
-    elif path.is_file():
-        files = [path]
+    images = images or ImagePreprocessing()
+    reader = _Reader(images)
+    if path.is_file() and path.suffix.lower() == ".txt":
+        samples = _samples_listed(path, specs, reader)
     else:
-        raise CompileError(f"--calib: {path} does not exist")
-    samples: list[dict[str, np.ndarray]] = []
-    for file in files:
-        samples += _samples_of(file, _read_arrays(file, specs), specs)
+        samples = [sample for file in _calibration_files(path)
+                   for sample in _samples_of(file, reader.arrays(file, specs, str(file)), specs)]
+    if not reader.images_read and not images.is_default:
+        raise CompileError(f"--calib: {path} holds no image, and --mean-values, --std-values and --channel-order "
+                           f"apply to images only (.npy/.npz inputs are taken as the model reads them)")
+    if reader.images_read and images.is_default:
+        log.warning("int8 calibration: %d images read as RGB values 0-255, unnormalized; if the model takes "
+                    "normalized input, pass --mean-values and --std-values", reader.images_read)
     return samples
 
 
-def _samples_listed(listing: Path, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
-    """The samples of a dataset.txt: each line's paths, one .npy per model input, in input order."""
+def _calibration_files(path: Path) -> list[Path]:
+    """The files of a --calib folder (.npy, .npz and images, in name order), or the one file."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise CompileError(f"--calib: {path} does not exist")
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz") + IMAGE_SUFFIXES)
+    if not files:
+        raise CompileError(f"--calib: folder {path} holds no .npy, .npz or image ({', '.join(IMAGE_SUFFIXES)}) file")
+    return files
+
+
+def _samples_listed(listing: Path, specs: Sequence[TensorSpec], reader: "_Reader") -> list[dict[str, np.ndarray]]:
+    """The samples of a dataset.txt: each line's paths, one .npy or image per model input, in
+    input order."""
     try:
         lines = listing.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -116,21 +176,89 @@ def _samples_listed(listing: Path, specs: Sequence[TensorSpec]) -> list[dict[str
         arrays = {}
         for spec, text in zip(specs, paths):
             file = listing.parent / text
-            if file.suffix.lower() != ".npy":
-                raise CompileError(f"--calib: {where}: {text} is not a .npy array (images are not read yet: "
-                                   f"save each preprocessed input with numpy.save)")
+            if file.suffix.lower() not in (".npy",) + IMAGE_SUFFIXES:
+                raise CompileError(f"--calib: {where}: {text} is neither a .npy array nor an image "
+                                   f"({', '.join(IMAGE_SUFFIXES)})")
             if not file.is_file():
                 raise CompileError(f"--calib: {where}: {file} does not exist")
-            arrays[spec.name] = _read_arrays(file, [spec])[spec.name]
+            arrays[spec.name] = reader.arrays(file, [spec], where)[spec.name]
         samples += _samples_of(Path(where), arrays, specs)
     if not samples:
         raise CompileError(f"--calib: {listing} lists no sample")
     return samples
 
 
+class _Reader:
+    """Reads calibration files, counting the images it decoded."""
+
+    def __init__(self, images: ImagePreprocessing):
+        self.images, self.images_read = images, 0
+
+    def arrays(self, file: Path, specs: Sequence[TensorSpec], where: str) -> dict[str, np.ndarray]:
+        if file.suffix.lower() not in IMAGE_SUFFIXES:
+            return _read_arrays(file, specs)
+        if len(specs) != 1:
+            raise CompileError(f"--calib: {file} is an image but the model has {len(specs)} inputs; list each "
+                               f"sample's files, one per input, in a dataset.txt")
+        self.images_read += 1
+        return {specs[0].name: read_image(file, specs[0], self.images, where)}
+
+
+def read_image(file: Path, spec: TensorSpec, how: ImagePreprocessing, where: str) -> np.ndarray:
+    """The image at `file` as a value of the model input `spec` (ImagePreprocessing says how)."""
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise CompileError(f"--calib: {where}: reading the image {file.name} needs Pillow (pip install "
+                           f"'rkcompile[images]'), or save each preprocessed input with numpy.save") from None
+    try:
+        with Image.open(file) as image:
+            size = image.size
+            channels, height, width, channels_last = _image_layout(spec, size, where)
+            pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"), np.float64)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise CompileError(f"--calib: {where}: {file} is not a readable image ({exc})") from None
+    pixels = pixels.reshape(height, width, channels)
+    if how.channel_order == "BGR":
+        pixels = pixels[..., ::-1]
+    mean, std = (_per_channel(values, channels, flag) for values, flag in
+                 ((how.mean_values, "--mean-values"), (how.std_values, "--std-values")))
+    pixels = (pixels - mean) / std
+    laid_out = pixels if channels_last else pixels.transpose(2, 0, 1)
+    return laid_out.reshape(spec.shape).astype(spec.dtype)
+
+
+def _image_layout(spec: TensorSpec, size: tuple[int, int], where: str) -> tuple[int, int, int, bool]:
+    """(channels, height, width, channels last) of the input an image of `size` (width, height)
+    fills: [1, C, H, W] or [1, H, W, C] with C 1 or 3, the one whose H and W are the image's."""
+    shape = tuple(spec.shape)
+    layouts = []
+    if len(shape) == 4 and shape[0] == 1:
+        if shape[1] in (1, 3):
+            layouts.append((shape[1], shape[2], shape[3], False))
+        if shape[3] in (1, 3):
+            layouts.append((shape[3], shape[1], shape[2], True))
+    if not layouts:
+        raise CompileError(f"--calib: {where}: an image fills an input of shape [1, C, H, W] or [1, H, W, C] with "
+                           f"C 1 or 3; {spec.name} has shape {list(shape)}")
+    width, height = size
+    for layout in layouts:
+        if (layout[1], layout[2]) == (height, width):
+            return layout
+    _, want_height, want_width, _ = layouts[0]
+    raise CompileError(f"--calib: {where}: the image is {width}x{height}, input {spec.name} {list(shape)} takes "
+                       f"{want_width}x{want_height} images; resize them as the model expects")
+
+
+def _per_channel(values: tuple[float, ...], channels: int, flag: str) -> np.ndarray:
+    if len(values) not in (1, channels):
+        raise CompileError(f"{flag} {','.join(map(str, values))}: give one value or one per channel ({channels})")
+    return np.asarray(values, np.float64)
+
+
 def _read_arrays(file: Path, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
     try:
-        if file.suffix == ".npy":
+        if file.suffix.lower() == ".npy":
             if len(specs) != 1:
                 raise CompileError(f"--calib: {file} is a .npy but the model has {len(specs)} inputs; "
                                    f"use .npz files keyed by input name")
@@ -167,7 +295,8 @@ def random_calibration(specs: Sequence[TensorSpec], count: int = RANDOM_SAMPLES,
     real input. Integer and bool inputs (token ids, masks) are 1: a valid id of any vocabulary
     and an open mask, where random values could index past a small embedding."""
     log.warning("int8 without --calib: calibrating on %d seeded random inputs; the ranges will not fit "
-                "real data, so pass --calib PATH (a folder of .npy/.npz inputs or one .npz)", count)
+                "real data, so pass --calib PATH (a folder of .npy/.npz inputs or images, one .npz, or a "
+                "dataset.txt)", count)
     rng = np.random.default_rng(seed)
 
     def sample(spec: TensorSpec) -> np.ndarray:

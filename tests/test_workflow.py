@@ -188,7 +188,7 @@ def test_calibration_from_an_rknn_style_dataset_txt(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ("data/a0.npy", "names 1 files, the model has 2 inputs (a, b)"),
-    ("data/a0.npy data/cat.jpg", "cat.jpg is not a .npy array"),
+    ("data/a0.npy data/notes.csv", "notes.csv is neither a .npy array nor an image"),
     ("data/a0.npy data/absent.npy", "does not exist"),
 ])
 def test_a_bad_dataset_txt_line_is_one_clear_error(tmp_path, line, message):
