@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("--target", action="append", metavar="T",
                      help=f"a SoC to plan for, repeatable (default rk3588; {names})")
     zoo.add_argument("--jobs", type=_positive, metavar="N", help="worker processes (default: the CPUs available)")
+    zoo.add_argument("--scheduler", metavar="ADDRESS",
+                     help="run the jobs on the Dask distributed cluster whose scheduler is at ADDRESS "
+                          "(tcp://HOST:8786) instead of local processes; needs pip install 'rkcompile[dask]', and "
+                          "the workers must see DIR at the same path (docs/zoo.md)")
     zoo.add_argument("--run", action="store_true",
                      help="also emulate each plan and measure the worst output cosine (against NAME.npz "
                           "beside the model, else onnxruntime)")

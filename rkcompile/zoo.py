@@ -160,29 +160,73 @@ def worst_cosine(model: Path, plan, ctx) -> tuple[float, str]:
     return min(cosines), source
 
 
-def run_jobs(jobs: list[Job], workers: int, progress: Callable[[int, int, Result], None] | None = None) -> list[Result]:
-    """Every job's result in the order of `jobs`; one worker evaluates in this process."""
+Progress = Callable[[int, int, Result], None]
+
+
+def run_jobs(jobs: list[Job], workers: int, progress: Progress | None = None,
+             scheduler: str | None = None) -> list[Result]:
+    """Every job's result in the order of `jobs`: on the Dask cluster whose scheduler is at
+    `scheduler` when given, else in a local process pool of `workers` (one evaluates in this
+    process)."""
+    if scheduler is not None:
+        return _run_on_dask(jobs, scheduler, progress)
     results: dict[int, Result] = {}
     if workers <= 1 or len(jobs) <= 1:
         for index, job in enumerate(jobs):
             results[index] = evaluate(job)
             if progress:
                 progress(len(results), len(jobs), results[index])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            pending = {pool.submit(evaluate, job): index for index, job in enumerate(jobs)}
-            for future in as_completed(pending):
-                index = pending[future]
-                try:
-                    results[index] = future.result()
-                except Exception as exc:  # the worker itself died (out of memory, a signal)
-                    job = jobs[index]
-                    results[index] = Result(job.name, job.target, {
-                        "schema": GOLDEN_SCHEMA, "model": job.name, "target": job.target,
-                        "error": f"worker: {type(exc).__name__}: {one_line(exc)}"})
-                if progress:
-                    progress(len(results), len(jobs), results[index])
+        return [results[index] for index in range(len(jobs))]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        pending = {pool.submit(evaluate, job): index for index, job in enumerate(jobs)}
+        return _collect(jobs, pending, as_completed(pending), progress)
+
+
+def _collect(jobs: list[Job], pending: dict, finished: Iterable, progress: Progress | None) -> list[Result]:
+    """The results of `pending` futures (future -> job index) as `finished` yields them; a
+    future that raised (its worker died: out of memory, a signal, a lost cluster worker) is a row
+    with the error, and the run goes on."""
+    results: dict[int, Result] = {}
+    for future in finished:
+        index = pending[future]
+        try:
+            results[index] = future.result()
+        except Exception as exc:  # noqa: BLE001  (the executor's and Dask's own classes)
+            job = jobs[index]
+            results[index] = Result(job.name, job.target, {
+                "schema": GOLDEN_SCHEMA, "model": job.name, "target": job.target,
+                "error": f"worker: {type(exc).__name__}: {one_line(exc)}"})
+        if progress:
+            progress(len(results), len(jobs), results[index])
     return [results[index] for index in range(len(jobs))]
+
+
+#: How long connecting to a Dask scheduler may take before `--scheduler` gives up.
+SCHEDULER_TIMEOUT_SECONDS = 20
+
+
+def _run_on_dask(jobs: list[Job], scheduler: str, progress: Progress | None) -> list[Result]:
+    """The jobs on a Dask distributed cluster (the optional extra rkcompile[dask]): each is one
+    task running `evaluate` on a worker, so a worker must have rkcompile installed and see the
+    models at the same paths (a shared file system)."""
+    from .errors import CompileError
+
+    try:
+        from distributed import Client
+        from distributed import as_completed as dask_completed
+    except ImportError:
+        raise CompileError("--scheduler runs the zoo on a Dask cluster, which needs Dask: "
+                           "pip install 'rkcompile[dask]'") from None
+    try:
+        client = Client(scheduler, timeout=SCHEDULER_TIMEOUT_SECONDS)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise CompileError(f"--scheduler: no Dask scheduler answers at {scheduler} ({one_line(exc)})") from None
+    try:
+        futures = client.map(evaluate, jobs, pure=False)
+        return _collect(jobs, {future: index for index, future in enumerate(futures)}, dask_completed(futures),
+                        progress)
+    finally:
+        client.close()
 
 
 def progress_bar(stream=None, width: int = 30) -> Callable[[int, int, Result], None]:
@@ -383,8 +427,10 @@ def zoo_command(args) -> int:
         raise CompileError(f"--json: folder {args.json.parent} does not exist")
     if args.update_golden and args.golden is None:
         raise CompileError("--update-golden needs --golden GOLDEN_DIR")
-    jobs = [Job(path, name, target, args.run) for path, name in models for target in targets]
-    results = run_jobs(jobs, args.jobs or default_jobs(), progress_bar())
+    if args.scheduler is not None and args.jobs is not None:
+        raise CompileError("--jobs and --scheduler: with a Dask scheduler its workers run the jobs; drop --jobs")
+    jobs = [Job(path.resolve(), name, target, args.run) for path, name in models for target in targets]
+    results = run_jobs(jobs, args.jobs or default_jobs(), progress_bar(), args.scheduler)
     print(render_table(results))
     diffs: list[Diff] = []
     if args.golden is not None:
