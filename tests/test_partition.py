@@ -145,6 +145,23 @@ def test_an_island_stays_when_moving_it_would_slow_the_plans_own_estimate(tmp_pa
     assert moved.multicore.est_one_core_ms > plan.multicore.est_one_core_ms
 
 
+def test_an_island_stays_when_the_move_gains_less_than_the_estimate_resolves(tmp_path, monkeypatch):
+    """An 8-channel 6x6 Conv island: on the CPU the plan's estimate is a hair faster (0.1 of the
+    island's 4 us), a tie the cost model cannot call, so the island stays on the NPU."""
+    path = _erf_conv_erf_model(tmp_path, 8, 6)
+    plan, _ = compile_model(path, "rk3588")
+    assert _entry(plan, "middle").device == "npu"
+    resolution = partition.ISLAND_MOVE_RESOLUTION
+    monkeypatch.setattr(partition, "ISLAND_MOVE_RESOLUTION", 0.0)
+    moved, _ = compile_model(path, "rk3588")
+    assert _entry(moved, "middle").device == "cpu", "without the resolution the move is taken"
+    on_cpu, on_npu = _estimates_in(_entry(moved, "middle").reason)
+    assert on_cpu < on_npu
+    gain = on_npu - on_cpu
+    island = float(re.search(r"island's own ([0-9.]+) us", _entry(moved, "middle").reason).group(1))
+    assert 0 < gain < resolution * island
+
+
 def test_npu_island_that_pays_for_its_conversions_stays(tmp_path):
     plan, ctx = compile_model(_conv_erf_model(tmp_path, "conv"), "rk3588")
     assert _entry(plan, "middle").device == "npu"
