@@ -81,6 +81,29 @@ def index_map(chain: list[gs.Node], source_shape: tuple[int, ...]) -> np.ndarray
     return index
 
 
+def movement_into(tensor: gs.Tensor, out: gs.Tensor) -> tuple[list[gs.Node], gs.Tensor, np.ndarray] | str:
+    """(chain, its source, which source element each element of `out` is) for a `tensor` that
+    only moves, repeats or keeps its source's elements and broadcasts to `out`; else why not."""
+    chain, source = moved_chain(tensor)
+    if not chain:
+        return "is not a moved, repeated or kept tensor"
+    source_shape, out_shape = static_shape(source), static_shape(out)
+    if source_shape is None or out_shape is None or any(static_shape(n.outputs[0]) is None for n in chain):
+        return "has a shape that is unknown"
+    return chain, source, np.broadcast_to(index_map(chain, source_shape), out_shape)
+
+
+def compute_then_move(builder: Builder, op: str, source: gs.Tensor, operands: list[gs.Tensor],
+                      index: np.ndarray, out: gs.Tensor, **attrs) -> None:
+    """`out` = `op`(source, *operands) computed on the unmoved source, then its result moved as
+    `index` says: an elementwise op commutes with moving the elements it works on."""
+    source_shape = static_shape(source)
+    unmoved = source_shape == static_shape(out) and np.array_equal(index.ravel(), np.arange(index.size))
+    result = builder.op(op, [source, *operands], source_shape, out.dtype, out=out if unmoved else None, **attrs)
+    if not unmoved:
+        emit_movement(builder, result, index, out)
+
+
 def emit_movement(builder: Builder, values: gs.Tensor, index: np.ndarray, out: gs.Tensor) -> None:
     """`out` = `values`' elements at the flat positions `index`: a relabel then a broadcast when
     `index` is one (the usual case), else a Gather of the flat values."""
@@ -118,20 +141,13 @@ def where_before_mask_movement(node: gs.Node, site: Site) -> Candidates:
     branches = [constant_value(a), constant_value(b)]
     if any(v is None or v.size != 1 for v in branches):
         return "a branch is not a single constant"
-    chain, source = moved_chain(cond)
-    if not chain:
-        return "the condition is not a moved, repeated or kept mask"
-    source_shape, out_shape = static_shape(source), static_shape(node.outputs[0])
-    if source_shape is None or out_shape is None or any(static_shape(n.outputs[0]) is None for n in chain):
-        return "a shape is unknown"
-    index = np.broadcast_to(index_map(chain, source_shape), out_shape)
+    movement = movement_into(cond, node.outputs[0])
+    if isinstance(movement, str):
+        return f"the condition {movement}"
+    chain, source, index = movement
     builder = site.builder(node)
-    small = [builder.const(v.reshape([1] * len(source_shape)), "branch") for v in branches]
-    unmoved = source_shape == out_shape and np.array_equal(index.ravel(), np.arange(index.size))
-    picked = builder.op("Where", [source, *small], source_shape, node.outputs[0].dtype,
-                        out=node.outputs[0] if unmoved else None)
-    if not unmoved:
-        emit_movement(builder, picked, index, node.outputs[0])
+    small = [builder.const(v.reshape([1] * len(static_shape(source))), "branch") for v in branches]
+    compute_then_move(builder, "Where", source, small, index, node.outputs[0])
     yield builder.finish(node, *_only_feeding(chain, node, site))
 
 
@@ -258,19 +274,12 @@ def cast_before_movement(node: gs.Node, site: Site) -> Candidates:
     movement's nodes leave with it (fewer_cpu)."""
     if dtype_name(node.outputs[0].dtype) not in FLOAT_DTYPES:
         return "it does not cast to a float type"
-    chain, source = moved_chain(node.inputs[0])
-    if not chain:
-        return "its input is not a moved, repeated or kept tensor"
-    source_shape, out_shape = static_shape(source), static_shape(node.outputs[0])
-    if source_shape is None or out_shape is None or any(static_shape(n.outputs[0]) is None for n in chain):
-        return "a shape is unknown"
-    index = np.broadcast_to(index_map(chain, source_shape), out_shape)
-    unmoved = source_shape == out_shape and np.array_equal(index.ravel(), np.arange(index.size))
+    movement = movement_into(node.inputs[0], node.outputs[0])
+    if isinstance(movement, str):
+        return f"its input {movement}"
+    chain, source, index = movement
     builder = site.builder(node)
-    cast = builder.op("Cast", [source], source_shape, node.outputs[0].dtype,
-                      out=node.outputs[0] if unmoved else None, **node.attrs)
-    if not unmoved:
-        emit_movement(builder, cast, index, node.outputs[0])
+    compute_then_move(builder, "Cast", source, [], index, node.outputs[0], **node.attrs)
     yield builder.finish(node, *_only_feeding(chain, node, site))
 
 
