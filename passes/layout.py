@@ -11,15 +11,20 @@ first reader computes in. Sizes are Python-int arithmetic, so huge shapes never 
 """
 from __future__ import annotations
 
+import logging
+
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext
+from rkcompile.emulator import half
 from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs, present_inputs, static_shape
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import TensorPlacement
 from rkcompile.targets.model import Target
 
 NAME = "layout"
+log = logging.getLogger("rkcompile")
 
 
 def run(ctx: CompileContext) -> None:
@@ -44,6 +49,7 @@ def run(ctx: CompileContext) -> None:
         for tensor in present_inputs(node):
             if isinstance(tensor, gs.Constant) and tensor.name not in tensors:
                 place(tensor, "weight", device)
+                _warn_out_of_range(tensor, tensors[tensor.name])
         for tensor in node.outputs:
             if tensor.name in outputs:
                 place(tensor, "output", "cpu")
@@ -56,6 +62,21 @@ def run(ctx: CompileContext) -> None:
         if tensor.name not in tensors:
             place(tensor, "weight" if isinstance(tensor, gs.Constant) else "output", "cpu")
     ctx.tensors = tensors
+
+
+def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:
+    """Warn when the weight region cannot hold a constant's finite values in its stored dtype:
+    the weight encoding saturates them to that dtype's largest value (rkcompile.emulator.half.saturate
+    says why, and what Rockchip's compiler does), so the plan computes with a different number
+    than the model wrote (typically a float32 mask fill of -3.4e38 read by an NPU step)."""
+    if stored.dtype not in FLOAT_DTYPES or stored.dtype == dtype_name(constant.dtype):
+        return
+    beyond = half.beyond_range(constant.values, stored.dtype)
+    if beyond.size:
+        extreme = float(beyond[np.argmax(np.abs(beyond))])
+        log.warning("layout: constant %s holds %d value(s) beyond the %s range (up to %g); stored as %s they "
+                    "saturate to +-%g", constant.name, beyond.size, stored.dtype, extreme, stored.dtype,
+                    half.largest(stored.dtype))
 
 
 def placement(tensor: gs.Tensor, region: str, device: str, target: Target, npu_dtype: str) -> TensorPlacement:

@@ -22,11 +22,12 @@ from . import artifact
 from .context import Options
 from .cpu_partitions import cpu_partition_models
 from .emulator.accuracy import StepAccuracy, analyse
+from .emulator import half
 from .emulator.executor import Executor
 from .emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from .emulator.storage import EmulationError, Storage
 from .errors import CompileError
-from .ir import node_inputs
+from .ir import FLOAT_DTYPES, node_inputs
 from .operations import rebuild
 from .plan import Plan as PlanRecord
 from .quantize import quantize
@@ -230,5 +231,9 @@ def _encode_weights(plan: PlanRecord, constants: Mapping[str, gs.Constant], targ
             raise EmulationError(f"weight {name} is not a constant of the model")
         value = np.asarray(constants[name].values)
         quant = plan.quantization.get(name)
-        storage.write(name, quantize(value, quant) if quant is not None else value)
+        if quant is not None:
+            value = quantize(value, quant)
+        elif tensor.dtype in FLOAT_DTYPES:  # the layout pass warns about each constant this changes
+            value = half.saturate(value, tensor.dtype)
+        storage.write(name, value)
     return storage.regions["weight"].tobytes()

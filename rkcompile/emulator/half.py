@@ -58,3 +58,42 @@ def _make_cast_session(dtype: np.dtype):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def beyond_range(values: np.ndarray, dtype) -> np.ndarray:
+    """The finite values of `values` beyond the largest finite value of `dtype` (a float dtype);
+    converted as they are, those past its rounding edge (65520 for float16) become infinities."""
+    limit = largest(dtype)
+    values = np.asarray(values)
+    if values.dtype.kind != "f" or largest(values.dtype) <= limit:
+        return np.empty(0, values.dtype)
+    finite = values[np.isfinite(values)]
+    return finite[np.abs(finite) > limit]
+
+
+def saturate(values: np.ndarray, dtype) -> np.ndarray:
+    """`values` with every finite value beyond `dtype`'s range clamped to its largest finite value
+    of the same sign; infinities and NaN stay as they are.
+
+    Constants such as an attention mask's fill of float32's lowest value (torch.finfo.min) would
+    otherwise become -inf in float16, and a softmax over a fully masked row would give NaN where
+    the float32 model gives a uniform row. Rockchip's compiler does not let that reach the NPU
+    either: rknn-toolkit2 2.5.0 rewrites constants beyond +-3e38 to +-10000 ("the value smaller
+    than -3e+38 or greater than 3e+38 has been corrected to -10000 or 10000"), and with that
+    correction disabled (optimization_level=2) its simulator gives the NaN rows (measured on a
+    Where(mask, -3.4e38, scores) -> Softmax graph). onnxconverter-common's float16
+    conversion clips the same way (convert_np_to_float16, to +-max_finite_val). Clamping to the
+    float16 limit is the nearest value float16 holds, so it leaves every in-range value alone and
+    covers every out-of-range constant, not only the ones near float32's limit."""
+    limit = largest(dtype)
+    values = np.asarray(values)
+    if not beyond_range(values, dtype).size:
+        return values
+    return np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype(values.dtype)
+
+
+def largest(dtype) -> float:
+    """The largest finite value of a float dtype, given as a numpy dtype or a plan's dtype name."""
+    import ml_dtypes  # an onnx dependency; its finfo knows bfloat16 as well as numpy's floats
+
+    return float(ml_dtypes.finfo(getattr(ml_dtypes, str(dtype), dtype)).max)
