@@ -66,3 +66,10 @@ def test_a_constant_in_float16_range_gives_no_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="rkcompile"):
         prepare(_masked_softmax_model(tmp_path / "m.onnx", -10000.0), "rk3588", Options())
     assert not [r for r in caplog.records if "float16 range" in r.getMessage()]
+
+
+def test_a_broadcast_constant_is_inspected_and_saturated_without_expanding_it():
+    huge = np.broadcast_to(np.array([FLOAT32_LOWEST, 1.0], np.float32), (100_000, 100_000, 2))
+    assert beyond_range(huge, "float16").tolist() == [FLOAT32_LOWEST]
+    out = saturate(huge, "float16")
+    assert out.shape == huge.shape and out[5, 7].tolist() == [-65504.0, 1.0]

@@ -67,7 +67,8 @@ def beyond_range(values: np.ndarray, dtype) -> np.ndarray:
     values = np.asarray(values)
     if values.dtype.kind != "f" or largest(values.dtype) <= limit:
         return np.empty(0, values.dtype)
-    finite = values[np.isfinite(values)]
+    stored = _stored_elements(values)
+    finite = stored[np.isfinite(stored)]
     return finite[np.abs(finite) > limit]
 
 
@@ -89,7 +90,15 @@ def saturate(values: np.ndarray, dtype) -> np.ndarray:
     values = np.asarray(values)
     if not beyond_range(values, dtype).size:
         return values
-    return np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype(values.dtype)
+    stored = _stored_elements(values)
+    clamped = np.where(np.isfinite(stored), np.clip(stored, -limit, limit), stored).astype(values.dtype)
+    return np.broadcast_to(clamped, values.shape) if clamped.shape != values.shape else clamped
+
+
+def _stored_elements(values: np.ndarray) -> np.ndarray:
+    """`values` with each axis it repeats by broadcasting (stride 0) kept once: a folded
+    ConstantOfShape of any size is one stored element, and must not be expanded to be inspected."""
+    return values[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in values.strides)]
 
 
 def largest(dtype) -> float:
