@@ -273,8 +273,8 @@ def _plan(args: argparse.Namespace) -> int:
                  if path is not None and str(path) == STDOUT]
     if len(to_stdout) > 1:
         raise CompileError("--json - and --output - both ask for standard output; send one to a file")
-    if args.dump_after and not args.dump_dir.is_dir():
-        raise CompileError(f"--dump-dir: folder {args.dump_dir} does not exist")
+    if args.dump_after and args.dump_dir.exists() and not args.dump_dir.is_dir():
+        raise CompileError(f"--dump-dir: {args.dump_dir} is a file, not a folder")
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
     with quiet() if args.quiet else contextlib.nullcontext():

@@ -145,6 +145,7 @@ def stray_links(graph: gs.Graph) -> list[str]:
 def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
     path = ctx.options.dump_dir / f"{ctx.model_path.stem}.after-{pass_name}.onnx"
     model = gs.export_onnx(ctx.graph, do_type_check=False)
+    path.parent.mkdir(parents=True, exist_ok=True)  # created on the first dump, as other outputs' folders
     onnx.save(model, str(path))
     return path
 

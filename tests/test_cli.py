@@ -68,6 +68,19 @@ def test_dump_after_writes_a_loadable_graph(tmp_path, capsys):
     assert "Conv" in {n.op_type for n in model.graph.node}
 
 
+def test_dump_dir_is_created_when_missing_and_a_file_there_is_one_error(tmp_path, capsys):
+    folder = tmp_path / "dumps" / "run1"
+    assert main(["plan", str(EXAMPLE), "--target", "rk3588", "--quiet",
+                 "--dump-after", "fuse", "--dump-dir", str(folder)]) == 0
+    assert (folder / "tiny_cnn.after-fuse.onnx").is_file()
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    assert main(["plan", str(EXAMPLE), "--target", "rk3588", "--quiet",
+                 "--dump-after", "fuse", "--dump-dir", str(blocker)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --dump-dir:") and "is a file" in err[-1]
+
+
 def test_targets_lists_figures(capsys):
     assert main(["targets"]) == 0
     out = capsys.readouterr().out
