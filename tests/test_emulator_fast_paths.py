@@ -92,6 +92,17 @@ def test_nc1hwc2_codec_round_trips_every_rank_and_zeroes_the_padding(shape, dtyp
     assert storage.regions["arena"][:6].tolist() == [0x7B] * 6
 
 
+def test_a_tensors_view_is_made_once_and_stays_on_its_planned_bytes():
+    storage = one_tensor_storage((1, 24, 3, 3), "float16")
+    first = storage.view("t")
+    assert storage.view("t") is first  # checked and made on the first use only
+    value = rng.standard_normal((1, 24, 3, 3)).astype(np.float16)
+    storage.write("t", value)
+    # the kept view still aliases the region: what a write puts there, the region holds
+    assert np.shares_memory(first, storage.regions["arena"])
+    np.testing.assert_array_equal(storage.read("t"), value)
+
+
 def test_float32_writes_round_once_to_nearest_even():
     storage = one_tensor_storage((1, 9, 30, 20), "float16")
     value = rng.standard_normal((1, 9, 30, 20)).astype(np.float32)

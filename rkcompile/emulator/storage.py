@@ -38,6 +38,10 @@ class Storage:
             sizes[tensor.region] = max(sizes[tensor.region], tensor.offset + tensor.bytes)
         self.regions = {region: np.zeros(size, np.uint8) for region, size in sizes.items()}
         self.dynamic: dict[str, np.ndarray] = {}
+        #: each tensor's typed view, checked and made on its first use: a region's buffer is
+        #: never replaced, so the view stays on the tensor's planned bytes for every later
+        #: read and write (rebuilding it cost a step of a small model about as much as its data)
+        self._views: dict[str, np.ndarray] = {}
 
     def placement(self, name: str) -> TensorPlacement:
         try:
@@ -47,6 +51,12 @@ class Storage:
 
     def view(self, name: str) -> np.ndarray:
         """The stored tensor as a typed view on its region's bytes."""
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = self._make_view(name)
+        return view
+
+    def _make_view(self, name: str) -> np.ndarray:
         tensor = self.placement(name)
         stored_shape = self.stored_shape(tensor)
         dtype = np.dtype(tensor.dtype)
