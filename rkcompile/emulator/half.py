@@ -3,7 +3,7 @@
 numpy converts in software, element by element (about 3.4 ns per element float32 -> float16 on
 the 2-core test machine, 1.3 ns back); onnxruntime's Cast kernel uses the CPU's conversion
 instructions and was 16x and 6x faster on a 400k-element map. Both round to nearest even and agree bit for bit on every
-non-NaN value (`tests/test_emulator_half.py` checks all float16 values, the rounding ties
+non-NaN value (`tests/test_emulator_fast_paths.py::test_onnxruntime_float16_casts_match_numpy_bit_for_bit` checks all float16 values, the rounding ties
 between them, the subnormal and overflow edges, and random bit patterns), so the emulator uses
 onnxruntime when it is installed and numpy otherwise, and the results do not depend on which.
 Small arrays stay with numpy: a session call costs more than converting them.
