@@ -23,7 +23,7 @@ log = logging.getLogger("rkcompile")
 PASSES = (
     import_model,    # load, validate, infer shapes
     fold_constants,  # evaluate what is already known
-    remove_noops,    # Identity, Dropout
+    remove_noops,    # Identity, Dropout, a Cast to the type it already has
     rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
     legalize,        # every rule every node breaks
     fuse,            # chains the NPU runs as one kernel, per the fusion table
