@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.util.misc import SynchronizedList
 
 from .errors import CompileError
 from .nodes import dtype_name
@@ -37,11 +38,53 @@ def rebuild(operation: Operation, weight: WeightLookup, scope: dict[str, gs.Tens
     """The node `operation` describes; weights come from `weight`, other inputs are variables of
     the recorded ONNX dtype (shared by name through `scope` within one graph)."""
     scope = {} if scope is None else scope
-    return gs.Node(
-        op=operation.op, name=operation.name, domain=operation.domain or None,
-        attrs={key: _decode(value, weight) for key, value in operation.attributes.items()},
-        inputs=[_tensor(name, dtype, weight, scope) for name, dtype in zip(operation.inputs, operation.input_dtypes)],
-        outputs=[_tensor(name, "", weight, scope) for name in operation.outputs])
+    return graph_node(
+        operation.op, operation.name, operation.domain or None,
+        {key: _decode(value, weight) for key, value in operation.attributes.items()},
+        [_tensor(name, dtype, weight, scope) for name, dtype in zip(operation.inputs, operation.input_dtypes)],
+        [_tensor(name, "", weight, scope) for name in operation.outputs])
+
+
+# The three constructors below make the same objects as gs.Node, gs.Variable and gs.Constant
+# (the same attributes, the tensors' producer and consumer lists linked the same way) without
+# onnx-graphsurgeon's attribute setter, which probes each attribute it sets by raising and
+# catching an AttributeError: that made rebuilding the steps, on every first run of a plan,
+# cost about as much as executing them. tests/test_operations_rebuild.py compares them with
+# the library's own constructors, attribute by attribute.
+
+def graph_node(op: str, name: str, domain: str | None, attrs: dict, inputs: list, outputs: list) -> gs.Node:
+    """gs.Node(op=op, name=name, domain=domain, attrs=attrs, inputs=inputs, outputs=outputs)."""
+    node = gs.Node.__new__(gs.Node)
+    node.__dict__.update(op=op, name=name or "", attrs=attrs, domain=domain,
+                         inputs=_linked(node, "outputs", inputs), outputs=_linked(node, "inputs", outputs))
+    return node
+
+
+def variable(name: str, dtype=None) -> gs.Variable:
+    """gs.Variable(name, dtype=dtype)."""
+    tensor = gs.Variable.__new__(gs.Variable)
+    tensor.__dict__.update(name=name, dtype=dtype, shape=None, type="tensor_type",
+                           inputs=_linked(tensor, "outputs", ()), outputs=_linked(tensor, "inputs", ()))
+    return tensor
+
+
+def constant(name: str, values: np.ndarray) -> gs.Constant:
+    """gs.Constant(name, values) for a numpy array."""
+    tensor = gs.Constant.__new__(gs.Constant)
+    tensor.__dict__.update(name=name, _values=values, data_location=None, _export_dtype=None,
+                           inputs=_linked(tensor, "outputs", ()), outputs=_linked(tensor, "inputs", ()))
+    return tensor
+
+
+def _linked(owner, field_name: str, items) -> SynchronizedList:
+    """SynchronizedList(owner, field_name, items): `items`, each of which lists `owner` in its
+    `field_name` list."""
+    linked = SynchronizedList.__new__(SynchronizedList)
+    linked.parent_obj, linked.field_name = owner, field_name
+    list.extend(linked, items)
+    for item in items:
+        list.append(getattr(item, field_name), owner)
+    return linked
 
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:
@@ -100,14 +143,14 @@ def _operation_dict(operation: Operation) -> dict[str, Any]:
 
 def _decode(value: Any, weight: WeightLookup) -> Any:
     if isinstance(value, dict) and "tensor" in value:
-        return gs.Constant("", decode_array(value["tensor"]))
+        return constant("", decode_array(value["tensor"]))
     if isinstance(value, dict) and "graph" in value:
         return _decode_graph(value["graph"], weight)
     return value
 
 
 def _decode_graph(record: dict[str, Any], weight: WeightLookup) -> gs.Graph:
-    scope: dict[str, gs.Tensor] = {name: gs.Constant(name, decode_array(array))
+    scope: dict[str, gs.Tensor] = {name: constant(name, decode_array(array))
                                    for name, array in record["constants"].items()}
     inputs = [_tensor(name, dtype, weight, scope) for name, dtype, *_ in record["inputs"]]
     for tensor, (_, _, *shape) in zip(inputs, record["inputs"]):
@@ -124,11 +167,11 @@ def _tensor(name: str, dtype: str, weight: WeightLookup, scope: dict[str, gs.Ten
     """The tensor called `name` in one node or graph: a weight, a constant of the graph, or a
     variable (one object per name within a graph, so its members connect)."""
     if not name:
-        return gs.Variable.empty()
+        return variable("")
     if name in scope:
         return scope[name]
     found = weight(name)
     if found is None:
-        found = gs.Variable(name, dtype=dtype or None)
+        found = variable(name, dtype or None)
     scope[name] = found
     return found

@@ -1,14 +1,13 @@
 """The pass pipeline, read top to bottom, and the plan assembled from what the passes recorded."""
 from __future__ import annotations
 
-import gc
 import logging
-from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
 
+from .collector import cyclic_collector_paused
 from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
 from .ir import node_inputs, present_inputs, static_shape, subgraphs, topological_nodes
@@ -41,7 +40,7 @@ PASS_NAMES = tuple(p.NAME for p in PASSES)
 
 def compile_model(model_path: str | Path, target: str, options: Options | None = None) -> tuple[Plan, CompileContext]:
     ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
-    with _cyclic_collector_paused():
+    with cyclic_collector_paused():
         for compiler_pass in PASSES:
             compiler_pass.run(ctx)
             problems = verify(ctx) if ctx.options.verify_passes else []
@@ -51,22 +50,6 @@ def compile_model(model_path: str | Path, target: str, options: Options | None =
                 dump_graph(ctx, compiler_pass.NAME)
             log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
         return assemble_plan(ctx), ctx
-
-
-@contextmanager
-def _cyclic_collector_paused():
-    """Python's cyclic garbage collector paused while planning. A compile keeps every node and
-    tensor of the graph alive, and the collector's full passes over them grow with the graph,
-    which made planning superlinear (tools/bench_scale.py: 2 s of a 7.5 s 20,000-node plan).
-    What the passes discard is mostly freed by reference counting; the cycles among it wait
-    for the collector's next run after the plan."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def verify(ctx: CompileContext) -> list[str]:

@@ -119,6 +119,11 @@ CONVS = {
     "depthwise_many_blocks": ((2, 6, 9, 7), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
     "depthwise_multiplier_stride2": ((1, 4, 9, 8), (8, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 0, 1, 2]}),
     "depthwise_1d": ((2, 5, 17), (5, 1, 5), {"group": 5, "dilations": [2], "pads": [4, 4]}),
+    "depthwise_3d_uneven_pads": ((1, 3, 4, 5, 6), (3, 1, 2, 3, 3), {"group": 3, "pads": [1, 0, 2, 1, 1, 0],
+                                                                    "strides": [1, 2, 1]}),
+    # the corner taps of a 1x1 map read nothing but padding
+    "depthwise_taps_in_padding_only": ((1, 2, 1, 1), (2, 1, 5, 5), {"group": 2, "pads": [2, 2, 2, 2]}),
+    "dense_padded_strided": ((1, 3, 7, 6), (4, 3, 3, 3), {"pads": [2, 1, 0, 2], "strides": [2, 2]}),
     "pointwise_batch": ((3, 13, 5, 4), (7, 13, 1, 1), {}),
     "dense_3x3_batch": ((2, 5, 8, 6), (9, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
     "grouped_strided": ((1, 8, 9, 9), (6, 4, 3, 2), {"group": 2, "strides": [2, 1], "dilations": [1, 2]}),
@@ -172,3 +177,19 @@ def test_weight_cache_reuses_the_first_runs_weights_without_changing_outputs():
     for key in first:
         np.testing.assert_array_equal(first[key], second[key])
         np.testing.assert_array_equal(first[key], uncached[key])
+
+
+@pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
+def test_weights_decoded_in_one_cast_equal_their_one_by_one_reads():
+    prepared = prepare(SHARED / "zoo" / "squeezenet1_1.onnx", "rk3588", Options())
+    executor = Executor(prepared.plan, prepared.weights, RK3588)
+    executor.step_nodes()
+    float16 = [name for name, t in prepared.plan.tensors.items() if t.region == "weight" and t.dtype == "float16"]
+    assert float16 and set(float16) <= set(executor.weight_cache.decoded)
+    # one conversion: every float16 weight is a view on the same decoded region
+    assert len({id(executor.weight_cache.decoded[name].base) for name in float16}) == 1
+    for name in float16:
+        decoded = executor.weight_cache.decoded[name]
+        one_by_one = executor.storage.read(name, np.float32)
+        assert decoded.shape == one_by_one.shape and not decoded.flags.writeable
+        np.testing.assert_array_equal(decoded.view(np.uint32), one_by_one.view(np.uint32))

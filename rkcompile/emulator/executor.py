@@ -17,17 +17,20 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import dtype_name, fused_body, node_operands
-from rkcompile.operations import rebuild
+from rkcompile.collector import cyclic_collector_paused
+from rkcompile.nodes import dtype_name, element_count, fused_body, node_operands
+from rkcompile.operations import constant, rebuild
 from rkcompile.plan import Plan
 from rkcompile.quantize import dequantize, is_movement, quantize
 from rkcompile.targets.model import Target
 
 from . import kernels  # noqa: F401  (registers the kernels)
+from .cpu_partition import CpuPartition, cpu_runs
 from .fused import run_fused
 from .int8 import QTensor, run_int8
 from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
 from .registry import KERNELS, Unsupported
+from .half import cast
 from .storage import EmulationError, Storage
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
@@ -59,6 +62,8 @@ class WeightCache:
     nodes: list[gs.Node] | None = None
     #: onnxruntime sessions of the CPU steps, made by the first run that needs them
     cpu: CpuRuntime | None = None
+    #: the runs of consecutive CPU steps executed as one session each, by their first step's index
+    partitions: dict[int, CpuPartition] | None = None
 
 
 class Executor:
@@ -86,27 +91,56 @@ class Executor:
     def step_nodes(self) -> list[gs.Node]:
         """Each step's node, rebuilt from its operation over the weights of this weight region."""
         if self.weight_cache.nodes is None:
-            self.storage.regions["weight"][...] = self.weights
-            constants: dict[str, gs.Constant] = {}
-            # a weight's constant holds its value in the model's dtype, as the model's constant did
-            model_dtypes = {name: dtype for step in self.plan.steps
-                            for name, dtype in zip(step.operation.inputs, step.operation.input_dtypes) if dtype}
-
-            def weight(name: str) -> gs.Constant | None:
-                placement = self.plan.tensors.get(name)
-                if placement is None or placement.region != "weight":
-                    return None
-                if name not in constants:
-                    value, dtype = self._weight(name), model_dtypes.get(name)
-                    if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != value.dtype.name:
-                        value = value.astype(dtype)
-                    constants[name] = gs.Constant(name, value)
-                return constants[name]
-
-            self.weight_cache.nodes = [rebuild(step.operation, weight) for step in self.plan.steps]
+            with cyclic_collector_paused():
+                self.weight_cache.nodes = self._rebuilt_nodes()
         return self.weight_cache.nodes
 
+    def _rebuilt_nodes(self) -> list[gs.Node]:
+        self.storage.regions["weight"][...] = self.weights
+        self._decode_float16_weights()
+        constants: dict[str, gs.Constant] = {}
+        # a weight's constant holds its value in the model's dtype, as the model's constant did
+        model_dtypes = {name: dtype for step in self.plan.steps
+                        for name, dtype in zip(step.operation.inputs, step.operation.input_dtypes) if dtype}
+
+        def weight(name: str) -> gs.Constant | None:
+            placement = self.plan.tensors.get(name)
+            if placement is None or placement.region != "weight":
+                return None
+            if name not in constants:
+                value, dtype = self._weight(name), model_dtypes.get(name)
+                if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != value.dtype.name:
+                    value = value.astype(dtype)
+                constants[name] = constant(name, value)
+            return constants[name]
+
+        return [rebuild(step.operation, weight) for step in self.plan.steps]
+
+    def _decode_float16_weights(self) -> None:
+        """Every row-major float16 weight decoded to float32 by one conversion of the whole
+        weight region seen as float16 (one call instead of one per weight, the bulk of a first
+        run's weight decoding), each weight then a read-only view at its offset: the values
+        `_weight` would decode one by one, bit for bit (both convert through `half.cast`)."""
+        region = self.storage.regions["weight"]
+        placed = [(name, placement) for name, placement in self.plan.tensors.items()
+                  if placement.region == "weight" and placement.dtype == "float16"
+                  and placement.layout != "NC1HWC2" and placement.offset % 2 == 0
+                  and name not in self.quantization and name not in self.weight_cache.decoded]
+        if not placed:
+            return
+        decoded = cast(region[:region.size // 2 * 2].view(np.float16), np.float32)
+        decoded.flags.writeable = False  # shared by every step and run that reads it
+        for name, placement in placed:
+            start = placement.offset // 2
+            self.storage.view(name)  # checks the tensor's bytes against its layout, as a read does
+            self.weight_cache.decoded[name] = decoded[start:start + element_count(placement.shape)].reshape(
+                placement.shape)
+
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
+        with cyclic_collector_paused():
+            return self._run(inputs, observe)
+
+    def _run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None) -> Execution:
         nodes = self.step_nodes()
         self.storage.regions["weight"][...] = self.weights
         for spec in self.plan.model.inputs:
@@ -117,25 +151,66 @@ class Executor:
                 raise EmulationError(f"input {spec.name} has shape {list(value.shape)}, the plan expects "
                                      f"{list(spec.shape)}")
             self.storage.write(spec.name, value)
-        for step, node in zip(self.plan.steps, nodes):
-            self._step = step.id
-            if tuple(t.name for t in node.outputs if t.name) != tuple(step.outputs):
-                raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its operation {node.name} "
-                                     f"writes others")
-            if step.device == "host":
-                (source,), (converted,) = step.inputs, step.outputs
-                self._store(converted, self._real(source))
-            else:
-                values = [self._operand(t, step.device) if t.name else None for t in node_operands(node)]
-                results = self._npu_node(node, values) if step.device == "npu" else \
-                    self._cpu_node(node, values, self._cpu_backend(step, node))
-                for tensor, value in zip(node.outputs, results):
-                    if tensor.name:
-                        self.storage.write(tensor.name, value)
-            if observe is not None:
-                observe(step.id, {name: self._real(name) for name in step.outputs})
+        partitions = self._cpu_partitions(nodes)
+        index = 0
+        while index < len(nodes):
+            partition = partitions.get(index)
+            if partition is not None and self._run_partition(partition, observe):
+                index += len(partition.steps)
+                continue
+            self._run_step(self.plan.steps[index], nodes[index], observe)
+            index += 1
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
         return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
+
+    def _run_step(self, step, node: gs.Node, observe: Observe | None) -> None:
+        self._step = step.id
+        if tuple(t.name for t in node.outputs if t.name) != tuple(step.outputs):
+            raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its operation {node.name} "
+                                 f"writes others")
+        if step.device == "host":
+            (source,), (converted,) = step.inputs, step.outputs
+            self._store(converted, self._real(source))
+        else:
+            values = [self._operand(t, step.device) if t.name else None for t in node_operands(node)]
+            results = self._npu_node(node, values) if step.device == "npu" else \
+                self._cpu_node(node, values, self._cpu_backend(step, node))
+            for tensor, value in zip(node.outputs, results):
+                if tensor.name:
+                    self.storage.write(tensor.name, value)
+        if observe is not None:
+            observe(step.id, {name: self._real(name) for name in step.outputs})
+
+    def _cpu_partitions(self, nodes: Sequence[gs.Node]) -> dict[int, CpuPartition]:
+        """The runs of consecutive CPU steps onnxruntime executes, as one session each
+        (cpu_partition.py), by the index of their first step; made once per prepared plan."""
+        if self.weight_cache.partitions is None:
+            steps = self.plan.steps
+
+            def eligible(index: int) -> bool:
+                step, node = steps[index], nodes[index]
+                return (step.device == "cpu" and self._cpu_backend(step, node) == ONNXRUNTIME
+                        and tuple(t.name for t in node.outputs if t.name) == tuple(step.outputs)
+                        and not any(name in self.quantization for name in (*step.inputs, *step.outputs)))
+
+            self.weight_cache.partitions = {
+                start: CpuPartition([steps[i] for i in run], [nodes[i] for i in run], self.cpu.opsets)
+                for start, run in cpu_runs(range(len(steps)), eligible).items()}
+        return self.weight_cache.partitions
+
+    def _run_partition(self, partition: CpuPartition, observe: Observe | None) -> bool:
+        """The partition's steps in one session; False (nothing written) when they must run
+        step by step."""
+        results = partition.run(lambda tensor: self._operand(tensor, "cpu"), self.storage.placement)
+        if results is None:
+            return False
+        for step in partition.steps:
+            self._step = step.id
+            for name in step.outputs:
+                self.storage.write(name, results[name])
+            if observe is not None:
+                observe(step.id, {name: self._real(name) for name in step.outputs})
+        return True
 
     def _store(self, name: str, real: np.ndarray) -> None:
         """Write a real value, quantized first when the plan stores the tensor as integers."""

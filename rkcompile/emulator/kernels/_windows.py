@@ -48,10 +48,7 @@ def windows(x: np.ndarray, kernel, strides, dilations, begin, end, fill: float =
     rank = len(kernel)
     spatial = range(first_spatial_axis, first_spatial_axis + rank)
     if any(begin + end):
-        widths = [(0, 0)] * x.ndim
-        for axis, pads in zip(spatial, zip(begin, end)):
-            widths[axis] = pads
-        x = np.pad(x, widths, constant_values=fill)
+        x = padded(x, dict(zip(spatial, zip(begin, end))), fill)
     extents = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
     if any(x.shape[axis] < extent for axis, extent in zip(spatial, extents)):
         # a window larger than the padded input: no output position along that axis (onnx
@@ -67,6 +64,50 @@ def windows(x: np.ndarray, kernel, strides, dilations, begin, end, fill: float =
     for axis, dilation in zip(range(x.ndim, x.ndim + rank), dilations):
         index[axis] = slice(None, None, dilation)
     return view[tuple(index)]
+
+
+def padded(x: np.ndarray, widths: dict[int, tuple[int, int]], fill: float) -> np.ndarray:
+    """`x` padded with `fill` by (before, after) elements along each axis of `widths`: the
+    input copied once into the middle and only the border strips filled (np.pad's general
+    machinery cost more than the copy on small maps)."""
+    shape = list(x.shape)
+    for axis, (before, after) in widths.items():
+        shape[axis] += before + after
+    result = np.empty(shape, x.dtype)
+    inside = [slice(None)] * x.ndim
+    for axis, (before, after) in widths.items():
+        inside[axis] = slice(before, before + x.shape[axis])
+        strip = [slice(None)] * x.ndim
+        strip[axis] = slice(0, before)
+        result[tuple(strip)] = fill
+        strip[axis] = slice(before + x.shape[axis], shape[axis])
+        result[tuple(strip)] = fill
+    result[tuple(inside)] = x
+    return result
+
+
+def output_sizes(in_sizes, kernel, strides, dilations, begin, end) -> list[int]:
+    """The output size along each spatial axis: the windows that fit the padded input (none
+    when a window is larger than it)."""
+    return [max(0, (size + b + e - ((k - 1) * d + 1)) // s + 1) if size + b + e >= (k - 1) * d + 1 else 0
+            for size, k, s, d, b, e in zip(in_sizes, kernel, strides, dilations, begin, end)]
+
+
+def tap_spans(in_sizes, out_sizes, tap, strides, dilations, begin) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """Where one kernel tap reads real input, without padding anything: (the output positions,
+    the input elements they read there), a slice per spatial axis; the other output positions
+    read padding. None when the tap reads only padding. Output position i reads input
+    i * stride + tap * dilation - begin."""
+    outs, ins = [], []
+    for size, out, t, s, d, b in zip(in_sizes, out_sizes, tap, strides, dilations, begin):
+        shift = t * d - b
+        low = max(0, -(shift // s))  # the first i with i * s + shift >= 0
+        high = min(out, (size - shift + s - 1) // s)  # past the last i with i * s + shift < size
+        if high <= low:
+            return None
+        outs.append(slice(low, high))
+        ins.append(slice(low * s + shift, (high - 1) * s + shift + 1, s))
+    return tuple(outs), tuple(ins)
 
 
 def fold_taps(view: np.ndarray, rank: int, combine: np.ufunc) -> np.ndarray:

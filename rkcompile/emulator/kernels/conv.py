@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import attr, register
-from ._windows import auto_pad_of, spatial_pads, windows
+from ._windows import auto_pad_of, output_sizes, spatial_pads, tap_spans, windows
 
 #: elements of a depthwise output block: 256 KiB of float32, which stays in L2 across the taps
 CACHE_BLOCK_ELEMENTS = 1 << 16
@@ -41,54 +41,74 @@ def convolve(node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     batch, channels, out_channels = x.shape[0], x.shape[1], weight.shape[0]
     channels_last = np.moveaxis(x, 1, -1)
     in_per_group = weight.shape[1]
+    out_sizes = output_sizes(x.shape[2:], kernel, strides, dilations, begin, end)
+    geometry = (kernel, strides, dilations, begin, out_sizes)
     if group == channels and in_per_group == 1:
-        y = _depthwise(channels_last, weight, strides, dilations, begin, end)
+        y = _depthwise(channels_last, weight, *geometry)
         return np.moveaxis(y, -1, 1)
     if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin + end) and group == 1:
         y = channels_last.reshape(-1, channels) @ weight.reshape(out_channels, channels).T
         return np.moveaxis(y.reshape(channels_last.shape[:-1] + (out_channels,)), -1, 1)
-    # (N, *out, C, *kernel)
-    view = windows(channels_last, kernel, strides, dilations, begin, end, first_spatial_axis=1)
-    out_sizes = view.shape[1:1 + rank]
     out_per_group = out_channels // group
-    taps = in_per_group * int(np.prod(kernel))
     results = []
     for g in range(group):
-        part = view[(slice(None),) * (1 + rank) + (slice(g * in_per_group, (g + 1) * in_per_group),)]
-        # rows of one window each, taps ordered (*kernel, C_g) so the copy moves channel runs
-        columns = np.moveaxis(part, 1 + rank, -1).reshape(-1, taps)
-        w = np.moveaxis(weight[g * out_per_group:(g + 1) * out_per_group], 1, -1).reshape(out_per_group, taps)
+        columns = _columns(channels_last[..., g * in_per_group:(g + 1) * in_per_group], kernel, strides, dilations,
+                           begin, end)
+        w = np.moveaxis(weight[g * out_per_group:(g + 1) * out_per_group], 1, -1).reshape(out_per_group, -1)
         results.append(columns @ w.T)
     y = np.concatenate(results, axis=-1) if group > 1 else results[0]
     return np.moveaxis(y.reshape((batch,) + tuple(out_sizes) + (out_channels,)), -1, 1)
 
 
-def _depthwise(channels_last: np.ndarray, weight: np.ndarray, strides, dilations, begin, end) -> np.ndarray:
+def _columns(channels_last: np.ndarray, kernel, strides, dilations, begin, end) -> np.ndarray:
+    """im2col of a channels-last (N, *spatial, C) input: one row per output position, its taps
+    ordered (*kernel, C), copied from the padded input's window view, so each copy moves a run
+    of whole kernel rows of channels (a tap-by-tap copy moves one pixel's channels at a time,
+    and was slower on narrow layers)."""
+    rank = len(kernel)
+    view = windows(channels_last, kernel, strides, dilations, begin, end, first_spatial_axis=1)  # (N, *out, C, *kernel)
+    return np.moveaxis(view, 1 + rank, -1).reshape(-1, int(np.prod(kernel)) * channels_last.shape[-1])
+
+
+def _depthwise(channels_last: np.ndarray, weight: np.ndarray, kernel, strides, dilations, begin,
+               out_sizes) -> np.ndarray:
     """Each output channel m reads input channel m // multiplier: one multiply-add per kernel
-    tap over the channels-last map. Each tap's weights are tiled along an output row, so numpy
-    runs whole rows in one inner loop rather than one pixel's channels, and the map goes in
-    blocks of rows that stay in cache across the taps."""
+    tap over the channels-last map, taps in row-major kernel order, each tap over the output
+    positions where it reads real input (`tap_spans`; elsewhere it adds a product with the
+    padding's zero, which changes no sum), so the padded input is never made. Each tap's
+    weights are tiled along an output row, so numpy runs whole rows in one inner loop rather
+    than one pixel's channels, and the map goes in blocks of rows that stay in cache across the
+    taps."""
     multiplier = weight.shape[0] // channels_last.shape[-1]
     if multiplier > 1:
         channels_last = np.repeat(channels_last, multiplier, axis=-1)
-    kernel = weight.shape[2:]
-    view = windows(channels_last, kernel, strides, dilations, begin, end, first_spatial_axis=1)
-    y = np.empty(view.shape[:-len(kernel)], np.float32)
+    in_sizes = channels_last.shape[1:-1]
+    y = np.zeros((channels_last.shape[0],) + tuple(out_sizes) + (weight.shape[0],), np.float32)
+    if not y.size:
+        return y
     row = y.shape[2:]  # (*out[1:], M)
     taps = weight.reshape(weight.shape[0], -1).T  # (kernel taps, M)
     per_tap = np.broadcast_to(taps.reshape((len(taps),) + (1,) * (len(row) - 1) + (-1,)), (len(taps),) + row).copy()
+    spans = [tap_spans(in_sizes, out_sizes, tap, strides, dilations, begin) for tap in np.ndindex(*kernel)]
     # never more rows than the map has: the scratch is (batch, rows_per_block, *row)
     rows_per_block = max(1, min(y.shape[1], CACHE_BLOCK_ELEMENTS // int(np.prod(row))))
     product = np.empty((y.shape[0], rows_per_block) + row, np.float32)
+    every, stride = (slice(None),), strides[0]
     for start in range(0, y.shape[1], rows_per_block):
-        block = y[:, start:start + rows_per_block]
-        windows_block = view[:, start:start + rows_per_block]
-        scratch = product[:, :block.shape[1]]
-        for index, tap in enumerate(np.ndindex(*kernel)):
-            if index == 0:
-                np.multiply(windows_block[(Ellipsis,) + tap], per_tap[index], out=block)
-            else:
-                block += np.multiply(windows_block[(Ellipsis,) + tap], per_tap[index], out=scratch)
+        stop = min(start + rows_per_block, y.shape[1])
+        for weights, found in zip(per_tap, spans):
+            if found is None:
+                continue
+            (rows, *rest), (in_rows, *in_rest) = found
+            low, high = max(rows.start, start), min(rows.stop, stop)
+            if high <= low:
+                continue
+            first = in_rows.start + (low - rows.start) * stride
+            source = channels_last[every + (slice(first, first + (high - low - 1) * stride + 1, stride),)
+                                   + tuple(in_rest)]
+            block = y[every + (slice(low, high),) + tuple(rest)]
+            scratch = product[every + (slice(0, high - low),) + tuple(slice(0, s.stop - s.start) for s in rest)]
+            block += np.multiply(source, weights[tuple(rest)], out=scratch)
     return y
 
 

@@ -1,0 +1,57 @@
+"""operations.rebuild makes its onnx-graphsurgeon objects without the library's constructors
+(their attribute setter made a first run's step rebuild cost about as much as executing it):
+the objects must be the ones the constructors make, attribute by attribute, linked alike."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.nodes import node_proto
+from rkcompile.operations import constant, describe, graph_node, rebuild, variable
+
+
+def fields(obj) -> dict:
+    """An object's attributes, a linked list as the ids of what it holds (its own identity and
+    the object it belongs to differ between two objects made alike)."""
+    return {key: [id(item) for item in value] if isinstance(value, list) else value
+            for key, value in vars(obj).items()}
+
+
+def test_variable_and_constant_match_the_library_constructors():
+    assert fields(variable("x", "float32")) == fields(gs.Variable("x", dtype="float32"))
+    assert fields(variable("")) == fields(gs.Variable.empty())
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    made, expected = constant("w", values), gs.Constant("w", values)
+    assert fields(made) == fields(expected)
+    assert made.values is values and made.shape == (2, 3) and made.dtype == np.float32
+
+
+def test_graph_node_links_its_tensors_as_gs_node_does():
+    x, w, y = variable("x", "float32"), constant("w", np.ones((4, 3, 1, 1), np.float32)), variable("y")
+    node = graph_node("Conv", "conv", None, {"group": 1}, [x, w], [y])
+    library = gs.Node(op="Conv", name="conv", attrs={"group": 1}, inputs=[gs.Variable("a"), gs.Variable("b")],
+                      outputs=[gs.Variable("c")])
+    assert set(vars(node)) == set(vars(library))
+    assert type(node.inputs) is type(library.inputs) and type(node.outputs) is type(library.outputs)
+    assert list(node.inputs) == [x, w] and list(node.outputs) == [y]
+    assert list(x.outputs) == [node] and list(w.outputs) == [node] and list(y.inputs) == [node]
+    # the list stays synchronized as onnx-graphsurgeon's own does
+    node.inputs.pop()
+    assert list(w.outputs) == []
+
+
+def test_rebuild_of_a_fused_node_exports_the_same_onnx_as_the_described_one():
+    body_x, body_y, body_z = gs.Variable("bx", dtype=np.float32), gs.Variable("by"), gs.Variable("bz")
+    low = gs.Constant("low", np.array(0, np.float32))
+    members = [gs.Node("Relu", "relu", inputs=[body_x], outputs=[body_y]),
+               gs.Node("Clip", "clip", inputs=[body_y, low], outputs=[body_z])]
+    body = gs.Graph(nodes=members, inputs=[body_x], outputs=[body_z], name="body")
+    original = gs.Node(op="ReluClip", name="fused", domain="rkcompile", attrs={"body": body, "alpha": 0.5},
+                       inputs=[gs.Variable("x", dtype=np.float32)], outputs=[gs.Variable("z")])
+    rebuilt = rebuild(describe(original, set()), lambda name: None)
+    assert node_proto(rebuilt) == node_proto(original)
+    inner = rebuilt.attrs["body"]
+    assert [n.op for n in inner.nodes] == ["Relu", "Clip"]
+    # members connect through shared tensors, as the graph they were described from
+    assert inner.nodes[0].outputs[0] is inner.nodes[1].inputs[0]
+    assert list(inner.nodes[0].outputs[0].outputs) == [inner.nodes[1]]
