@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.emulator.kernels.conv import convolve
 from rkcompile.nodes import fused_body
 from rkcompile.quantize import dequantize, quantize, weight_params
 
@@ -214,6 +213,10 @@ class WeightErrorMeans:
         self.counts: dict[str, int] = {}
 
     def observe(self, name: str, value: np.ndarray) -> None:
+        # imported here: every plan imports this module, only calibration runs this, and the
+        # emulator's kernels took ~30 ms of each float16 plan's process (tools/bench_plan.py)
+        from rkcompile.emulator.kernels.conv import convolve
+
         for key, conv in self.by_input.get(name, ()):
             shift = convolve(conv, np.asarray(value, np.float32), self.errors[key]).astype(np.float64)
             self.sums[key] = self.sums.get(key, 0) + shift.mean(axis=(0,) + tuple(range(2, shift.ndim)))

@@ -59,9 +59,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from .passes.multicore import CORE_MASKS
     from .pipeline import PASS_NAMES
-    from .targets import all_targets
+    from .targets import TARGET_MODULES
 
-    names = ", ".join(t.name for t in all_targets())
+    names = ", ".join(TARGET_MODULES)  # named as their targets: the help builds no target
     parser = _Parser(prog="rkcompile", description="Plan ONNX models for Rockchip RKNPU2 NPUs.")
     parser.add_argument("--version", action="version", version=f"rkcompile {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each pass and every CPU fallback")
@@ -263,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .api import compile as compile_plan
-    from .auto_float16 import compile_with_choice
     from .ops_doc import render_explanation
     from .summary import render_summary
 
@@ -278,7 +276,7 @@ def _plan(args: argparse.Namespace) -> int:
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
     with quiet() if args.quiet else contextlib.nullcontext():
-        plan, ctx = compile_with_choice(args.model, args.target, options, compile_plan)
+        plan, ctx = _compile(args.model, args.target, options)
     refuse_idle_npu(plan)
     explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]
@@ -299,6 +297,20 @@ def _plan(args: argparse.Namespace) -> int:
     elif not args.quiet:
         print(render_summary(plan), file=text_stream)
     return 0
+
+
+def _compile(model: Path, target: str, options: Options):
+    """The plan and its compile context. The modules are imported here, as the plan needs them:
+    only --auto-float16 runs candidate plans on the emulator, and importing the API and the
+    emulator would cost every other plan's process that time for nothing (tools/bench_plan.py)."""
+    if options.auto_float16 is None:
+        from .pipeline import compile_model
+
+        return compile_model(model, target, options)
+    from .api import compile as compile_plan
+    from .auto_float16 import compile_with_choice
+
+    return compile_with_choice(model, target, options, compile_plan)
 
 
 def _targets(args: argparse.Namespace) -> int:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 _SHOWN = contextvars.ContextVar("rkcompile_progress_shown", default=True)
 
@@ -17,6 +18,8 @@ _SHOWN = contextvars.ContextVar("rkcompile_progress_shown", default=True)
 def bar(iterable: Iterable | None = None, total: int | None = None, description: str = "",
         unit: str = "it") -> tqdm:
     """A tqdm bar over `iterable` (or one updated by hand up to `total`), left on screen when done."""
+    from tqdm import tqdm  # here: only int8 plans and accuracy analysis draw bars; a float16 plan skips its import
+
     return tqdm(iterable, total=total, desc=description, unit=unit, file=sys.stderr, dynamic_ncols=True,
                 disable=None if _SHOWN.get() else True)
 

@@ -13,7 +13,7 @@ import pytest
 
 from rkcompile.errors import CompileError
 from rkcompile.pipeline import compile_model
-from rkcompile.targets import all_targets, get_target
+from rkcompile.targets import TARGET_MODULES, all_targets, get_target
 from rkcompile.targets.transpose import FULL_TABLE, NARROW, RK3566_TABLE, WIDE
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -45,6 +45,15 @@ def test_every_platform_of_the_oplist_has_a_target():
 @pytest.mark.parametrize("name", ["rk3568", "RK3568", "rv1103", "rv1103b", "rk3588s", " rk3576 "])
 def test_aliases_resolve(name):
     assert get_target(name).name in {t.name for t in all_targets()}
+
+
+def test_each_module_is_named_as_its_target_and_every_name_finds_its_own():
+    """get_target looks in the module of the name asked for first, and the command line's help
+    lists TARGET_MODULES as the target names: both rest on this."""
+    assert [t.name for t in all_targets()] == list(TARGET_MODULES)
+    for target in all_targets():
+        for name in (target.name, *target.aliases):
+            assert get_target(name) is target
 
 
 def test_unknown_target_is_a_clear_error():
