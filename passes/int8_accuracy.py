@@ -192,7 +192,7 @@ def equalize(found: Equalization) -> None:
 # ---- bias correction -----------------------------------------------------------------------
 
 def weight_error(weight: np.ndarray) -> np.ndarray:
-    """W_q - W for the plan's int8 weights (symmetric, per output channel)."""
+    """W_q - W for the plan's int8 weights (per output channel, as `weight_params` quantizes a Conv's)."""
     weight = np.asarray(weight, np.float64)
     quant = weight_params(weight, per_channel=True)
     return dequantize(quantize(weight, quant), quant).astype(np.float64) - weight

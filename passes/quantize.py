@@ -186,7 +186,8 @@ def _members(node: gs.Node) -> tuple[list[gs.Node], dict[str, str]]:
 
 def _quantize_weights(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                       quantization: dict[str, Quantization]) -> None:
-    """Weights symmetric (per channel where the op allows it), Conv biases int32."""
+    """Weights int8 (asymmetric per channel where the op allows it, else symmetric per layer:
+    `weight_params`), Conv biases int32."""
     biases: dict[str, tuple[str, str]] = {}
     per_channel: set[str] = set()
     for node, device in zip(ordered, devices):

@@ -127,7 +127,7 @@ class Quantization:
     """How an integer-stored tensor maps to real values: real = (q - zero_point) * scale.
 
     One scale and zero point per tensor (per-layer), or one per slice along `axis` (per-channel;
-    weights, symmetric, zero points 0). `dtype` is the stored integer type: int8 for
+    Conv weights, a zero point per output channel). `dtype` is the stored integer type: int8 for
     activations and weights, int32 for convolution biases (scale = input scale x weight scale).
     `source` says where the range came from: "minmax", "percentile", "kl", "mmse" (calibration),
     "weights" (the constant's own values), "bias" or "shared:<tensor>" (a data-movement

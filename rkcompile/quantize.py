@@ -5,10 +5,11 @@ The arithmetic every int8 tensor follows is real = (q - zero_point) * scale:
 - **activations**: asymmetric, one scale and zero point per tensor (per-layer), q in [-128, 127].
   Every NPU operator in seeds 000/001 and the oplist V2.3.2 lists "Quantization support:
   per-layer" for its data inputs and outputs; none lists per-channel for an activation.
-- **weights**: symmetric (zero point 0), q in [-127, 127] so that -q is always representable.
-  Per-channel (one scale per output channel, axis 0) where the operator lists per-channel for
-  its weight: Convolution and Depthwise Convolution on every platform (oplist V2.3.2, weight:
-  "量化支持 per-layer, per-channel"). Every other constant is per-layer.
+- **weights**: per-channel (one scale and zero point per output channel, axis 0) where the
+  operator lists per-channel for its weight: Convolution and Depthwise Convolution on every
+  platform (oplist V2.3.2, weight: "量化支持 per-layer, per-channel"), asymmetric as
+  rknn-toolkit2 quantizes them (`weight_params`). Every other constant is per-layer and
+  symmetric (zero point 0), q in [-127, 127] so that -q is always representable.
 - **convolution biases**: int32, scale = input scale x weight scale of the channel, zero point 0,
   so the bias adds to the int32 accumulator as it is.
 
@@ -430,15 +431,19 @@ def activation_params(low: float, high: float, source: str) -> Quantization:
 
 
 def weight_params(values: np.ndarray, per_channel: bool) -> Quantization:
-    """Symmetric int8: per output channel (axis 0) or one scale for the tensor."""
+    """Per output channel (axis 0): asymmetric, each channel's [min, max] (widened to include 0)
+    on all 256 int8 steps with its own zero point, as rknn-toolkit2 2.5.0 quantizes convolution
+    weights (docs/quantization.md: its simulator's per-layer cosines match this to 5 digits on
+    every Conv step of tv_mnasnet0_5 and tv_mobilenet_v3_small, and not the symmetric form).
+    One scale for the tensor otherwise: symmetric, zero point 0, q in [-127, 127]."""
     values = np.asarray(values, np.float64)
     if per_channel and values.ndim >= 2:
-        peaks = np.abs(values.reshape(values.shape[0], -1)).max(axis=1)
-    else:
-        peaks = np.array([np.abs(values).max(initial=0)])
-    scales = tuple(float(p / WEIGHT_INT8[1]) if p > 0 else 1.0 for p in peaks)
-    return Quantization("int8", scales, (0,) * len(scales), 0 if per_channel and values.ndim >= 2 else None,
-                        "weights")
+        rows = values.reshape(values.shape[0], -1)
+        channels = [activation_params(float(row.min()), float(row.max()), "weights") for row in rows]
+        return Quantization("int8", tuple(q.scales[0] for q in channels), tuple(q.zero_points[0] for q in channels),
+                            0, "weights")
+    peak = float(np.abs(values).max(initial=0))
+    return Quantization("int8", (peak / WEIGHT_INT8[1] if peak > 0 else 1.0,), (0,), None, "weights")
 
 
 def bias_params(input_quant: Quantization, weight_quant: Quantization) -> Quantization:

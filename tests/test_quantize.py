@@ -86,14 +86,22 @@ def test_activation_params_cover_the_range_and_hold_zero_exactly():
     assert relu.zero_points == (-128,) and relu.scales[0] == pytest.approx(6 / 255)
 
 
-def test_weight_params_are_symmetric_per_channel_or_per_layer():
+def test_conv_weights_are_asymmetric_per_channel_and_other_constants_symmetric_per_layer():
     values = np.stack([np.full((2, 3, 3), 0.5), np.full((2, 3, 3), -2.0)]).astype(np.float32)
+    values[0, 0, 0, 0] = -0.25
     per_channel = weight_params(values, per_channel=True)
-    assert per_channel.axis == 0 and per_channel.zero_points == (0, 0)
-    assert per_channel.scales == pytest.approx((0.5 / 127, 2.0 / 127))
-    assert quantize(values, per_channel)[:, 0, 0, 0].tolist() == [127, -127]
+    assert per_channel.axis == 0
+    # channel 0 spans [-0.25, 0.5] on all 256 steps, channel 1 [-2, 0] (widened to include 0)
+    assert per_channel.scales == pytest.approx((0.75 / 255, 2.0 / 255))
+    assert per_channel.zero_points == (-43, 127)
+    q = quantize(values, per_channel)
+    assert q[0].max() == 127 and q[1].min() == -128 and q[1].max() == -128
+    assert np.abs(dequantize(q, per_channel) - values).max() <= max(per_channel.scales) / 2 + 1e-7
+    assert dequantize(quantize(np.zeros_like(values), per_channel), per_channel).tolist() == \
+        np.zeros_like(values).tolist()  # real 0 (a padded tap) stays exact in every channel
     per_layer = weight_params(values, per_channel=False)
-    assert per_layer.axis is None and per_layer.scales == pytest.approx((2.0 / 127,))
+    assert per_layer.axis is None and per_layer.zero_points == (0,)
+    assert per_layer.scales == pytest.approx((2.0 / 127,))
 
 
 def test_percentile_and_kl_clip_an_outlier_that_minmax_keeps():
@@ -177,7 +185,7 @@ def test_int8_plan_parameters(cnn, tmp_path):
     quant, tensors = plan.quantization, plan.tensors
     int8 = [name for name, t in tensors.items() if t.dtype == "int8"]
     assert int8 and all(name in quant for name in int8)
-    assert quant["w1"].axis == 0 and len(quant["w1"].scales) == 13 and set(quant["w1"].zero_points) == {0}
+    assert quant["w1"].axis == 0 and len(quant["w1"].scales) == 13 and len(set(quant["w1"].zero_points)) > 1
     data_scale = quant[plan.steps[1].inputs[0]].scales[0]
     assert tensors["b1"].dtype == "int32" and tensors["b1"].bytes == 13 * 4
     assert quant["b1"].scales == pytest.approx(tuple(data_scale * s for s in quant["w1"].scales))

@@ -3,7 +3,7 @@
 at the top of ../shared/peer/rknn_peer.py); imports nothing of rkcompile.
 
     PEER_VENV/bin/python tools/peer_int8.py MODEL.onnx CALIB_DIR INPUT.npz [--target rk3588]
-                         [--algorithm normal|mmse] [--disable-rule RULE ...]
+                         [--algorithm normal|mmse] [--disable-rule RULE ...] [--analysis DIR]
 
 CALIB_DIR holds the calibration samples as 0.npy, 1.npy, ... (one-input models: the npz input
 and its 3 seeded variations, as tools/int8_table.py --save-calib writes them). The model is
@@ -12,7 +12,9 @@ build(do_quantization=True) on those files, run on the simulator on INPUT.npz's 
 compared with onnxruntime on the model. A model above the newest opset the toolkit reads (19)
 is built from a copy onnx.version_converter brings down to it, as tools/run_peer_zoo.py does.
 Prints one JSON line: the worst output cosine, per output cosines, and the build seconds (or
-the step that failed).
+the step that failed). --analysis DIR also runs the toolkit's accuracy_analysis on the
+simulator for INPUT.npz's input and leaves its report in DIR (error_analysis.txt: per layer the
+"entire" and "single" cosines; tools/int8_single_steps.py --peer compares ours with it).
 """
 import argparse
 import json
@@ -35,6 +37,7 @@ def main() -> int:
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--algorithm", default="normal", choices=["normal", "mmse"])
     parser.add_argument("--disable-rule", action="append", default=[])
+    parser.add_argument("--analysis", type=Path, metavar="DIR")
     args = parser.parse_args()
     import onnx
     import onnxruntime as ort
@@ -62,9 +65,14 @@ def main() -> int:
     if args.disable_rule:
         config["disable_rules"] = args.disable_rule
     started = time.perf_counter()
-    for step, call in (("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(built)),
-                       ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing))),
-                       ("init_runtime", lambda: rknn.init_runtime())):
+    steps = [("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(built)),
+             ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing)))]
+    if args.analysis is not None:
+        np.save(scratch / "input.npy", x)
+        steps.append(("accuracy_analysis", lambda: rknn.accuracy_analysis(
+            inputs=[str(scratch / "input.npy")], output_dir=str(args.analysis))))
+    steps.append(("init_runtime", lambda: rknn.init_runtime()))
+    for step, call in steps:
         try:
             code = call()
         except BaseException as exc:  # the toolkit raises or exits on some failures
