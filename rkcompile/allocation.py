@@ -14,9 +14,12 @@ with the planner, so a planner bug cannot hide itself.
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -63,47 +66,121 @@ def lower_bound(buffers: Iterable[Buffer]) -> int:
     return peak
 
 
-def conflicts(buffers: Sequence[Buffer]) -> list[list[int]]:
-    """For each buffer, the indices of the buffers whose live ranges overlap it.
+def conflicts(buffers: Sequence[Buffer]) -> list[np.ndarray]:
+    """For each buffer, the indices of the buffers whose live ranges overlap it, in no set order.
 
     A sweep over start steps: each overlapping pair is found once, when the later of the two
-    starts, so the cost is O(n log n + pairs) rather than O(n^2).
+    starts, so the cost is O(n log n + pairs) rather than O(n^2). The sweep only copies the
+    active set (one C-level copy per buffer); numpy then lists each pair under both buffers,
+    as a model with long-lived tensors has hundreds of thousands of pairs (an SSD head's 2,114
+    buffers: 315,000).
     """
-    neighbours: list[list[int]] = [[] for _ in buffers]
-    by_start = sorted(range(len(buffers)), key=lambda i: buffers[i].first)
+    count = len(buffers)
+    by_start = sorted(range(count), key=lambda i: buffers[i].first)
     ends: list[tuple[int, int]] = []
     active: set[int] = set()
+    earlier: list[list[int]] = [[] for _ in buffers]
     for index in by_start:
         first = buffers[index].first
         while ends and ends[0][0] < first:
             active.discard(heapq.heappop(ends)[1])
-        for other in active:
-            neighbours[index].append(other)
-            neighbours[other].append(index)
+        earlier[index] = list(active)
         active.add(index)
         heapq.heappush(ends, (buffers[index].last, index))
-    return neighbours
+    found = np.repeat(np.arange(count), [len(others) for others in earlier])
+    started = np.fromiter(itertools.chain.from_iterable(earlier), dtype=np.int64, count=len(found))
+    owners = np.concatenate([found, started])
+    others = np.concatenate([started, found])[np.argsort(owners, kind="stable")]
+    return np.split(others, np.cumsum(np.bincount(owners, minlength=count))[:-1])
 
 
-def place_in_order(order: Sequence[int], sizes: Sequence[int],
-                   neighbours: Sequence[Sequence[int]]) -> tuple[list[int], int]:
+#: A buffer with at least this many conflicting buffers is fitted with numpy; below it, Python's
+#: per-call overhead is the smaller cost.
+VECTOR_DEGREE = 48
+
+
+class _Placement:
+    """Buffers placed in an order, each at `_fit`'s offset among the conflicting buffers placed
+    before it. Ranks and offsets are kept as Python lists and as numpy mirrors, for the two
+    ways `_fit` reads them; an unplaced buffer has offset -1."""
+
+    def __init__(self, order: Sequence[int]):
+        count = len(order)
+        self.order = list(order)
+        self.rank = [0] * count
+        for position, index in enumerate(self.order):
+            self.rank[index] = position
+        self.rank_array = np.array(self.rank, dtype=np.int64)
+        self.offsets = [-1] * count
+        self.offset_array = np.full(count, -1, dtype=np.int64)
+
+    def place(self, index: int, offset: int) -> None:
+        self.offsets[index] = offset
+        self.offset_array[index] = offset
+
+    def moved(self, at: int, to: int) -> "_Placement":
+        """A copy with the buffer at position `at` moved to position `to`, offsets kept."""
+        copy = object.__new__(_Placement)
+        copy.order = list(self.order)
+        copy.order.insert(to, copy.order.pop(at))
+        copy.rank, copy.rank_array = list(self.rank), self.rank_array.copy()
+        low, high = min(at, to), max(at, to)
+        for position in range(low, high + 1):
+            copy.rank[copy.order[position]] = position
+        copy.rank_array[copy.order[low:high + 1]] = np.arange(low, high + 1)
+        copy.offsets, copy.offset_array = list(self.offsets), self.offset_array.copy()
+        return copy
+
+
+class _Conflicts:
+    """Sizes and conflict lists in the two forms `_fit` reads: Python lists, and numpy arrays
+    for the buffers with at least VECTOR_DEGREE conflicts."""
+
+    def __init__(self, sizes: Sequence[int], neighbours: Sequence[np.ndarray]):
+        self.sizes = list(sizes)
+        self.size_array = np.array(self.sizes, dtype=np.int64)
+        self.lists = [others.tolist() for others in neighbours]
+        self.arrays = [others if len(others) >= VECTOR_DEGREE else None for others in neighbours]
+
+
+def place_in_order(order: Sequence[int], buffers: _Conflicts) -> tuple[_Placement, int]:
     """Place buffers one by one in `order`, each into the smallest gap among its already
-    placed neighbours that fits it, else on top of them; returns offsets and the arena size."""
-    offsets = [-1] * len(sizes)
+    placed neighbours that fits it, else on top of them; returns the placement and the arena size."""
+    placement = _Placement(order)
     arena = 0
     for index in order:
-        offsets[index] = _fit(index, offsets, sizes, neighbours, smallest_gap=True)
-        arena = max(arena, offsets[index] + sizes[index])
-    return offsets, arena
+        offset = _fit(index, placement, buffers, smallest_gap=True)
+        placement.place(index, offset)
+        arena = max(arena, offset + buffers.sizes[index])
+    return placement, arena
 
 
-def _fit(index: int, offsets: Sequence[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]],
-         smallest_gap: bool) -> int:
-    """An offset for buffer `index` clear of its placed neighbours (offset -1 is unplaced): the
-    smallest gap that fits, or the lowest one; above all of them when no gap fits."""
-    size = sizes[index]
+def _fit(index: int, placement: _Placement, buffers: _Conflicts, smallest_gap: bool) -> int:
+    """An offset for buffer `index` clear of its neighbours placed before it: the smallest gap
+    that fits (the lowest of equal ones), or the lowest gap that fits; above all of them when
+    no gap fits. Gaps are read bottom up over the neighbours sorted by (offset, end)."""
+    size = buffers.sizes[index]
+    own_rank = placement.rank[index]
+    others = buffers.arrays[index]
+    if others is not None:
+        earlier = others[placement.rank_array[others] < own_rank]
+        if not len(earlier):
+            return 0
+        lows = placement.offset_array[earlier]
+        highs = lows + buffers.size_array[earlier]
+        by_offset = np.lexsort((highs, lows))
+        lows, highs = lows[by_offset], highs[by_offset]
+        tops = np.maximum.accumulate(highs)
+        below = np.concatenate(([0], tops[:-1]))  # the top of everything under each neighbour
+        gaps = lows - below
+        fitting = np.flatnonzero(gaps >= size)
+        if not len(fitting):
+            return int(tops[-1])
+        chosen = fitting[np.argmin(gaps[fitting])] if smallest_gap else fitting[0]
+        return int(below[chosen])
+    rank, offsets, sizes = placement.rank, placement.offsets, buffers.sizes
     chosen, chosen_gap, top = -1, 0, 0
-    for low, high in sorted((offsets[o], offsets[o] + sizes[o]) for o in neighbours[index] if offsets[o] >= 0):
+    for low, high in sorted((offsets[o], offsets[o] + sizes[o]) for o in buffers.lists[index] if rank[o] < own_rank):
         gap = low - top
         if gap >= size and (chosen < 0 or gap < chosen_gap):
             chosen, chosen_gap = top, gap
@@ -127,6 +204,7 @@ def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.0, exact_limit: i
     sizes = [b.size for b in items]
     bound = lower_bound(items)
     neighbours = conflicts(items)
+    conflicting = _Conflicts(sizes, neighbours)
     target = bound * (1 + slack)
     lifetime = [b.last - b.first + 1 for b in items]
     orders = (
@@ -134,88 +212,114 @@ def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.0, exact_limit: i
         sorted(range(len(items)), key=lambda i: (-lifetime[i], -sizes[i], i)),
         sorted(range(len(items)), key=lambda i: (-sizes[i] * lifetime[i], i)),
     )
-    arena, offsets, order = None, [], orders[0]
+    arena, best = None, None
     for candidate in orders:
-        candidate_offsets, candidate_arena = place_in_order(candidate, sizes, neighbours)
+        placement, candidate_arena = place_in_order(candidate, conflicting)
         if arena is None or candidate_arena < arena:
-            arena, offsets, order = candidate_arena, candidate_offsets, candidate
+            arena, best = candidate_arena, placement
         if arena <= target:
             break
     if arena > target:
         if len(items) <= exact_limit:
-            offsets, arena = _exact(sizes, neighbours, bound, arena, offsets)
-        else:
-            pairs = sum(len(n) for n in neighbours) // 2
-            moves = max(20, work_budget // (len(items) + pairs + 1))
-            offsets, arena = _hill_climb(order, sizes, neighbours, offsets, arena, target, moves)
-    return Allocation(dict(zip(names, offsets)), arena or 0, bound)
+            offsets, arena = _exact(conflicting, bound, arena, best.offsets)
+            return Allocation(dict(zip(names, offsets)), arena, bound)
+        pairs = sum(len(n) for n in neighbours) // 2
+        moves = max(20, work_budget // (len(items) + pairs + 1))
+        best, arena = _hill_climb(best, conflicting, arena, target, moves)
+    return Allocation(dict(zip(names, best.offsets if best else [])), arena or 0, bound)
 
 
-def _exact(sizes: Sequence[int], neighbours: Sequence[Sequence[int]], bound: int,
-           best_arena: int, best_offsets: list[int]) -> tuple[list[int], int]:
+def _exact(buffers: _Conflicts, bound: int, best_arena: int, best_offsets: list[int]) -> tuple[list[int], int]:
     """Branch and bound over placement orders with lowest-fit placement.
 
     Placing the buffers of an optimal solution in increasing offset order, each at the
     lowest offset free of its placed neighbours, lands every buffer at or below its optimal
-    offset; so some order reaches the optimum and searching orders is exact.
+    offset; so some order reaches the optimum and searching orders is exact. An unplaced
+    buffer ranks after every placed one, so `_fit` sees the placed ones only.
     """
-    count = len(sizes)
-    offsets = [-1] * count
+    count = len(buffers.sizes)
+    placement = _Placement(range(count))
+    placement.rank = [count] * count
     best = [best_arena, list(best_offsets)]
 
     def search(placed: int, arena: int) -> bool:
         if placed == count:
-            best[0], best[1] = arena, list(offsets)
+            best[0], best[1] = arena, list(placement.offsets)
             return arena <= bound
         for index in range(count):
-            if offsets[index] >= 0:
+            if placement.offsets[index] >= 0:
                 continue
-            offset = _fit(index, offsets, sizes, neighbours, smallest_gap=False)
-            if offset + sizes[index] >= best[0]:
-                continue
-            offsets[index] = offset
-            if search(placed + 1, max(arena, offset + sizes[index])):
-                return True
-            offsets[index] = -1
+            placement.rank[index] = placed
+            offset = _fit(index, placement, buffers, smallest_gap=False)
+            if offset + buffers.sizes[index] < best[0]:
+                placement.place(index, offset)
+                if search(placed + 1, max(arena, offset + buffers.sizes[index])):
+                    return True
+                placement.place(index, -1)
+            placement.rank[index] = count
         return False
 
     search(0, 0)
     return best[1], best[0]
 
 
-def _hill_climb(order: list[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]],
-                offsets: list[int], arena: int, target: float, moves: int) -> tuple[list[int], int]:
+def _hill_climb(placement: _Placement, buffers: _Conflicts, arena: int, target: float,
+                moves: int) -> tuple[_Placement, int]:
     """Move one buffer to another place in the placement order, re-place, and keep the order
     when the arena does not grow (ties are kept too, so the climb can cross plateaus).
 
     Half the moves take a buffer that reaches the arena's top, the rest any buffer; the random
-    source is seeded, so plans are reproducible. Buffers ahead of the move keep their offsets,
-    and a candidate is dropped as soon as it grows past the current arena.
+    source is seeded, so plans are reproducible. A candidate is dropped as soon as a buffer
+    grows past the current arena.
     """
     rng = random.Random(0)
-    count = len(order)
+    count = len(placement.order)
+    sizes = buffers.sizes
     for _ in range(moves):
         if arena <= target:
             break
         if rng.random() < 0.5:
-            at = rng.choice([rank for rank, i in enumerate(order) if offsets[i] + sizes[i] == arena])
+            offsets = placement.offsets
+            at = rng.choice([rank for rank, i in enumerate(placement.order) if offsets[i] + sizes[i] == arena])
         else:
             at = rng.randrange(count)
         to = rng.randrange(count)
-        candidate = list(order)
-        candidate.insert(to, candidate.pop(at))
-        start = min(at, to)
-        candidate_offsets = list(offsets)
-        for index in candidate[start:]:
-            candidate_offsets[index] = -1
-        for index in candidate[start:]:
-            candidate_offsets[index] = _fit(index, candidate_offsets, sizes, neighbours, smallest_gap=True)
-            if candidate_offsets[index] + sizes[index] > arena:
-                break
-        else:
-            order, offsets = candidate, candidate_offsets
-            arena = max(offsets[i] + sizes[i] for i in order)
-    return offsets, arena
+        candidate = placement.moved(at, to)
+        if _replace_after_move(candidate, placement.order[at], min(at, to), max(at, to), buffers, arena):
+            placement = candidate
+            arena = int((placement.offset_array + buffers.size_array).max())
+    return placement, arena
+
+
+def _replace_after_move(placement: _Placement, moved: int, low: int, high: int, buffers: _Conflicts,
+                        arena: int) -> bool:
+    """Bring `placement`'s offsets, still those of the order before `moved` moved between
+    positions `low` and `high`, up to date; False as soon as a buffer ends above `arena`.
+
+    The result is what placing every buffer again in the new order gives, re-fitting only the
+    buffers whose fit can differ: the moved one, its neighbours it passed (they gained or lost
+    it below them), and, in order, the later neighbours of every buffer whose offset changed.
+    A buffer none of that touches sees the same neighbours at the same offsets as before.
+    """
+    rank = placement.rank
+    pending = [(rank[moved], moved)]
+    pending += [(rank[other], other) for other in buffers.lists[moved] if low <= rank[other] <= high]
+    heapq.heapify(pending)
+    done: set[int] = set()
+    while pending:
+        position, index = heapq.heappop(pending)
+        if index in done:
+            continue
+        done.add(index)
+        offset = _fit(index, placement, buffers, smallest_gap=True)
+        if offset + buffers.sizes[index] > arena:
+            return False
+        if offset != placement.offsets[index]:
+            placement.place(index, offset)
+            for other in buffers.lists[index]:
+                if rank[other] > position:
+                    heapq.heappush(pending, (rank[other], other))
+    return True
 
 
 def verify_allocation(plan) -> list[str]:
