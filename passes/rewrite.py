@@ -55,7 +55,7 @@ def run(ctx: CompileContext) -> None:
 
 def rewrite_graph(ctx: CompileContext, late: bool) -> None:
     site = Site(ctx.graph, ctx.target, ctx.model_info.opset, compile_facts(ctx), rounded_to_integers(ctx.graph))
-    edits = _Edits(ctx)
+    edits = _Edits(ctx, late)
     worklist = deque(topological_nodes(ctx.graph))
     while worklist:
         node = worklist.popleft()
@@ -76,8 +76,14 @@ class _Edits:
     nodes: the node list is rebuilt once at the end (new nodes where the first node they replace
     stood), and each original node's number of carriers is counted instead of searched."""
 
-    def __init__(self, ctx: CompileContext):
+    def __init__(self, ctx: CompileContext, late: bool):
         self.alive = {id(node) for node in ctx.graph.nodes}
+        # The rules of this run by op, in RULES' order: looked up for every node of the worklist.
+        self.rules_by_op: dict[str, list[RewriteRule]] = {}
+        for rule in RULES:
+            if rule.late == late:
+                for op in rule.ops:
+                    self.rules_by_op.setdefault(op, []).append(rule)
         # id(replaced node) -> (that node, its replacements); holding the node keeps its id
         # from being reused by a node created later.
         self.spliced: dict[int, tuple[gs.Node, tuple[gs.Node, ...]]] = {}
@@ -105,7 +111,7 @@ class _Edits:
 def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
                  late: bool = False) -> Replacement | None:
     """Apply the first rule whose candidate is, or can be made, legal on the target; None when none is."""
-    rules = [rule for rule in RULES if node.op in rule.ops and rule.late == late]
+    rules = edits.rules_by_op.get(node.op)
     if not rules:
         return None
     origins = ctx.origins.get(node.name, (node.name,))
@@ -213,7 +219,7 @@ def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
     nodes = list(candidate.new)
     used = chain
     for node in candidate.new:
-        if node not in nodes:
+        if _position(nodes, node) is None:
             continue  # replaced along with an earlier node by that node's rewrite
         failures = check_node(node, site.target, **site.facts)
         if not failures:
@@ -236,12 +242,18 @@ def _made_legal(candidate: Replacement, site: Site, chain: tuple[str, ...],
             return None, chain, f"its {node.op} would break: {failures[0]}"
         path, inner = rewrite
         used += tuple(name for name in path if name not in used)
-        first = min(nodes.index(old) for old in inner.old)
+        first = min(_position(nodes, old) for old in inner.old)
         for old in inner.old:
-            nodes.remove(old)
+            del nodes[_position(nodes, old)]
             detach(old)
         nodes[first:first] = inner.new
     return Replacement(candidate.old, tuple(nodes), candidate.aliases), used, ""
+
+
+def _position(nodes: list[gs.Node], node: gs.Node) -> int | None:
+    """Where `node` itself is in `nodes`: by identity, as onnx-graphsurgeon's Node.__eq__
+    compares attributes, inputs and outputs (half a second of a large transformer's rewrites)."""
+    return next((index for index, other in enumerate(nodes) if other is node), None)
 
 
 def _record_attempts(ctx: CompileContext, node: gs.Node, attempts: list[RewriteAttempt]) -> None:

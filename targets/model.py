@@ -39,8 +39,16 @@ class Rule:
 
     def evaluate(self, node, target: "Target", **facts: Any) -> CheckResult:
         """Run the check; `facts` (plan_dtype, opset) are passed on only to checks that take them."""
-        wanted = _parameter_names(self.check)
+        wanted = self._fact_names
+        if not wanted:  # most checks: no dict of facts to build, on every node of every pass
+            return self.check(node, target, **self.params)
         return self.check(node, target, **self.params, **{k: v for k, v in facts.items() if k in wanted})
+
+    @functools.cached_property
+    def _fact_names(self) -> frozenset[str]:
+        """The check's parameters beyond the node, the target and this rule's own `params`."""
+        node_and_target = list(inspect.signature(self.check).parameters)[:2]
+        return _parameter_names(self.check) - set(node_and_target) - set(self.params)
 
 
 def describe_value(value: Any) -> str:
