@@ -17,7 +17,7 @@ from onnx import external_data_helper, shape_inference
 
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
-from rkcompile.ir import dtype_name
+from rkcompile.ir import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
 from rkcompile.plan import ModelInfo, TensorSpec
 
 NAME = "import"
@@ -41,7 +41,7 @@ def run(ctx: CompileContext) -> None:
         onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
-    model = _infer_shapes(serialized, opset)
+    model = _infer_shapes(model, serialized, opset)
 
     ctx.original_nodes = [(node.name, node.op_type) for node in model.graph.node]
     ctx.origins = {name: (name,) for name, _ in ctx.original_nodes}
@@ -226,22 +226,79 @@ def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
                                "whose outputs are tensors or sequences of tensors")
 
 
-def _infer_shapes(serialized: bytes, opset: int) -> onnx.ModelProto:
+def _infer_shapes(model: onnx.ModelProto, serialized: bytes, opset: int) -> onnx.ModelProto:
     """Strict shape inference. Where it fails only inside the function bodies of ONNX ops
     (onnx's own definition of the op: MeanVarianceNormalization-13's body builds its axes with a
     Constant whose value is an attribute reference, which inference does not resolve), the
     model is inferred again non-strictly: those nodes' outputs keep the shapes the model
-    declares, and a node reading an unknown shape stays on the CPU."""
+    declares, and a node reading an unknown shape stays on the CPU.
+
+    `serialized` is `model` as bytes. A model with large weights is inferred without their
+    data (`_without_large_weights`) and the shapes found are written back into `model`:
+    inference otherwise copies every weight in and out of onnx's C++ side (0.3 s of a 130 MB
+    model's plan), and their values never decide a shape."""
+    light = _without_large_weights(model)
+    source = serialized if light is None else light.SerializeToString()
+
     def infer(strict: bool) -> onnx.ModelProto:
-        return shape_inference.infer_shapes(serialized, check_type=True, strict_mode=strict, data_prop=True)
+        return shape_inference.infer_shapes(source, check_type=True, strict_mode=strict, data_prop=True)
 
     try:
-        return infer(strict=True)
+        inferred = infer(strict=True)
     except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         failing = re.findall(r"\(op_type:(\w+), node name: [^)]*\)", str(exc))
         if not failing or not all(_has_function_body(op, opset) for op in failing):
             raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
-    return infer(strict=False)
+        inferred = infer(strict=False)
+    return inferred if light is None else _with_inferred_shapes(model, inferred)
+
+
+def _without_large_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of `model` whose initializers over SHAPE_DATA_MAX_ELEMENTS (and not also declared
+    as graph inputs, whose declared type inference would read instead) are typed graph inputs,
+    as `ir.shape_only_model` does for re-inference; None when there are none. Shape-carrying
+    constants (Reshape targets, Slice bounds) are always smaller, and keep their data."""
+    declared = {value.name for value in model.graph.input}
+    large = {tensor.name for tensor in model.graph.initializer
+             if tensor.name not in declared and element_count(tensor.dims) > SHAPE_DATA_MAX_ELEMENTS}
+    if not large:
+        return None
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in large)
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer if t.name in large)
+    return light
+
+
+def _copy_fields(source, target, skip: str) -> None:
+    """Every set field of protobuf message `source` but `skip`, onto `target` (the same type)."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(target, field.name).extend(value)
+        elif hasattr(value, "CopyFrom"):
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _with_inferred_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with what inference of its weightless copy added: the graph's value_info, its
+    outputs' types, and the subgraphs of the nodes that carry them (If branches, Loop bodies),
+    which inference annotates in place. Nothing else of a graph does it change."""
+    graph, found = model.graph, inferred.graph
+    del graph.value_info[:]
+    graph.value_info.extend(found.value_info)
+    del graph.output[:]
+    graph.output.extend(found.output)
+    carries_graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    for node, annotated in zip(graph.node, found.node):
+        if any(attribute.type in carries_graphs for attribute in node.attribute):
+            node.CopyFrom(annotated)
+    return model
 
 
 def _has_function_body(op: str, opset: int) -> bool:

@@ -264,3 +264,38 @@ def test_constant_and_identity_fold_exactly_as_onnx_reference():
         got = _reference_outputs(node, 17)[0]
         assert got.dtype == expected.dtype and got.shape == expected.shape and np.array_equal(got, expected)
     assert read_off == len(nodes) - 2  # value_strings and the bfloat16 tensor went to onnx.reference
+
+
+def test_shapes_inferred_without_large_weights_match_whole_model_inference():
+    """Import infers shapes on a copy whose large weights are typed inputs, and writes what it
+    found back: the result is the model onnx's inference of the whole file gives, byte for byte,
+    here with a large MatMul weight, a shape built from Shape/Gather/Concat for a Reshape, a
+    declared output type inference refines, and an If whose branches inference annotates."""
+    import onnx
+    from onnx import shape_inference
+
+    from rkcompile.passes.import_model import _infer_shapes, _without_large_weights
+
+    then_branch = helper.make_graph([helper.make_node("Relu", ["m"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["m"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Shape", ["m"], ["s"]),
+        helper.make_node("Gather", ["s", "last"], ["n"], axis=0),
+        helper.make_node("Concat", ["minus_one", "n"], ["target"], axis=0),
+        helper.make_node("Reshape", ["m", "target"], ["r"]),
+        helper.make_node("If", ["flag"], ["branch"], then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Add", ["r", "branch"], ["y"]),
+    ]
+    model = make_model(nodes, [value_info("x", [4, 64]), value_info("flag", [], TensorProto.BOOL)],
+                       [value_info("y", None)],
+                       [weight("w", np.ones((64, 96), np.float32)), weight("last", np.array([1], np.int64)),
+                        weight("minus_one", np.array([-1], np.int64))])
+    serialized = model.SerializeToString()
+    assert _without_large_weights(model) is not None  # the weightless path is the one taken
+    whole = shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True, data_prop=True)
+    found = _infer_shapes(onnx.load_model_from_string(serialized), serialized, 17)
+    assert found.SerializeToString(deterministic=True) == whole.SerializeToString(deterministic=True)
+    assert [d.dim_value for d in found.graph.output[0].type.tensor_type.shape.dim] == [4, 96]
