@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import pytest
 from onnx import helper, numpy_helper
@@ -193,3 +194,62 @@ def test_weights_decoded_in_one_cast_equal_their_one_by_one_reads():
         one_by_one = executor.storage.read(name, np.float32)
         assert decoded.shape == one_by_one.shape and not decoded.flags.writeable
         np.testing.assert_array_equal(decoded.view(np.uint32), one_by_one.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bounds", [(0.0, 6.0), (-0.0, 6.0), (0.0, -0.0), (-0.0, -0.0), (1.0, -1.0), (None, 0.0)])
+def test_clip_kernel_equals_np_clip_bit_for_bit(dtype, bounds):
+    """Zeros of either sign at the bounds, NaN, infinities, crossed bounds, every length up to
+    a few SIMD widths and a strided operand."""
+    from rkcompile.emulator.kernels.activation import clip
+
+    values = np.array([np.nan, -0.0, 0.0, 6.0, -1.0, 7.0, -6.0, np.inf, -np.inf, 0.5], dtype)
+    low, high = (None if b is None else np.array(b, np.float32) for b in bounds)
+    for size in range(1, 70):
+        x = np.resize(values, 2 * size)[::2]
+        (result,) = clip(gs.Node("Clip"), [x, low, high], 13)
+        expected = np.clip(x, -np.inf if low is None else low, np.inf if high is None else high)
+        assert result.dtype == expected.dtype
+        np.testing.assert_array_equal(result.view(np.uint8), expected.view(np.uint8))
+
+
+def test_movement_steps_run_on_the_stored_float16_values_bit_for_bit(tmp_path, monkeypatch):
+    """Reshape, Transpose, Slice and Concat between NPU tensors move float16 values as stored
+    (no float32 round trip), and the outputs are those of the float32 path."""
+    from rkcompile.emulator import executor as executor_module
+    from rkcompile.emulator.registry import KERNELS
+
+    weight = numpy_helper.from_array(rng.standard_normal((13, 5, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 13, 4, 16], np.int64), "shape")
+    starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), n)
+                          for n, v in (("starts", 1), ("ends", 3), ("axes", 2)))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2]),
+             helper.make_node("Slice", ["t", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("Concat", ["s", "s"], ["j"], axis=3),
+             helper.make_node("Relu", ["j"], ["y"])]
+    graph = helper.make_graph(nodes, "movement", [helper.make_tensor_value_info("x", 1, [1, 5, 8, 8])],
+                              [helper.make_tensor_value_info("y", 1, [1, 13, 2, 8])],
+                              [weight, shape, starts, ends, axes])
+    path = tmp_path / "movement.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    seen = {}
+    for op in ("Reshape", "Transpose", "Slice", "Concat"):
+        def recording(node, inputs, opset, kernel=KERNELS[op]):
+            seen[node.op] = inputs[0].dtype
+            return kernel(node, inputs, opset)
+        monkeypatch.setitem(KERNELS, op, recording)
+
+    def outputs():
+        prepared = prepare(path, "rk3588", Options())
+        assert {s.kernel for s in prepared.plan.steps if s.device == "npu"} >= {"Reshape", "Transpose", "Slice",
+                                                                                   "Concat"}
+        return emulate(prepared, make_inputs(prepared.plan, {}, seed=4)).outputs
+
+    stored = outputs()
+    assert seen == dict.fromkeys(("Reshape", "Transpose", "Slice", "Concat"), np.dtype(np.float16))
+    monkeypatch.setattr(executor_module, "MOVEMENT_IN_STORED_DTYPE", frozenset())
+    widened = outputs()
+    assert set(seen.values()) == {np.dtype(np.float32)}
+    np.testing.assert_array_equal(stored["y"].view(np.uint32), widened["y"].view(np.uint32))

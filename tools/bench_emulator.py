@@ -64,6 +64,17 @@ def emulator_seconds(path: Path, python: str, target: str, workdir: Path) -> tup
     return json.loads(finished.stdout)["seconds"], ""
 
 
+def gemm_floor_seconds(path: Path, python: str, target: str, workdir: Path) -> float | None:
+    """tools/emulator_gemm_floor.py's `gemm_seconds` for the model, or None when it failed."""
+    command = [python, str(Path(__file__).resolve().parent / "emulator_gemm_floor.py"), str(path),
+               "--target", target, *input_shape_flags(path)]
+    environment = child_environment()
+    for variable in ONE_THREAD:
+        environment.setdefault(variable, "1")
+    finished = subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True)
+    return json.loads(finished.stdout)["gemm_seconds"] if finished.returncode == 0 else None
+
+
 def onnxruntime_feeds(session: onnxruntime.InferenceSession, path: Path) -> dict[str, np.ndarray]:
     """The model's NAME.npz inputs; an input it lacks gets seeded random values of its type."""
     arrays = dict(np.load(path.with_suffix(".npz"))) if path.with_suffix(".npz").exists() else {}
@@ -101,9 +112,12 @@ def main() -> int:
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose rkcompile is measured")
+    parser.add_argument("--gemm-floor", action="store_true",
+                        help="also time the NPU steps' float32 matrix products alone, and their ratio to onnxruntime")
     args = parser.parse_args()
-    print(f"{'model':42} {'cnn':>3} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}", flush=True)
-    cnn_ratios, ratios = [], []
+    floor_header = f" {'gemm floor s':>12} {'floor ratio':>11}" if args.gemm_floor else ""
+    print(f"{'model':42} {'cnn':>3} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}{floor_header}", flush=True)
+    cnn_ratios, ratios, floor_ratios = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench_emulator_") as folder:
         for path in model_paths(args.models):
             cnn = is_cnn(path)
@@ -121,13 +135,23 @@ def main() -> int:
             ratios.append(emulator / ort)
             if cnn:
                 cnn_ratios.append(emulator / ort)
-            print(f"{path.stem:42} {'yes' if cnn else 'no':>3} {emulator:10.3f} {ort:9.4f} {emulator / ort:6.1f}x",
-                  flush=True)
+            floor = ""
+            if args.gemm_floor:
+                seconds = gemm_floor_seconds(path, args.python, args.target, Path(folder))
+                if seconds is None:
+                    floor = f" {'failed':>12}"
+                else:
+                    floor_ratios.append(seconds / ort)
+                    floor = f" {seconds:12.4f} {seconds / ort:10.2f}x"
+            print(f"{path.stem:42} {'yes' if cnn else 'no':>3} {emulator:10.3f} {ort:9.4f} {emulator / ort:6.1f}x"
+                  f"{floor}", flush=True)
     if ratios:
         cnn_median = f"{statistics.median(cnn_ratios):.1f}x" if cnn_ratios else "n/a"
         print(f"{len(ratios)} models run: median over {len(cnn_ratios)} CNNs {cnn_median} (bar {CNN_MEDIAN_BAR}x), "
               f"median over all {statistics.median(ratios):.1f}x, max {max(ratios):.1f}x (bar {WORST_BAR}x), "
               f"{sum(r > WORST_BAR for r in ratios)} over {WORST_BAR}x")
+    if floor_ratios:
+        print(f"gemm floor: median {statistics.median(floor_ratios):.2f}x onnxruntime, max {max(floor_ratios):.2f}x")
     return 0
 
 

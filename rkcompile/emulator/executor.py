@@ -31,12 +31,15 @@ from .int8 import QTensor, run_int8
 from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
 from .registry import KERNELS, Unsupported
 from .half import cast
-from .storage import EmulationError, Storage
+from .storage import EmulationError, Storage, held_by_runtime
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
 #: float8s through ml_dtypes, whose numpy kind is not "f")
 MODEL_FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                       "float8_e5m2", "float8_e5m2fnuz")
+#: NPU ops whose kernels only reshape, reorder, select or join elements, never compute with them
+MOVEMENT_IN_STORED_DTYPE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split",
+                                      "Concat"})
 #: observe(step, {output name: real value}) after each step, for accuracy analysis
 Observe = Callable[[int, dict], None]
 
@@ -172,7 +175,11 @@ class Executor:
             (source,), (converted,) = step.inputs, step.outputs
             self._store(converted, self._real(source))
         else:
-            values = [self._operand(t, step.device) if t.name else None for t in node_operands(node)]
+            operands = node_operands(node)
+            if step.device == "npu" and self._moves_stored_values(node, operands):
+                values = [self.storage.read(t.name) if t.name else None for t in operands]
+            else:
+                values = [self._operand(t, step.device) if t.name else None for t in operands]
             results = self._npu_node(node, values) if step.device == "npu" else \
                 self._cpu_node(node, values, self._cpu_backend(step, node))
             for tensor, value in zip(node.outputs, results):
@@ -180,6 +187,24 @@ class Executor:
                     self.storage.write(tensor.name, value)
         if observe is not None:
             observe(step.id, {name: self._real(name) for name in step.outputs})
+
+    def _moves_stored_values(self, node: gs.Node, operands: Sequence[gs.Tensor]) -> bool:
+        """Whether the NPU node only moves elements between arena tensors of one float dtype:
+        its kernel then runs on the stored values, which gives the float32 path's result bit
+        for bit (every stored value is exact in float32, and rounding it back is the identity)
+        without converting each operand to float32 and the result back."""
+        if node.op not in MOVEMENT_IN_STORED_DTYPE or node.domain not in ("", None) or self.quantization:
+            return False
+        dtypes = set()
+        for tensor in [*operands, *node.outputs]:
+            if not tensor.name:
+                continue
+            placement = self.storage.placement(tensor.name)
+            if np.dtype(placement.dtype).kind == "f":
+                if placement.region == "weight" or held_by_runtime(placement):
+                    return False
+                dtypes.add(placement.dtype)
+        return len(dtypes) == 1
 
     def _cpu_partitions(self, nodes: Sequence[gs.Node]) -> dict[int, CpuPartition]:
         """The runs of consecutive CPU steps onnxruntime executes, as one session each

@@ -14,6 +14,8 @@ way, in `dynamic`, and reports how many it held.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from rkcompile.errors import CompileError
@@ -123,10 +125,13 @@ class Storage:
         channels_last = np.ascontiguousarray(channels_last)
         whole_blocks, rest = divmod(channels_last.shape[-1], c2)
         whole = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2)
-        view_as_blocks(view)[:, :whole_blocks] = view_as_blocks(whole).transpose(0, 3, 1, 2)
+        blocks = view_as_blocks(view)
+        blocks[:, :whole_blocks] = view_as_blocks(whole).transpose(0, 3, 1, 2)
         if rest:
-            view[:, whole_blocks, ..., :rest] = channels_last[..., whole_blocks * c2:]
-            view[:, whole_blocks, ..., rest:] = 0
+            # the last block zeroed whole, then its first `rest` lanes written as one item per
+            # pixel: lane by lane, numpy moved a few bytes per pixel at a time
+            blocks[:, whole_blocks] = np.zeros((), blocks.dtype)
+            view_as_blocks(view[:, whole_blocks, ..., :rest])[...] = view_as_blocks(channels_last[..., whole_blocks * c2:])
 
 
 def held_by_runtime(tensor: TensorPlacement) -> bool:
@@ -135,6 +140,13 @@ def held_by_runtime(tensor: TensorPlacement) -> bool:
 
 
 def view_as_blocks(array: np.ndarray) -> np.ndarray:
-    """The array without its last axis, each run along that axis (one C2 block) seen as a single
-    opaque item: numpy moves a 16-byte item several times faster than 8 float16 values."""
-    return array.view(np.dtype((np.void, array.shape[-1] * array.itemsize)))[..., 0]
+    """The array without its last axis (which must be contiguous), each run along that axis
+    (one C2 block) seen as a single opaque item: numpy moves a 16-byte item several times
+    faster than 8 float16 values."""
+    return array.view(_opaque(array.shape[-1] * array.itemsize))[..., 0]
+
+
+@functools.lru_cache(maxsize=None)
+def _opaque(size: int) -> np.dtype:
+    """The opaque item dtype of `size` bytes (made once: a few microseconds each time)."""
+    return np.dtype((np.void, size))
