@@ -68,10 +68,12 @@ def node_model(node: gs.Node, input_dtypes: Sequence[np.dtype], opsets: Mapping[
     are shaped too and onnx's shape inference types the subgraphs' outputs, which onnxruntime
     needs to run a Loop or Scan body (a body rebuilt from a plan names its outputs only)."""
     shapes = input_shapes if input_shapes is not None else [None] * len(input_dtypes)
-    inputs = [onnx.helper.make_tensor_value_info(t.name, onnx.helper.np_dtype_to_tensor_dtype(dtype), shape)
-              for t, dtype, shape in zip(node_inputs(node), input_dtypes, shapes)]
+    inputs: dict[str, onnx.ValueInfoProto] = {}  # once per tensor: x * x reads x twice, a graph defines it once
+    for t, dtype, shape in zip(node_inputs(node), input_dtypes, shapes):
+        inputs.setdefault(t.name, onnx.helper.make_tensor_value_info(
+            t.name, onnx.helper.np_dtype_to_tensor_dtype(dtype), shape))
     outputs = [onnx.helper.make_value_info(t.name, onnx.TypeProto()) for t in node.outputs if t.name]
-    graph = onnx.helper.make_graph([node_proto(node)], node.name or "node", inputs, outputs)
+    graph = onnx.helper.make_graph([node_proto(node)], node.name or "node", list(inputs.values()), outputs)
     imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     model = onnx.helper.make_model(graph, opset_imports=imports, ir_version=NODE_MODEL_IR_VERSION)
     return model if input_shapes is None else onnx.shape_inference.infer_shapes(model)
@@ -130,8 +132,10 @@ def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
     if onnxruntime_deviates(node):
         return False
     dtypes = [numpy_dtype(t.dtype) for t in node_inputs(node)]
-    # an output's dtype may be unrecorded (a node rebuilt from a plan): onnxruntime infers it
-    if None in dtypes or any(t.name and t.dtype is not None and numpy_dtype(t.dtype) is None for t in node.outputs):
+    # an output's dtype may be unrecorded (a node rebuilt from a plan): onnxruntime infers it;
+    # `is None`, as numpy's float64 dtype equals None (np.dtype(None) is float64)
+    if any(dtype is None for dtype in dtypes) or any(
+            t.name and t.dtype is not None and numpy_dtype(t.dtype) is None for t in node.outputs):
         return False
     try:
         model = node_model(node, dtypes, opsets)
