@@ -1,13 +1,14 @@
 """int8 cosines of zoo CNNs at rk3588 against onnxruntime float32 (docs/quantization.md).
 
     python tools/int8_table.py [--zoo DIR] [--method minmax|percentile|kl|mmse] [--float16 TENSOR ...]
-                               [--techniques | --auto-float16 COSINE] [--save-calib DIR] [MODEL ...]
+                               [--techniques [--held-out] | --auto-float16 COSINE] [--save-calib DIR] [MODEL ...]
 
 Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`).
 By default it is planned once and emulated on the npz input (the issue's measure) and on 3
 held-out variations (seed 99) not in the calibration set; the row is the worst output's cosine
 on each. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
-each switched explicitly) and gives the npz input's cosine of each. --auto-float16 COSINE
+each switched explicitly) and gives the npz input's cosine of each (with --held-out, the mean
+over the 3 held-out inputs instead: the npz input is a calibration sample). --auto-float16 COSINE
 runs both searches of rkcompile/auto_float16.py and gives, per search, the float16 tensors
 chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged
 (each search's progress on stderr).
@@ -66,8 +67,13 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         write_calibration(args.save_calib / name, x)
         np.savez(args.save_calib / f"{name}_input.npz", **{input_name: x})
     if args.techniques:
-        cells = [worst_cosine(rkcompile.compile(model, "rk3588", dataclasses.replace(options, **switches)),
-                              model, {input_name: x}) for switches in TECHNIQUES.values()]
+        plans = [rkcompile.compile(model, "rk3588", dataclasses.replace(options, **switches))
+                 for switches in TECHNIQUES.values()]
+        if args.held_out:
+            cells = [np.mean([worst_cosine(plan, model, {input_name: v})
+                              for v in seeded_variations(x, seed=HELD_OUT_SEED)]) for plan in plans]
+        else:
+            cells = [worst_cosine(plan, model, {input_name: x}) for plan in plans]
         return f"| {name} | " + " | ".join(f"{c:.5f}" for c in cells) + " |"
     if args.auto_float16 is not None:
         cells = []
@@ -102,6 +108,8 @@ def main() -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--techniques", action="store_true")
     mode.add_argument("--auto-float16", type=float, metavar="COSINE")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --techniques: each cell is the mean over the 3 held-out inputs, not the npz input")
     parser.add_argument("--save-calib", type=Path, metavar="DIR")
     args = parser.parse_args()
     options = Options(dtype="int8", calibration_method=args.method, float16_tensors=tuple(args.float16))
