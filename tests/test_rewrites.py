@@ -733,3 +733,35 @@ def test_a_rewrite_keeps_a_scalar_constant_scalar(tmp_path):
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
     site = Site(ctx.graph, ctx.target, 17, {})
     assert site.builder(ctx.graph.nodes[0]).const(np.float32(2.0)).shape == ()
+
+
+def test_rewrite_verdicts_are_recomputed_exactly_when_what_rules_read_changes(monkeypatch):
+    """The rewrite pass asks about a node's failures once per state of what target rules read:
+    asked again unchanged, the answer is remembered; a new input tensor, a changed shape, a
+    tensor turned constant or another node get check_node's fresh answer."""
+    from rkcompile.passes.rewrites import Site
+
+    target = get_target("rk3588")
+    big = gs.Variable("x", np.float32, [1, 8, 16, 16])
+    node = gs.Node("Transpose", name="t", attrs={"perm": [0, 2, 3, 1]}, inputs=[big],
+                   outputs=[gs.Variable("y", np.float32, [1, 16, 16, 8])])
+    graph = gs.Graph(nodes=[node], inputs=[big], outputs=node.outputs, opset=17)
+    calls = []
+    monkeypatch.setattr(rewrite, "check_node", lambda n, t, **facts: calls.append(n.name) or check_node(n, t, **facts))
+    verdicts = rewrite._Verdicts(Site(graph, target, 17, {"plan_dtype": "float16", "opset": 17}))
+
+    def asked() -> list:
+        return [str(failure) for failure in verdicts.failures(node)]
+
+    first = asked()
+    assert asked() == first and len(calls) == 1
+    node.inputs[0] = gs.Variable("x2", np.float32, [1, 8, 16, 16])  # a rewrite rewired its input
+    assert asked() == first and len(calls) == 2
+    node.inputs[0].shape = [1, 8, 16, 70000]  # past the NPU's width: a rule now fails
+    node.outputs[0].shape = [1, 16, 70000, 8]
+    changed = asked()
+    fresh = [str(failure) for failure in check_node(node, target, plan_dtype="float16", opset=17)]
+    assert changed == fresh and changed != first and len(calls) == 3
+    node.inputs[0].to_constant(np.zeros((1, 8, 16, 70000), np.float32))
+    asked()
+    assert len(calls) == 4
