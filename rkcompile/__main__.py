@@ -1,6 +1,4 @@
 """`python -m rkcompile`: the same command line as the `rkcompile` script."""
-import sys
+from .cli import console_main
 
-from .cli import main
-
-sys.exit(main())
+console_main()

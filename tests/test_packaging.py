@@ -30,4 +30,4 @@ def test_wheel_maps_passes_and_targets_under_rkcompile(tmp_path):
     assert "rkcompile/targets/rk3588.py" in names
     assert not any(n.startswith(("passes/", "targets/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "rkcompile = rkcompile.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "rkcompile = rkcompile.cli:console_main" in zipfile.ZipFile(wheel).read(entry_points).decode()

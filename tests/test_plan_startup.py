@@ -1,15 +1,19 @@
-"""What a plan process pays before and around the passes (issue 18, tools/bench_plan.py): the
-modules a float16 plan imports."""
+"""What a plan process pays around the passes (issue 18, tools/bench_plan.py): the modules a
+float16 plan imports, and the interpreter teardown the command skips."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import make_model, value_info, weight
-from onnx import TensorProto, helper
+from onnx import helper
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 #: modules only int8 calibration, --auto-float16, the emulator or a CPU step need
 NOT_FOR_A_FLOAT16_PLAN = ("rkcompile.api", "rkcompile.auto_float16", "rkcompile.emulator.executor",
                           "rkcompile.emulator.kernels", "rkcompile.emulator.int8", "onnx.reference", "onnxruntime",
@@ -34,3 +38,39 @@ def test_a_float16_plan_imports_nothing_it_does_not_run(save):
                                "--target", "rk3588", "--quiet"], capture_output=True, text=True, check=True)
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report == {"code": 0, "loaded": []}
+
+
+EXIT_PROBE = """
+import atexit, sys
+from rkcompile.cli import console_main, main
+
+
+class Teardown:
+    def __del__(self):
+        print("torn down", flush=True)
+
+
+kept = Teardown()  # freed by the interpreter's teardown only
+atexit.register(print, "exit handler ran")
+console_main() if sys.argv.pop(1) == "console_main" else sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("entry", ["console_main", "main"])
+def test_the_command_exits_after_its_exit_handlers_without_the_teardown(tmp_path, entry):
+    """console_main (the `rkcompile` script, `python -m rkcompile`) skips the teardown that
+    `sys.exit(main())` runs; the summary, the plan file, the exit handlers and the exit code
+    are the same."""
+    model = tmp_path / "tiny_cnn.onnx"
+    shutil.copy(EXAMPLE, model)
+    finished = subprocess.run([sys.executable, "-c", EXIT_PROBE, entry, "plan", str(model), "--target", "rk3588",
+                               "--json", str(tmp_path / "plan.json")], capture_output=True, text=True)
+    assert finished.returncode == 0
+    assert finished.stdout.startswith("Network summary for tiny_cnn.onnx")
+    assert json.loads((tmp_path / "plan.json").read_text())["target"] == "rk3588"
+    lines = finished.stdout.splitlines()
+    assert lines[-1 if entry == "console_main" else -2] == "exit handler ran"
+    assert ("torn down" in finished.stdout) == (entry == "main")
+    missing = subprocess.run([sys.executable, "-c", EXIT_PROBE, entry, "plan", str(tmp_path / "missing.onnx"),
+                              "--target", "rk3588"], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ")
