@@ -116,6 +116,11 @@ CASES = {
     "batch_normalization": Case("BatchNormalization", {"x": normal(1, 13, 4, 4)},
                                 {"s": normal(13), "bias": normal(13), "mean": normal(13),
                                  "var": np.abs(normal(13)) + 0.5}),
+    "gather_negative_indices": Case("Gather", {"x": normal(1, 13, 4, 6)},
+                                    {"i": np.array([[0, -1], [5, -13]], np.int64)}, attrs={"axis": 1}),
+    "expand_both_ways": Case("Expand", {"x": normal(1, 13, 1, 6)}, {"shape": np.array([2, 1, 5, 1], np.int64)}),
+    "tile": Case("Tile", {"x": normal(1, 13, 2, 3)}, {"repeats": np.array([1, 1, 3, 2], np.int64)}),
+    "where": Case("Where", {"c": rng.random((1, 13, 4, 1)) < 0.5, "a": normal(1, 13, 4, 6)}, {"b": normal(6)}),
     "lstm": Case("LSTM", {"x": normal(5, 1, 13)}, lstm_weights("LSTM", 4, 11, 13), {"hidden_size": 11}, outputs=3),
     "gru_bidirectional": Case("GRU", {"x": normal(5, 1, 13)}, lstm_weights("GRU", 3, 11, 13, directions=2),
                               {"hidden_size": 11, "direction": "bidirectional", "linear_before_reset": 1},
@@ -123,7 +128,7 @@ CASES = {
 }
 #: Attribute cases the rk3588 rules keep off the NPU (the plan would run them on the CPU), so
 #: only the float32 kernel check applies to them.
-OFF_THE_NPU = {"averagepool_exclude_pad", "slice_step2"}
+OFF_THE_NPU = {"averagepool_exclude_pad", "slice_step2", "gather_negative_indices", "expand_both_ways"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -136,6 +141,17 @@ def test_kernel_matches_onnx_reference_in_float32(name):
     results = KERNELS[case.op](node, values, OPSET)
     for result, expected in zip(results, case.reference()):
         np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gather_negative_indices", "expand_both_ways", "tile", "where"])
+def test_selection_kernels_equal_onnx_reference_bit_for_bit(name):
+    """They select and repeat elements: exactly, as onnx.reference does, which ran them before."""
+    case = CASES[name]
+    node = gs.import_onnx(case.model()).nodes[0]
+    values = [np.asarray(t.values) if isinstance(t, gs.Constant) else case.inputs[t.name] for t in node.inputs]
+    (result,), (expected,) = KERNELS[case.op](node, values, OPSET), case.reference()
+    assert result.dtype == expected.dtype and result.shape == expected.shape
+    np.testing.assert_array_equal(result.view(np.uint32), expected.view(np.uint32))
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - OFF_THE_NPU))

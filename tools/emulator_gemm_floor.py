@@ -3,14 +3,15 @@ the numpy emulator's run time.
 
     python tools/emulator_gemm_floor.py MODEL [--target rk3588] [--input-shape NAME:DIMS ...]
 
-Plans MODEL, runs the emulator once with its Conv, MatMul and Gemm kernels recording the
-products they compute (a convolution's im2col product per group, shaped as the conv kernel
-shapes it; a depthwise conv is no matrix product and is left out), then times each product
-alone on fresh float32 operands of the same shapes and memory order (the best of three), and
-prints one JSON line: `gemm_seconds` (their sum, on this interpreter's numpy and BLAS),
-`gemms` (how many), `depthwise_macs`. What onnxruntime runs instead (its own kernels, its
-layout, Winograd or not) is not modelled: the figure says what the emulator's float32 GEMMs
-alone cost next to onnxruntime's whole run (tools/bench_emulator.py --gemm-floor).
+Plans MODEL, runs the emulator once (on MODEL.npz's inputs when there is one, as
+tools/bench_emulator.py does; seeded random ones otherwise) with its Conv, MatMul and Gemm
+kernels recording the products they compute (a convolution's im2col product per group, shaped
+as the conv kernel shapes it; a depthwise conv is no matrix product and is left out), then
+times each product alone on fresh float32 operands of the same shapes and memory order (the
+best of three), and prints one JSON line: `gemm_seconds` (their sum, on this interpreter's
+numpy and BLAS), `gemms` (how many), `depthwise_macs`. What onnxruntime runs instead (its own
+kernels, its layout, Winograd or not) is not modelled: the figure says what the emulator's
+float32 GEMMs alone cost next to onnxruntime's whole run (tools/bench_emulator.py --gemm-floor).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import collections
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -86,7 +88,10 @@ def main() -> int:
     prepared = prepare(args.model, args.target, Options(input_shapes=shapes))
     products: Products = collections.Counter()
     record_products(products)
-    emulate(prepared, make_inputs(prepared.plan, {}, seed=0))
+    given = Path(args.model).with_suffix(".npz")
+    arrays = dict(np.load(given)) if given.exists() else {}
+    names = {spec.name for spec in prepared.plan.model.inputs}
+    emulate(prepared, make_inputs(prepared.plan, {k: v for k, v in arrays.items() if k in names}, seed=0))
     depthwise = products.pop("depthwise_macs", 0)
     seconds = sum(count * product_seconds(*shape) for shape, count in products.items())
     print(json.dumps({"gemm_seconds": seconds, "gemms": sum(products.values()), "depthwise_macs": depthwise}))

@@ -98,11 +98,4 @@ def clip(node, inputs, opset):
     else:
         low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else -np.inf
         high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.inf
-    if x.dtype in (np.float32, np.float64):
-        # np.clip as two ufuncs into one new array (np.clip's dispatch cost several times the
-        # arithmetic on a whole map), in the operand order that keeps its results bit for bit,
-        # the sign of a zero bound included: x where it is within the bounds, NaN as NaN
-        # (tests/test_emulator_fast_paths.py compares them)
-        result = np.maximum(low, x)
-        return [np.minimum(high, result, out=result).astype(x.dtype, copy=False)]
     return [np.clip(x, low, high).astype(x.dtype, copy=False)]
