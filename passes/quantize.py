@@ -14,7 +14,7 @@ requantizes them; every other tensor gets its own calibrated range.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -78,9 +78,11 @@ def _is_quantized(ctx: CompileContext, name: str) -> bool:
 def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                weight_errors: WeightErrorMeans | None = None) -> dict[str, RangeObserver]:
     options = ctx.options
+    wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
+    if _reuse_calibration(ctx.calibration, wanted, weight_errors):
+        return {name: ctx.calibration.observers[name] for name in wanted}
     samples = calibration_samples(options.calibration, ctx.model_info.inputs,
                                   ImagePreprocessing(options.mean_values, options.std_values, options.channel_order))
-    wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
     observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
 
     def observe(name, value):
@@ -99,7 +101,34 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     if method != "minmax":  # the distribution methods search each tensor's clip once, here
         for observer in bar(observers.values(), description=f"int8 calibration: {method} ranges", unit="tensor"):
             observer.range()
+    ctx.calibration = Calibration(observers, weight_errors)
     return observers
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one calibration run observed: each int8 tensor's range and, with bias correction,
+    each Conv's mean weight-error shift."""
+    observers: dict[str, RangeObserver]
+    weight_errors: WeightErrorMeans | None
+
+
+def _reuse_calibration(earlier: Calibration | None, wanted: set[str], weight_errors: WeightErrorMeans | None) -> bool:
+    """--auto-float16 plans one graph with many sets of float16 tensors. The float32 run does not
+    depend on which tensors are float16, so an earlier run of the same graph that observed every
+    tensor and Conv this plan needs (the plan without those float16 tensors) serves it: its
+    shifts are copied into `weight_errors` and True is returned; otherwise False."""
+    if earlier is None or not wanted <= earlier.observers.keys():
+        return False
+    if weight_errors is not None:
+        if earlier.weight_errors is None or not weight_errors.convs.keys() <= earlier.weight_errors.convs.keys():
+            return False
+        for key in earlier.weight_errors.sums:  # in the order a run observes them, as the summary lists them
+            if key not in weight_errors.convs:
+                continue
+            weight_errors.sums[key] = earlier.weight_errors.sums[key]
+            weight_errors.counts[key] = earlier.weight_errors.counts[key]
+    return True
 
 
 def _equalize(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from . import artifact
-from .context import Options
+from .context import CompileContext, Options
 from .cpu_partitions import cpu_partition_models
 from .emulator.accuracy import StepAccuracy, analyse
 from .emulator import half
@@ -108,8 +108,11 @@ def compile(model: str | Path, target: str = "rk3588", options: Options | None =
     (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
     from .auto_float16 import compile_with_choice
 
-    options = _options(options, kwargs)
-    record, ctx = compile_with_choice(model, target, options, compile)
+    return plan_of(*compile_with_choice(model, target, _options(options, kwargs), plan_of))
+
+
+def plan_of(record: PlanRecord, ctx: CompileContext) -> Plan:
+    """The Plan of a compile's record and context: its weight region and reference nodes."""
     by_name = {node.name: node for node in ctx.graph.nodes}
     return Plan(record, weight_region(record, ctx.graph, ctx.target),
                 _reference_nodes(record, [by_name[name] for name in ctx.order], ctx.reference_constants))

@@ -15,18 +15,23 @@ model input's NPU copy. Two searches (docs/quantization.md compares them):
 - **worst_drop** (the simple baseline): accuracy analysis, float16 for the step with the
   largest drop (the cosine the step itself loses), plan again, repeat until the target holds.
 
-Every candidate set is judged by planning it and emulating it on all calibration samples; the
+Every candidate set is judged by planning it and emulating it on all calibration samples. The
+passes before quantize, the calibration run, the float32 reference outputs and the sensitivity
+ranking are computed once per search and shared by every candidate plan (`Planner`). The
 report lists the chosen tensors with each step's extra time under the cost model
 (rkcompile/cost_model.py), float16 against int8.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .collector import cyclic_collector_paused
 from .context import CompileContext, Options
 from .cost_model import StepWork, hardware_for, step_seconds
 from .emulator import agreement
@@ -34,22 +39,24 @@ from .emulator.accuracy import analyse
 from .emulator.float_reference import FloatReference
 from .emulator.session import emulate
 from .errors import CompileError
-from .pipeline import compile_model
+from .pipeline import PASS_NAMES, PASSES, assemble_plan, compile_model, run_passes
 from .plan import Int8Technique, Plan as PlanRecord
 from .quantize import ImagePreprocessing, calibration_samples, dequantize, quantize
 from .targets import get_target
 
 STRATEGIES = ("sensitivity", "worst_drop")
-#: rkcompile.compile (passed in: the API calls this module)
-CompilePlan = Callable[..., Any]
+#: rkcompile.api.plan_of: a compile's record and context -> its Plan (passed in: the API calls this module)
+MakePlan = Callable[[PlanRecord, CompileContext], Any]
 #: Chosen tensors tried again without, at most, after the bisection (each try is one plan).
 PRUNE_TRIES = 24
+#: The passes a candidate's float16 tensors change: quantize and everything after it.
+QUANTIZE_AT = PASS_NAMES.index("quantize")
 
 
 @dataclass
 class Search:
-    """What a search found: the chosen tensors, the plan with them in float16, its worst
-    calibration cosine, the target it met, and how many plans it judged."""
+    """What a search found: the chosen tensors, the plan with them in float16 (and its compile
+    context), its worst calibration cosine, the target it met, and how many plans it judged."""
     chosen: tuple[str, ...]
     plan: Any  # rkcompile.api.Plan
     cosine: float
@@ -59,6 +66,7 @@ class Search:
     plans_judged: int = 0
     start_cosine: float = 1.0
     technique: Int8Technique | None = None
+    context: CompileContext | None = None
 
 
 def candidates(record: PlanRecord) -> list[str]:
@@ -72,45 +80,103 @@ def candidates(record: PlanRecord) -> list[str]:
     return found
 
 
+class Planner:
+    """Plans one model again and again with different float16 tensors. Which tensors are float16
+    changes only the quantize pass and the passes after it, so the passes before it run once and
+    each plan starts from a copy of the graph quantize receives; and the quantize pass's float32
+    calibration run does not depend on them either, so the first plan's (the user's float16
+    tensors only: every later plan's int8 tensors are among its) serves every later one
+    (passes/quantize.py `Calibration`)."""
+
+    def __init__(self, model, target: str, options: Options):
+        self.options = dataclasses.replace(options, auto_float16=None)
+        self.before_quantize = CompileContext(model_path=Path(model), target=get_target(target), options=self.options)
+        with cyclic_collector_paused():
+            run_passes(self.before_quantize, PASSES[:QUANTIZE_AT])
+        self.calibration = None
+
+    @property
+    def inputs(self):
+        return self.before_quantize.model_info.inputs
+
+    def __call__(self, tensors: Sequence[str]) -> tuple[PlanRecord, CompileContext]:
+        start = self.before_quantize
+        with cyclic_collector_paused():
+            # gs.Graph has its own copy (deepcopy trips over its attribute lookup); the copy's
+            # constants share their arrays, which the quantize pass replaces and never writes to
+            ctx = copy.deepcopy(start, {id(start.target): start.target, id(start.graph): start.graph.copy()})
+            ctx.options = dataclasses.replace(
+                self.options, float16_tensors=tuple(dict.fromkeys((*self.options.float16_tensors, *tensors))))
+            ctx.calibration = self.calibration
+            run_passes(ctx, PASSES[QUANTIZE_AT:])
+            record = assemble_plan(ctx)
+        if self.calibration is None and not tensors:
+            self.calibration = ctx.calibration
+        return record, ctx
+
+
 class Judge:
     """Plans a set of float16 tensors and measures its worst output cosine over the calibration
-    samples against the float32 planned graph (computed once: float16 choices do not change it)."""
+    samples against the float32 planned graph (computed once: float16 choices do not change it).
+    Keeps each set's cosine and only the latest plan (a plan holds the model's weights).
 
-    def __init__(self, model, target: str, options: Options, samples: list[dict[str, np.ndarray]],
-                 compile_plan: CompilePlan):
-        self.model, self.target, self.samples, self.compile_plan = model, target, samples, compile_plan
-        self.options = dataclasses.replace(options, auto_float16=None)
+    Asked whether a set reaches a `goal`, it stops at the first sample below it: the answer is
+    the same, and the cosine it keeps is then that sample's, an upper bound of the worst (the
+    samples go worst first, in the order of the first plan's cosines)."""
+
+    def __init__(self, planner: Planner, make_plan: MakePlan, samples: list[dict[str, np.ndarray]]):
+        self.planner, self.make_plan, self.samples = planner, make_plan, samples
         self.plans_judged = 0
-        self.cache: dict[frozenset, tuple[float, Any]] = {}
+        self.cosines: dict[frozenset, tuple[float, bool]] = {}  # set -> cosine, whether every sample ran
+        self.latest: tuple[frozenset, Any, CompileContext] | None = None
         self.expected: list[dict[str, np.ndarray]] | None = None
 
-    def plan(self, tensors: Sequence[str]):
-        chosen = tuple(dict.fromkeys((*self.options.float16_tensors, *tensors)))
-        return self.compile_plan(self.model, self.target, dataclasses.replace(self.options, float16_tensors=chosen))
-
-    def __call__(self, tensors: Sequence[str]) -> tuple[float, Any]:
+    def planned(self, tensors: Sequence[str]) -> tuple[Any, CompileContext]:
+        """The plan (rkcompile.api.Plan) with `tensors` in float16, and its compile context."""
         key = frozenset(tensors)
-        if key not in self.cache:
-            plan = self.plan(tensors)
-            self.plans_judged += 1
-            if self.expected is None:
-                self.expected = [reference_outputs(plan, sample) for sample in self.samples]
-            cosine = min(agreement(name, emulate(plan.prepared(), sample).outputs[name], value).cosine
-                         for sample, expected in zip(self.samples, self.expected) for name, value in expected.items())
-            self.cache[key] = (cosine, plan)
-        return self.cache[key]
+        if self.latest is None or self.latest[0] != key:
+            record, ctx = self.planner(tensors)
+            self.latest = (key, self.make_plan(record, ctx), ctx)
+        return self.latest[1], self.latest[2]
+
+    def __call__(self, tensors: Sequence[str], goal: float | None = None) -> float:
+        """The worst cosine over the samples; with `goal`, possibly a larger one below `goal`."""
+        key = frozenset(tensors)
+        known, complete = self.cosines.get(key, (None, False))
+        if known is not None and (complete or (goal is not None and known < goal)):
+            return known
+        plan, _ = self.planned(tensors)
+        self.plans_judged += 1
+        if self.expected is None:
+            self.expected = [reference_outputs(plan, sample) for sample in self.samples]
+        per_sample = []
+        for sample, expected in zip(self.samples, self.expected):
+            outputs = emulate(plan.prepared(), sample).outputs
+            per_sample.append(min(agreement(name, outputs[name], value).cosine for name, value in expected.items()))
+            if goal is not None and per_sample[-1] < goal:
+                break
+        complete = len(per_sample) == len(self.samples)
+        if complete and not self.cosines:  # the first plan: from now on, its worst samples first
+            order = np.argsort(per_sample, kind="stable")
+            self.samples, self.expected = [self.samples[i] for i in order], [self.expected[i] for i in order]
+        self.cosines[key] = (min(per_sample), complete)
+        return min(per_sample)
 
 
-def reference_outputs(plan, sample: dict[str, np.ndarray], adjust=None) -> dict[str, np.ndarray]:
+def float_reference(plan) -> FloatReference:
     record = plan.record
-    reference = FloatReference(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
-                               [spec.name for spec in record.model.outputs])
-    return reference.run(sample, adjust=adjust)
+    return FloatReference(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
+                          [spec.name for spec in record.model.outputs])
+
+
+def reference_outputs(plan, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return float_reference(plan).run(sample)
 
 
 def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray]) -> dict[str, float]:
     """Per tensor, the output cosine lost when it alone is rounded to its int8 grid."""
-    expected = reference_outputs(plan, sample)
+    reference = float_reference(plan)
+    expected = reference.run(sample)
     losses = {}
     for name in tensors:
         quant = plan.record.quantization[name]
@@ -118,58 +184,49 @@ def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray]) -
         def rounded(tensor: str, value: np.ndarray, name=name, quant=quant) -> np.ndarray | None:
             return dequantize(quantize(value, quant), quant) if tensor == name else None
 
-        produced = reference_outputs(plan, sample, rounded)
+        produced = reference.run(sample, adjust=rounded)
         losses[name] = 1.0 - min(agreement(out, produced[out], value).cosine for out, value in expected.items())
     return losses
 
 
-def choose(model, target: str, options: Options, wanted: float, compile_plan: CompilePlan,
-           strategy: str = "sensitivity", progress: Callable[[str], None] | None = None) -> Search:
+def choose(model, target: str, options: Options, wanted: float, make_plan: MakePlan, strategy: str = "sensitivity",
+           progress: Callable[[str], None] | None = None) -> Search:
     """The search of `strategy` for `wanted` (see the module docstring)."""
     say = progress or (lambda text: None)
-    judge = Judge(model, target, options, [], compile_plan)
-    plan = judge.plan(())
-    specs = plan.record.model.inputs
-    judge.samples = calibration_samples(options.calibration, specs, ImagePreprocessing(
+    planner = Planner(model, target, options)
+    samples = calibration_samples(options.calibration, planner.inputs, ImagePreprocessing(
         options.mean_values, options.std_values, options.channel_order))
-    samples = judge.samples
-    start, plan = judge(())
-    pool = candidates(plan.record)
-    all_float16, _ = judge(pool)
+    judge = Judge(planner, make_plan, samples)
+    start = judge(())
+    int8, _ = judge.planned(())
+    pool = candidates(int8.record)
+    all_float16 = judge(pool)
     goal = min(wanted, all_float16)
     say(f"int8 cosine {start:.6f}, all {len(pool)} candidates in float16 {all_float16:.6f}: target {goal:.6f}")
-    search = Search((), plan, start, wanted, goal, all_float16, start_cosine=start)
+    chosen: list[str] = []
     if start < goal:
-        chosen = (_by_sensitivity if strategy == "sensitivity" else _by_worst_drop)(judge, plan, pool, goal, samples, say)
-        cosine, plan = judge(chosen)
-        search = Search(tuple(chosen), plan, cosine, wanted, goal, all_float16, start_cosine=start)
-    search.plans_judged = judge.plans_judged
-    search.technique = report(search, judge(())[1].record)
+        chosen = (_by_sensitivity if strategy == "sensitivity" else _by_worst_drop)(judge, int8, pool, goal, samples, say)
+    plan, ctx = judge.planned(chosen)
+    search = Search(tuple(chosen), plan, judge(chosen), wanted, goal, all_float16, judge.plans_judged,
+                    start_cosine=start, context=ctx)
+    search.technique = report(search, int8.record)
     return search
 
 
 def compile_with_choice(model, target: str, options: Options,
-                        compile_plan: CompilePlan) -> tuple[PlanRecord, CompileContext]:
-    """`pipeline.compile_model`, with --auto-float16 resolved first and reported in the plan."""
+                        make_plan: MakePlan) -> tuple[PlanRecord, CompileContext]:
+    """`pipeline.compile_model`, with --auto-float16 resolved first and reported in the plan:
+    the plan is the search's choice, its float16 tensors added to the user's."""
     if options.auto_float16 is None:
         return compile_model(model, target, options)
-    options, technique = resolve(model, target, options, compile_plan)
-    record, ctx = compile_model(model, target, options)
-    ctx.int8_techniques.append(technique)
-    return dataclasses.replace(record, int8_techniques=tuple(ctx.int8_techniques)), ctx
-
-
-def resolve(model, target: str, options: Options, compile_plan: CompilePlan) -> tuple[Options, Int8Technique]:
-    """`options` with --auto-float16's choice added to its float16 tensors (and the search
-    switched off), and the report the plan records (`Plan.int8_techniques`)."""
-    wanted = options.auto_float16
     if options.dtype != "int8":
         raise CompileError("--auto-float16 chooses float16 steps of an int8 plan; add --dtype int8")
-    if not 0 < wanted <= 1:
-        raise CompileError(f"--auto-float16 {wanted}: a cosine in (0, 1]")
-    search = choose(model, target, options, wanted, compile_plan)
-    chosen = tuple(dict.fromkeys((*options.float16_tensors, *search.chosen)))
-    return dataclasses.replace(options, auto_float16=None, float16_tensors=chosen), search.technique
+    if not 0 < options.auto_float16 <= 1:
+        raise CompileError(f"--auto-float16 {options.auto_float16}: a cosine in (0, 1]")
+    search = choose(model, target, options, options.auto_float16, make_plan)
+    ctx = search.context
+    ctx.int8_techniques.append(search.technique)
+    return dataclasses.replace(search.plan.record, int8_techniques=tuple(ctx.int8_techniques)), ctx
 
 
 def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
@@ -178,15 +235,15 @@ def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, s
     low, high = 0, len(ranked)  # ranked[:low] misses the goal (or low is 0); ranked[:high] meets it
     while high - low > 1:
         middle = (low + high) // 2
-        cosine, _ = judge(ranked[:middle])
-        say(f"  first {middle} by sensitivity: {cosine:.6f}")
+        cosine = judge(ranked[:middle], goal)
+        say(f"  first {middle} by sensitivity: {_shown(cosine, goal)}")
         low, high = (low, middle) if cosine >= goal else (middle, high)
     chosen = ranked[:high]
     for name in sorted(chosen, key=lambda name: losses[name])[:PRUNE_TRIES]:
         if len(chosen) == 1:
             break
         without = [other for other in chosen if other != name]
-        cosine, _ = judge(without)
+        cosine = judge(without, goal)
         if cosine >= goal:
             say(f"  without {name}: {cosine:.6f}, dropped")
             chosen = without
@@ -201,11 +258,16 @@ def _by_worst_drop(judge: Judge, plan, pool: list[str], goal: float, samples, sa
         if not drops:
             break
         chosen.append(max(drops, key=drops.get))
-        cosine, plan = judge(chosen)
-        say(f"  + {chosen[-1]} (drop {drops[chosen[-1]]:.6f}): {cosine:.6f}")
+        cosine = judge(chosen, goal)
+        plan, _ = judge.planned(chosen)
+        say(f"  + {chosen[-1]} (drop {drops[chosen[-1]]:.6f}): {_shown(cosine, goal)}")
         if cosine >= goal:
             break
     return chosen
+
+
+def _shown(cosine: float, goal: float) -> str:
+    return f"{cosine:.6f}" if cosine >= goal else f"{cosine:.6f} (a sample below the target; judging stopped there)"
 
 
 def report(search: Search, int8: PlanRecord) -> Int8Technique:

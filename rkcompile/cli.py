@@ -310,10 +310,10 @@ def _compile(model: Path, target: str, options: Options):
         from .pipeline import compile_model
 
         return compile_model(model, target, options)
-    from .api import compile as compile_plan
+    from .api import plan_of
     from .auto_float16 import compile_with_choice
 
-    return compile_with_choice(model, target, options, compile_plan)
+    return compile_with_choice(model, target, options, plan_of)
 
 
 def _targets(args: argparse.Namespace) -> int:

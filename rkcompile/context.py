@@ -102,6 +102,9 @@ class CompileContext:
     #: constants the quantize pass changed away from the model's float semantics (a corrected
     #: bias) -> the model's value, which the float reference of accuracy analysis keeps
     reference_constants: dict[str, Any] = field(default_factory=dict)
+    #: int8: what the quantize pass's float32 calibration run observed (passes/quantize.py
+    #: `Calibration`); set beforehand, a later plan of the same graph reuses it (--auto-float16)
+    calibration: Any = None
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""

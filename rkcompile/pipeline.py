@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Sequence
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -41,15 +42,21 @@ PASS_NAMES = tuple(p.NAME for p in PASSES)
 def compile_model(model_path: str | Path, target: str, options: Options | None = None) -> tuple[Plan, CompileContext]:
     ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
     with cyclic_collector_paused():
-        for compiler_pass in PASSES:
-            compiler_pass.run(ctx)
-            problems = verify(ctx) if ctx.options.verify_passes else []
-            if problems:
-                raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
-            if compiler_pass.NAME in ctx.options.dump_after:
-                dump_graph(ctx, compiler_pass.NAME)
-            log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
+        run_passes(ctx, PASSES)
         return assemble_plan(ctx), ctx
+
+
+def run_passes(ctx: CompileContext, passes: Sequence = PASSES) -> None:
+    """`passes` in order on `ctx` (a slice of PASSES: --auto-float16 plans the passes before
+    quantize once and the rest once per candidate)."""
+    for compiler_pass in passes:
+        compiler_pass.run(ctx)
+        problems = verify(ctx) if ctx.options.verify_passes else []
+        if problems:
+            raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
+        if compiler_pass.NAME in ctx.options.dump_after:
+            dump_graph(ctx, compiler_pass.NAME)
+        log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
 
 
 def verify(ctx: CompileContext) -> list[str]:

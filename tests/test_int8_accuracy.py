@@ -3,6 +3,7 @@ and balances the pair's weights; bias correction lowers a quantized layer's mean
 recorded in the plan, shown in the summary, and survive the .rkplan round trip."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from onnx import helper, numpy_helper
 
 import rkcompile
 import rkcompile.errors
+from rkcompile.api import plan_of
 from rkcompile.auto_float16 import STRATEGIES, choose
 from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
@@ -149,13 +151,37 @@ def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_
 def test_auto_float16_reaches_its_target_with_float16_steps(chain, tmp_path, strategy):
     calibration = _calibration(tmp_path)
     options = rkcompile.Options(dtype="int8", calibration=calibration)
-    start = choose(chain, "rk3588", options, 0.0, rkcompile.compile, strategy)
+    start = choose(chain, "rk3588", options, 0.0, plan_of, strategy)
     assert start.chosen == () and start.cosine < 0.9999  # int8 alone misses the target below
     wanted = 1 - (1 - start.cosine) / 4
-    search = choose(chain, "rk3588", options, wanted, rkcompile.compile, strategy)
+    search = choose(chain, "rk3588", options, wanted, plan_of, strategy)
     assert search.target == min(wanted, search.all_float16_cosine)
     assert search.cosine >= search.target and search.chosen
     assert all(search.plan.record.tensors[name].dtype == "float16" for name in search.chosen)
+
+
+@pytest.mark.parametrize("equalization", [False, True])
+def test_auto_float16_calibrates_once_and_plans_each_candidate_as_a_fresh_compile(chain, tmp_path, monkeypatch,
+                                                                                   equalization):
+    """The calibration run (the float32 pass with an observer) happens once per search, not once
+    per candidate plan, and the plan it chose is the plan a compile with those tensors gives
+    (equalized weights too: each candidate starts from the unequalized graph)."""
+    options = rkcompile.Options(dtype="int8", calibration=_calibration(tmp_path), equalization=equalization)
+    observed_runs = []
+    run = FloatReference.run
+
+    def counted(self, inputs, visit=None, adjust=None):
+        if visit is not None:
+            observed_runs.append(sorted(inputs))
+        return run(self, inputs, visit, adjust)
+
+    monkeypatch.setattr(FloatReference, "run", counted)
+    start = choose(chain, "rk3588", options, 0.0, plan_of)
+    assert len(observed_runs) == 3  # one pass over the 3 calibration samples
+    search = choose(chain, "rk3588", options, 1 - (1 - start.cosine) / 4, plan_of)
+    assert search.plans_judged > 3 and len(observed_runs) == 6
+    fresh = rkcompile.compile(chain, "rk3588", dataclasses.replace(options, float16_tensors=search.chosen))
+    assert search.chosen and fresh.record == search.plan.record and fresh.weights == search.plan.weights
 
 
 def test_auto_float16_is_recorded_in_the_plan_and_the_summary(chain, tmp_path):

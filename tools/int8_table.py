@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 import rkcompile
+from rkcompile.api import plan_of
 from rkcompile.auto_float16 import STRATEGIES, choose
 from rkcompile.context import Options
 from rkcompile.emulator import agreement, onnxruntime_outputs
@@ -78,7 +79,7 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
     if args.auto_float16 is not None:
         cells = []
         for strategy in STRATEGIES:
-            search = choose(model, "rk3588", options, args.auto_float16, rkcompile.compile, strategy,
+            search = choose(model, "rk3588", options, args.auto_float16, plan_of, strategy,
                             progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True))
             cells.append(f"{len(search.chosen)} | {search.cosine:.5f} | "
                          f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
