@@ -56,7 +56,12 @@ def main() -> int:
         from onnx import version_converter
 
         built = str(scratch / Path(args.model).name)
-        onnx.save(version_converter.convert_version(onnx.load(args.model), NEWEST_OPSET), built)
+        try:
+            onnx.save(version_converter.convert_version(onnx.load(args.model), NEWEST_OPSET), built)
+        except Exception as exc:  # noqa: BLE001  (e.g. an op with no older version: Gelu is new in opset 20)
+            result["error"] = f"opset {opset} -> {NEWEST_OPSET} conversion: {str(exc).strip().splitlines()[-1]}"
+            print(json.dumps(result))
+            return 1
         result["note"] = f"built from a copy converted from opset {opset} to {NEWEST_OPSET}"
     listing = scratch / "dataset.txt"
     listing.write_text("".join(f"{path.resolve()}\n" for path in sorted(args.calib.glob("*.npy"))))
