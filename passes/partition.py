@@ -179,13 +179,24 @@ class PlacementEstimate:
             formats[tensor.name] = {device: tensor_format(tensor, device, ctx) for device in DEVICES}
             self.tensors.append((producer, tuple(c.name for c in reading.get(tensor.name, ())),
                                  tensor.name in outputs, formats[tensor.name]))
-        self.step = {name: {device: self._seconds(step_work(node, device, self._stored_on(device, formats, ctx)))
-                            for device in DEVICES} for name, node in nodes.items()}
+        # A step's seconds on a device are worked out when first asked: most are never asked
+        # (a CPU-only node's NPU cost; an NPU node's CPU cost unless it is in an island).
+        self._nodes = nodes
+        self._stored = {device: self._stored_on(device, formats, ctx) for device in DEVICES}
+        self._step_seconds: dict[tuple[str, str], float] = {}
         self.io_nodes = {c.name for t in ctx.graph.inputs for c in reading.get(t.name, ())}
         self.io_nodes |= {p.name for t in ctx.graph.outputs for p in t.inputs}
 
     def _seconds(self, work: cost_model.StepWork) -> float:
         return cost_model.step_seconds(work, self.hardware, self.dtype)
+
+    def step(self, name: str, device: str) -> float:
+        """The estimated seconds of node `name`'s step on `device`."""
+        seconds = self._step_seconds.get((name, device))
+        if seconds is None:
+            work = step_work(self._nodes[name], device, self._stored[device])
+            seconds = self._step_seconds[name, device] = self._seconds(work)
+        return seconds
 
     @staticmethod
     def _stored_on(device: str, formats: dict[str, dict[str, TensorFormat | None]],
@@ -219,11 +230,11 @@ class PlacementEstimate:
 
     def island_seconds(self, device: dict[str, str], members: list[str]) -> float:
         """What an island costs where it is: its steps and the conversions of what it reads and writes."""
-        return sum(self.step[name][device[name]] for name in members) + self.conversion_seconds(device, set(members))
+        return sum(self.step(name, device[name]) for name in members) + self.conversion_seconds(device, set(members))
 
     def seconds(self, device: dict[str, str]) -> float:
         """The whole plan's estimated run with every node on `device[node]`."""
-        steps = sum(self.step[name][dev] for name, dev in device.items())
+        steps = sum(self.step(name, dev) for name, dev in device.items())
         return cost_model.RUN_SECONDS + steps + self.conversion_seconds(device)
 
 
@@ -276,7 +287,7 @@ def annotate_sandwiched_cpu_partitions(ctx: CompileContext, estimate: PlacementE
                      [partitions[s][0] for s in contracted.successors(index)]
         if dev != "cpu" or not all("npu" in side for side in neighbours):
             continue
-        compute = sum(estimate.step[name]["cpu"] for name in members)
+        compute = sum(estimate.step(name, "cpu") for name in members)
         if compute >= estimate.conversion_seconds(device, set(members)):
             continue
         for name in members:

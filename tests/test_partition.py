@@ -295,3 +295,33 @@ def test_a_rule_that_declines_after_building_leaves_nothing_wired_to_the_graph(t
     in_graph = {id(node) for node in ctx.graph.nodes}
     assert all(id(reader) in in_graph for reader in relu_input.outputs)
     assert any("declined after building" in a.outcome for a in ctx.rewrite_attempts["middle"])
+
+
+def test_placement_estimate_works_out_a_step_only_when_asked(tmp_path, monkeypatch):
+    """The estimate's step costs are worked out on first use, once each: building it costs no
+    step_work, and each answer is what step_work on the node gives (the Conv island model: its
+    island moves, so both devices of some nodes are asked for)."""
+    from rkcompile.cost_estimate import step_work
+
+    path = _conv_erf_model(tmp_path, "relu")
+    seen: list[tuple[str, str]] = []
+    captured = {}
+    real_init = partition.PlacementEstimate.__init__
+
+    def capture(self, ctx):
+        real_init(self, ctx)
+        captured["asked_while_built"] = list(seen)
+        captured["estimate"] = self
+        captured["expected"] = {(node.name, device): self._seconds(step_work(node, device, self._stored[device]))
+                                for node in ctx.graph.nodes for device in partition.DEVICES}
+
+    monkeypatch.setattr(partition.PlacementEstimate, "__init__", capture)
+    monkeypatch.setattr(partition, "step_work", lambda node, device, stored: seen.append((node.name, device)) or
+                        step_work(node, device, stored))
+    plan, _ = compile_model(path, "rk3588")
+    assert _entry(plan, "middle").device == "cpu"  # the island still moved on these estimates
+    assert captured["asked_while_built"] == [] and seen and len(seen) == len(set(seen))
+    assert len(seen) < len(captured["expected"])  # never both devices of every node
+    worked_out = captured["estimate"]._step_seconds
+    assert set(worked_out) == set(seen)
+    assert all(worked_out[key] == captured["expected"][key] for key in seen)
