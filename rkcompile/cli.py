@@ -461,10 +461,12 @@ def console_main() -> NoReturn:
     as Instagram's servers skip it ("Dismissing Python Garbage Collection at Instagram", 2017).
     What a normal exit does before the teardown still happens: the exit handlers run (logging's
     flush, temporary folders, process pools), then the standard streams are flushed. With
-    another thread still running, or when `main` raised (--help, a usage error), the exit is
-    the normal one."""
+    another thread still running, when `main` raised (--help, a usage error), or under a profiler
+    or tracer (`python -m cProfile -m rkcompile`, coverage, a debugger: they write their results
+    at the normal exit), the exit is the normal one."""
     code = main()
-    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if watched or any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         sys.exit(code)
     atexit._run_exitfuncs()  # what sys.exit runs before the teardown that os._exit skips
     with contextlib.suppress(BrokenPipeError):  # the reader (`| head`) went away: quiet, as in main

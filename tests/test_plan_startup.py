@@ -74,3 +74,15 @@ def test_the_command_exits_after_its_exit_handlers_without_the_teardown(tmp_path
     missing = subprocess.run([sys.executable, "-c", EXIT_PROBE, entry, "plan", str(tmp_path / "missing.onnx"),
                               "--target", "rk3588"], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+
+
+def test_the_command_under_a_profiler_exits_normally_so_the_profile_is_written(tmp_path):
+    """`python -m cProfile -o OUT -m rkcompile plan ...` writes OUT at the normal exit, which
+    console_main would otherwise skip."""
+    model = tmp_path / "tiny_cnn.onnx"
+    shutil.copy(EXAMPLE, model)
+    profile = tmp_path / "plan.prof"
+    finished = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "rkcompile", "plan",
+                               str(model), "--target", "rk3588", "--quiet"], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert profile.stat().st_size > 0
