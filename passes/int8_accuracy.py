@@ -59,6 +59,15 @@ def set_constant(step: gs.Node, name: str, values: np.ndarray) -> None:
                 tensor.values = values
 
 
+def replace_constant(step: gs.Node, name: str, constant: gs.Constant) -> None:
+    """`constant` instead of constant `name` in `step` and its fused body's copies, the other
+    readers of `name` unchanged."""
+    for node in [step] + [member for member in members(step) if member is not step]:
+        for index, tensor in enumerate(node.inputs):
+            if isinstance(tensor, gs.Constant) and tensor.name == name:
+                node.inputs[index] = constant if node is step else gs.Constant(constant.name, constant.values)
+
+
 # ---- cross-layer equalization --------------------------------------------------------------
 
 @dataclass

@@ -14,6 +14,7 @@ requantizes them; every other tensor gets its own calibrated range.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +31,7 @@ from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, ImagePreprocessing, RangeOb
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from .int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize, find_pairs,
-                            set_constant)
+                            replace_constant, set_constant)
 from .int8_accuracy import members as int8_members
 
 NAME = "quantize"
@@ -158,14 +159,25 @@ def _correct_biases(ctx: CompileContext, weight_errors: WeightErrorMeans) -> Non
     """Each measured Conv's bias minus its weights' mean shift; the model's bias stays the float
     reference's (`ctx.reference_constants`)."""
     nodes = {node.name: node for node in ctx.graph.nodes}
+    readers = Counter(t.name for node in ctx.graph.nodes for t in node.inputs if isinstance(t, gs.Constant))
     corrected = []
     for step_name, shift in weight_errors.means().items():
         conv = weight_errors.convs[step_name]
         bias = conv.inputs[2]
-        if bias.name in ctx.reference_constants:  # one bias shared by two steps is corrected once
-            continue
-        ctx.reference_constants[bias.name] = np.asarray(bias.values)
-        set_constant(nodes[step_name], bias.name, corrected_bias(bias.values, shift))
+        values = corrected_bias(bias.values, shift)
+        if readers[bias.name] > 1:
+            # each reader has its own shift (exporters share one initializer among equal biases, e.g.
+            # the zero bias of every Conv with as many channels), so this step gets its own copy
+            name = f"{bias.name}/corrected/{step_name}"
+            ctx.tensors[name] = ctx.tensors[bias.name]
+            ctx.reference_constants[name] = np.asarray(bias.values)
+            replace_constant(nodes[step_name], bias.name, gs.Constant(name, values))
+            readers[bias.name] -= 1
+            if not readers[bias.name]:  # every reader has its own copy now
+                del ctx.tensors[bias.name]
+        else:
+            ctx.reference_constants[bias.name] = np.asarray(bias.values)
+            set_constant(nodes[step_name], bias.name, values)
         corrected.append(step_name)
     ctx.int8_techniques.append(Int8Technique(
         "bias_correction", tuple(corrected), (),

@@ -53,11 +53,16 @@ def chain(tmp_path) -> Path:
              helper.make_node("Conv", ["p2", "w3", "b3"], ["c3"]),
              helper.make_node("Clip", ["c3", "zero", "six"], ["r3"]),
              helper.make_node("Conv", ["r3", "w4", "b4"], ["y"], pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "chain", [vi("x", [1, 3, 16, 16])], [vi("y", [1, 4, 8, 8])],
+    return _save(tmp_path, "chain", nodes, [1, 3, 16, 16], [1, 4, 8, 8], weights)
+
+
+def _save(folder: Path, name: str, nodes, x_shape, y_shape, weights: dict[str, np.ndarray]) -> Path:
+    """The model x -> nodes -> y with `weights` as initializers, saved as folder/name.onnx."""
+    graph = helper.make_graph(nodes, name, [vi("x", x_shape)], [vi("y", y_shape)],
                               [numpy_helper.from_array(v, n) for n, v in weights.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = tmp_path / "chain.onnx"
+    path = folder / f"{name}.onnx"
     onnx.save(model, str(path))
     return path
 
@@ -143,6 +148,50 @@ def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_
     # the artifact carries the corrected plan and the model's bias for its reference
     saved = rkcompile.load(plan.save(tmp_path / "chain.rkplan"))
     assert saved.record.int8_techniques == plan.record.int8_techniques
+    np.testing.assert_array_equal(rkcompile.run(saved, x)["y"], rkcompile.run(plan, x)["y"])
+    assert rkcompile.accuracy_analysis(saved, x) == rkcompile.accuracy_analysis(plan, x)
+
+
+def test_bias_correction_gives_each_reader_of_a_shared_bias_its_own_correction(tmp_path):
+    """Exporters store equal biases once (the zero bias of every Conv with as many channels is
+    one initializer): each Conv reading it has its own inputs and rounded weights, so its own
+    shift, and the other readers' biases must not take it."""
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+               "w2": (rng.standard_normal((8, 8, 3, 3)) * 30).astype(np.float32),
+               "shared": np.zeros(8, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "shared"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "shared"], ["y"], pads=[1, 1, 1, 1])]
+    path = _save(tmp_path, "shared_bias", nodes, [1, 3, 16, 16], [1, 8, 16, 16], weights)
+    calibration = tmp_path / "calib"
+    calibration.mkdir()
+    # inputs with a mean per channel, so the rounded weights' error does not average out
+    samples = [(rng.uniform(0, 1, (1, 3, 16, 16)) + [[[[0.5]], [[1.0]], [[2.0]]]]).astype(np.float32)
+               for _ in range(3)]
+    for i, sample in enumerate(samples):
+        np.save(calibration / f"{i}.npy", sample)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration)
+    assert len(_technique(plan, "bias_correction").applied) == 2
+    first = gs.Node("Conv", "first", attrs={"pads": [1, 1, 1, 1]})  # both Convs' geometry
+    first_inputs = samples
+    second_inputs = [np.maximum(convolve(first, x, weights["w1"]), 0) for x in samples]
+    expected = [-np.mean([convolve(first, x, weight_error(w).astype(np.float32)).mean(axis=(0, 2, 3))
+                          for x in inputs], axis=0)
+                for w, inputs in ((weights["w1"], first_inputs), (weights["w2"], second_inputs))]
+    planned = [t for node in plan.step_nodes() for t in node.inputs
+               if isinstance(t, gs.Constant) and t.name.startswith("shared")]
+    assert len(planned) == 2
+    steps = [np.asarray(plan.record.quantization[bias.name].scales) for bias in planned]
+    assert np.abs(expected[0] - expected[1]).max() > 4 * max(step.max() for step in steps)  # one bias cannot serve both
+    for bias, shift, step in zip(planned, expected, steps):  # within half a step of the int32 bias
+        assert np.all(np.abs(np.asarray(bias.values) - shift) <= step / 2 * 1.001)
+    # the float reference keeps the model's zero bias for both
+    x = {"x": samples[0]}
+    reference = FloatReference(plan.reference_nodes, [s.device for s in plan.record.steps],
+                               plan.record.model.opset, ["y"]).run(x)["y"]
+    exact = onnxruntime_outputs(path, x)["y"]
+    assert np.abs(reference - exact).max() <= 1e-4 * np.abs(exact).max()
+    saved = rkcompile.load(plan.save(tmp_path / "shared_bias.rkplan"))  # the copies survive the artifact
     np.testing.assert_array_equal(rkcompile.run(saved, x)["y"], rkcompile.run(plan, x)["y"])
     assert rkcompile.accuracy_analysis(saved, x) == rkcompile.accuracy_analysis(plan, x)
 
