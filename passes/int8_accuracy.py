@@ -173,8 +173,11 @@ def equalize(found: Equalization) -> None:
     for sweep in range(1, SWEEPS + 1):
         largest = 0.0
         for pair in found.pairs:
-            w1 = np.asarray(pair.first.inputs[1].values, np.float64)
-            w2 = np.asarray(pair.second.inputs[1].values, np.float64)
+            # copies: a float64 model's weights would be scaled in place below, under every
+            # other holder of the array (the accuracy analysis's reference, --auto-float16's
+            # candidates)
+            w1 = np.array(pair.first.inputs[1].values, np.float64)
+            w2 = np.array(pair.second.inputs[1].values, np.float64)
             channels = w1.shape[0]
             first_output, position = _input_channel_index(w2.shape, channels)
             per_group = w2.shape[0] // (channels // w2.shape[1])

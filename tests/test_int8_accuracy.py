@@ -283,3 +283,22 @@ def test_cli_plans_with_auto_float16_and_refuses_it_without_int8(chain, tmp_path
     assert "add --dtype int8" in capsys.readouterr().err
     assert main(["plan", str(chain), "--target", "rk3588", "--dtype", "int8", "--auto-float16", "2"]) != 0
     assert "error: --auto-float16 2.0: a cosine in (0, 1]" in capsys.readouterr().err
+
+
+def test_equalization_leaves_the_arrays_it_read_untouched():
+    """equalize writes new constants; a float64 weight array it read (numpy hands back the same
+    array for a float64 `asarray`) must keep its values for whoever else holds it."""
+    import onnx_graphsurgeon as gs
+
+    from rkcompile.passes.int8_accuracy import Equalization, Pair, equalize
+
+    rng = np.random.default_rng(3)
+    w1 = rng.normal(size=(4, 3, 1, 1)) * np.array([1, 10, 100, 1000]).reshape(4, 1, 1, 1)
+    w2 = rng.normal(size=(2, 4, 1, 1))
+    kept1, kept2 = w1.copy(), w2.copy()
+    x, y, z = gs.Variable("x"), gs.Variable("y"), gs.Variable("z")
+    first = gs.Node("Conv", "first", inputs=[x, gs.Constant("w1", w1)], outputs=[y])
+    second = gs.Node("Conv", "second", inputs=[y, gs.Constant("w2", w2)], outputs=[z])
+    equalize(Equalization(pairs=[Pair(first, first, second, second)]))
+    assert not np.allclose(first.inputs[1].values, kept1)  # the pair was equalized
+    assert np.array_equal(w1, kept1) and np.array_equal(w2, kept2)
