@@ -49,6 +49,7 @@ def run(ctx: CompileContext) -> None:
     devices = [ctx.placement[name].device for name in ctx.order]
     if ctx.options.equalization:
         _equalize(ctx, ordered, devices)
+    _own_bias_copies(ctx, ordered, devices)
     _keep_parameters_float(ctx, ordered, devices)
     _make_float16_islands(ctx, ordered, devices)
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
@@ -155,29 +156,38 @@ def _bias_correction_candidates(ctx: CompileContext, ordered: list[gs.Node], dev
     return WeightErrorMeans(convs)
 
 
+def _own_bias_copies(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:
+    """Each NPU convolution reading a bias other steps read too gets its own copy of it.
+    Exporters store equal biases once (the zero bias of every Conv with as many channels; a
+    detector head's constant bias), but an int8 bias is an int32 at its own reader's input scale
+    times weight scale, and bias correction gives each reader its own shift: one stored bias
+    would serve one reader and silently shift the others."""
+    readers = Counter(t.name for node, device in zip(ordered, devices) for t in node.inputs
+                      if isinstance(t, gs.Constant))
+    for node, device in zip(ordered, devices):
+        if device != "npu":
+            continue
+        for member in _members(node)[0]:
+            if member.op not in PER_CHANNEL_WEIGHTS or len(member.inputs) < 3:
+                continue
+            bias = member.inputs[2]
+            if not isinstance(bias, gs.Constant) or readers[bias.name] < 2 or bias.name not in ctx.tensors:
+                continue
+            name = f"{bias.name}/{node.name}"
+            ctx.tensors[name] = ctx.tensors[bias.name]
+            replace_constant(node, bias.name, gs.Constant(name, np.array(bias.values)))
+            readers[bias.name] -= 1  # the last reader keeps the original
+
+
 def _correct_biases(ctx: CompileContext, weight_errors: WeightErrorMeans) -> None:
     """Each measured Conv's bias minus its weights' mean shift; the model's bias stays the float
     reference's (`ctx.reference_constants`)."""
     nodes = {node.name: node for node in ctx.graph.nodes}
-    readers = Counter(t.name for node in ctx.graph.nodes for t in node.inputs if isinstance(t, gs.Constant))
     corrected = []
     for step_name, shift in weight_errors.means().items():
-        conv = weight_errors.convs[step_name]
-        bias = conv.inputs[2]
-        values = corrected_bias(bias.values, shift)
-        if readers[bias.name] > 1:
-            # each reader has its own shift (exporters share one initializer among equal biases, e.g.
-            # the zero bias of every Conv with as many channels), so this step gets its own copy
-            name = f"{bias.name}/corrected/{step_name}"
-            ctx.tensors[name] = ctx.tensors[bias.name]
-            ctx.reference_constants[name] = np.asarray(bias.values)
-            replace_constant(nodes[step_name], bias.name, gs.Constant(name, values))
-            readers[bias.name] -= 1
-            if not readers[bias.name]:  # every reader has its own copy now
-                del ctx.tensors[bias.name]
-        else:
-            ctx.reference_constants[bias.name] = np.asarray(bias.values)
-            set_constant(nodes[step_name], bias.name, values)
+        bias = weight_errors.convs[step_name].inputs[2]  # this step's own (`_own_bias_copies`)
+        ctx.reference_constants[bias.name] = np.asarray(bias.values)
+        set_constant(nodes[step_name], bias.name, corrected_bias(bias.values, shift))
         corrected.append(step_name)
     ctx.int8_techniques.append(Int8Technique(
         "bias_correction", tuple(corrected), (),

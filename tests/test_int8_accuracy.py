@@ -302,3 +302,38 @@ def test_equalization_leaves_the_arrays_it_read_untouched():
     equalize(Equalization(pairs=[Pair(first, first, second, second)]))
     assert not np.allclose(first.inputs[1].values, kept1)  # the pair was equalized
     assert np.array_equal(w1, kept1) and np.array_equal(w2, kept2)
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_convolutions_sharing_a_bias_each_add_it_at_their_own_scale(tmp_path, bias_correction):
+    """An int8 bias is an int32 at its reader's input scale times weight scale, added to the
+    accumulator unchanged; two Convs whose scales differ 30x reading one stored (non-zero) bias
+    each get their own int32 copy at their own scale, with or without bias correction (one
+    shared copy held the last reader's scale, which the NPU would add to the other's
+    accumulator as is; the emulator rescales such a bias of an older plan)."""
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+               "w2": (rng.standard_normal((8, 8, 3, 3)) * 30).astype(np.float32),
+               "shared": np.full(8, 5.0, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "shared"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "shared"], ["y"], pads=[1, 1, 1, 1])]
+    path = _save(tmp_path, "shared_nonzero_bias", nodes, [1, 3, 16, 16], [1, 8, 16, 16], weights)
+    calibration = tmp_path / "calib"
+    calibration.mkdir()
+    samples = [rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32) for _ in range(3)]
+    for i, sample in enumerate(samples):
+        np.save(calibration / f"{i}.npy", sample)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration, bias_correction=bias_correction)
+    biases = [t.name for node in plan.step_nodes() for t in node.inputs
+              if isinstance(t, gs.Constant) and t.name.startswith("shared")]
+    assert len(set(biases)) == 2
+    quantization = plan.record.quantization
+    for node in plan.step_nodes():
+        if not any(t.name in biases for t in node.inputs):
+            continue  # the host's conversions
+        data, weight, bias = node.inputs[:3]
+        np.testing.assert_allclose(quantization[bias.name].scales,
+                                   np.multiply(quantization[data.name].scales, quantization[weight.name].scales))
+    x = {"x": samples[0]}
+    got, exact = rkcompile.run(plan, x)["y"].ravel(), onnxruntime_outputs(path, x)["y"].ravel()
+    assert float(got @ exact / np.linalg.norm(got) / np.linalg.norm(exact)) > 0.999
