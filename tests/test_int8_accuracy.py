@@ -152,24 +152,33 @@ def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_
     assert rkcompile.accuracy_analysis(saved, x) == rkcompile.accuracy_analysis(plan, x)
 
 
+def _two_convs_sharing_a_bias(tmp_path, bias: np.ndarray):
+    """x -> Conv(w1, shared) -> Relu -> Conv(w2 30x larger, shared) -> y: (model path, weights)."""
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+               "w2": (rng.standard_normal((8, 8, 3, 3)) * 30).astype(np.float32), "shared": bias}
+    nodes = [helper.make_node("Conv", ["x", "w1", "shared"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "shared"], ["y"], pads=[1, 1, 1, 1])]
+    return _save(tmp_path, "shared_bias", nodes, [1, 3, 16, 16], [1, 8, 16, 16], weights), weights
+
+
+def _calibration_folder(tmp_path, samples: list[np.ndarray]) -> Path:
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i, sample in enumerate(samples):
+        np.save(folder / f"{i}.npy", sample)
+    return folder
+
+
 def test_bias_correction_gives_each_reader_of_a_shared_bias_its_own_correction(tmp_path):
     """Exporters store equal biases once (the zero bias of every Conv with as many channels is
     one initializer): each Conv reading it has its own inputs and rounded weights, so its own
     shift, and the other readers' biases must not take it."""
-    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
-               "w2": (rng.standard_normal((8, 8, 3, 3)) * 30).astype(np.float32),
-               "shared": np.zeros(8, np.float32)}
-    nodes = [helper.make_node("Conv", ["x", "w1", "shared"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "shared"], ["y"], pads=[1, 1, 1, 1])]
-    path = _save(tmp_path, "shared_bias", nodes, [1, 3, 16, 16], [1, 8, 16, 16], weights)
-    calibration = tmp_path / "calib"
-    calibration.mkdir()
+    path, weights = _two_convs_sharing_a_bias(tmp_path, np.zeros(8, np.float32))
     # inputs with a mean per channel, so the rounded weights' error does not average out
     samples = [(rng.uniform(0, 1, (1, 3, 16, 16)) + [[[[0.5]], [[1.0]], [[2.0]]]]).astype(np.float32)
                for _ in range(3)]
-    for i, sample in enumerate(samples):
-        np.save(calibration / f"{i}.npy", sample)
+    calibration = _calibration_folder(tmp_path, samples)
     plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration)
     assert len(_technique(plan, "bias_correction").applied) == 2
     first = gs.Node("Conv", "first", attrs={"pads": [1, 1, 1, 1]})  # both Convs' geometry
@@ -311,18 +320,9 @@ def test_convolutions_sharing_a_bias_each_add_it_at_their_own_scale(tmp_path, bi
     each get their own int32 copy at their own scale, with or without bias correction (one
     shared copy held the last reader's scale, which the NPU would add to the other's
     accumulator as is; the emulator rescales such a bias of an older plan)."""
-    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
-               "w2": (rng.standard_normal((8, 8, 3, 3)) * 30).astype(np.float32),
-               "shared": np.full(8, 5.0, np.float32)}
-    nodes = [helper.make_node("Conv", ["x", "w1", "shared"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "shared"], ["y"], pads=[1, 1, 1, 1])]
-    path = _save(tmp_path, "shared_nonzero_bias", nodes, [1, 3, 16, 16], [1, 8, 16, 16], weights)
-    calibration = tmp_path / "calib"
-    calibration.mkdir()
+    path, _ = _two_convs_sharing_a_bias(tmp_path, np.full(8, 5.0, np.float32))
     samples = [rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32) for _ in range(3)]
-    for i, sample in enumerate(samples):
-        np.save(calibration / f"{i}.npy", sample)
+    calibration = _calibration_folder(tmp_path, samples)
     plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration, bias_correction=bias_correction)
     biases = [t.name for node in plan.step_nodes() for t in node.inputs
               if isinstance(t, gs.Constant) and t.name.startswith("shared")]
