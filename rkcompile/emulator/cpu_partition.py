@@ -26,7 +26,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.nodes import dtype_name, expanded_members, node_inputs, node_proto, subgraphs
 
-from .reference import NODE_MODEL_IR_VERSION, make_session, runtime_value
+from .reference import NODE_MODEL_IR_VERSION, make_session, runtime_value, session_for_feeds
 from .storage import held_by_runtime
 
 #: the fewest steps worth a session of their own: a single step keeps its per-node session
@@ -66,10 +66,7 @@ class CpuPartition:
         feeds = {tensor.name: operand(tensor) for tensor in self.inputs}
         if not all(isinstance(value, np.ndarray) for value in feeds.values()):
             return None  # a sequence or an omitted value: the per-node path knows how to feed it
-        key = tuple((name, value.dtype.str, value.shape) for name, value in feeds.items())
-        if key not in self.sessions:
-            self.sessions[key] = self._session(feeds)
-        session = self.sessions[key]
+        session = session_for_feeds(self.sessions, feeds, self._session)
         if session is None:
             return None
         try:

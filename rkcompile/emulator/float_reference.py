@@ -30,7 +30,8 @@ from rkcompile.nodes import expanded_members, fused_body, node_operands, node_pr
 
 from . import kernels  # noqa: F401  (registers the kernels)
 from .fused import run_fused
-from .reference import NODE_MODEL_IR_VERSION, ONNX_REFERENCE, CpuRuntime, make_session, onnxruntime_deviates, run_reference
+from .reference import (NODE_MODEL_IR_VERSION, ONNX_REFERENCE, CpuRuntime, feeds_signature, make_session,
+                        onnxruntime_deviates, run_reference, session_for_feeds)
 from .registry import KERNELS, Unsupported
 
 Visit = Callable[[str, np.ndarray], None]
@@ -84,10 +85,7 @@ class FloatReference:
     def _run_whole_graph(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Every observed tensor and graph output from one onnxruntime session, or None when
         onnxruntime cannot run this graph on these inputs."""
-        key = tuple(sorted((name, value.dtype.str, value.shape) for name, value in inputs.items()))
-        if key not in self.sessions:
-            self.sessions[key] = self._whole_graph_session(inputs)
-        session = self.sessions[key]
+        session = session_for_feeds(self.sessions, inputs, self._whole_graph_session)
         if session is None:
             return None
         try:
@@ -96,7 +94,7 @@ class FloatReference:
         except Exception as exc:  # noqa: BLE001  (onnxruntime's own error classes)
             log.debug("float reference: onnxruntime failed on the whole graph (%s); running it node by node",
                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            self.sessions[key] = None
+            self.sessions[feeds_signature(inputs)] = None  # not tried again
             return None
 
     def _whole_graph_session(self, inputs: Mapping[str, np.ndarray]):

@@ -15,7 +15,7 @@ onnx.reference runs the step instead.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -89,6 +89,20 @@ def make_session(model: onnx.ModelProto):
     options.log_severity_level = 4  # a refused model is an answer here, not a warning
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def feeds_signature(feeds: Mapping[str, np.ndarray]) -> tuple:
+    """What a session depends on in its feeds: their names, dtypes and shapes."""
+    return tuple(sorted((name, value.dtype.str, value.shape) for name, value in feeds.items()))
+
+
+def session_for_feeds(sessions: dict, feeds: Mapping[str, np.ndarray], make: Callable[[Mapping[str, np.ndarray]], object]):
+    """The session `make(feeds)` gives for feeds of these names, dtypes and shapes, made once per
+    such signature and kept in `sessions` (None, kept too, where onnxruntime refused the model)."""
+    key = feeds_signature(feeds)
+    if key not in sessions:
+        sessions[key] = make(feeds)
+    return sessions[key]
 
 
 def onnxruntime_session(model: onnx.ModelProto):
