@@ -84,6 +84,24 @@ def test_requantize_saturates_and_adds_the_zero_point_exactly():
     assert requantize(acc, quant).tolist() == [-20, -10, -30, 127, -128]
 
 
+@pytest.mark.parametrize("multiplier", [2.0 ** -40, 2.0 ** -33, 1e-15])
+def test_requantize_with_a_multiplier_below_the_widest_shift_rounds_to_zero(multiplier):
+    """A step whose accumulator scale is ~1e-12 of its output step (a random-weight network's
+    collapsed features written onto a detector output's grid): every real result is far below
+    half a step. A shift clipped to 62 made a full int32 accumulator one step or more."""
+    quant = Quantization("int8", (1.0,), (3,))
+    full = 2 ** 31 - 1
+    acc = Accumulator(np.array([full, -full, 12345, 0]), np.float64(multiplier))
+    expected = np.rint(acc.values * multiplier) + 3
+    assert requantize(acc, quant).tolist() == expected.tolist() == [3, 3, 3, 3]
+
+
+def test_requantize_with_a_multiplier_above_2_to_30_saturates():
+    quant = Quantization("int8", (1.0,), (0,))
+    acc = Accumulator(np.array([1, 0, -1]), np.float64(2.0 ** 33))
+    assert requantize(acc, quant).tolist() == [127, 0, -128]
+
+
 def test_requantize_clamps_for_fused_activations():
     quant = Quantization("int8", (0.05,), (-100,))
     acc = Accumulator(np.arange(-50, 50), np.float64(0.1))

@@ -117,14 +117,24 @@ def fixed_point(multiplier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mantissa, shift.astype(np.int64)
 
 
+#: The widest shift of a 64-bit product: an int32 magnitude times a mantissa below 2^31 is
+#: below 2^62, so any wider shift leaves less than a half.
+WIDEST_SHIFT = 62
+
+
 def rounding_shift(product: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """product / 2^shift rounded half to even, in integers (shift >= 1)."""
-    shift = np.clip(shift, 1, 62)
-    floor = product >> shift
-    remainder = product - (floor << shift)
-    half = np.int64(1) << (shift - 1)
+    """product / 2^shift rounded half to even, in integers, for a non-negative product below
+    2^62. A shift above WIDEST_SHIFT (a multiplier below about 2^-32: a step whose inputs are
+    ~1e-10 of its output's range, as in a random-weight network whose features collapse) rounds
+    every product to 0; a shift below 1 (a multiplier of 2^30 or more) leaves any non-zero
+    product at 2^30 or more, which saturates every int8 result, so the product stands for it.
+    Both were clipped into [1, 62] before, which scaled such results by a power of two."""
+    bounded = np.clip(shift, 1, WIDEST_SHIFT)
+    floor = product >> bounded
+    remainder = product - (floor << bounded)
+    half = np.int64(1) << (bounded - 1)
     up = (remainder > half) | ((remainder == half) & (floor % 2 == 1))
-    return floor + up
+    return np.where(shift > WIDEST_SHIFT, 0, np.where(shift < 1, product, floor + up))
 
 
 def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: int = INT8[1]) -> np.ndarray:
