@@ -9,7 +9,8 @@ The arithmetic every int8 tensor follows is real = (q - zero_point) * scale:
   operator lists per-channel for its weight: Convolution and Depthwise Convolution on every
   platform (oplist V2.3.2, weight: "量化支持 per-layer, per-channel"), asymmetric as
   rknn-toolkit2 quantizes them (`weight_params`). Every other constant is per-layer and
-  symmetric (zero point 0), q in [-127, 127] so that -q is always representable.
+  symmetric (zero point 0), q in [-127, 127] so that -q is always representable, unless it
+  has few distinct values that an asymmetric grid holds better (`constant_params`).
 - **convolution biases**: int32, scale = input scale x weight scale of the channel, zero point 0,
   so the bias adds to the int32 accumulator as it is.
 
@@ -66,6 +67,9 @@ KL_LEVELS = 128
 KL_STRIDE = 8
 #: Clipping thresholds the mmse observer tries: max|x| times 1/MMSE_STEPS, 2/MMSE_STEPS, ..., 1
 MMSE_STEPS = 100
+#: A per-layer constant with at most this many distinct values gets the grid that holds them
+#: best (`constant_params`), not only the symmetric one.
+FEW_VALUES = 256
 #: Ops whose weight input (index 1) may be quantized per output channel (axis 0):
 #: oplist V2.3.2, Convolution and Depthwise Convolution, weight "per-layer, per-channel".
 PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
@@ -435,15 +439,51 @@ def weight_params(values: np.ndarray, per_channel: bool) -> Quantization:
     on all 256 int8 steps with its own zero point, as rknn-toolkit2 2.5.0 quantizes convolution
     weights (docs/quantization.md: its simulator's per-layer cosines match this to 5 digits on
     every Conv step of tv_mnasnet0_5 and tv_mobilenet_v3_small, and not the symmetric form).
-    One scale for the tensor otherwise: symmetric, zero point 0, q in [-127, 127]."""
+    One scale for the tensor otherwise (`constant_params`)."""
     values = np.asarray(values, np.float64)
     if per_channel and values.ndim >= 2:
         rows = values.reshape(values.shape[0], -1)
         channels = [activation_params(float(row.min()), float(row.max()), "weights") for row in rows]
         return Quantization("int8", tuple(q.scales[0] for q in channels), tuple(q.zero_points[0] for q in channels),
                             0, "weights")
+    return constant_params(values)
+
+
+def constant_params(values: np.ndarray) -> Quantization:
+    """One scale for a constant that is not a Conv weight: symmetric, zero point 0, q in
+    [-127, 127], unless the constant has at most FEW_VALUES distinct values that another grid
+    of the same 256 levels holds with less squared error (its zero point then fitting the
+    range, as an activation's does: every NPU operand is per-layer asymmetric int8, seeds
+    000/001). A detector head's constants are the case: strides 8, 16, 32 are 31, 62 and 124
+    steps of 8/31 exactly, where the symmetric step 32/127 makes 8 into 8.06 (0.8% on every box
+    of that stride); anchor points 0.5, 1.5, ..., 79.5 are steps of 0.5 from zero point -128,
+    where the symmetric step 0.63 puts an anchor up to 0.31 off. The grids tried have step
+    span / n for n = 255 ... 1 over the range widened to include 0; the symmetric grid stays
+    when it already holds the values to 1e-6 of their peak (a scalar, a 0.5)."""
+    values = np.asarray(values, np.float64).reshape(-1)
     peak = float(np.abs(values).max(initial=0))
-    return Quantization("int8", (peak / WEIGHT_INT8[1] if peak > 0 else 1.0,), (0,), None, "weights")
+    symmetric = Quantization("int8", (peak / WEIGHT_INT8[1] if peak > 0 else 1.0,), (0,), None, "weights")
+    if peak == 0:
+        return symmetric
+    distinct, counts = np.unique(values, return_counts=True)
+    if len(distinct) > FEW_VALUES:
+        return symmetric
+
+    def squared_error(scale: float, zero_point: int, levels: tuple[int, int]) -> float:
+        q = np.clip(np.rint(distinct / scale) + zero_point, *levels)
+        return float(np.sum(counts * ((q - zero_point) * scale - distinct) ** 2))
+
+    best, least = symmetric, squared_error(symmetric.scales[0], 0, WEIGHT_INT8)
+    if least <= counts.sum() * (1e-6 * peak) ** 2:
+        return symmetric
+    low, high = min(float(distinct[0]), 0.0), max(float(distinct[-1]), 0.0)
+    for steps in range(INT8[1] - INT8[0], 0, -1):
+        scale = (high - low) / steps
+        zero_point = int(np.clip(np.rint(INT8[0] - low / scale), *INT8))
+        error = squared_error(scale, zero_point, INT8)
+        if error < least:
+            best, least = Quantization("int8", (scale,), (zero_point,), None, "weights"), error
+    return best
 
 
 def bias_params(input_quant: Quantization, weight_quant: Quantization) -> Quantization:

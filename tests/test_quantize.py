@@ -99,9 +99,29 @@ def test_conv_weights_are_asymmetric_per_channel_and_other_constants_symmetric_p
     assert np.abs(dequantize(q, per_channel) - values).max() <= max(per_channel.scales) / 2 + 1e-7
     assert dequantize(quantize(np.zeros_like(values), per_channel), per_channel).tolist() == \
         np.zeros_like(values).tolist()  # real 0 (a padded tap) stays exact in every channel
-    per_layer = weight_params(values, per_channel=False)
+    many = rng.uniform(-1, 2, 1000).astype(np.float32)
+    per_layer = weight_params(many, per_channel=False)
     assert per_layer.axis is None and per_layer.zero_points == (0,)
-    assert per_layer.scales == pytest.approx((2.0 / 127,))
+    assert per_layer.scales == pytest.approx((np.abs(many).max() / 127,))
+
+
+@pytest.mark.parametrize("values", [
+    np.array([8.0, 16.0, 32.0]),  # a detector head's strides: 8 is 8.06 on the symmetric grid 32/127
+    np.arange(80) + 0.5,  # its anchor points: the symmetric step 0.63 puts some 0.31 off
+    np.array([-0.25, 0.5, -2.0]),
+])
+def test_a_constant_of_few_values_gets_a_grid_that_holds_them_exactly(values):
+    symmetric = np.abs(values).max() / 127
+    assert np.abs(np.rint(values / symmetric) * symmetric - values).max() > 1e-3  # the old grid's error
+    quant = weight_params(values, per_channel=False)
+    assert quant.axis is None
+    assert np.abs(dequantize(quantize(values, quant), quant) - values).max() <= 1e-5 * np.abs(values).max()
+
+
+def test_a_constant_the_symmetric_grid_holds_keeps_it():
+    for values in (np.array([0.5]), np.array([-3.0, 3.0]), np.array([127.0, -64.0])):
+        quant = weight_params(values, per_channel=False)
+        assert quant.zero_points == (0,) and quant.scales == pytest.approx((np.abs(values).max() / 127,))
 
 
 def test_percentile_and_kl_clip_an_outlier_that_minmax_keeps():
