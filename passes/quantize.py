@@ -9,7 +9,8 @@ Activation ranges come from the planned graph run in float32 on the calibration 
 (`--calib`, else seeded random ones with a warning); rkcompile/quantize.py holds the
 observers and the parameter arithmetic. A data-movement output (Reshape, Transpose, Slice,
 Split, MaxPool, nearest Resize, ...) keeps its input's parameters, so moving int8 values never
-requantizes them; every other tensor gets its own calibrated range.
+requantizes them; a Concat operand nothing else reads takes the Concat's, so it is rounded once;
+every other tensor gets its own calibrated range.
 """
 from __future__ import annotations
 
@@ -67,9 +68,52 @@ def run(ctx: CompileContext) -> None:
             else:
                 quantization[tensor.name] = activation_params(*ranges[tensor.name].range(),
                                                               ctx.options.calibration_method)
+    _share_concat_parameters(ordered, devices, quantization, {t.name for t in ctx.graph.outputs})
     _quantize_weights(ctx, ordered, devices, quantization)
     _warn_of_drowned_operands(ordered, devices, ranges, quantization)
     ctx.quantization = quantization
+
+
+def _share_concat_parameters(ordered: list[gs.Node], devices: list[str], quantization: dict[str, Quantization],
+                             outputs: set[str]) -> None:
+    """An NPU Concat's operand that only the Concat reads is written with the Concat output's
+    parameters, so its producer rounds each value once, onto the grid it is stored on; with
+    parameters of its own, the Concat would round it a second time (rescale it into the output's
+    scale). rknn-toolkit2 2.5.0's "single" cosines of yolov8n's Concat steps are 2.4e-5 above
+    the two-rounding form on average, and TFLite gives a Concat's inputs its output's parameters
+    for the same reason. The Concat's range is the union of its operands' on the same samples, so
+    an operand keeps all its values, on a grid at most as fine as its own would be. A move step
+    between the producer and the Concat (Reshape, ...) passes the parameters back to its input
+    when that input too has no other reader (and the step no other output: a Split's outputs
+    share their input's). Concats are visited last to first, so a Concat
+    feeding another takes the outer one's parameters before handing them on to its operands."""
+    readers = Counter(t.name for node in ordered for t in node.inputs if not isinstance(t, gs.Constant))
+    producers = {t.name: (node, device) for node, device in zip(ordered, devices) for t in node.outputs}
+
+    def adopt(name: str, shared: Quantization, source: str) -> bool:
+        """Give `name` the Concat's parameters if nothing else reads it (nor, for a move step's
+        output, its input); whether it took them."""
+        if name not in quantization or readers[name] != 1 or name in outputs or name not in producers:
+            return False
+        own = quantization[name]
+        if own.source.startswith("shared:"):  # a move step's output keeps its input's parameters
+            node, device = producers[name]
+            moved_from = own.source.split(":", 1)[1]
+            if (device != "npu" or not is_movement(node) or len(node.outputs) != 1
+                    or not adopt(moved_from, shared, source)):
+                return False
+            quantization[name] = replace(shared, source=own.source, warning=None)
+            return True
+        quantization[name] = replace(shared, source=source, warning=None)
+        return True
+
+    for node, device in reversed(list(zip(ordered, devices))):
+        output = node.outputs[0].name if node.outputs else ""
+        if device != "npu" or node.op != "Concat" or output not in quantization:
+            continue
+        for tensor in node.inputs:
+            if not isinstance(tensor, gs.Constant) and tensor.name != output:
+                adopt(tensor.name, quantization[output], f"concat:{output}")
 
 
 def _is_quantized(ctx: CompileContext, name: str) -> bool:

@@ -130,8 +130,10 @@ class Quantization:
     Conv weights, a zero point per output channel). `dtype` is the stored integer type: int8 for
     activations and weights, int32 for convolution biases (scale = input scale x weight scale).
     `source` says where the range came from: "minmax", "percentile", "kl", "mmse" (calibration),
-    "weights" (the constant's own values), "bias" or "shared:<tensor>" (a data-movement
-    output that keeps its input's parameters, so no requantization happens). `warning` says
+    "weights" (the constant's own values), "bias", "shared:<tensor>" (a data-movement
+    output that keeps its input's parameters, so no requantization happens) or
+    "concat:<tensor>" (a Concat operand nothing else reads, written with that Concat output's
+    parameters so the Concat moves it unchanged). `warning` says
     when the parameters lose an operand (a Concat operand that spans a few of its steps)."""
 
     dtype: str

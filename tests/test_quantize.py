@@ -355,6 +355,41 @@ def test_a_concat_operand_quantized_away_is_reported_and_kept_in_float16(boxes_a
     assert agreement("scores", scores, expected).cosine >= 0.999
 
 
+@pytest.fixture
+def two_branch_concat(tmp_path) -> Path:
+    """A Concat of a MaxPool of one Conv (each read by nothing else) and of another Conv that a
+    third Conv reads too; the two branches' ranges differ fivefold."""
+    weights = {"wa": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 5,
+               "wb": rng.standard_normal((6, 3, 3, 3)).astype(np.float32),
+               "wc": rng.standard_normal((2, 6, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("MaxPool", ["a"], ["pa"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv_b"),
+             helper.make_node("Conv", ["b", "wc"], ["c"], name="conv_c"),
+             helper.make_node("Concat", ["pa", "b"], ["y"], axis=1, name="concat")]
+    return save_model(tmp_path / "concat.onnx", nodes, [vi("x", [1, 3, 16, 16])],
+                      [vi("y", [1, 10, 8, 8]), vi("c", [1, 2, 8, 8])], weights)
+
+
+def test_a_concat_operand_read_by_nothing_else_is_written_with_the_concat_parameters(two_branch_concat, tmp_path):
+    calib = calibration_file(tmp_path)
+    prepared = prepare(two_branch_concat, "rk3588", Options(dtype="int8", calibration=calib))
+    quant = prepared.plan.quantization
+    (output,) = [s.outputs[0] for s in prepared.plan.steps if s.kernel == "Concat"]
+    shared = (quant[output].scales, quant[output].zero_points)
+    # conv_a rounds onto the Concat's grid (through the MaxPool, which keeps its input's parameters)
+    assert (quant["a"].scales, quant["a"].zero_points) == shared and quant["a"].source == f"concat:{output}"
+    assert (quant["pa"].scales, quant["pa"].zero_points) == shared and quant["pa"].source == "shared:a"
+    # b is read by conv_c too: it keeps its own, finer grid, and the Concat rescales it
+    assert quant["b"].source == "minmax" and quant["b"].scales[0] < quant[output].scales[0]
+    seen = {}
+    x = np.load(calib)["x"][0]
+    emulate(prepared, {"x": x}, observe=lambda step, values: seen.update(values))
+    assert np.array_equal(seen[output][:, :4], seen["pa"])  # moved, not rounded a second time
+    expected = onnxruntime_outputs(two_branch_concat, {"x": x})["y"]
+    assert agreement("y", seen[output], expected).cosine >= 0.999
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--float16", "r1"], "add --dtype int8"),
     (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step or a model input's"),
