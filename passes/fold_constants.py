@@ -8,7 +8,10 @@ runs on the node directly, as onnx's ReferenceEvaluator runs each node of a grap
 building an evaluator and a one-node graph per folded node (2.1 s of a 6,000-node transformer's
 5.2 s plan); the evaluator itself only runs the few ops whose implementation depends on context.
 Constant and Identity, four folds in five over the zoos, are read off the node as onnx.reference
-reads them (`_trivial_outputs`), so a model folding nothing else never imports onnx.reference.
+reads them (`_trivial_outputs`), and the shape arithmetic exporters wrap around them (Shape ->
+Gather -> Unsqueeze -> Concat -> Reshape, Cast, Slice, Range, Where, the arithmetic ops) runs
+through onnx.reference's own kernels written out in numpy (passes/reference_kernels.py), so a
+model folding nothing else never imports onnx.reference (its op list: 0.1 s of a plan process).
 Shape and Size of statically shaped tensors fold from shape inference alone. ConstantOfShape
 folds to a broadcast view, so even a huge fill never allocates memory.
 
@@ -34,6 +37,7 @@ from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
 from rkcompile.ir import (element_count, is_onnx_domain, node_proto, present_inputs, shape_only_model,
                           single_node_graph, static_shape, subgraphs, topological_nodes)
+from rkcompile.passes import reference_kernels
 
 NAME = "fold-constants"
 log = logging.getLogger("rkcompile")
@@ -149,9 +153,11 @@ def _reference_outputs(node: gs.Node, opset: int) -> list:
     """onnx.reference's values for the named outputs of `node`, whose inputs are constants:
     the op's implementation run as ReferenceEvaluator.run runs a node (an omitted optional
     input is None), or the evaluator itself for an op whose implementation needs context."""
-    trivial = _trivial_outputs(node)
-    if trivial is not None:
-        return trivial
+    known = _trivial_outputs(node)
+    if known is None:
+        known = reference_kernels.outputs(node, opset)
+    if known is not None:
+        return known
     implementation = _implementation(node.op, opset)
     if implementation is not None:
         instance = implementation(node_proto(node), _run_parameters(opset))

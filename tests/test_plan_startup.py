@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import make_model, value_info, weight
-from onnx import helper
+from onnx import TensorProto, helper
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 #: modules only int8 calibration, --auto-float16, the emulator or a CPU step need
@@ -27,17 +27,45 @@ print(json.dumps({"code": code, "loaded": [name for name in %r if name in sys.mo
 """
 
 
-def test_a_float16_plan_imports_nothing_it_does_not_run(save):
-    """Conv -> Relu, all on the NPU: nothing is calibrated, emulated, folded or left to the CPU."""
+def _conv_relu() -> list:
+    return [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"], name="relu")]
+
+
+def _conv_reshaped_by_shape_arithmetic() -> list:
+    """The exporter's shape chain around a Reshape: Shape -> Gather -> Unsqueeze, Slice, Mul,
+    Cast, Concat, all folded (by passes/reference_kernels.py, not onnx.reference)."""
+    return [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Shape", ["c"], ["s"], name="shape"),
+            helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+            helper.make_node("Unsqueeze", ["n", "zeros"], ["n1"], name="unsqueeze"),
+            helper.make_node("Slice", ["s", "one", "two"], ["channels"], name="slice"),
+            helper.make_node("Slice", ["s", "two", "four"], ["hw"], name="slice_hw"),
+            helper.make_node("Mul", ["hw", "one"], ["hw1"], name="mul"),
+            helper.make_node("Cast", ["hw1"], ["hw2"], name="cast", to=TensorProto.INT64),
+            helper.make_node("Concat", ["n1", "channels", "hw2"], ["target"], name="concat", axis=0),
+            helper.make_node("Reshape", ["c", "target"], ["r"], name="reshape"),
+            helper.make_node("Relu", ["r"], ["y"], name="relu")]
+
+
+@pytest.mark.parametrize("nodes", [_conv_relu, _conv_reshaped_by_shape_arithmetic])
+def test_a_float16_plan_imports_nothing_it_does_not_run(save, tmp_path, nodes):
+    """All on the NPU: nothing is calibrated, emulated or left to the CPU, and what folds
+    folds without onnx.reference."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["y"], name="relu")]
-    path = save(make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16])],
-                           [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32))]))
+    constants = [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32)),
+                 weight("zero", np.array(0, np.int64)), weight("zeros", np.array([0], np.int64))]
+    constants += [weight(name, np.array([value], np.int64)) for name, value in (("one", 1), ("two", 2), ("four", 4))]
+    path = save(make_model(nodes(), [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16])], constants))
+    plan_path = tmp_path / "plan.json"
     finished = subprocess.run([sys.executable, "-c", PROBE_IMPORTS % (NOT_FOR_A_FLOAT16_PLAN,), "plan", str(path),
-                               "--target", "rk3588", "--quiet"], capture_output=True, text=True, check=True)
+                               "--target", "rk3588", "--quiet", "--json", str(plan_path)],
+                              capture_output=True, text=True, check=True)
     report = json.loads(finished.stdout.strip().splitlines()[-1])
     assert report == {"code": 0, "loaded": []}
+    devices = {node["name"]: node["device"] for node in json.loads(plan_path.read_text())["nodes"]}
+    assert {node.name for node in nodes() if devices[node.name] == "folded"} == (
+        {node.name for node in nodes()} - {"conv", "reshape", "relu"})
 
 
 EXIT_PROBE = """
