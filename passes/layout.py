@@ -11,10 +11,13 @@ first reader computes in. Sizes are Python-int arithmetic, so huge shapes never 
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import numpy_helper
+from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.context import CompileContext
 from rkcompile.emulator import half
@@ -71,12 +74,34 @@ def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:
     than the model wrote (typically a float32 mask fill of -3.4e38 read by an NPU step)."""
     if stored.dtype not in FLOAT_DTYPES or stored.dtype == dtype_name(constant.dtype):
         return
+    if _within(constant, _largest(stored.dtype)):
+        return
     beyond = half.beyond_range(constant.values, stored.dtype)
     if beyond.size:
         extreme = float(beyond[np.argmax(np.abs(beyond))])
         log.warning("layout: constant %s holds %d value(s) beyond the %s range (up to %g); stored as %s they "
                     "saturate to +-%g", constant.name, beyond.size, stored.dtype, extreme, stored.dtype,
-                    half.largest(stored.dtype))
+                    _largest(stored.dtype))
+
+
+_largest = functools.cache(half.largest)
+
+
+def _within(constant: gs.Constant, limit: float) -> bool:
+    """True when every value of the float constant lies in [-limit, limit]: its minimum and
+    maximum, two passes that allocate nothing, settle it for nearly every weight (a NaN or an
+    infinity answers False, and half.beyond_range looks closer). A weight onnx-graphsurgeon has
+    not read yet is read from its TensorProto and dropped after: gs would keep a second,
+    writable copy of every weight of the model (numpy_helper.to_array's array copied again).
+    A broadcast view (a folded ConstantOfShape) is left to half.beyond_range, which looks at
+    each stored element once instead of every element of the view."""
+    lazy = constant._values  # gs keeps a weight it has not read as LazyValues until `values` is read
+    if isinstance(lazy, gs_tensor.SparseValues):
+        return False
+    values = numpy_helper.to_array(lazy.tensor) if isinstance(lazy, gs_tensor.LazyValues) else np.asarray(lazy)
+    if values.dtype.kind != "f" or not values.size or 0 in values.strides:
+        return False
+    return bool(-limit <= values.min() and values.max() <= limit)
 
 
 def placement(tensor: gs.Tensor, region: str, device: str, target: Target, npu_dtype: str) -> TensorPlacement:

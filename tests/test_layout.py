@@ -119,3 +119,31 @@ def test_layout_rules_on_a_plan(save, target):
             assert tensor.bytes == math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
         seen.add((stored_on, tensor.layout))
     assert ("npu", "NC1HWC2") in seen and ("cpu", "NCHW") in seen and ("weight", "float16") in seen
+
+
+def test_weights_beyond_float16_are_named_and_a_weight_no_pass_reads_stays_unread(save, caplog):
+    """The layout pass warns about float32 weights a float16 step cannot hold (infinities and
+    NaN are not beyond the range: they stay what they are), and checks the others without
+    onnx-graphsurgeon loading them: a Conv weight no pass reads is still unread after the plan."""
+    import logging
+
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from rkcompile import pipeline
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "special"], ["a"], name="add"),
+             helper.make_node("Mul", ["a", "huge"], ["y"], name="mul")]
+    special = np.array([np.inf, -np.inf, np.nan, 65504.0, -1.0, 0.0, 2.0, 3.0], np.float32).reshape(1, 8, 1, 1)
+    huge = np.array([1.0, 7e4, -1e5, np.inf, 0.5, 0.5, 0.5, 0.5], np.float32).reshape(1, 8, 1, 1)
+    path = save(make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16])],
+                           [weight("w", w), weight("special", special), weight("huge", huge)]))
+    with caplog.at_level(logging.WARNING, logger="rkcompile"):
+        plan, ctx = pipeline.compile_model(path, "rk3588")
+    warned = [r.getMessage() for r in caplog.records if "float16 range" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("layout: constant huge holds 2 value(s)")
+    assert plan.tensors["w"].dtype == "float16"
+    weights = {t.name: t for node in ctx.graph.nodes for t in node.inputs if t.name == "w"}
+    assert isinstance(weights["w"]._values, LazyValues)
