@@ -299,3 +299,14 @@ def test_shapes_inferred_without_large_weights_match_whole_model_inference():
     found = _infer_shapes(onnx.load_model_from_string(serialized), serialized, 17)
     assert found.SerializeToString(deterministic=True) == whole.SerializeToString(deterministic=True)
     assert [d.dim_value for d in found.graph.output[0].type.tensor_type.shape.dim] == [4, 96]
+
+
+def test_the_plan_names_the_model_files_sha256(save):
+    """Worked out on a thread beside parsing and checking (passes/import_model._Digest): the
+    digest of the file's own bytes, external data or not."""
+    import hashlib
+
+    path = save(make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [value_info("x", [1, 4, 8, 8])],
+                           [value_info("y", [1, 4, 8, 8])]))
+    plan, _ = compile_model(path, "rk3588")
+    assert plan.model.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
