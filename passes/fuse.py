@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 
 import onnx_graphsurgeon as gs
+from onnx import numpy_helper
+from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.context import CompileContext
 from rkcompile.dag import Dag, descendants
@@ -208,7 +210,7 @@ def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outpu
         if not tensor.name:
             return gs.Variable.empty()
         if tensor.name not in copies:
-            copies[tensor.name] = (gs.Constant(tensor.name, tensor.values) if isinstance(tensor, gs.Constant)
+            copies[tensor.name] = (gs.Constant(tensor.name, _shared_values(tensor)) if isinstance(tensor, gs.Constant)
                                    else gs.Variable(tensor.name, dtype=tensor.dtype, shape=tensor.shape))
         return copies[tensor.name]
 
@@ -218,3 +220,34 @@ def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outpu
     return gs.Graph(nodes=nodes, name=name, opset=opset,
                     inputs=[copies[t.name] for t in inputs if not isinstance(t, gs.Constant)],
                     outputs=[copies[t.name] for t in outputs if t.name])
+
+
+def _shared_values(constant: gs.Constant):
+    """What a copy of `constant` holds: its array once something has read it, else one loader
+    the constant and its copy share, so the weight is read when something needs it, not here
+    (a float16 plan reads no Conv weight after fusion; copying each fused one into its body read
+    every one of them), and whichever of the two reads first, both hold the same array, as a
+    copy of the array itself would."""
+    values = constant._values  # onnx-graphsurgeon's holder: an array, or LazyValues not read yet
+    if type(values) is gs_tensor.LazyValues:
+        values = constant._values = _SharedLoad(values)
+    return values
+
+
+class _SharedLoad(gs_tensor.LazyValues):
+    """onnx-graphsurgeon's lazy values of one weight, read at most once for every constant
+    holding them. Until read, exporting the constant writes its original TensorProto, as gs
+    does; once read, the array (which a pass may have changed), as gs does for an array."""
+
+    def __init__(self, lazy: gs_tensor.LazyValues):
+        self._original, self.shape, self.dtype, self.nbytes = lazy.tensor, lazy.shape, lazy.dtype, lazy.nbytes
+        self._array = None
+
+    @property
+    def tensor(self):
+        return self._original if self._array is None else numpy_helper.from_array(self._array, self._original.name)
+
+    def load(self):
+        if self._array is None:
+            self._array = super().load()
+        return self._array

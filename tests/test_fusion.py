@@ -402,3 +402,32 @@ def test_zoo_shows_the_expected_fused_kernels(model):
     peer_counts = Counter(layer["op"] for layer in peer["layers"] if layer["target"] == "NPU")
     for kernel in EXPECTED_ON_ZOO[model] & set(peer_counts):
         assert fused[kernel] >= peer_counts[kernel], (kernel, fused, peer_counts)
+
+
+def test_a_fused_weight_is_read_only_when_needed_and_then_once_for_graph_and_body(tmp_path):
+    """Fusion copies a Conv's weight into the fused node's body without reading it; reading
+    either the graph's constant or the body's copy reads it once, and both hold that array;
+    the copy exports what it holds."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [numpy_helper.from_array(w, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "conv_relu.onnx"
+    onnx.save(model, path)
+    _, ctx = compile_model(path, "rk3588")
+    fused, = [node for node in ctx.graph.nodes if node.op == "ConvRelu"]
+    graph_weight = next(t for t in fused.inputs if t.name == "w")
+    body_weight = fused.attrs["body"].nodes[0].inputs[1]
+    assert body_weight is not graph_weight
+    assert not isinstance(graph_weight._values, np.ndarray) and body_weight._values is graph_weight._values
+    assert body_weight.values is graph_weight.values
+    np.testing.assert_array_equal(graph_weight.values, w)
+    graph_weight.values[0, 0, 0, 0] = 5.0  # a pass changing the array in place: both see it, and export it
+    exported = gs.exporters.onnx_exporter.OnnxExporter.export_tensor_proto(body_weight)
+    assert numpy_helper.to_array(exported)[0, 0, 0, 0] == 5.0
