@@ -37,10 +37,6 @@ from .storage import EmulationError, Storage, held_by_runtime
 #: float8s through ml_dtypes, whose numpy kind is not "f")
 MODEL_FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz",
                       "float8_e5m2", "float8_e5m2fnuz")
-#: the most float16 weight elements decoded by one conversion: a result this small comes from
-#: memory the process already has, where one result the size of a model's weights was new
-#: memory to fault in page by page (lstm_textcls: 1,273 page faults, 4.0 -> 6.7 ms of decoding)
-DECODE_BATCH_ELEMENTS = 1 << 16
 #: NPU ops whose kernels only reshape, reorder, select or join elements, never compute with them
 MOVEMENT_IN_STORED_DTYPE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split",
                                       "Concat"})
@@ -125,12 +121,14 @@ class Executor:
 
     def _decode_float16_weights(self) -> None:
         """Every row-major float16 weight decoded to float32 by one conversion per stretch of
-        the weight region that holds float16 weights only, up to DECODE_BATCH_ELEMENTS (one
-        call for many small weights instead of one each, the bulk of a first run's weight
-        decoding), each weight then a read-only view at its offset: the values `_weight` would
-        decode one by one, bit for bit (both convert through `half.cast`). A stretch ends at
-        any other weight (float32, integer, quantized, NC1HWC2), whose bytes are not converted
-        (alignment padding between two float16 weights is)."""
+        the weight region that holds float16 weights only (one call for many small weights
+        instead of one each, the bulk of a first run's weight decoding), all stretches into one
+        float32 array (numpy's, which asks for huge pages when it is large: one result per
+        stretch was fresh memory faulted in 4 KB at a time), each weight then a read-only view
+        at its offset: the values `_weight` would decode one by one, bit for bit (both convert
+        through `half.cast`). A stretch ends at any other weight (float32, integer, quantized,
+        NC1HWC2), whose bytes are not converted (alignment padding between two float16 weights
+        is)."""
         weights = sorted(((placement.offset, name, placement) for name, placement in self.plan.tensors.items()
                           if placement.region == "weight" and placement.bytes), key=lambda item: item[0])
         region = self.storage.regions["weight"]
@@ -142,18 +140,20 @@ class Executor:
                 after_other = True
                 continue
             self.storage.view(name)  # checks the tensor's bytes against its layout, as a read does
-            if after_other or (stretches[-1][1] - stretches[-1][0]) // 2 + element_count(placement.shape) > \
-                    DECODE_BATCH_ELEMENTS:
+            if after_other:
                 stretches.append([offset, offset, []])
             stretches[-1][1] = max(stretches[-1][1], offset + placement.bytes)
             stretches[-1][2].append((name, placement))
             after_other = False
-        for first, end, members in stretches:
-            decoded = cast(region[first:end].view(np.float16), np.float32)
-            decoded.flags.writeable = False  # shared by every step and run that reads it
+        decoded = np.empty(sum(end - first for first, end, _ in stretches) // 2, np.float32)
+        starts = np.cumsum([0] + [(end - first) // 2 for first, end, _ in stretches]).tolist()
+        for (first, end, _), start in zip(stretches, starts):
+            cast(region[first:end].view(np.float16), np.float32, out=decoded[start:start + (end - first) // 2])
+        decoded.flags.writeable = False  # shared by every step and run that reads it (so are its views)
+        for (first, _, members), start in zip(stretches, starts):
             for name, placement in members:
-                start = (placement.offset - first) // 2
-                self.weight_cache.decoded[name] = decoded[start:start + element_count(placement.shape)].reshape(
+                at = start + (placement.offset - first) // 2
+                self.weight_cache.decoded[name] = decoded[at:at + element_count(placement.shape)].reshape(
                     placement.shape)
 
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:

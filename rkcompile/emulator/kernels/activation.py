@@ -18,16 +18,16 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    # exp(min(x, 0)) / (1 + exp(-|x|)) is 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below:
-    # exp of non-positive numbers only, so large |x| cannot overflow, and no np.where, whose
-    # data-dependent selection costs more than both exps on a whole map
-    denominator = np.abs(x)
-    np.negative(denominator, out=denominator)
-    np.exp(denominator, out=denominator)
-    denominator += 1
-    numerator = np.minimum(x, 0)
-    np.exp(numerator, out=numerator)
-    return np.divide(numerator, denominator, out=numerator)
+    # 1 / (1 + e) for x >= 0 and e / (1 + e) below, with e = exp(-|x|) in both (below 0, -|x| is
+    # x): exp of non-positive numbers only, so large |x| cannot overflow; one exp per element
+    # (exp(min(x, 0)) for the numerator was a second, of the same values below 0); and the
+    # numerator max(e, x >= 0) is 1 for x >= 0 (e <= 1 there) and e below without np.where,
+    # whose data-dependent selection costs more than an exp on a whole map
+    e = np.abs(x)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    denominator = e + 1
+    return np.divide(np.maximum(e, x >= 0, out=e), denominator, out=e)
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
