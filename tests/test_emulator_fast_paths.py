@@ -17,6 +17,7 @@ from onnx.reference import ReferenceEvaluator
 from rkcompile.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import Executor, Storage, emulate, make_inputs
+from rkcompile.emulator import pages
 from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import sigmoid
@@ -260,3 +261,39 @@ def test_movement_steps_run_on_the_stored_float16_values_bit_for_bit(tmp_path, m
     widened = outputs()
     assert set(seen.values()) == {np.dtype(np.float32)}
     np.testing.assert_array_equal(stored["y"].view(np.uint32), widened["y"].view(np.uint32))
+
+
+def huge_page_advice() -> bool:
+    """numpy's current huge-page advice (its switch returns the previous value)."""
+    was = pages._set_madvise_hugepage(True)
+    pages._set_madvise_hugepage(was)
+    return was
+
+
+@pytest.mark.skipif(pages._set_madvise_hugepage is None, reason="this numpy has no huge-page switch")
+@pytest.mark.parametrize("advice", [True, False])
+def test_a_run_allocates_in_small_pages_and_leaves_numpys_advice_as_it_found_it(advice, tmp_path, monkeypatch):
+    """During a run numpy's huge-page advice is off (every step sees it off), and afterwards it
+    is what it was before, on or off."""
+    from rkcompile.emulator.registry import KERNELS
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", 1, [1, 13, 4, 4])],
+                              [helper.make_tensor_value_info("y", 1, [1, 13, 4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, path)
+    prepared = prepare(path, "rk3588", Options())
+    seen = []
+
+    def recording(node, inputs, opset, kernel=KERNELS["Relu"]):
+        seen.append(huge_page_advice())
+        return kernel(node, inputs, opset)
+
+    monkeypatch.setitem(KERNELS, "Relu", recording)
+    was = pages._set_madvise_hugepage(advice)
+    try:
+        emulate(prepared, make_inputs(prepared.plan, {}, seed=5))
+        assert seen == [False] and huge_page_advice() is advice
+    finally:
+        pages._set_madvise_hugepage(was)

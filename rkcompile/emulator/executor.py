@@ -31,6 +31,7 @@ from .int8 import QTensor, run_int8
 from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
 from .registry import KERNELS, Unsupported
 from .half import cast
+from .pages import small_pages
 from .storage import EmulationError, Storage, held_by_runtime
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
@@ -157,7 +158,7 @@ class Executor:
                     placement.shape)
 
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
-        with cyclic_collector_paused():
+        with cyclic_collector_paused(), small_pages():
             return self._run(inputs, observe)
 
     def _run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None) -> Execution:
