@@ -17,6 +17,7 @@ from onnx.reference import ReferenceEvaluator
 from rkcompile.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import Executor, Storage, emulate, make_inputs
+from rkcompile.emulator.storage import EmulationError
 from rkcompile.emulator import pages
 from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
@@ -297,3 +298,14 @@ def test_a_run_allocates_in_small_pages_and_leaves_numpys_advice_as_it_found_it(
         assert seen == [False] and huge_page_advice() is advice
     finally:
         pages._set_madvise_hugepage(was)
+
+
+@pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
+def test_the_weight_region_is_the_weight_bytes_read_only_and_a_write_into_it_is_refused():
+    prepared = prepare(SHARED / "zoo" / "squeezenet1_1.onnx", "rk3588", Options())
+    executor = Executor(prepared.plan, prepared.weights, RK3588)
+    region = executor.storage.regions["weight"]
+    assert np.shares_memory(region, np.frombuffer(prepared.weights, np.uint8)) and not region.flags.writeable
+    name, placement = next((n, t) for n, t in prepared.plan.tensors.items() if t.region == "weight" and t.bytes)
+    with pytest.raises(EmulationError, match=f"tensor {name} is written, but the plan places it in the weight"):
+        executor.storage.write(name, np.zeros(placement.shape, placement.dtype))

@@ -115,6 +115,9 @@ class Storage:
             raise EmulationError(f"tensor {name}: computed shape {list(value.shape)}, "
                                  f"planned {list(tensor.shape)}")
         view = self.view(name)
+        if not view.flags.writeable:
+            raise EmulationError(f"tensor {name} is written, but the plan places it in the {tensor.region} region, "
+                                 f"which holds constants")
         if tensor.layout != "NC1HWC2":
             view[...] = cast(value, view.dtype) if value.dtype != view.dtype else value
             return
