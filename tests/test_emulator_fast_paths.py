@@ -21,7 +21,7 @@ from rkcompile.emulator.storage import EmulationError
 from rkcompile.emulator import pages
 from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
-from rkcompile.emulator.kernels.activation import sigmoid
+from rkcompile.emulator.kernels.activation import relu, sigmoid
 from rkcompile.layouts import as_nchw, nc1hwc2_shape
 from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets import get_target
@@ -309,3 +309,61 @@ def test_the_weight_region_is_the_weight_bytes_read_only_and_a_write_into_it_is_
     name, placement = next((n, t) for n, t in prepared.plan.tensors.items() if t.region == "weight" and t.bytes)
     with pytest.raises(EmulationError, match=f"tensor {name} is written, but the plan places it in the weight"):
         executor.storage.write(name, np.zeros(placement.shape, placement.dtype))
+
+
+def test_relu_is_numpys_maximum_bit_for_bit_but_for_signaling_nans():
+    x = float32_cases()
+    signaling = np.isnan(x) & (x.view(np.uint32) & 0x400000 == 0)
+    x = x[~signaling]
+    expected = np.maximum(x, 0)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(relu(x).view(np.uint32), expected.view(np.uint32))
+        y = x.copy()
+        assert relu(y, out=y) is y
+    np.testing.assert_array_equal(y.view(np.uint32), expected.view(np.uint32))
+
+
+def fused_node(members: list[gs.Node], inputs: list[gs.Variable], outputs: list[gs.Variable]) -> gs.Node:
+    body = gs.Graph(nodes=members, inputs=inputs, outputs=outputs)
+    return gs.Node("Fused", name="fused", domain="rkcompile", attrs={"body": body},
+                   inputs=[gs.Variable("outer_x", np.float32)], outputs=[gs.Variable(t.name, np.float32) for t in outputs])
+
+
+def test_fused_members_write_into_spent_intermediates_only_with_the_same_values():
+    """Members compute in place into intermediates no later member or output reads; never into
+    the body's inputs, an output, or an intermediate whose memory a live one shares (a
+    Reshape's view)."""
+    from rkcompile.emulator.fused import run_fused
+    from rkcompile.emulator.registry import IN_PLACE, KERNELS
+
+    t = {name: gs.Variable(name, np.float32) for name in "xabcdefg"}
+    shape = gs.Constant("shape", np.array([2, 6, 4], np.int64))
+    low, high = gs.Constant("low", np.array(-0.5, np.float32)), gs.Constant("high", np.array(0.75, np.float32))
+    members = [gs.Node("Mul", inputs=[t["x"], t["x"]], outputs=[t["a"]]),         # a = x * x
+               gs.Node("Sub", inputs=[t["a"], t["x"]], outputs=[t["b"]]),         # b = a - x (a spent)
+               gs.Node("Reshape", inputs=[t["b"], shape], outputs=[t["c"]]),      # c: a view of b
+               gs.Node("Relu", inputs=[t["c"]], outputs=[t["d"]]),                # c spent, but b lives on
+               gs.Node("Clip", inputs=[t["b"], low, high], outputs=[t["e"]]),     # b spent: in place
+               gs.Node("Sigmoid", inputs=[t["e"]], outputs=[t["f"]]),             # e read again below
+               gs.Node("Mul", inputs=[t["e"], t["f"]], outputs=[t["g"]])]         # e, f spent
+    node = fused_node(members, [t["x"]], [t["d"], t["g"]])
+    x = rng.standard_normal((2, 3, 4, 2)).astype(np.float32)
+    kept = x.copy()
+    calls = []
+
+    def run_member(member, operands):
+        return list(KERNELS[member.op](member, operands, 17))
+
+    def in_place(member, operands, spent):
+        kernel = IN_PLACE.get(member.op)
+        results = None if kernel is None else kernel(member, operands, 17, spent)
+        if results is not None:
+            calls.append((member.op, tuple(spent)))
+        return results
+
+    plain = run_fused(node, [x], run_member)
+    reused = run_fused(node, [x], run_member, in_place)
+    np.testing.assert_array_equal(x, kept)  # the body's input is never written
+    assert calls == [("Sub", (0,)), ("Clip", (0,)), ("Mul", (0, 1))]  # not the Relu on b's view
+    for expected, got in zip(plain, reused):
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))

@@ -29,7 +29,7 @@ from .cpu_partition import CpuPartition, cpu_runs
 from .fused import run_fused
 from .int8 import QTensor, run_int8
 from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
-from .registry import KERNELS, Unsupported
+from .registry import IN_PLACE, KERNELS, Unsupported
 from .half import cast
 from .pages import small_pages
 from .storage import EmulationError, Storage, held_by_runtime
@@ -303,7 +303,7 @@ class Executor:
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
             return run_int8(node, values, out_quants, self.opset, is_movement)
         if fused_body(node) is not None:
-            return run_fused(node, values, self._npu_node)
+            return run_fused(node, values, self._npu_node, self._npu_in_place)
         kernel = KERNELS.get(node.op)
         if kernel is None:
             raise EmulationError(f"step {self._step}: no emulator kernel for NPU op {node.op}")
@@ -312,6 +312,13 @@ class Executor:
         except Unsupported as exc:
             self.fallbacks.append(f"step {self._step} {node.op}: {exc}")
             return run_reference(node, values, self.opset)
+
+    def _npu_in_place(self, member: gs.Node, operands: Sequence[np.ndarray | None], spent: Sequence[int]):
+        """A fused NPU member's result written into one of its spent operands (registry.IN_PLACE),
+        or None when its op has no such kernel or none of them can hold the result."""
+        kernel = IN_PLACE.get(member.op)
+        return None if kernel is None or fused_body(member) is not None else kernel(member, operands, self.opset,
+                                                                                    spent)
 
     def _cpu_backend(self, step, node: gs.Node) -> str:
         """The step's backend as planned; plans written before the plan carried it get the

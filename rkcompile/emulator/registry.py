@@ -17,6 +17,13 @@ import onnx_graphsurgeon as gs
 Kernel = Callable[[gs.Node, Sequence["np.ndarray | None"], int], Sequence[np.ndarray]]
 
 KERNELS: dict[str, Kernel] = {}
+#: in_place(node, inputs, opset, spent) -> outputs or None: the values KERNELS[op] gives, bit
+#: for bit, written into one of the operands at the positions in `spent` (ones the caller no
+#: longer needs and nothing else sees), or None when none of them can hold the result. A fused
+#: step's members use them on the intermediates of its body (fused.run_fused): a ReLU or Clip
+#: after a Conv then allocates no second map.
+InPlace = Callable[[gs.Node, Sequence["np.ndarray | None"], int, Sequence[int]], "Sequence[np.ndarray] | None"]
+IN_PLACE: dict[str, InPlace] = {}
 
 
 class Unsupported(Exception):
@@ -24,12 +31,13 @@ class Unsupported(Exception):
     op through onnx.reference in float32 and counts it as a fallback in the report."""
 
 
-def register(*ops: str) -> Callable[[Kernel], Kernel]:
-    def add(kernel: Kernel) -> Kernel:
+def register(*ops: str, table: dict = KERNELS) -> Callable:
+    """Registers a kernel for `ops` in `table` (KERNELS, or IN_PLACE for in-place variants)."""
+    def add(kernel):
         for op in ops:
-            if op in KERNELS:
+            if op in table:
                 raise ValueError(f"two emulator kernels for {op}")
-            KERNELS[op] = kernel
+            table[op] = kernel
         return kernel
     return add
 

@@ -6,7 +6,7 @@ from functools import reduce
 
 import numpy as np
 
-from ..registry import register
+from ..registry import IN_PLACE, register
 
 ARITHMETIC = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
@@ -33,3 +33,16 @@ def _comparison(node, inputs, opset):
 
 register(*ARITHMETIC)(_arithmetic)
 register(*COMPARISON)(_comparison)
+
+
+@register(*ARITHMETIC, table=IN_PLACE)
+def arithmetic_in_place(node, inputs, opset, spent):
+    """A float32 binary op into a spent operand of the result's shape (a broadcast one cannot
+    hold it): the values `_arithmetic` gives, operands in the same order."""
+    if len(inputs) != 2 or any(v is None or v.dtype != np.float32 for v in inputs):
+        return None
+    shape = np.broadcast_shapes(inputs[0].shape, inputs[1].shape)
+    for position in spent:
+        if inputs[position].shape == shape:
+            return [ARITHMETIC[node.op](inputs[0], inputs[1], out=inputs[position])]
+    return None
