@@ -367,3 +367,22 @@ def test_fused_members_write_into_spent_intermediates_only_with_the_same_values(
     assert calls == [("Sub", (0,)), ("Clip", (0,)), ("Mul", (0, 1))]  # not the Relu on b's view
     for expected, got in zip(plain, reused):
         np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+def test_linear_resize_blends_in_place_with_the_expressions_rounding():
+    """Each resized axis is low * (1 - weight) + high * weight, computed into the gathered arrays:
+    bit for bit what the expression gives, on channels-last input as the executor hands it."""
+    from rkcompile.emulator.kernels.resize import resize, source_coordinates
+
+    x = channels_last(rng.standard_normal((1, 6, 5, 7)).astype(np.float32))
+    node = gs.Node("Resize", attrs={"mode": "linear", "coordinate_transformation_mode": "half_pixel"})
+    (result,) = resize(node, [x, None, None, np.array([1, 6, 12, 9], np.int64)], 13)
+    expected = x
+    for axis, size in ((2, 12), (3, 9)):
+        coordinates = np.clip(source_coordinates("half_pixel", size, x.shape[axis], size / x.shape[axis]), 0,
+                              x.shape[axis] - 1)
+        low = np.floor(coordinates).astype(np.int64)
+        high = np.minimum(low + 1, x.shape[axis] - 1)
+        weight = (coordinates - low).astype(np.float32).reshape([size if a == axis else 1 for a in range(4)])
+        expected = np.take(expected, low, axis=axis) * (1 - weight) + np.take(expected, high, axis=axis) * weight
+    np.testing.assert_array_equal(result.view(np.uint32), expected.view(np.uint32))

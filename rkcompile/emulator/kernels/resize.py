@@ -87,5 +87,12 @@ def resize(node, inputs, opset):
         shape = [1] * y.ndim
         shape[axis] = out_size
         weight = (coordinates - low).astype(np.float32).reshape(shape)
-        y = np.take(y, low, axis=axis) * (1 - weight) + np.take(y, high, axis=axis) * weight
+        # low * (1 - weight) + high * weight, each product and the sum rounded as that
+        # expression rounds them, computed in the two gathered arrays (no full-size temporaries)
+        blended = np.take(y, low, axis=axis)
+        blended *= 1 - weight
+        upper = np.take(y, high, axis=axis)
+        upper *= weight
+        blended += upper
+        y = blended
     return [y]
