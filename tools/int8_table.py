@@ -1,12 +1,15 @@
 """int8 cosines of zoo CNNs at rk3588 against onnxruntime float32 (docs/quantization.md).
 
     python tools/int8_table.py [--zoo DIR] [--method minmax|percentile|kl|mmse] [--float16 TENSOR ...]
-                               [--techniques [--held-out] | --auto-float16 COSINE] [--save-calib DIR] [MODEL ...]
+                               [--techniques [--held-out] | --auto-float16 COSINE] [--save-calib DIR]
+                               [--digits N] [--peer docs/int8_peer_rk3588.json] [MODEL ...]
 
 Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`).
 By default it is planned once and emulated on the npz input (the issue's measure) and on 3
 held-out variations (seed 99) not in the calibration set; the row is the worst output's cosine
-on each. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
+on each (--digits N decimals, default 5), and with --peer JSON (tools/peer_int8.py's lines
+collected, as docs/int8_peer_rk3588.json holds them) rknn-toolkit2's worst cosine for the model
+and ours minus it. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
 each switched explicitly) and gives the npz input's cosine of each (with --held-out, the mean
 over the 3 held-out inputs instead: the npz input is a calibration sample). --auto-float16 COSINE
 runs both searches of rkcompile/auto_float16.py and gives, per search, the float16 tensors
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -75,7 +79,7 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
                               for v in seeded_variations(x, seed=HELD_OUT_SEED)]) for plan in plans]
         else:
             cells = [worst_cosine(plan, model, {input_name: x}) for plan in plans]
-        return f"| {name} | " + " | ".join(f"{c:.5f}" for c in cells) + " |"
+        return f"| {name} | " + " | ".join(f"{c:.{args.digits}f}" for c in cells) + " |"
     if args.auto_float16 is not None:
         cells = []
         for strategy in STRATEGIES:
@@ -88,8 +92,13 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
     plan = rkcompile.compile(model, "rk3588", options)
     on_npz = worst_cosine(plan, model, {input_name: x})
     held_out = [worst_cosine(plan, model, {input_name: v}) for v in seeded_variations(x, seed=HELD_OUT_SEED)]
-    return (f"| {name} | {options.calibration_method} | {len(options.float16_tensors)} | {on_npz:.5f} | "
-            f"{np.mean(held_out):.5f} ({min(held_out):.5f}) |")
+    digits = args.digits
+    row = (f"| {name} | {options.calibration_method} | {len(options.float16_tensors)} | {on_npz:.{digits}f} | "
+           f"{np.mean(held_out):.{digits}f} ({min(held_out):.{digits}f}) |")
+    if args.peer is not None:
+        theirs = args.peer.get(name)
+        row += (" | |" if theirs is None else f" {theirs:.{digits}f} | {on_npz - theirs:+.{digits}f} |")
+    return row
 
 
 HEADERS = {
@@ -98,6 +107,18 @@ HEADERS = {
                      "npz input | plans | worst drop: float16 tensors | cosine (calibration) | npz input | plans |"),
     "default": "| model | method | float16 tensors | npz input | held-out mean (min) |",
 }
+
+
+def peer_cosines(path: Path) -> dict[str, float]:
+    """Model -> rknn-toolkit2's worst output cosine, from a JSON of tools/peer_int8.py's lines
+    ({"results": [...]}, docs/int8_peer_rk3588.json) or the lines themselves; a failed build
+    has none."""
+    text = path.read_text()
+    try:
+        lines = json.loads(text)["results"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return {line["model"]: line["worst_cosine"] for line in lines if line.get("worst_cosine") is not None}
 
 
 def main() -> None:
@@ -112,9 +133,16 @@ def main() -> None:
     parser.add_argument("--held-out", action="store_true",
                         help="with --techniques: each cell is the mean over the 3 held-out inputs, not the npz input")
     parser.add_argument("--save-calib", type=Path, metavar="DIR")
+    parser.add_argument("--digits", type=int, default=5, help="decimals of each cosine (default 5)")
+    parser.add_argument("--peer", type=Path, metavar="JSON",
+                        help="add rknn-toolkit2's worst cosine per model from this file, and ours minus it")
     args = parser.parse_args()
+    if args.peer is not None:
+        args.peer = peer_cosines(args.peer)
     options = Options(dtype="int8", calibration_method=args.method, float16_tensors=tuple(args.float16))
     header = HEADERS["techniques" if args.techniques else "auto_float16" if args.auto_float16 else "default"]
+    if args.peer is not None and header == HEADERS["default"]:
+        header += " rknn-toolkit2 | ours minus it |"
     print(header)
     print("|---" * header.count(" | ") + "|---|")
     with tempfile.TemporaryDirectory() as folder:
