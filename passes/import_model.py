@@ -34,15 +34,21 @@ def run(ctx: CompileContext) -> None:
     opset = _default_opset(model)
     _set_input_shapes(graph, ctx.options.input_shapes)
     _refuse_optional_outputs(graph)
-    # Once, for both the checker and shape inference; the file's own bytes when nothing above
-    # changed the model (serializing a 130 MB model again took 0.8 s).
+    # The checker and shape inference read a copy without the large weights when there is one
+    # (`_without_large_weights`), else the file's own bytes when nothing above changed the model
+    # (serializing a 130 MB model again took 0.8 s; the checker's parse of it 0.1 s). Before IR
+    # version 4 every initializer had to be a graph input, which the copy could hide from the
+    # checker: it reads the whole model there.
+    light = _without_large_weights(model)
     unchanged = data is not None and not (renamed or reordered or ctx.options.input_shapes)
-    serialized = data if unchanged else model.SerializeToString()
+    whole = (lambda: data if unchanged else model.SerializeToString())
+    source = whole() if light is None else light.SerializeToString()
     try:
-        onnx.checker.check_model(serialized)
+        onnx.checker.check_model(source if light is None or model.ir_version >= 4 else whole())
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
-    model = _infer_shapes(model, serialized, opset)
+    inferred = _infer_shapes(source, opset)
+    model = inferred if light is None else _with_inferred_shapes(model, inferred)
 
     ctx.original_nodes = [(node.name, node.op_type) for node in model.graph.node]
     ctx.origins = {name: (name,) for name, _ in ctx.original_nodes}
@@ -248,41 +254,39 @@ def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
                                "whose outputs are tensors or sequences of tensors")
 
 
-def _infer_shapes(model: onnx.ModelProto, serialized: bytes, opset: int) -> onnx.ModelProto:
-    """Strict shape inference. Where it fails only inside the function bodies of ONNX ops
-    (onnx's own definition of the op: MeanVarianceNormalization-13's body builds its axes with a
-    Constant whose value is an attribute reference, which inference does not resolve), the
-    model is inferred again non-strictly: those nodes' outputs keep the shapes the model
-    declares, and a node reading an unknown shape stays on the CPU.
-
-    `serialized` is `model` as bytes. A model with large weights is inferred without their
-    data (`_without_large_weights`) and the shapes found are written back into `model`:
-    inference otherwise copies every weight in and out of onnx's C++ side (0.3 s of a 130 MB
-    model's plan), and their values never decide a shape."""
-    light = _without_large_weights(model)
-    source = serialized if light is None else light.SerializeToString()
-
+def _infer_shapes(source: bytes, opset: int) -> onnx.ModelProto:
+    """Strict shape inference of the serialized model. Where it fails only inside the function
+    bodies of ONNX ops (onnx's own definition of the op: MeanVarianceNormalization-13's body
+    builds its axes with a Constant whose value is an attribute reference, which inference
+    does not resolve), the model is inferred again non-strictly: those nodes' outputs keep the
+    shapes the model declares, and a node reading an unknown shape stays on the CPU."""
     def infer(strict: bool) -> onnx.ModelProto:
         return shape_inference.infer_shapes(source, check_type=True, strict_mode=strict, data_prop=True)
 
     try:
-        inferred = infer(strict=True)
+        return infer(strict=True)
     except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         failing = re.findall(r"\(op_type:(\w+), node name: [^)]*\)", str(exc))
         if not failing or not all(_has_function_body(op, opset) for op in failing):
             raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
-        inferred = infer(strict=False)
-    return inferred if light is None else _with_inferred_shapes(model, inferred)
+        return infer(strict=False)
 
 
 def _without_large_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """A copy of `model` whose initializers over SHAPE_DATA_MAX_ELEMENTS (and not also declared
     as graph inputs, whose declared type inference would read instead) are typed graph inputs,
     as `ir.shape_only_model` does for re-inference; None when there are none. Shape-carrying
-    constants (Reshape targets, Slice bounds) are always smaller, and keep their data."""
+    constants (Reshape targets, Slice bounds) are always smaller, and keep their data.
+
+    The checker and shape inference read this copy: inference otherwise copies every weight in
+    and out of onnx's C++ side (0.3 s of a 130 MB model's plan), the checker parses every byte
+    of them, and their values never decide a shape. Only weights `_plainly_stored` move, which
+    the checker could only pass: any other large weight stays in the copy, for the checker to
+    judge as it would in the whole model."""
     declared = {value.name for value in model.graph.input}
     large = {tensor.name for tensor in model.graph.initializer
-             if tensor.name not in declared and element_count(tensor.dims) > SHAPE_DATA_MAX_ELEMENTS}
+             if tensor.name not in declared and element_count(tensor.dims) > SHAPE_DATA_MAX_ELEMENTS
+             and _plainly_stored(tensor)}
     if not large:
         return None
     light = onnx.ModelProto()
@@ -292,6 +296,28 @@ def _without_large_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:
     light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in model.graph.initializer if t.name in large)
     return light
+
+
+#: bytes per element of the element types onnx's checker takes in raw_data at that size
+_RAW_ITEMSIZE = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
+                 onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
+                 onnx.TensorProto.INT16: 2, onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT32: 4,
+                 onnx.TensorProto.UINT32: 4, onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8,
+                 onnx.TensorProto.BOOL: 1}
+#: TensorProto's value fields besides raw_data (onnx.proto), none of which a plain weight sets
+_OTHER_VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _plainly_stored(tensor: onnx.TensorProto) -> bool:
+    """True for a weight onnx's checker passes whatever else the model holds (its check_tensor):
+    a numeric element type, stored in raw_data alone and in place (not external), exactly as
+    many bytes as its dims hold."""
+    itemsize = _RAW_ITEMSIZE.get(tensor.data_type)
+    if itemsize is None or not tensor.HasField("raw_data") or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False
+    if any(len(getattr(tensor, field)) for field in _OTHER_VALUE_FIELDS):
+        return False
+    return len(tensor.raw_data) == itemsize * element_count(tensor.dims)
 
 
 def _copy_fields(source, target, skip: str) -> None:

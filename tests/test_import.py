@@ -274,7 +274,7 @@ def test_shapes_inferred_without_large_weights_match_whole_model_inference():
     import onnx
     from onnx import shape_inference
 
-    from rkcompile.passes.import_model import _infer_shapes, _without_large_weights
+    from rkcompile.passes.import_model import _infer_shapes, _with_inferred_shapes, _without_large_weights
 
     then_branch = helper.make_graph([helper.make_node("Relu", ["m"], ["t"])], "then", [],
                                     [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
@@ -294,9 +294,10 @@ def test_shapes_inferred_without_large_weights_match_whole_model_inference():
                        [weight("w", np.ones((64, 96), np.float32)), weight("last", np.array([1], np.int64)),
                         weight("minus_one", np.array([-1], np.int64))])
     serialized = model.SerializeToString()
-    assert _without_large_weights(model) is not None  # the weightless path is the one taken
+    light = _without_large_weights(model)
+    assert light is not None  # the weightless path is the one taken
     whole = shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True, data_prop=True)
-    found = _infer_shapes(onnx.load_model_from_string(serialized), serialized, 17)
+    found = _with_inferred_shapes(onnx.load_model_from_string(serialized), _infer_shapes(light.SerializeToString(), 17))
     assert found.SerializeToString(deterministic=True) == whole.SerializeToString(deterministic=True)
     assert [d.dim_value for d in found.graph.output[0].type.tensor_type.shape.dim] == [4, 96]
 
@@ -310,3 +311,34 @@ def test_the_plan_names_the_model_files_sha256(save):
                            [value_info("y", [1, 4, 8, 8])]))
     plan, _ = compile_model(path, "rk3588")
     assert plan.model.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_checker_still_judges_every_large_weight_it_is_not_given(save, capsys):
+    """The checker reads the model without its large weights, each checked as the checker would
+    (numeric, in raw_data alone, exactly its dims' bytes); a large weight stored otherwise, or
+    an IR 3 model's initializer that is not a graph input, still reaches the checker and is
+    refused with its one error line."""
+    from onnx import numpy_helper
+
+    from rkcompile.cli import main
+    from rkcompile.passes.import_model import _plainly_stored
+
+    def conv_model(w: onnx.TensorProto, ir_version: int = 8) -> onnx.ModelProto:
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], [value_info("x", [1, 8, 16, 16])],
+                           [value_info("y", [1, 8, 14, 14])], [w])
+        model.ir_version = ir_version
+        return model
+
+    plain = numpy_helper.from_array(np.ones((8, 8, 3, 3), np.float32), "w")
+    assert _plainly_stored(plain)
+    short = numpy_helper.from_array(np.ones((8, 8, 3, 3), np.float32), "w")
+    short.raw_data = short.raw_data[:-4]
+    as_floats = helper.make_tensor("w", TensorProto.FLOAT, [8, 8, 3, 3], np.ones(576).tolist())
+    assert not _plainly_stored(short) and not _plainly_stored(as_floats)
+    assert main(["plan", str(save(conv_model(plain))), "--target", "rk3588", "--quiet"]) == 0
+    assert main(["plan", str(save(conv_model(as_floats))), "--target", "rk3588", "--quiet"]) == 0
+    for model in (conv_model(short), conv_model(plain, ir_version=3)):
+        capsys.readouterr()
+        assert main(["plan", str(save(model)), "--target", "rk3588", "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: invalid ONNX model: ") and len(err.strip().splitlines()) == 1
