@@ -1,6 +1,7 @@
 """Emulator time as `rkcompile run` reports it, beside onnxruntime's one-thread run time, per model.
 
     python tools/bench_emulator.py [MODEL_OR_DIR ...] [--target rk3588] [--repeat 3] [--python PY]
+                                   [--baseline-python PY] [--gemm-floor]
 
 Defaults to ../shared/zoo. The emulator side is `PY -m rkcompile run MODEL --target T --inputs
 MODEL.npz --json -` in a child process: its report's `seconds`, the first run of a fresh process
@@ -16,7 +17,11 @@ A model counts as a CNN when it has Conv nodes and more of them than MatMul/Gemm
 summary gives the median ratio over CNNs and the worst ratio over all models, against the issue's
 bars (3x and 10x). A model whose input has a dynamic dimension is planned with `--input-shape`
 from its NAME.npz, as tools/bench_plan.py does. --python picks the interpreter whose rkcompile is
-measured (another checkout's venv: a before and an after with one script).
+measured (another checkout's venv: a before and an after with one script). With
+--baseline-python, each repeat also runs that interpreter's rkcompile on the model, right
+before --python's (after it in odd repeats), against the same onnxruntime figure: a before and an after measured in
+turn, repeat by repeat, so a shared machine's load, which moves onnxruntime's own time by 2-4x
+over minutes, hits both alike.
 """
 from __future__ import annotations
 
@@ -112,29 +117,45 @@ def main() -> int:
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose rkcompile is measured")
+    parser.add_argument("--baseline-python", help="also measure this interpreter's rkcompile, in turn with --python's")
     parser.add_argument("--gemm-floor", action="store_true",
                         help="also time the NPU steps' float32 matrix products alone, and their ratio to onnxruntime")
     args = parser.parse_args()
+    sides = ([("baseline", args.baseline_python)] if args.baseline_python else []) + [("measured", args.python)]
+    baseline_header = f" {'base s':>8} {'base':>7}" if args.baseline_python else ""
     floor_header = f" {'gemm floor s':>12} {'floor ratio':>11}" if args.gemm_floor else ""
-    print(f"{'model':42} {'cnn':>3} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}{floor_header}", flush=True)
-    cnn_ratios, ratios, floor_ratios = [], [], []
+    print(f"{'model':42} {'cnn':>3}{baseline_header} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}{floor_header}",
+          flush=True)
+    ratios = {side: [] for side, _ in sides}
+    cnn_ratios = {side: [] for side, _ in sides}
+    floor_ratios = []
     with tempfile.TemporaryDirectory(prefix="bench_emulator_") as folder:
         for path in model_paths(args.models):
             cnn = is_cnn(path)
-            emulator_times, ort_times, failure = [], [], ""
-            for _ in range(args.repeat):
-                seconds, failure = emulator_seconds(path, args.python, args.target, Path(folder))
-                if seconds is None:
+            times = {side: [] for side, _ in sides}
+            ort_times, failure = [], ""
+            for repeat in range(args.repeat):
+                for side, python in (sides if repeat % 2 == 0 else sides[::-1]):  # neither always first
+                    seconds, failure = emulator_seconds(path, python, args.target, Path(folder))
+                    if seconds is None:
+                        break
+                    times[side].append(seconds)
+                if failure:
                     break
-                emulator_times.append(seconds)
                 ort_times.append(onnxruntime_seconds(path, args.repeat))
-            if not emulator_times:
+            if failure:
                 print(f"{path.stem:42} {'yes' if cnn else 'no':>3} run failed: {failure[:80]}", flush=True)
                 continue
-            emulator, ort = statistics.median(emulator_times), statistics.median(ort_times)
-            ratios.append(emulator / ort)
-            if cnn:
-                cnn_ratios.append(emulator / ort)
+            ort = statistics.median(ort_times)
+            columns = []
+            for side, _ in sides:
+                emulator = statistics.median(times[side])
+                ratios[side].append(emulator / ort)
+                if cnn:
+                    cnn_ratios[side].append(emulator / ort)
+                columns.append((emulator, emulator / ort))
+            shown = "".join(f" {seconds:8.3f} {ratio:6.1f}x" for seconds, ratio in columns[:-1])
+            emulator, ratio = columns[-1]
             floor = ""
             if args.gemm_floor:
                 seconds = gemm_floor_seconds(path, args.python, args.target, Path(folder))
@@ -143,13 +164,16 @@ def main() -> int:
                 else:
                     floor_ratios.append(seconds / ort)
                     floor = f" {seconds:12.4f} {seconds / ort:10.2f}x"
-            print(f"{path.stem:42} {'yes' if cnn else 'no':>3} {emulator:10.3f} {ort:9.4f} {emulator / ort:6.1f}x"
-                  f"{floor}", flush=True)
-    if ratios:
-        cnn_median = f"{statistics.median(cnn_ratios):.1f}x" if cnn_ratios else "n/a"
-        print(f"{len(ratios)} models run: median over {len(cnn_ratios)} CNNs {cnn_median} (bar {CNN_MEDIAN_BAR}x), "
-              f"median over all {statistics.median(ratios):.1f}x, max {max(ratios):.1f}x (bar {WORST_BAR}x), "
-              f"{sum(r > WORST_BAR for r in ratios)} over {WORST_BAR}x")
+            print(f"{path.stem:42} {'yes' if cnn else 'no':>3}{shown} {emulator:10.3f} {ort:9.4f} {ratio:6.1f}x{floor}",
+                  flush=True)
+    for side, python in sides:
+        if ratios[side]:
+            cnn_median = f"{statistics.median(cnn_ratios[side]):.1f}x" if cnn_ratios[side] else "n/a"
+            label = f"{side} ({python}): " if args.baseline_python else ""
+            print(f"{label}{len(ratios[side])} models run: median over {len(cnn_ratios[side])} CNNs {cnn_median} "
+                  f"(bar {CNN_MEDIAN_BAR}x), median over all {statistics.median(ratios[side]):.1f}x, "
+                  f"max {max(ratios[side]):.1f}x (bar {WORST_BAR}x), {sum(r > WORST_BAR for r in ratios[side])} over "
+                  f"{WORST_BAR}x")
     if floor_ratios:
         print(f"gemm floor: median {statistics.median(floor_ratios):.2f}x onnxruntime, max {max(floor_ratios):.2f}x")
     return 0

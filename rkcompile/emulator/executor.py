@@ -128,8 +128,7 @@ class Executor:
         """Every row-major float16 weight decoded to float32 by one conversion per stretch of
         the weight region that holds float16 weights only (one call for many small weights
         instead of one each, the bulk of a first run's weight decoding), all stretches into one
-        float32 array (numpy's, which asks for huge pages when it is large: one result per
-        stretch was fresh memory faulted in 4 KB at a time), each weight then a read-only view
+        float32 array numpy allocates (half.cast), each weight then a read-only view
         at its offset: the values `_weight` would decode one by one, bit for bit (both convert
         through `half.cast`). A stretch ends at any other weight (float32, integer, quantized,
         NC1HWC2), whose bytes are not converted (alignment padding between two float16 weights

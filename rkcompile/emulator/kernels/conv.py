@@ -54,8 +54,7 @@ def convolve(node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     for g in range(group):
         columns = _columns(channels_last[..., g * in_per_group:(g + 1) * in_per_group], kernel, strides, dilations,
                            begin, end)
-        w = np.ascontiguousarray(np.moveaxis(weight[g * out_per_group:(g + 1) * out_per_group], 1, -1)).reshape(
-            out_per_group, -1)
+        w = np.moveaxis(weight[g * out_per_group:(g + 1) * out_per_group], 1, -1).reshape(out_per_group, -1)
         results.append(columns @ w.T)
     y = np.concatenate(results, axis=-1) if group > 1 else results[0]
     return np.moveaxis(y.reshape((batch,) + tuple(out_sizes) + (out_channels,)), -1, 1)
@@ -65,12 +64,10 @@ def _columns(channels_last: np.ndarray, kernel, strides, dilations, begin, end) 
     """im2col of a channels-last (N, *spatial, C) input: one row per output position, its taps
     ordered (*kernel, C), copied from the padded input's window view, so each copy moves a run
     of whole kernel rows of channels (a tap-by-tap copy moves one pixel's channels at a time,
-    and was slower on narrow layers). The copy is np.ascontiguousarray's: reshaping the window
-    view made the same matrix 2-4x slower (yolov8n's 39 im2cols: 167 -> 50 ms)."""
+    and was slower on narrow layers)."""
     rank = len(kernel)
     view = windows(channels_last, kernel, strides, dilations, begin, end, first_spatial_axis=1)  # (N, *out, C, *kernel)
-    return np.ascontiguousarray(np.moveaxis(view, 1 + rank, -1)).reshape(
-        -1, int(np.prod(kernel)) * channels_last.shape[-1])
+    return np.moveaxis(view, 1 + rank, -1).reshape(-1, int(np.prod(kernel)) * channels_last.shape[-1])
 
 
 def _depthwise(channels_last: np.ndarray, weight: np.ndarray, kernel, strides, dilations, begin,
