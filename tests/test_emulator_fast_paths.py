@@ -386,3 +386,27 @@ def test_linear_resize_blends_in_place_with_the_expressions_rounding():
         weight = (coordinates - low).astype(np.float32).reshape([size if a == axis else 1 for a in range(4)])
         expected = np.take(expected, low, axis=axis) * (1 - weight) + np.take(expected, high, axis=axis) * weight
     np.testing.assert_array_equal(result.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.skipif(pages._set_madvise_hugepage is None, reason="this numpy has no huge-page switch")
+@pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
+def test_an_executor_allocates_its_regions_in_small_pages(monkeypatch):
+    """The regions (the arena among them) are allocated when the executor is made, before a run
+    starts: with numpy's huge-page advice off too, and the advice as it was afterwards."""
+    from rkcompile.emulator import executor as executor_module
+
+    seen = []
+
+    class Recording(Storage):
+        def __init__(self, *args):
+            seen.append(huge_page_advice())
+            super().__init__(*args)
+
+    prepared = prepare(SHARED / "zoo" / "squeezenet1_1.onnx", "rk3588", Options())
+    monkeypatch.setattr(executor_module, "Storage", Recording)
+    was = pages._set_madvise_hugepage(True)
+    try:
+        Executor(prepared.plan, prepared.weights, RK3588)
+        assert seen == [False] and huge_page_advice() is True
+    finally:
+        pages._set_madvise_hugepage(was)

@@ -78,7 +78,8 @@ class Executor:
                                  "plans carried them): plan the model again")
         self.plan = plan
         self.opset = plan.model.opset
-        self.storage = Storage(plan, target)
+        with small_pages():  # the regions are allocated here and first touched during runs
+            self.storage = Storage(plan, target)
         region = self.storage.regions["weight"]
         if len(weights) != region.size:
             raise EmulationError(f"the weight region holds {len(weights)} bytes, the plan places weights in "
