@@ -108,6 +108,7 @@ def test_conv_weights_are_asymmetric_per_channel_and_other_constants_symmetric_p
 @pytest.mark.parametrize("values", [
     np.array([8.0, 16.0, 32.0]),  # a detector head's strides: 8 is 8.06 on the symmetric grid 32/127
     np.arange(80) + 0.5,  # its anchor points: the symmetric step 0.63 puts some 0.31 off
+    np.tile(np.arange(80) + 0.5, 100),  # the same 80 values over more elements than the distinct-value prefix
     np.array([-0.25, 0.5, -2.0]),
 ])
 def test_a_constant_of_few_values_gets_a_grid_that_holds_them_exactly(values):
