@@ -253,7 +253,7 @@ def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, s
 def _by_worst_drop(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
     chosen: list[str] = []
     while len(chosen) < len(pool):
-        rows, _ = analyse(plan.prepared(), samples[0])
+        rows, _ = analyse(plan.prepared(), samples[0], single=False)
         drops = {row.output: row.drop for row in rows if row.output in pool and row.output not in chosen}
         if not drops:
             break

@@ -2,6 +2,7 @@
 legalization on both sides, the CLI, accuracy analysis, and (slow) the zoo CNNs at int8."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,10 +13,12 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+import rkcompile
 from rkcompile.cli import main
 from rkcompile.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
+from rkcompile.emulator.accuracy import analyse
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
 from rkcompile.pipeline import compile_model
@@ -441,6 +444,24 @@ def test_run_accuracy_analysis(cnn, tmp_path, capsys):
     # the conversion into the NPU is the first loss; the last step reports what --check compares
     assert rows[0]["step"] == 0 and rows[0]["cosine"] < 1
     assert rows[-1]["cosine"] == pytest.approx(data["agreement"][0]["cosine"], abs=1e-6)
+    # each NPU step also runs alone ("single"); the host conversion has no such column
+    assert rows[0]["single"] is None and all(r["single"] is not None for r in rows if r["device"] == "npu")
+    assert "single" in printed.splitlines()[0] and "steps run alone" in printed
+
+
+def test_a_step_run_alone_starts_from_its_inputs_stored_as_planned(cnn, tmp_path):
+    """The first NPU step reads only the model input's int8 copy: run alone on the input
+    quantized with the plan's parameters it computes exactly what the whole run computes, so its
+    single cosine equals its entire one (an unquantized operand would beat it). A later step's
+    single leaves out the error before it, so it differs from its entire cosine."""
+    plan = rkcompile.compile(cnn, "rk3588", dtype="int8", calibration=calibration_file(tmp_path))
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    rows = rkcompile.accuracy_analysis(plan, x)
+    npu = [row for row in rows if row.device == "npu"]
+    assert npu[0].single == npu[0].cosine < 1
+    assert any(row.single != row.cosine for row in npu[1:])
+    entire_only, _ = analyse(plan.prepared(), x, single=False)
+    assert [dataclasses.replace(row, single=None) for row in rows] == entire_only
 
 
 # ---- the zoo CNNs ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ With --peer (the error_analysis.txt `tools/peer_int8.py --analysis DIR` writes f
 model, calibration and input), each step whose output the toolkit names too gets the toolkit's
 single cosine beside ours, and a summary per step kind: the mean and mean absolute difference
 (ours minus the toolkit's; the toolkit prints 5 digits, so a mean absolute difference near 3e-6
-is agreement). Uses the emulator's executor step by step (its step nodes and operands).
+is agreement). The single cosines are `rkcompile.accuracy_analysis`'s `single` column.
 """
 from __future__ import annotations
 
@@ -21,13 +21,6 @@ import numpy as np
 
 import rkcompile
 from rkcompile.context import Options
-from rkcompile.emulator import agreement
-from rkcompile.emulator.executor import Executor
-from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.emulator.int8 import QTensor
-from rkcompile.nodes import node_operands
-from rkcompile.quantize import dequantize, quantize
-from rkcompile.targets import get_target
 
 #: a layer row of rknn-toolkit2's error_analysis.txt: [Op] name  entire cos | euc  single cos | euc
 PEER_ROW = re.compile(r"\[(\w+)\] (\S+)\s+([\d.]+) \|\s*[\d.]+\s+([\d.]+)")
@@ -36,32 +29,11 @@ PEER_ROW = re.compile(r"\[(\w+)\] (\S+)\s+([\d.]+) \|\s*[\d.]+\s+([\d.]+)")
 def single_cosines(model: Path, options: Options, inputs: dict[str, np.ndarray]) -> list[tuple[int, str, str, float]]:
     """(step, kernel, output, single cosine) for every int8 output of an NPU step."""
     plan = rkcompile.compile(model, "rk3588", options)
-    record = plan.record
-    reference: dict[str, np.ndarray] = {}
-    FloatReference(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
-                   [s.name for s in record.model.outputs]).run(inputs, reference.__setitem__)
-    prepared = plan.prepared()
-    executor = Executor(prepared.plan, prepared.weights, get_target(record.target), prepared.weight_cache)
-    executor.run(inputs)  # loads the weight region
-    quantization = record.quantization
-    rows = []
-    for step, node in zip(record.steps, executor.step_nodes()):
-        if step.device != "npu":
-            continue
-        operands = []
-        for tensor in node_operands(node):
-            activation = tensor.name in quantization and record.tensors[tensor.name].region != "weight"
-            if activation and tensor.name in reference:
-                quant = quantization[tensor.name]
-                operands.append(QTensor(quantize(reference[tensor.name], quant), quant))
-            else:
-                operands.append(executor._operand(tensor, "npu") if tensor.name else None)
-        for tensor, value in zip(node.outputs, executor._npu_node(node, operands)):
-            if tensor.name in reference and tensor.name in quantization:
-                cosine = agreement(tensor.name, dequantize(value, quantization[tensor.name]),
-                                   reference[tensor.name]).cosine
-                rows.append((step.id, step.kernel, tensor.name, cosine))
-    return rows
+    quantization = plan.record.quantization
+    model_inputs = {spec.name for spec in plan.record.model.inputs}  # an .npz may hold reference outputs too
+    rows = rkcompile.accuracy_analysis(plan, {name: inputs[name] for name in model_inputs & set(inputs)})
+    return [(row.step, row.kernel, row.output, row.single) for row in rows
+            if row.single is not None and row.output in quantization]
 
 
 def main() -> None:

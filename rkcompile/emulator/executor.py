@@ -209,6 +209,44 @@ class Executor:
         if observe is not None:
             observe(step.id, {name: self._real(name) for name in step.outputs})
 
+    def run_alone(self, index: int, real: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """NPU step `index` alone, on its activations' real values given in `real` (by tensor
+        name), stored as the plan stores them: quantized with the plan's parameters where it
+        stores integers, rounded to the stored float dtype otherwise; weights come from the
+        weight region. The step's outputs as real values, nothing written to storage; None for
+        a step that is not an NPU step or reads an activation `real` lacks (rknn-toolkit2
+        accuracy_analysis's "single": the error one step adds, apart from everything before it)."""
+        step, node = self.plan.steps[index], self.step_nodes()[index]
+        if step.device != "npu":
+            return None
+        self._step = step.id
+        operands = []
+        for tensor in node_operands(node):
+            if not tensor.name or self.storage.placement(tensor.name).region == "weight":
+                operands.append(self._operand(tensor, "npu") if tensor.name else None)
+            elif tensor.name not in real:
+                return None
+            else:
+                operands.append(self._stored_form(tensor.name, real[tensor.name]))
+        results = self._npu_node(node, operands)
+        return {tensor.name: self._real_of(tensor.name, value) for tensor, value in zip(node.outputs, results)
+                if tensor.name}
+
+    def _stored_form(self, name: str, real: np.ndarray):
+        """An NPU operand as a read of `real` stored in the tensor's planned dtype would give it."""
+        quant = self.quantization.get(name)
+        if quant is not None:
+            return QTensor(quantize(real, quant), quant)
+        stored = np.dtype(self.storage.placement(name).dtype)
+        if stored.kind != "f":
+            return np.asarray(real).astype(stored, copy=False)
+        return np.asarray(real, np.float32).astype(stored).astype(np.float32, copy=False)
+
+    def _real_of(self, name: str, value) -> np.ndarray:
+        """The real value of `value` as tensor `name` stores it: dequantized when it is integers."""
+        quant = self.quantization.get(name)
+        return dequantize(value, quant) if quant is not None else value
+
     def _moves_stored_values(self, node: gs.Node, operands: Sequence[gs.Tensor]) -> bool:
         """Whether the NPU node only moves elements between arena tensors of one float dtype:
         its kernel then runs on the stored values, which gives the float32 path's result bit
@@ -265,8 +303,7 @@ class Executor:
 
     def _real(self, name: str) -> np.ndarray:
         """A tensor's real value: dequantized when it is stored as integers."""
-        value, quant = self.storage.read(name), self.quantization.get(name)
-        return dequantize(value, quant) if quant is not None else value
+        return self._real_of(name, self.storage.read(name))
 
     def _operand(self, tensor: gs.Tensor, device: str) -> np.ndarray:
         quant = self.quantization.get(tensor.name)
