@@ -27,7 +27,7 @@ from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
-from rkcompile.quantize import (PER_CHANNEL_WEIGHTS, ImagePreprocessing, RangeObserver, activation_params, bias_params,
+from rkcompile.quantize import (INT8, PER_CHANNEL_WEIGHTS, ImagePreprocessing, RangeObserver, activation_params, bias_params,
                                 calibration_samples, fit_bias, is_movement, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
@@ -36,7 +36,8 @@ from .int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, e
 from .int8_accuracy import members as int8_members
 
 NAME = "quantize"
-#: An operand of a Concat that spans fewer int8 steps of the output than this is reported.
+#: An operand of a Concat that spans fewer int8 steps of the output than this is reported; a
+#: Softmax model output whose mean probability spans fewer is computed in float16.
 DROWNED_LEVELS = 16
 
 log = logging.getLogger("rkcompile")
@@ -52,7 +53,8 @@ def run(ctx: CompileContext) -> None:
         _equalize(ctx, ordered, devices)
     _own_bias_copies(ctx, ordered, devices)
     _keep_parameters_float(ctx, ordered, devices)
-    _make_float16_islands(ctx, ordered, devices)
+    distributions = _float16_distributions(ctx, ordered, devices)
+    _make_float16_islands(ctx, ordered, devices, set(ctx.options.float16_tensors) | set(distributions))
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
     ranges = _calibrate(ctx, ordered, devices, weight_errors)
     if weight_errors is not None:
@@ -331,14 +333,62 @@ def _keep_parameters_float(ctx: CompileContext, ordered: list[gs.Node], devices:
                     _restore(ctx, tensor.name, dtype_name(tensor.dtype))
 
 
-def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:
+def _float16_distributions(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> list[str]:
+    """The outputs of NPU Softmax steps over 16 or more classes that only the host reads (a
+    model output's NPU copy): they are computed and stored in float16, and the plan says so.
+
+    Why: a Softmax output is a probability distribution, and its honest range is [0, 1] whatever
+    the calibration data showed (a calibrated maximum below 1 clips any confident answer on other
+    inputs). On that range int8's step is 1/255, and an N-way distribution's mean probability
+    1/N spans 255/N steps: fewer than DROWNED_LEVELS (as for a Concat operand) once N >= 16,
+    and below half a step, rounded to 0, past 510 classes (an ImageNet classifier's 1000). Float16
+    keeps every probability to 11 significant bits (down to 2^-14, then steps of 2^-24). No NPU
+    step reads the tensor again (the host converts it to float32), so only this step and its
+    N outputs pay for the precision; a Softmax another NPU step reads stays int8, since that
+    reader would round it to its own int8 grid anyway. rknn-toolkit2 2.5.0 makes the same choice
+    on the wide zoo's yolov8n_cls (its final exSoftmax13 in float16 after an exDataConvert of the
+    int8 logits; the oplist allows int8 or float16 there)."""
+    readers: dict[str, list[str]] = {}
+    for node, device in zip(ordered, devices):
+        for tensor in node.inputs:
+            readers.setdefault(tensor.name, []).append(device)
+    chosen = []
+    for node, device in zip(ordered, devices):
+        if device != "npu" or node.op != "Softmax" or not _is_quantized(ctx, node.outputs[0].name):
+            continue
+        output = node.outputs[0]
+        if set(readers.get(output.name, ["npu"])) != {"host"}:
+            continue
+        classes = _softmax_classes(node, ctx.graph.opset)
+        if classes is not None and classes * DROWNED_LEVELS > INT8[1] - INT8[0]:
+            chosen.append((output.name, classes))
+    if chosen:
+        ctx.int8_techniques.append(Int8Technique(
+            "float16_softmax_outputs", tuple(name for name, _ in chosen), (),
+            f"{len(chosen)} Softmax model output(s) computed in float16 ("
+            + ", ".join(f"{name}: {classes} classes" for name, classes in chosen)
+            + f"; int8 on [0, 1] would give the mean probability fewer than {DROWNED_LEVELS} steps)"))
+    return [name for name, _ in chosen]
+
+
+def _softmax_classes(node: gs.Node, opset: int) -> int | None:
+    """How many values one distribution of the Softmax holds: the axis's length (opset 13 on;
+    before, the input is coerced to 2-D at the axis, so the product of the dims from it)."""
+    shape = node.inputs[0].shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    axis = int(node.attrs.get("axis", -1 if opset >= 13 else 1)) % len(shape)
+    return int(shape[axis]) if opset >= 13 else int(np.prod(shape[axis:]))
+
+
+def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: list[str], wanted: set[str]) -> None:
     """--float16 TENSOR: the NPU step writing TENSOR computes in float16 (rknn-toolkit2's hybrid
     quantization): its outputs and the weights only it reads are stored as float16 and get no
     quantization parameters; an int8 input is dequantized as it is read, and an int8 step that
     reads a float16 output quantizes it with its own calibrated parameters. TENSOR may also be a
     model input's NPU copy (`NAME@npu`): the host then converts the input to float16, so the
-    first steps of a network whose error grows with depth see it unrounded."""
-    wanted = set(ctx.options.float16_tensors)
+    first steps of a network whose error grows with depth see it unrounded. A host step that
+    converts an island's output (to a model output, or for a CPU step) reads float16."""
     if not wanted:
         return
     island_steps = [node for node, device in zip(ordered, devices)
@@ -347,13 +397,12 @@ def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: 
                    if device == "host" and node.outputs[0].name in wanted and not node.inputs[0].inputs]
     written = {t.name for node in island_steps + conversions for t in node.outputs}
     for name in sorted(wanted):
-        if name not in written or not _is_quantized(ctx, name):
+        if name not in written or not _is_quantized(ctx, name):  # only --float16 names can miss
             raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step or a model input's "
                                f"conversion writes (rkcompile run --dtype int8 --accuracy-analysis lists them)")
     for node in conversions:  # the model input reaches the NPU as float16, not quantized by the host
         _restore(ctx, node.outputs[0].name, "float16")
-        node.attrs["to"] = node.attrs["to"].rsplit(" ", 1)[0] + " float16"
-        ctx.placement[node.name] = replace(ctx.placement[node.name], kernel=f"{node.attrs['from']} -> {node.attrs['to']}")
+        _relabel_conversion(ctx, node, "to")
     readers: dict[str, set[str]] = {}
     for node in ordered:
         for member in _members(node)[0]:
@@ -365,6 +414,17 @@ def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: 
         for name in {name for name in weights if readers[name] <= islands} | {t.name for t in node.outputs}:
             if _is_quantized(ctx, name):
                 _restore(ctx, name, "float16")
+    island_outputs = {t.name for node in island_steps for t in node.outputs}
+    for node, device in zip(ordered, devices):
+        if device == "host" and node.inputs and node.inputs[0].name in island_outputs:
+            _relabel_conversion(ctx, node, "from")
+
+
+def _relabel_conversion(ctx: CompileContext, node: gs.Node, side: str) -> None:
+    """A host conversion's `from` or `to` side now holds float16 (`NC1HWC2 int8` -> `NC1HWC2
+    float16`), and its kernel name says so."""
+    node.attrs[side] = node.attrs[side].rsplit(" ", 1)[0] + " float16"
+    ctx.placement[node.name] = replace(ctx.placement[node.name], kernel=f"{node.attrs['from']} -> {node.attrs['to']}")
 
 
 def _restore(ctx: CompileContext, name: str, dtype: str) -> None:

@@ -148,8 +148,9 @@ class Quantization:
 class Int8Technique:
     """An accuracy technique an int8 plan applied (docs/quantization.md): `name` is
     "equalization" (cross-layer, `applied` lists the Conv step pairs), "bias_correction"
-    (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift)
-    or "auto_float16" (`applied` lists the tensors it kept in float16); `declined` says, per
+    (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift),
+    "auto_float16" (`applied` lists the tensors it kept in float16) or "float16_softmax_outputs"
+    (`applied` lists the Softmax model outputs computed in float16); `declined` says, per
     candidate left alone, why; `note` sums up."""
 
     name: str

@@ -394,6 +394,58 @@ def test_a_concat_operand_read_by_nothing_else_is_written_with_the_concat_parame
     assert agreement("y", seen[output], expected).cosine >= 0.999
 
 
+def classifier(tmp_path: Path, classes: int, spread: float, read_again: bool = False) -> Path:
+    """Conv, global average pool, a fully connected layer to `classes` logits (spread by
+    `spread`, so a few classes are likely and most are not), Softmax as the output; with
+    `read_again`, a Mul by a constant (an NPU step) reads the probabilities and is the output."""
+    weights = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+               "fc": (rng.standard_normal((8, classes)) * spread).astype(np.float32), "two": np.float32(2.0)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "fc"], ["logits"], name="fc"),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=1, name="softmax")]
+    output = "p"
+    if read_again:
+        nodes.append(helper.make_node("Mul", ["p", "two"], ["y"], name="mul"))
+        output = "y"
+    return save_model(tmp_path / f"classifier{classes}.onnx", nodes, [vi("x", [1, 3, 16, 16])],
+                      [vi(output, [1, classes])], weights)
+
+
+def test_a_many_class_softmax_output_is_computed_in_float16(tmp_path):
+    """Int8 on a 1000-way distribution leaves the unlikely classes a few steps or none; the
+    Softmax step that writes the model output computes and stores it in float16 instead, and
+    the host reads float16."""
+    model, calib = classifier(tmp_path, 1000, 1.0), calibration_file(tmp_path)
+    x = np.load(calib)["x"][0]
+    expected = onnxruntime_outputs(model, {"x": x})["p"]
+    prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    plan = prepared.plan
+    assert not contract_violations(plan)
+    assert plan.tensors["p@npu"].dtype == "float16" and "p@npu" not in plan.quantization
+    assert plan.tensors["logits"].dtype == "int8" and "logits" in plan.quantization  # only the Softmax changes
+    (technique,) = [t for t in plan.int8_techniques if t.name == "float16_softmax_outputs"]
+    assert technique.applied == ("p@npu",) and "1000 classes" in technique.note
+    (conversion,) = [s for s in plan.steps if s.inputs == ("p@npu",)]
+    assert conversion.device == "host" and conversion.kernel.startswith("NC1HWC2 float16")
+    produced = emulate(prepared, {"x": x}).outputs["p"]
+    # below the median probability an int8 grid over the calibrated range has a few steps
+    # (there its mean relative error was about 0.3); what is left is the int8 logits' rounding
+    small = expected < np.median(expected)
+    assert np.mean(np.abs(produced[small] - expected[small]) / expected[small]) < 0.05
+    assert agreement("p", produced, expected).cosine > 0.999
+
+
+@pytest.mark.parametrize("classes, read_again", [(10, False), (1000, True)])
+def test_a_few_class_softmax_or_one_an_npu_step_reads_stays_int8(tmp_path, classes, read_again):
+    model = classifier(tmp_path, classes, 3.0, read_again)
+    plan = prepare(model, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path))).plan
+    softmax = next(s.outputs[0] for s in plan.steps if s.kernel == "Softmax")
+    assert plan.tensors[softmax].dtype == "int8" and softmax in plan.quantization
+    assert not any(t.name == "float16_softmax_outputs" for t in plan.int8_techniques)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--float16", "r1"], "add --dtype int8"),
     (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step or a model input's"),
