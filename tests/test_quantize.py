@@ -446,6 +446,45 @@ def test_a_few_class_softmax_or_one_an_npu_step_reads_stays_int8(tmp_path, class
     assert not any(t.name == "float16_softmax_outputs" for t in plan.int8_techniques)
 
 
+def test_a_staged_global_average_pool_rounds_its_small_stage_first_in_int8(tmp_path, monkeypatch):
+    """A 13x13 mean is two pooling stages (kernels 7 and 2, plus a Mul for the padding); in int8
+    each stage's output is rounded, and the first stage's rounding is averaged only by the later
+    stages, so where the mean is a model output the int8 plan runs the 2x2 stage first (its
+    rounding then averages over 49 values, not 4): the error of the mean is smaller than with
+    the 7x7 stage first. A float16 plan, and an int8 one where a Conv reads the mean, keep 7x7
+    first."""
+    from rkcompile.passes.rewrites import pooling
+
+    model = save_model(tmp_path / "gap.onnx", [helper.make_node("GlobalAveragePool", ["x"], ["y"], name="gap")],
+                       [vi("x", [1, 512, 13, 13])], [vi("y", [1, 512, 1, 1])], {})
+    calib = tmp_path / "calib.npz"
+    samples = np.random.default_rng(0).uniform(0, 1, (4, 1, 512, 13, 13)).astype(np.float32)
+    np.savez(calib, x=samples)
+
+    def kernels(plan):
+        return [tuple(step.operation.attributes["kernel_shape"]) for step in plan.steps if step.kernel == "AveragePool"]
+
+    def error(prepared):
+        return np.sqrt(np.mean([(emulate(prepared, {"x": x}).outputs["y"] - x.mean(axis=(2, 3), keepdims=True)) ** 2
+                                for x in samples]))
+
+    small_first = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    assert kernels(small_first.plan) == [(2, 2), (7, 7)]
+    assert kernels(prepare(model, "rk3588", Options()).plan) == [(7, 7), (2, 2)]
+    monkeypatch.setattr(pooling, "QUANTIZED_DTYPES", ())  # the order before: 7x7 first in int8 too
+    large_first = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    assert kernels(large_first.plan) == [(7, 7), (2, 2)]
+    assert error(small_first) < 0.9 * error(large_first)
+    monkeypatch.undo()
+    # where another int8 step reads the mean (a squeeze-excitation scale), the order stays
+    read = save_model(tmp_path / "gap_conv.onnx",
+                      [helper.make_node("GlobalAveragePool", ["x"], ["g"], name="gap"),
+                       helper.make_node("Conv", ["g", "w"], ["y"], name="fc")],
+                      [vi("x", [1, 512, 13, 13])], [vi("y", [1, 8, 1, 1])],
+                      {"w": rng.standard_normal((8, 512, 1, 1)).astype(np.float32)})
+    assert kernels(prepare(read, "rk3588", Options(dtype="int8", calibration=calib)).plan) == [(7, 7), (2, 2)]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--float16", "r1"], "add --dtype int8"),
     (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step or a model input's"),
