@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 from .collector import cyclic_collector_paused
 from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
+from .emulator.pages import small_pages
 from .ir import node_inputs, present_inputs, static_shape, subgraphs, topological_nodes
 from .operations import describe
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
@@ -41,7 +42,9 @@ PASS_NAMES = tuple(p.NAME for p in PASSES)
 
 def compile_model(model_path: str | Path, target: str, options: Options | None = None) -> tuple[Plan, CompileContext]:
     ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
-    with cyclic_collector_paused():
+    # Planning allocates weight-sized arrays (a model's weights read, a MatMul's transposed into
+    # a Conv's) and touches each once: in 4 KB pages that first touch is cheaper (pages.py).
+    with cyclic_collector_paused(), small_pages():
         run_passes(ctx, PASSES)
         return assemble_plan(ctx), ctx
 
