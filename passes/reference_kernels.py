@@ -301,9 +301,10 @@ def _scatter_nd(node, opset, inputs):
     return [output]
 
 
-def _reduce(function) -> Kernel:
-    """ReduceMax / ReduceMin (op_reduce_max.py, op_reduce_min.py) of non-empty data: axes an
-    attribute before opset 18 (ReduceMax_1), an input from 18 (ReduceMax_18)."""
+def _reduce(reduction) -> Kernel:
+    """ReduceMax, ReduceMin and ReduceL2 (op_reduce_max.py, op_reduce_min.py, op_reduce_l2.py) of
+    non-empty data: axes an attribute before opset 18 (ReduceMax_1), an input from 18
+    (ReduceMax_18); `reduction(data, axes, keepdims)` is the op's own expression."""
     def kernel(node, opset, inputs):
         if not inputs or inputs[0].size == 0:
             return None  # an empty reduction fills a constant the reference picks per dtype
@@ -328,9 +329,108 @@ def _reduce(function) -> Kernel:
             else:
                 axes = tuple(axes.ravel().tolist())
             keepdims = attributes["keepdims"] != 0
-        result = function.reduce(data, axis=axes, keepdims=keepdims)
+        result = reduction(data, axes, keepdims)
         return [result if isinstance(result, np.ndarray) else np.array(result)]
     return kernel
+
+
+def _l2_norm(data: np.ndarray, axes, keepdims: bool) -> np.ndarray:
+    """op_reduce_l2.py: the square root of the sum of squares, in the data's dtype."""
+    return np.sqrt(np.sum(np.square(data), axis=axes, keepdims=keepdims)).astype(dtype=data.dtype)
+
+
+def _cumulative_sum(node, opset, inputs):
+    """op_cum_sum.py: numpy's cumsum in the data's dtype on a 0-d axis, the data reversed around
+    it for `reverse`, and shifted by one into zeros for `exclusive`."""
+    attributes = _attributes(node, exclusive=0, reverse=0)
+    if attributes is None or len(inputs) != 2 or inputs[1].ndim != 0:
+        return None
+    x, axis = inputs[0], int(inputs[1])
+    reversed_axis = tuple(slice(None, None, -1) if a == axis % x.ndim else slice(None) for a in range(x.ndim))
+    if attributes["reverse"]:
+        x = x[reversed_axis]
+    if attributes["exclusive"]:
+        head = tuple(slice(0, -1) if a == axis % x.ndim else slice(None) for a in range(x.ndim))
+        tail = tuple(slice(1, None) if a == axis % x.ndim else slice(None) for a in range(x.ndim))
+        result = np.zeros(x.shape, dtype=x.dtype)
+        np.cumsum(x[head], axis=axis, out=result[tail])
+    else:
+        result = np.cumsum(x, axis=axis, dtype=x.dtype)
+    return [result[reversed_axis] if attributes["reverse"] else result]
+
+
+def _conv(node, opset, inputs):
+    """op_conv.py's Conv, step for step so that its one matmul sees the same operands: a
+    dilated kernel spread out with zeros, auto_pad's pads, the zero-padded input's columns
+    gathered by index arrays (im2col), one matmul per group, the bias added, the result cast
+    to the input's dtype."""
+    attributes = _attributes(node, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                             strides=None)
+    if attributes is None or not 2 <= len(inputs) <= 3 or inputs[0] is None or inputs[1] is None:
+        return None
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) == 3 else None
+    if x.ndim < 3:
+        return None  # the reference refuses it, with its own message
+    spatial = x.ndim - 2
+    group = attributes["group"]
+    dilations = attributes["dilations"] or [1] * spatial
+    kernel_shape = tuple(attributes["kernel_shape"] or w.shape[2:])
+    pads = attributes["pads"] or [0] * (2 * spatial)
+    strides = attributes["strides"] or [1] * spatial
+    if x.shape[1] != w.shape[1] * group or w.shape[0] % group != 0:
+        return None
+    if any(d != 1 for d in dilations):
+        dilated = np.zeros((*w.shape[:2], *((k + (k - 1) * (d - 1)) for k, d in zip(w.shape[2:], dilations))),
+                           dtype=w.dtype)
+        dilated[(slice(None), slice(None), *(slice(None, None, d) for d in dilations))] = w
+        w = dilated
+        kernel_shape = tuple(k + (k - 1) * (d - 1) for k, d in zip(kernel_shape, dilations))
+    if attributes["auto_pad"] == "VALID":
+        pads = [0] * (2 * spatial)
+    elif attributes["auto_pad"] in ("SAME_LOWER", "SAME_UPPER"):
+        heads, tails = [], []
+        for size, stride, kernel in zip(x.shape[2:], strides, kernel_shape):
+            needed = max(0, ((size + stride - 1) // stride - 1) * stride + kernel - size)
+            heads.append((needed + 1) // 2 if attributes["auto_pad"] == "SAME_LOWER" else needed // 2)
+            tails.append(needed - heads[-1])
+        pads = heads + tails
+    columns, out_shape = _im2col(x, kernel_shape, pads, strides)
+    kernel_size = int(np.prod(kernel_shape))
+    flattened_kernel = w.shape[1] * kernel_size
+    columns = columns.reshape((group, flattened_kernel, x.shape[0] * int(np.prod(out_shape))))
+    product = w.reshape((group, w.shape[0] // group, flattened_kernel)) @ columns
+    product = product.reshape((group, w.shape[0] // group, x.shape[0], *out_shape))
+    product = product.transpose((2, 0, 1, *range(3, product.ndim))).reshape((x.shape[0], w.shape[0], *out_shape))
+    if bias is not None:
+        if bias.size == 1:
+            product = product + bias
+        else:
+            product += bias.reshape((1, -1) + (1,) * (product.ndim - 2))
+    return [product.astype(x.dtype)]
+
+
+def _im2col(x: np.ndarray, kernel_shape: tuple, pads: list, strides: list) -> tuple[np.ndarray, tuple]:
+    """op_conv.py's im2col (no dilation: `_conv` spreads the kernel out first): [C*K, N*L]
+    columns of the zero-padded input, and the output's spatial shape."""
+    spatial = len(kernel_shape)
+    batch, channels = x.shape[:2]
+    out_shape = tuple((size + pads[i] + pads[i + spatial] - kernel) // strides[i] + 1
+                      for i, (size, kernel) in enumerate(zip(x.shape[2:], kernel_shape)))
+    indices = [np.tile(_axis_positions(i, kernel_shape).ravel(), channels).reshape(-1, 1)
+               + (_axis_positions(i, out_shape) * strides[i]).reshape(1, -1) for i in range(spatial)]
+    channel = np.repeat(np.arange(channels), np.prod(kernel_shape)).reshape(-1, 1)
+    padded = np.pad(x, ((0, 0), (0, 0), *((pads[i], pads[i + spatial]) for i in range(spatial))), mode="constant")
+    gathered = padded[(slice(0, batch), channel, *indices)]
+    gathered = gathered.transpose((1, 0, *range(2, gathered.ndim)))
+    return gathered.reshape((gathered.shape[0], batch * int(np.prod(out_shape)))), out_shape
+
+
+def _axis_positions(axis: int, shape: tuple) -> np.ndarray:
+    """An int64 array of `shape` holding each element's index along `axis` (op_conv.py's _make_ind)."""
+    along = [1] * len(shape)
+    along[axis] = shape[axis]
+    return np.broadcast_to(np.arange(shape[axis]).reshape(along), shape).astype(np.int64)
 
 
 KERNELS: dict[str, Kernel] = {
@@ -347,5 +447,7 @@ KERNELS: dict[str, Kernel] = {
     "Where": _where, "Cast": _cast, "Concat": _concat, "Gather": _gather, "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze, "Reshape": _reshape, "Slice": _slice, "Expand": _expand, "Range": _range,
     "Transpose": _transpose, "Flatten": _flatten, "Tile": _tile, "Clip": _clip,
-    "ReduceMax": _reduce(np.maximum), "ReduceMin": _reduce(np.minimum), "ScatterND": _scatter_nd,
+    "ReduceMax": _reduce(lambda data, axes, keepdims: np.maximum.reduce(data, axis=axes, keepdims=keepdims)),
+    "ReduceMin": _reduce(lambda data, axes, keepdims: np.minimum.reduce(data, axis=axes, keepdims=keepdims)),
+    "ReduceL2": _reduce(_l2_norm), "ScatterND": _scatter_nd, "CumSum": _cumulative_sum, "Conv": _conv,
 }

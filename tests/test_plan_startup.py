@@ -48,7 +48,17 @@ def _conv_reshaped_by_shape_arithmetic() -> list:
             helper.make_node("Relu", ["r"], ["y"], name="relu")]
 
 
-@pytest.mark.parametrize("nodes", [_conv_relu, _conv_reshaped_by_shape_arithmetic])
+def _conv_plus_folded_position_code() -> list:
+    """A position code computed from constants, as vision transformers' exporters leave it
+    (edgenext: CumSum over a mask, then a Conv): both folded by passes/reference_kernels.py."""
+    return [helper.make_node("CumSum", ["mask", "axis"], ["rows"], name="cumsum"),
+            helper.make_node("Conv", ["rows", "wp"], ["code"], name="position_conv"),
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Add", ["c", "code"], ["r"], name="add"),
+            helper.make_node("Relu", ["r"], ["y"], name="relu")]
+
+
+@pytest.mark.parametrize("nodes", [_conv_relu, _conv_reshaped_by_shape_arithmetic, _conv_plus_folded_position_code])
 def test_a_float16_plan_imports_nothing_it_does_not_run(save, tmp_path, nodes):
     """All on the NPU: nothing is calibrated, emulated or left to the CPU, and what folds
     folds without onnx.reference."""
@@ -56,6 +66,8 @@ def test_a_float16_plan_imports_nothing_it_does_not_run(save, tmp_path, nodes):
     constants = [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32)),
                  weight("zero", np.array(0, np.int64)), weight("zeros", np.array([0], np.int64))]
     constants += [weight(name, np.array([value], np.int64)) for name, value in (("one", 1), ("two", 2), ("four", 4))]
+    constants += [weight("mask", np.ones((1, 1, 16, 16), np.float32)), weight("axis", np.array(2, np.int32)),
+                  weight("wp", rng.standard_normal((8, 1, 1, 1)).astype(np.float32))]
     path = save(make_model(nodes(), [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16])], constants))
     plan_path = tmp_path / "plan.json"
     finished = subprocess.run([sys.executable, "-c", PROBE_IMPORTS % (NOT_FOR_A_FLOAT16_PLAN,), "plan", str(path),
@@ -65,7 +77,7 @@ def test_a_float16_plan_imports_nothing_it_does_not_run(save, tmp_path, nodes):
     assert report == {"code": 0, "loaded": []}
     devices = {node["name"]: node["device"] for node in json.loads(plan_path.read_text())["nodes"]}
     assert {node.name for node in nodes() if devices[node.name] == "folded"} == (
-        {node.name for node in nodes()} - {"conv", "reshape", "relu"})
+        {node.name for node in nodes()} - {"conv", "reshape", "add", "relu"})
 
 
 EXIT_PROBE = """

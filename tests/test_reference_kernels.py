@@ -12,6 +12,7 @@ from rkcompile.passes import reference_kernels
 
 I64, I32, F32, F16 = np.int64, np.int32, np.float32, np.float16
 BIG = np.iinfo(np.int64).max
+RANDOM = np.random.default_rng(18)
 
 
 def a(values, dtype=I64):
@@ -97,6 +98,27 @@ CASES = [
     ("ReduceMin", [a([[1, 5], [7, 2]])], {"keepdims": 0}, 18),
     ("ReduceMin", [a([[1, 5], [7, 2]], F32), a([0])], {"keepdims": 0}, 18),
     ("ScatterND", [np.zeros((3, 4), F32), a([[1], [0]]), a([[1, 2, 3, 4], [5, 6, 7, 8]], F32)], {}, 17),
+    ("ReduceL2", [a([[3, 4], [6, 8]], F32)], {"axes": [1]}, 13),
+    ("ReduceL2", [a([[3, 4], [6, 8]], F32)], {"keepdims": 0}, 13),
+    ("ReduceL2", [RANDOM.standard_normal((2, 3, 5)).astype(F32), a([-1], I64)], {"keepdims": 0}, 18),
+    ("CumSum", [np.arange(12, dtype=F32).reshape(3, 4) * 0.1, a(1, I32)], {}, 14),
+    ("CumSum", [np.arange(12, dtype=I32).reshape(3, 4), a(-2)], {"reverse": 1}, 14),
+    ("CumSum", [np.arange(12, dtype=F32).reshape(3, 4), a(0, I32)], {"exclusive": 1}, 14),
+    ("CumSum", [np.arange(12, dtype=I64).reshape(2, 6), a(1)], {"exclusive": 1, "reverse": 1}, 14),
+    ("Conv", [RANDOM.standard_normal((1, 3, 7, 6)).astype(F32), RANDOM.standard_normal((4, 3, 3, 3)).astype(F32)],
+     {}, 17),
+    ("Conv", [RANDOM.standard_normal((2, 4, 9, 8)).astype(F32), RANDOM.standard_normal((6, 2, 3, 2)).astype(F32),
+              RANDOM.standard_normal(6).astype(F32)],
+     {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1], "dilations": [2, 3]}, 11),
+    ("Conv", [RANDOM.standard_normal((1, 8, 5, 5)).astype(F32), RANDOM.standard_normal((8, 1, 3, 3)).astype(F32),
+              RANDOM.standard_normal(1).astype(F32)],
+     {"group": 8, "kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "strides": [2, 2]}, 17),
+    ("Conv", [RANDOM.standard_normal((1, 2, 6, 5)).astype(F32), RANDOM.standard_normal((3, 2, 2, 2)).astype(F32)],
+     {"auto_pad": "SAME_UPPER"}, 17),
+    ("Conv", [RANDOM.standard_normal((1, 2, 11)).astype(F32), RANDOM.standard_normal((3, 2, 4)).astype(F32)],
+     {"auto_pad": "VALID", "strides": [3]}, 17),
+    ("Conv", [RANDOM.standard_normal((1, 2, 4, 3, 5)).astype(F32), RANDOM.standard_normal((2, 2, 2, 1, 3)).astype(F32)],
+     {"pads": [0, 1, 1, 1, 0, 1]}, 17),
 ]
 
 #: cases the kernels leave to onnx.reference: mixed input dtypes, a result in another dtype
@@ -110,6 +132,9 @@ DECLINED = [
     ("Reshape", [np.arange(6, dtype=I64), a([3, 2])], {"allowzero": 1}, 13),
     ("Slice", [np.arange(6, dtype=I64)], {"starts": [1], "ends": [3]}, 9),
     ("ReduceMax", [np.zeros((0, 2), F32)], {"axes": [1]}, 13),
+    ("CumSum", [a([1.0, 2.0], F32), a([0])], {}, 14),
+    ("Conv", [a([[1.0, 2.0]], F32), a([[[1.0]]], F32)], {}, 17),
+    ("Conv", [np.ones((1, 3, 4, 4), F32), np.ones((2, 2, 1, 1), F32)], {}, 17),
 ]
 
 
