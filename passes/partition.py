@@ -21,11 +21,11 @@ The estimate is `rkcompile.cost_model` over `cost_estimate.step_work`; nothing h
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Callable
 
 import onnx_graphsurgeon as gs
 
+from rkcompile.records import frozen_dataclass
 from rkcompile import cost_model
 from rkcompile.context import CompileContext, Placement
 from rkcompile.dag import Dag, find_cycle, topological_sort
@@ -238,7 +238,7 @@ class PlacementEstimate:
         return cost_model.RUN_SECONDS + steps + self.conversion_seconds(device)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class IslandMove:
     nodes: tuple[str, ...]
     gain: float

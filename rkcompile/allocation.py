@@ -16,13 +16,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from rkcompile.records import frozen_dataclass
 
-@dataclass(frozen=True)
+
+@frozen_dataclass
 class Buffer:
     """A block of bytes live from step `first` to step `last`, both inclusive."""
 
@@ -31,7 +32,7 @@ class Buffer:
     size: int
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Allocation:
     offsets: dict[str, int]
     arena_bytes: int

@@ -17,11 +17,12 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from .errors import CompileError
 from .plan import Plan, write_atomically
+from .records import frozen_dataclass
 
 PLAN_MEMBER = "plan.json"
 WEIGHTS_MEMBER = "weights.bin"
@@ -29,7 +30,7 @@ CPU_FOLDER = "cpu/"
 REFERENCE_MEMBER = "reference_weights.npz"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Artifact:
     plan: Plan
     #: the weight region's bytes; None for a plan read from a plain JSON file

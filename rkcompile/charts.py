@@ -17,12 +17,12 @@ Every rectangle carries its tensor or step in `data-*` attributes and a <title> 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from html import escape
 
 from . import cost_model
 from .allocation import live_ranges
 from .plan import Plan, Step
+from .records import frozen_dataclass
 from .targets import get_target
 
 #: Fill colours by what a rectangle is; conversions are the host steps between devices.
@@ -38,7 +38,7 @@ TOP = 34         # room for the title
 AXIS = 30        # room for the axis below the plot
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Block:
     """One arena tensor: live over steps [start, stop) (fractions at an in-place hand-over)."""
 
@@ -50,7 +50,7 @@ class Block:
     writer: str  # the device of the step that writes it
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Bar:
     """One interval of the estimated run on one lane; `step` None is the run's fixed cost."""
 

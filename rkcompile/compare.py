@@ -8,13 +8,14 @@ gets a row naming why instead of numbers; the others still plan.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from .context import Options
 from .errors import CompileError
 from .idle_npu import refuse_idle_npu
 from .plan import Plan
+from .records import frozen_dataclass
 from .summary import placed_counts
 from .targets import all_targets, get_target
 from .targets.model import Target
@@ -23,7 +24,7 @@ from .targets.model import Target
 ALL = "all"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Row:
     target: str
     npu_percent: float | None = None   # NPU ops among the placed ops, as the summary's "NPU ops" line

@@ -14,13 +14,14 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from .plan import Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite, TensorPlacement
+from .records import frozen_dataclass
 from .targets.model import Target
 
 
 VERIFY_PASSES_VARIABLE = "RKCOMPILE_VERIFY_PASSES"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Options:
     dtype: str = "float16"
     batch: int = 1
@@ -46,7 +47,7 @@ class Options:
     verify_passes: bool = field(default_factory=lambda: os.environ.get(VERIFY_PASSES_VARIABLE, "0") not in ("", "0"))
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Failure:
     """One rule a node broke: the rendered rule text and the value that broke it."""
 
@@ -58,14 +59,14 @@ class Failure:
         return f"{rule} (seen: {self.detail})" if self.detail else rule
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Placement:
     device: str
     kernel: str
     reason: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class RewriteAttempt:
     """One rewrite rule tried on a node: what `plan --explain` lists. `outcome` is 'applied', or
     why the rule declined or why its candidates could not be made legal."""

@@ -25,16 +25,17 @@ that fails a later check (two consumers, a cycle) and take the next.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from .ir import FUSED_DOMAIN, is_onnx_domain
+from .records import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Match:
     """What a pattern bound: labelled tensors and nodes, and the member nodes, root first."""
 
@@ -66,7 +67,7 @@ class Pattern:
         return None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Any(Pattern):
     label: str | None = None
 
@@ -78,7 +79,7 @@ class Any(Pattern):
             yield found
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Const(Pattern):
     """A constant; with `value`, a single-element constant equal to it (to float16 precision,
     since exporters write e.g. 1/6 and sqrt(2) as rounded float32)."""
@@ -96,7 +97,7 @@ class Const(Pattern):
         yield from Any(self.label).match(tensor, found)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Op(Pattern):
     ops: tuple[str, ...]
     inputs: tuple[Pattern, ...] = ()
@@ -140,7 +141,7 @@ class Op(Pattern):
             yield from _match_all(order, node.inputs, found)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Chain(Pattern):
     """`terms` combined by `op` in any order and grouping (see the module docstring). The root
     node gets `label`. A chain of n terms is n - 1 member nodes; a term may itself be a
@@ -188,7 +189,7 @@ def _match_all(patterns, tensors, found: Match) -> Iterator[Match]:
         yield from _match_all(patterns[1:], tensors[1:], partial)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Alt(Pattern):
     options: tuple[Pattern, ...]
 

@@ -18,12 +18,12 @@ On RK3588, B is split along K into segments of at most 8192 rows, on RK3576/RV11
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from rkcompile.records import frozen_dataclass
 
-@dataclass(frozen=True)
+
+@frozen_dataclass
 class NativeLayout:
     """Block sizes of the native layouts for one platform and one input dtype."""
 

@@ -4,14 +4,14 @@ Built from the plan alone (a fresh compile, or a saved .rkplan or plan JSON file
 `graphviz.py` and `html_report.py` draw what the plan says and never look at the compiler."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from .plan import NodeEntry, Plan, Step
+from .records import frozen_dataclass
 
 DEVICE_COLOURS = {"npu": "#b7e4c7", "cpu": "#ffd6a5", "host": "#dee2e6"}
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class NodeView:
     name: str
     op: str
@@ -24,7 +24,7 @@ class NodeView:
     reason: str | None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PartitionView:
     id: int
     device: str
@@ -32,7 +32,7 @@ class PartitionView:
     feeds: tuple[int, ...]          # partitions that read what this one writes
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PlanView:
     model: str
     target: str

@@ -10,12 +10,13 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import CompileError
+from .records import frozen_dataclass
 
 
 PLAN_SCHEMA = "rkcompile.plan/2"
@@ -31,14 +32,14 @@ FUSED_DOMAIN = "rkcompile"
 QUANTIZED_DTYPES = ("int8",)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ModelInfo:
     path: str
     sha256: str
@@ -54,7 +55,7 @@ class ModelInfo:
         return {**self.domain_opsets, "": self.opset}
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class NodeEntry:
     name: str
     op: str
@@ -66,7 +67,7 @@ class NodeEntry:
     rules: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Operation:
     """The ONNX node a step runs, as the kernel reads it: op type and domain, attributes, the
     tensors it reads ('' for an omitted optional input) with their ONNX dtypes, and those it
@@ -90,7 +91,7 @@ class Operation:
         return self.domain == FUSED_DOMAIN and "body" in self.attributes
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Step:
     id: int
     device: str
@@ -109,7 +110,7 @@ class Step:
     cpu_backend: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TensorPlacement:
     shape: tuple[int, ...]
     dtype: str
@@ -122,7 +123,7 @@ class TensorPlacement:
     reuses: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Quantization:
     """How an integer-stored tensor maps to real values: real = (q - zero_point) * scale.
 
@@ -144,7 +145,7 @@ class Quantization:
     warning: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Int8Technique:
     """An accuracy technique an int8 plan applied (docs/quantization.md): `name` is
     "equalization" (cross-layer, `applied` lists the Conv step pairs), "bias_correction"
@@ -159,14 +160,14 @@ class Int8Technique:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Partition:
     id: int
     device: str
     steps: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Memory:
     arena_bytes: int
     lower_bound_bytes: int
@@ -175,7 +176,7 @@ class Memory:
     alignment: int = 1
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class IoSlice:
     """Where one image of a model input or output sits in the batched buffer: the queried
     size is `batch` times one image's, and image i starts at i * size / batch (seed 004)."""
@@ -186,7 +187,7 @@ class IoSlice:
     bytes: int
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class BatchContext:
     """One inference context of a multi-batch plan (seed 004: the first plus its duplicates,
     weights shared), the core it runs on, the images it takes and where they are."""
@@ -198,7 +199,7 @@ class BatchContext:
     outputs: tuple[IoSlice, ...]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class SplitPart:
     core: int
     start: int
@@ -207,7 +208,7 @@ class SplitPart:
     est_ms: float = 0.0
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StepSplit:
     """A step divided across cores within one input: each core computes [start, stop) of the
     step's output along `axis` ("C" output channels, "H" rows), allowed by `kernel`."""
@@ -218,7 +219,7 @@ class StepSplit:
     parts: tuple[SplitPart, ...]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CoreTimeline:
     """One NPU core: the steps it runs (for every image its context takes), its estimated busy
     time and the share of the batch latency that is."""
@@ -229,7 +230,7 @@ class CoreTimeline:
     utilisation: float
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Multicore:
     cores: int
     batch: int
@@ -252,7 +253,7 @@ class Multicore:
         })
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Rewrite:
     """One applied legalizing rewrite: `rule` replaced the original nodes `nodes` by the nodes
     `into` (names as in --dump-after graphs) of ONNX ops `ops`; both empty for a removed relabel."""
@@ -263,7 +264,7 @@ class Rewrite:
     ops: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Plan:
     target: str
     dtype: str

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rkcompile.records import frozen_dataclass
+
 GOLDEN_SCHEMA = "rkcompile.zoo-golden/1"
 DEFAULT_ARENA_TOLERANCE = 0.02
 DEFAULT_MIN_COSINE = 0.9999
@@ -35,7 +37,7 @@ COSINE_DECIMALS = 6
 _SEEN = re.compile(r" \(seen: [^;]*\)")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Job:
     model: Path
     name: str

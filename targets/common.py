@@ -9,11 +9,12 @@ win over the oplist, and the rule cites the seed instead.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Iterable, Mapping
 
 from . import constraints as c
 from .model import OpRule, Performance, Rule, Target
+from rkcompile.records import frozen_dataclass
 from .transpose import FULL_TABLE, NARROW
 
 #: ONNX op -> (oplist kernel, inputs that carry integer indices rather than data)
@@ -98,7 +99,7 @@ SEED_001_KERNELS = ("Sigmoid", "Tanh", "Softplus", "HardSigmoid", "HardSwish", "
                     "exMish", "exGelu", "Sin", "Cos", "Where", "exConvStreaming", "exGlu",
                     "exMatMul", "exNorm", "exSDPAttention", "exWindow")
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Figures:
     """The per-op numbers that differ between platforms; the defaults are RK3588's oplist."""
 
@@ -113,7 +114,7 @@ class Figures:
     hardmax_volume: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Sources:
     """Which document each kernel's constraints come from on one platform."""
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Mapping
+
+from rkcompile.records import frozen_dataclass
 
 CheckResult = tuple[bool, str]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Rule:
     check: Callable[..., CheckResult]
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -65,7 +67,7 @@ def _parameter_names(check: Callable[..., CheckResult]) -> frozenset[str]:
     return frozenset(inspect.signature(check).parameters)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class OpRule:
     """How one ONNX op type runs on the NPU of one target."""
 
@@ -74,7 +76,7 @@ class OpRule:
     multi_core: bool = False
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CpuFigures:
     """The CPU complex that runs the plan's CPU-fallback steps and host conversions, as the SoC
     datasheet gives it: the cores (a fallback step runs on one thread of the fastest cluster),
@@ -89,7 +91,7 @@ class CpuFigures:
     source: str
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Performance:
     """The published figures the cost model (rkcompile/cost_model.py) times steps with:
     marketed int8 TOPS over all NPU cores and the DDR's theoretical bandwidth, with where each
@@ -101,7 +103,7 @@ class Performance:
     cpu: CpuFigures
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Target:
     name: str
     aliases: tuple[str, ...]

@@ -11,7 +11,6 @@ around; limits come from the target's own rules (`Target.rule_parameter`), never
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Generator
 
 import numpy as np
@@ -19,6 +18,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.graph_edit import detach
 from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
 from ..legalize import check_node
@@ -30,7 +30,7 @@ RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 Candidates = Generator["Replacement", None, "str | None"]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Replacement:
     """`old` nodes leave the graph, `new` nodes take their place; consumers of each tensor in
     `aliases`' first position read the second instead (a removed relabel)."""
@@ -116,7 +116,7 @@ class Builder:
         return Replacement(old or (self.node,), tuple(self.nodes), tuple(aliases))
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class RewriteRule:
     """`build` yields candidate replacements for a node of one of `ops` and returns why it
     declines. An `always` rule fires even when the node is legal as it stands, because its

@@ -11,7 +11,6 @@ through `Target.rule_parameter`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -19,9 +18,10 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
 from .base import Builder, Candidates, RewriteRule, Site
+from rkcompile.records import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ConvLimits:
     kernel: int
     depthwise_kernel: int
@@ -34,7 +34,7 @@ def conv_limits(site: Site) -> ConvLimits | None:
     return None if None in values else ConvLimits(*values)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ConvGeometry:
     """A 2-D Conv's input and output shapes and its window, pads as [top, left, bottom, right]."""
 

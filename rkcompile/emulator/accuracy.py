@@ -14,7 +14,7 @@ its cosine is the error the step itself adds, whatever came before it.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Mapping
 
 import numpy as np
@@ -25,11 +25,12 @@ from rkcompile.targets import get_target
 from .compare import agreement
 from .executor import Execution, Executor
 from .float_reference import FloatReference
+from rkcompile.records import frozen_dataclass
 from .session import Prepared, emulate
 from .storage import EmulationError
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StepAccuracy:
     step: int
     device: str

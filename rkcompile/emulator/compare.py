@@ -5,13 +5,15 @@ Max relative error is max|a - b| / max|b|, relative to the output's range rather
 element-wise, so outputs that cross zero do not report infinities."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Mapping
 
 import numpy as np
 
+from rkcompile.records import frozen_dataclass
 
-@dataclass(frozen=True)
+
+@frozen_dataclass
 class Agreement:
     output: str
     cosine: float

@@ -24,7 +24,6 @@ to the int32 range).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -33,6 +32,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.nodes import fused_body
 from rkcompile.plan import Quantization
 from rkcompile.quantize import INT8, INT32, dequantize, quantize
+from rkcompile.records import frozen_dataclass
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from .fused import run_fused
@@ -43,7 +43,7 @@ from .registry import KERNELS, Unsupported
 MULTIPLIER_BITS = 31
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class QTensor:
     values: np.ndarray
     quant: Quantization
@@ -73,7 +73,7 @@ class QTensor:
         return scales.reshape(shape)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Accumulator:
     """An exact integer result and its real scale: real = values * scale."""
 
