@@ -158,16 +158,6 @@ def _shared_weights(first: gs.Node, second: gs.Node, weight_readers: dict[str, i
     return None
 
 
-def _input_channel_index(weight_shape: tuple[int, ...], channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each input channel c of a grouped Conv, the output channels that read it and c's
-    position within its group: weight[outputs, position] are the taps of channel c."""
-    out_channels, per_group = weight_shape[0], weight_shape[1]
-    groups = channels // per_group
-    outputs_per_group = out_channels // groups
-    c = np.arange(channels)
-    return c // per_group * outputs_per_group, c % per_group  # first output of c's group, position
-
-
 def equalize(found: Equalization) -> None:
     """Scale each pair in place (weights of both Convs, the first's bias) until settled."""
     for sweep in range(1, SWEEPS + 1):
@@ -179,18 +169,19 @@ def equalize(found: Equalization) -> None:
             w1 = np.array(pair.first.inputs[1].values, np.float64)
             w2 = np.array(pair.second.inputs[1].values, np.float64)
             channels = w1.shape[0]
-            first_output, position = _input_channel_index(w2.shape, channels)
-            per_group = w2.shape[0] // (channels // w2.shape[1])
+            # the second Conv's weights as [group, output of the group, input of the group, tap]:
+            # channel c is input c % inputs of group c // inputs, read by all that group's outputs
+            inputs = w2.shape[1]
+            groups = channels // inputs
+            by_channel = w2.reshape(groups, w2.shape[0] // groups, inputs, -1)
             r1 = np.abs(w1.reshape(channels, -1)).max(axis=1)
-            taps = np.stack([np.abs(w2[first_output[c]:first_output[c] + per_group, position[c]]).max()
-                             for c in range(channels)])
+            taps = np.abs(by_channel).max(axis=(1, 3)).reshape(channels)
             scale = np.ones(channels)
             usable = (r1 > 0) & (taps > 0)
             scale[usable] = np.sqrt(r1[usable] / taps[usable])
             largest = max(largest, float(np.abs(np.log(scale)).max(initial=0)))
             w1 = w1 / scale.reshape((-1,) + (1,) * (w1.ndim - 1))
-            for c in range(channels):
-                w2[first_output[c]:first_output[c] + per_group, position[c]] *= scale[c]
+            w2 = (by_channel * scale.reshape(groups, 1, inputs, 1)).reshape(w2.shape)
             set_constant(pair.first_step, pair.first.inputs[1].name, w1.astype(np.float32))
             set_constant(pair.second_step, pair.second.inputs[1].name, w2.astype(np.float32))
             if len(pair.first.inputs) > 2 and pair.first.inputs[2].name:

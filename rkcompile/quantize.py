@@ -414,10 +414,21 @@ def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_ST
     low, high = min(low, 0.0), max(high, 0.0)
     peak = max(-low, high)
     best, best_error = (low, high), np.inf
+    rounded = np.empty_like(values)
     for threshold in peak * np.arange(steps, 0, -1) / steps:
         candidate = (max(low, -threshold), min(high, threshold))
         quant = activation_params(*candidate, "mmse")
-        error = float(np.mean((dequantize(quantize(values, quant), quant) - values) ** 2))
+        # dequantize(quantize(values, quant), quant) in place: the same float64 operations (the
+        # int8 round trip of quantize's integers in [-128, 127] is exact, so it is left out)
+        scale, zero = np.float64(quant.scales[0]), np.float64(quant.zero_points[0])
+        np.divide(values, scale, out=rounded)
+        np.rint(rounded, out=rounded)
+        rounded += zero
+        np.clip(rounded, *INT8, out=rounded)
+        rounded -= zero
+        rounded *= scale
+        error = rounded.astype(np.float32) - values
+        error = float(np.mean(np.square(error, out=error)))
         if error < best_error:
             best, best_error = candidate, error
     return best
@@ -442,10 +453,15 @@ def weight_params(values: np.ndarray, per_channel: bool) -> Quantization:
     One scale for the tensor otherwise (`constant_params`)."""
     values = np.asarray(values, np.float64)
     if per_channel and values.ndim >= 2:
+        # activation_params' arithmetic on every channel at once (a float64 operation per
+        # element is the same operation on Python floats): the same parameters, without a call
+        # per channel (35,000 of them for mobilenet_v2, whose int8 plan computed them twice)
         rows = values.reshape(values.shape[0], -1)
-        channels = [activation_params(float(row.min()), float(row.max()), "weights") for row in rows]
-        return Quantization("int8", tuple(q.scales[0] for q in channels), tuple(q.zero_points[0] for q in channels),
-                            0, "weights")
+        low, high = np.minimum(rows.min(axis=1), 0.0), np.maximum(rows.max(axis=1), 0.0)
+        span = high - low
+        scales = np.where(span > 0, span / (INT8[1] - INT8[0]), 1.0)
+        zero_points = np.clip(np.rint(INT8[0] - low / scales), *INT8)
+        return Quantization("int8", tuple(scales.tolist()), tuple(int(z) for z in zero_points), 0, "weights")
     return constant_params(values)
 
 

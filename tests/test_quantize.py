@@ -89,6 +89,25 @@ def test_activation_params_cover_the_range_and_hold_zero_exactly():
     assert relu.zero_points == (-128,) and relu.scales[0] == pytest.approx(6 / 255)
 
 
+def test_per_channel_weight_parameters_are_each_channels_activation_parameters_exactly():
+    """weight_params computes every channel at once: the same floats and ints as
+    activation_params on each channel's min and max, over ranges 1e-6 to 100 wide, one-signed
+    channels and all-zero ones (signed zeros too)."""
+    generator = np.random.default_rng(5)
+    for shape in [(64, 3, 3, 3), (5, 1, 1, 1), (7, 4)]:
+        magnitudes = 10.0 ** generator.integers(-6, 3, size=(shape[0],) + (1,) * (len(shape) - 1))
+        base = generator.standard_normal(shape) * magnitudes
+        zeros = base.copy()
+        zeros[0], zeros[1] = 0.0, -0.0
+        for values in (base, np.abs(base), -np.abs(base), zeros):
+            quant = weight_params(values, per_channel=True)
+            channels = [activation_params(float(row.min()), float(row.max()), "weights")
+                        for row in values.reshape(shape[0], -1)]
+            assert quant.scales == tuple(q.scales[0] for q in channels)
+            assert quant.zero_points == tuple(q.zero_points[0] for q in channels)
+            assert {type(s) for s in quant.scales} == {float} and {type(z) for z in quant.zero_points} == {int}
+
+
 def test_conv_weights_are_asymmetric_per_channel_and_other_constants_symmetric_per_layer():
     values = np.stack([np.full((2, 3, 3), 0.5), np.full((2, 3, 3), -2.0)]).astype(np.float32)
     values[0, 0, 0, 0] = -0.25
@@ -162,6 +181,25 @@ def test_mmse_clips_a_tail_that_costs_the_bulk_more_than_it_gains():
 def test_mmse_keeps_a_far_outlier_whose_clipping_error_would_dominate():
     values = np.concatenate([rng.standard_normal(50_000), [80.0]])
     assert mmse_range(values, values.min(), 80.0)[1] > 70.0
+
+
+def test_mmse_search_is_the_least_squared_error_of_quantize_then_dequantize():
+    """mmse_range computes the round trip in place; the clip it keeps is the one the plain
+    expression, dequantize(quantize(values)), finds, on two- and one-signed and integer values."""
+    generator = np.random.default_rng(11)
+    for kind in range(8):
+        values = generator.standard_normal(int(generator.integers(1, 20_000))) ** (1 + kind % 3)
+        values = (values * 10.0 ** generator.integers(-3, 3)).astype(np.float32)
+        values = {3: np.abs(values), 4: -np.abs(values), 5: np.round(values)}.get(kind, values)
+        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+        best, best_error = None, np.inf
+        for threshold in max(-low, high) * np.arange(100, 0, -1) / 100:
+            candidate = (max(low, -threshold), min(high, threshold))
+            quant = activation_params(*candidate, "mmse")
+            error = float(np.mean((dequantize(quantize(values, quant), quant) - values.astype(np.float64)) ** 2))
+            if error < best_error:
+                best, best_error = candidate, error
+        assert mmse_range(values, float(values.min()), float(values.max())) == best
 
 
 def test_mmse_keeps_the_range_of_a_uniform_distribution():
