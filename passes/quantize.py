@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext
+from rkcompile.context import CHOOSE, PREFERRED_INT8, CompileContext, settings_label
 from rkcompile.errors import CompileError
 from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
@@ -46,6 +46,7 @@ def run(ctx: CompileContext) -> None:
     ctx.quantization = {}
     if ctx.options.dtype not in QUANTIZED_DTYPES:
         return
+    _settle_unchosen(ctx)
     nodes = {node.name: node for node in ctx.graph.nodes}
     ordered = [nodes[name] for name in ctx.order]
     devices = [ctx.placement[name].device for name in ctx.order]
@@ -68,12 +69,40 @@ def run(ctx: CompileContext) -> None:
             if device == "npu" and is_movement(node) and source in quantization:
                 quantization[tensor.name] = replace(quantization[source], source=f"shared:{source}")
             else:
-                quantization[tensor.name] = activation_params(*ranges[tensor.name].range(),
-                                                              ctx.options.calibration_method)
+                quantization[tensor.name] = activation_params(*ranges[tensor.name], ctx.options.calibration_method)
     _share_concat_parameters(ordered, devices, quantization, {t.name for t in ctx.graph.outputs})
     _quantize_weights(ctx, ordered, devices, quantization)
     _warn_of_drowned_operands(ordered, devices, ranges, quantization)
     ctx.quantization = quantization
+
+
+def _settle_unchosen(ctx: CompileContext) -> None:
+    """The int8 settings still left to choose here take their preferred values, and the plan says
+    so. rkcompile.compile and the command line choose them before this pass
+    (rkcompile/int8_choice.py); `pipeline.compile_model` alone plans without searching."""
+    unchosen = {name: value for name, value in PREFERRED_INT8.items() if getattr(ctx.options, name) == CHOOSE}
+    if not unchosen:
+        return
+    ctx.options = replace(ctx.options, **unchosen)
+    ctx.int8_techniques.append(Int8Technique(
+        "int8_settings", (settings_label(ctx.options),), (),
+        f"{settings_label(ctx.options)}; {', '.join(name.replace('_', ' ') for name in unchosen)} at the preferred "
+        f"value, not searched (planned without the choice: pipeline.compile_model)"))
+
+
+def idle_techniques(ctx: CompileContext) -> set[str]:
+    """The int8 techniques that would change nothing in the graph this pass receives: equalization
+    without a Conv pair to equalize, bias correction without a Conv whose bias it corrects
+    (float16 islands only remove candidates). rkcompile/int8_choice.py does not search them."""
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    ordered = [nodes[name] for name in ctx.order]
+    devices = [ctx.placement[name].device for name in ctx.order]
+    idle = set()
+    if not find_pairs(ordered, devices, {t.name for t in ctx.graph.outputs}).pairs:
+        idle.add("equalization")
+    if not _bias_correction_candidates(ctx, ordered, devices).convs:
+        idle.add("bias_correction")
+    return idle
 
 
 def _share_concat_parameters(ordered: list[gs.Node], devices: list[str], quantization: dict[str, Quantization],
@@ -124,11 +153,13 @@ def _is_quantized(ctx: CompileContext, name: str) -> bool:
 
 
 def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
-               weight_errors: WeightErrorMeans | None = None) -> dict[str, RangeObserver]:
+               weight_errors: WeightErrorMeans | None = None) -> dict[str, tuple[float, float]]:
+    """Each int8 activation's calibrated [low, high] by the options' method."""
     options = ctx.options
+    method = options.calibration_method
     wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
-    if _reuse_calibration(ctx.calibration, wanted, weight_errors):
-        return {name: ctx.calibration.observers[name] for name in wanted}
+    if _reuse_calibration(ctx.calibration, wanted, weight_errors, method, options.equalization):
+        return {name: ctx.calibration.observers[name].range(method) for name in wanted}
     samples = calibration_samples(options.calibration, ctx.model_info.inputs,
                                   ImagePreprocessing(options.mean_values, options.std_values, options.channel_order))
     observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
@@ -143,30 +174,37 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
 
     observed = wanted | set(weight_errors.by_input if weight_errors is not None else ())
     reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs], observed)
-    method = ctx.options.calibration_method
     for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
         reference.run(sample, observe)
     if method != "minmax":  # the distribution methods search each tensor's clip once, here
         for observer in bar(observers.values(), description=f"int8 calibration: {method} ranges", unit="tensor"):
             observer.range()
-    ctx.calibration = Calibration(observers, weight_errors)
-    return observers
+    ctx.calibration = Calibration(observers, weight_errors, options.equalization)
+    return {name: observer.range() for name, observer in observers.items()}
 
 
 @dataclass(frozen=True)
 class Calibration:
     """What one calibration run observed: each int8 tensor's range and, with bias correction,
-    each Conv's mean weight-error shift."""
+    each Conv's mean weight-error shift; `equalized`: on the equalized graph."""
     observers: dict[str, RangeObserver]
     weight_errors: WeightErrorMeans | None
+    equalized: bool = False
 
 
-def _reuse_calibration(earlier: Calibration | None, wanted: set[str], weight_errors: WeightErrorMeans | None) -> bool:
-    """--auto-float16 plans one graph with many sets of float16 tensors. The float32 run does not
-    depend on which tensors are float16, so an earlier run of the same graph that observed every
-    tensor and Conv this plan needs (the plan without those float16 tensors) serves it: its
-    shifts are copied into `weight_errors` and True is returned; otherwise False."""
-    if earlier is None or not wanted <= earlier.observers.keys():
+def _reuse_calibration(earlier: Calibration | None, wanted: set[str], weight_errors: WeightErrorMeans | None,
+                       method: str, equalized: bool) -> bool:
+    """--auto-float16 and the choice of int8 settings plan one graph many times. The float32 run
+    depends neither on which tensors are float16, nor on the range method (an observer that kept
+    the values for mmse has the min and max too), nor on bias correction (the biases are
+    corrected after it), only on equalization (it changes the weights). So an earlier run of the
+    same graph, equalized alike, whose observers answer `method` and that observed every tensor
+    and Conv this plan needs (the plan without those float16 tensors, with bias correction
+    when this plan has it) serves it: its shifts are copied into `weight_errors` and True is
+    returned; otherwise False."""
+    if earlier is None or earlier.equalized != equalized or not wanted <= earlier.observers.keys():
+        return False
+    if not all(earlier.observers[name].answers(method) for name in wanted):
         return False
     if weight_errors is not None:
         if earlier.weight_errors is None or not weight_errors.convs.keys() <= earlier.weight_errors.convs.keys():
@@ -240,7 +278,7 @@ def _correct_biases(ctx: CompileContext, weight_errors: WeightErrorMeans) -> Non
         f"{len(corrected)} Conv biases corrected for their int8 weights' mean output shift"))
 
 
-def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges: dict[str, RangeObserver],
+def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges: dict[str, tuple[float, float]],
                               quantization: dict[str, Quantization]) -> None:
     """A Concat's operands share its one per-layer scale: an operand whose calibrated range spans
     only a few of its steps arrives as a few integers, or all zero. YOLOv8's output is the case
@@ -255,7 +293,7 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges
         drowned = []
         for tensor in node.inputs:
             if tensor.name in ranges and not isinstance(tensor, gs.Constant):
-                low, high = ranges[tensor.name].range()
+                low, high = ranges[tensor.name]
                 if high - low < DROWNED_LEVELS * step:
                     drowned.append(f"{tensor.name} (range [{low:.3g}, {high:.3g}]: {(high - low) / step:.1f} steps)")
         if drowned:

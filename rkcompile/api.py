@@ -106,7 +106,7 @@ class Plan:
 def compile(model: str | Path, target: str = "rk3588", options: Options | None = None, **kwargs: Any) -> Plan:
     """Plan `model` for `target`. Options come as an `Options` or as its fields by keyword
     (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
-    from .auto_float16 import compile_with_choice
+    from .int8_choice import compile_with_choice
 
     return plan_of(*compile_with_choice(model, target, _options(options, kwargs), plan_of))
 

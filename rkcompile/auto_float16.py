@@ -27,19 +27,19 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .collector import cyclic_collector_paused
-from .context import CompileContext, Options
+from .context import INT8_SETTINGS, CompileContext, Options
 from .cost_model import StepWork, hardware_for, step_seconds
 from .emulator import agreement
 from .emulator.accuracy import analyse
 from .emulator.float_reference import FloatReference
 from .emulator.session import emulate
-from .errors import CompileError
-from .pipeline import PASS_NAMES, PASSES, assemble_plan, compile_model, run_passes
+from .passes.quantize import idle_techniques
+from .pipeline import PASS_NAMES, PASSES, assemble_plan, run_passes
 from .plan import Int8Technique, Plan as PlanRecord
 from .quantize import ImagePreprocessing, calibration_samples, dequantize, quantize
 from .targets import get_target
@@ -81,44 +81,54 @@ def candidates(record: PlanRecord) -> list[str]:
 
 
 class Planner:
-    """Plans one model again and again with different float16 tensors. Which tensors are float16
-    changes only the quantize pass and the passes after it, so the passes before it run once and
-    each plan starts from a copy of the graph quantize receives; and the quantize pass's float32
-    calibration run does not depend on them either, so the first plan's (the user's float16
-    tensors only: every later plan's int8 tensors are among its) serves every later one
-    (passes/quantize.py `Calibration`)."""
+    """Plans one model again and again with different float16 tensors or int8 settings. Neither
+    changes the passes before quantize, so those run once and each plan starts from a copy of
+    the graph quantize receives; and the quantize pass's float32 calibration run depends only on
+    equalization among them (passes/quantize.py `_reuse_calibration`), so the first plan's per
+    equalization setting (the first without extra float16 tensors: every later plan's int8
+    tensors are among its) serves every later one. `options` holds the settings a plan not
+    given its own uses."""
 
     def __init__(self, model, target: str, options: Options):
         self.options = dataclasses.replace(options, auto_float16=None)
         self.before_quantize = CompileContext(model_path=Path(model), target=get_target(target), options=self.options)
         with cyclic_collector_paused():
             run_passes(self.before_quantize, PASSES[:QUANTIZE_AT])
-        self.calibration = None
+        self.calibrations: dict[bool, Any] = {}  # equalization -> the quantize pass's `Calibration`
 
     @property
     def inputs(self):
         return self.before_quantize.model_info.inputs
 
-    def __call__(self, tensors: Sequence[str]) -> tuple[PlanRecord, CompileContext]:
+    def idle_techniques(self) -> set[str]:
+        """The int8 techniques that would change nothing in this model's plans (passes/quantize.py)."""
+        return idle_techniques(self.before_quantize)
+
+    def __call__(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None,
+                 ) -> tuple[PlanRecord, CompileContext]:
+        """The plan with `tensors` in float16 too, under `settings` (Options fields) if given."""
         start = self.before_quantize
+        options = dataclasses.replace(
+            self.options, float16_tensors=tuple(dict.fromkeys((*self.options.float16_tensors, *tensors))),
+            **(settings or {}))
         with cyclic_collector_paused():
             # gs.Graph has its own copy (deepcopy trips over its attribute lookup); the copy's
             # constants share their arrays, which the quantize pass replaces and never writes to
             ctx = copy.deepcopy(start, {id(start.target): start.target, id(start.graph): start.graph.copy()})
-            ctx.options = dataclasses.replace(
-                self.options, float16_tensors=tuple(dict.fromkeys((*self.options.float16_tensors, *tensors))))
-            ctx.calibration = self.calibration
+            ctx.options = options
+            ctx.calibration = self.calibrations.get(options.equalization)
             run_passes(ctx, PASSES[QUANTIZE_AT:])
             record = assemble_plan(ctx)
-        if self.calibration is None and not tensors:
-            self.calibration = ctx.calibration
+        if not tensors:
+            self.calibrations[options.equalization] = ctx.calibration
         return record, ctx
 
 
 class Judge:
-    """Plans a set of float16 tensors and measures its worst output cosine over the calibration
-    samples against the float32 planned graph (computed once: float16 choices do not change it).
-    Keeps each set's cosine and only the latest plan (a plan holds the model's weights).
+    """Plans a set of float16 tensors (under given int8 settings, or the planner's) and measures
+    its worst output cosine over the calibration samples against the float32 planned graph
+    (computed once: neither float16 choices nor int8 settings change it). Keeps each plan's
+    cosine and only the latest plan (a plan holds the model's weights).
 
     Asked whether a set reaches a `goal`, it stops at the first sample below it: the answer is
     the same, and the cosine it keeps is then that sample's, an upper bound of the worst (the
@@ -126,26 +136,28 @@ class Judge:
 
     def __init__(self, planner: Planner, make_plan: MakePlan, samples: list[dict[str, np.ndarray]]):
         self.planner, self.make_plan, self.samples = planner, make_plan, samples
+        self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
         self.plans_judged = 0
-        self.cosines: dict[frozenset, tuple[float, bool]] = {}  # set -> cosine, whether every sample ran
-        self.latest: tuple[frozenset, Any, CompileContext] | None = None
+        self.cosines: dict[tuple, tuple[float, bool]] = {}  # plan's key -> cosine, whether every sample ran
+        self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.expected: list[dict[str, np.ndarray]] | None = None
 
-    def planned(self, tensors: Sequence[str]) -> tuple[Any, CompileContext]:
-        """The plan (rkcompile.api.Plan) with `tensors` in float16, and its compile context."""
-        key = frozenset(tensors)
+    def planned(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple[Any, CompileContext]:
+        """The plan (rkcompile.api.Plan) with `tensors` in float16 under `settings`, and its compile context."""
+        key = self.key(tensors, settings)
         if self.latest is None or self.latest[0] != key:
-            record, ctx = self.planner(tensors)
+            record, ctx = self.planner(tensors, settings)
             self.latest = (key, self.make_plan(record, ctx), ctx)
         return self.latest[1], self.latest[2]
 
-    def __call__(self, tensors: Sequence[str], goal: float | None = None) -> float:
+    def __call__(self, tensors: Sequence[str], goal: float | None = None,
+                 settings: Mapping[str, Any] | None = None) -> float:
         """The worst cosine over the samples; with `goal`, possibly a larger one below `goal`."""
-        key = frozenset(tensors)
+        key = self.key(tensors, settings)
         known, complete = self.cosines.get(key, (None, False))
         if known is not None and (complete or (goal is not None and known < goal)):
             return known
-        plan, _ = self.planned(tensors)
+        plan, _ = self.planned(tensors, settings)
         self.plans_judged += 1
         if self.expected is None:
             self.expected = [reference_outputs(plan, sample) for sample in self.samples]
@@ -161,6 +173,24 @@ class Judge:
             self.samples, self.expected = [self.samples[i] for i in order], [self.expected[i] for i in order]
         self.cosines[key] = (min(per_sample), complete)
         return min(per_sample)
+
+    def key(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple:
+        """A plan's key: its float16 tensors and the int8 settings it is planned with (`settings`
+        over the planner's), so a plan is judged once however it is named."""
+        settings = settings or {}
+        return frozenset(tensors), tuple(settings.get(name, getattr(self.planner.options, name)) for name in INT8_SETTINGS)
+
+    def complete(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> bool:
+        """Whether the judged plan's cosine is over every sample (not stopped below a goal)."""
+        return self.cosines[self.key(tensors, settings)][1]
+
+
+def judge_for(model, target: str, options: Options, make_plan: MakePlan) -> Judge:
+    """A Judge of plans of `model` with `options`, on its calibration samples."""
+    planner = Planner(model, target, options)
+    samples = calibration_samples(options.calibration, planner.inputs, ImagePreprocessing(
+        options.mean_values, options.std_values, options.channel_order))
+    return Judge(planner, make_plan, samples)
 
 
 def float_reference(plan) -> FloatReference:
@@ -190,13 +220,12 @@ def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray]) -
 
 
 def choose(model, target: str, options: Options, wanted: float, make_plan: MakePlan, strategy: str = "sensitivity",
-           progress: Callable[[str], None] | None = None) -> Search:
-    """The search of `strategy` for `wanted` (see the module docstring)."""
+           progress: Callable[[str], None] | None = None, judge: Judge | None = None) -> Search:
+    """The search of `strategy` for `wanted` (see the module docstring), with the int8 settings
+    of `options` (each given a value), or those `judge`'s planner holds (which then plans)."""
     say = progress or (lambda text: None)
-    planner = Planner(model, target, options)
-    samples = calibration_samples(options.calibration, planner.inputs, ImagePreprocessing(
-        options.mean_values, options.std_values, options.channel_order))
-    judge = Judge(planner, make_plan, samples)
+    judge = judge or judge_for(model, target, options, make_plan)
+    samples = judge.given_samples
     start = judge(())
     int8, _ = judge.planned(())
     pool = candidates(int8.record)
@@ -211,22 +240,6 @@ def choose(model, target: str, options: Options, wanted: float, make_plan: MakeP
                     start_cosine=start, context=ctx)
     search.technique = report(search, int8.record)
     return search
-
-
-def compile_with_choice(model, target: str, options: Options,
-                        make_plan: MakePlan) -> tuple[PlanRecord, CompileContext]:
-    """`pipeline.compile_model`, with --auto-float16 resolved first and reported in the plan:
-    the plan is the search's choice, its float16 tensors added to the user's."""
-    if options.auto_float16 is None:
-        return compile_model(model, target, options)
-    if options.dtype != "int8":
-        raise CompileError("--auto-float16 chooses float16 steps of an int8 plan; add --dtype int8")
-    if not 0 < options.auto_float16 <= 1:
-        raise CompileError(f"--auto-float16 {options.auto_float16}: a cosine in (0, 1]")
-    search = choose(model, target, options, options.auto_float16, make_plan)
-    ctx = search.context
-    ctx.int8_techniques.append(search.technique)
-    return dataclasses.replace(search.plan.record, int8_techniques=tuple(ctx.int8_techniques)), ctx
 
 
 def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:

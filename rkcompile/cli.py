@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import __version__
-from .context import Options
+from .context import CHOOSE, Options
 from .errors import CompileError
 from .idle_npu import refuse_idle_npu
 from .plan import STDOUT, write_atomically
@@ -198,9 +198,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
     parser.add_argument("--channel-order", choices=CHANNEL_ORDERS,
                         help="calibration images: the channel order the model takes (images decode as RGB; BGR "
                              "reverses them, rknn-toolkit2's quant_img_RGB2BGR) (default RGB)")
-    parser.add_argument("--calib-method", default="minmax", choices=CALIBRATION_METHODS,
+    parser.add_argument("--calib-method", choices=(*CALIBRATION_METHODS, CHOOSE),
                         help="int8 activation ranges: min/max, 0.01-99.99 percentiles, KL, or mmse (the clip of "
-                             "least quantization MSE per tensor) (default minmax)")
+                             f"least quantization MSE per tensor); {CHOOSE} (the default): minmax or mmse, "
+                             "whichever judges better on the calibration data (docs/quantization.md)")
     parser.add_argument("--float16", action="append", default=[], metavar="TENSOR",
                         help="int8 hybrid quantization: the NPU step writing TENSOR computes in float16, or, "
                              "for a model input's NPU copy NAME@npu, the input reaches the NPU as float16; repeat "
@@ -211,9 +212,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
                              "cosine when lower); the summary lists them with their estimated cost")
     for flag, what in (("equalization", "cross-layer equalization of Conv -> Conv pairs before calibration"),
                        ("bias-correction", "Conv biases absorb the mean shift of their rounded int8 weights")):
-        default = getattr(Options(), flag.replace("-", "_"))
         parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None,
-                            help=f"int8: {what} (default {'on' if default else 'off'}; docs/quantization.md)")
+                            help=f"int8: {what} (default: on or off, whichever judges better on the calibration "
+                                 f"data; docs/quantization.md)")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
                         help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
@@ -229,14 +230,16 @@ def calibration_options(args: argparse.Namespace) -> dict:
     techniques = {name: value for name, value in (("equalization", args.equalization),
                                                   ("bias_correction", args.bias_correction),
                                                   ("auto_float16", args.auto_float16)) if value is not None}
+    method = {} if args.calib_method is None else {"calibration_method": args.calib_method}
     images = {name: value for name, value in (("mean_values", args.mean_values), ("std_values", args.std_values),
                                               ("channel_order", args.channel_order)) if value is not None}
-    if args.dtype != "int8" and (args.calib is not None or args.calib_method != "minmax" or args.float16
+    # --calib-method minmax was the default once: a float16 plan still takes it
+    if args.dtype != "int8" and (args.calib is not None or args.calib_method not in (None, "minmax") or args.float16
                                  or techniques or images):
         raise CompileError("--calib, --calib-method, --mean-values, --std-values, --channel-order, --float16, "
                            "--auto-float16, --equalization and --bias-correction apply to int8 plans; add --dtype int8")
-    return {"calibration": args.calib, "calibration_method": args.calib_method,
-            "float16_tensors": tuple(args.float16), **techniques, **images,
+    return {"calibration": args.calib,
+            "float16_tensors": tuple(args.float16), **method, **techniques, **images,
             **({"verify_passes": True} if args.verify_passes else {})}
 
 
@@ -304,14 +307,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _compile(model: Path, target: str, options: Options):
     """The plan and its compile context. The modules are imported here, as the plan needs them:
-    only --auto-float16 runs candidate plans on the emulator, and importing the API and the
-    emulator would cost every other plan's process that time for nothing (tools/bench_plan.py)."""
-    if options.auto_float16 is None:
+    only an int8 plan runs candidate plans on the emulator (its settings chosen, --auto-float16),
+    and importing the API and the emulator would cost every other plan's process that time for
+    nothing (tools/bench_plan.py)."""
+    if options.dtype != "int8":
         from .pipeline import compile_model
 
         return compile_model(model, target, options)
     from .api import plan_of
-    from .auto_float16 import compile_with_choice
+    from .int8_choice import compile_with_choice
 
     return compile_with_choice(model, target, options, plan_of)
 
@@ -435,7 +439,7 @@ def _run(args: argparse.Namespace) -> int:
 def planning_flags(args: argparse.Namespace) -> dict[str, object]:
     """The planning flags `run` was given, by flag: a saved artifact was planned with its own."""
     given = {"--dtype": args.dtype, "--batch": args.batch, "--calib": args.calib,
-             "--calib-method": args.calib_method if args.calib_method != "minmax" else None,
+             "--calib-method": args.calib_method,
              "--float16": args.float16 or None, "--input-shape": args.input_shape or None,
              "--equalization": args.equalization, "--bias-correction": args.bias_correction,
              "--auto-float16": args.auto_float16,

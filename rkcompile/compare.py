@@ -62,6 +62,9 @@ def row_of(plan: Plan) -> Row:
 
 
 def compare(model: Path, targets: list[Target], options: Options) -> list[Row]:
+    """One row per target. The int8 settings left to choose are planned at their preferred values
+    instead of searched per target (pipeline.compile_model): they change how tensors are
+    rounded, none of the table's columns."""
     from .pipeline import compile_model
 
     rows = []

@@ -21,6 +21,25 @@ from .targets.model import Target
 VERIFY_PASSES_VARIABLE = "RKCOMPILE_VERIFY_PASSES"
 
 
+#: An int8 setting's value that leaves it to the compiler: chosen per model on the calibration data
+CHOOSE = "auto"
+#: The int8 settings CHOOSE searches, each with its candidates in order of preference: the first
+#: of each is kept when no other candidate judges better (the defaults before they were chosen)
+INT8_SETTINGS: dict[str, tuple] = {"calibration_method": ("minmax", "mmse"),
+                                   "bias_correction": (True, False),
+                                   "equalization": (False, True)}
+#: Each int8 setting's first candidate: what a setting left to choose is planned with unsearched
+PREFERRED_INT8 = {name: candidates[0] for name, candidates in INT8_SETTINGS.items()}
+
+
+def settings_label(settings) -> str:
+    """The int8 settings of `settings` (Options, or a mapping of its fields), as the plan names them."""
+    value = settings.get if isinstance(settings, dict) else lambda name: getattr(settings, name)
+    return ", ".join((value("calibration_method"),
+                      "bias correction" if value("bias_correction") else "no bias correction",
+                      "equalization" if value("equalization") else "no equalization"))
+
+
 @frozen_dataclass
 class Options:
     dtype: str = "float16"
@@ -35,11 +54,12 @@ class Options:
     mean_values: tuple[float, ...] = (0.0,)
     std_values: tuple[float, ...] = (1.0,)
     channel_order: str = "RGB"
-    calibration_method: str = "minmax"  # int8 activation ranges: minmax, percentile, kl or mmse
+    # int8 settings: each a fixed value, or CHOOSE (the default): the candidates of INT8_SETTINGS
+    # are judged on the calibration data and the best kept (rkcompile/int8_choice.py)
+    calibration_method: str = CHOOSE  # int8 activation ranges: minmax, percentile, kl or mmse
     float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
-    # int8 techniques, on by default only where they helped the zoo CNNs (docs/quantization.md)
-    equalization: bool = False  # cross-layer equalization of Conv -> Conv pairs: mixed, off
-    bias_correction: bool = True  # Conv biases absorb their rounded weights' mean shift
+    equalization: bool | str = CHOOSE  # cross-layer equalization of Conv -> Conv pairs
+    bias_correction: bool | str = CHOOSE  # Conv biases absorb their rounded weights' mean shift
     auto_float16: float | None = None  # int8: the fewest float16 steps reaching this cosine (auto_float16.py)
     # `pipeline.verify` after every pass, for tests and debugging (--verify-passes, or
     # RKCOMPILE_VERIFY_PASSES=1 in the environment, which the test suite sets): a broken graph

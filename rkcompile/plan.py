@@ -150,9 +150,11 @@ class Int8Technique:
     """An accuracy technique an int8 plan applied (docs/quantization.md): `name` is
     "equalization" (cross-layer, `applied` lists the Conv step pairs), "bias_correction"
     (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift),
-    "auto_float16" (`applied` lists the tensors it kept in float16) or "float16_softmax_outputs"
-    (`applied` lists the Softmax model outputs computed in float16); `declined` says, per
-    candidate left alone, why; `note` sums up."""
+    "auto_float16" (`applied` lists the tensors it kept in float16), "float16_softmax_outputs"
+    (`applied` lists the Softmax model outputs computed in float16) or "int8_settings" (the int8
+    settings chosen on the calibration data: `applied` the chosen candidate, `declined` each
+    other with its worst calibration cosine); `declined` says, per candidate left alone, why;
+    `note` sums up."""
 
     name: str
     applied: tuple[str, ...] = ()

@@ -353,8 +353,18 @@ class RangeObserver:
         if self.method != "minmax":
             self.kept.append(flat if flat.size <= KEPT_VALUES else self.rng.choice(flat, KEPT_VALUES, replace=False))
 
-    def range(self) -> tuple[float, float]:
-        """The calibrated [low, high]; KL and mmse search for it, so it is kept until the next update."""
+    def answers(self, method: str) -> bool:
+        """Whether `range(method)` can be found from what was observed: its own method, or minmax
+        (every observer keeps the min and max)."""
+        return method in (self.method, "minmax")
+
+    def range(self, method: str | None = None) -> tuple[float, float]:
+        """The calibrated [low, high] by `method` (default: the observer's own; another must be
+        minmax, `answers`). KL and mmse search for it, so it is kept until the next update."""
+        if method is not None and method != self.method:
+            if not self.answers(method):
+                raise ValueError(f"a {self.method} observer keeps no values for {method}")
+            return (0.0, 0.0) if self.low > self.high else (self.low, self.high)
         if self.found is None:
             self.found = self._search()
         return self.found

@@ -176,7 +176,11 @@ def render_summary(plan: Plan) -> str:
         *_multicore_lines(plan),
     ]
     if plan.dtype in QUANTIZED_DTYPES:
-        applied = [f"{t.name.replace('_', ' ')}: {t.note}" for t in plan.int8_techniques]
+        for chosen in (t for t in plan.int8_techniques if t.name == "int8_settings"):
+            lines.append(f"  int8 settings               {chosen.note}")
+            if chosen.declined:
+                lines.append(f"    other candidates: {'; '.join(chosen.declined)}")
+        applied = [f"{t.name.replace('_', ' ')}: {t.note}" for t in plan.int8_techniques if t.name != "int8_settings"]
         lines.append(f"  int8 techniques             {'; '.join(applied) if applied else 'none (calibration only)'}")
         for technique in plan.int8_techniques:
             if technique.name == "auto_float16" and technique.applied:

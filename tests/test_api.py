@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 import rkcompile
+from rkcompile.context import PREFERRED_INT8
 from rkcompile.errors import CompileError
 
 TINY = REPO / "examples" / "tiny_cnn.onnx"
@@ -46,8 +47,8 @@ def test_the_package_exports_the_api():
 
 
 def test_options_as_keywords_or_a_dataclass_agree_and_unknown_ones_are_refused():
-    by_keyword = rkcompile.compile(TINY, "rk3588", dtype="int8", calibration_method="minmax")
-    by_options = rkcompile.compile(TINY, "rk3588", rkcompile.Options(dtype="int8"))
+    by_keyword = rkcompile.compile(TINY, "rk3588", dtype="int8", **PREFERRED_INT8)
+    by_options = rkcompile.compile(TINY, "rk3588", rkcompile.Options(dtype="int8", **PREFERRED_INT8))
     assert by_keyword.to_dict() == by_options.to_dict() and by_keyword.dtype == "int8"
     with pytest.raises(CompileError, match="unknown option 'dtpye'"):
         rkcompile.compile(TINY, "rk3588", dtpye="int8")

@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 import rkcompile
 import rkcompile.errors
 from rkcompile.api import plan_of
+from rkcompile.context import PREFERRED_INT8
 from rkcompile.auto_float16 import STRATEGIES, choose
 from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
@@ -88,9 +89,10 @@ def _constants(plan, float_reference: bool = False) -> dict[str, np.ndarray]:
 
 def test_equalization_is_exact_in_float_and_evens_the_pairs(chain, tmp_path):
     calibration = _calibration(tmp_path)
-    plain = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, bias_correction=False)
-    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, equalization=True,
-                             bias_correction=False)
+    plain = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, calibration_method="minmax",
+                              equalization=False, bias_correction=False)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, calibration_method="minmax",
+                             equalization=True, bias_correction=False)
     technique = _technique(plan, "equalization")
     assert len(technique.applied) == 2, technique
     assert any("Clip (ReLU6)" in reason for reason in technique.declined), technique.declined
@@ -134,7 +136,7 @@ def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
 
 def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_path):
     calibration = _calibration(tmp_path)
-    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration)  # on by default
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, **PREFERRED_INT8)  # on
     technique = _technique(plan, "bias_correction")
     assert len(technique.applied) == 4
     planned = _constants(plan)
@@ -179,7 +181,7 @@ def test_bias_correction_gives_each_reader_of_a_shared_bias_its_own_correction(t
     samples = [(rng.uniform(0, 1, (1, 3, 16, 16)) + [[[[0.5]], [[1.0]], [[2.0]]]]).astype(np.float32)
                for _ in range(3)]
     calibration = _calibration_folder(tmp_path, samples)
-    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration, **PREFERRED_INT8)
     assert len(_technique(plan, "bias_correction").applied) == 2
     first = gs.Node("Conv", "first", attrs={"pads": [1, 1, 1, 1]})  # both Convs' geometry
     first_inputs = samples
@@ -208,7 +210,7 @@ def test_bias_correction_gives_each_reader_of_a_shared_bias_its_own_correction(t
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_auto_float16_reaches_its_target_with_float16_steps(chain, tmp_path, strategy):
     calibration = _calibration(tmp_path)
-    options = rkcompile.Options(dtype="int8", calibration=calibration)
+    options = rkcompile.Options(dtype="int8", calibration=calibration, **PREFERRED_INT8)
     start = choose(chain, "rk3588", options, 0.0, plan_of, strategy)
     assert start.chosen == () and start.cosine < 0.9999  # int8 alone misses the target below
     wanted = 1 - (1 - start.cosine) / 4
@@ -218,22 +220,29 @@ def test_auto_float16_reaches_its_target_with_float16_steps(chain, tmp_path, str
     assert all(search.plan.record.tensors[name].dtype == "float16" for name in search.chosen)
 
 
-@pytest.mark.parametrize("equalization", [False, True])
-def test_auto_float16_calibrates_once_and_plans_each_candidate_as_a_fresh_compile(chain, tmp_path, monkeypatch,
-                                                                                   equalization):
-    """The calibration run (the float32 pass with an observer) happens once per search, not once
-    per candidate plan, and the plan it chose is the plan a compile with those tensors gives
-    (equalized weights too: each candidate starts from the unequalized graph)."""
-    options = rkcompile.Options(dtype="int8", calibration=_calibration(tmp_path), equalization=equalization)
-    observed_runs = []
+@pytest.fixture
+def observed_runs(monkeypatch) -> list[list[str]]:
+    """The inputs of each float32 run that observes its tensors (a calibration run), in order."""
+    runs = []
     run = FloatReference.run
 
     def counted(self, inputs, visit=None, adjust=None):
         if visit is not None:
-            observed_runs.append(sorted(inputs))
+            runs.append(sorted(inputs))
         return run(self, inputs, visit, adjust)
 
     monkeypatch.setattr(FloatReference, "run", counted)
+    return runs
+
+
+@pytest.mark.parametrize("equalization", [False, True])
+def test_auto_float16_calibrates_once_and_plans_each_candidate_as_a_fresh_compile(chain, tmp_path, observed_runs,
+                                                                                   equalization):
+    """The calibration run (the float32 pass with an observer) happens once per search, not once
+    per candidate plan, and the plan it chose is the plan a compile with those tensors gives
+    (equalized weights too: each candidate starts from the unequalized graph)."""
+    options = rkcompile.Options(dtype="int8", calibration=_calibration(tmp_path),
+                                **{**PREFERRED_INT8, "equalization": equalization})
     start = choose(chain, "rk3588", options, 0.0, plan_of)
     assert len(observed_runs) == 3  # one pass over the 3 calibration samples
     search = choose(chain, "rk3588", options, 1 - (1 - start.cosine) / 4, plan_of)
@@ -271,7 +280,7 @@ def test_a_bias_that_int32_cannot_hold_raises_the_weight_scale_instead_of_satura
     samples = [(rng.standard_normal((1, 3, 4, 4)) * 1e-6).astype(np.float32) for _ in range(3)]
     for i, sample in enumerate(samples):
         np.save(folder / f"{i}.npy", sample)
-    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=folder)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=folder, **PREFERRED_INT8)
     produced = rkcompile.run(plan, {"x": samples[0]})["y"]
     expected = onnxruntime_outputs(path, {"x": samples[0]})["y"]
     (conv,) = [step for step in plan.record.steps if step.device == "npu"]
@@ -285,7 +294,8 @@ def test_cli_plans_with_auto_float16_and_refuses_it_without_int8(chain, tmp_path
 
     calibration = _calibration(tmp_path)
     assert main(["plan", str(chain), "--target", "rk3588", "--dtype", "int8", "--calib", str(calibration),
-                 "--auto-float16", "0.99999", "--no-bias-correction"]) == 0
+                 "--auto-float16", "0.99999", "--no-bias-correction", "--calib-method", "minmax",
+                 "--no-equalization"]) == 0
     printed = capsys.readouterr().out
     assert "auto float16: " in printed and "    float16: " in printed and "bias correction" not in printed
     assert main(["plan", str(chain), "--target", "rk3588", "--auto-float16", "0.999"]) != 0
@@ -323,7 +333,8 @@ def test_convolutions_sharing_a_bias_each_add_it_at_their_own_scale(tmp_path, bi
     path, _ = _two_convs_sharing_a_bias(tmp_path, np.full(8, 5.0, np.float32))
     samples = [rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32) for _ in range(3)]
     calibration = _calibration_folder(tmp_path, samples)
-    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration, bias_correction=bias_correction)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration,
+                             **{**PREFERRED_INT8, "bias_correction": bias_correction})
     biases = [t.name for node in plan.step_nodes() for t in node.inputs
               if isinstance(t, gs.Constant) and t.name.startswith("shared")]
     assert len(set(biases)) == 2

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 import rkcompile
 from rkcompile.cli import main
-from rkcompile.context import Options
+from rkcompile.context import PREFERRED_INT8, Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
 from rkcompile.emulator.accuracy import analyse
@@ -415,7 +415,7 @@ def two_branch_concat(tmp_path) -> Path:
 
 def test_a_concat_operand_read_by_nothing_else_is_written_with_the_concat_parameters(two_branch_concat, tmp_path):
     calib = calibration_file(tmp_path)
-    prepared = prepare(two_branch_concat, "rk3588", Options(dtype="int8", calibration=calib))
+    prepared = prepare(two_branch_concat, "rk3588", Options(dtype="int8", calibration=calib, **PREFERRED_INT8))
     quant = prepared.plan.quantization
     (output,) = [s.outputs[0] for s in prepared.plan.steps if s.kernel == "Concat"]
     shared = (quant[output].scales, quant[output].zero_points)

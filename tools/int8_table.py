@@ -1,18 +1,20 @@
 """int8 cosines of zoo CNNs at rk3588 against onnxruntime float32 (docs/quantization.md).
 
-    python tools/int8_table.py [--zoo DIR] [--method minmax|percentile|kl|mmse] [--float16 TENSOR ...]
+    python tools/int8_table.py [--zoo DIR] [--method auto|minmax|percentile|kl|mmse] [--float16 TENSOR ...]
                                [--techniques [--held-out] | --auto-float16 COSINE] [--save-calib DIR]
                                [--digits N] [--peer docs/int8_peer_rk3588.json] [MODEL ...]
 
 Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`).
 By default it is planned once and emulated on the npz input (the issue's measure) and on 3
-held-out variations (seed 99) not in the calibration set; the row is the worst output's cosine
-on each (--digits N decimals, default 5), and with --peer JSON (tools/peer_int8.py's lines
+held-out variations (seed 99) not in the calibration set; the row is the int8 settings (chosen
+on the calibration data unless --method fixes the range method), the worst output's cosine on
+each (--digits N decimals, default 5), and with --peer JSON (tools/peer_int8.py's lines
 collected, as docs/int8_peer_rk3588.json holds them) rknn-toolkit2's worst cosine for the model
 and ours minus it. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
-each switched explicitly) and gives the npz input's cosine of each (with --held-out, the mean
+each switched explicitly, with --method, default minmax) and gives the npz input's cosine of each (with --held-out, the mean
 over the 3 held-out inputs instead: the npz input is a calibration sample). --auto-float16 COSINE
-runs both searches of rkcompile/auto_float16.py and gives, per search, the float16 tensors
+chooses the int8 settings as a plan does, then runs both searches of rkcompile/auto_float16.py on
+top of them and gives, per search, the float16 tensors
 chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged
 (each search's progress on stderr).
 --save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy... and its npz
@@ -32,7 +34,8 @@ import onnx
 import rkcompile
 from rkcompile.api import plan_of
 from rkcompile.auto_float16 import STRATEGIES, choose
-from rkcompile.context import Options
+from rkcompile.context import CHOOSE, Options
+from rkcompile.int8_choice import settled_judge
 from rkcompile.emulator import agreement, onnxruntime_outputs
 from rkcompile.quantize import METHODS, seeded_variations
 
@@ -72,7 +75,8 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         write_calibration(args.save_calib / name, x)
         np.savez(args.save_calib / f"{name}_input.npz", **{input_name: x})
     if args.techniques:
-        plans = [rkcompile.compile(model, "rk3588", dataclasses.replace(options, **switches))
+        method = {"calibration_method": "minmax" if args.method is None else args.method}
+        plans = [rkcompile.compile(model, "rk3588", dataclasses.replace(options, **method, **switches))
                  for switches in TECHNIQUES.values()]
         if args.held_out:
             cells = [np.mean([worst_cosine(plan, model, {input_name: v})
@@ -82,9 +86,12 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         return f"| {name} | " + " | ".join(f"{c:.{args.digits}f}" for c in cells) + " |"
     if args.auto_float16 is not None:
         cells = []
+        judge, _ = settled_judge(model, "rk3588", options, plan_of,
+                                 lambda text: print(f"{name}: {text}", file=sys.stderr, flush=True))
         for strategy in STRATEGIES:
             search = choose(model, "rk3588", options, args.auto_float16, plan_of, strategy,
-                            progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True))
+                            progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True),
+                            judge=judge)
             cells.append(f"{len(search.chosen)} | {search.cosine:.5f} | "
                          f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
         target = f"{search.target:.5f}" + (" (all-float16)" if search.target < args.auto_float16 else "")
@@ -93,7 +100,9 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
     on_npz = worst_cosine(plan, model, {input_name: x})
     held_out = [worst_cosine(plan, model, {input_name: v}) for v in seeded_variations(x, seed=HELD_OUT_SEED)]
     digits = args.digits
-    row = (f"| {name} | {options.calibration_method} | {len(options.float16_tensors)} | {on_npz:.{digits}f} | "
+    chosen = [t.applied[0] for t in plan.record.int8_techniques if t.name == "int8_settings"]
+    settings = chosen[0] if chosen else options.calibration_method
+    row = (f"| {name} | {settings} | {len(options.float16_tensors)} | {on_npz:.{digits}f} | "
            f"{np.mean(held_out):.{digits}f} ({min(held_out):.{digits}f}) |")
     if args.peer is not None:
         theirs = args.peer.get(name)
@@ -105,7 +114,7 @@ HEADERS = {
     "techniques": "| model | none | equalization | bias correction | both |",
     "auto_float16": ("| model | int8 (calibration) | target | sensitivity: float16 tensors | cosine (calibration) | "
                      "npz input | plans | worst drop: float16 tensors | cosine (calibration) | npz input | plans |"),
-    "default": "| model | method | float16 tensors | npz input | held-out mean (min) |",
+    "default": "| model | int8 settings | float16 tensors | npz input | held-out mean (min) |",
 }
 
 
@@ -125,7 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=CNNS)
     parser.add_argument("--zoo", type=Path, default=ZOO)
-    parser.add_argument("--method", choices=METHODS, default="minmax")
+    parser.add_argument("--method", choices=(*METHODS, CHOOSE),
+                        help=f"the range method (default: {CHOOSE}, chosen per model; --techniques: minmax)")
     parser.add_argument("--float16", action="append", default=[], metavar="TENSOR")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--techniques", action="store_true")
@@ -139,7 +149,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.peer is not None:
         args.peer = peer_cosines(args.peer)
-    options = Options(dtype="int8", calibration_method=args.method, float16_tensors=tuple(args.float16))
+    options = Options(dtype="int8", calibration_method=CHOOSE if args.method is None else args.method,
+                      float16_tensors=tuple(args.float16))
     header = HEADERS["techniques" if args.techniques else "auto_float16" if args.auto_float16 else "default"]
     if args.peer is not None and header == HEADERS["default"]:
         header += " rknn-toolkit2 | ours minus it |"

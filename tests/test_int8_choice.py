@@ -1,0 +1,119 @@
+"""The int8 settings chosen per model on the calibration data (rkcompile/int8_choice.py)."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from onnx import helper
+from test_int8_accuracy import _calibration, _save, _technique, chain, observed_runs, uneven  # noqa: F401 (fixtures)
+
+import rkcompile
+from rkcompile.cli import main
+from rkcompile.context import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, settings_label
+from rkcompile.emulator import agreement
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.int8_choice import candidates, choose_settings
+from rkcompile.pipeline import compile_model
+
+
+def _samples(calibration) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.load(path)} for path in sorted(calibration.glob("*.npy"))]
+
+
+def _worst_cosine(plan, reference: FloatReference, samples) -> float:
+    return min(agreement("y", rkcompile.run(plan, sample)["y"], reference.run(sample)["y"]).cosine
+               for sample in samples)
+
+
+def test_the_choice_keeps_the_candidate_whose_worst_calibration_cosine_is_best(chain, tmp_path, observed_runs):
+    """Each of the 8 candidates planned with its settings fixed and measured here, against the
+    float32 graph of the model (an unequalized plan's reference): the plan left to choose is the
+    best one's, and it records every other candidate's cosine (or a bound above it, when judging
+    stopped at a sample below the best). The choice ran one calibration per equalization setting."""
+    calibration = _calibration(tmp_path)
+    samples = _samples(calibration)
+    chosen = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration)
+    assert len(observed_runs) == 2 * len(samples)
+    fixed = {settings_label(settings): rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration,
+                                                         **settings)
+             for settings in candidates(INT8_SETTINGS)}
+    unequalized = fixed[settings_label(PREFERRED_INT8)]
+    reference = FloatReference(unequalized.reference_nodes, [s.device for s in unequalized.record.steps],
+                               unequalized.record.model.opset, ["y"])
+    cosines = {label: _worst_cosine(plan, reference, samples) for label, plan in fixed.items()}
+    assert max(cosines.values()) - min(cosines.values()) > 1e-6  # the candidates differ
+    best = max(cosines, key=cosines.get)  # the first of equals: candidates() lists by preference
+    entry = _technique(chosen, "int8_settings")
+    assert entry.applied == (best,) and f"{cosines[best]:.8f}" in entry.note
+    assert chosen.record == dataclasses.replace(fixed[best].record,
+                                                int8_techniques=(entry, *fixed[best].record.int8_techniques))
+    assert chosen.weights == fixed[best].weights
+    assert len(entry.declined) == 7
+    for line in entry.declined:
+        label, recorded = line.rsplit(": ", 1)
+        if recorded.startswith("at most "):
+            assert cosines[label] <= float(recorded.removeprefix("at most ")) + 1e-8
+            assert float(recorded.removeprefix("at most ")) < cosines[best]
+        else:
+            assert abs(float(recorded) - cosines[label]) < 1e-7
+    assert "int8 settings               " + entry.note in chosen.summary()
+
+
+def test_a_setting_the_user_gives_is_not_searched(chain, tmp_path, capsys):
+    calibration = _calibration(tmp_path)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, bias_correction=False)
+    entry = _technique(plan, "int8_settings")
+    labels = [*entry.applied, *(line.rsplit(": ", 1)[0] for line in entry.declined)]
+    assert len(labels) == 4 and all("no bias correction" in label for label in labels)
+    assert "searched: calibration method, equalization;" in entry.note
+    # the command line's flags fix theirs alike; all three given, nothing is chosen
+    json_path = tmp_path / "plan.json"
+    assert main(["plan", str(chain), "--target", "rk3588", "--dtype", "int8", "--calib", str(calibration),
+                 "--calib-method", "mmse", "--no-bias-correction", "--equalization", "--json", str(json_path)]) == 0
+    assert "int8 settings" not in capsys.readouterr().out
+    fixed = Options(dtype="int8", calibration=calibration, calibration_method="mmse", bias_correction=False,
+                    equalization=True)
+    assert rkcompile.load(json_path).record == compile_model(chain, "rk3588", fixed)[0]
+
+
+def test_a_technique_that_changes_nothing_is_not_searched_and_one_calibration_serves_all(tmp_path, observed_runs):
+    """One Conv has no pair to equalize: 4 candidates, not 8. The float32 calibration run happens
+    once: both methods and both bias corrections read it."""
+    weights = {"w": uneven((4, 3, 3, 3)), "b": np.ones(4, np.float32)}
+    single = _save(tmp_path, "single", [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                   [1, 3, 16, 16], [1, 4, 16, 16], weights)
+    calibration = _calibration(tmp_path)
+    entry = _technique(rkcompile.compile(single, "rk3588", dtype="int8", calibration=calibration), "int8_settings")
+    assert len(entry.declined) == 3 and "searched: calibration method, bias correction;" in entry.note
+    assert len(observed_runs) == 3  # the 3 calibration samples once
+
+
+@pytest.mark.parametrize("cosines, expected", [
+    ({}, PREFERRED_INT8),  # all equal: the preferred settings
+    ({("mmse", False, True): 0.9, ("minmax", False, True): 0.9}, dict(calibration_method="minmax",
+                                                                      bias_correction=False, equalization=True)),
+    ({("mmse", True, False): 0.9}, dict(calibration_method="mmse", bias_correction=True, equalization=False)),
+])
+def test_ties_keep_the_candidate_listed_first(cosines, expected):
+    """Judged in an order that calibrates once per equalization, chosen by cosine, a tie going to
+    the candidate INT8_SETTINGS lists first (the preferred values are the first of each)."""
+    class Judge:
+        planner = SimpleNamespace(idle_techniques=set)
+        latest = None
+        stopped: dict = {}
+
+        def __call__(self, tensors, goal, settings):
+            key = (settings["calibration_method"], settings["bias_correction"], settings["equalization"])
+            cosine = cosines.get(key, 0.5)
+            self.stopped[key] = goal is not None and cosine < goal
+            return cosine
+
+        def complete(self, tensors, settings):
+            return not self.stopped[(settings["calibration_method"], settings["bias_correction"],
+                                     settings["equalization"])]
+
+    options = Options(dtype="int8", calibration_method=CHOOSE, bias_correction=CHOOSE, equalization=CHOOSE)
+    settings, entry = choose_settings(Judge(), options, lambda text: None)
+    assert settings == expected and entry.applied == (settings_label(expected),)
