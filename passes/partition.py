@@ -240,6 +240,8 @@ class PlacementEstimate:
 
 @frozen_dataclass
 class IslandMove:
+    """An NPU island worth moving to the CPU: its nodes, the estimated gain, and why."""
+
     nodes: tuple[str, ...]
     gain: float
     reason: str

@@ -34,6 +34,8 @@ class Buffer:
 
 @frozen_dataclass
 class Allocation:
+    """Arena offset per buffer, the arena's size, and the lower bound of any placement."""
+
     offsets: dict[str, int]
     arena_bytes: int
     lower_bound_bytes: int

@@ -42,6 +42,9 @@ def settings_label(settings) -> str:
 
 @frozen_dataclass
 class Options:
+    """What the user asked of a plan: dtype, batch, core mask, input shapes, dumps, and the int8
+    calibration settings."""
+
     dtype: str = "float16"
     batch: int = 1
     core_mask: str = "auto"  # NPU cores for one input: auto, 0, 1, 2, 0_1, 0_1_2
@@ -81,6 +84,8 @@ class Failure:
 
 @frozen_dataclass
 class Placement:
+    """Where one node runs: its device and kernel, and why when not on the NPU."""
+
     device: str
     kernel: str
     reason: str | None = None
@@ -98,6 +103,9 @@ class RewriteAttempt:
 
 @dataclass
 class CompileContext:
+    """What the passes share: the model, target and options, the graph, and what each pass
+    records for the plan."""
+
     model_path: Path
     target: Target
     options: Options = field(default_factory=Options)

@@ -69,6 +69,8 @@ class Pattern:
 
 @frozen_dataclass
 class Any(Pattern):
+    """Any tensor; with a label, bound on first match, and the same tensor after that."""
+
     label: str | None = None
 
     def match(self, tensor, found):
@@ -99,6 +101,9 @@ class Const(Pattern):
 
 @frozen_dataclass
 class Op(Pattern):
+    """A tensor written by a node of one of `ops` whose inputs match `inputs` in order (in
+    either order when `commutative`)."""
+
     ops: tuple[str, ...]
     inputs: tuple[Pattern, ...] = ()
     label: str | None = None
@@ -191,6 +196,8 @@ def _match_all(patterns, tensors, found: Match) -> Iterator[Match]:
 
 @frozen_dataclass
 class Alt(Pattern):
+    """Every match of each of `options`, in their order."""
+
     options: tuple[Pattern, ...]
 
     def __init__(self, *options: Pattern):

@@ -34,6 +34,8 @@ QUANTIZED_DTYPES = ("int8",)
 
 @frozen_dataclass
 class TensorSpec:
+    """A model input or output: its name, static shape and ONNX element type name."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str
@@ -41,6 +43,8 @@ class TensorSpec:
 
 @frozen_dataclass
 class ModelInfo:
+    """The planned model file: its path and sha256, ai.onnx opset, inputs and outputs."""
+
     path: str
     sha256: str
     opset: int
@@ -57,6 +61,9 @@ class ModelInfo:
 
 @frozen_dataclass
 class NodeEntry:
+    """One node of the input model and its fate: `device` "npu", "cpu", "folded" or "removed",
+    the step that runs it, and why it is not on the NPU (`reason`)."""
+
     name: str
     op: str
     device: str
@@ -93,6 +100,9 @@ class Operation:
 
 @frozen_dataclass
 class Step:
+    """One step of the execution order: the device and kernel that run it, the model nodes it
+    runs, the tensors it reads and writes, its NPU cores and partition."""
+
     id: int
     device: str
     kernel: str
@@ -112,6 +122,9 @@ class Step:
 
 @frozen_dataclass
 class TensorPlacement:
+    """Where a tensor lives: its shape, dtype and layout as stored, its size in bytes, and its
+    region (one of REGIONS) with the offset inside it."""
+
     shape: tuple[int, ...]
     dtype: str
     layout: str
@@ -164,6 +177,8 @@ class Int8Technique:
 
 @frozen_dataclass
 class Partition:
+    """A run of consecutive steps on one device."""
+
     id: int
     device: str
     steps: tuple[int, ...]
@@ -171,6 +186,8 @@ class Partition:
 
 @frozen_dataclass
 class Memory:
+    """The arena the plan needs, the lower bound any placement needs, and the weights' bytes."""
+
     arena_bytes: int
     lower_bound_bytes: int
     weight_bytes: int
@@ -203,6 +220,8 @@ class BatchContext:
 
 @frozen_dataclass
 class SplitPart:
+    """One core's share [start, stop) of a step divided across cores (`StepSplit`)."""
+
     core: int
     start: int
     stop: int
@@ -234,6 +253,9 @@ class CoreTimeline:
 
 @frozen_dataclass
 class Multicore:
+    """How the plan uses the NPU cores: batch contexts or steps split within one input, each
+    core's timeline, and the cost model's latency, fps and speedup estimates."""
+
     cores: int
     batch: int
     core_mask: str = "auto"
@@ -268,6 +290,9 @@ class Rewrite:
 
 @frozen_dataclass
 class Plan:
+    """The execution plan of one model for one target (docs/plan-schema.md): what each node
+    became, the steps in order, every tensor's placement, the partitions, memory and cores."""
+
     target: str
     dtype: str
     batch: int

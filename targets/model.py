@@ -21,6 +21,8 @@ CheckResult = tuple[bool, str]
 
 @frozen_dataclass
 class Rule:
+    """A check a node must pass to run on the NPU, with this target's parameters for it."""
+
     check: Callable[..., CheckResult]
     params: Mapping[str, Any] = field(default_factory=dict)
 
@@ -105,6 +107,9 @@ class Performance:
 
 @frozen_dataclass
 class Target:
+    """One SoC's NPU as the planner sees it: cores, C2 alignment per dtype, SRAM, the ops it
+    runs and their rules, its kernels and multi-core kernels, and its performance figures."""
+
     name: str
     aliases: tuple[str, ...]
     npu_cores: int

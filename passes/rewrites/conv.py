@@ -23,6 +23,8 @@ from rkcompile.records import frozen_dataclass
 
 @frozen_dataclass
 class ConvLimits:
+    """The target's largest Conv kernel, depthwise kernel and stride (its conv_window rule)."""
+
     kernel: int
     depthwise_kernel: int
     stride: int
