@@ -424,12 +424,50 @@ def test_a_concat_operand_read_by_nothing_else_is_written_with_the_concat_parame
     assert (quant["pa"].scales, quant["pa"].zero_points) == shared and quant["pa"].source == "shared:a"
     # b is read by conv_c too: it keeps its own, finer grid, and the Concat rescales it
     assert quant["b"].source == "minmax" and quant["b"].scales[0] < quant[output].scales[0]
+    assert_moved_unrounded(prepared, two_branch_concat, np.load(calib)["x"][0], output, "pa", 4)
+
+
+def assert_moved_unrounded(prepared, model: Path, x: np.ndarray, output: str, operand: str, channels: int) -> None:
+    """The Concat `output`'s first `channels` are `operand`'s integers moved as they are (not
+    rounded a second time), and the model output `y` still agrees with onnxruntime."""
     seen = {}
-    x = np.load(calib)["x"][0]
     emulate(prepared, {"x": x}, observe=lambda step, values: seen.update(values))
-    assert np.array_equal(seen[output][:, :4], seen["pa"])  # moved, not rounded a second time
-    expected = onnxruntime_outputs(two_branch_concat, {"x": x})["y"]
-    assert agreement("y", seen[output], expected).cosine >= 0.999
+    assert np.array_equal(seen[output][:, :channels], seen[operand])
+    assert agreement("y", seen[output], onnxruntime_outputs(model, {"x": x})["y"]).cosine >= 0.999
+
+
+def split_block(tmp_path: Path, gain: float) -> Path:
+    """YOLOv8's C2f in small: a Conv's output split in two halves, a Conv on the second half
+    (its weights times `gain`), and a Concat of both halves and that Conv's output."""
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+               "wm": (rng.standard_normal((4, 4, 3, 3)) * gain / 6).astype(np.float32),
+               "halves": np.array([4, 4], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1], name="cv1"),
+             helper.make_node("Split", ["c", "halves"], ["y0", "y1"], axis=1, name="split"),
+             helper.make_node("Conv", ["y1", "wm"], ["m"], pads=[1, 1, 1, 1], name="m"),
+             helper.make_node("Concat", ["y0", "y1", "m"], ["y"], axis=1, name="concat")]
+    return save_model(tmp_path / f"split{gain}.onnx", nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 12, 16, 16])],
+                      weights)
+
+
+def test_a_split_whose_outputs_a_concat_reads_takes_its_parameters_within_one_bit(tmp_path):
+    """Both halves of the split Conv output are Concat operands: the Conv writes on the Concat's
+    grid, the Split and the Concat then move integers without rounding them again, and the
+    Conv reading a half reads that grid (its own at most twice as fine)."""
+    calib, model = calibration_file(tmp_path), split_block(tmp_path, 1.0)
+    prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=calib, **PREFERRED_INT8))
+    quant = prepared.plan.quantization
+    (output,) = [s.outputs[0] for s in prepared.plan.steps if s.kernel == "Concat"]
+    shared = (quant[output].scales, quant[output].zero_points)
+    assert quant["c"].source == f"concat:{output}" and (quant["c"].scales, quant["c"].zero_points) == shared
+    for half in ("y0", "y1"):
+        assert quant[half].source == "shared:c" and (quant[half].scales, quant[half].zero_points) == shared
+    assert_moved_unrounded(prepared, model, np.load(calib)["x"][0], output, "c", 8)
+    # the bottleneck's output spans far more than the halves: they keep their finer grid
+    wide = prepare(split_block(tmp_path, 20.0), "rk3588",
+                   Options(dtype="int8", calibration=calib, **PREFERRED_INT8)).plan
+    assert not wide.quantization["c"].source.startswith("concat:")
+    assert wide.quantization[output].scales[0] > 2 * wide.quantization["c"].scales[0]
 
 
 def classifier(tmp_path: Path, classes: int, spread: float, read_again: bool = False) -> Path:
@@ -458,7 +496,7 @@ def test_a_many_class_softmax_output_is_computed_in_float16(tmp_path):
     model, calib = classifier(tmp_path, 1000, 1.0), calibration_file(tmp_path)
     x = np.load(calib)["x"][0]
     expected = onnxruntime_outputs(model, {"x": x})["p"]
-    prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=calib, **PREFERRED_INT8))
     plan = prepared.plan
     assert not contract_violations(plan)
     assert plan.tensors["p@npu"].dtype == "float16" and "p@npu" not in plan.quantization
@@ -478,7 +516,7 @@ def test_a_many_class_softmax_output_is_computed_in_float16(tmp_path):
 @pytest.mark.parametrize("classes, read_again", [(10, False), (1000, True)])
 def test_a_few_class_softmax_or_one_an_npu_step_reads_stays_int8(tmp_path, classes, read_again):
     model = classifier(tmp_path, classes, 3.0, read_again)
-    plan = prepare(model, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path))).plan
+    plan = prepare(model, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path), **PREFERRED_INT8)).plan
     softmax = next(s.outputs[0] for s in plan.steps if s.kernel == "Softmax")
     assert plan.tensors[softmax].dtype == "int8" and softmax in plan.quantization
     assert not any(t.name == "float16_softmax_outputs" for t in plan.int8_techniques)
@@ -506,11 +544,11 @@ def test_a_staged_global_average_pool_rounds_its_small_stage_first_in_int8(tmp_p
         return np.sqrt(np.mean([(emulate(prepared, {"x": x}).outputs["y"] - x.mean(axis=(2, 3), keepdims=True)) ** 2
                                 for x in samples]))
 
-    small_first = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    small_first = prepare(model, "rk3588", Options(dtype="int8", calibration=calib, **PREFERRED_INT8))
     assert kernels(small_first.plan) == [(2, 2), (7, 7)]
     assert kernels(prepare(model, "rk3588", Options()).plan) == [(7, 7), (2, 2)]
     monkeypatch.setattr(pooling, "QUANTIZED_DTYPES", ())  # the order before: 7x7 first in int8 too
-    large_first = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    large_first = prepare(model, "rk3588", Options(dtype="int8", calibration=calib, **PREFERRED_INT8))
     assert kernels(large_first.plan) == [(7, 7), (2, 2)]
     assert error(small_first) < 0.9 * error(large_first)
     monkeypatch.undo()
@@ -520,7 +558,8 @@ def test_a_staged_global_average_pool_rounds_its_small_stage_first_in_int8(tmp_p
                        helper.make_node("Conv", ["g", "w"], ["y"], name="fc")],
                       [vi("x", [1, 512, 13, 13])], [vi("y", [1, 8, 1, 1])],
                       {"w": rng.standard_normal((8, 512, 1, 1)).astype(np.float32)})
-    assert kernels(prepare(read, "rk3588", Options(dtype="int8", calibration=calib)).plan) == [(7, 7), (2, 2)]
+    read_plan = prepare(read, "rk3588", Options(dtype="int8", calibration=calib, **PREFERRED_INT8)).plan
+    assert kernels(read_plan) == [(7, 7), (2, 2)]
 
 
 @pytest.mark.parametrize("extra, message", [
