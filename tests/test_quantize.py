@@ -622,7 +622,7 @@ def test_a_step_run_alone_starts_from_its_inputs_stored_as_planned(cnn, tmp_path
     quantized with the plan's parameters it computes exactly what the whole run computes, so its
     single cosine equals its entire one (an unquantized operand would beat it). A later step's
     single leaves out the error before it, so it differs from its entire cosine."""
-    plan = rkcompile.compile(cnn, "rk3588", dtype="int8", calibration=calibration_file(tmp_path))
+    plan = rkcompile.compile(cnn, "rk3588", dtype="int8", calibration=calibration_file(tmp_path), **PREFERRED_INT8)
     x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
     rows = rkcompile.accuracy_analysis(plan, x)
     npu = [row for row in rows if row.device == "npu"]

@@ -13,8 +13,8 @@ collected, as docs/int8_peer_rk3588.json holds them) rknn-toolkit2's worst cosin
 and ours minus it. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
 each switched explicitly, with --method, default minmax) and gives the npz input's cosine of each (with --held-out, the mean
 over the 3 held-out inputs instead: the npz input is a calibration sample). --auto-float16 COSINE
-chooses the int8 settings as a plan does, then runs both searches of rkcompile/auto_float16.py on
-top of them and gives, per search, the float16 tensors
+chooses the int8 settings as a plan does, then runs both searches of rkcompile/auto_float16.py
+(or those --search names) on top of them and gives, per search, the float16 tensors
 chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged
 (each search's progress on stderr).
 --save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy... and its npz
@@ -89,6 +89,9 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         judge, _ = settled_judge(model, "rk3588", options, plan_of,
                                  lambda text: print(f"{name}: {text}", file=sys.stderr, flush=True))
         for strategy in STRATEGIES:
+            if args.search and strategy not in args.search:
+                cells.append("not run | | |")
+                continue
             search = choose(model, "rk3588", options, args.auto_float16, plan_of, strategy,
                             progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True),
                             judge=judge)
@@ -140,6 +143,8 @@ def main() -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--techniques", action="store_true")
     mode.add_argument("--auto-float16", type=float, metavar="COSINE")
+    parser.add_argument("--search", action="append", choices=STRATEGIES,
+                        help="with --auto-float16: run only this search (repeatable; default both)")
     parser.add_argument("--held-out", action="store_true",
                         help="with --techniques: each cell is the mean over the 3 held-out inputs, not the npz input")
     parser.add_argument("--save-calib", type=Path, metavar="DIR")
