@@ -109,6 +109,45 @@ def test_transpose_views_all_move_data_as_the_perm_does(shape, perm):
         np.testing.assert_array_equal(np.transpose(x.reshape(in4), perm4).reshape(-1), want)
 
 
+def test_transpose_views_hands_each_caller_its_own_list():
+    """The views are remembered per (shape, perm): a caller editing its list changes no later answer."""
+    views = transpose_views([2, 3, 10, 4], [0, 3, 1, 2])
+    expected = list(views)
+    views.clear()
+    assert transpose_views((2, 3, 10, 4), (0, 3, 1, 2)) == expected
+
+
+def test_equal_transposes_are_made_legal_alike_with_the_target_probed_once(tmp_path, monkeypatch):
+    """Two Transposes of one shape and perm (a model's repeated blocks) get the same legal view,
+    found once per rewrite run: the second asks the target's rules nothing."""
+    import rkcompile.passes.rewrites.layout as layout
+
+    probes = []
+
+    def counted(node, *args, **kwargs):
+        probes.append(node.name)
+        return check_node(node, *args, **kwargs)
+
+    monkeypatch.setattr(layout, "check_node", counted)
+    shape, perm = [1, 300, 200], [0, 2, 1]  # refused as written on rk3588 (h1*w1 < 2q)
+    out = [shape[p] for p in perm]
+
+    def model(copies: int) -> onnx.ModelProto:
+        nodes = [helper.make_node("Transpose", ["x"], [f"y{k}"], name=f"t{k}", perm=perm) for k in range(copies)]
+        return make_model(nodes, [value_info("x", shape)], [value_info(f"y{k}", out) for k in range(copies)])
+
+    rewritten(model(1), tmp_path, get_target("rk3588"))
+    once = len(probes)
+    probes.clear()
+    ctx = rewritten(model(2), tmp_path, get_target("rk3588"))
+    assert once > 0 and len(probes) == once
+    assert rules_fired(ctx) == ["transpose_as_legal_view"] * 2
+    built = [[(n.op, tuple(n.outputs[0].shape), str(n.attrs.get("perm"))) for n in ctx.graph.nodes
+              if ctx.origins[n.name] == (f"t{k}",)] for k in range(2)]
+    assert built[0] == built[1] and len(built[0]) > 1
+    assert_same_outputs(model(2), ctx, {"x": feed(shape)})
+
+
 # --- regions above rank 4 ---------------------------------------------------------------------
 
 def qkv_unbind_model(tokens, heads, dim, windows=1) -> onnx.ModelProto:

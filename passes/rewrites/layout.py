@@ -2,6 +2,7 @@
 index, relabels (Reshape, Flatten, Squeeze, Unsqueeze) and the ops done in a Conv's own layout."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -122,9 +123,16 @@ def transpose_views(shape, perm) -> list[tuple[tuple[int, ...], tuple[int, ...]]
     merged view first: the merged groups (transpose_groups), any group cut in two factors that
     move together (a row-major [a*b] is [a, b]), up to 4 groups, placed among size-1 axes
     anywhere in input and output (a size-1 axis can go anywhere without moving data)."""
+    return list(_transpose_views(tuple(shape), tuple(perm)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _transpose_views(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """transpose_views, remembered: a model's attention blocks repeat the same few Transposes,
+    and the views of each take thousands of steps to list (tv_maxvit_t: 242 asks, 0.35 s)."""
     groups = transpose_groups(shape, perm)
     if groups is None:
-        return []
+        return ()
     layer, seen = [groups], set()
     refinements = []
     while layer and len(refinements) < MAX_TRANSPOSE_VIEWS:
@@ -148,8 +156,8 @@ def transpose_views(shape, perm) -> list[tuple[tuple[int, ...], tuple[int, ...]]
             for view in _placements(dims, gperm, leading_only):
                 views[view] = None
                 if len(views) >= MAX_TRANSPOSE_VIEWS:
-                    return list(views)
-    return list(views)
+                    return tuple(views)
+    return tuple(views)
 
 
 def _placements(dims: list[int], gperm: list[int], leading_only: bool):
@@ -181,17 +189,10 @@ def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: g
     along one of its axes; relabels move between the views. False, building nothing, when none
     passes."""
     shape = static_shape(x)
-    views = transpose_views(shape, perm)
-    legal = _TransposeProbe(builder.site, x.dtype)
-    found = next(((view, None) for view in views if legal(*view)), None)
-    for slices in range(2, MAX_TRANSPOSE_SLICES + 1):
-        if found is not None:
-            break
-        for view in views[:SLICED_VIEWS]:
-            sizes = next((s for s in (_slice_sizes(view, axis, slices, legal) for axis in range(4)) if s), None)
-            if sizes is not None:
-                found = view, sizes
-                break
+    key = (tuple(shape), tuple(perm), x.dtype)
+    if key not in builder.site.legal_transposes:
+        builder.site.legal_transposes[key] = _legal_transpose_view(shape, perm, _TransposeProbe(builder.site, x.dtype))
+    found = builder.site.legal_transposes[key]
     if found is None:
         return False
     (in4, perm4), tiling = found
@@ -212,6 +213,23 @@ def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: g
     if moved_out is None:
         builder.reshape(moved, static_shape(out), out=out)
     return True
+
+
+def _legal_transpose_view(shape, perm, legal: "_TransposeProbe"):
+    """The first view of `perm` on `shape` that `legal` accepts, with None for its slicing; else
+    the first view (of the first SLICED_VIEWS) and (axis, sizes) in the fewest slices along one
+    axis that it accepts; else None."""
+    views = transpose_views(shape, perm)
+    found = next(((view, None) for view in views if legal(*view)), None)
+    for slices in range(2, MAX_TRANSPOSE_SLICES + 1):
+        if found is not None:
+            break
+        for view in views[:SLICED_VIEWS]:
+            sizes = next((s for s in (_slice_sizes(view, axis, slices, legal) for axis in range(4)) if s), None)
+            if sizes is not None:
+                found = view, sizes
+                break
+    return found
 
 
 def _slice_sizes(view, axis: int, slices: int, legal) -> tuple[int, list[int]] | None:

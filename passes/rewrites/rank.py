@@ -10,6 +10,7 @@ neither). The groupings are refined together to a fixpoint, so a tensor read by 
 gets one grouping that suits all of them."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -179,10 +180,13 @@ def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node
     return None
 
 
-def _fewest_steps(goal: tuple[int, ...], most_runs: int) -> list[tuple[int, ...]]:
+@functools.lru_cache(maxsize=256)
+def _fewest_steps(goal: tuple[int, ...], most_runs: int) -> tuple[tuple[int, ...], ...]:
     """The orders of groups 0..k-1 reached step by step from (0, ..., k-1) to `goal`, each step
     moving at most `most_runs` runs of neighbouring groups (a breadth-first search over the k!
-    orders; with 2 runs or more every order is reached: a block move is a step)."""
+    orders; with 2 runs or more every order is reached: a block move is a step). Remembered:
+    each search scans the k! orders per order reached, and a model's windowed-attention blocks
+    ask for the same few goals (tv_maxvit_t: 36 asks, 0.24 s)."""
     start = tuple(range(len(goal)))
     orders = list(itertools.permutations(start))
     came_from = {start: None}
@@ -202,7 +206,7 @@ def _fewest_steps(goal: tuple[int, ...], most_runs: int) -> list[tuple[int, ...]
     path = [goal]
     while came_from[path[-1]] != start:
         path.append(came_from[path[-1]])
-    return path[::-1]
+    return tuple(path[::-1])
 
 
 def _selection_axis(reader: gs.Node, y: gs.Tensor, opset: int) -> int | None:
