@@ -3,7 +3,7 @@ an onnxruntime session on the same model; the ratio per model, their median and 
 scaling check: a 20,000-node generated model's plan process beside a 5,000-node one's.
 
     python tools/bench_plan.py [MODEL_OR_DIR ...] [--target rk3588] [--repeat 3]
-                               [--python PY] [--scale 5000 20000 | --scale]
+                               [--python PY] [--baseline-python PY] [--scale 5000 20000 | --scale]
 
 Defaults to ../shared/zoo. Both sides are child processes started the same way (`PY -m rkcompile
 plan MODEL --target T`, its summary printed to a pipe, and `PY -c` creating an
@@ -16,7 +16,15 @@ PYTHONDONTWRITEBYTECODE says here). A model whose input has a dynamic dimension 
 `--input-shape` from its NAME.npz beside it.
 
 --python picks the interpreter whose rkcompile is measured (another checkout's venv, to measure
-a before and an after with the same script); the onnxruntime side always uses it too.
+a before and an after with the same script); the onnxruntime side always uses it too. With
+--baseline-python, each repeat also runs that interpreter's plan process on the model, right
+before --python's (after it in odd repeats): a before and an after in turn, repeat by repeat,
+against the same onnxruntime process, so a shared machine's load hits both alike.
+
+Beside each wall time, the CPU time of the same process (user + system, the least over the
+repeats): on a machine other users load, it moves far less than wall time does. A plan process
+can take more CPU than wall time (import's sha256 runs on a second core); onnxruntime's session
+creation runs on one thread.
 --scale N M generates two models with tools/bench_scale.py's `scale_model` (residual conv blocks
 wrapped in exporter-style shape arithmetic) and checks the issue's bar: the M-node plan takes at
 most 4.5x the N-node one (4x the nodes); `--scale` with no numbers skips the check.
@@ -25,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -56,16 +66,20 @@ def child_environment() -> dict[str, str]:
     return environment
 
 
-def timed(command: list[str], workdir: Path) -> tuple[float, str | None]:
-    """Wall time of one child process, and its last stderr line when it failed."""
+def timed(command: list[str], workdir: Path) -> tuple[float, float, str | None]:
+    """Wall time and CPU time (user + system) of one child process, and its last stderr line
+    when it failed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     finished = subprocess.run(command, cwd=workdir, env=child_environment(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if finished.returncode != 0:
         lines = finished.stderr.strip().splitlines() or [f"exit {finished.returncode}"]
-        return seconds, lines[-1]
-    return seconds, None
+        return seconds, cpu, lines[-1]
+    return seconds, cpu, None
 
 
 def input_shape_flags(path: Path) -> list[str]:
@@ -81,60 +95,98 @@ def input_shape_flags(path: Path) -> list[str]:
                 for flag in ("--input-shape", f"{name}:{','.join(str(d) for d in arrays[name].shape)}")]
 
 
-def measure(path: Path, python: str, target: str, repeat: int, workdir: Path) -> tuple[float, float, str | None]:
-    """Best plan-process and onnxruntime-process seconds over `repeat` interleaved runs."""
-    plan_command = [python, "-m", "rkcompile", "plan", str(path), "--target", target, *input_shape_flags(path)]
-    ort_command = [python, "-c", ORT_SESSION, str(path)]
-    timed(plan_command, workdir)  # warm-up: file cache, bytecode caches
-    timed(ort_command, workdir)
-    plan_times, ort_times, failure = [], [], None
-    for _ in range(repeat):
-        seconds, failure = timed(plan_command, workdir)
-        plan_times.append(seconds)
-        ort_times.append(timed(ort_command, workdir)[0])
-    return min(plan_times), min(ort_times), failure
+class Times(NamedTuple):
+    """The least wall and CPU seconds of one process over the repeats."""
+
+    wall: float
+    cpu: float
+
+
+def measure(path: Path, pythons: list[str], target: str, repeat: int,
+            workdir: Path) -> tuple[list[Times], Times, str | None]:
+    """Best plan-process times per interpreter of `pythons` and the best onnxruntime-process
+    times over `repeat` runs, the plan processes in turn (reversed in odd repeats) and then
+    onnxruntime's, repeat by repeat; the first failure's last stderr line."""
+    plan_commands = [[python, "-m", "rkcompile", "plan", str(path), "--target", target, *input_shape_flags(path)]
+                     for python in pythons]
+    ort_command = [pythons[-1], "-c", ORT_SESSION, str(path)]
+    for command in plan_commands + [ort_command]:
+        timed(command, workdir)  # warm-up: file cache, bytecode caches
+    plan_runs: list[list[tuple[float, float]]] = [[] for _ in pythons]
+    ort_runs, failure = [], None
+    for index in range(repeat):
+        order = list(range(len(pythons)))
+        for side in (order if index % 2 == 0 else order[::-1]):  # neither always first
+            seconds, cpu, failed = timed(plan_commands[side], workdir)
+            plan_runs[side].append((seconds, cpu))
+            failure = failure or failed
+        seconds, cpu, _ = timed(ort_command, workdir)
+        ort_runs.append((seconds, cpu))
+
+    def best(runs: list[tuple[float, float]]) -> Times:
+        return Times(min(wall for wall, _ in runs), min(cpu for _, cpu in runs))
+
+    return [best(runs) for runs in plan_runs], best(ort_runs), failure
 
 
 def model_paths(arguments: list[Path]) -> list[Path]:
     return sorted(p for m in arguments for p in ([m] if m.is_file() else m.glob("*.onnx")))
 
 
-def zoo_table(paths: list[Path], python: str, target: str, repeat: int, workdir: Path) -> None:
-    print(f"{'model':42} {'plan s':>8} {'ort s':>7} {'ratio':>6}", flush=True)
-    ratios = []
+def zoo_table(paths: list[Path], sides: list[tuple[str, str]], target: str, repeat: int, workdir: Path) -> None:
+    """One row per model: each side's plan process (wall s, CPU s, wall ratio to onnxruntime),
+    then onnxruntime's process; a summary per side."""
+    labels = "".join(f" {label[:6] + ' s':>8} {'cpu s':>6} {'ratio':>6}" for label, _ in sides)
+    print(f"{'model':42}{labels} {'ort s':>7} {'cpu s':>6}", flush=True)
+    ratios: list[list[float]] = [[] for _ in sides]
     for path in paths:
-        plan_time, ort_time, failure = measure(path, python, target, repeat, workdir)
+        plans, ort, failure = measure(path, [python for _, python in sides], target, repeat, workdir)
+        columns = ""
+        for side, plan in enumerate(plans):
+            ratios[side].append(plan.wall / ort.wall)
+            columns += f" {plan.wall:8.2f} {plan.cpu:6.2f} {plan.wall / ort.wall:6.2f}"
+        if failure:
+            for side_ratios in ratios:
+                side_ratios.pop()
         note = f"  plan failed: {failure[:80]}" if failure else ""
-        if not failure:
-            ratios.append(plan_time / ort_time)
-        print(f"{path.stem:42} {plan_time:8.2f} {ort_time:7.2f} {plan_time / ort_time:6.2f}{note}", flush=True)
-    if ratios:
-        over = sum(r > WORST_BAR for r in ratios)
-        print(f"{len(ratios)} models planned: median ratio {statistics.median(ratios):.2f} (bar {MEDIAN_BAR}), "
-              f"max {max(ratios):.2f} (bar {WORST_BAR}), {over} over {WORST_BAR}", flush=True)
+        print(f"{path.stem:42}{columns} {ort.wall:7.2f} {ort.cpu:6.2f}{note}", flush=True)
+    for (label, python), side_ratios in zip(sides, ratios):
+        if side_ratios:
+            over = sum(r > WORST_BAR for r in side_ratios)
+            named = f"{label} ({python}): " if len(sides) > 1 else ""
+            print(f"{named}{len(side_ratios)} models planned: median ratio {statistics.median(side_ratios):.2f} "
+                  f"(bar {MEDIAN_BAR}), max {max(side_ratios):.2f} (bar {WORST_BAR}), {over} over {WORST_BAR}",
+                  flush=True)
 
 
-def scaling_check(node_counts: list[int], python: str, target: str, repeat: int, workdir: Path) -> bool:
+def scaling_check(node_counts: list[int], sides: list[tuple[str, str]], target: str, repeat: int,
+                  workdir: Path) -> bool:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_scale import scale_model
 
-    print(f"{'nodes':>7} {'plan s':>8} {'ort s':>7} {'ratio':>6}", flush=True)
+    labels = "".join(f" {label[:6] + ' s':>8} {'cpu s':>6}" for label, _ in sides)
+    print(f"{'nodes':>7}{labels} {'ort s':>7}", flush=True)
     rows = []
     for count in node_counts:
         model = scale_model(count)
         path = workdir / f"scale_{count}.onnx"
         onnx.save(model, str(path))
-        plan_time, ort_time, failure = measure(path, python, target, repeat, workdir)
+        plans, ort, failure = measure(path, [python for _, python in sides], target, repeat, workdir)
         if failure:
             print(f"{count:7d} plan failed: {failure}")
             return False
-        rows.append((len(model.graph.node), plan_time, ort_time))
-        print(f"{rows[-1][0]:7d} {plan_time:8.2f} {ort_time:7.2f} {plan_time / ort_time:6.2f}", flush=True)
-    (small_nodes, small_plan, small_ort), (large_nodes, large_plan, large_ort) = rows[0], rows[-1]
-    growth = large_plan / small_plan
-    print(f"{large_nodes / small_nodes:.1f}x the nodes: plan process {growth:.2f}x (bar {SCALING_BAR}x), "
-          f"onnxruntime process {large_ort / small_ort:.2f}x")
-    return growth <= SCALING_BAR
+        rows.append((len(model.graph.node), plans, ort))
+        print(f"{rows[-1][0]:7d}" + "".join(f" {plan.wall:8.2f} {plan.cpu:6.2f}" for plan in plans) + f" {ort.wall:7.2f}",
+              flush=True)
+    (small_nodes, small_plans, small_ort), (large_nodes, large_plans, large_ort) = rows[0], rows[-1]
+    within = True
+    for (label, _), small, large in zip(sides, small_plans, large_plans):
+        growth = large.wall / small.wall
+        within = within and growth <= SCALING_BAR
+        named = f"{label}: " if len(sides) > 1 else ""
+        print(f"{named}{large_nodes / small_nodes:.1f}x the nodes: plan process {growth:.2f}x (bar {SCALING_BAR}x), "
+              f"onnxruntime process {large_ort.wall / small_ort.wall:.2f}x")
+    return within
 
 
 def main() -> int:
@@ -143,14 +195,16 @@ def main() -> int:
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose rkcompile is measured")
+    parser.add_argument("--baseline-python", help="also measure this interpreter's rkcompile, in turn with --python's")
     parser.add_argument("--scale", type=int, nargs="*", default=[5000, 20000],
                         help="node counts of the generated scaling models (none: skip the check)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
         workdir = Path(folder)  # children start here: no checkout's rkcompile/ shadows --python's
-        zoo_table(model_paths(args.models), args.python, args.target, args.repeat, workdir)
+        sides = ([("before", args.baseline_python)] if args.baseline_python else []) + [("plan", args.python)]
+        zoo_table(model_paths(args.models), sides, args.target, args.repeat, workdir)
         if len(args.scale) >= 2:
-            return 0 if scaling_check(args.scale, args.python, args.target, args.repeat, workdir) else 1
+            return 0 if scaling_check(args.scale, sides, args.target, args.repeat, workdir) else 1
     return 0
 
 
