@@ -167,6 +167,35 @@ def test_conv_paths_match_onnx_reference(name, memory, monkeypatch):
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
 
 
+GROUPED = {
+    "regnet_like_strided": ((2, 24, 9, 9), (24, 8, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "one_output_per_group": ((1, 12, 6, 7), (4, 3, 3, 3), {"group": 4, "pads": [1, 0, 1, 2]}),
+    "pointwise_groups": ((1, 12, 5, 5), (18, 4, 1, 1), {"group": 3}),
+    "dilated_1d": ((2, 10, 13), (15, 2, 3), {"group": 5, "dilations": [2], "pads": [2, 1]}),
+    "window_past_the_input": ((1, 4, 2, 2), (4, 2, 3, 3), {"group": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED))
+def test_a_grouped_conv_is_each_groups_own_conv_bit_for_bit(name):
+    """The grouped conv's one im2col and batched product give each group what that group's conv
+    alone (a group-1 conv of its channels and its filters: one BLAS product, as the kernel
+    computed group by group before) gives, bit for bit, on float16 values as the NPU reads them."""
+    x_shape, w_shape, attrs = GROUPED[name]
+    group = attrs["group"]
+    x = channels_last(rng.standard_normal(x_shape).astype(np.float16).astype(np.float32))
+    weight = rng.standard_normal(w_shape).astype(np.float16).astype(np.float32)
+    result = conv_module.convolve(gs.Node("Conv", attrs=attrs), x, weight)
+    alone = gs.Node("Conv", attrs={**attrs, "group": 1})
+    in_per_group, out_per_group = x_shape[1] // group, w_shape[0] // group
+    expected = np.concatenate([
+        conv_module.convolve(alone, x[:, g * in_per_group:(g + 1) * in_per_group],
+                             weight[g * out_per_group:(g + 1) * out_per_group]) for g in range(group)], axis=1)
+    assert result.shape == expected.shape
+    np.testing.assert_array_equal(np.ascontiguousarray(result).view(np.uint32),
+                                  np.ascontiguousarray(expected).view(np.uint32))
+
+
 def test_sigmoid_is_exact_in_float32_and_never_overflows():
     x = np.concatenate([np.linspace(-120, 120, 100_001, dtype=np.float32),
                         np.array([np.inf, -np.inf, 0.0, -0.0, 88.7, -88.7, -103.9], np.float32)])
