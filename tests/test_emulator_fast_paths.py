@@ -196,6 +196,53 @@ def test_a_grouped_conv_is_each_groups_own_conv_bit_for_bit(name):
                                   np.ascontiguousarray(expected).view(np.uint32))
 
 
+POOLS = {
+    "average_cascade_7x7": ((1, 8, 21, 14), "AveragePool", {"kernel_shape": [7, 7], "strides": [7, 7]}),
+    "average_ceil_uneven_pads": ((2, 5, 9, 8), "AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                                 "ceil_mode": 1, "pads": [1, 0, 1, 0]}),
+    "average_counting_pads": ((2, 5, 9, 9), "AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                              "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    "average_1d": ((2, 5, 13), "AveragePool", {"kernel_shape": [4], "strides": [3]}),
+    "max_padded_stride1": ((1, 6, 10, 10), "MaxPool", {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    "max_3d_dilated": ((1, 6, 5, 6, 7), "MaxPool", {"kernel_shape": [2, 2, 3], "strides": [1, 2, 1],
+                                                     "dilations": [2, 1, 1]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pools_on_channels_last_memory_equal_the_channels_first_fold_bit_for_bit(name):
+    """A pool over channels-last memory folds a channels-last window view, and an AveragePool
+    whose windows hold no padding divides by the kernel's size instead of a folded count: the
+    values a channels-first fold over contiguous memory gives, bit for bit, NaN and infinities
+    included."""
+    from rkcompile.emulator.kernels.pool import average_pool, max_pool
+
+    shape, op, attrs = POOLS[name]
+    x = rng.standard_normal(shape).astype(np.float32) * 100
+    x.reshape(-1)[::7] = np.nan
+    x.reshape(-1)[3::11] = -np.inf
+    node = gs.Node(op, attrs=attrs, outputs=[gs.Variable("y")])
+    kernel = max_pool if op == "MaxPool" else average_pool
+    (last,), (first,) = kernel(node, [channels_last(x)], 17), kernel(node, [np.ascontiguousarray(x)], 17)
+    assert np.moveaxis(last, 1, -1).flags.c_contiguous and first.flags.c_contiguous
+    np.testing.assert_array_equal(np.ascontiguousarray(last).view(np.uint32), first.view(np.uint32))
+    if op == "AveragePool" and "pads" not in attrs and "ceil_mode" not in attrs:  # divided by the kernel's size
+        from rkcompile.emulator.kernels._windows import fold_taps, windows
+
+        geometry = (attrs["kernel_shape"], attrs["strides"], [1] * len(attrs["strides"]), [0] * len(attrs["strides"]),
+                    [0] * len(attrs["strides"]))
+        rank = len(attrs["strides"])
+        counted = fold_taps(windows(x, *geometry), rank, np.add) / fold_taps(windows(np.ones_like(x), *geometry), rank,
+                                                                              np.add)
+        np.testing.assert_array_equal(counted.view(np.uint32), first.view(np.uint32))
+    expected = ReferenceEvaluator(helper.make_model(helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], **attrs)], "pool", [helper.make_tensor_value_info("x", 1, shape)],
+        [helper.make_tensor_value_info("y", 1, None)]), opset_imports=[helper.make_opsetid("", 19)])).run(
+        None, {"x": np.nan_to_num(x, nan=0.0, neginf=-1.0)})[0]
+    (clean,) = kernel(node, [channels_last(np.nan_to_num(x, nan=0.0, neginf=-1.0))], 17)
+    np.testing.assert_allclose(clean, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_sigmoid_is_exact_in_float32_and_never_overflows():
     x = np.concatenate([np.linspace(-120, 120, 100_001, dtype=np.float32),
                         np.array([np.inf, -np.inf, 0.0, -0.0, 88.7, -88.7, -103.9], np.float32)])
