@@ -76,6 +76,32 @@ def constant(name: str, values: np.ndarray) -> gs.Constant:
     return tensor
 
 
+def graph(nodes: list, inputs: list, outputs: list, name: str) -> gs.Graph:
+    """gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name) for nodes whose graph
+    attributes (nested fused bodies, loop bodies) were made here too, so carry no local
+    functions: the library's constructor (26 us, a first run of a plan with 120 fused steps
+    makes as many) sets each attribute through its setter and merges the nested graphs'
+    function lists, which for graphs without functions leaves every nested graph sharing this
+    graph's (empty) list, as done below."""
+    made = gs.Graph.__new__(gs.Graph)
+    made.__dict__.update(nodes=nodes, inputs=list(inputs), outputs=list(outputs), name=name, __name__=name,
+                         doc_string="", opset=gs.Graph.DEFAULT_OPSET, producer_name="", producer_version="",
+                         import_domains=None, ir_version=None, name_idx=0, _functions=[])
+    for nested in _nested_graphs(nodes):
+        nested._functions = made._functions
+    return made
+
+
+def _nested_graphs(nodes: list):
+    """Every graph the nodes hold as a graph attribute, at any depth (gs.Node.subgraphs: a list
+    of graphs is not one)."""
+    for node in nodes:
+        for value in node.attrs.values():
+            if isinstance(value, gs.Graph):
+                yield value
+                yield from _nested_graphs(value.nodes)
+
+
 def _linked(owner, field_name: str, items) -> SynchronizedList:
     """SynchronizedList(owner, field_name, items): `items`, each of which lists `owner` in its
     `field_name` list."""
@@ -159,8 +185,7 @@ def _decode_graph(record: dict[str, Any], weight: WeightLookup) -> gs.Graph:
     nodes = [rebuild(Operation(**{**member, "inputs": tuple(member["inputs"]), "outputs": tuple(member["outputs"]),
                                   "input_dtypes": tuple(member["input_dtypes"])}), weight, scope)
              for member in record["nodes"]]
-    return gs.Graph(nodes=nodes, name=record["name"], inputs=inputs,
-                    outputs=[_tensor(name, "", weight, scope) for name in record["outputs"]])
+    return graph(nodes, inputs, [_tensor(name, "", weight, scope) for name in record["outputs"]], record["name"])
 
 
 def _tensor(name: str, dtype: str, weight: WeightLookup, scope: dict[str, gs.Tensor]) -> gs.Tensor:

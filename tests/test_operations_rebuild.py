@@ -7,7 +7,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.nodes import node_proto
-from rkcompile.operations import constant, describe, graph_node, rebuild, variable
+from rkcompile.operations import constant, describe, graph, graph_node, rebuild, variable
 
 
 def fields(obj) -> dict:
@@ -55,3 +55,30 @@ def test_rebuild_of_a_fused_node_exports_the_same_onnx_as_the_described_one():
     # members connect through shared tensors, as the graph they were described from
     assert inner.nodes[0].outputs[0] is inner.nodes[1].inputs[0]
     assert list(inner.nodes[0].outputs[0].outputs) == [inner.nodes[1]]
+
+
+def test_graph_matches_the_library_constructor_nested_graphs_included():
+    """operations.graph sets what gs.Graph's constructor sets, and shares the outer graph's
+    function list with the graphs nested in its nodes (at any depth), as the constructor's merge
+    of function lists leaves graphs that have none."""
+    def made(constructor):
+        x, y, z = variable("x", "float32"), variable("y"), variable("z")
+        innermost = constructor([graph_node("Sigmoid", "s", None, {}, [x], [y])], [x], [y], "innermost")
+        inner = constructor([graph_node("exSwish", "w", "rkcompile", {"body": innermost}, [x], [y])], [x], [y], "")
+        outer = constructor([graph_node("Loop", "l", None, {"body": inner}, [x], [z])], [x], [z], "outer")
+        listed = constructor([graph_node("If", "i", None, {"branches": [outer]}, [x], [z])], [x], [z], "listed")
+        return outer, inner, innermost, listed
+
+    def library(nodes, inputs, outputs, name):
+        return gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name)
+
+    ours, theirs = made(graph), made(library)
+    for mine, expected in zip(ours, theirs):
+        assert set(vars(mine)) == set(vars(expected))
+        assert {key: value for key, value in vars(mine).items() if key not in ("nodes", "inputs", "outputs")} == \
+            {key: value for key, value in vars(expected).items() if key not in ("nodes", "inputs", "outputs")}
+        assert [type(vars(mine)[key]) for key in ("nodes", "inputs", "outputs")] == \
+            [type(vars(expected)[key]) for key in ("nodes", "inputs", "outputs")]
+    for outer, inner, innermost, listed in (ours, theirs):
+        assert inner._functions is outer._functions and innermost._functions is outer._functions
+        assert listed._functions is not outer._functions  # a list of graphs is no graph attribute
