@@ -2,7 +2,8 @@
 
     python tools/int8_table.py [--zoo DIR] [--method auto|minmax|percentile|kl|mmse] [--float16 TENSOR ...]
                                [--techniques [--held-out] | --auto-float16 COSINE] [--save-calib DIR]
-                               [--digits N] [--peer docs/int8_peer_rk3588.json] [MODEL ...]
+                               [--digits N] [--peer docs/int8_peer_rk3588.json] [--range-jitter EPS [--seed N]]
+                               [MODEL ...]
 
 Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`).
 By default it is planned once and emulated on the npz input (the issue's measure) and on 3
@@ -10,18 +11,24 @@ held-out variations (seed 99) not in the calibration set; the row is the int8 se
 on the calibration data unless --method fixes the range method), the worst output's cosine on
 each (--digits N decimals, default 5), and with --peer JSON (tools/peer_int8.py's lines
 collected, as docs/int8_peer_rk3588.json holds them) rknn-toolkit2's worst cosine for the model
-and ours minus it. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
+and ours minus it, then the same for the held-out mean where the line has one. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
 each switched explicitly, with --method, default minmax) and gives the npz input's cosine of each (with --held-out, the mean
 over the 3 held-out inputs instead: the npz input is a calibration sample). --auto-float16 COSINE
 chooses the int8 settings as a plan does, then runs both searches of rkcompile/auto_float16.py
 (or those --search names) on top of them and gives, per search, the float16 tensors
 chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged
 (each search's progress on stderr).
---save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy... and its npz
-input as DIR/NAME_input.npz (what tools/peer_int8.py gives rknn-toolkit2)."""
+--range-jitter EPS scales every calibrated activation range by 1 + EPS * N(0, 1) (drawn per range
+from --seed and the range itself, so every candidate plan of the choice gets the same draw):
+how far a change far below calibration's own precision moves the cosines, i.e. the spread of
+one input's cosine that a comparison with another tool cannot resolve.
+--save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy..., its npz
+input as DIR/NAME_input.npz and its 3 held-out inputs as DIR/NAME_held_out_0.npz ... (what
+tools/peer_int8.py gives rknn-toolkit2: the calibration set, the input, --held-out)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -37,6 +44,7 @@ from rkcompile.auto_float16 import STRATEGIES, choose
 from rkcompile.context import CHOOSE, Options
 from rkcompile.int8_choice import settled_judge
 from rkcompile.emulator import agreement, onnxruntime_outputs
+from rkcompile.passes import quantize as quantize_pass
 from rkcompile.quantize import METHODS, seeded_variations
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
@@ -46,6 +54,25 @@ TECHNIQUES = {"none": {"equalization": False, "bias_correction": False},
               "equalization": {"equalization": True, "bias_correction": False},
               "bias correction": {"equalization": False, "bias_correction": True},
               "both": {"equalization": True, "bias_correction": True}}
+
+
+@contextlib.contextmanager
+def jittered_ranges(eps: float, seed: int):
+    """While inside, the quantize pass scales each calibrated activation range [low, high] by
+    1 + eps * N(0, 1), drawn from `seed` and the range's own bits (the same draw for the same
+    range in every plan); the zero point stays (low / scale does not change)."""
+    exact = quantize_pass.activation_params
+
+    def jittered(low: float, high: float, source: str):
+        key = np.frombuffer(np.array([low, high], np.float64).tobytes(), np.uint32)
+        factor = 1 + eps * np.random.default_rng([seed, *key.tolist()]).standard_normal()
+        return exact(low * factor, high * factor, source)
+
+    quantize_pass.activation_params = jittered
+    try:
+        yield
+    finally:
+        quantize_pass.activation_params = exact
 
 
 def worst_cosine(plan, model: Path, inputs: dict[str, np.ndarray]) -> float:
@@ -74,6 +101,8 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
     if args.save_calib is not None:
         write_calibration(args.save_calib / name, x)
         np.savez(args.save_calib / f"{name}_input.npz", **{input_name: x})
+        for i, held_out in enumerate(seeded_variations(x, seed=HELD_OUT_SEED)):
+            np.savez(args.save_calib / f"{name}_held_out_{i}.npz", **{input_name: held_out})
     if args.techniques:
         method = {"calibration_method": "minmax" if args.method is None else args.method}
         plans = [rkcompile.compile(model, "rk3588", dataclasses.replace(options, **method, **switches))
@@ -99,17 +128,21 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
                          f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
         target = f"{search.target:.5f}" + (" (all-float16)" if search.target < args.auto_float16 else "")
         return f"| {name} | {search.start_cosine:.5f} | {target} | " + " | ".join(cells) + " |"
-    plan = rkcompile.compile(model, "rk3588", options)
+    with (jittered_ranges(args.range_jitter, args.seed) if args.range_jitter else contextlib.nullcontext()):
+        plan = rkcompile.compile(model, "rk3588", options)
     on_npz = worst_cosine(plan, model, {input_name: x})
     held_out = [worst_cosine(plan, model, {input_name: v}) for v in seeded_variations(x, seed=HELD_OUT_SEED)]
     digits = args.digits
     chosen = [t.applied[0] for t in plan.record.int8_techniques if t.name == "int8_settings"]
     settings = chosen[0] if chosen else options.calibration_method
+    if args.range_jitter:
+        settings += f"; ranges x (1 + {args.range_jitter:g} N(0, 1)), seed {args.seed}"
     row = (f"| {name} | {settings} | {len(options.float16_tensors)} | {on_npz:.{digits}f} | "
            f"{np.mean(held_out):.{digits}f} ({min(held_out):.{digits}f}) |")
     if args.peer is not None:
-        theirs = args.peer.get(name)
-        row += (" | |" if theirs is None else f" {theirs:.{digits}f} | {on_npz - theirs:+.{digits}f} |")
+        line = args.peer.get(name, {})
+        for ours, theirs in ((on_npz, line.get("worst_cosine")), (np.mean(held_out), line.get("held_out_mean"))):
+            row += " | |" if theirs is None else f" {theirs:.{digits}f} | {ours - theirs:+.{digits}f} |"
     return row
 
 
@@ -121,16 +154,16 @@ HEADERS = {
 }
 
 
-def peer_cosines(path: Path) -> dict[str, float]:
-    """Model -> rknn-toolkit2's worst output cosine, from a JSON of tools/peer_int8.py's lines
-    ({"results": [...]}, docs/int8_peer_rk3588.json) or the lines themselves; a failed build
-    has none."""
+def peer_results(path: Path) -> dict[str, dict]:
+    """Model -> tools/peer_int8.py's line for it (rknn-toolkit2's worst output cosine, and its
+    held-out mean where it was run with --held-out), from a JSON of those lines ({"results":
+    [...]}, docs/int8_peer_rk3588.json) or the lines themselves; a failed build has none."""
     text = path.read_text()
     try:
         lines = json.loads(text)["results"]
     except (json.JSONDecodeError, KeyError, TypeError):
         lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-    return {line["model"]: line["worst_cosine"] for line in lines if line.get("worst_cosine") is not None}
+    return {line["model"]: line for line in lines if line.get("worst_cosine") is not None}
 
 
 def main() -> None:
@@ -148,17 +181,20 @@ def main() -> None:
     parser.add_argument("--held-out", action="store_true",
                         help="with --techniques: each cell is the mean over the 3 held-out inputs, not the npz input")
     parser.add_argument("--save-calib", type=Path, metavar="DIR")
+    parser.add_argument("--range-jitter", type=float, metavar="EPS",
+                        help="scale each calibrated activation range by 1 + EPS * N(0, 1) (default mode only)")
+    parser.add_argument("--seed", type=int, default=1, help="with --range-jitter: the draw (default 1)")
     parser.add_argument("--digits", type=int, default=5, help="decimals of each cosine (default 5)")
     parser.add_argument("--peer", type=Path, metavar="JSON",
                         help="add rknn-toolkit2's worst cosine per model from this file, and ours minus it")
     args = parser.parse_args()
     if args.peer is not None:
-        args.peer = peer_cosines(args.peer)
+        args.peer = peer_results(args.peer)
     options = Options(dtype="int8", calibration_method=CHOOSE if args.method is None else args.method,
                       float16_tensors=tuple(args.float16))
     header = HEADERS["techniques" if args.techniques else "auto_float16" if args.auto_float16 else "default"]
     if args.peer is not None and header == HEADERS["default"]:
-        header += " rknn-toolkit2 | ours minus it |"
+        header += " rknn-toolkit2 | ours minus it | rknn-toolkit2 held-out mean | ours minus it |"
     print(header)
     print("|---" * header.count(" | ") + "|---|")
     with tempfile.TemporaryDirectory() as folder:

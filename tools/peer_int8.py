@@ -4,6 +4,7 @@ at the top of ../shared/peer/rknn_peer.py); imports nothing of rkcompile.
 
     PEER_VENV/bin/python tools/peer_int8.py MODEL.onnx CALIB_DIR INPUT.npz [--target rk3588]
                          [--algorithm normal|mmse] [--disable-rule RULE ...] [--analysis DIR]
+                         [--held-out NPZ ...]
 
 CALIB_DIR holds the calibration samples as 0.npy, 1.npy, ... (one-input models: the npz input
 and its 3 seeded variations, as tools/int8_table.py --save-calib writes them). The model is
@@ -15,7 +16,12 @@ Prints one JSON line: the worst output cosine, per output cosines, and the build
 the step that failed). --analysis DIR also runs the toolkit's accuracy_analysis on the
 simulator for INPUT.npz's input and leaves its report in DIR (error_analysis.txt: per layer the
 "entire" and "single" cosines; tools/int8_single_steps.py --peer compares ours with it).
+--held-out NPZ ... runs the same build on more inputs (tools/int8_table.py --save-calib writes
+the 3 seed-99 inputs its held-out column uses) and adds each one's worst output cosine and
+their mean to the line ("held_out_cosines", "held_out_mean").
 """
+from __future__ import annotations
+
 import argparse
 import json
 import sys
@@ -38,6 +44,7 @@ def main() -> int:
     parser.add_argument("--algorithm", default="normal", choices=["normal", "mmse"])
     parser.add_argument("--disable-rule", action="append", default=[])
     parser.add_argument("--analysis", type=Path, metavar="DIR")
+    parser.add_argument("--held-out", type=Path, nargs="+", default=[], metavar="NPZ")
     args = parser.parse_args()
     import onnx
     import onnxruntime as ort
@@ -87,18 +94,29 @@ def main() -> int:
             print(json.dumps(result))
             return 1
     result["build_seconds"] = round(time.perf_counter() - started, 1)
-    produced = rknn.inference(inputs=[x], data_format=["nchw"])
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    expected = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"]).run(None, {name: x})
-    cosines = []
-    for got, want in zip(produced, expected):
-        a = np.asarray(got, np.float64).reshape(-1)
-        b = np.asarray(want, np.float64).reshape(-1)
-        denominator = np.linalg.norm(a) * np.linalg.norm(b)
-        cosines.append(float(a @ b / denominator) if a.size == b.size and denominator > 0 else None)
-    result["cosines"] = cosines
-    result["worst_cosine"] = min((c for c in cosines if c is not None), default=None)
+    reference = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
+
+    def output_cosines(x: np.ndarray) -> list[float | None]:
+        produced = rknn.inference(inputs=[x], data_format=["nchw"])
+        cosines = []
+        for got, want in zip(produced, reference.run(None, {name: x})):
+            a = np.asarray(got, np.float64).reshape(-1)
+            b = np.asarray(want, np.float64).reshape(-1)
+            denominator = np.linalg.norm(a) * np.linalg.norm(b)
+            cosines.append(float(a @ b / denominator) if a.size == b.size and denominator > 0 else None)
+        return cosines
+
+    def worst(cosines: list[float | None]) -> float | None:
+        return min((c for c in cosines if c is not None), default=None)
+
+    result["cosines"] = output_cosines(x)
+    result["worst_cosine"] = worst(result["cosines"])
+    if args.held_out:
+        result["held_out_cosines"] = [worst(output_cosines(np.load(path)[name])) for path in args.held_out]
+        known = [c for c in result["held_out_cosines"] if c is not None]
+        result["held_out_mean"] = float(np.mean(known)) if known else None
     print(json.dumps(result))
     return 0
 
