@@ -106,9 +106,28 @@ def shape_only_model(graph: gs.Graph, opset: int) -> onnx.ModelProto:
     Shape inference needs only their shapes; serializing the data would dominate planning time
     and would materialize folded broadcast fills.
     """
-    inputs = [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in graph.inputs]
+    return _shape_only_model([node_proto(n) for n in graph.nodes], graph.name or "graph", graph.inputs,
+                             graph.tensors().values(), graph.outputs, opset, graph.import_domains)
+
+
+def node_shape_model(node: gs.Node, opset: int, import_domains) -> onnx.ModelProto:
+    """shape_only_model of a graph of `node` alone, its inputs that are not constants the graph's
+    inputs and its named outputs the graph's outputs, built without making that graph (a plan
+    infers one node at a time up to a thousand times: passes/fold_constants.py)."""
+    inputs = present_inputs(node)
+    outputs = [t for t in node.outputs if t.name]
+    tensors = {t.name: t for t in inputs + outputs}
+    return _shape_only_model([node_proto(node)], "graph", [t for t in inputs if not isinstance(t, gs.Constant)],
+                             tensors.values(), outputs, opset, import_domains)
+
+
+def _shape_only_model(nodes: list[onnx.NodeProto], name: str, inputs, tensors, outputs, opset: int,
+                      import_domains) -> onnx.ModelProto:
+    """A model of `nodes` reading `inputs` and the constants among `tensors` (data up to
+    SHAPE_DATA_MAX_ELEMENTS elements, else typed inputs), writing `outputs`."""
+    inputs = [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in inputs]
     initializers = []
-    for tensor in graph.tensors().values():
+    for tensor in tensors:
         if not isinstance(tensor, gs.Constant):
             continue
         if element_count(tensor.shape) <= SHAPE_DATA_MAX_ELEMENTS:
@@ -116,9 +135,8 @@ def shape_only_model(graph: gs.Graph, opset: int) -> onnx.ModelProto:
         else:
             inputs.append(onnx.helper.make_tensor_value_info(
                 tensor.name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype)), list(tensor.shape)))
-    outputs = [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in graph.outputs]
-    body = onnx.helper.make_graph([node_proto(n) for n in graph.nodes], graph.name or "graph",
-                                  inputs, outputs, initializers)
-    opsets = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains or []
+    outputs = [OnnxExporter.export_value_info_proto(t, do_type_check=False) for t in outputs]
+    body = onnx.helper.make_graph(nodes, name, inputs, outputs, initializers)
+    opsets = [onnx.helper.make_opsetid(d.domain, d.version) for d in import_domains or []
               if d.domain not in ("", "ai.onnx")]
     return onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid("", opset)] + opsets)

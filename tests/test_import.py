@@ -342,3 +342,73 @@ def test_the_checker_still_judges_every_large_weight_it_is_not_given(save, capsy
         assert main(["plan", str(save(model)), "--target", "rk3588", "--quiet"]) == 1
         err = capsys.readouterr().err
         assert err.startswith("error: invalid ONNX model: ") and len(err.strip().splitlines()) == 1
+
+
+def _folded_with_shapes_erased(path, monkeypatch, evaluate_first: bool):
+    """fold-constants on the imported graph of `path` with every node output's shape forgotten
+    (as a node whose inputs fold in the same sweep has them), evaluating small nodes before
+    inferring their shapes or, as before, inferring first; the graph and how often a node's
+    shapes were inferred."""
+    import onnx_graphsurgeon as gs
+
+    from rkcompile.context import CompileContext
+    from rkcompile.passes import fold_constants, import_model
+    from rkcompile.targets import get_target
+
+    inferred = []
+    infer = fold_constants._infer_node_shapes
+    monkeypatch.setattr(fold_constants, "_infer_node_shapes",
+                        lambda graph, node, opset: inferred.append(node.name) or infer(graph, node, opset))
+    if not evaluate_first:
+        monkeypatch.setattr(fold_constants, "_evaluates_small", lambda node: False)
+    ctx = CompileContext(model_path=path, target=get_target("rk3588"))
+    import_model.run(ctx)
+    for node in ctx.graph.nodes:
+        for tensor in node.outputs:
+            if isinstance(tensor, gs.Variable) and tensor.name != "x":
+                tensor.shape = None
+    fold_constants.run(ctx)
+    monkeypatch.undo()
+    graph = [(n.op, n.name, [(t.name, t.shape, str(t.dtype)) for t in n.inputs + n.outputs]) for n in ctx.graph.nodes]
+    constants = {name: np.asarray(t.values).tolist() for name, t in ctx.graph.tensors().items() if isinstance(t, gs.Constant)}
+    return graph, constants, inferred
+
+
+def test_small_constant_nodes_fold_from_their_values_as_from_inferred_shapes(save, monkeypatch):
+    """A node of small constant inputs folds from its values without its shapes inferred first,
+    to the graph inference-first folding gave: a shape chain, broadcasting and a Gather that
+    folds, a Concat just over the folding bound (stays a node, shapes inferred), a Gather whose
+    index is out of range (stays, shapes inferred), a ConstantOfShape (folds to a view)."""
+    import rkcompile.passes.fold_constants as fold_constants
+
+    monkeypatch.setattr(fold_constants, "MAX_FOLDED_ELEMENTS", 256)
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+             helper.make_node("Unsqueeze", ["n", "zeros"], ["n1"], name="unsqueeze"),
+             helper.make_node("Concat", ["n1", "minus_one"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"], name="reshape"),
+             helper.make_node("Add", ["column", "row"], ["grid"], name="broadcast"),  # [5, 1] + [1, 6]
+             helper.make_node("Gather", ["grid", "picks"], ["picked"], name="pick", axis=1),
+             helper.make_node("Concat", ["wide", "wide"], ["too_wide"], name="too_wide", axis=0),  # 2 x 200 > 256
+             helper.make_node("Gather", ["column", "outside"], ["nowhere"], name="out_of_range", axis=0),
+             helper.make_node("ConstantOfShape", ["dims"], ["fill"], name="fill",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5]))]
+    model = make_model(nodes, [value_info("x", [2, 3, 4])],
+                       [value_info(name, shape) for name, shape in (("r", [2, 12]), ("picked", [5, 2, 2]),
+                        ("too_wide", [400]), ("nowhere", [1, 1]), ("fill", [4, 100]))],
+                       [weight("zero", np.array(0, np.int64)), weight("zeros", np.array([0], np.int64)),
+                        weight("minus_one", np.array([-1], np.int64)),
+                        weight("column", np.arange(5, dtype=np.float32).reshape(5, 1)),
+                        weight("row", np.arange(6, dtype=np.float32).reshape(1, 6)),
+                        weight("picks", np.array([[5, 0], [1, 1]], np.int64)),
+                        weight("wide", np.ones(200, np.float32)), weight("outside", np.array([7], np.int64)),
+                        weight("dims", np.array([4, 100], np.int64))])
+    path = save(model)
+    graph, constants, inferred = _folded_with_shapes_erased(path, monkeypatch, evaluate_first=True)
+    monkeypatch.setattr(fold_constants, "MAX_FOLDED_ELEMENTS", 256)
+    before = _folded_with_shapes_erased(path, monkeypatch, evaluate_first=False)
+    assert (graph, constants) == before[:2]
+    assert [op for op, _, _ in graph] == ["Reshape", "Concat", "Gather"]  # too_wide, out_of_range stay
+    assert sorted(inferred) == ["out_of_range", "reshape", "too_wide"]
+    assert len(before[2]) > len(inferred)
+    assert constants["picked"] == np.take(np.arange(5.0)[:, None] + np.arange(6.0), [[5, 0], [1, 1]], axis=1).tolist()

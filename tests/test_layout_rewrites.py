@@ -19,7 +19,8 @@ from onnx import helper
 
 from rkcompile.cli import main
 from rkcompile.passes.legalize import check_node
-from rkcompile.passes.rewrites.layout import transpose_views
+from rkcompile.passes.rewrites.layout import (MAX_TRANSPOSE_VIEWS, SLICED_VIEWS, _placements, _transpose_views,
+                                                next_refinements, transpose_groups, transpose_views)
 from rkcompile.pipeline import compile_model
 from rkcompile.targets import get_target
 
@@ -107,6 +108,47 @@ def test_transpose_views_all_move_data_as_the_perm_does(shape, perm):
     assert len(views) > 1
     for in4, perm4 in views:
         np.testing.assert_array_equal(np.transpose(x.reshape(in4), perm4).reshape(-1), want)
+
+
+def _all_views_at_once(shape, perm) -> list:
+    """transpose_views as it was written before it listed lazily: every refinement first, then
+    their placements (the oracle for the lazy listing)."""
+    groups = transpose_groups(shape, perm)
+    if groups is None:
+        return []
+    layer, seen, refinements = [groups], set(), []
+    while layer and len(refinements) < MAX_TRANSPOSE_VIEWS:
+        refinements.extend(layer)
+        layer = next_refinements(layer, seen)
+    views: dict[tuple, None] = {}
+    for leading_only in (True, False):
+        for dims, gperm in refinements:
+            for view in _placements(dims, gperm, leading_only):
+                views[view] = None
+                if len(views) >= MAX_TRANSPOSE_VIEWS:
+                    return list(views)
+    return list(views)
+
+
+def test_transpose_views_listed_lazily_are_all_views_in_the_same_order():
+    """Random shapes of rank 2 to 6 with size-1 axes and many-factor dims (720 = 2^4*3^2*5 fills
+    the MAX_TRANSPOSE_VIEWS cap), random perms, a perm that moves nothing: the same views in the
+    same order, read whole or first in part."""
+    rng = np.random.default_rng(5)
+    cases = [([720, 1, 6], [2, 0, 1]), ([4, 5], [0, 1]), ([1, 1], [1, 0]), ([7, 11, 13], [2, 1, 0])]
+    for _ in range(60):
+        rank = int(rng.integers(2, 7))
+        cases.append(([int(rng.choice([1, 2, 3, 4, 6, 12, 35, 64, 720])) for _ in range(rank)],
+                      [int(p) for p in rng.permutation(rank)]))
+    capped = 0
+    for shape, perm in cases:
+        expected = _all_views_at_once(shape, perm)
+        capped += len(expected) == MAX_TRANSPOSE_VIEWS
+        views = _transpose_views(tuple(shape), tuple(perm))
+        assert views.first(3) == expected[:3], (shape, perm)
+        assert transpose_views(shape, perm) == expected, (shape, perm)
+        assert list(views) == expected and views.first(SLICED_VIEWS) == expected[:SLICED_VIEWS]
+    assert capped >= 3
 
 
 def test_transpose_views_hands_each_caller_its_own_list():

@@ -127,37 +127,80 @@ def transpose_views(shape, perm) -> list[tuple[tuple[int, ...], tuple[int, ...]]
 
 
 @functools.lru_cache(maxsize=1024)
-def _transpose_views(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
-    """transpose_views, remembered: a model's attention blocks repeat the same few Transposes,
-    and the views of each take thousands of steps to list (tv_maxvit_t: 242 asks, 0.35 s)."""
+def _transpose_views(shape: tuple[int, ...], perm: tuple[int, ...]) -> "_Views":
+    """transpose_views, remembered and listed only as far as it is read: a model's attention
+    blocks repeat the same few Transposes, and listing all views of one takes thousands of
+    steps where the first is often legal (tv_maxvit_t: 242 asks, 0.35 s to list them all)."""
+    return _Views(_views_in_order(shape, perm))
+
+
+class _Views:
+    """A sequence made from an iterator as far as it is read, kept for the next reader."""
+
+    def __init__(self, made):
+        self._made, self._rest = [], made
+
+    def __iter__(self):
+        index = 0
+        while True:
+            if index == len(self._made):
+                following = next(self._rest, None)
+                if following is None:
+                    return
+                self._made.append(following)
+            yield self._made[index]
+            index += 1
+
+    def first(self, count: int) -> list:
+        return list(itertools.islice(self, count))
+
+
+def _views_in_order(shape: tuple[int, ...], perm: tuple[int, ...]):
+    """transpose_views' views in its order, at most MAX_TRANSPOSE_VIEWS of them: each refinement
+    (breadth first) with its size-1 axes leading, then the other placements of each."""
     groups = transpose_groups(shape, perm)
     if groups is None:
-        return ()
-    layer, seen = [groups], set()
-    refinements = []
-    while layer and len(refinements) < MAX_TRANSPOSE_VIEWS:
-        refinements.extend(layer)
-        following = []
-        for dims, gperm in layer:
-            for index, dim in enumerate(dims if len(dims) < 4 else ()):
-                for factor in (f for f in range(2, dim) if dim % f == 0):
-                    split_perm = []
-                    for g in gperm:
-                        split_perm += [index, index + 1] if g == index else [g + (g > index)]
-                    split = (dims[:index] + [factor, dim // factor] + dims[index + 1:], split_perm)
-                    if repr(split) not in seen:
-                        seen.add(repr(split))
-                        following.append(split)
-        layer = following
-    # Each refinement with its size-1 axes leading first, the other placements after.
-    views: dict[tuple, None] = {}
+        return
+    refinements = []  # those read so far: the other placements go over them all again
+    views: set[tuple] = set()
     for leading_only in (True, False):
-        for dims, gperm in refinements:
+        for dims, gperm in (_refinements(groups, refinements) if leading_only else refinements):
             for view in _placements(dims, gperm, leading_only):
-                views[view] = None
+                if view not in views:
+                    views.add(view)
+                    yield view
                 if len(views) >= MAX_TRANSPOSE_VIEWS:
-                    return tuple(views)
-    return tuple(views)
+                    return
+
+
+def _refinements(groups, read: list):
+    """The merged groups, then the groups with one group cut in two factors, layer by layer
+    (breadth first), until a layer brings the count to MAX_TRANSPOSE_VIEWS; each one also
+    appended to `read` as it is yielded."""
+    layer, seen, count = [groups], set(), 0
+    while layer and count < MAX_TRANSPOSE_VIEWS:
+        for refinement in layer:
+            read.append(refinement)
+            yield refinement
+        count += len(layer)
+        layer = next_refinements(layer, seen)
+
+
+def next_refinements(layer: list, seen: set) -> list:
+    """The refinements of a layer's groups with one group of under 4 cut in two factors, each
+    not in `seen` (repr'd), which they join."""
+    following = []
+    for dims, gperm in layer:
+        for index, dim in enumerate(dims if len(dims) < 4 else ()):
+            for factor in (f for f in range(2, dim) if dim % f == 0):
+                split_perm = []
+                for g in gperm:
+                    split_perm += [index, index + 1] if g == index else [g + (g > index)]
+                split = (dims[:index] + [factor, dim // factor] + dims[index + 1:], split_perm)
+                if repr(split) not in seen:
+                    seen.add(repr(split))
+                    following.append(split)
+    return following
 
 
 def _placements(dims: list[int], gperm: list[int], leading_only: bool):
@@ -219,12 +262,12 @@ def _legal_transpose_view(shape, perm, legal: "_TransposeProbe"):
     """The first view of `perm` on `shape` that `legal` accepts, with None for its slicing; else
     the first view (of the first SLICED_VIEWS) and (axis, sizes) in the fewest slices along one
     axis that it accepts; else None."""
-    views = transpose_views(shape, perm)
+    views = _transpose_views(tuple(shape), tuple(perm))
     found = next(((view, None) for view in views if legal(*view)), None)
     for slices in range(2, MAX_TRANSPOSE_SLICES + 1):
         if found is not None:
             break
-        for view in views[:SLICED_VIEWS]:
+        for view in views.first(SLICED_VIEWS):
             sizes = next((s for s in (_slice_sizes(view, axis, slices, legal) for axis in range(4)) if s), None)
             if sizes is not None:
                 found = view, sizes
