@@ -464,6 +464,33 @@ def test_linear_resize_blends_in_place_with_the_expressions_rounding():
     np.testing.assert_array_equal(result.view(np.uint32), expected.view(np.uint32))
 
 
+RESIZES = {
+    "linear_upsample": ((1, 6, 5, 7), [1, 6, 11, 16], {"mode": "linear"}),
+    "linear_align_corners_every_axis": ((2, 3, 4, 5), [3, 5, 7, 3],
+                                        {"mode": "linear", "coordinate_transformation_mode": "align_corners"}),
+    "nearest_down_and_up": ((1, 9, 8, 6), [1, 9, 3, 13], {"mode": "nearest", "nearest_mode": "floor",
+                                                           "coordinate_transformation_mode": "asymmetric"}),
+    "linear_3d": ((1, 4, 3, 4, 5), [1, 4, 6, 2, 9], {"mode": "linear"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESIZES))
+def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for_bit(name):
+    """Over channels-last memory the resize gathers and blends on the channels-last view (with
+    the last spatial axis' weights repeated along the channels), every ONNX axis in its place,
+    N and C included: the values the channels-first resize of contiguous memory gives, bit for
+    bit, and the result channels-last in memory for the store."""
+    from rkcompile.emulator.kernels.resize import resize
+
+    shape, sizes, attrs = RESIZES[name]
+    x = rng.standard_normal(shape).astype(np.float16).astype(np.float32)
+    node = gs.Node("Resize", attrs=attrs)
+    operands = [None, None, np.array(sizes, np.int64)]
+    (last,), (first,) = resize(node, [channels_last(x), *operands], 13), resize(node, [x, *operands], 13)
+    assert list(last.shape) == sizes and np.moveaxis(last, 1, -1).flags.c_contiguous
+    np.testing.assert_array_equal(np.ascontiguousarray(last).view(np.uint32), first.view(np.uint32))
+
+
 @pytest.mark.skipif(pages._set_madvise_hugepage is None, reason="this numpy has no huge-page switch")
 @pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
 def test_an_executor_allocates_its_regions_in_small_pages(monkeypatch):

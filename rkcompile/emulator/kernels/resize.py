@@ -72,8 +72,18 @@ def resize(node, inputs, opset):
     if transform == "tf_crop_and_resize" or attr(node, "antialias", 0):
         raise Unsupported(f"Resize {transform}")
     sizes, scales = _sizes_and_scales(node, inputs, x, opset)
+    # over channels-last memory (as Storage.read hands NC1HWC2 tensors over), resize the
+    # channels-last view: each gather then moves whole pixels, where along a channels-first view
+    # of that memory it picks elements one by one (a 21x40x40 -> 320x320 linear resize, 10.6 ms
+    # -> 3); every element is the same expression of the same two neighbours, axis by axis in the
+    # same order, so the values are the same
+    channels_last = x.ndim > 2 and np.moveaxis(x, 1, -1).flags.c_contiguous and not x.flags.c_contiguous
+    position = list(range(x.ndim))  # where each ONNX axis is in the array resized
+    if channels_last:
+        x, position = np.moveaxis(x, 1, -1), [0, x.ndim - 1] + list(range(1, x.ndim - 1))
     y = x
-    for axis, (out_size, scale) in enumerate(zip(sizes, scales)):
+    for onnx_axis, (out_size, scale) in enumerate(zip(sizes, scales)):
+        axis = position[onnx_axis]
         in_size = x.shape[axis]
         if out_size == in_size and scale == 1:
             continue
@@ -87,6 +97,10 @@ def resize(node, inputs, opset):
         shape = [1] * y.ndim
         shape[axis] = out_size
         weight = (coordinates - low).astype(np.float32).reshape(shape)
+        if channels_last and axis == y.ndim - 2:
+            # the weights repeated along the last axis (the channels), so the
+            # products below run as one inner loop over each row rather than one per pixel
+            weight = np.repeat(weight, y.shape[-1], axis=-1)
         # low * (1 - weight) + high * weight, each product and the sum rounded as that
         # expression rounds them, computed in the two gathered arrays (no full-size temporaries)
         blended = np.take(y, low, axis=axis)
@@ -95,4 +109,4 @@ def resize(node, inputs, opset):
         upper *= weight
         blended += upper
         y = blended
-    return [y]
+    return [np.moveaxis(y, -1, 1) if channels_last else y]
