@@ -443,7 +443,9 @@ def _in_order(region: list[gs.Node], produced: set[int]) -> list[gs.Node]:
         for member in ready:
             ordered.append(member)
             done.update(id(t) for t in member.outputs)
-        pending = [n for n in pending if n not in ready]
+        # by identity: onnx-graphsurgeon's Node.__eq__ compares attributes, inputs and outputs
+        placed = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in placed]
     return ordered
 
 
