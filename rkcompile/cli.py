@@ -16,9 +16,8 @@ from . import __version__
 from .context import CHOOSE, Options
 from .errors import CompileError
 from .idle_npu import refuse_idle_npu
-from .plan import STDOUT, write_atomically
+from .plan import CHANNEL_ORDERS, STDOUT, write_atomically
 from .progress import quiet
-from .quantize import CHANNEL_ORDERS
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:

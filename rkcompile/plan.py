@@ -30,6 +30,8 @@ REGIONS = ("arena", "weight", "input", "output")
 FUSED_DOMAIN = "rkcompile"
 #: Plan dtypes whose NPU tensors are integers that need `Plan.quantization` to mean anything.
 QUANTIZED_DTYPES = ("int8",)
+#: The channel orders int8 calibration images can be given in (--channel-order, quantize.ImagePreprocessing).
+CHANNEL_ORDERS = ("RGB", "BGR")
 
 
 @frozen_dataclass

@@ -31,7 +31,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .errors import CompileError
-from .plan import Quantization, TensorSpec
+from .plan import CHANNEL_ORDERS, Quantization, TensorSpec
 
 log = logging.getLogger("rkcompile")
 
@@ -79,7 +79,6 @@ PER_CHANNEL_WEIGHTS = frozenset({"Conv"})
 
 #: Image files calibration reads (with Pillow), as rknn-toolkit2's dataset.txt names them.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
-CHANNEL_ORDERS = ("RGB", "BGR")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 #: modules only int8 calibration, --auto-float16, the emulator or a CPU step need
 NOT_FOR_A_FLOAT16_PLAN = ("rkcompile.api", "rkcompile.auto_float16", "rkcompile.emulator.executor",
                           "rkcompile.emulator.kernels", "rkcompile.emulator.int8", "onnx.reference", "onnxruntime",
-                          "tqdm")
+                          "tqdm", "rkcompile.quantize", "rkcompile.passes.quantize", "rkcompile.passes.int8_accuracy")
 
 PROBE_IMPORTS = """
 import json, sys

@@ -9,7 +9,6 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir import constant_value, dtype_name, static_shape
 from rkcompile.plan import QUANTIZED_DTYPES
-from rkcompile.quantize import is_movement
 
 from .base import Candidates, RewriteRule, Site, scalar
 
@@ -136,6 +135,8 @@ def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
 def _reaches_only_outputs(tensor: gs.Tensor, site: Site) -> bool:
     """Whether nothing but data-movement nodes (Reshape, Flatten, ...) lie between `tensor` and
     the model outputs it reaches, and it reaches at least one."""
+    from rkcompile.quantize import is_movement  # int8 plans only: a float16 plan imports no int8 module
+
     if not tensor.outputs:
         return tensor.name in site.graph_outputs
     return all(is_movement(reader) and all(_reaches_only_outputs(t, site) for t in reader.outputs if t.name)
