@@ -3,6 +3,7 @@
     python tools/int8_table.py [--zoo DIR] [--method auto|minmax|percentile|kl|mmse] [--float16 TENSOR ...]
                                [--techniques [--held-out] | --auto-float16 COSINE] [--save-calib DIR]
                                [--digits N] [--peer docs/int8_peer_rk3588.json] [--range-jitter EPS [--seed N]]
+                               [--calibration-set]
                                [MODEL ...]
 
 Each model is calibrated on its NAME.npz input plus 3 seeded variations (`seeded_variations`).
@@ -22,6 +23,9 @@ chosen, the worst calibration cosine reached, the npz input's cosine and the pla
 from --seed and the range itself, so every candidate plan of the choice gets the same draw):
 how far a change far below calibration's own precision moves the cosines, i.e. the spread of
 one input's cosine that a comparison with another tool cannot resolve.
+--calibration-set adds the cosine on the calibration set itself: the worst over its 4 samples
+(the npz input and its 3 variations) and their mean, and with --peer the toolkit's (the line's
+"calibration_cosines", tools/peer_int8.py --calibration-set) and ours minus it.
 --save-calib DIR also writes each model's calibration set as DIR/NAME/0.npy..., its npz
 input as DIR/NAME_input.npz and its 3 held-out inputs as DIR/NAME_held_out_0.npz ... (what
 tools/peer_int8.py gives rknn-toolkit2: the calibration set, the input, --held-out)."""
@@ -139,10 +143,17 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         settings += f"; ranges x (1 + {args.range_jitter:g} N(0, 1)), seed {args.seed}"
     row = (f"| {name} | {settings} | {len(options.float16_tensors)} | {on_npz:.{digits}f} | "
            f"{np.mean(held_out):.{digits}f} ({min(held_out):.{digits}f}) |")
+    line = args.peer.get(name, {}) if args.peer is not None else {}
     if args.peer is not None:
-        line = args.peer.get(name, {})
         for ours, theirs in ((on_npz, line.get("worst_cosine")), (np.mean(held_out), line.get("held_out_mean"))):
             row += " | |" if theirs is None else f" {theirs:.{digits}f} | {ours - theirs:+.{digits}f} |"
+    if args.calibration_set:
+        ours = [on_npz] + [worst_cosine(plan, model, {input_name: v}) for v in seeded_variations(x)]
+        row += f" {min(ours):.{digits}f} ({np.mean(ours):.{digits}f}) |"
+        if args.peer is not None:
+            theirs = [c for c in line.get("calibration_cosines") or () if c is not None]
+            row += (" | |" if len(theirs) != len(ours) else f" {min(theirs):.{digits}f} ({np.mean(theirs):.{digits}f}) | "
+                    f"{min(ours) - min(theirs):+.{digits}f} ({np.mean(ours) - np.mean(theirs):+.{digits}f}) |")
     return row
 
 
@@ -184,6 +195,8 @@ def main() -> None:
     parser.add_argument("--range-jitter", type=float, metavar="EPS",
                         help="scale each calibrated activation range by 1 + EPS * N(0, 1) (default mode only)")
     parser.add_argument("--seed", type=int, default=1, help="with --range-jitter: the draw (default 1)")
+    parser.add_argument("--calibration-set", action="store_true",
+                        help="also the cosine on each calibration sample: their worst and mean (default mode only)")
     parser.add_argument("--digits", type=int, default=5, help="decimals of each cosine (default 5)")
     parser.add_argument("--peer", type=Path, metavar="JSON",
                         help="add rknn-toolkit2's worst cosine per model from this file, and ours minus it")
@@ -193,8 +206,13 @@ def main() -> None:
     options = Options(dtype="int8", calibration_method=CHOOSE if args.method is None else args.method,
                       float16_tensors=tuple(args.float16))
     header = HEADERS["techniques" if args.techniques else "auto_float16" if args.auto_float16 else "default"]
-    if args.peer is not None and header == HEADERS["default"]:
-        header += " rknn-toolkit2 | ours minus it | rknn-toolkit2 held-out mean | ours minus it |"
+    if header == HEADERS["default"]:
+        if args.peer is not None:
+            header += " rknn-toolkit2 | ours minus it | rknn-toolkit2 held-out mean | ours minus it |"
+        if args.calibration_set:
+            header += " calibration set: worst (mean) |"
+            if args.peer is not None:
+                header += " rknn-toolkit2: worst (mean) | ours minus it |"
     print(header)
     print("|---" * header.count(" | ") + "|---|")
     with tempfile.TemporaryDirectory() as folder:

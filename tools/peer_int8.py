@@ -4,7 +4,7 @@ at the top of ../shared/peer/rknn_peer.py); imports nothing of rkcompile.
 
     PEER_VENV/bin/python tools/peer_int8.py MODEL.onnx CALIB_DIR INPUT.npz [--target rk3588]
                          [--algorithm normal|mmse] [--disable-rule RULE ...] [--analysis DIR]
-                         [--held-out NPZ ...]
+                         [--held-out NPZ ...] [--calibration-set]
 
 CALIB_DIR holds the calibration samples as 0.npy, 1.npy, ... (one-input models: the npz input
 and its 3 seeded variations, as tools/int8_table.py --save-calib writes them). The model is
@@ -18,7 +18,10 @@ simulator for INPUT.npz's input and leaves its report in DIR (error_analysis.txt
 "entire" and "single" cosines; tools/int8_single_steps.py --peer compares ours with it).
 --held-out NPZ ... runs the same build on more inputs (tools/int8_table.py --save-calib writes
 the 3 seed-99 inputs its held-out column uses) and adds each one's worst output cosine and
-their mean to the line ("held_out_cosines", "held_out_mean").
+their mean to the line ("held_out_cosines", "held_out_mean"). --calibration-set runs it on each
+calibration sample of CALIB_DIR too, in index order, and adds each one's worst output cosine
+("calibration_cosines": the cosine on the calibration set itself, which tools/int8_table.py
+--calibration-set compares with ours).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ def main() -> int:
     parser.add_argument("--disable-rule", action="append", default=[])
     parser.add_argument("--analysis", type=Path, metavar="DIR")
     parser.add_argument("--held-out", type=Path, nargs="+", default=[], metavar="NPZ")
+    parser.add_argument("--calibration-set", action="store_true")
     args = parser.parse_args()
     import onnx
     import onnxruntime as ort
@@ -117,6 +121,9 @@ def main() -> int:
         result["held_out_cosines"] = [worst(output_cosines(np.load(path)[name])) for path in args.held_out]
         known = [c for c in result["held_out_cosines"] if c is not None]
         result["held_out_mean"] = float(np.mean(known)) if known else None
+    if args.calibration_set:
+        in_index_order = sorted(args.calib.glob("*.npy"), key=lambda path: int(path.stem))
+        result["calibration_cosines"] = [worst(output_cosines(np.load(path))) for path in in_index_order]
     print(json.dumps(result))
     return 0
 
