@@ -92,9 +92,14 @@ def model_input(model: Path) -> tuple[str, np.ndarray]:
     return input_name, np.load(model.with_suffix(".npz"))[input_name]
 
 
+def calibration_set(x: np.ndarray) -> list[np.ndarray]:
+    """A model's calibration samples: its npz input first, then its 3 seeded variations."""
+    return [x] + seeded_variations(x)
+
+
 def write_calibration(folder: Path, x: np.ndarray) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    for i, sample in enumerate([x] + seeded_variations(x)):
+    for i, sample in enumerate(calibration_set(x)):
         np.save(folder / f"{i}.npy", sample)
     return folder
 
@@ -148,7 +153,7 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         for ours, theirs in ((on_npz, line.get("worst_cosine")), (np.mean(held_out), line.get("held_out_mean"))):
             row += " | |" if theirs is None else f" {theirs:.{digits}f} | {ours - theirs:+.{digits}f} |"
     if args.calibration_set:
-        ours = [on_npz] + [worst_cosine(plan, model, {input_name: v}) for v in seeded_variations(x)]
+        ours = [on_npz] + [worst_cosine(plan, model, {input_name: v}) for v in calibration_set(x)[1:]]
         row += f" {min(ours):.{digits}f} ({np.mean(ours):.{digits}f}) |"
         if args.peer is not None:
             theirs = [c for c in line.get("calibration_cosines") or () if c is not None]

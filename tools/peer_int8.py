@@ -122,7 +122,8 @@ def main() -> int:
         known = [c for c in result["held_out_cosines"] if c is not None]
         result["held_out_mean"] = float(np.mean(known)) if known else None
     if args.calibration_set:
-        in_index_order = sorted(args.calib.glob("*.npy"), key=lambda path: int(path.stem))
+        # 0.npy, 1.npy, ... in index order: 10.npy after 9.npy, not after 1.npy
+        in_index_order = sorted(args.calib.glob("*.npy"), key=lambda path: (len(path.stem), path.stem))
         result["calibration_cosines"] = [worst(output_cosines(np.load(path))) for path in in_index_order]
     print(json.dumps(result))
     return 0
