@@ -4,20 +4,19 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import logging
+import gc
 import os
 import sys
 import threading
-import zipfile
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from . import __version__
-from .context import CHOOSE, Options
+from .collector import cyclic_collector_paused
 from .errors import CompileError
-from .idle_npu import refuse_idle_npu
-from .plan import CHANNEL_ORDERS, STDOUT, write_atomically
-from .progress import quiet
+
+if TYPE_CHECKING:
+    from .context import Options
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -58,20 +57,41 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .passes.multicore import CORE_MASKS
-    from .pipeline import PASS_NAMES
-    from .targets import TARGET_MODULES
-
-    names = ", ".join(TARGET_MODULES)  # named as their targets: the help builds no target
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. With `command` (one of the subcommands), only that subcommand
+    gets its arguments; the others keep their name, help line and description, which is all the
+    top-level help, a usage error and parsing `command`'s arguments read. Building the other
+    subcommands' arguments (5-10 ms) and importing what their choices come from is start-up
+    time a plan process would pay for nothing (tools/bench_plan.py)."""
     parser = _Parser(prog="rkcompile", description="Plan ONNX models for Rockchip RKNPU2 NPUs.")
     parser.add_argument("--version", action="version", version=f"rkcompile {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each pass and every CPU fallback")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (help_line, description, add_arguments) in _SUBCOMMANDS.items():
+        subcommand = commands.add_parser(name, help=help_line, description=description)
+        if command is None or command == name:
+            add_arguments(subcommand)
+    return parser
 
-    plan = commands.add_parser("plan", help="plan a model for a target and print a summary",
-                               description="Plan MODEL for an RKNPU2 target: placement, partitions, memory.")
-    _add_model_arguments(plan, names)
+
+def command_named(argv: list[str]) -> str | None:
+    """The subcommand `argv` names, None when it names none: the first argument that is not an
+    option, as the top-level options (-v, --version, -h) take no value."""
+    name = next((argument for argument in argv if not argument.startswith("-")), None)
+    return name if name in _SUBCOMMANDS else None
+
+
+def _target_names() -> str:
+    from .targets import TARGET_MODULES
+
+    return ", ".join(TARGET_MODULES)  # named as their targets: the help builds no target
+
+
+def _plan_arguments(plan: argparse.ArgumentParser) -> None:
+    from .passes.multicore import CORE_MASKS
+    from .pipeline import PASS_NAMES
+
+    _add_model_arguments(plan)
     plan.add_argument("--json", type=Path, metavar="PATH", help="write the plan (rkcompile.plan/2) to PATH")
     plan.add_argument("-o", "--output", type=Path, metavar="PLAN.rkplan",
                       help="write the plan artifact (plan.json and the weight region, docs/plan-schema.md) to "
@@ -88,43 +108,30 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--explain", metavar="NODE",
                       help="print every rule checked for NODE (a node name of the input model), pass or fail")
 
-    commands.add_parser("targets", help="list the targets and their figures")
 
-    ops = commands.add_parser("ops", help="print a target's supported operators and their rules",
-                              description="Render the SUPPORTED_OPS document of a target from the rules "
-                                          "legalize enforces.")
-    ops.add_argument("--target", required=True, help=f"the SoC ({names})")
+def _ops_arguments(ops: argparse.ArgumentParser) -> None:
+    ops.add_argument("--target", required=True, help=f"the SoC ({_target_names()})")
     ops.add_argument("--format", default="md", choices=OPS_FORMATS, help="Markdown or plain text (default md)")
     ops.add_argument("-o", "--output", type=Path, metavar="OUT", help="write to OUT instead of printing")
 
-    graph = commands.add_parser("graph", help="draw the partition graph of a plan",
-                                description="Plan MODEL (or read a saved plan) and write its partition graph: "
-                                            "Graphviz DOT, SVG (needs Graphviz's dot), a self-contained HTML page "
-                                            "with the memory and time pictures, an ONNX file with one "
-                                            "rkcompile::NpuPartition node per NPU partition, or one of the two "
-                                            "pictures as SVG: the arena over the steps (memory-svg) or the "
-                                            "per-core timeline of an estimated run (timeline-svg).")
-    _add_model_arguments(graph, names, saved_plan=True)
+
+def _graph_arguments(graph: argparse.ArgumentParser) -> None:
+    _add_model_arguments(graph, saved_plan=True)
     graph.set_defaults(dtype=None, batch=None)  # None: not given, so a saved plan's own values hold
     graph.add_argument("--format", choices=GRAPH_FORMATS,
                        help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm or .onnx)")
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
                        help="the file to write ('-' for standard output, with --format)")
 
-    compare = commands.add_parser("compare", help="plan a model for several SoCs and print one table",
-                                  description="Plan MODEL for each target and print one row per SoC: NPU share "
-                                              "of the ops, CPU ops, steps, arena, weights and estimated fps "
-                                              "(docs/cost-model.md). A target that cannot take the model gets "
-                                              "a row saying why.")
-    _add_model_arguments(compare, names, target_help="the SoCs to plan for: 'all', or a comma list")
+
+def _compare_arguments(compare: argparse.ArgumentParser) -> None:
+    _add_model_arguments(compare, target_help="the SoCs to plan for: 'all', or a comma list")
     compare.add_argument("--json", type=Path, metavar="PATH", help="also write the rows as JSON to PATH ('-': "
                                                                    "standard output, the table then on standard error)")
 
-    run = commands.add_parser("run", help="execute a plan on the numpy emulator and check its outputs",
-                              description="Plan MODEL (or load a saved plan) and execute the plan on the numpy "
-                                          "emulator: arena offsets, NC1HWC2, float16 on the NPU, weights read "
-                                          "from the weight region.")
-    _add_model_arguments(run, names, model_optional=True)
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
+    _add_model_arguments(run, model_optional=True)
     run.set_defaults(dtype=None, batch=None)  # None: not given, so a saved artifact's own values hold
     run.add_argument("--plan", type=Path, metavar="PLAN",
                      help="execute this saved plan: a PLAN.rkplan artifact needs no MODEL (given one, it must "
@@ -146,13 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print each step's cosine against the planned graph run in float32, and the worst "
                           "steps (for --dtype int8; rknn-toolkit2's accuracy_analysis)")
 
-    zoo = commands.add_parser("zoo", help="plan (and emulate) every model of a folder, compare with goldens",
-                              description="Plan every .onnx under FOLDER for each target in parallel processes, "
-                                          "print a table, and compare with golden summaries; exit 1 on a "
-                                          "regression (docs/zoo.md defines them).")
+
+def _zoo_arguments(zoo: argparse.ArgumentParser) -> None:
     zoo.add_argument("folder", type=Path, metavar="DIR", help="folder searched recursively for .onnx files")
     zoo.add_argument("--target", action="append", metavar="T",
-                     help=f"a SoC to plan for, repeatable (default rk3588; {names})")
+                     help=f"a SoC to plan for, repeatable (default rk3588; {_target_names()})")
     zoo.add_argument("--jobs", type=_positive, metavar="N", help="worker processes (default: the CPUs available)")
     zoo.add_argument("--scheduler", metavar="ADDRESS",
                      help="run the jobs on the Dask distributed cluster whose scheduler is at ADDRESS "
@@ -168,18 +173,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="arena growth that is still no regression (default 0.02)")
     zoo.add_argument("--min-cosine", type=float, default=0.9999,
                      help="a worst cosine below this (and below the golden's) is a regression (default 0.9999)")
-    return parser
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, model_optional: bool = False,
-                         saved_plan: bool = False, target_help: str = "the SoC to plan for") -> None:
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    """`targets` takes no arguments of its own."""
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = False, saved_plan: bool = False,
+                         target_help: str = "the SoC to plan for") -> None:
     """What every command that plans a model takes (`run` can take a saved plan instead, and
     `graph` a saved plan as MODEL)."""
+    from .context import CHOOSE
+    from .plan import CHANNEL_ORDERS
+
     parser.add_argument("model", type=Path, nargs="?" if model_optional else None,
                         help="the ONNX model file, or a saved plan (PLAN.rkplan or plan JSON)" if saved_plan
                         else "the ONNX model file")
     parser.add_argument("--target", required=not (model_optional or saved_plan),
-                        help=f"{target_help} ({target_names})"
+                        help=f"{target_help} ({_target_names()})"
                              + ("; a saved plan has its own" if saved_plan else ""))
     parser.add_argument("--dtype", default="float16", choices=["float16", "int8"],
                         help="NPU compute dtype (default float16); int8 is calibrated with --calib")
@@ -222,6 +233,33 @@ def _add_model_arguments(parser: argparse.ArgumentParser, target_names: str, mod
                              "RKCOMPILE_VERIFY_PASSES=1): a pass that breaks one fails by name")
 
 
+#: subcommand -> its help line, its description (None: argparse's default, the help line's
+#: absence) and what adds its arguments; the order is the help's
+_SUBCOMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None]]] = {
+    "plan": ("plan a model for a target and print a summary",
+             "Plan MODEL for an RKNPU2 target: placement, partitions, memory.", _plan_arguments),
+    "targets": ("list the targets and their figures", None, _no_arguments),
+    "ops": ("print a target's supported operators and their rules",
+            "Render the SUPPORTED_OPS document of a target from the rules legalize enforces.", _ops_arguments),
+    "graph": ("draw the partition graph of a plan",
+              "Plan MODEL (or read a saved plan) and write its partition graph: Graphviz DOT, SVG (needs "
+              "Graphviz's dot), a self-contained HTML page with the memory and time pictures, an ONNX file with "
+              "one rkcompile::NpuPartition node per NPU partition, or one of the two pictures as SVG: the arena "
+              "over the steps (memory-svg) or the per-core timeline of an estimated run (timeline-svg).",
+              _graph_arguments),
+    "compare": ("plan a model for several SoCs and print one table",
+                "Plan MODEL for each target and print one row per SoC: NPU share of the ops, CPU ops, steps, "
+                "arena, weights and estimated fps (docs/cost-model.md). A target that cannot take the model gets "
+                "a row saying why.", _compare_arguments),
+    "run": ("execute a plan on the numpy emulator and check its outputs",
+            "Plan MODEL (or load a saved plan) and execute the plan on the numpy emulator: arena offsets, "
+            "NC1HWC2, float16 on the NPU, weights read from the weight region.", _run_arguments),
+    "zoo": ("plan (and emulate) every model of a folder, compare with goldens",
+            "Plan every .onnx under FOLDER for each target in parallel processes, print a table, and compare "
+            "with golden summaries; exit 1 on a regression (docs/zoo.md defines them).", _zoo_arguments),
+}
+
+
 def calibration_options(args: argparse.Namespace) -> dict:
     """The Options fields of --calib, --calib-method, --float16 and the int8 techniques, which
     only an int8 plan uses, and of --verify-passes (not given: Options' default, from the
@@ -243,7 +281,14 @@ def calibration_options(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    return _execute(build_parser(command_named(argv)), argv)
+
+
+def _execute(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse `argv` and run its command: its exit code, every failure one `error: ...` line."""
+    import logging
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -268,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .ops_doc import render_explanation
+    from .context import Options
+    from .idle_npu import refuse_idle_npu
+    from .plan import STDOUT, write_atomically
+    from .progress import quiet
     from .summary import render_summary
 
     shapes = dict(args.input_shape)
@@ -283,7 +331,11 @@ def _plan(args: argparse.Namespace) -> int:
     with quiet() if args.quiet else contextlib.nullcontext():
         plan, ctx = _compile(args.model, args.target, options)
     refuse_idle_npu(plan)
-    explanation = render_explanation(ctx, plan, args.explain) if args.explain is not None else None
+    explanation = None
+    if args.explain is not None:
+        from .ops_doc import render_explanation
+
+        explanation = render_explanation(ctx, plan, args.explain)
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]
     if args.strict and fallbacks:
         listed = "\n".join(f"  {n.name} ({n.op}): {n.reason}" for n in fallbacks)
@@ -334,6 +386,7 @@ def _targets(args: argparse.Namespace) -> int:
 
 def _ops(args: argparse.Namespace) -> int:
     from .ops_doc import render_supported_ops
+    from .plan import write_atomically
     from .targets import get_target
 
     document = render_supported_ops(get_target(args.target), args.format)
@@ -356,6 +409,9 @@ def _graph(args: argparse.Namespace) -> int:
     if graph_format is None:
         raise CompileError(f"--format: cannot tell the format from '{args.output}'; add --format "
                            f"({'|'.join(GRAPH_FORMATS)}) or name the file {', '.join(GRAPH_SUFFIXES)}")
+    from .idle_npu import refuse_idle_npu
+    from .plan import write_atomically
+
     plan = _plan_to_draw(args)
     record = plan.record
     refuse_idle_npu(record)
@@ -389,7 +445,10 @@ def _graph(args: argparse.Namespace) -> int:
 def _plan_to_draw(args: argparse.Namespace):
     """The plan `graph` draws: MODEL planned now, or MODEL itself when it is a saved plan (an
     .rkplan artifact or a plan JSON file), which keeps the flags it was planned with."""
+    import zipfile
+
     from . import api
+    from .context import Options
     from .targets import get_target
 
     if zipfile.is_zipfile(args.model) or args.model.suffix.lower() == ".json":
@@ -411,6 +470,8 @@ def _plan_to_draw(args: argparse.Namespace):
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare, parse_targets, render_table, to_json
+    from .context import Options
+    from .plan import STDOUT, write_atomically
 
     targets = parse_targets(args.target)
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
@@ -424,6 +485,9 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import zipfile
+
+    from .context import Options
     from .run_command import run_command
 
     args.planning_flags = planning_flags(args)
@@ -458,7 +522,14 @@ _COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "
 
 def console_main() -> NoReturn:
     """The `rkcompile` command as a process (the console script, `python -m rkcompile`): `main`,
-    then the exit without the interpreter's teardown, which frees every object, module and
+    with what only a whole process may skip. While the command's modules load (numpy, onnx,
+    onnx-graphsurgeon, the pipeline), the cyclic garbage collector is paused, and the objects
+    they made are then frozen out of its sight (gc.freeze): the ~75 collections the imports
+    triggered, each walking what they had made so far, took 13-20 ms of a small model's plan
+    process on the test machine, and pausing alone only moves that walk to the first collection
+    after (tools/bench_plan.py). A frozen object is never collected, so a long-lived caller of
+    `main` (the tests) must not freeze what its earlier calls left. Then the exit without the
+    interpreter's teardown, which frees every object, module and
     extension table the command loaded, one by one, only to hand the memory back to the system:
     0.06-0.3 s of a small model's plan process on the test machine (docs/zoo.md, "Plan time"),
     as Instagram's servers skip it ("Dismissing Python Garbage Collection at Instagram", 2017).
@@ -467,7 +538,11 @@ def console_main() -> NoReturn:
     another thread still running, when `main` raised (--help, a usage error), or under a profiler
     or tracer (`python -m cProfile -m rkcompile`, coverage, a debugger: they write their results
     at the normal exit), the exit is the normal one."""
-    code = main()
+    argv = sys.argv[1:]
+    with cyclic_collector_paused():
+        parser = build_parser(command_named(argv))  # what imports the command's modules
+        gc.freeze()
+    code = _execute(parser, argv)
     watched = sys.getprofile() is not None or sys.gettrace() is not None
     if watched or any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         sys.exit(code)

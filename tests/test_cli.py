@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from rkcompile.cli import build_parser, main
+from rkcompile.cli import build_parser, command_named, main
 from rkcompile.plan import PLAN_SCHEMA, Plan, contract_violations
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
@@ -57,6 +57,22 @@ def test_help_documents_every_flag():
             assert flag in text
         if action.option_strings and action.dest != "help":
             assert action.help, f"{action.option_strings} has no help text"
+
+
+def _subcommands(parser):
+    return parser._subparsers._group_actions[0].choices
+
+
+def test_a_parser_built_for_one_command_reads_and_helps_as_the_whole_one():
+    """main builds only the named subcommand's arguments; that subcommand's help and the
+    top-level help are the same as the whole parser's."""
+    whole = build_parser()
+    for name, subcommand in _subcommands(whole).items():
+        built_for = build_parser(name)
+        assert built_for.format_help() == whole.format_help()
+        assert _subcommands(built_for)[name].format_help() == subcommand.format_help()
+    assert [command_named(argv) for argv in (["-v", "plan", "m.onnx"], ["--version"], ["paln", "m"], ["zoo"])] == [
+        "plan", None, None, "zoo"]
 
 
 def test_dump_after_writes_a_loadable_graph(tmp_path, capsys):
