@@ -1,40 +1,64 @@
-"""Frozen dataclasses whose __eq__, __hash__ and __repr__ are shared functions.
+"""Frozen dataclasses whose methods cost one compile per class instead of six.
 
 `dataclasses.dataclass` writes each method it adds as Python source and compiles it with its own
-`exec` (Python before 3.13): six methods per frozen class. A float16 plan imports 52 such
+`exec` (Python before 3.13): six methods per frozen class. A float16 plan imports 46 such
 classes, and compiling their methods took 40-50 ms of a 0.5 s plan process on the test machine
 (cProfile around `dataclasses._create_fn`, issue 18). `frozen_dataclass` lets the dataclass
-machinery compile only what differs per class in a way that matters for speed or signature
-(__init__, and the frozen __setattr__/__delattr__ it writes together with frozen=True) and
-gives __eq__, __hash__ and __repr__ as closures over the field names, which behave as the
-compiled ones do: the same fields compared, hashed and shown, the same results.
+machinery collect the fields (their defaults, checks and `dataclasses.fields`) and compiles only
+__init__, which must stay compiled for its speed and signature: one `exec` of the same
+parameters and assignments dataclass(frozen=True) writes. __setattr__ and __delattr__ (refusing
+every field, and every name on the class itself) and __eq__, __hash__ and __repr__ are closures
+over the field names that behave as the compiled ones do: the same fields compared, hashed and
+shown, the same results and errors. Without the two frozen methods' compiles, a class costs a
+third of dataclass(frozen=True)'s time (tools/bench_plan.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from operator import attrgetter
 from reprlib import recursive_repr
 from typing import Callable
 
 
-def frozen_dataclass(cls: type | None = None, /, **options):
-    """`@dataclasses.dataclass(frozen=True, **options)` with equal behaviour: the fields, their
-    defaults, __init__, immutability, `dataclasses.fields`/`replace`/`asdict`, and __eq__ (the
-    compared fields as a tuple, NotImplemented against another class), __hash__ (the hash of
-    the hashed fields' tuple) and __repr__ (`Name(field=value!r, ...)`, `...` when it recurses).
-    A method the class body defines itself is kept, as dataclass keeps it."""
-    if "eq" in options or "repr" in options or "frozen" in options or "order" in options \
-            or "unsafe_hash" in options:
-        raise TypeError("frozen_dataclass makes frozen, compared, hashed records: use dataclasses.dataclass")
-
+def frozen_dataclass(cls: type | None = None, /):
+    """`@dataclasses.dataclass(frozen=True)` with equal behaviour: the fields, their defaults,
+    __init__ (its parameters, defaults and annotations), immutability (FrozenInstanceError),
+    `dataclasses.fields`/`replace`/`asdict`, __eq__ (the compared fields as a tuple,
+    NotImplemented against another class), __hash__ (the hash of the hashed fields' tuple),
+    __repr__ (`Name(field=value!r, ...)`, `...` when it recurses) and the class docstring
+    dataclass writes for a class without one. A method the class body defines itself is kept,
+    as dataclass keeps it. What it does not make (a record extending a dataclass, a field left
+    out of __init__ or keyword-only, InitVar, __post_init__) is refused with a TypeError."""
     def wrap(klass: type) -> type:
         defines = set(klass.__dict__)
+        for method in ("__setattr__", "__delattr__"):
+            if method in defines:  # dataclass's own check for a frozen class
+                raise TypeError(f"Cannot overwrite attribute {method} in class {klass.__name__}")
+        if any(dataclasses.is_dataclass(base) for base in klass.__mro__[1:]):
+            raise TypeError("frozen_dataclass records extend no dataclass: use dataclasses.dataclass")
+        documented = bool(klass.__doc__)
         class_hash = klass.__dict__.get("__hash__", dataclasses.MISSING)
         # dataclass's rule: a __hash__ the class sets itself is kept, except the None Python sets
         # for a class body that defines __eq__ alone
         explicit_hash = not (class_hash is dataclasses.MISSING or (class_hash is None and "__eq__" in defines))
-        klass = dataclasses.dataclass(klass, frozen=True, eq=False, repr=False, **options)
+        klass = dataclasses.dataclass(klass, init=False, eq=False, repr=False)
         fields = dataclasses.fields(klass)
+        if len(fields) != len(klass.__dataclass_fields__) or hasattr(klass, "__post_init__") \
+                or any(not f.init or f.kw_only for f in fields):
+            raise TypeError(f"{klass.__name__}: frozen_dataclass takes fields of __init__'s positional parameters "
+                            "only (no InitVar, init=False, kw_only or __post_init__): use dataclasses.dataclass")
+        first_default = next((i for i, f in enumerate(fields) if _has_default(f)), len(fields))
+        follower = next((f.name for f in fields[first_default:] if not _has_default(f)), None)
+        if follower is not None:  # dataclass's error, for every class (Python's own would be a SyntaxError)
+            raise TypeError(f"non-default argument {follower!r} follows default argument")
+        if "__init__" not in defines:
+            _set_method(klass, "__init__", _initializer(klass, fields))
+            if not documented:  # what dataclass writes, now that __init__ has its signature
+                klass.__doc__ = klass.__name__ + str(inspect.signature(klass)).replace(" -> None", "")
+        frozen_names = tuple(f.name for f in fields)
+        _set_method(klass, "__setattr__", _refusing(klass, frozen_names, "assign to", "__setattr__"))
+        _set_method(klass, "__delattr__", _refusing(klass, frozen_names, "delete", "__delattr__"))
         if "__eq__" not in defines:
             _set_method(klass, "__eq__", _equality(_values([f.name for f in fields if f.compare])))
         if not explicit_hash:
@@ -43,10 +67,61 @@ def frozen_dataclass(cls: type | None = None, /, **options):
         if "__repr__" not in defines:
             _set_method(klass, "__repr__", _representation([f.name for f in fields if f.repr]))
         parameters = klass.__dataclass_params__  # as dataclass(frozen=True) would record them
-        parameters.eq = parameters.repr = True
+        parameters.init = parameters.eq = parameters.repr = parameters.frozen = True
         return klass
 
     return wrap if cls is None else wrap(cls)
+
+
+def _has_default(field: dataclasses.Field) -> bool:
+    return field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+
+
+class _Factory:
+    """An __init__ parameter's default that stands for its field's default_factory (shown as
+    dataclass shows it in the signature)."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+
+
+def _initializer(cls: type, fields: tuple[dataclasses.Field, ...]):
+    """The __init__ dataclass(frozen=True) compiles for `fields`: each a positional parameter
+    (with its default, or a default_factory called when it is not given), each stored with
+    object.__setattr__."""
+    namespace: dict[str, object] = {"__name__": cls.__module__, "__store": object.__setattr__, "__factory": _FACTORY}
+    parameters, body = ["self"], []
+    for field in fields:
+        name, value = field.name, field.name
+        if field.default is not dataclasses.MISSING:
+            namespace[f"__default_{name}"] = field.default
+            parameters.append(f"{name}=__default_{name}")
+        elif field.default_factory is not dataclasses.MISSING:
+            namespace[f"__factory_{name}"] = field.default_factory
+            parameters.append(f"{name}=__factory")
+            value = f"__factory_{name}() if {name} is __factory else {name}"
+        else:
+            parameters.append(name)
+        body.append(f"    __store(self, {name!r}, {value})")
+    source = f"def __init__({', '.join(parameters)}):\n" + ("\n".join(body) or "    pass") + "\n"
+    exec(source, namespace)
+    initializer = namespace["__init__"]
+    initializer.__annotations__ = {**{field.name: field.type for field in fields}, "return": None}
+    return initializer
+
+
+def _refusing(cls: type, names: tuple[str, ...], verb: str, method: str):
+    """A frozen dataclass's __setattr__ (verb "assign to") or __delattr__ ("delete"): any name
+    on an instance of `cls` itself, or a field's name on a subclass's, raises
+    FrozenInstanceError; a subclass's other names go to the next class's `method`."""
+    def refuse(self, name, *value):
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot {verb} field {name!r}")
+        getattr(super(cls, self), method)(name, *value)
+    return refuse
 
 
 def _values(names: list[str]) -> Callable[[object], tuple]:
