@@ -129,8 +129,11 @@ def node_operands(node: gs.Node) -> list[gs.Tensor]:
     """What an executor feeds `node`, position by position: its inputs as ONNX lists them
     (empty placeholders included, so kernels index them as the spec does), then its
     outer-scope reads."""
+    implicit = outer_scope_reads(node) if node.attrs else ()
+    if not implicit:
+        return list(node.inputs)
     listed = {t.name for t in node.inputs if t.name}
-    return list(node.inputs) + [t for t in outer_scope_reads(node) if t.name not in listed]
+    return list(node.inputs) + [t for t in implicit if t.name not in listed]
 
 
 def fused_body(node: gs.Node) -> gs.Graph | None:

@@ -32,7 +32,7 @@ from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
 from .registry import IN_PLACE, KERNELS, Unsupported
 from .half import cast
 from .pages import small_pages
-from .storage import EmulationError, Storage, held_by_runtime
+from .storage import EmulationError, Storage, held_by_runtime, is_float
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
 #: float8s through ml_dtypes, whose numpy kind is not "f")
@@ -259,7 +259,7 @@ class Executor:
             if not tensor.name:
                 continue
             placement = self.storage.placement(tensor.name)
-            if np.dtype(placement.dtype).kind == "f":
+            if is_float(placement.dtype):
                 if placement.region == "weight" or held_by_runtime(placement):
                     return False
                 dtypes.add(placement.dtype)
@@ -312,7 +312,7 @@ class Executor:
             return QTensor(value, quant) if device == "npu" else self._real(tensor.name)
         if device == "npu":
             placement = self.storage.placement(tensor.name)
-            if np.dtype(placement.dtype).kind != "f":
+            if not is_float(placement.dtype):
                 return self.storage.read(tensor.name)
             if placement.region == "weight":
                 return self._weight(tensor.name)

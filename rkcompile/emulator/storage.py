@@ -40,10 +40,11 @@ class Storage:
             sizes[tensor.region] = max(sizes[tensor.region], tensor.offset + tensor.bytes)
         self.regions = {region: np.zeros(size, np.uint8) for region, size in sizes.items()}
         self.dynamic: dict[str, np.ndarray] = {}
-        #: each tensor's typed view, checked and made on its first use: a region's buffer is
-        #: never replaced, so the view stays on the tensor's planned bytes for every later
-        #: read and write (rebuilding it cost a step of a small model about as much as its data)
-        self._views: dict[str, np.ndarray] = {}
+        #: each tensor's typed view and codec (`_Stored`), checked and made on its first use: a
+        #: region's buffer is never replaced, so the view stays on the tensor's planned bytes for
+        #: every later read and write (rebuilding it, or its block views, cost a step of a small
+        #: model about as much as its data)
+        self._stored: dict[str, _Stored] = {}
 
     def placement(self, name: str) -> TensorPlacement:
         try:
@@ -53,12 +54,15 @@ class Storage:
 
     def view(self, name: str) -> np.ndarray:
         """The stored tensor as a typed view on its region's bytes."""
-        view = self._views.get(name)
-        if view is None:
-            view = self._views[name] = self._make_view(name)
-        return view
+        return self._codec(name).view
 
-    def _make_view(self, name: str) -> np.ndarray:
+    def _codec(self, name: str) -> _Stored:
+        stored = self._stored.get(name)
+        if stored is None:
+            stored = self._stored[name] = self._make_codec(name)
+        return stored
+
+    def _make_codec(self, name: str) -> _Stored:
         tensor = self.placement(name)
         stored_shape = self.stored_shape(tensor)
         dtype = np.dtype(tensor.dtype)
@@ -70,8 +74,8 @@ class Storage:
         if tensor.offset + needed > buffer.size:
             raise EmulationError(f"tensor {name} at {tensor.offset}+{needed} is outside its {buffer.size}-byte "
                                  f"{tensor.region} region")
-        raw = buffer[tensor.offset:tensor.offset + needed]
-        return raw.view(dtype).reshape(stored_shape)
+        view = buffer[tensor.offset:tensor.offset + needed].view(dtype).reshape(stored_shape)
+        return _Stored(tensor, view, as_nchw(tensor.shape) if tensor.layout == "NC1HWC2" else None)
 
     def stored_shape(self, tensor: TensorPlacement) -> tuple[int, ...]:
         if tensor.layout == "NC1HWC2":
@@ -84,57 +88,79 @@ class Storage:
         memory (an (N, H, W, C) buffer seen through a transposed view): its C2 blocks are runs of
         consecutive channels, so that order is the cheap one to decode, and it is the one the
         conv kernel multiplies in."""
-        tensor = self.placement(name)
-        if held_by_runtime(tensor):
-            if name not in self.dynamic:
-                raise EmulationError(f"tensor {name} is read before it is written")
-            value = self.dynamic[name]
-            return value if dtype is None or not isinstance(value, np.ndarray) else value.astype(dtype, copy=False)
-        view = self.view(name)
+        stored = self._stored.get(name)
+        if stored is None:
+            if held_by_runtime(self.placement(name)):
+                if name not in self.dynamic:
+                    raise EmulationError(f"tensor {name} is read before it is written")
+                value = self.dynamic[name]
+                return value if dtype is None or not isinstance(value, np.ndarray) else value.astype(dtype,
+                                                                                                       copy=False)
+            stored = self._codec(name)
+        view = stored.view
         dtype = view.dtype if dtype is None else np.dtype(dtype)
-        if tensor.layout != "NC1HWC2":
+        if stored.nchw is None:
             return cast(view, dtype)
-        n, c1, h, w, c2 = view.shape
-        channels = as_nchw(tensor.shape)[1]
-        channels_last = np.empty((n, h, w, c1), view_as_blocks(view).dtype)
-        channels_last[...] = view_as_blocks(view).transpose(0, 2, 3, 1)
-        channels_last = channels_last.view(view.dtype)
+        channels_last = stored.blocks_channels_last.copy().view(view.dtype)  # (N, H, W, C1 * C2)
         if dtype != view.dtype:
             channels_last = cast(channels_last, dtype)
-        nchw = channels_last.reshape(n, h, w, c1 * c2)[..., :channels].transpose(0, 3, 1, 2)
-        return nchw.reshape(tensor.shape)
+        return channels_last[..., :stored.nchw[1]].transpose(0, 3, 1, 2).reshape(stored.tensor.shape)
 
     def write(self, name: str, value: np.ndarray) -> None:
         """Store `value` (the tensor's ONNX shape) in its planned dtype and layout."""
-        tensor = self.placement(name)
-        if held_by_runtime(tensor):  # a sequence stays a list, an empty optional None
-            self.dynamic[name] = value if value is None or isinstance(value, list) else np.asarray(value)
-            return
+        stored = self._stored.get(name)
+        if stored is None:
+            tensor = self.placement(name)
+            if held_by_runtime(tensor):  # a sequence stays a list, an empty optional None
+                self.dynamic[name] = value if value is None or isinstance(value, list) else np.asarray(value)
+                return
+            stored = self._codec(name)
+        tensor, view = stored.tensor, stored.view
         value = np.asarray(value)
-        if tuple(value.shape) != tuple(tensor.shape):
+        if value.shape != tensor.shape and tuple(value.shape) != tuple(tensor.shape):
             raise EmulationError(f"tensor {name}: computed shape {list(value.shape)}, "
                                  f"planned {list(tensor.shape)}")
-        view = self.view(name)
         if not view.flags.writeable:
             raise EmulationError(f"tensor {name} is written, but the plan places it in the {tensor.region} region, "
                                  f"which holds constants")
-        if tensor.layout != "NC1HWC2":
+        if stored.nchw is None:
             view[...] = cast(value, view.dtype) if value.dtype != view.dtype else value
             return
-        n, c1, h, w, c2 = view.shape
-        channels_last = value.reshape(as_nchw(tensor.shape)).transpose(0, 2, 3, 1)
+        channels_last = value.reshape(stored.nchw).transpose(0, 2, 3, 1)
         if channels_last.dtype != view.dtype:
             channels_last = cast(channels_last, view.dtype)
         channels_last = np.ascontiguousarray(channels_last)
-        whole_blocks, rest = divmod(channels_last.shape[-1], c2)
-        whole = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2)
-        blocks = view_as_blocks(view)
-        blocks[:, :whole_blocks] = view_as_blocks(whole).transpose(0, 3, 1, 2)
-        if rest:
-            # the last block zeroed whole, then its first `rest` lanes written as one item per
-            # pixel: lane by lane, numpy moved a few bytes per pixel at a time
-            blocks[:, whole_blocks] = np.zeros((), blocks.dtype)
-            view_as_blocks(view[:, whole_blocks, ..., :rest])[...] = view_as_blocks(channels_last[..., whole_blocks * c2:])
+        n, h, w, channels = channels_last.shape
+        whole_blocks, c2 = stored.whole_blocks, view.shape[-1]
+        if whole_blocks:
+            whole = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2)
+            stored.whole_blocks_channels_last[...] = view_as_blocks(whole)
+        if stored.partial_lanes is not None:
+            # the last block zeroed whole, then its first lanes written as one item per pixel:
+            # lane by lane, numpy moved a few bytes per pixel at a time
+            stored.last_block[...] = np.zeros((), stored.last_block.dtype)
+            stored.partial_lanes[...] = view_as_blocks(channels_last[..., whole_blocks * c2:])
+
+
+class _Stored:
+    """A tensor's placement, its typed view on the region, and for NC1HWC2 the block views its
+    reads and writes move data through, made once per tensor: an NC1HWC2 read copies the
+    (N, H, W, C1) view of its C2 blocks, a write fills the whole blocks through the same view
+    and a partial last block lane by lane."""
+    __slots__ = ("tensor", "view", "nchw", "blocks_channels_last", "whole_blocks", "whole_blocks_channels_last",
+                 "last_block", "partial_lanes")
+
+    def __init__(self, tensor: TensorPlacement, view: np.ndarray, nchw: tuple[int, int, int, int] | None):
+        self.tensor, self.view, self.nchw = tensor, view, nchw
+        if nchw is None:
+            return
+        c2 = view.shape[-1]
+        blocks = view_as_blocks(view)  # (N, C1, H, W)
+        self.blocks_channels_last = blocks.transpose(0, 2, 3, 1)
+        self.whole_blocks, rest = divmod(nchw[1], c2)
+        self.whole_blocks_channels_last = blocks[:, :self.whole_blocks].transpose(0, 2, 3, 1)
+        self.last_block = blocks[:, self.whole_blocks] if rest else None
+        self.partial_lanes = view_as_blocks(view[:, self.whole_blocks, ..., :rest]) if rest else None
 
 
 def held_by_runtime(tensor: TensorPlacement) -> bool:
@@ -147,6 +173,12 @@ def view_as_blocks(array: np.ndarray) -> np.ndarray:
     (one C2 block) seen as a single opaque item: numpy moves a 16-byte item several times
     faster than 8 float16 values."""
     return array.view(_opaque(array.shape[-1] * array.itemsize))[..., 0]
+
+
+@functools.lru_cache(maxsize=None)
+def is_float(dtype: str) -> bool:
+    """Whether a plan's dtype name is a numpy float dtype (kind "f"), worked out once per name."""
+    return np.dtype(dtype).kind == "f"
 
 
 @functools.lru_cache(maxsize=None)
