@@ -120,6 +120,22 @@ def test_a_tensors_view_is_made_once_and_stays_on_its_planned_bytes():
     np.testing.assert_array_equal(storage.read("t"), value)
 
 
+@pytest.mark.parametrize("shape", [(1, 24, 3, 3), (1, 13, 2, 5)])  # whole C2 blocks, and a partial last one
+def test_an_nc1hwc2_tensors_block_views_are_made_once_for_every_read_and_write(shape):
+    storage = one_tensor_storage(shape, "float16")
+    first, second = (rng.standard_normal(shape).astype(np.float16) for _ in range(2))
+    storage.write("t", first)
+    stored = storage._codec("t")
+    made = (stored.whole_blocks_channels_last, stored.partial_lanes)
+    np.testing.assert_array_equal(storage.read("t"), first)
+    reader = stored.blocks_channels_last
+    storage.write("t", second)
+    np.testing.assert_array_equal(storage.read("t", np.float32), second.astype(np.float32))
+    assert stored.whole_blocks_channels_last is made[0] and stored.partial_lanes is made[1] and made[0] is not None
+    assert stored.blocks_channels_last is reader and reader is not None
+    assert (stored.partial_lanes is None) == (shape[1] % RK3588.c2_for("float16") == 0)
+
+
 def test_float32_writes_round_once_to_nearest_even():
     storage = one_tensor_storage((1, 9, 30, 20), "float16")
     value = rng.standard_normal((1, 9, 30, 20)).astype(np.float32)

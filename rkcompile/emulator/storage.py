@@ -15,12 +15,12 @@ way, in `dynamic`, and reports how many it held.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from rkcompile.errors import CompileError
 from rkcompile.layouts import as_nchw, nc1hwc2_shape
-from rkcompile.nodes import element_count
 from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -65,8 +65,8 @@ class Storage:
     def _make_codec(self, name: str) -> _Stored:
         tensor = self.placement(name)
         stored_shape = self.stored_shape(tensor)
-        dtype = np.dtype(tensor.dtype)
-        needed = element_count(stored_shape) * dtype.itemsize
+        dtype = _dtype(tensor.dtype)
+        needed = math.prod(stored_shape) * dtype.itemsize
         if needed != tensor.bytes:
             raise EmulationError(f"tensor {name}: the plan gives {tensor.bytes} bytes, "
                                  f"{tensor.layout} {tensor.dtype} {list(tensor.shape)} needs {needed}")
@@ -74,7 +74,9 @@ class Storage:
         if tensor.offset + needed > buffer.size:
             raise EmulationError(f"tensor {name} at {tensor.offset}+{needed} is outside its {buffer.size}-byte "
                                  f"{tensor.region} region")
-        view = buffer[tensor.offset:tensor.offset + needed].view(dtype).reshape(stored_shape)
+        # one constructor call instead of a slice, a view and a reshape; it shares the region's
+        # memory and its writeability (the weight region is read-only)
+        view = np.ndarray(stored_shape, dtype, buffer, tensor.offset)
         return _Stored(tensor, view, as_nchw(tensor.shape) if tensor.layout == "NC1HWC2" else None)
 
     def stored_shape(self, tensor: TensorPlacement) -> tuple[int, ...]:
@@ -101,7 +103,10 @@ class Storage:
         dtype = view.dtype if dtype is None else np.dtype(dtype)
         if stored.nchw is None:
             return cast(view, dtype)
-        channels_last = stored.blocks_channels_last.copy().view(view.dtype)  # (N, H, W, C1 * C2)
+        blocks = stored.blocks_channels_last
+        if blocks is None:
+            blocks = stored.blocks_channels_last = view_as_blocks(view).transpose(0, 2, 3, 1)
+        channels_last = blocks.copy().view(view.dtype)  # (N, H, W, C1 * C2)
         if dtype != view.dtype:
             channels_last = cast(channels_last, dtype)
         return channels_last[..., :stored.nchw[1]].transpose(0, 3, 1, 2).reshape(stored.tensor.shape)
@@ -131,11 +136,18 @@ class Storage:
             channels_last = cast(channels_last, view.dtype)
         channels_last = np.ascontiguousarray(channels_last)
         n, h, w, channels = channels_last.shape
-        whole_blocks, c2 = stored.whole_blocks, view.shape[-1]
+        c2 = view.shape[-1]
+        whole_blocks, rest = divmod(channels, c2)
+        if stored.whole_blocks_channels_last is None:
+            blocks = view_as_blocks(view)  # (N, C1, H, W)
+            stored.whole_blocks_channels_last = blocks[:, :whole_blocks].transpose(0, 2, 3, 1)
+            if rest:
+                stored.last_block = blocks[:, whole_blocks]
+                stored.partial_lanes = view_as_blocks(view[:, whole_blocks, ..., :rest])
         if whole_blocks:
             whole = channels_last[..., :whole_blocks * c2].reshape(n, h, w, whole_blocks, c2)
             stored.whole_blocks_channels_last[...] = view_as_blocks(whole)
-        if stored.partial_lanes is not None:
+        if rest:
             # the last block zeroed whole, then its first lanes written as one item per pixel:
             # lane by lane, numpy moved a few bytes per pixel at a time
             stored.last_block[...] = np.zeros((), stored.last_block.dtype)
@@ -143,24 +155,17 @@ class Storage:
 
 
 class _Stored:
-    """A tensor's placement, its typed view on the region, and for NC1HWC2 the block views its
-    reads and writes move data through, made once per tensor: an NC1HWC2 read copies the
-    (N, H, W, C1) view of its C2 blocks, a write fills the whole blocks through the same view
-    and a partial last block lane by lane."""
-    __slots__ = ("tensor", "view", "nchw", "blocks_channels_last", "whole_blocks", "whole_blocks_channels_last",
-                 "last_block", "partial_lanes")
+    """A tensor's placement, its typed view on the region, and for NC1HWC2 tensors (`nchw`, the
+    4-D shape they store) the views of its C2 blocks as opaque items that reads and writes move
+    data through, each made on its first use: a read copies the (N, H, W, C1) view of the
+    blocks, a write fills the whole blocks through the same view and a partial last block lane
+    by lane."""
+    __slots__ = ("tensor", "view", "nchw", "blocks_channels_last", "whole_blocks_channels_last", "last_block",
+                 "partial_lanes")
 
     def __init__(self, tensor: TensorPlacement, view: np.ndarray, nchw: tuple[int, int, int, int] | None):
         self.tensor, self.view, self.nchw = tensor, view, nchw
-        if nchw is None:
-            return
-        c2 = view.shape[-1]
-        blocks = view_as_blocks(view)  # (N, C1, H, W)
-        self.blocks_channels_last = blocks.transpose(0, 2, 3, 1)
-        self.whole_blocks, rest = divmod(nchw[1], c2)
-        self.whole_blocks_channels_last = blocks[:, :self.whole_blocks].transpose(0, 2, 3, 1)
-        self.last_block = blocks[:, self.whole_blocks] if rest else None
-        self.partial_lanes = view_as_blocks(view[:, self.whole_blocks, ..., :rest]) if rest else None
+        self.blocks_channels_last = self.whole_blocks_channels_last = self.last_block = self.partial_lanes = None
 
 
 def held_by_runtime(tensor: TensorPlacement) -> bool:
@@ -173,6 +178,12 @@ def view_as_blocks(array: np.ndarray) -> np.ndarray:
     (one C2 block) seen as a single opaque item: numpy moves a 16-byte item several times
     faster than 8 float16 values."""
     return array.view(_opaque(array.shape[-1] * array.itemsize))[..., 0]
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype(name: str) -> np.dtype:
+    """np.dtype(name), made once per name."""
+    return np.dtype(name)
 
 
 @functools.lru_cache(maxsize=None)
