@@ -105,3 +105,30 @@ def test_a_plan_records_onnxruntime_for_float64_and_squaring_cpu_steps(save):
     plan, _ = compile_model(path, "rk3588")
     backends = {step.nodes[0]: step.cpu_backend for step in plan.steps if step.device == "cpu"}
     assert backends["sine"] == backends["square"] == reference.ONNXRUNTIME
+
+
+def test_a_node_of_a_known_key_builds_no_model(monkeypatch):
+    """`anonymous_key` answers a node like one asked about before without building its one-node
+    model; a node differing in an attribute value, an input type or its wiring is asked anew."""
+    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
+    built = []
+    node_model = reference.node_model
+    monkeypatch.setattr(reference, "node_model", lambda *args: built.append(args[0]) or node_model(*args))
+    opsets = {"": 17}
+    alike = [_node("ConstantOfShape", [np.int64], {"value": gs.Constant(f"c{index}_value", np.array([0.5], np.float32))},
+                   names=f"c{index}") for index in range(4)]
+    for node in alike:
+        assert reference.runs_on_onnxruntime(node, opsets)
+    assert len(built) == 1
+    square = _node("Mul", [np.float32])
+    square.inputs = [square.inputs[0], square.inputs[0]]
+    differing = [_node("ConstantOfShape", [np.int64], {"value": gs.Constant("v", np.array([-0.5], np.float32))}),
+                 _node("ConstantOfShape", [np.int64], {"value": gs.Constant("w", np.array([0.5], np.float16))}),
+                 _node("Mul", [np.float32, np.float32]), square, _node("Mul", [np.int32, np.int32])]
+    for node in differing:
+        reference.runs_on_onnxruntime(node, opsets)
+    assert len(built) == 1 + len(differing)
+    keys = {reference.anonymous_key(node, [reference.numpy_dtype(t.dtype) for t in reference.node_inputs(node)], opsets)
+            for node in alike + differing}
+    assert len(keys) == 1 + len(differing)

@@ -151,16 +151,23 @@ def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
     if any(dtype is None for dtype in dtypes) or any(
             t.name and t.dtype is not None and numpy_dtype(t.dtype) is None for t in node.outputs):
         return False
+    key = anonymous_key(node, dtypes, opsets)
+    answer = _ONNXRUNTIME_TAKES_BY_KEY.get(key) if key is not None else None
+    if answer is not None:
+        return answer
     try:
         model = node_model(node, dtypes, opsets)
     except (TypeError, ValueError):  # an attribute onnx-graphsurgeon cannot export (a string tensor)
-        return False
-    if subgraphs(node):  # its subgraphs name outer tensors: renamed, the model would not be the same
-        return onnxruntime_session(model) is not None
-    signature = anonymous(model).SerializeToString()
-    answer = _ONNXRUNTIME_TAKES.get(signature)
-    if answer is None:
-        answer = _ONNXRUNTIME_TAKES[signature] = onnxruntime_session(model) is not None
+        answer = False
+    else:
+        if subgraphs(node):  # its subgraphs name outer tensors: renamed, the model would not be the same
+            return onnxruntime_session(model) is not None
+        signature = anonymous(model).SerializeToString()
+        answer = _ONNXRUNTIME_TAKES.get(signature)
+        if answer is None:
+            answer = _ONNXRUNTIME_TAKES[signature] = onnxruntime_session(model) is not None
+    if key is not None:
+        _ONNXRUNTIME_TAKES_BY_KEY[key] = answer
     return answer
 
 
@@ -168,6 +175,41 @@ def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
 #: about every CPU node, and tv_ssdlite320_mobilenet_v3_large's 1,586 CPU steps are 123 distinct
 #: nodes (a session each took 1.5 s of its plan on the loaded test machine, 0.5 s now)
 _ONNXRUNTIME_TAKES: dict[bytes, bool] = {}
+#: the same answers per `anonymous_key`, which names the anonymous model without building it
+#: (building and serializing one per CPU step was 0.3 s of tv_ssdlite320's plan)
+_ONNXRUNTIME_TAKES_BY_KEY: dict[tuple, bool] = {}
+#: attribute values `anonymous_key` spells out; a node with any other kind of attribute has none
+_PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
+
+
+def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str, int]) -> tuple | None:
+    """What `anonymous(node_model(node, dtypes, opsets))` is made of, as a hashable key, read off
+    the node itself: its op and domain, the opsets, where each input and output name first
+    appears among the node's inputs then outputs (so which of them are omitted, and which read
+    one tensor twice), the input dtypes, and the attributes by name, type and exact value (a
+    tensor attribute by what its export writes but its name, which `anonymous` leaves out).
+    Two nodes of one key make the same anonymous model, so they get the same answer; the key
+    may tell apart models that serialize alike (float attributes by repr, not as float32),
+    which only costs a second look. None for a node with subgraphs, or an attribute of
+    another kind (asked about as before)."""
+    attributes = []
+    for name, value in node.attrs.items():
+        if isinstance(value, _PLAIN_ATTRIBUTE_TYPES):
+            attributes.append((name, type(value), repr(value)))
+        elif isinstance(value, (list, tuple)) and all(isinstance(item, _PLAIN_ATTRIBUTE_TYPES) for item in value):
+            attributes.append((name, type(value), tuple((type(item), repr(item)) for item in value)))
+        elif type(value) is gs.Constant:
+            array = np.asarray(value.values)
+            if array.dtype.kind not in "biufc":  # strings: node_proto writes them its own way
+                return None
+            attributes.append((name, gs.Constant, array.dtype.str, array.shape, array.tobytes(),
+                               repr(value.export_dtype), value.data_location))
+        else:
+            return None
+    positions: dict[str, int] = {"": -1}
+    wiring = tuple(positions.setdefault(t.name, len(positions)) for t in (*node.inputs, *node.outputs))
+    return (node.op, node.domain, tuple(opsets.items()), len(node.inputs), wiring,
+            tuple(dtype.str for dtype in dtypes), tuple(attributes))
 
 
 def anonymous(model: onnx.ModelProto) -> onnx.ModelProto:
