@@ -23,6 +23,7 @@ from rkcompile.context import CompileContext
 from rkcompile.emulator import half
 from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs, present_inputs, static_shape
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
+from rkcompile.nodes import values_source
 from rkcompile.plan import TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -95,7 +96,7 @@ def _within(constant: gs.Constant, limit: float) -> bool:
     writable copy of every weight of the model (numpy_helper.to_array's array copied again).
     A broadcast view (a folded ConstantOfShape) is left to half.beyond_range, which looks at
     each stored element once instead of every element of the view."""
-    lazy = constant._values  # gs keeps a weight it has not read as LazyValues until `values` is read
+    lazy = values_source(constant)  # gs keeps a weight it has not read as LazyValues until `values` is read
     if isinstance(lazy, gs_tensor.SparseValues):
         return False
     values = numpy_helper.to_array(lazy.tensor) if isinstance(lazy, gs_tensor.LazyValues) else np.asarray(lazy)

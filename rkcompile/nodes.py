@@ -11,7 +11,8 @@ from typing import Iterable
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
+from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 # The domain of the nodes a fusion creates (passes/fuse.py); fusion patterns match these as well
 # as ONNX ops, so a kernel fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
@@ -73,6 +74,58 @@ def element_count(shape: Iterable[int]) -> int:
 
 def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
     return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
+
+
+class DerivedValues(gs_tensor.LazyValues):
+    """The values of a constant made from another constant's values by `derive` (a MatMul's
+    weight transposed into a Conv's), worked out when something first reads them: a float16
+    plan never reads the weights of most rewritten nodes, and reading, transposing and copying
+    every weight of a transformer was a third of its rewrite pass. onnx-graphsurgeon holds it
+    as it holds a weight it has not read (LazyValues): `values` reads it, export writes it.
+
+    `keeps_values`: the result holds exactly the source's values, only moved (transposed,
+    reshaped, given unit axes), so a question about the set of values (their range) may be
+    asked of the source instead (`values_source`)."""
+
+    #: the source dtypes taken: numpy's own floats, whose arrays onnx-graphsurgeon loads as they
+    #: are stored (it casts a bfloat16 or float8 weight when read)
+    SOURCE_DTYPES = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)})
+
+    def __init__(self, source: gs.Constant, derive, keeps_values: bool):
+        self.source, self._derive, self.keeps_values = source, derive, keeps_values
+        self._array = None
+        # derive's result shape and dtype, from a view of the source's shape that holds no data
+        like = derive(np.broadcast_to(np.empty((), source.dtype), source.shape))
+        self.shape, self.dtype, self.nbytes = like.shape, like.dtype, like.nbytes
+
+    @property
+    def loaded(self) -> bool:
+        return self._array is not None
+
+    def load(self) -> np.ndarray:
+        if self._array is None:
+            # np.array, not np.ascontiguousarray, which makes a 0-d constant 1-D (Builder.const)
+            self._array = np.array(self._derive(np.asarray(self.source.values)), order="C")
+        return self._array
+
+    @property
+    def tensor(self) -> onnx.TensorProto:
+        """The TensorProto onnx-graphsurgeon exports for the array itself; the exporter names it."""
+        return constant_to_onnx_tensor(gs.Constant("", self.load()))
+
+
+def values_source(constant: gs.Constant):
+    """What holds `constant`'s values, or values equal to them as a set: its array or
+    onnx-graphsurgeon's loader; for values derived by moving another constant's (not read
+    yet), that constant's, so reading their range reads no new array."""
+    values = constant._values
+    while isinstance(values, DerivedValues):
+        if values.loaded:
+            return values.load()
+        if not values.keeps_values:
+            break
+        values = values.source._values
+    return values
 
 
 def present_inputs(node: gs.Node) -> list[gs.Tensor]:

@@ -286,6 +286,48 @@ def test_matmul_with_a_constant_operand_becomes_a_1x1_conv(tmp_path, constant_fi
     assert_same_outputs(model, ctx, {"x": feed(x_shape)})
 
 
+@pytest.mark.parametrize("constant_first", [False, True])
+def test_a_matmul_weight_becomes_a_conv_weight_read_only_when_needed(tmp_path, caplog, constant_first):
+    """The Conv's weight is the MatMul's, transposed (or not) and given two unit axes, worked out
+    when something reads it: a float16 plan reads neither (the range check reads the MatMul's
+    weight as it stands, and still names a value beyond float16, which it then reads to
+    saturate); read, it and its export are what the weight itself gives."""
+    import logging
+
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from rkcompile.nodes import DerivedValues
+    from rkcompile.pipeline import compile_model
+
+    if constant_first:
+        node, x_shape, y_shape = helper.make_node("MatMul", ["w", "x"], ["y"], name="mm"), [2, 4, 5], [2, 6, 5]
+    else:
+        node, x_shape, y_shape = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), [1, 7, 6], [1, 7, 4]
+    w = RNG.normal(size=[6, 4]).astype(np.float32)
+    for beyond in (False, True):
+        w[1, 2] = 7e4 if beyond else 0.5
+        path = tmp_path / "matmul.onnx"
+        onnx.save(make_model([node], [value_info("x", x_shape)], [value_info("y", y_shape)], [weight("w", w)]), path)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rkcompile"):
+            plan, ctx = compile_model(path, "rk3588")
+        warned = any("constant mm/weight holds 1 value(s)" in r.getMessage() for r in caplog.records)
+        assert warned == beyond
+        conv_weight = next(t for node in ctx.graph.nodes for t in node.inputs if t.name == "mm/weight")
+        expected = (w if constant_first else w.T)[:, :, None, None]
+        assert plan.tensors["mm/weight"].shape == expected.shape and conv_weight.dtype == expected.dtype
+        if beyond:
+            continue
+        derived = conv_weight._values
+        assert isinstance(derived, DerivedValues) and not derived.loaded
+        assert type(derived.source._values) is LazyValues  # the MatMul's weight, never read
+        exported = OnnxExporter.export_tensor_proto(conv_weight)
+        assert exported == constant_to_onnx_tensor(gs.Constant("mm/weight", np.ascontiguousarray(expected)))
+        np.testing.assert_array_equal(conv_weight.values, expected)
+        assert conv_weight.values.flags.c_contiguous
+
+
 def test_matmul_bias_add_becomes_the_conv_bias(tmp_path):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
              helper.make_node("Add", ["xw", "b"], ["y"], name="bias")]

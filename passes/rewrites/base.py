@@ -15,9 +15,11 @@ from typing import Callable, Generator
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.graph_edit import detach
 from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.nodes import DerivedValues
 from rkcompile.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
@@ -96,6 +98,14 @@ class Builder:
     def const(self, values, hint: str = "const") -> gs.Constant:
         # np.array, not np.ascontiguousarray, which makes a 0-d constant 1-D
         return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), np.array(values, order="C"))
+
+    def derived(self, source: gs.Constant, derive, hint: str, keeps_values: bool) -> gs.Constant:
+        """A constant of `derive(source's values)`, worked out when something reads it
+        (`DerivedValues`: `keeps_values` when derive only moves values), or at once for a
+        source whose dtype that does not take."""
+        if source.dtype not in DerivedValues.SOURCE_DTYPES or isinstance(source._values, gs_tensor.SparseValues):
+            return self.const(derive(constant_value(source)), hint)
+        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), DerivedValues(source, derive, keeps_values))
 
     def op(self, op: str, inputs: list, shape=None, dtype=None, out: gs.Tensor | None = None,
            **attrs) -> gs.Tensor:
@@ -184,9 +194,12 @@ def clip(builder: Builder, x: gs.Tensor, low: float, high: float, shape) -> gs.T
     return builder.op("Clip", [x], shape, x.dtype, min=low, max=high)
 
 
-def conv_1x1(builder: Builder, x4: gs.Tensor, weight: np.ndarray, bias: np.ndarray | None,
+def conv_1x1(builder: Builder, x4: gs.Tensor, weight: np.ndarray | gs.Constant, bias: np.ndarray | None,
               out_shape) -> gs.Tensor:
-    inputs = [x4, builder.const(weight[:, :, None, None], "weight")]
+    """A 1x1 Conv of `x4` by `weight`: the [N, K] array, or a constant already [N, K, 1, 1]."""
+    if not isinstance(weight, gs.Constant):
+        weight = builder.const(weight[:, :, None, None], "weight")
+    inputs = [x4, weight]
     if bias is not None:
         inputs.append(builder.const(bias, "bias"))
     return builder.op("Conv", inputs, out_shape, x4.dtype, kernel_shape=[1, 1])

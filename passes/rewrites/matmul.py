@@ -47,25 +47,28 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Candidates:
     y_shape = static_shape(y)
     if y_shape is None:
         return "the output shape is unknown"
-    right, left = constant_value(b), constant_value(a)
+    # the weights' values are read only when something needs them (Builder.derived)
+    right, left = (t if isinstance(t, gs.Constant) else None for t in (b, a))
     builder = site.builder(node)
     absorbed = ()
-    if right is not None and left is None and right.ndim == 2 and static_shape(a) and len(static_shape(a)) >= 2:
+    if right is not None and left is None and len(right.shape) == 2 and static_shape(a) and len(static_shape(a)) >= 2:
         k, n = right.shape
         rows = element_count(static_shape(a)[:-1])
         bias_add, bias = _bias_add(y, n, site)
         if bias_add is not None:
             absorbed, y = (bias_add,), bias_add.outputs[0]
-        conv = conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), right.T, bias, [rows, n, 1, 1])
+        weight = builder.derived(right, lambda values: values.T[:, :, None, None], "weight", keeps_values=True)
+        conv = conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), weight, bias, [rows, n, 1, 1])
         residual_add, residual = _residual_add(y, site)
         if residual_add is not None:
             absorbed, y = absorbed + (residual_add,), residual_add.outputs[0]
             conv = builder.op("Add", [conv, builder.reshape(residual, [rows, n, 1, 1])], [rows, n, 1, 1], y.dtype)
-    elif left is not None and right is None and left.ndim == 2 and static_shape(b) and len(static_shape(b)) >= 2:
+    elif left is not None and right is None and len(left.shape) == 2 and static_shape(b) and len(static_shape(b)) >= 2:
         m, k = left.shape
         batch = element_count(static_shape(b)[:-2])
         n = static_shape(b)[-1]
-        conv = conv_1x1(builder, builder.reshape(b, [batch, k, 1, n]), left, None, [batch, m, 1, n])
+        weight = builder.derived(left, lambda values: values[:, :, None, None], "weight", keeps_values=True)
+        conv = conv_1x1(builder, builder.reshape(b, [batch, k, 1, n]), weight, None, [batch, m, 1, n])
     else:
         return "neither operand is a 2-D constant beside a computed operand of rank >= 2"
     builder.reshape(conv, y_shape, out=y)
