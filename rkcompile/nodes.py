@@ -91,12 +91,12 @@ class DerivedValues(gs_tensor.LazyValues):
     #: are stored (it casts a bfloat16 or float8 weight when read)
     SOURCE_DTYPES = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)})
 
-    def __init__(self, source: gs.Constant, derive, keeps_values: bool):
+    def __init__(self, source: gs.Constant, derive, shape: Iterable[int], keeps_values: bool):
+        """`derive` gives an array of `shape` in the source's dtype."""
         self.source, self._derive, self.keeps_values = source, derive, keeps_values
         self._array = None
-        # derive's result shape and dtype, from a view of the source's shape that holds no data
-        like = derive(np.broadcast_to(np.empty((), source.dtype), source.shape))
-        self.shape, self.dtype, self.nbytes = like.shape, like.dtype, like.nbytes
+        self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(source.dtype)
+        self.nbytes = element_count(self.shape) * self.dtype.itemsize
 
     @property
     def loaded(self) -> bool:
@@ -105,7 +105,11 @@ class DerivedValues(gs_tensor.LazyValues):
     def load(self) -> np.ndarray:
         if self._array is None:
             # np.array, not np.ascontiguousarray, which makes a 0-d constant 1-D (Builder.const)
-            self._array = np.array(self._derive(np.asarray(self.source.values)), order="C")
+            array = np.array(self._derive(np.asarray(self.source.values)), order="C")
+            if array.shape != self.shape or array.dtype != self.dtype:
+                raise ValueError(f"derived {array.dtype} {array.shape} values, not the declared {self.dtype} "
+                                 f"{self.shape}")
+            self._array = array
         return self._array
 
     @property
@@ -117,13 +121,12 @@ class DerivedValues(gs_tensor.LazyValues):
 def values_source(constant: gs.Constant):
     """What holds `constant`'s values, or values equal to them as a set: its array or
     onnx-graphsurgeon's loader; for values derived by moving another constant's (not read
-    yet), that constant's, so reading their range reads no new array."""
+    yet), that constant's, so reading their range reads no new array; other derived values
+    worked out."""
     values = constant._values
     while isinstance(values, DerivedValues):
-        if values.loaded:
+        if values.loaded or not values.keeps_values:
             return values.load()
-        if not values.keeps_values:
-            break
         values = values.source._values
     return values
 

@@ -328,6 +328,32 @@ def test_a_matmul_weight_becomes_a_conv_weight_read_only_when_needed(tmp_path, c
         assert conv_weight.values.flags.c_contiguous
 
 
+@pytest.mark.parametrize("trans_b, alpha", [(1, 1.0), (0, 2.5)])
+def test_a_gemm_weight_becomes_a_conv_weight_read_only_when_needed(tmp_path, trans_b, alpha):
+    """B, transposed unless transB and scaled by alpha, is the Conv's weight, worked out when
+    something reads it: a float16 plan does not unless alpha changes the values (its range
+    check reads them); read, it is what the arithmetic gives."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    from rkcompile.nodes import DerivedValues
+    from rkcompile.pipeline import compile_model
+
+    b = RNG.normal(size=[5, 6] if trans_b else [6, 5]).astype(np.float32)
+    node = helper.make_node("Gemm", ["x", "b", "c"], ["y"], name="fc", transB=trans_b, alpha=alpha)
+    path = tmp_path / "gemm.onnx"
+    onnx.save(make_model([node], [value_info("x", [2, 6])], [value_info("y", [2, 5])],
+                         [weight("b", b), weight("c", RNG.normal(size=[5]).astype(np.float32))]), path)
+    _, ctx = compile_model(path, "rk3588")
+    conv_weight = next(t for node in ctx.graph.nodes for t in node.inputs if t.name == "fc/weight")
+    derived = conv_weight._values
+    # alpha changes the values: the range check reads them
+    assert isinstance(derived, DerivedValues) and derived.keeps_values == (alpha == 1) and derived.loaded == (alpha != 1)
+    assert (type(derived.source._values) is LazyValues) == (alpha == 1)
+    expected = ((b if trans_b else b.T) * np.float32(alpha))[:, :, None, None]
+    assert conv_weight.shape == expected.shape
+    np.testing.assert_array_equal(conv_weight.values, expected)
+
+
 def test_matmul_bias_add_becomes_the_conv_bias(tmp_path):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
              helper.make_node("Add", ["xw", "b"], ["y"], name="bias")]

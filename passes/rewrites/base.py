@@ -99,13 +99,14 @@ class Builder:
         # np.array, not np.ascontiguousarray, which makes a 0-d constant 1-D
         return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), np.array(values, order="C"))
 
-    def derived(self, source: gs.Constant, derive, hint: str, keeps_values: bool) -> gs.Constant:
-        """A constant of `derive(source's values)`, worked out when something reads it
-        (`DerivedValues`: `keeps_values` when derive only moves values), or at once for a
-        source whose dtype that does not take."""
+    def derived(self, source: gs.Constant, derive, shape, hint: str, keeps_values: bool) -> gs.Constant:
+        """A constant of `derive(source's values)` (`shape`, the source's dtype), worked out when
+        something reads it (`DerivedValues`: `keeps_values` when derive only moves values), or
+        at once for a source whose dtype that does not take."""
         if source.dtype not in DerivedValues.SOURCE_DTYPES or isinstance(source._values, gs_tensor.SparseValues):
             return self.const(derive(constant_value(source)), hint)
-        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), DerivedValues(source, derive, keeps_values))
+        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"),
+                           DerivedValues(source, derive, shape, keeps_values))
 
     def op(self, op: str, inputs: list, shape=None, dtype=None, out: gs.Tensor | None = None,
            **attrs) -> gs.Tensor:

@@ -6,6 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir import constant_value, element_count, static_shape
+from rkcompile.nodes import DerivedValues
 
 from .base import Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
 
@@ -15,23 +16,31 @@ def gemm_to_conv(node: gs.Node, site: Site) -> Candidates:
     has no Gemm kernel, fully connected layers run as Convolution (oplist V2.3.2, Convolution;
     rknn-toolkit2's layer tables show Conv for every Gemm). alpha, beta and transB fold into
     the weights; transA is left alone."""
-    a, y = node.inputs[0], node.outputs[0]
-    b = constant_value(node.inputs[1])
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     a_shape, y_shape = static_shape(a), static_shape(y)
-    if b is None or node.attrs.get("transA", 0) or a_shape is None or y_shape is None or len(a_shape) != 2:
+    if not isinstance(b, gs.Constant) or node.attrs.get("transA", 0) or a_shape is None or y_shape is None \
+            or len(a_shape) != 2:
         return "B is not constant, transA is set, or A is not 2-D of known shape"
-    weight = b if node.attrs.get("transB", 0) else b.T  # [N, K]
-    weight = (weight * node.attrs.get("alpha", 1.0)).astype(b.dtype)
+    trans_b, alpha = node.attrs.get("transB", 0), node.attrs.get("alpha", 1.0)
+    # B's values are read only when something needs the Conv's weight (Builder.derived)
+    dtype = b.dtype if b.dtype in DerivedValues.SOURCE_DTYPES else constant_value(b).dtype
     bias = None
     if len(node.inputs) > 2 and node.inputs[2].name:
         c = constant_value(node.inputs[2])
-        n = weight.shape[0]
+        n = b.shape[0] if trans_b else b.shape[1]
         if c is None or np.broadcast_shapes(c.shape, (1, n)) != (1, n):
             return "C is not a constant that broadcasts to [1, N]"
-        bias = (np.broadcast_to(c, (1, n)).reshape(n) * node.attrs.get("beta", 1.0)).astype(b.dtype)
+        bias = (np.broadcast_to(c, (1, n)).reshape(n) * node.attrs.get("beta", 1.0)).astype(dtype)
     m, n = y_shape
     builder = site.builder(node)
-    conv = conv_1x1(builder, builder.reshape(a, [m, a_shape[1], 1, 1]), weight, bias, [m, n, 1, 1])
+
+    def conv_weight(values: np.ndarray) -> np.ndarray:  # [N, K, 1, 1]
+        return ((values if trans_b else values.T) * alpha).astype(values.dtype)[:, :, None, None]
+
+    # multiplying by 1 leaves every value as it is
+    conv = conv_1x1(builder, builder.reshape(a, [m, a_shape[1], 1, 1]),
+                    builder.derived(b, conv_weight, [*(b.shape if trans_b else b.shape[::-1]), 1, 1], "weight",
+                                    keeps_values=alpha == 1), bias, [m, n, 1, 1])
     builder.reshape(conv, y_shape, out=y)
     yield builder.finish()
 
@@ -57,7 +66,8 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Candidates:
         bias_add, bias = _bias_add(y, n, site)
         if bias_add is not None:
             absorbed, y = (bias_add,), bias_add.outputs[0]
-        weight = builder.derived(right, lambda values: values.T[:, :, None, None], "weight", keeps_values=True)
+        weight = builder.derived(right, lambda values: values.T[:, :, None, None], [n, k, 1, 1], "weight",
+                                 keeps_values=True)
         conv = conv_1x1(builder, builder.reshape(a, [rows, k, 1, 1]), weight, bias, [rows, n, 1, 1])
         residual_add, residual = _residual_add(y, site)
         if residual_add is not None:
@@ -67,7 +77,8 @@ def matmul_constant_to_conv(node: gs.Node, site: Site) -> Candidates:
         m, k = left.shape
         batch = element_count(static_shape(b)[:-2])
         n = static_shape(b)[-1]
-        weight = builder.derived(left, lambda values: values[:, :, None, None], "weight", keeps_values=True)
+        weight = builder.derived(left, lambda values: values[:, :, None, None], [m, k, 1, 1], "weight",
+                                 keeps_values=True)
         conv = conv_1x1(builder, builder.reshape(b, [batch, k, 1, n]), weight, None, [batch, m, 1, n])
     else:
         return "neither operand is a 2-D constant beside a computed operand of rank >= 2"
