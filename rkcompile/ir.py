@@ -17,8 +17,8 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 # emulator and the targets' constraints use it too); passes keep importing it from here.
 from .dag import Dag, find_cycle
 from .nodes import (FLOAT_DTYPES, FUSED_DOMAIN, constant_value, dtype_name, element_count,  # noqa: F401
-                    fused_body, itemsize, node_inputs, node_operands, node_proto, outer_scope_reads,
-                    present_inputs, single_node_graph, static_shape, subgraphs)
+                    fused_body, is_onnx_domain, itemsize, node_inputs, node_operands, node_proto,
+                    outer_scope_reads, present_inputs, single_node_graph, static_shape, subgraphs)
 
 
 def readers(graph: gs.Graph) -> dict[str, list[gs.Node]]:
@@ -88,11 +88,6 @@ def topological_nodes(graph: gs.Graph) -> list[gs.Node]:
         cycle = find_cycle(dataflow_graph(graph))
         raise ValueError("graph has a cycle through " + " -> ".join(a for a, _ in cycle))
     return order
-
-
-def is_onnx_domain(node: gs.Node) -> bool:
-    """True for ops of the default ai.onnx domain (gs reports it as None or '')."""
-    return node.domain in (None, "", "ai.onnx")
 
 
 #: Weights up to this many elements keep their data when a graph is exported for shape

@@ -131,6 +131,11 @@ def values_source(constant: gs.Constant):
     return values
 
 
+def is_onnx_domain(node: gs.Node) -> bool:
+    """True for ops of the default ai.onnx domain (gs reports it as None or '')."""
+    return node.domain in (None, "", "ai.onnx")
+
+
 def present_inputs(node: gs.Node) -> list[gs.Tensor]:
     """The node's inputs without ONNX's empty-name placeholders for omitted optionals."""
     return [t for t in node.inputs if t.name]

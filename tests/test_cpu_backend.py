@@ -36,6 +36,7 @@ BACKEND_CASES = [
 @pytest.mark.parametrize("op,dtypes,extra", BACKEND_CASES, ids=[f"{op}-{dt[0].__name__}" for op, dt, _ in BACKEND_CASES])
 def test_the_cached_backend_check_agrees_with_a_session_on_the_node_itself(monkeypatch, op, dtypes, extra):
     monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     opsets = {"": 17}
     first, second = (_node(op, dtypes, names=names, **extra) for names in ("a", "b"))
     types = [reference.numpy_dtype(t.dtype) for t in reference.node_inputs(first)]
@@ -46,6 +47,7 @@ def test_the_cached_backend_check_agrees_with_a_session_on_the_node_itself(monke
 
 def test_nodes_differing_only_in_names_share_one_session(monkeypatch):
     monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     probed = []
     session = reference.onnxruntime_session
     monkeypatch.setattr(reference, "onnxruntime_session", lambda model: probed.append(model) or session(model))
@@ -58,7 +60,7 @@ def test_nodes_differing_only_in_names_share_one_session(monkeypatch):
     assert len(probed) == 2
     differing = [_node("Mul", [np.int32, np.int32]),  # another type
                  _node("Mul", [np.float32, np.float32], names="d"),  # the same, once more: no session
-                 _node("ConstantOfShape", [np.int64], {"value": gs.Constant("v", np.array([1], np.int64))})]
+                 _node("ConstantOfShape", [np.int64], {"value": gs.Constant("v", np.array([0], np.int32))})]
     for node in differing:
         assert reference.cpu_backend(node, opsets) == reference.ONNXRUNTIME
     assert len(probed) == 4
@@ -68,6 +70,7 @@ def test_a_node_with_a_subgraph_is_asked_about_by_itself(monkeypatch):
     """An If's branches name tensors of the graph around it: renaming its inputs would change
     what they read, so it is never matched to another node."""
     monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     probed = []
     session = reference.onnxruntime_session
     monkeypatch.setattr(reference, "onnxruntime_session", lambda model: probed.append(model) or session(model))
@@ -109,22 +112,28 @@ def test_a_plan_records_onnxruntime_for_float64_and_squaring_cpu_steps(save):
 
 def test_a_node_of_a_known_key_builds_no_model(monkeypatch):
     """`anonymous_key` answers a node like one asked about before without building its one-node
-    model; a node differing in an attribute value, an input type or its wiring is asked anew."""
+    model; a node differing in an attribute value, an input type or its wiring is asked anew,
+    but ConstantOfShape's fill value (one element of a type onnxruntime has) never decides."""
     monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
     monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     built = []
     node_model = reference.node_model
     monkeypatch.setattr(reference, "node_model", lambda *args: built.append(args[0]) or node_model(*args))
     opsets = {"": 17}
-    alike = [_node("ConstantOfShape", [np.int64], {"value": gs.Constant(f"c{index}_value", np.array([0.5], np.float32))},
-                   names=f"c{index}") for index in range(4)]
+
+    def fill(value, names="a", op="ConstantOfShape", domain=None):
+        return _node(op, [np.int64], {"value": gs.Constant(f"{names}_value", value)}, names=names, domain=domain)
+
+    alike = [fill(np.array([value], np.float32), names=f"c{index}") for index, value in enumerate((0.5, -0.5, np.nan, 7))]
     for node in alike:
         assert reference.runs_on_onnxruntime(node, opsets)
     assert len(built) == 1
     square = _node("Mul", [np.float32])
     square.inputs = [square.inputs[0], square.inputs[0]]
-    differing = [_node("ConstantOfShape", [np.int64], {"value": gs.Constant("v", np.array([-0.5], np.float32))}),
-                 _node("ConstantOfShape", [np.int64], {"value": gs.Constant("w", np.array([0.5], np.float16))}),
+    differing = [fill(np.array([0.5], np.float16)), fill(np.array([[0.5]], np.float32)),
+                 fill(np.array([0.5], np.float32), domain="org.example"),
+                 fill(np.array([1.5], np.float32), op="Bogus", domain="org.example"),
+                 fill(np.array([2.5], np.float32), op="Bogus", domain="org.example"),
                  _node("Mul", [np.float32, np.float32]), square, _node("Mul", [np.int32, np.int32])]
     for node in differing:
         reference.runs_on_onnxruntime(node, opsets)

@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import fused_body, node_inputs, node_operands, node_proto, single_node_graph, subgraphs
+from rkcompile.nodes import (fused_body, is_onnx_domain, node_inputs, node_operands, node_proto, single_node_graph,
+                             subgraphs)
 
 from .storage import EmulationError
 
@@ -178,6 +179,12 @@ _ONNXRUNTIME_TAKES: dict[bytes, bool] = {}
 #: the same answers per `anonymous_key`, which names the anonymous model without building it
 #: (building and serializing one per CPU step was 0.3 s of tv_ssdlite320's plan)
 _ONNXRUNTIME_TAKES_BY_KEY: dict[tuple, bool] = {}
+#: (ai.onnx op, tensor attribute) whose element values never decide whether onnxruntime takes the
+#: node, only the tensor's dtype and shape: ConstantOfShape's kernel checks that its value is one
+#: element of a type it has (exporters make one per fill value: 90 of tv_ssdlite320's 122
+#: distinct CPU nodes). Should it ever refuse one, `CpuRuntime.run` falls back to onnx.reference
+#: and says so.
+_VALUE_BLIND_TENSOR_ATTRIBUTES = frozenset({("ConstantOfShape", "value")})
 #: attribute values `anonymous_key` spells out; a node with any other kind of attribute has none
 _PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
 
@@ -187,7 +194,8 @@ def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str
     the node itself: its op and domain, the opsets, where each input and output name first
     appears among the node's inputs then outputs (so which of them are omitted, and which read
     one tensor twice), the input dtypes, and the attributes by name, type and exact value (a
-    tensor attribute by what its export writes but its name, which `anonymous` leaves out).
+    tensor attribute by what its export writes but its name, which `anonymous` leaves out, and
+    but its element values where those never decide: _VALUE_BLIND_TENSOR_ATTRIBUTES).
     Two nodes of one key make the same anonymous model, so they get the same answer; the key
     may tell apart models that serialize alike (float attributes by repr, not as float32),
     which only costs a second look. None for a node with subgraphs, or an attribute of
@@ -202,7 +210,9 @@ def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str
             array = np.asarray(value.values)
             if array.dtype.kind not in "biufc":  # strings: node_proto writes them its own way
                 return None
-            attributes.append((name, gs.Constant, array.dtype.str, array.shape, array.tobytes(),
+            blind = (node.op, name) in _VALUE_BLIND_TENSOR_ATTRIBUTES and is_onnx_domain(node)
+            stored = b"" if blind else array.tobytes()
+            attributes.append((name, gs.Constant, array.dtype.str, array.shape, stored,
                                repr(value.export_dtype), value.data_location))
         else:
             return None
