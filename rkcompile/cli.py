@@ -282,14 +282,13 @@ def calibration_options(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    return _execute(build_parser(command_named(argv)), argv)
+    return _execute(build_parser(command_named(argv)).parse_args(argv))
 
 
-def _execute(parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    """Parse `argv` and run its command: its exit code, every failure one `error: ...` line."""
+def _execute(args: argparse.Namespace) -> int:
+    """Run the parsed command: its exit code, every failure one `error: ...` line."""
     import logging
 
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -522,14 +521,22 @@ _COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "
 
 def console_main() -> NoReturn:
     """The `rkcompile` command as a process (the console script, `python -m rkcompile`): `main`,
-    with what only a whole process may skip. While the command's modules load (numpy, onnx,
-    onnx-graphsurgeon, the pipeline), the cyclic garbage collector is paused, and the objects
-    they made are then frozen out of its sight (gc.freeze): the ~75 collections the imports
-    triggered, each walking what they had made so far, took 13-20 ms of a small model's plan
-    process on the test machine, and pausing alone only moves that walk to the first collection
-    after (tools/bench_plan.py). A frozen object is never collected, so a long-lived caller of
-    `main` (the tests) must not freeze what its earlier calls left. Then the exit without the
-    interpreter's teardown, which frees every object, module and
+    with what only a whole process may skip.
+
+    While the command's modules load (numpy, onnx, onnx-graphsurgeon, the pipeline), the cyclic
+    garbage collector is paused, and the objects they made are then frozen out of its sight
+    (gc.freeze): the ~75 collections the imports triggered, each walking what they had made so
+    far, took 13-20 ms of a small model's plan process on the test machine, and pausing alone
+    only moves that walk to the first collection after (tools/bench_plan.py). A frozen object
+    is never collected, so a long-lived caller of `main` (the tests) must not freeze what its
+    earlier calls left. A float16 plan then keeps the collector off to the exit: its passes run
+    with it paused anyway (pipeline.compile_model), and turning it back on started a collection
+    walking every object the plan had made (291 ms of tv_maxvit_t's plan process, 22 ms of
+    yolov8n's), then dozens more while the JSON was written, to free what the passes had dropped
+    (50,000 objects on tv_maxvit_t, 8 MB of its 390 MB peak). An int8 plan plans and drops
+    candidate plans, each a graph of reference cycles holding its weights, so it collects.
+
+    Then the exit without the interpreter's teardown, which frees every object, module and
     extension table the command loaded, one by one, only to hand the memory back to the system:
     0.06-0.3 s of a small model's plan process on the test machine (docs/zoo.md, "Plan time"),
     as Instagram's servers skip it ("Dismissing Python Garbage Collection at Instagram", 2017).
@@ -542,7 +549,10 @@ def console_main() -> NoReturn:
     with cyclic_collector_paused():
         parser = build_parser(command_named(argv))  # what imports the command's modules
         gc.freeze()
-    code = _execute(parser, argv)
+    args = parser.parse_args(argv)
+    if args.command == "plan" and args.dtype != "int8":
+        gc.disable()  # to the exit (the docstring says why)
+    code = _execute(args)
     watched = sys.getprofile() is not None or sys.gettrace() is not None
     if watched or any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         sys.exit(code)
