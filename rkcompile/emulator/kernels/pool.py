@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Unsupported, attr, register
-from ._windows import fold_taps, spatial_pads, windows
+from ._windows import fold_taps, moveaxis, spatial_pads, windows
 
 
 def _geometry(node, x):
@@ -53,10 +53,10 @@ def _fold_windows(x, kernel, strides, dilations, begin, end, combine: np.ufunc, 
     element by element (7x7 pools 3-10x slower). The same taps in the same order, so the same
     values either way; the result comes back channels-last too."""
     rank = len(kernel)
-    channels_last = np.moveaxis(x, 1, -1)
+    channels_last = moveaxis(x, 1, -1)
     if channels_last.flags.c_contiguous:
         view = windows(channels_last, kernel, strides, dilations, begin, end, fill, first_spatial_axis=1)
-        return np.moveaxis(fold_taps(view, rank, combine), -1, 1)
+        return moveaxis(fold_taps(view, rank, combine), -1, 1)
     return fold_taps(windows(x, kernel, strides, dilations, begin, end, fill), rank, combine)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import Unsupported, attr, register
+from ._windows import moveaxis
 
 
 def _text(value, default):
@@ -77,10 +78,10 @@ def resize(node, inputs, opset):
     # of that memory it picks elements one by one (a 21x40x40 -> 320x320 linear resize, 10.6 ms
     # -> 3); every element is the same expression of the same two neighbours, axis by axis in the
     # same order, so the values are the same
-    channels_last = x.ndim > 2 and np.moveaxis(x, 1, -1).flags.c_contiguous and not x.flags.c_contiguous
+    channels_last = x.ndim > 2 and moveaxis(x, 1, -1).flags.c_contiguous and not x.flags.c_contiguous
     position = list(range(x.ndim))  # where each ONNX axis is in the array resized
     if channels_last:
-        x, position = np.moveaxis(x, 1, -1), [0, x.ndim - 1] + list(range(1, x.ndim - 1))
+        x, position = moveaxis(x, 1, -1), [0, x.ndim - 1] + list(range(1, x.ndim - 1))
     y = x
     for onnx_axis, (out_size, scale) in enumerate(zip(sizes, scales)):
         axis = position[onnx_axis]
@@ -109,4 +110,4 @@ def resize(node, inputs, opset):
         upper *= weight
         blended += upper
         y = blended
-    return [np.moveaxis(y, -1, 1) if channels_last else y]
+    return [moveaxis(y, -1, 1) if channels_last else y]
