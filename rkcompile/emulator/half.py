@@ -16,13 +16,14 @@ import os
 import numpy as np
 
 #: (from, to) -> below this many elements numpy's conversion is cheaper than an onnxruntime
-#: call, whose fixed cost is about 20 us (binding both arrays and running the session) on the
-#: 2-core test machine, where numpy narrows at about 3.5 ns an element and widens at about 2.8
-#: (best of 5x200 calls: narrowing 4,096 elements numpy 17.8 us against onnxruntime 24.5, 8,192
-#: 28.7 against 17.4; widening 8,192 22.6 against 28.2, 16,384 46 against 30); a first run
-#: that never widens this many elements also never makes the widening session (0.8 ms)
-ONNXRUNTIME_MIN_ELEMENTS = {(np.dtype(np.float32), np.dtype(np.float16)): 8192,
-                            (np.dtype(np.float16), np.dtype(np.float32)): 16384}
+#: call, whose fixed cost is 20-40 us (binding both arrays and running the session) on the
+#: 2-core test machine. Measured per call on the reads and writes of four first runs replayed
+#: (docs/emulator.md, round 4): widening 4,097-8,192 elements numpy 19.5-31.7 us
+#: against onnxruntime 32.1-39.7 on three models (a tie on the fourth), 8,193-16,384 a tie;
+#: narrowing 4,097-8,192 numpy 24.6-41.2 against 42.6-52.1 on three, but 245 against 49 on
+#: tv_shufflenet_v2_x0_5's, so narrowing keeps its threshold
+ONNXRUNTIME_MIN_ELEMENTS = {(np.dtype(np.float32), np.dtype(np.float16)): 4096,
+                            (np.dtype(np.float16), np.dtype(np.float32)): 8192}
 _converters: dict = {"pid": None}
 
 
