@@ -235,6 +235,24 @@ def test_one_element_constant_is_a_scalar_operand(tmp_path, op):
     assert_verdict(tmp_path, model, "rk3562", op, "expand_broadcast", True)
 
 
+@pytest.mark.parametrize("weight, ok", [(np.full((1, 1, 1, 1), 2.0, np.float32), True),
+                                        (np.ones((1, 1, 4, 5), np.float32), False)])
+def test_broadcast_check_tells_a_scalar_weight_by_its_shape(weight, ok):
+    """A weight not yet read (onnx-graphsurgeon's LazyValues) stays unread by the broadcast
+    check: one element or not is in its shape, and loading a large weight to count it cost
+    more than the check."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    constant = gs.Constant("c", LazyValues(numpy_helper.from_array(weight, "c")))
+    node = gs.Node("Mul", "n", inputs=[gs.Variable("a", np.float32, [1, 3, 4, 5]), constant],
+                   outputs=[gs.Variable("y", np.float32, [1, 3, 4, 5])])
+    with mock.patch.object(LazyValues, "load", side_effect=AssertionError("weight read")):
+        verdicts = {v.rule.rstrip("."): v for v in evaluate_rules(node, get_target("rk3562"))}
+    verdict = verdicts[rule_text("rk3562", "Mul", "expand_broadcast")]
+    assert verdict.ok is ok
+    assert ok or "[1, 1, 4, 5] -> [1, 3, 4, 5]" in verdict.detail
+
+
 @pytest.mark.parametrize("mask, ok", [((1, 3, 1, 1), True), ((1, 1, 4, 5), False)])
 def test_where_inherits_expand_broadcasts(tmp_path, mask, ok):
     model = one_node("Where", {"m": (mask, TensorProto.BOOL), "a": (1, 3, 4, 5), "b": (1, 3, 4, 5)})
