@@ -104,7 +104,28 @@ def run(ctx: CompileContext) -> None:
             partitions.append(("host", after_partition[index]))
     ctx.partitions = partitions
     ctx.order = [name for _, members in partitions for name in members]
-    ctx.graph.toposort()
+    _nodes_in_execution_order(ctx)
+
+
+def _nodes_in_execution_order(ctx: CompileContext) -> None:
+    """The graph's nodes, the conversions appended above among them, in `ctx.order`: a
+    topological order by construction (partitions run in a dependency order, and a conversion
+    right after the partition writing its tensor). Later passes look nodes up by name and walk
+    `ctx.order`; onnx-graphsurgeon's toposort of the whole graph, which this replaces, took a
+    tenth of a second on tv_ssdlite320's 2,000 nodes. The nodes inside subgraphs (If branches,
+    loop bodies, fused kernels' members, which the plan describes in order) and model-local
+    functions are sorted as that toposort sorted them."""
+    graph = ctx.graph
+    for function in graph.functions:
+        function.toposort(mode="nodes")
+    for subgraph in graph.subgraphs():
+        subgraph.toposort(recurse_functions=False, mode="nodes")
+    graph.toposort(mode="functions")
+    position = {name: index for index, name in enumerate(ctx.order)}
+    unordered = [node.name for node in graph.nodes if node.name not in position]
+    if unordered or len(position) != len(graph.nodes):
+        raise AssertionError(f"boundaries: the execution order and the graph's nodes differ: {unordered[:5]}")
+    graph.nodes.sort(key=lambda node: position[node.name])
 
 
 def split_shared_constants(ctx: CompileContext) -> None:

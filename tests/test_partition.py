@@ -193,6 +193,23 @@ def test_every_crossing_tensor_gets_one_host_conversion(tmp_path):
     assert plan.tensors["c1@cpu"].bytes == 64 * 56 * 56 * 4
 
 
+def test_graph_nodes_are_left_in_the_execution_order(tmp_path):
+    """After the boundaries pass the graph's nodes, conversions included, stand in the plan's
+    step order, a topological one: a chain of Convs beside an Erf of the same input runs as the
+    NPU partition then the CPU one, where ordering by depth alone would interleave them."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 64, 56, 56]) for name in ("y", "e")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c2", "w3"], ["y"], name="conv3", pads=[1, 1, 1, 1]),
+             helper.make_node("Erf", ["x"], ["e"], name="erf")]
+    weights = [_weight(name, (64, 64, 3, 3)) for name in ("w1", "w2", "w3")]
+    plan, ctx = compile_model(_save(tmp_path, nodes, [x], outputs, weights, "chain_beside_erf"), "rk3588")
+    assert [node.name for node in ctx.graph.nodes] == ctx.order
+    assert [step.nodes for step in plan.steps if step.device != "host"] == [
+        ("conv1",), ("conv2",), ("conv3",), ("erf",)]
+
+
 def test_npu_model_output_is_converted_into_its_own_name(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])
