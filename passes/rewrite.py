@@ -191,11 +191,12 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, verdict
     """
     problems: list[str] = []
     for refine in (False, True):
-        started = len(site.builders)
+        started, taken, yielded = len(site.builders), site.names_taken, False
         candidates = rule.build(node, site)
         while True:
             try:
                 candidate = next(candidates)
+                yielded = True
             except StopIteration as declined:
                 if not refine:
                     reason = declined.value
@@ -224,6 +225,11 @@ def _first_legal_candidate(node: gs.Node, rule: RewriteRule, site: Site, verdict
             candidate.discard()
             if refine:
                 problems.append(problem)
+        if not yielded and site.names_taken == taken:
+            # It declined before naming anything: on the same graph, the refining pass would
+            # decline the same way, and take no name a later rewrite could have had (a fifth
+            # of the rule runs on tv_ssdlite320, most nodes declined by every rule of their op).
+            break
     if not problems:
         return None, f"declined: {reason or 'the node is not of the form it rewrites'}"
     return None, "; ".join(dict.fromkeys(problems))

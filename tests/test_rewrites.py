@@ -792,6 +792,34 @@ def test_sibling_nodes_of_one_candidate_may_use_the_same_rule(tmp_path, monkeypa
     assert rules_fired(ctx) == ["split_in_two_tanhs > tanh_as_sigmoid"]
 
 
+def test_a_rule_that_declines_before_naming_anything_is_run_once(tmp_path, monkeypatch):
+    """A rule that yields no candidate and names nothing would decline the same way when the
+    pass tries again with refining on: it runs once per attempt. One that built (named) part of
+    a candidate first still runs again, so the names later rewrites get stay as they were."""
+    from rkcompile.passes import rewrite as rewrite_pass
+    from rkcompile.passes.rewrites.base import RewriteRule
+
+    runs = {"at_once": 0, "after_building": 0}
+
+    def declines_at_once(node, site):
+        runs["at_once"] += 1
+        return "not of its form"
+        yield  # a generator, as every rule is
+
+    def declines_after_building(node, site):
+        runs["after_building"] += 1
+        site.builder(node).op("Neg", [node.inputs[0]], static_shape(node.inputs[0]), node.inputs[0].dtype)
+        return "declined after building"
+        yield
+
+    monkeypatch.setattr(rewrite_pass, "RULES", (RewriteRule(declines_at_once, frozenset({"Relu"}), always=True),
+                                                RewriteRule(declines_after_building, frozenset({"Relu"}), always=True)))
+    ctx = rewritten(unary_model("Relu", [1, 2, 3, 3]), tmp_path, get_target("rk3588"))
+    assert runs["at_once"] >= 1 and runs["after_building"] == 2 * runs["at_once"]
+    assert [a.outcome for a in ctx.rewrite_attempts["n"]][:2] == [
+        "declined: not of its form", "declined: declined after building"]
+
+
 def test_a_rewrite_keeps_a_scalar_constant_scalar(tmp_path):
     """Builder.const keeps a 0-d value 0-d: a scalar read by a shape-sensitive op (onnx's expanded
     Gelu's SqrtTwo) was planned as [1] and refused by the emulator's shape check."""

@@ -66,6 +66,12 @@ class Site:
         #: model's repeated blocks ask about the same Transposes (tv_maxvit_t: 242 asks, 1,834 probes)
         self.legal_transposes: dict[tuple, object] = {}
 
+    @property
+    def names_taken(self) -> int:
+        """How many names the graph and `fresh` hold: unchanged across a rule's attempt that
+        built nothing (passes/rewrite.py)."""
+        return len(self._taken)
+
     def fresh(self, base: str) -> str:
         name, index = base, 0
         while name in self._taken:
