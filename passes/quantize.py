@@ -182,8 +182,11 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
     if _reuse_calibration(ctx.calibration, wanted, weight_errors, method, options.equalization):
         return {name: ctx.calibration.observers[name].range(method) for name in wanted}
-    samples = calibration_samples(options.calibration, ctx.model_info.inputs,
-                                  ImagePreprocessing(options.mean_values, options.std_values, options.channel_order))
+    if ctx.calibration_samples is None:
+        ctx.calibration_samples = calibration_samples(
+            options.calibration, ctx.model_info.inputs,
+            ImagePreprocessing(options.mean_values, options.std_values, options.channel_order))
+    samples = ctx.calibration_samples
     observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
 
     def observe(name, value):

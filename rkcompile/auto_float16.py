@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -96,6 +97,14 @@ class Planner:
             run_passes(self.before_quantize, PASSES[:QUANTIZE_AT])
         self.calibrations: dict[bool, Any] = {}  # equalization -> the quantize pass's `Calibration`
 
+    @functools.cached_property
+    def samples(self) -> list[dict[str, np.ndarray]]:
+        """The calibration inputs every plan calibrates on and a Judge judges on, read once (a
+        folder of images decoded once, the warning for seeded random ones given once)."""
+        options = self.options
+        return calibration_samples(options.calibration, self.inputs, ImagePreprocessing(
+            options.mean_values, options.std_values, options.channel_order))
+
     @property
     def inputs(self):
         return self.before_quantize.model_info.inputs
@@ -117,6 +126,7 @@ class Planner:
             ctx = copy.deepcopy(start, {id(start.target): start.target, id(start.graph): start.graph.copy()})
             ctx.options = options
             ctx.calibration = self.calibrations.get(options.equalization)
+            ctx.calibration_samples = self.samples
             run_passes(ctx, PASSES[QUANTIZE_AT:])
             record = assemble_plan(ctx)
         if not tensors:
@@ -188,9 +198,7 @@ class Judge:
 def judge_for(model, target: str, options: Options, make_plan: MakePlan) -> Judge:
     """A Judge of plans of `model` with `options`, on its calibration samples."""
     planner = Planner(model, target, options)
-    samples = calibration_samples(options.calibration, planner.inputs, ImagePreprocessing(
-        options.mean_values, options.std_values, options.channel_order))
-    return Judge(planner, make_plan, samples)
+    return Judge(planner, make_plan, planner.samples)
 
 
 def float_reference(plan) -> FloatReference:

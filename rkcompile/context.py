@@ -134,6 +134,9 @@ class CompileContext:
     #: int8: what the quantize pass's float32 calibration run observed (passes/quantize.py
     #: `Calibration`); set beforehand, a later plan of the same graph reuses it (--auto-float16)
     calibration: Any = None
+    #: int8: the calibration inputs (rkcompile/quantize.py `calibration_samples`), read by the
+    #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
+    calibration_samples: Any = None
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -674,3 +675,11 @@ def test_zoo_mobilenet_v2_reaches_cosine_099_with_its_first_blocks_in_float16(tm
     extra = [flag for name in MOBILENET_V2_FLOAT16 for flag in ("--float16", name)]
     agreements = zoo_int8_cosines("mobilenet_v2", tmp_path, *extra)
     assert all(a["cosine"] >= 0.99 for a in agreements), agreements
+
+
+def test_an_int8_plan_without_calibration_data_reads_and_warns_once(cnn, caplog):
+    """Choosing the int8 settings plans the model several times (each equalization setting
+    calibrates, and a judge compares the candidates): all of them share one set of samples."""
+    with caplog.at_level(logging.WARNING, logger="rkcompile"):
+        rkcompile.compile(cnn, "rk3588", dtype="int8")
+    assert sum("int8 without --calib" in record.getMessage() for record in caplog.records) == 1
