@@ -125,7 +125,7 @@ def test_an_nc1hwc2_tensors_block_views_are_made_once_for_every_read_and_write(s
     storage = one_tensor_storage(shape, "float16")
     first, second = (rng.standard_normal(shape).astype(np.float16) for _ in range(2))
     storage.write("t", first)
-    stored = storage._codec("t")
+    stored = storage._stored_of("t")
     made = (stored.whole_blocks_channels_last, stored.partial_lanes)
     np.testing.assert_array_equal(storage.read("t"), first)
     reader = stored.blocks_channels_last

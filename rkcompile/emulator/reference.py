@@ -193,9 +193,9 @@ def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str
     """What `anonymous(node_model(node, dtypes, opsets))` is made of, as a hashable key, read off
     the node itself: its op and domain, the opsets, where each input and output name first
     appears among the node's inputs then outputs (so which of them are omitted, and which read
-    one tensor twice), the input dtypes, and the attributes by name, type and exact value (a
-    tensor attribute by what its export writes but its name, which `anonymous` leaves out, and
-    but its element values where those never decide: _VALUE_BLIND_TENSOR_ATTRIBUTES).
+    one tensor twice), the input dtypes, and the attributes by name, type and exact value. A
+    tensor attribute counts by what its export writes except its name (which `anonymous` leaves
+    out), and except its element values where those never decide (_VALUE_BLIND_TENSOR_ATTRIBUTES).
     Two nodes of one key make the same anonymous model, so they get the same answer; the key
     may tell apart models that serialize alike (float attributes by repr, not as float32),
     which only costs a second look. None for a node with subgraphs, or an attribute of

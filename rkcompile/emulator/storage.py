@@ -40,10 +40,10 @@ class Storage:
             sizes[tensor.region] = max(sizes[tensor.region], tensor.offset + tensor.bytes)
         self.regions = {region: np.zeros(size, np.uint8) for region, size in sizes.items()}
         self.dynamic: dict[str, np.ndarray] = {}
-        #: each tensor's typed view and codec (`_Stored`), checked and made on its first use: a
-        #: region's buffer is never replaced, so the view stays on the tensor's planned bytes for
-        #: every later read and write (rebuilding it, or its block views, cost a step of a small
-        #: model about as much as its data)
+        #: each tensor's typed view and its block views (`_Stored`), checked and made on first
+        #: use: a region's buffer is never replaced, so the views stay on the tensor's planned
+        #: bytes for every later read and write (rebuilding them cost a step of a small model
+        #: about as much as its data)
         self._stored: dict[str, _Stored] = {}
 
     def placement(self, name: str) -> TensorPlacement:
@@ -54,15 +54,15 @@ class Storage:
 
     def view(self, name: str) -> np.ndarray:
         """The stored tensor as a typed view on its region's bytes."""
-        return self._codec(name).view
+        return self._stored_of(name).view
 
-    def _codec(self, name: str) -> _Stored:
+    def _stored_of(self, name: str) -> _Stored:
         stored = self._stored.get(name)
         if stored is None:
-            stored = self._stored[name] = self._make_codec(name)
+            stored = self._stored[name] = self._make_stored(name)
         return stored
 
-    def _make_codec(self, name: str) -> _Stored:
+    def _make_stored(self, name: str) -> _Stored:
         tensor = self.placement(name)
         stored_shape = self.stored_shape(tensor)
         dtype = _dtype(tensor.dtype)
@@ -98,7 +98,7 @@ class Storage:
                 value = self.dynamic[name]
                 return value if dtype is None or not isinstance(value, np.ndarray) else value.astype(dtype,
                                                                                                        copy=False)
-            stored = self._codec(name)
+            stored = self._stored_of(name)
         view = stored.view
         dtype = view.dtype if dtype is None else np.dtype(dtype)
         if stored.nchw is None:
@@ -119,7 +119,7 @@ class Storage:
             if held_by_runtime(tensor):  # a sequence stays a list, an empty optional None
                 self.dynamic[name] = value if value is None or isinstance(value, list) else np.asarray(value)
                 return
-            stored = self._codec(name)
+            stored = self._stored_of(name)
         tensor, view = stored.tensor, stored.view
         value = np.asarray(value)
         if value.shape != tensor.shape and tuple(value.shape) != tuple(tensor.shape):
