@@ -81,6 +81,29 @@ def command_named(argv: list[str]) -> str | None:
     return name if name in _SUBCOMMANDS else None
 
 
+class _ProbeParser(argparse.ArgumentParser):
+    """A parser that raises instead of exiting: it reads one option ahead of the real parser,
+    which reports the errors."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise ValueError(message)
+
+
+def _float_plan(argv: list[str]) -> bool:
+    """Whether `argv` is a `plan` command that does not quantize, read without importing
+    anything: `--dtype` as the plan parser reads it, False where it could not be read (the real
+    parser then reports why)."""
+    if command_named(argv) != "plan":
+        return False
+    probe = _ProbeParser(add_help=False)
+    probe.add_argument("--dtype")
+    try:
+        known, _ = probe.parse_known_args(argv)
+    except ValueError:
+        return False
+    return known.dtype != "int8"
+
+
 def _target_names() -> str:
     from .targets import TARGET_MODULES
 
@@ -536,6 +559,15 @@ def console_main() -> NoReturn:
     (50,000 objects on tv_maxvit_t, 8 MB of its 390 MB peak). An int8 plan plans and drops
     candidate plans, each a graph of reference cycles holding its weights, so it collects.
 
+    A float16 plan also loads numpy's OpenBLAS with one thread (OPENBLAS_NUM_THREADS=1, unless
+    the caller set it): OpenBLAS starts a worker per core as it loads, each spinning while it
+    waits for work, and a float16 plan multiplies no large matrices. Those workers took 0.04-0.09
+    s of CPU from a small model's plan process, 0.05 s of its wall time when the other core was
+    busy (squeezenet1_1: 0.45 -> 0.36 s CPU; tools/bench_plan.py). The variable must be set
+    before numpy loads, so the dtype is read from the arguments (`_float_plan`) before the
+    parser, which imports the command's modules, exists. An int8 plan calibrates on the
+    emulator and keeps OpenBLAS's default.
+
     Then the exit without the interpreter's teardown, which frees every object, module and
     extension table the command loaded, one by one, only to hand the memory back to the system:
     0.06-0.3 s of a small model's plan process on the test machine (docs/zoo.md, "Plan time"),
@@ -547,6 +579,8 @@ def console_main() -> NoReturn:
     at the normal exit), the exit is the normal one."""
     argv = sys.argv[1:]
     with cyclic_collector_paused():
+        if _float_plan(argv):
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads it (the docstring says why)
         parser = build_parser(command_named(argv))  # what imports the command's modules
         gc.freeze()
     args = parser.parse_args(argv)

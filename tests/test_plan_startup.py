@@ -1,9 +1,10 @@
 """What a plan process pays around the passes (issue 18, tools/bench_plan.py): the modules a
 float16 plan imports, the collections its start-up skips, and the interpreter teardown the command
-skips."""
+skips, and the BLAS threads it does without."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 from conftest import make_model, value_info, weight
 from onnx import TensorProto, helper
+
+from rkcompile.cli import _float_plan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 #: modules only int8 calibration, --auto-float16, the emulator or a CPU step need
@@ -156,3 +159,49 @@ def test_a_float16_plan_process_runs_no_collection(tmp_path, dtype):
     collections, frozen = finished.stdout.split()
     assert frozen == "True"
     assert int(collections) == 0 if dtype == "float16" else int(collections) > 0
+
+
+BLAS_PROBE = """
+import atexit, os, sys
+loaded_with = []
+class WatchNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not loaded_with:
+            loaded_with.append(os.environ.get("OPENBLAS_NUM_THREADS", "unset"))
+        return None
+sys.meta_path.insert(0, WatchNumpy())
+atexit.register(lambda: print(loaded_with[0] if loaded_with else "numpy never loaded"))
+from rkcompile.cli import console_main
+console_main()
+"""
+
+
+@pytest.mark.parametrize("preset, loaded_with", [(None, "1"), ("3", "3")])
+def test_a_float16_plan_process_loads_openblas_with_one_thread(tmp_path, preset, loaded_with):
+    """OpenBLAS starts a spinning worker per core as numpy loads it, and a float16 plan
+    multiplies no large matrices: console_main sets OPENBLAS_NUM_THREADS=1 before anything
+    imports numpy, unless the caller chose a number."""
+    model = tmp_path / "tiny_cnn.onnx"
+    shutil.copy(EXAMPLE, model)
+    environment = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        environment["OPENBLAS_NUM_THREADS"] = preset
+    finished = subprocess.run([sys.executable, "-c", BLAS_PROBE, "plan", str(model), "--target", "rk3588", "--quiet"],
+                              capture_output=True, text=True, env=environment)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.split()[-1] == loaded_with
+
+
+@pytest.mark.parametrize("argv, float_plan", [
+    (["plan", "m.onnx"], True),
+    (["plan", "m.onnx", "--dtype", "float16"], True),
+    (["-v", "plan", "m.onnx", "--target", "rk3588"], True),
+    (["plan", "m.onnx", "--dtype", "int8"], False),
+    (["plan", "m.onnx", "--dtype=int8"], False),
+    (["plan", "m.onnx", "--dt", "int8"], False),   # argparse takes an unambiguous prefix
+    (["plan", "m.onnx", "--dtype"], False),        # unreadable: the real parser reports it
+    (["run", "m.onnx"], False),
+    ([], False),
+])
+def test_float_plan_reads_the_dtype_as_the_plan_parser_does(argv, float_plan):
+    assert _float_plan(argv) is float_plan
