@@ -34,15 +34,22 @@ def describe(node: gs.Node, weights: frozenset[str] | set[str]) -> Operation:
     )
 
 
-def rebuild(operation: Operation, weight: WeightLookup, scope: dict[str, gs.Tensor] | None = None) -> gs.Node:
+def rebuild(operation: Operation, weight: WeightLookup, scope: dict[str, gs.Tensor] | None = None,
+            linked: bool = True) -> gs.Node:
     """The node `operation` describes; weights come from `weight`, other inputs are variables of
-    the recorded ONNX dtype (shared by name through `scope` within one graph)."""
+    the recorded ONNX dtype (shared by name through `scope` within one graph).
+
+    `linked=False` makes the node for a reader that never walks or edits it as a graph (the
+    emulator's steps, executed and exported node by node): its input and output lists, and its
+    tensors' producer and consumer lists, are plain lists, and no tensor lists the nodes that
+    make or read it (`weight` should give unlinked constants too). Linking them was about a
+    fifth of rebuilding a plan's step nodes, which every first run of a plan does."""
     scope = {} if scope is None else scope
     return graph_node(
         operation.op, operation.name, operation.domain or None,
-        {key: _decode(value, weight) for key, value in operation.attributes.items()},
-        [_tensor(name, dtype, weight, scope) for name, dtype in zip(operation.inputs, operation.input_dtypes)],
-        [_tensor(name, "", weight, scope) for name in operation.outputs])
+        {key: _decode(value, weight, linked) for key, value in operation.attributes.items()},
+        [_tensor(name, dtype, weight, scope, linked) for name, dtype in zip(operation.inputs, operation.input_dtypes)],
+        [_tensor(name, "", weight, scope, linked) for name in operation.outputs], linked)
 
 
 # The three constructors below make the same objects as gs.Node, gs.Variable and gs.Constant
@@ -52,27 +59,31 @@ def rebuild(operation: Operation, weight: WeightLookup, scope: dict[str, gs.Tens
 # cost about as much as executing them. tests/test_operations_rebuild.py compares them with
 # the library's own constructors, attribute by attribute.
 
-def graph_node(op: str, name: str, domain: str | None, attrs: dict, inputs: list, outputs: list) -> gs.Node:
-    """gs.Node(op=op, name=name, domain=domain, attrs=attrs, inputs=inputs, outputs=outputs)."""
+def graph_node(op: str, name: str, domain: str | None, attrs: dict, inputs: list, outputs: list,
+               linked: bool = True) -> gs.Node:
+    """gs.Node(op=op, name=name, domain=domain, attrs=attrs, inputs=inputs, outputs=outputs);
+    unlinked (plain lists, the tensors not told) with `linked=False` (see `rebuild`)."""
     node = gs.Node.__new__(gs.Node)
     node.__dict__.update(op=op, name=name or "", attrs=attrs, domain=domain,
-                         inputs=_linked(node, "outputs", inputs), outputs=_linked(node, "inputs", outputs))
+                         inputs=_linked(node, "outputs", inputs, linked),
+                         outputs=_linked(node, "inputs", outputs, linked))
     return node
 
 
-def variable(name: str, dtype=None) -> gs.Variable:
-    """gs.Variable(name, dtype=dtype)."""
+def variable(name: str, dtype=None, linked: bool = True) -> gs.Variable:
+    """gs.Variable(name, dtype=dtype); with plain producer and consumer lists with `linked=False`."""
     tensor = gs.Variable.__new__(gs.Variable)
     tensor.__dict__.update(name=name, dtype=dtype, shape=None, type="tensor_type",
-                           inputs=_linked(tensor, "outputs", ()), outputs=_linked(tensor, "inputs", ()))
+                           inputs=_linked(tensor, "outputs", (), linked), outputs=_linked(tensor, "inputs", (), linked))
     return tensor
 
 
-def constant(name: str, values: np.ndarray) -> gs.Constant:
-    """gs.Constant(name, values) for a numpy array."""
+def constant(name: str, values: np.ndarray, linked: bool = True) -> gs.Constant:
+    """gs.Constant(name, values) for a numpy array; with plain producer and consumer lists with
+    `linked=False`."""
     tensor = gs.Constant.__new__(gs.Constant)
     tensor.__dict__.update(name=name, _values=values, data_location=None, _export_dtype=None,
-                           inputs=_linked(tensor, "outputs", ()), outputs=_linked(tensor, "inputs", ()))
+                           inputs=_linked(tensor, "outputs", (), linked), outputs=_linked(tensor, "inputs", (), linked))
     return tensor
 
 
@@ -102,15 +113,17 @@ def _nested_graphs(nodes: list):
                 yield from _nested_graphs(value.nodes)
 
 
-def _linked(owner, field_name: str, items) -> SynchronizedList:
+def _linked(owner, field_name: str, items, linked: bool = True) -> SynchronizedList | list:
     """SynchronizedList(owner, field_name, items): `items`, each of which lists `owner` in its
-    `field_name` list."""
-    linked = SynchronizedList.__new__(SynchronizedList)
-    linked.parent_obj, linked.field_name = owner, field_name
-    list.extend(linked, items)
+    `field_name` list; with `linked=False` a plain list of `items`, which are left alone."""
+    if not linked:
+        return list(items)
+    made = SynchronizedList.__new__(SynchronizedList)
+    made.parent_obj, made.field_name = owner, field_name
+    list.extend(made, items)
     for item in items:
         list.append(getattr(item, field_name), owner)
-    return linked
+    return made
 
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:
@@ -167,36 +180,37 @@ def _operation_dict(operation: Operation) -> dict[str, Any]:
             "outputs": list(operation.outputs), "attributes": operation.attributes}
 
 
-def _decode(value: Any, weight: WeightLookup) -> Any:
+def _decode(value: Any, weight: WeightLookup, linked: bool) -> Any:
     if isinstance(value, dict) and "tensor" in value:
-        return constant("", decode_array(value["tensor"]))
+        return constant("", decode_array(value["tensor"]), linked)
     if isinstance(value, dict) and "graph" in value:
-        return _decode_graph(value["graph"], weight)
+        return _decode_graph(value["graph"], weight, linked)
     return value
 
 
-def _decode_graph(record: dict[str, Any], weight: WeightLookup) -> gs.Graph:
-    scope: dict[str, gs.Tensor] = {name: constant(name, decode_array(array))
+def _decode_graph(record: dict[str, Any], weight: WeightLookup, linked: bool) -> gs.Graph:
+    scope: dict[str, gs.Tensor] = {name: constant(name, decode_array(array), linked)
                                    for name, array in record["constants"].items()}
-    inputs = [_tensor(name, dtype, weight, scope) for name, dtype, *_ in record["inputs"]]
+    inputs = [_tensor(name, dtype, weight, scope, linked) for name, dtype, *_ in record["inputs"]]
     for tensor, (_, _, *shape) in zip(inputs, record["inputs"]):
         if shape and shape[0] is not None and isinstance(tensor, gs.Variable):
             tensor.shape = list(shape[0])  # plans written before shapes were recorded have none
     nodes = [rebuild(Operation(**{**member, "inputs": tuple(member["inputs"]), "outputs": tuple(member["outputs"]),
-                                  "input_dtypes": tuple(member["input_dtypes"])}), weight, scope)
+                                  "input_dtypes": tuple(member["input_dtypes"])}), weight, scope, linked)
              for member in record["nodes"]]
-    return graph(nodes, inputs, [_tensor(name, "", weight, scope) for name in record["outputs"]], record["name"])
+    return graph(nodes, inputs, [_tensor(name, "", weight, scope, linked) for name in record["outputs"]],
+                 record["name"])
 
 
-def _tensor(name: str, dtype: str, weight: WeightLookup, scope: dict[str, gs.Tensor]) -> gs.Tensor:
+def _tensor(name: str, dtype: str, weight: WeightLookup, scope: dict[str, gs.Tensor], linked: bool) -> gs.Tensor:
     """The tensor called `name` in one node or graph: a weight, a constant of the graph, or a
     variable (one object per name within a graph, so its members connect)."""
     if not name:
-        return variable("")
+        return variable("", linked=linked)
     if name in scope:
         return scope[name]
     found = weight(name)
     if found is None:
-        found = variable(name, dtype or None)
+        found = variable(name, dtype or None, linked)
     scope[name] = found
     return found

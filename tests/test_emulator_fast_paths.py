@@ -76,6 +76,36 @@ def test_a_cast_into_a_given_array_fills_it_with_the_new_arrays_values(size):
     np.testing.assert_array_equal(widened.view(np.uint32), cast(halves, np.float32).view(np.uint32))
 
 
+def test_small_casts_through_the_scratch_arrays_neither_alias_nor_mix_element_counts():
+    """Arrays of up to SCRATCH_ELEMENTS convert between two scratch arrays bound to the session
+    once per element count: each result is numpy's conversion bit for bit, in memory of its own
+    (a later cast of the same count leaves it alone), in the input's shape whatever its memory
+    order, and counts taking turns each keep their own binding."""
+    pytest.importorskip("onnxruntime")
+    from rkcompile.emulator import half
+
+    values = float32_cases()
+    assert 9000 <= half.SCRATCH_ELEMENTS and 5000 >= ONNXRUNTIME_MIN_ELEMENTS[np.dtype(np.float32), np.dtype(np.float16)]
+    narrowed = []
+    for count, start in ((5000, 0), (9000, 7), (5000, 20011)):
+        source = values[start:start + 2 * count].reshape(count // 50, 100)[:, ::2].T  # strided, transposed
+        with np.errstate(over="ignore"):
+            expected = source.astype(np.float16)
+        halves = cast(source, np.float16)
+        assert halves.shape == source.shape and not np.shares_memory(halves, half._converter(halves.dtype).scratch_target)
+        narrowed.append((halves, halves.copy(), expected))
+    for halves, as_made, expected in narrowed:  # untouched by the casts after them
+        nan = np.isnan(expected)
+        np.testing.assert_array_equal(halves.view(np.uint16), as_made.view(np.uint16))
+        np.testing.assert_array_equal(halves[~nan].view(np.uint16), expected[~nan].view(np.uint16))
+    assert {5000, 9000} <= set(half._converter(np.dtype(np.float16)).scratch_bindings)
+    halves = narrowed[1][0]
+    widened = np.empty(halves.shape, np.float32)
+    assert cast(halves, np.float32, out=widened) is widened
+    nan = np.isnan(halves)
+    np.testing.assert_array_equal(widened[~nan].view(np.uint32), halves[~nan].astype(np.float32).view(np.uint32))
+
+
 def one_tensor_storage(shape, dtype, offset=6) -> Storage:
     """A Storage holding one NC1HWC2 arena tensor at `offset`."""
     size = int(np.prod(nc1hwc2_shape(as_nchw(shape), RK3588.c2_for(dtype)))) * np.dtype(dtype).itemsize
@@ -355,6 +385,42 @@ def test_movement_steps_run_on_the_stored_float16_values_bit_for_bit(tmp_path, m
     widened = outputs()
     assert set(seen.values()) == {np.dtype(np.float32)}
     np.testing.assert_array_equal(stored["y"].view(np.uint32), widened["y"].view(np.uint32))
+
+
+@pytest.mark.parametrize("stored_values", [True, False])
+def test_row_major_integer_weights_reach_kernels_as_the_weight_regions_own_bytes(tmp_path, monkeypatch,
+                                                                                 stored_values):
+    """A Reshape's int64 shape is handed to its kernel as a read-only view of the weight region
+    (no copy), on the movement path that runs on stored values and on the float32 one."""
+    from rkcompile.emulator import executor as executor_module
+    from rkcompile.emulator.registry import KERNELS
+
+    weight = numpy_helper.from_array(rng.standard_normal((13, 5, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 13, 4, 16], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "reshape", [helper.make_tensor_value_info("x", 1, [1, 5, 8, 8])],
+                              [helper.make_tensor_value_info("y", 1, [1, 13, 4, 16])], [weight, shape])
+    path = tmp_path / "reshape.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    seen = []
+
+    def recording(node, inputs, opset, kernel=KERNELS["Reshape"]):
+        seen.append(inputs[1])
+        return kernel(node, inputs, opset)
+    monkeypatch.setitem(KERNELS, "Reshape", recording)
+    if not stored_values:
+        monkeypatch.setattr(executor_module, "MOVEMENT_IN_STORED_DTYPE", frozenset())
+    prepared = prepare(path, "rk3588", Options())
+    assert any(s.kernel == "Reshape" and s.device == "npu" for s in prepared.plan.steps)
+    inputs = make_inputs(prepared.plan, {}, seed=5)
+    outputs = emulate(prepared, inputs).outputs
+    (given,) = seen
+    assert np.shares_memory(given, np.frombuffer(prepared.weights, np.uint8)) and not given.flags.writeable
+    assert given.dtype == np.int64 and given.tolist() == [1, 13, 4, 16]
+    uncached = Executor(prepared.plan, prepared.weights, RK3588).run(inputs).outputs
+    np.testing.assert_array_equal(outputs["y"], uncached["y"])
 
 
 def huge_page_advice() -> bool:

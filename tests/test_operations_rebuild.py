@@ -40,14 +40,19 @@ def test_graph_node_links_its_tensors_as_gs_node_does():
     assert list(w.outputs) == []
 
 
-def test_rebuild_of_a_fused_node_exports_the_same_onnx_as_the_described_one():
+def fused_relu_clip(*more_inputs: gs.Tensor) -> gs.Node:
+    """A fused Relu then Clip, as passes/fuse.py keeps one: its members in a `body` subgraph."""
     body_x, body_y, body_z = gs.Variable("bx", dtype=np.float32), gs.Variable("by"), gs.Variable("bz")
     low = gs.Constant("low", np.array(0, np.float32))
     members = [gs.Node("Relu", "relu", inputs=[body_x], outputs=[body_y]),
                gs.Node("Clip", "clip", inputs=[body_y, low], outputs=[body_z])]
     body = gs.Graph(nodes=members, inputs=[body_x], outputs=[body_z], name="body")
-    original = gs.Node(op="ReluClip", name="fused", domain="rkcompile", attrs={"body": body, "alpha": 0.5},
-                       inputs=[gs.Variable("x", dtype=np.float32)], outputs=[gs.Variable("z")])
+    return gs.Node(op="ReluClip", name="fused", domain="rkcompile", attrs={"body": body, "alpha": 0.5},
+                   inputs=[gs.Variable("x", dtype=np.float32), *more_inputs], outputs=[gs.Variable("z")])
+
+
+def test_rebuild_of_a_fused_node_exports_the_same_onnx_as_the_described_one():
+    original = fused_relu_clip()
     rebuilt = rebuild(describe(original, set()), lambda name: None)
     assert node_proto(rebuilt) == node_proto(original)
     inner = rebuilt.attrs["body"]
@@ -55,6 +60,25 @@ def test_rebuild_of_a_fused_node_exports_the_same_onnx_as_the_described_one():
     # members connect through shared tensors, as the graph they were described from
     assert inner.nodes[0].outputs[0] is inner.nodes[1].inputs[0]
     assert list(inner.nodes[0].outputs[0].outputs) == [inner.nodes[1]]
+
+
+def test_an_unlinked_rebuild_exports_the_same_onnx_and_links_no_tensor_to_a_node():
+    """rebuild(linked=False), for the emulator, which executes and exports step nodes one by
+    one: the same node as the linked rebuild (its ONNX export, its members' shared tensors),
+    with plain lists and no producer or consumer recorded on any tensor."""
+    original = fused_relu_clip(gs.Variable("w"))
+    weight = constant("w", np.ones(3, np.float32), linked=False)
+    unlinked = rebuild(describe(original, {"w"}), {"w": weight}.get, linked=False)
+    linked = rebuild(describe(original, {"w"}), lambda name: constant(name, np.ones(3, np.float32)) if name == "w"
+                     else None)
+    assert node_proto(unlinked) == node_proto(linked)
+    assert unlinked.inputs[1] is weight
+    inner = unlinked.attrs["body"]
+    assert inner.nodes[0].outputs[0] is inner.nodes[1].inputs[0]  # members still connect by name
+    nodes = [unlinked, *inner.nodes]
+    assert all(type(n.inputs) is list and type(n.outputs) is list for n in nodes)
+    tensors = [t for n in nodes for t in (*n.inputs, *n.outputs)]
+    assert all(type(t.inputs) is list and not t.inputs and not t.outputs for t in tensors)
 
 
 def test_graph_matches_the_library_constructor_nested_graphs_included():

@@ -118,12 +118,13 @@ class Executor:
                 return None
             if name not in constants:
                 value, dtype = self._weight(name), model_dtypes.get(name)
-                if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != value.dtype.name:
+                if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != dtype_name(value.dtype):
                     value = value.astype(dtype)
-                constants[name] = constant(name, value)
+                constants[name] = constant(name, value, linked=False)
             return constants[name]
 
-        return [rebuild(step.operation, weight) for step in self.plan.steps]
+        # unlinked: steps run and export node by node, never walking a graph of them
+        return [rebuild(step.operation, weight, linked=False) for step in self.plan.steps]
 
     def _decode_float16_weights(self) -> None:
         """Every row-major float16 weight decoded to float32 by one conversion per stretch of
@@ -198,7 +199,10 @@ class Executor:
         else:
             operands = node_operands(node)
             if step.device == "npu" and self._moves_stored_values(node, operands):
-                values = [self.storage.read(t.name) if t.name else None for t in operands]
+                # weights (a Reshape's shape) as decoded when the nodes were rebuilt: no copy
+                decoded = self.weight_cache.decoded
+                values = [None if not t.name else decoded[t.name] if t.name in decoded else self.storage.read(t.name)
+                          for t in operands]
             else:
                 values = [self._operand(t, step.device) if t.name else None for t in operands]
             results = self._npu_node(node, values) if step.device == "npu" else \
@@ -312,11 +316,9 @@ class Executor:
             return QTensor(value, quant) if device == "npu" else self._real(tensor.name)
         if device == "npu":
             placement = self.storage.placement(tensor.name)
-            if not is_float(placement.dtype):
-                return self.storage.read(tensor.name)
             if placement.region == "weight":
                 return self._weight(tensor.name)
-            return self.storage.read(tensor.name, np.float32)
+            return self.storage.read(tensor.name, np.float32 if is_float(placement.dtype) else None)
         value = self.storage.read(tensor.name)
         if not isinstance(value, np.ndarray) or value.dtype.kind != "f":  # also a sequence's list
             return value
@@ -328,7 +330,14 @@ class Executor:
         """A weight's real value as the weight region holds it: float32 for float weights."""
         cached = self.weight_cache.decoded.get(name)
         if cached is None:
-            stored = np.dtype(self.storage.placement(name).dtype)
+            placement = self.storage.placement(name)
+            stored = np.dtype(placement.dtype)
+            if (name not in self.quantization and placement.layout != "NC1HWC2" and not held_by_runtime(placement)
+                    and (stored.kind != "f" or stored == np.float32)):
+                # a row-major weight already in the dtype steps compute with (a Reshape's int64
+                # shape, a float32 weight): the read-only region's own view, no copy
+                self.weight_cache.decoded[name] = cached = self.storage.view(name)
+                return cached
             cached = np.asarray(self._real(name) if name in self.quantization else
                                 self.storage.read(name, np.float32 if stored.kind == "f" else None))
             cached.flags.writeable = False  # shared by every step and run that reads it
