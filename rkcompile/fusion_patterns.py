@@ -173,13 +173,23 @@ class Chain(Pattern):
         if len(self.terms) == 1:
             yield from self.terms[0].match(tensor, found)
             return
-        # Every split of the terms between the root's two inputs, in both orders.
-        count = len(self.terms)
-        for mask in range(1, 2 ** count - 1):
-            left = tuple(t for i, t in enumerate(self.terms) if mask >> i & 1)
-            right = tuple(t for i, t in enumerate(self.terms) if not mask >> i & 1)
-            root = Op(self.op, _chain_of(self.op, left), _chain_of(self.op, right), label=self.label)
+        for root in self._splits():
             yield from root.match(tensor, found)
+
+    def _splits(self) -> tuple[Op, ...]:
+        """The root node's patterns: every split of the terms between its two inputs, in both
+        orders. Built on the first match and kept: the fuse pass tries a chain at every node of
+        its root op, and building the splits again each time was a tenth of the pass."""
+        splits = self.__dict__.get("_split_roots")
+        if splits is None:
+            splits = []
+            for mask in range(1, 2 ** len(self.terms) - 1):
+                left = tuple(t for i, t in enumerate(self.terms) if mask >> i & 1)
+                right = tuple(t for i, t in enumerate(self.terms) if not mask >> i & 1)
+                splits.append(Op(self.op, _chain_of(self.op, left), _chain_of(self.op, right), label=self.label))
+            splits = tuple(splits)
+            object.__setattr__(self, "_split_roots", splits)  # not a field: equality and hash ignore it
+        return splits
 
 
 def _chain_of(op: str, terms: tuple[Pattern, ...]) -> Pattern:

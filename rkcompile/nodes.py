@@ -159,14 +159,25 @@ def outer_scope_reads(node: gs.Node) -> list[gs.Variable]:
     stands (onnx IR spec, "Names Within a Graph": outer-scope references), at any depth of
     nesting. They are as much the node's inputs as its listed ones: it cannot run before their
     producers, and they must stay alive until it has. Constants are left out: they are values,
-    exported inside the subgraph with it, not dataflow."""
+    exported inside the subgraph with it, not dataflow.
+
+    A fused kernel's members list only the body's inputs, each other's results and constants
+    (passes/fuse.py builds the body so), so only a member carrying subgraphs of its own can read
+    further out: the members' listed inputs are not looked at. Most nodes of a plan are fused
+    kernels, asked about thousands of times."""
     found: dict[str, gs.Variable] = {}
+    body = fused_body(node)
     for graph in subgraphs(node):
+        if graph is body:
+            reads = [t for inner in graph.nodes if inner.attrs for t in outer_scope_reads(inner)]
+        else:
+            reads = [t for inner in graph.nodes for t in node_inputs(inner)]
+        if not reads:
+            continue
         local = {t.name for t in graph.inputs} | {t.name for inner in graph.nodes for t in inner.outputs}
-        for inner in graph.nodes:
-            for tensor in node_inputs(inner):
-                if tensor.name not in local and not isinstance(tensor, gs.Constant):
-                    found.setdefault(tensor.name, tensor)
+        for tensor in reads:
+            if tensor.name not in local and not isinstance(tensor, gs.Constant):
+                found.setdefault(tensor.name, tensor)
     return list(found.values())
 
 

@@ -168,3 +168,36 @@ def test_a_node_a_pass_abandoned_while_still_linked_is_reported():
     assert stray_links(graph) == [], "subgraph nodes linked to r are known nodes"
     gs.Node("Neg", "abandoned", inputs=[r], outputs=[gs.Variable("lost", np.float32, SHAPE)])
     assert stray_links(graph) == ["tensor r is read by abandoned, which is not in the graph"]
+
+
+def _fused(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]) -> gs.Node:
+    """A fused kernel of `members` as passes/fuse.py builds one: its body over copies of their tensors."""
+    from passes.fuse import body_graph
+    from rkcompile.ir import FUSED_DOMAIN
+
+    body = body_graph(name, members, inputs, outputs, 17)
+    return gs.Node(op=name, name=name, domain=FUSED_DOMAIN, attrs={"members": [m.op for m in members], "body": body},
+                   inputs=inputs, outputs=outputs)
+
+
+def test_a_fused_kernel_reads_what_a_members_subgraph_reads_from_outside_at_any_depth():
+    """A fused body's members read only its inputs, each other's results and constants, so
+    only a member's own subgraph can read further out: the If's branch reads the main graph's r
+    (outside the kernel) and `local`, another member's result (inside it)."""
+    main = _graph(if_model())
+    r = next(t for t in main.tensors().values() if t.name == "r")
+    x = gs.Variable("x2", np.float32, SHAPE)
+    local = gs.Variable("local", np.float32, SHAPE)
+    b = gs.Variable("b", np.float32, SHAPE)
+    branch = gs.Graph(nodes=[gs.Node("Add", "branch_add", inputs=[r, local], outputs=[b])], outputs=[b])
+    cond, z = gs.Variable("cond2", np.bool_, []), gs.Variable("z2", np.float32, SHAPE)
+    members = [gs.Node("Neg", "neg", inputs=[x], outputs=[local]),
+               gs.Node("If", "choose2", attrs={"then_branch": branch, "else_branch": branch}, inputs=[cond], outputs=[z])]
+    fused = _fused("NegIf", members, [x, cond], [z])
+    assert [t.name for t in outer_scope_reads(fused)] == ["r"]
+    assert [t.name for t in node_inputs(fused)] == ["x2", "cond2", "r"]
+    outer = _fused("Outer", [fused], [x, cond], [z])  # a fusion taking a fused kernel as a member
+    assert [t.name for t in outer_scope_reads(outer)] == ["r"]
+    plain = _fused("NegRelu", [gs.Node("Neg", "n", inputs=[x], outputs=[local]),
+                               gs.Node("Relu", "rl", inputs=[local], outputs=[z])], [x], [z])
+    assert outer_scope_reads(plain) == [] and [t.name for t in node_inputs(plain)] == ["x2"]
