@@ -57,8 +57,9 @@ STAYS_BETWEEN_NPU = ("stays on the CPU between two NPU partitions although its c
 def run(ctx: CompileContext) -> None:
     dag = dataflow_graph(ctx.graph)
     position = {node.name: i for i, node in enumerate(ctx.graph.nodes)}
-    estimate = PlacementEstimate(ctx)
-    keep_shape_arithmetic_on_cpu(ctx, dag)
+    reading = readers(ctx.graph)
+    estimate = PlacementEstimate(ctx, reading)
+    keep_shape_arithmetic_on_cpu(ctx, dag, reading)
     partitions = wave_partitions(dag, _devices(ctx), position)
     while (move := best_island_move(estimate, dag, partitions)) is not None:
         for name in move.nodes:
@@ -112,8 +113,8 @@ def check_partitions_acyclic(dag: Dag, partitions: Partitions) -> None:
         raise AssertionError(f"partitions form a cycle: {cycle}")
 
 
-def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: Dag) -> None:
-    for name in shape_arithmetic(ctx.graph, dag):
+def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: Dag, reading: dict[str, list[gs.Node]]) -> None:
+    for name in shape_arithmetic(ctx.graph, dag, reading):
         if ctx.placement[name].device == "npu":
             ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, SHAPE_ARITHMETIC)
 
@@ -123,15 +124,14 @@ def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: Dag) -> None:
 LOCATES_VALUES = frozenset({"TopK", "ArgMax", "ArgMin", "NonZero", "NonMaxSuppression", "Unique"})
 
 
-def shape_arithmetic(graph: gs.Graph, dag: Dag) -> set[str]:
+def shape_arithmetic(graph: gs.Graph, dag: Dag, reading: dict[str, list[gs.Node]]) -> set[str]:
     """Nodes whose every result is read only as a shape or index input (the positions
     `ONNX_TO_KERNEL` marks), directly or through other such nodes; model outputs never are,
     and neither is anything an If, Loop or Scan reads from inside a subgraph (data, there).
     What an op of `LOCATES_VALUES` reads stays data: its indices say where values lie or how
     they rank (a detector's scores through ReduceMax and TopK), and the score head computing
-    them is the network's work, not arithmetic on shapes."""
+    them is the network's work, not arithmetic on shapes. `reading` is `ir.readers` of the graph."""
     nodes = {node.name: node for node in graph.nodes}
-    reading = readers(graph)
     outputs = {t.name for t in graph.outputs}
     found: set[str] = set()
     for name in reversed(topological_sort(dag)):
@@ -165,27 +165,37 @@ class PlacementEstimate:
     which the plan's tensors then follow) and every step's work counted by
     `cost_estimate.step_work`, as passes/multicore.py counts the finished plan's."""
 
-    def __init__(self, ctx: CompileContext):
+    def __init__(self, ctx: CompileContext, reading: dict[str, list[gs.Node]]):
+        """`reading` is `ir.readers` of the graph."""
         self.hardware, self.dtype = cost_model.hardware_for(ctx.target), ctx.options.dtype
         nodes = {node.name: node for node in ctx.graph.nodes}
-        reading = readers(ctx.graph)
         outputs = {t.name for t in ctx.graph.outputs}
-        # (producer or None for a model input, readers, is model output, format per device)
+        # (producer or None for a model input, readers, is model output, name)
         self.tensors = []
         produced = [(None, t) for t in ctx.graph.inputs]
         produced += [(node.name, t) for node in ctx.graph.nodes for t in node.outputs if t.name]
-        formats: dict[str, dict[str, TensorFormat | None]] = {}
         for producer, tensor in produced:
-            formats[tensor.name] = {device: tensor_format(tensor, device, ctx) for device in DEVICES}
             self.tensors.append((producer, tuple(c.name for c in reading.get(tensor.name, ())),
-                                 tensor.name in outputs, formats[tensor.name]))
-        # A step's seconds on a device are worked out when first asked: most are never asked
-        # (a CPU-only node's NPU cost; an NPU node's CPU cost unless it is in an island).
+                                 tensor.name in outputs, tensor.name))
+        # A step's seconds on a device, and a tensor's format on each device, are worked out
+        # when first asked: most are never asked (a CPU-only node's NPU cost; an NPU node's CPU
+        # cost unless it is in an island; the conversions of a plan with no island to weigh).
+        self._ctx, self._produced = ctx, {tensor.name: tensor for _, tensor in produced}
+        self._formats: dict[str, dict[str, TensorFormat | None]] = {}
         self._nodes = nodes
-        self._stored = {device: self._stored_on(device, formats, ctx) for device in DEVICES}
+        self._stored = {device: self._stored_on(device, self.formats, ctx) for device in DEVICES}
         self._step_seconds: dict[tuple[str, str], float] = {}
         self.io_nodes = {c.name for t in ctx.graph.inputs for c in reading.get(t.name, ())}
         self.io_nodes |= {p.name for t in ctx.graph.outputs for p in t.inputs}
+
+    def formats(self, name: str) -> dict[str, TensorFormat | None]:
+        """How each device stores the tensor `name` (a model input or a node's result) as an
+        intermediate result (`boundaries.tensor_format`)."""
+        found = self._formats.get(name)
+        if found is None:
+            tensor = self._produced[name]
+            found = self._formats[name] = {device: tensor_format(tensor, device, self._ctx) for device in DEVICES}
+        return found
 
     def _seconds(self, work: cost_model.StepWork) -> float:
         return cost_model.step_seconds(work, self.hardware, self.dtype)
@@ -199,7 +209,7 @@ class PlacementEstimate:
         return seconds
 
     @staticmethod
-    def _stored_on(device: str, formats: dict[str, dict[str, TensorFormat | None]],
+    def _stored_on(device: str, formats: Callable[[str], dict[str, TensorFormat | None]],
                    ctx: CompileContext) -> Callable[[gs.Tensor], int]:
         """Bytes of a tensor as a step on `device` reads or writes it: a weight as that device
         stores weights, anything else in the device's own format, which a host conversion
@@ -207,7 +217,7 @@ class PlacementEstimate:
         def stored(tensor: gs.Tensor) -> int:
             if isinstance(tensor, gs.Constant):
                 return placement(tensor, "weight", device, ctx.target, ctx.options.dtype).bytes
-            own = formats[tensor.name][device]
+            own = formats(tensor.name)[device]
             return own.bytes if own is not None else 0
         return stored
 
@@ -217,12 +227,13 @@ class PlacementEstimate:
     def conversion_seconds(self, device: dict[str, str], among: set[str] | None = None) -> float:
         """Host conversions of the tensors produced or read by `among` (every node when None)."""
         total = 0.0
-        for producer, consumers, is_output, formats in self.tensors:
+        for producer, consumers, is_output, name in self.tensors:
             if among is not None and producer not in among and among.isdisjoint(consumers):
                 continue
             source_device = device[producer] if producer else "cpu"
             wanted = {device[c] for c in consumers} | ({"cpu"} if is_output else set())
             for target_device in wanted - {source_device}:
+                formats = self.formats(name)
                 source, target = formats[source_device], formats[target_device]
                 if source is not None and target is not None and source != target:
                     total += self._seconds(cost_model.StepWork("host", 0, 0, source.bytes, target.bytes))
@@ -256,12 +267,13 @@ def best_island_move(estimate: PlacementEstimate, dag: Dag, partitions: Partitio
     model, which the user asked for (and which rknn-toolkit2 would run there), however small.
     """
     device = {name: dev for dev, members in partitions for name in members}
-    before = estimate.seconds(device)
     contracted = contracted_graph(dag, partitions)
-    best = None
+    before = best = None  # the whole plan's estimate, worked out once an island qualifies: most plans have none
     for index, (dev, members) in enumerate(partitions):
         if dev != "npu" or not _between_cpu_partitions(contracted, partitions, index, estimate, members):
             continue
+        if before is None:
+            before = estimate.seconds(device)
         after = estimate.seconds(dict(device, **{name: "cpu" for name in members}))
         island_cost = estimate.island_seconds(device, members)
         if before - after > ISLAND_MOVE_RESOLUTION * island_cost and (best is None or before - after > best.gain):

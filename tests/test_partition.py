@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -325,8 +326,8 @@ def test_placement_estimate_works_out_a_step_only_when_asked(tmp_path, monkeypat
     captured = {}
     real_init = partition.PlacementEstimate.__init__
 
-    def capture(self, ctx):
-        real_init(self, ctx)
+    def capture(self, ctx, reading):
+        real_init(self, ctx, reading)
         captured["asked_while_built"] = list(seen)
         captured["estimate"] = self
         captured["expected"] = {(node.name, device): self._seconds(step_work(node, device, self._stored[device]))
@@ -342,3 +343,69 @@ def test_placement_estimate_works_out_a_step_only_when_asked(tmp_path, monkeypat
     worked_out = captured["estimate"]._step_seconds
     assert set(worked_out) == set(seen)
     assert all(worked_out[key] == captured["expected"][key] for key in seen)
+
+
+def test_a_plan_with_no_island_to_weigh_works_out_no_whole_plan_estimate(tmp_path, monkeypatch):
+    """The whole plan's estimate, and each tensor's format on each device, are worked out only
+    when an NPU island between CPU partitions is weighed: a plan of one NPU partition asks for
+    neither. Where an island is weighed, the formats are what boundaries.tensor_format says."""
+    from rkcompile.passes.boundaries import tensor_format
+
+    shape = [1, 8, 16, 16]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    npu_only = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [_weight("w", (8, 8, 3, 3))],
+                     "conv_relu")
+    asked: list[str] = []
+    real_seconds = partition.PlacementEstimate.seconds
+    monkeypatch.setattr(partition.PlacementEstimate, "seconds",
+                        lambda self, device: asked.append("seconds") or real_seconds(self, device))
+    monkeypatch.setattr(partition, "tensor_format",
+                        lambda tensor, device, ctx: asked.append(tensor.name) or tensor_format(tensor, device, ctx))
+    plan, _ = compile_model(npu_only, "rk3588")
+    assert {step.device for step in plan.steps} == {"npu", "host"} and asked == []
+    estimates = []
+    real_init = partition.PlacementEstimate.__init__
+    monkeypatch.setattr(partition.PlacementEstimate, "__init__",
+                        lambda self, ctx, reading: real_init(self, ctx, reading) or estimates.append((self, ctx)))
+    plan, _ = compile_model(_conv_erf_model(tmp_path, "relu"), "rk3588")
+    assert _entry(plan, "middle").device == "cpu" and "seconds" in asked  # the island was weighed, and moved
+    estimate, ctx = estimates[0]
+    tensors = {t.name: t for t in ctx.graph.tensors().values()}
+    assert estimate._formats and all(formats == {device: tensor_format(tensors[name], device, ctx)
+                                                 for device in partition.DEVICES}
+                                     for name, formats in estimate._formats.items())
+
+
+def _subgraph(edges: list[tuple[int, ...]]) -> gs.Graph:
+    """Nodes n0, n1, ... where node i reads the results of the nodes `edges[i]` names (a
+    negative number: the graph's input), as a fused kernel's body holds its members."""
+    x = gs.Variable("x", np.float32, [1])
+    results = [gs.Variable(f"r{i}", np.float32, [1]) for i in range(len(edges))]
+    nodes = [gs.Node("Add" if len(reads) > 1 else "Relu", f"n{i}", inputs=[results[j] if j >= 0 else x for j in reads],
+                     outputs=[results[i]]) for i, reads in enumerate(edges)]
+    return gs.Graph(nodes=nodes, inputs=[x], outputs=[results[-1]])
+
+
+@pytest.mark.parametrize("edges", [
+    [(-1,), (0,), (1,)],            # a chain in order
+    [(-1,), (0,), (1, -1), (2, 0)],  # a chain whose nodes also read earlier results and the input
+    [(-1,), (-1,), (0, 1)],          # two roots, then their join: n1 does not read n0
+    [(-1,), (2,), (0,)],             # n1 reads a later node's result
+    [(-1,), (0, 2), (0,)],           # n1 reads its predecessor and a later node's result
+    [(-1,), (0,), (-1,), (1, 2)],    # a second root after the chain
+])
+def test_a_subgraph_is_left_unsorted_only_where_the_toposort_would_leave_it(edges):
+    """boundaries skips onnx-graphsurgeon's toposort of a subgraph (a fused kernel's body)
+    whose nodes form a chain in order; wherever it skips, the toposort gives the same order."""
+    from rkcompile.passes.boundaries import _sorted_as_a_chain
+
+    graph = _subgraph(edges)
+    before = [node.name for node in graph.nodes]
+    skipped = _sorted_as_a_chain(graph)
+    assert skipped == (edges in ([(-1,), (0,), (1,)], [(-1,), (0,), (1, -1), (2, 0)]))
+    graph.toposort(mode="nodes")
+    assert not skipped or [node.name for node in graph.nodes] == before
+    if edges == [(-1,), (0,), (-1,), (1, 2)]:
+        assert [node.name for node in graph.nodes] != before, "depth order would move n2 up: not skippable"
