@@ -106,6 +106,20 @@ def test_small_casts_through_the_scratch_arrays_neither_alias_nor_mix_element_co
     np.testing.assert_array_equal(widened[~nan].view(np.uint32), halves[~nan].astype(np.float32).view(np.uint32))
 
 
+@pytest.mark.parametrize("size", [100, 5000, 40000])  # numpy, the scratch arrays, a binding per call
+def test_a_cast_of_a_strided_array_comes_back_c_contiguous_with_numpys_values(size):
+    """A write hands `cast` the channels-last view of an NCHW value: every path converts it
+    into a C-contiguous array (numpy's own in one pass, not in the view's memory order and then
+    copied again)."""
+    values = float32_cases()[:2 * size].reshape(2, size)[::-1].T  # (size, 2), strided
+    with np.errstate(over="ignore"):
+        expected = values.astype(np.float16)
+    halves = cast(values, np.float16)
+    nan = np.isnan(expected)
+    assert halves.flags.c_contiguous and halves.shape == values.shape
+    np.testing.assert_array_equal(halves[~nan].view(np.uint16), expected[~nan].view(np.uint16))
+
+
 def one_tensor_storage(shape, dtype, offset=6) -> Storage:
     """A Storage holding one NC1HWC2 arena tensor at `offset`."""
     size = int(np.prod(nc1hwc2_shape(as_nchw(shape), RK3588.c2_for(dtype)))) * np.dtype(dtype).itemsize

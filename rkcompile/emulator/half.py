@@ -36,7 +36,7 @@ _converters: dict = {"pid": None}
 
 
 def cast(values: np.ndarray, dtype, out: np.ndarray | None = None) -> np.ndarray:
-    """`values` converted to `dtype`, rounding to nearest even: a new array, or `out` (C-contiguous,
+    """`values` converted to `dtype`, rounding to nearest even: a new C-contiguous array, or `out` (C-contiguous,
     of `values`' shape and `dtype`) filled in place.
 
     onnxruntime writes its result into an array numpy allocated (an IO binding), not into memory
@@ -55,7 +55,10 @@ def cast(values: np.ndarray, dtype, out: np.ndarray | None = None) -> np.ndarray
             converter(np.ascontiguousarray(values), out)
             return out
     if out is None:
-        return values.astype(dtype)
+        # C order, as the onnxruntime paths give: a write's channels-last view of an NCHW value
+        # is converted and made contiguous in one pass, not converted in its memory order and
+        # then copied
+        return values.astype(dtype, order="C")
     out[...] = values
     return out
 
