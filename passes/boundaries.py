@@ -154,11 +154,11 @@ def split_shared_constants(ctx: CompileContext) -> None:
     of their own (`NAME@cpu`, stored as the model wrote it)."""
     device_of = {name: placed.device for name, placed in ctx.placement.items()}
     for name, consumers in readers(ctx.graph).items():
-        tensor = next((t for t in node_inputs(consumers[0]) if t.name == name), None)
-        if not isinstance(tensor, gs.Constant):
-            continue
         on_cpu = [c for c in consumers if device_of.get(c.name) == "cpu"]
         if not on_cpu or len(on_cpu) == len(consumers):
+            continue  # asked first: most tensors are read on one device, and this needs no node_inputs
+        tensor = next((t for t in node_inputs(consumers[0]) if t.name == name), None)
+        if not isinstance(tensor, gs.Constant):
             continue
         stored = {device: placement(tensor, "weight", device, ctx.target, ctx.options.dtype).dtype
                   for device in ("npu", "cpu")}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import repeat
 from typing import Iterable
 
 import numpy as np
@@ -148,7 +149,8 @@ def subgraphs(node: gs.Node) -> list[gs.Graph]:
     for value in node.attrs.values():
         if isinstance(value, gs.Graph):
             found.append(value)
-        elif isinstance(value, (list, tuple)):
+        elif isinstance(value, (list, tuple)) and any(map(isinstance, value, repeat(gs.Graph))):
+            # tested in C first: nearly every list attribute holds ints (kernel_shape, pads, ...)
             found.extend(item for item in value if isinstance(item, gs.Graph))
     return found
 
@@ -165,9 +167,12 @@ def outer_scope_reads(node: gs.Node) -> list[gs.Variable]:
     (passes/fuse.py builds the body so), so only a member carrying subgraphs of its own can read
     further out: the members' listed inputs are not looked at. Most nodes of a plan are fused
     kernels, asked about thousands of times."""
+    graphs = subgraphs(node)
+    if not graphs:
+        return []
     found: dict[str, gs.Variable] = {}
     body = fused_body(node)
-    for graph in subgraphs(node):
+    for graph in graphs:
         if graph is body:
             reads = [t for inner in graph.nodes if inner.attrs for t in outer_scope_reads(inner)]
         else:

@@ -201,3 +201,19 @@ def test_a_fused_kernel_reads_what_a_members_subgraph_reads_from_outside_at_any_
     plain = _fused("NegRelu", [gs.Node("Neg", "n", inputs=[x], outputs=[local]),
                                gs.Node("Relu", "rl", inputs=[local], outputs=[z])], [x], [z])
     assert outer_scope_reads(plain) == [] and [t.name for t in node_inputs(plain)] == ["x2"]
+
+
+def test_graphs_in_a_list_attribute_are_subgraphs_and_their_outer_reads_count():
+    """A GRAPHS attribute is a list of graphs (beside lists of ints on the same node): each is a
+    subgraph, and what it reads from outside is the node's input."""
+    from rkcompile.ir import subgraphs
+
+    r = gs.Variable("r", np.float32, SHAPE)
+    branches = []
+    for index in range(2):
+        out = gs.Variable(f"b{index}", np.float32, SHAPE)
+        branches.append(gs.Graph(nodes=[gs.Node("Neg", f"neg{index}", inputs=[r], outputs=[out])], outputs=[out]))
+    node = gs.Node("Custom", "custom", attrs={"pads": [1, 1], "branches": branches, "axis": 0},
+                   inputs=[gs.Variable("x", np.float32, SHAPE)], outputs=[gs.Variable("y", np.float32, SHAPE)])
+    assert subgraphs(node) == branches
+    assert [t.name for t in node_inputs(node)] == ["x", "r"]
