@@ -192,3 +192,27 @@ def test_rk3588_and_rk3576_plans_differ_where_the_sources_do(zoo_plans):
     assert sliced
     kernels_3576 = {n.name: plan3576.steps[n.step].kernel for n in plan3576.nodes if n.name in sliced}
     assert set(kernels_3576.values()) == {"Transpose"}
+
+
+def test_rules_of_one_check_read_its_signature_and_docstring_once(monkeypatch):
+    """A target binds one check in many rules: each rule still gets only the facts its check
+    names beyond its own parameters, and its text from the check's docstring with its own
+    values, while the check's signature and docstring are read once for all of them."""
+    import inspect
+
+    from rkcompile.targets import model
+
+    def within(node, target, limit: int, plan_dtype: str = "float16"):
+        """At most {limit} elements."""
+        return node <= limit, f"{node} in {plan_dtype}"
+
+    signatures, cleaned = [], []
+    real_signature, real_cleandoc = inspect.signature, inspect.cleandoc
+    monkeypatch.setattr(inspect, "signature", lambda f, *a, **k: signatures.append(f) or real_signature(f, *a, **k))
+    monkeypatch.setattr(inspect, "cleandoc", lambda doc: cleaned.append(doc) or real_cleandoc(doc))
+    rules = [model.Rule(within, {"limit": 4}), model.Rule(within, {"limit": 8}),
+             model.Rule(within, {"limit": 8, "plan_dtype": "int8"})]
+    assert [rule.evaluate(5, None, plan_dtype="float32", opset=17) for rule in rules] == [
+        (False, "5 in float32"), (True, "5 in float32"), (True, "5 in int8")]
+    assert [rule.describe() for rule in rules] == ["At most 4 elements.", "At most 8 elements.", "At most 8 elements."]
+    assert signatures.count(within) == 1 and cleaned.count(within.__doc__) == 1
