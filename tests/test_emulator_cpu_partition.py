@@ -78,3 +78,35 @@ def test_cpu_runs_are_the_maximal_runs_of_two_or_more_steps():
     kinds = "ccnccchcn"
     assert cpu_runs(list(kinds), lambda kind: kind == "c") == {0: [0, 1], 3: [3, 4, 5]}
     assert cpu_runs(list("ncn"), lambda kind: kind == "c") == {}
+
+
+def test_cpu_nodes_alike_but_for_their_names_share_one_session_and_values_keep_theirs_apart():
+    """A CPU node's session is one of the node renamed by position: two IsNaN steps (one per
+    attention layer) make one session; different wiring (x * x against x * y) or a different
+    attribute value (ConstantOfShape's fill, which does not decide whether onnxruntime takes
+    the node) makes another, and each node gets its own values."""
+    import onnx_graphsurgeon as gs
+
+    from rkcompile.emulator.reference import ONNXRUNTIME, CpuRuntime
+
+    def node(op, name, inputs, outputs, dtype=np.float32, **attrs):
+        return gs.Node(op, name, attrs, inputs=[gs.Variable(n, dtype=dtype) for n in inputs],
+                       outputs=[gs.Variable(n) for n in outputs])
+
+    runtime = CpuRuntime(17, {})
+    x = np.array([1.0, np.nan, 3.0], np.float32)
+    (first,) = runtime.run(node("IsNaN", "layer0", ["a"], ["b"]), [x], ONNXRUNTIME, [])
+    (second,) = runtime.run(node("IsNaN", "layer1", ["c"], ["d"]), [x[::-1].copy()], ONNXRUNTIME, [])
+    assert first.tolist() == [False, True, False] and second.tolist() == [False, True, False]
+    assert len(runtime.sessions) == 1
+    y = np.array([2.0, 2.0, 2.0], np.float32)
+    (square,) = runtime.run(node("Mul", "square", ["x", "x"], ["s"]), [x, x], ONNXRUNTIME, [])
+    (product,) = runtime.run(node("Mul", "product", ["x", "y"], ["p"]), [x, y], ONNXRUNTIME, [])
+    np.testing.assert_array_equal(square, x * x)
+    np.testing.assert_array_equal(product, x * y)
+    assert len(runtime.sessions) == 3
+    shape = np.array([2], np.int64)
+    fills = [runtime.run(node("ConstantOfShape", f"fill{value}", ["shape"], ["out"], np.int64,
+                              value=gs.Constant(f"value{value}", np.array([value], np.float32))),
+                         [shape], ONNXRUNTIME, [])[0].tolist() for value in (1.0, 7.0)]
+    assert fills == [[1.0, 1.0], [7.0, 7.0]] and len(runtime.sessions) == 5
