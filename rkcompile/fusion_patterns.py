@@ -26,7 +26,8 @@ that fails a later check (two consumers, a cycle) and take the next.
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Callable, Iterator
+import itertools
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -57,7 +58,7 @@ class Match:
 
 
 class Pattern:
-    def match(self, tensor: gs.Tensor, found: Match) -> Iterator[Match]:
+    def match(self, tensor: gs.Tensor, found: Match) -> Iterable[Match]:
         raise NotImplementedError
 
     def root_ops(self) -> frozenset[str] | None:
@@ -76,9 +77,8 @@ class Any(Pattern):
     def match(self, tensor, found):
         bound = found.tensors.get(self.label) if self.label else None
         if bound is None:
-            yield found.with_tensor(self.label, tensor)
-        elif bound is tensor:
-            yield found
+            return (found.with_tensor(self.label, tensor),)
+        return (found,) if bound is tensor else ()
 
 
 @frozen_dataclass
@@ -122,28 +122,28 @@ class Op(Pattern):
         return frozenset(self.ops)
 
     def match(self, tensor, found):
+        # Not a generator: most calls meet a tensor no node of `ops` wrote (the fuse pass tries
+        # each rule's alternatives at every node of a root op), and end at a test, without a
+        # generator frame made and resumed to say nothing.
         if len(tensor.inputs) != 1:
-            return
+            return ()
         node = tensor.inputs[0]
         if node.op not in self.ops or not (is_onnx_domain(node) or node.domain == FUSED_DOMAIN):
-            return
+            return ()
         if len(node.outputs) <= self.output or node.outputs[self.output] is not tensor:
-            return
+            return ()
         bound = found.nodes.get(self.label) if self.label else None
         if bound is not None:
-            if bound is node:
-                yield found
-            return
+            return (found,) if bound is node else ()
         if any(member is node for member in found.members):
-            return  # reaching a member again must be said with a label
+            return ()  # reaching a member again must be said with a label
         if len(node.inputs) < len(self.inputs):
-            return
+            return ()
         found = found.with_member(self.label, node)
-        orders = [self.inputs]
         if self.commutative and len(self.inputs) == 2:
-            orders.append(self.inputs[::-1])
-        for order in orders:
-            yield from _match_all(order, node.inputs, found)
+            return itertools.chain(_match_all(self.inputs, node.inputs, found),
+                         _match_all(self.inputs[::-1], node.inputs, found))
+        return _match_all(self.inputs, node.inputs, found)
 
 
 @frozen_dataclass
@@ -171,10 +171,8 @@ class Chain(Pattern):
 
     def match(self, tensor, found):
         if len(self.terms) == 1:
-            yield from self.terms[0].match(tensor, found)
-            return
-        for root in self._splits():
-            yield from root.match(tensor, found)
+            return self.terms[0].match(tensor, found)
+        return itertools.chain.from_iterable(root.match(tensor, found) for root in self._splits())
 
     def _splits(self) -> tuple[Op, ...]:
         """The root node's patterns: every split of the terms between its two inputs, in both
@@ -196,12 +194,16 @@ def _chain_of(op: str, terms: tuple[Pattern, ...]) -> Pattern:
     return terms[0] if len(terms) == 1 else Chain(op, *terms)
 
 
-def _match_all(patterns, tensors, found: Match) -> Iterator[Match]:
+def _match_all(patterns, tensors, found: Match) -> Iterable[Match]:
+    """Every way `patterns` fit `tensors` in order, each pattern given what the ones before
+    it bound. The last pattern's matches are passed on as they come, without a generator of
+    its own around them."""
     if not patterns:
-        yield found
-        return
-    for partial in patterns[0].match(tensors[0], found):
-        yield from _match_all(patterns[1:], tensors[1:], partial)
+        return (found,)
+    if len(patterns) == 1:
+        return patterns[0].match(tensors[0], found)
+    return (whole for partial in patterns[0].match(tensors[0], found)
+            for whole in _match_all(patterns[1:], tensors[1:], partial))
 
 
 @frozen_dataclass
@@ -218,8 +220,7 @@ class Alt(Pattern):
         return None if any(ops is None for ops in options) else frozenset().union(*options)
 
     def match(self, tensor, found):
-        for option in self.options:
-            yield from option.match(tensor, found)
+        return itertools.chain.from_iterable(option.match(tensor, found) for option in self.options)
 
 
 def optional(wrap: Callable[[Pattern], Pattern], inner: Pattern) -> Pattern:

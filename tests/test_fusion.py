@@ -431,3 +431,32 @@ def test_a_fused_weight_is_read_only_when_needed_and_then_once_for_graph_and_bod
     graph_weight.values[0, 0, 0, 0] = 5.0  # a pass changing the array in place: both see it, and export it
     exported = gs.exporters.onnx_exporter.OnnxExporter.export_tensor_proto(body_weight)
     assert numpy_helper.to_array(exported)[0, 0, 0, 0] == 5.0
+
+
+def test_patterns_yield_every_match_in_order_and_none_where_they_cannot_fit():
+    """Each pattern's matches, in the order the fuse pass takes them: both input orders of a
+    commutative op, every split of a chain, an alternative's options in turn, nothing for a
+    producer of another op or a label bound to another tensor or node."""
+    from rkcompile.fusion_patterns import Alt, Any, Chain, Op, matches
+
+    x, y, z = (gs.Variable(name, np.float32, [1, 4]) for name in "xyz")
+    add = gs.Node("Add", name="add", inputs=[x, y], outputs=[gs.Variable("s", np.float32, [1, 4])])
+    mul = gs.Node("Mul", name="mul", inputs=[add.outputs[0], z], outputs=[gs.Variable("p", np.float32, [1, 4])])
+    square = gs.Node("Mul", name="square", inputs=[x, x], outputs=[gs.Variable("q", np.float32, [1, 4])])
+
+    def bound(pattern, root, *labels):
+        return [tuple(m.tensors[label].name for label in labels) for m in matches(pattern, root)]
+
+    assert bound(Op("Add", Any("a"), Any("b"), commutative=True), add, "a", "b") == [("x", "y"), ("y", "x")]
+    assert bound(Op("Add", Any("a"), Any("b")), add, "a", "b") == [("x", "y")]
+    assert bound(Op("Mul", Any("a"), Any("b")), add, "a", "b") == []
+    assert bound(Op("Mul", Any("a"), Any("a")), mul, "a") == []
+    assert bound(Op("Mul", Any("a"), Any("a")), square, "a") == [("x",)]
+    inner = Op("Add", Any("a"), Any("b"), label="sum")
+    assert bound(Op("Mul", inner, Any("c")), mul, "a", "b", "c") == [("x", "y", "z")]
+    assert bound(Op("Mul", Any("c"), inner), mul, "a", "b", "c") == []
+    assert bound(Alt(Op("Mul", Any("a"), Any("b")), Op("Mul", Any("b"), Any("a"))), square, "a", "b") == [
+        ("x", "x"), ("x", "x")]
+    assert bound(Alt(Op("Add", Any("a"), Any("b")), Any("a")), mul, "a") == [("p",)]
+    assert [tuple(n.name for n in m.members) for m in matches(Chain("Mul", Any("u"), Any("v")), mul)] == [
+        ("mul",), ("mul",)]
