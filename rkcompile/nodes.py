@@ -65,7 +65,10 @@ def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
         dims = tuple(map(operator.index, shape))  # a symbolic (str), unknown (None) or float dim raises
     except TypeError:
         return None
-    return None if dims and min(dims) < 0 else dims
+    for dim in dims:  # a loop, not min(): asked 48,000 times over eight median models' plans
+        if dim < 0:
+            return None
+    return dims
 
 
 def element_count(shape: Iterable[int]) -> int:

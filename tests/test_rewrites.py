@@ -861,3 +861,10 @@ def test_rewrite_verdicts_are_recomputed_exactly_when_what_rules_read_changes(mo
     node.inputs[0].to_constant(np.zeros((1, 8, 16, 70000), np.float32))
     asked()
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ([1, 3, 8, 8], (1, 3, 8, 8)), ([], ()), ([np.int64(2), 5], (2, 5)), ([1, -1, 4], None), ([-1], None),
+    ([1, "batch", 4], None), ([1, None], None), ([2.0, 3], None), (None, None)])
+def test_static_shape_is_a_tuple_of_known_nonnegative_ints_or_none(shape, expected):
+    assert static_shape(gs.Variable("t", np.float32, shape)) == expected
