@@ -45,8 +45,11 @@ def run(ctx: CompileContext) -> None:
     facts = compile_facts(ctx)
     rounded = rounded_to_integers(ctx.graph)
     ctx.failures, ctx.verdicts = {}, {}
+    # the rewrite pass's verdicts (passes/rewrite.py _Verdicts), each for one state of a node
+    known, ctx.rule_verdicts = ctx.rule_verdicts, None
     for node in ctx.graph.nodes:
-        verdicts = evaluate_rules(node, ctx.target, **facts)
+        verdicts = (known.verdicts(node, ctx.target, facts) if known is not None
+                    else evaluate_rules(node, ctx.target, **facts))
         verdicts += planner_verdicts(node, rounded)
         ctx.failures[node.name] = [Failure(v.rule, v.detail) for v in verdicts if not v.ok]
         ctx.verdicts[node.name] = CheckedNode(node.name, node.op, ctx.origins.get(node.name, (node.name,)),

@@ -29,13 +29,15 @@ from collections import Counter, deque
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext, RewriteAttempt
+from rkcompile.context import CompileContext, Failure, RewriteAttempt
 from rkcompile.graph_edit import detach, replace_uses
 from rkcompile.ir import topological_nodes
 from rkcompile.plan import Rewrite
 
 from .integer_results import rounded_to_integers
-from .legalize import check_node, compile_facts
+from rkcompile.targets.model import Target
+
+from .legalize import Verdict, compile_facts, evaluate_rules
 from .rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 
 NAME = "rewrite"
@@ -50,10 +52,12 @@ MAX_REWRITES_PER_ORIGINAL = 64
 
 
 def run(ctx: CompileContext) -> None:
-    rewrite_graph(ctx, late=False)
+    # legalize, next, checks every node again: most of them unchanged since this pass checked them
+    ctx.rule_verdicts = rewrite_graph(ctx, late=False)
 
 
-def rewrite_graph(ctx: CompileContext, late: bool) -> None:
+def rewrite_graph(ctx: CompileContext, late: bool) -> "_Verdicts":
+    """Rewrite the graph's nodes; the verdicts of the target's rules on the nodes checked."""
     site = Site(ctx.graph, ctx.target, ctx.model_info.opset, compile_facts(ctx), rounded_to_integers(ctx.graph))
     edits = _Edits(ctx, late, _Verdicts(site))
     worklist = deque(topological_nodes(ctx.graph))
@@ -69,6 +73,7 @@ def rewrite_graph(ctx: CompileContext, late: bool) -> None:
             worklist.extend(reader for tensor in touched for reader in tensor.outputs)
             worklist.extend(edits.unread_relabels())
     ctx.graph.nodes = edits.node_list(ctx.graph.nodes)
+    return edits.verdicts
 
 
 class _Edits:
@@ -148,26 +153,40 @@ def rewrite_node(node: gs.Node, site: Site, ctx: CompileContext, edits: _Edits,
 
 
 class _Verdicts:
-    """`check_node`'s failures for the nodes one rewrite run asks about, each computed once per
+    """`evaluate_rules`' verdicts for the nodes one rewrite run asks about, each computed once per
     state of what a target rule reads: the node's op, domain and attribute dict, and its input
     and output tensors (which ones, constant or not, shape, dtype). A node is asked about when
     its candidate is built, when it is applied and when the worklist reaches it, and a graph
     node again whenever a neighbour changes (11,000 checks of 4,000 nodes on a MaxViT).
     Rules read nothing else (targets/constraints.py), and nothing in the pass changes an
     attribute dict or a constant in place. Each entry holds the objects its key names by id, so
-    no id is reused for another object while the entry stands."""
+    no id is reused for another object while the entry stands. Legalize, the next pass, asks
+    again about the nodes left (`ctx.rule_verdicts`)."""
 
     def __init__(self, site: Site):
         self.target, self.facts = site.target, site.facts
-        self.known: dict[tuple, tuple[tuple, list]] = {}
+        self.known: dict[tuple, tuple[tuple, list[Verdict], list[Failure]]] = {}
 
-    def failures(self, node: gs.Node) -> list:
+    def _entry(self, node: gs.Node) -> tuple[tuple, list[Verdict], list[Failure]]:
         held = (node, node.attrs, *node.inputs, *node.outputs)
         key = (tuple(map(id, held)), node.name, node.op, node.domain, _tensor_states(node.inputs), _tensor_states(node.outputs))
         entry = self.known.get(key)
         if entry is None:
-            entry = self.known[key] = (held, check_node(node, self.target, **self.facts))
-        return list(entry[1])
+            verdicts = evaluate_rules(node, self.target, **self.facts)
+            failures = [Failure(verdict.rule, verdict.detail) for verdict in verdicts if not verdict.ok]
+            entry = self.known[key] = (held, verdicts, failures)
+        return entry
+
+    def failures(self, node: gs.Node) -> list[Failure]:
+        """`check_node(node, target, **facts)`."""
+        return list(self._entry(node)[2])
+
+    def verdicts(self, node: gs.Node, target: Target, facts: dict[str, object]) -> list[Verdict]:
+        """`evaluate_rules(node, target, **facts)`, remembered when `target` and `facts` are this
+        run's."""
+        if target is not self.target or facts != self.facts:
+            return evaluate_rules(node, target, **facts)
+        return list(self._entry(node)[1])
 
 
 def _tensor_states(tensors) -> tuple:

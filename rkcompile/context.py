@@ -124,6 +124,9 @@ class CompileContext:
     rewrite_attempts: dict[str, list[RewriteAttempt]] = field(default_factory=dict)  # original node -> rules tried
     notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
     verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
+    #: rewrite -> legalize: the target rules' verdicts on the nodes the rewrite pass checked, by
+    #: each node's state (passes/rewrite.py _Verdicts); legalize takes them and clears this
+    rule_verdicts: Any = None
     multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
     step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
     quantization: dict[str, Quantization] = field(default_factory=dict)  # int8 plans: tensor -> parameters

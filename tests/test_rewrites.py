@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 from rkcompile.context import CompileContext
 from rkcompile.ir import static_shape
 from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite, rewrite_late
-from rkcompile.passes.legalize import check_node
+from rkcompile.passes.legalize import check_node, evaluate_rules
 from rkcompile.passes.rewrites.pooling import pool_stage_kernels
 from rkcompile.pipeline import PASSES, assemble_plan
 from rkcompile.plan import Plan, contract_violations
@@ -834,7 +834,8 @@ def test_a_rewrite_keeps_a_scalar_constant_scalar(tmp_path):
 def test_rewrite_verdicts_are_recomputed_exactly_when_what_rules_read_changes(monkeypatch):
     """The rewrite pass asks about a node's failures once per state of what target rules read:
     asked again unchanged, the answer is remembered; a new input tensor, a changed shape, a
-    tensor turned constant or another node get check_node's fresh answer."""
+    tensor turned constant or another node get check_node's fresh answer (the rules evaluated
+    again)."""
     from rkcompile.passes.rewrites import Site
 
     target = get_target("rk3588")
@@ -843,7 +844,8 @@ def test_rewrite_verdicts_are_recomputed_exactly_when_what_rules_read_changes(mo
                    outputs=[gs.Variable("y", np.float32, [1, 16, 16, 8])])
     graph = gs.Graph(nodes=[node], inputs=[big], outputs=node.outputs, opset=17)
     calls = []
-    monkeypatch.setattr(rewrite, "check_node", lambda n, t, **facts: calls.append(n.name) or check_node(n, t, **facts))
+    monkeypatch.setattr(rewrite, "evaluate_rules",
+                        lambda n, t, **facts: calls.append(n.name) or evaluate_rules(n, t, **facts))
     verdicts = rewrite._Verdicts(Site(graph, target, 17, {"plan_dtype": "float16", "opset": 17}))
 
     def asked() -> list:
@@ -861,6 +863,37 @@ def test_rewrite_verdicts_are_recomputed_exactly_when_what_rules_read_changes(mo
     node.inputs[0].to_constant(np.zeros((1, 8, 16, 70000), np.float32))
     asked()
     assert len(calls) == 4
+
+
+def test_legalize_reuses_the_rewrite_passes_verdicts_only_for_nodes_in_the_state_checked(tmp_path, monkeypatch):
+    """Legalize takes the rewrite pass's verdicts for a node it left as it checked it, and works
+    them out again for a node changed since and whenever the plan's facts are not that run's."""
+    from rkcompile.passes import legalize
+
+    model = make_model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                        helper.make_node("Transpose", ["r"], ["y"], name="t", perm=[0, 2, 3, 1])],
+                       [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 16, 16, 8])], opset=17)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    known, calls = ctx.rule_verdicts, []
+    for module in (legalize, rewrite):  # legalize's own, and the one the rewrite pass's memory calls
+        monkeypatch.setattr(module, "evaluate_rules",
+                            lambda n, t, **facts: calls.append(n.name) or evaluate_rules(n, t, **facts))
+    legalize.run(ctx)
+    assert calls == [] and ctx.rule_verdicts is None  # every node as the rewrite pass checked it
+    fresh = {name: [tuple(v) for v in evaluate_rules(node, ctx.target, plan_dtype="float16", opset=17)]
+             for name, node in ((n.name, n) for n in ctx.graph.nodes)}
+    assert {name: [tuple(v) for v in checked.verdicts] for name, checked in ctx.verdicts.items()} == fresh
+
+    transpose = next(n for n in ctx.graph.nodes if n.op == "Transpose")
+    transpose.inputs[0] = gs.Variable("wide", np.float32, [1, 8, 16, 70000])  # past the NPU's width
+    transpose.outputs[0].shape = [1, 16, 70000, 8]
+    ctx.rule_verdicts = known
+    legalize.run(ctx)
+    assert calls == [transpose.name] and ctx.failures[transpose.name]
+
+    ctx.rule_verdicts, ctx.options = known, dataclasses.replace(ctx.options, dtype="int8")
+    legalize.run(ctx)
+    assert len(calls) == 1 + len(ctx.graph.nodes)
 
 
 @pytest.mark.parametrize("shape, expected", [
