@@ -12,7 +12,7 @@ from .collector import cyclic_collector_paused
 from .context import CompileContext, Options, Placement
 from .cost_estimate import node_macs
 from .emulator.pages import small_pages
-from .ir import node_inputs, present_inputs, static_shape, subgraphs, topological_nodes
+from .ir import fused_body, node_inputs, present_inputs, static_shape, subgraphs, topological_nodes
 from .operations import describe
 from .passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
                      memory, multicore, partition, remove_noops, rewrite, rewrite_late)
@@ -113,6 +113,7 @@ def verify(ctx: CompileContext) -> list[str]:
             if id(node) not in known:
                 problems.append(f"tensor {tensor.name} does not know its consumer {node.name}")
     problems += stray_links(graph)
+    problems += [problem for node in graph.nodes if node.attrs for problem in fused_body_reads_outside(node)]
     try:
         topological_nodes(graph)
     except ValueError as exc:
@@ -127,6 +128,21 @@ def verify(ctx: CompileContext) -> list[str]:
         elif any(static_shape(t) is None for t in node.outputs):
             problems.append(f"NPU node {name} has an unknown output shape")
     return problems
+
+
+def fused_body_reads_outside(node: gs.Node) -> list[str]:
+    """Members of the fused kernel `node` (nested ones too) that list, among their inputs, a
+    tensor that is none of the body's inputs, its members' results or a constant. passes/fuse.py
+    builds bodies that read nothing else, and `nodes.outer_scope_reads` relies on it: it looks
+    for outer-scope reads only in members carrying subgraphs of their own."""
+    body = fused_body(node)
+    if body is None:
+        return []
+    local = {t.name for t in body.inputs} | {t.name for member in body.nodes for t in member.outputs}
+    problems = [f"fused node {node.name}: member {member.name} reads {tensor.name} from outside its body"
+                for member in body.nodes for tensor in present_inputs(member)
+                if tensor.name not in local and not isinstance(tensor, gs.Constant)]
+    return problems + [problem for member in body.nodes if member.attrs for problem in fused_body_reads_outside(member)]
 
 
 def stray_links(graph: gs.Graph) -> list[str]:

@@ -15,7 +15,7 @@ from rkcompile.api import prepare
 from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.compare import agreement, onnxruntime_outputs
 from rkcompile.ir import dataflow_graph, node_inputs, outer_scope_reads, readers, topological_nodes
-from rkcompile.pipeline import stray_links
+from rkcompile.pipeline import fused_body_reads_outside, stray_links
 
 SHAPE = [1, 8, 4, 4]
 
@@ -201,6 +201,25 @@ def test_a_fused_kernel_reads_what_a_members_subgraph_reads_from_outside_at_any_
     plain = _fused("NegRelu", [gs.Node("Neg", "n", inputs=[x], outputs=[local]),
                                gs.Node("Relu", "rl", inputs=[local], outputs=[z])], [x], [z])
     assert outer_scope_reads(plain) == [] and [t.name for t in node_inputs(plain)] == ["x2"]
+
+
+def test_the_verifier_names_a_fused_member_reading_from_outside_its_body():
+    """outer_scope_reads looks inside a fused body only for members carrying subgraphs, as
+    fuse builds bodies whose members read nothing else; the verifier that runs after every pass
+    in the tests names a body breaking that, nested or not."""
+    x, y, local, z = (gs.Variable(name, np.float32, SHAPE) for name in ("x3", "y3", "local3", "z3"))
+    closed = _fused("NegRelu", [gs.Node("Neg", "n3", inputs=[x], outputs=[local]),
+                                gs.Node("Relu", "r3", inputs=[local], outputs=[z])], [x], [z])
+    assert fused_body_reads_outside(closed) == []
+    leaky = _fused("NegAdd", [gs.Node("Neg", "n4", inputs=[x], outputs=[local]),
+                              gs.Node("Add", "a4", inputs=[local, y], outputs=[z])], [x, y], [z])
+    body = leaky.attrs["body"]
+    body.inputs = [t for t in body.inputs if t.name != "y3"]  # y3 read by a member, no longer the body's input
+    assert fused_body_reads_outside(leaky) == ["fused node NegAdd: member a4 reads y3 from outside its body"]
+    outer = _fused("Outer", [leaky], [x, y], [z])
+    inner = outer.attrs["body"].nodes[0]
+    inner.attrs["body"].inputs = [t for t in inner.attrs["body"].inputs if t.name != "y3"]
+    assert fused_body_reads_outside(outer) == ["fused node NegAdd: member a4 reads y3 from outside its body"]
 
 
 def test_graphs_in_a_list_attribute_are_subgraphs_and_their_outer_reads_count():
