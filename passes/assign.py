@@ -9,6 +9,10 @@ import logging
 from rkcompile.context import CompileContext, Placement
 
 NAME = "assign"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"failures", "target"})
+PROVIDES = frozenset({"placement"})
+
 log = logging.getLogger("rkcompile")
 
 

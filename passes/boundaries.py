@@ -30,6 +30,10 @@ from rkcompile.ir import node_inputs, readers, replace_reads, subgraphs
 from rkcompile.passes.layout import placement
 
 NAME = "boundaries"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"options", "order", "origins", "partitions", "placement", "target"})
+PROVIDES = frozenset({"order", "origins", "partitions", "placement"})
+
 HOST_DOMAIN = "rkcompile"
 HOST_OP = "Convert"
 

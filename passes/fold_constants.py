@@ -40,6 +40,10 @@ from rkcompile.ir import (element_count, is_onnx_domain, node_proto, node_shape_
 from rkcompile.passes import reference_kernels
 
 NAME = "fold-constants"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"model_info", "origins"})
+PROVIDES = frozenset({"fates", "origins"})
+
 log = logging.getLogger("rkcompile")
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                               "Multinomial", "Bernoulli"})

@@ -39,6 +39,9 @@ from rkcompile.targets.model import Rule
 from .fusion_table import TABLES, FusionRule
 
 NAME = "fuse"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"failures", "original_nodes", "origins", "target"})
+PROVIDES = frozenset({"failures", "notes", "origins"})
 
 log = logging.getLogger("rkcompile")
 

@@ -22,6 +22,10 @@ from rkcompile.ir import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
 from rkcompile.plan import ModelInfo, TensorSpec
 
 NAME = "import"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"model_path", "options"})
+PROVIDES = frozenset({"model_info", "original_nodes", "origins"})
+
 MIN_OPSET = 1
 MAX_OPSET = onnx.defs.onnx_opset_version()
 

@@ -19,6 +19,9 @@ from rkcompile.targets.model import Rule, Target
 from .integer_results import rounded_to_integers
 
 NAME = "legalize"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"options", "origins", "rule_verdicts", "target"})
+PROVIDES = frozenset({"failures", "rule_verdicts", "verdicts"})
 
 
 class Verdict(NamedTuple):

@@ -17,6 +17,9 @@ from rkcompile.ir import itemsize, node_inputs
 from rkcompile.plan import Memory, TensorPlacement
 
 NAME = "memory"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"options", "order", "placement", "target", "tensors"})
+PROVIDES = frozenset({"memory", "tensors"})
 
 #: Kernels (ONNX op names and oplist kernel names) whose every output element depends only on
 #: the same element of each input, read before it is written; only these may work in place.

@@ -30,6 +30,9 @@ from rkcompile.plan import BatchContext, CoreTimeline, IoSlice, Multicore, Split
 from rkcompile.targets.model import Target
 
 NAME = "multicore"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"model_info", "options", "order", "placement", "target", "tensors"})
+PROVIDES = frozenset({"multicore", "step_cores"})
 
 #: rknn_core_mask values (RKNN_NPU_CORE_AUTO, _0, _1, _2, _0_1, _0_1_2), as the CLI spells them.
 CORE_MASKS = ("auto", "0", "1", "2", "0_1", "0_1_2")

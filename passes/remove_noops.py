@@ -18,6 +18,9 @@ from rkcompile.nodes import dtype_name
 from .legalize import training_mode
 
 NAME = "remove-noops"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"origins"})
+PROVIDES = frozenset({"fates", "origins"})
 
 
 def run(ctx: CompileContext) -> None:

@@ -41,6 +41,10 @@ from .legalize import Verdict, compile_facts, evaluate_rules
 from .rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 
 NAME = "rewrite"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"model_info", "options", "origins", "target"})
+PROVIDES = frozenset({"failures", "fates", "origins", "rewrite_attempts", "rewrites", "rule_verdicts"})
+
 log = logging.getLogger("rkcompile")
 
 #: Longest chain of rules one node's replacement may take (the rule on the graph node included).

@@ -7,6 +7,9 @@ from rkcompile.context import CompileContext
 from .rewrite import rewrite_graph
 
 NAME = "rewrite-late"
+#: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+NEEDS = frozenset({"failures", "model_info", "options", "origins", "target"})
+PROVIDES = frozenset({"failures", "fates", "origins", "rewrite_attempts", "rewrites"})
 
 
 def run(ctx: CompileContext) -> None:

@@ -252,8 +252,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool =
     parser.add_argument("--input-shape", type=_input_shape, action="append", default=[], metavar="NAME:DIMS",
                         help="fix an input's shape, e.g. images:1,3,640,640; repeat for several inputs")
     parser.add_argument("--verify-passes", action="store_true",
-                        help="check the graph's invariants after every pass (debugging; also "
-                             "RKCOMPILE_VERIFY_PASSES=1): a pass that breaks one fails by name")
+                        help="check the graph's invariants and each pass's contract after every pass "
+                             "(debugging; also RKCOMPILE_VERIFY_PASSES=1): a pass that breaks one fails by name")
 
 
 #: subcommand -> its help line, its description (None: argparse's default, the help line's

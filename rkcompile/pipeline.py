@@ -1,7 +1,9 @@
 """The pass pipeline, read top to bottom, and the plan assembled from what the passes recorded."""
 from __future__ import annotations
 
+import dataclasses
 import logging
+from itertools import chain
 from pathlib import Path
 from typing import Sequence
 
@@ -28,6 +30,10 @@ class _QuantizePass:
     it brings (rkcompile/quantize.py, passes/int8_accuracy.py: 4-8 ms of a 0.4 s plan process)."""
 
     NAME = "quantize"
+    NEEDS = frozenset({"calibration", "calibration_samples", "model_info", "options", "order", "placement", "target",
+                       "tensors"})
+    PROVIDES = frozenset({"calibration", "calibration_samples", "int8_techniques", "options", "placement",
+                          "quantization", "reference_constants", "tensors"})
 
     @staticmethod
     def run(ctx: CompileContext) -> None:
@@ -56,6 +62,13 @@ PASSES = (
     multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
 )
 PASS_NAMES = tuple(p.NAME for p in PASSES)
+#: the CompileContext fields a caller sets before the first pass (the int8 calibration and its
+#: samples optionally: an --auto-float16 Planner reuses them); every other field a pass NEEDS,
+#: a pass before it PROVIDES (tests/test_pipeline_contracts.py). The graph is every pass's to
+#: change, and `verify` checks it whole.
+CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples"})
+#: the fields `check_contract` watches
+CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext) if f.name != "graph")
 
 
 def compile_model(model_path: str | Path, target: str, options: Options | None = None) -> tuple[Plan, CompileContext]:
@@ -71,13 +84,35 @@ def run_passes(ctx: CompileContext, passes: Sequence = PASSES) -> None:
     """`passes` in order on `ctx` (a slice of PASSES: --auto-float16 plans the passes before
     quantize once and the rest once per candidate)."""
     for compiler_pass in passes:
+        checked = ctx.options.verify_passes
+        before = context_records(ctx) if checked else None
         compiler_pass.run(ctx)
-        problems = verify(ctx) if ctx.options.verify_passes else []
+        problems = verify(ctx) + check_contract(compiler_pass, before, context_records(ctx)) if checked else []
         if problems:
             raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
         if compiler_pass.NAME in ctx.options.dump_after:
             dump_graph(ctx, compiler_pass.NAME)
         log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
+
+
+def context_records(ctx: CompileContext) -> dict[str, tuple]:
+    """Each CompileContext field but the graph as `check_contract` compares it: the value, and
+    the keys and values of a dict or the items of a list (so changes in place count)."""
+    records = {}
+    for name in CONTEXT_FIELDS:
+        value = getattr(ctx, name)
+        held = (tuple(chain.from_iterable(value.items())) if isinstance(value, dict)
+                else tuple(value) if isinstance(value, list) else ())
+        records[name] = (value, *held)
+    return records
+
+
+def check_contract(compiler_pass, before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """The fields `compiler_pass` changed (replaced, or a dict or list holding other objects,
+    compared by identity) without listing them in its PROVIDES."""
+    return [f"pass {compiler_pass.NAME} changed ctx.{name}, which its PROVIDES does not list"
+            for name, record in after.items() if name not in compiler_pass.PROVIDES
+            and (len(record) != len(before[name]) or any(a is not b for a, b in zip(record, before[name])))]
 
 
 def verify(ctx: CompileContext) -> list[str]:
