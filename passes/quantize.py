@@ -365,7 +365,7 @@ def _quantize_weights(ctx: CompileContext, ordered: list[gs.Node], devices: list
     constants = {t.name: t for t in ctx.graph.tensors().values() if isinstance(t, gs.Constant)}
     for name, tensor in ctx.tensors.items():
         if tensor.region == "weight" and tensor.dtype in QUANTIZED_DTYPES and name not in biases:
-            quantization[name] = weight_params(constants[name].values, name in per_channel)
+            quantization[name] = weight_params(constants[name].values, name in per_channel, f"constant {name}")
     for name, (data, weight) in biases.items():  # every bias must fit int32 before any is set
         if data in quantization and weight in quantization:
             quantization[weight] = fit_bias(quantization[weight], quantization[data], constants[name].values)

@@ -461,20 +461,36 @@ def asymmetric_grids(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.
     return scales, np.clip(np.rint(INT8[0] - low / scales), *INT8)
 
 
-def weight_params(values: np.ndarray, per_channel: bool) -> Quantization:
+def weight_params(values: np.ndarray, per_channel: bool, name: str = "a constant") -> Quantization:
     """Per output channel (axis 0): asymmetric, each channel's [min, max] (widened to include 0)
     on all 256 int8 steps with its own zero point, as rknn-toolkit2 2.5.0 quantizes convolution
     weights (docs/quantization.md: its simulator's per-layer cosines match this to 5 digits on
     every Conv step of tv_mnasnet0_5 and tv_mobilenet_v3_small, and not the symmetric form).
-    One scale for the tensor otherwise (`constant_params`)."""
+    One scale for the tensor otherwise (`constant_params`).
+
+    An infinite value (an attention mask's fill, -inf) has no int8 grid of its own: the grid
+    spans the finite values and 0, which every grid here holds exactly, and the infinite ones
+    saturate to its ends, as `quantize` clips (the plan's `warning` says so). A NaN has no int8
+    value at all: a CompileError naming the constant (`name`)."""
     values = np.asarray(values, np.float64)
+    infinite = np.isinf(values)
+    if np.isnan(values).any():
+        raise CompileError(f"int8: {name} holds {int(np.isnan(values).sum())} NaN value(s), which int8 cannot store; "
+                           f"keep the step reading it in float16 (--float16)")
+    if infinite.any():
+        values = np.where(infinite, 0.0, values)
     if per_channel and values.ndim >= 2:
         # every channel at once, not a call per channel (35,000 of them for mobilenet_v2,
         # whose int8 plan computed them twice)
         rows = values.reshape(values.shape[0], -1)
         scales, zero_points = asymmetric_grids(rows.min(axis=1), rows.max(axis=1))
-        return Quantization("int8", tuple(scales.tolist()), tuple(int(z) for z in zero_points), 0, "weights")
-    return constant_params(values)
+        params = Quantization("int8", tuple(scales.tolist()), tuple(int(z) for z in zero_points), 0, "weights")
+    else:
+        params = constant_params(values)
+    if infinite.any():
+        params = replace(params, warning=f"{name} holds {int(infinite.sum())} infinite value(s): stored as int8 they "
+                                         f"saturate to the ends of its grid")
+    return params
 
 
 def constant_params(values: np.ndarray) -> Quantization:

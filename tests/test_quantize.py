@@ -683,3 +683,25 @@ def test_an_int8_plan_without_calibration_data_reads_and_warns_once(cnn, caplog)
     with caplog.at_level(logging.WARNING, logger="rkcompile"):
         rkcompile.compile(cnn, "rk3588", dtype="int8")
     assert sum("int8 without --calib" in record.getMessage() for record in caplog.records) == 1
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_infinite_constant_value_saturates_to_the_grid_of_the_finite_ones(per_channel):
+    """An attention mask's -inf has no grid step: the grid spans the finite values and 0 (it
+    crashed with a NaN zero point), the infinite value stores as the grid's end, and the plan's
+    warning says so."""
+    finite = np.array([[0.0, 1.5, -2.0, 0.25], [3.0, 0.0, -1.0, 0.5]])
+    masked = finite.copy()
+    masked[0, 1], masked[1, 3] = -np.inf, np.inf
+    quant = weight_params(masked, per_channel, "constant mask")
+    assert quant.warning == "constant mask holds 2 infinite value(s): stored as int8 they saturate to the ends of its grid"
+    replaced = np.where(np.isinf(masked), 0.0, masked)
+    assert dataclasses.replace(quant, warning=None) == weight_params(replaced, per_channel)
+    stored = quantize(masked, quant)
+    assert stored[0, 1] == -128 and stored[1, 3] == 127
+    assert np.array_equal(stored[np.isfinite(masked)], quantize(finite, quant)[np.isfinite(masked)])
+
+
+def test_a_nan_constant_value_is_refused_by_name():
+    with pytest.raises(CompileError, match=r"^int8: constant w holds 1 NaN value\(s\), which int8 cannot store"):
+        weight_params(np.array([1.0, np.nan, -2.0]), False, "constant w")
