@@ -14,7 +14,6 @@ every other tensor gets its own calibrated range.
 """
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -43,7 +42,6 @@ DROWNED_LEVELS = 16
 #: most this many times the Split input's: one bit coarser for another step reading an output.
 SPLIT_COARSENING = 2.0
 
-log = logging.getLogger("rkcompile")
 
 def run(ctx: CompileContext) -> None:
     ctx.quantization = {}
@@ -309,7 +307,8 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges
     only a few of its steps arrives as a few integers, or all zero. YOLOv8's output is the case
     users meet: box coordinates up to ~640 and class scores up to 1 in one tensor, where the
     scores are quantized to 0 and 2.5 (rknn-toolkit2 2.5.0 does the same). The plan records it on
-    the Concat's parameters (`warning`) and says how to keep the operand."""
+    the Concat's parameters (`warning`, logged once the plan is chosen: `int8_choice`) and says
+    how to keep the operand."""
     for node, device in zip(ordered, devices):
         output = node.outputs[0].name if node.outputs else ""
         if device != "npu" or node.op != "Concat" or output not in quantization:
@@ -326,7 +325,6 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges
                        f"fewer than {DROWNED_LEVELS} of 256 levels to {'; '.join(drowned)}; keep the Concat in "
                        f"float16 with --float16 {output}, or output the operands separately")
             quantization[output] = replace(quantization[output], warning=warning)
-            log.warning("int8: %s", warning)
 
 
 def _members(node: gs.Node) -> tuple[list[gs.Node], dict[str, str]]:
@@ -369,8 +367,6 @@ def _quantize_weights(ctx: CompileContext, ordered: list[gs.Node], devices: list
     for name, (data, weight) in biases.items():  # every bias must fit int32 before any is set
         if data in quantization and weight in quantization:
             quantization[weight] = fit_bias(quantization[weight], quantization[data], constants[name].values)
-            if quantization[weight].warning:
-                log.warning("int8: %s", quantization[weight].warning)
     for name, (data, weight) in biases.items():
         if data in quantization and weight in quantization:
             quantization[name] = bias_params(quantization[data], quantization[weight])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,6 +35,8 @@ from .pipeline import compile_model
 from .plan import Int8Technique, Plan as PlanRecord
 from .progress import bar
 from .auto_float16 import Judge, MakePlan, Planner, choose, judge_for
+
+log = logging.getLogger("rkcompile")
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,18 @@ def report(best: Judged, judged: list[Judged], found: list[dict[str, Any]]) -> I
 def compile_with_choice(model, target: str, options: Options, make_plan: MakePlan,
                         progress: Callable[[str], None] | None = None) -> tuple[PlanRecord, CompileContext]:
     """`pipeline.compile_model`, with the int8 settings left to choose chosen first and
-    --auto-float16 resolved on top of them, both reported in the plan's `int8_techniques`."""
+    --auto-float16 resolved on top of them, both reported in the plan's `int8_techniques`; the
+    chosen plan's int8 warnings logged once (the quantize pass only records them: it runs once
+    per candidate plan, and logged each warning as many times)."""
+    record, ctx = _compile_with_choice(model, target, options, make_plan, progress)
+    for quant in record.quantization.values():
+        if quant.warning:
+            log.warning("int8: %s", quant.warning)
+    return record, ctx
+
+
+def _compile_with_choice(model, target: str, options: Options, make_plan: MakePlan,
+                         progress: Callable[[str], None] | None) -> tuple[PlanRecord, CompileContext]:
     say = progress or (lambda text: None)
     choosing = options.dtype == "int8" and any(getattr(options, name) == CHOOSE for name in INT8_SETTINGS)
     if options.auto_float16 is not None:
