@@ -26,8 +26,8 @@ from rkcompile.ir import dtype_name, element_count, itemsize
 from rkcompile.layouts import as_nchw, nc1hwc2_bytes
 from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
-from rkcompile.quantize import (INT8, PER_CHANNEL_WEIGHTS, ImagePreprocessing, RangeObserver, activation_params, bias_params,
-                                calibration_samples, fit_bias, is_movement, weight_params)
+from rkcompile.quantize import (INT8, PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, fit_bias,
+                                is_movement, samples_for, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from .int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize, find_pairs,
@@ -181,9 +181,7 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     if _reuse_calibration(ctx.calibration, wanted, weight_errors, method, options.equalization):
         return {name: ctx.calibration.observers[name].range(method) for name in wanted}
     if ctx.calibration_samples is None:
-        ctx.calibration_samples = calibration_samples(
-            options.calibration, ctx.model_info.inputs,
-            ImagePreprocessing(options.mean_values, options.std_values, options.channel_order))
+        ctx.calibration_samples = samples_for(options, ctx.model_info.inputs)
     samples = ctx.calibration_samples
     observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
 

@@ -33,10 +33,9 @@ from rkcompile.context import CompileContext, Failure, RewriteAttempt
 from rkcompile.graph_edit import detach, replace_uses
 from rkcompile.ir import topological_nodes
 from rkcompile.plan import Rewrite
-
-from .integer_results import rounded_to_integers
 from rkcompile.targets.model import Target
 
+from .integer_results import rounded_to_integers
 from .legalize import Verdict, compile_facts, evaluate_rules
 from .rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 

@@ -42,7 +42,7 @@ from .emulator.session import emulate
 from .passes.quantize import idle_techniques
 from .pipeline import PASS_NAMES, PASSES, assemble_plan, run_passes
 from .plan import Int8Technique, Plan as PlanRecord
-from .quantize import ImagePreprocessing, calibration_samples, dequantize, quantize
+from .quantize import dequantize, quantize, samples_for
 from .targets import get_target
 
 STRATEGIES = ("sensitivity", "worst_drop")
@@ -101,9 +101,7 @@ class Planner:
     def samples(self) -> list[dict[str, np.ndarray]]:
         """The calibration inputs every plan calibrates on and a Judge judges on, read once (a
         folder of images decoded once, the warning for seeded random ones given once)."""
-        options = self.options
-        return calibration_samples(options.calibration, self.inputs, ImagePreprocessing(
-            options.mean_values, options.std_values, options.channel_order))
+        return samples_for(self.options, self.inputs)
 
     @property
     def inputs(self):

@@ -25,8 +25,8 @@ that fails a later check (two consumers, a cycle) and take the next.
 """
 from __future__ import annotations
 
-from dataclasses import field
 import itertools
+from dataclasses import field
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -142,7 +142,7 @@ class Op(Pattern):
         found = found.with_member(self.label, node)
         if self.commutative and len(self.inputs) == 2:
             return itertools.chain(_match_all(self.inputs, node.inputs, found),
-                         _match_all(self.inputs[::-1], node.inputs, found))
+                                   _match_all(self.inputs[::-1], node.inputs, found))
         return _match_all(self.inputs, node.inputs, found)
 
 

@@ -120,6 +120,13 @@ def calibration_samples(path: Path | None, specs: Sequence[TensorSpec],
     return random_calibration(specs)
 
 
+def samples_for(options, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+    """`calibration_samples` as the plan's options ask for them (`Options.calibration` and its
+    image preprocessing): the one reading the quantize pass and an int8 Planner share."""
+    return calibration_samples(options.calibration, specs, ImagePreprocessing(
+        options.mean_values, options.std_values, options.channel_order))
+
+
 def load_calibration(path: Path, specs: Sequence[TensorSpec],
                      images: ImagePreprocessing | None = None) -> list[dict[str, np.ndarray]]:
     """Calibration samples from a folder of .npy/.npz/image files, from one such file, or from
