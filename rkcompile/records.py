@@ -1,12 +1,13 @@
-"""Frozen dataclasses whose methods cost one compile per class instead of six.
+"""Frozen dataclasses whose methods cost at most one compile per class instead of six.
 
 `dataclasses.dataclass` writes each method it adds as Python source and compiles it with its own
 `exec` (Python before 3.13): six methods per frozen class. A float16 plan imports 46 such
 classes, and compiling their methods took 40-50 ms of a 0.5 s plan process on the test machine
 (cProfile around `dataclasses._create_fn`, issue 18). `frozen_dataclass` lets the dataclass
 machinery collect the fields (their defaults, checks and `dataclasses.fields`) and compiles only
-__init__, which must stay compiled for its speed and signature: one `exec` of the same
-parameters and assignments dataclass(frozen=True) writes. __setattr__ and __delattr__ (refusing
+__init__, which must stay compiled for its speed and signature: the same parameters and
+assignments dataclass(frozen=True) writes, compiled once per shape of record (`_initializer`).
+__setattr__ and __delattr__ (refusing
 every field, and every name on the class itself) and __eq__, __hash__ and __repr__ are closures
 over the field names that behave as the compiled ones do: the same fields compared, hashed and
 shown, the same results and errors. A 6-field class took 715 us when dataclass still compiled
@@ -19,6 +20,7 @@ import dataclasses
 import inspect
 from operator import attrgetter
 from reprlib import recursive_repr
+from types import CodeType, FunctionType
 from typing import Callable
 
 
@@ -92,26 +94,47 @@ _FACTORY = _Factory()
 def _initializer(cls: type, fields: tuple[dataclasses.Field, ...]):
     """The __init__ dataclass(frozen=True) compiles for `fields`: each a positional parameter
     (with its default, or a default_factory called when it is not given), each stored with
-    object.__setattr__."""
+    object.__setattr__. The code is compiled once per shape (how many fields, which of them have
+    a factory) and each record of that shape gets a copy with its own names (`CodeType.replace`:
+    the same bytecode, so the same speed): 43 records of 17 shapes in a float16 plan process,
+    whose __init__ sources took 25 M of a small model's ~1.2 G instructions to compile one by one
+    (valgrind; docs/zoo.md, "the plan process's start-up")."""
+    names = tuple(field.name for field in fields)
+    factories = tuple(i for i, field in enumerate(fields) if field.default_factory is not dataclasses.MISSING)
+    template = _INIT_TEMPLATES.get((len(fields), factories))
+    if template is None:
+        template = _INIT_TEMPLATES[len(fields), factories] = _init_template(len(fields), factories)
+    placeholders = {_placeholder(i): name for i, name in enumerate(names)}
+    code = template.replace(  # as dataclass does, the instance is not `self` when a field is
+        co_varnames=("__dataclass_self__" if "self" in names else "self", *names),
+        co_consts=tuple(placeholders.get(value, value) if type(value) is str else value for value in template.co_consts))
     namespace: dict[str, object] = {"__name__": cls.__module__, "__store": object.__setattr__, "__factory": _FACTORY}
-    parameters, body = ["self"], []
-    for field in fields:
-        name, value = field.name, field.name
-        if field.default is not dataclasses.MISSING:
-            namespace[f"__default_{name}"] = field.default
-            parameters.append(f"{name}=__default_{name}")
-        elif field.default_factory is not dataclasses.MISSING:
-            namespace[f"__factory_{name}"] = field.default_factory
-            parameters.append(f"{name}=__factory")
-            value = f"__factory_{name}() if {name} is __factory else {name}"
-        else:
-            parameters.append(name)
-        body.append(f"    __store(self, {name!r}, {value})")
-    source = f"def __init__({', '.join(parameters)}):\n" + ("\n".join(body) or "    pass") + "\n"
-    exec(source, namespace)
-    initializer = namespace["__init__"]
+    namespace.update((f"__factory_{i}", fields[i].default_factory) for i in factories)
+    defaults = tuple(_FACTORY if field.default is dataclasses.MISSING else field.default
+                     for field in fields if _has_default(field))
+    initializer = FunctionType(code, namespace, "__init__", defaults or None)
     initializer.__annotations__ = {**{field.name: field.type for field in fields}, "return": None}
     return initializer
+
+
+#: (number of fields, positions of those with a default_factory) -> __init__'s code for that shape
+_INIT_TEMPLATES: dict[tuple[int, tuple[int, ...]], CodeType] = {}
+
+
+def _placeholder(position: int) -> str:
+    return f"_{position}"
+
+
+def _init_template(count: int, factories: tuple[int, ...]) -> CodeType:
+    """__init__ for `count` fields named by placeholders (`_placeholder`, as parameters and as
+    the attribute names stored): a field with a default_factory calls `__factory_<position>` when
+    its parameter is the `__factory` sentinel. The defaults are the function's, set apart."""
+    parameters = [_placeholder(i) for i in range(count)]
+    body = [f"    __store(self, {name!r}, __factory_{i}() if {name} is __factory else {name})" if i in factories
+            else f"    __store(self, {name!r}, {name})" for i, name in enumerate(parameters)]
+    namespace: dict[str, object] = {}
+    exec(f"def __init__({', '.join(['self', *parameters])}):\n" + ("\n".join(body) or "    pass") + "\n", namespace)
+    return namespace["__init__"].__code__
 
 
 def _refusing(cls: type, names: tuple[str, ...], verb: str, method: str):

@@ -62,7 +62,14 @@ def _body_own_hash():
     return OwnHash
 
 
-BODIES = [_body_plain, _body_one_field, _body_no_fields, _body_own_methods, _body_own_hash]
+def _body_self_field():
+    class Selfish:  # __init__'s instance parameter cannot be `self` here: dataclass renames it
+        self: int
+        others: list = dataclasses.field(default_factory=list)
+    return Selfish
+
+
+BODIES = [_body_plain, _body_one_field, _body_no_fields, _body_own_methods, _body_own_hash, _body_self_field]
 #: constructor arguments per body, several instances each, some equal, some not
 ARGUMENTS = {
     "Record": [("a",), ("a",), ("a", 4), ("b", 3, (1, 2), {"x": 1}), ("a", 3, (), {"y": 2}, "other", 0, 5),
@@ -71,6 +78,7 @@ ARGUMENTS = {
     "Empty": [(), ()],
     "Own": [(1,), (1, 2), (2,)],
     "OwnHash": [(1,), (1, 2), (1,)],
+    "Selfish": [(1,), (1, [2]), (2,)],
 }
 
 
@@ -210,3 +218,40 @@ def test_the_plan_modules_frozen_records_compile_nothing_through_dataclass():
     records = {(module, name) for module, name in report["frozen"] if module not in NOT_CONVERTED}
     assert len(records) >= 25  # the plan's own records were seen
     assert [(module, name, method) for module, name, method in report["compiled"] if (module, name) in records] == []
+
+
+COMPILED_INITS = """
+import json, sys
+sources = []
+sys.addaudithook(lambda event, args: sources.append(args[0]) if event == "compile" and isinstance(args[0], (str, bytes))
+                 and args[0][:17] in ("def __init__(self", b"def __init__(self") else None)
+import rkcompile.cli, rkcompile.pipeline
+from rkcompile import records
+made = [value for name, module in list(sys.modules.items()) if name.startswith("rkcompile.") for value in vars(module).values()
+        if isinstance(value, type) and value.__module__ == name and "__store" in getattr(getattr(value.__init__, "__code__", None), "co_names", ())]
+print(json.dumps({"compiled": len(sources), "shapes": len(records._INIT_TEMPLATES), "records": len(made)}))
+"""
+
+
+def test_records_of_one_shape_share_one_compiled_init():
+    """frozen_dataclass compiles __init__ once per shape (field count, which fields have a
+    factory), not once per record: the plan's 43 records are 17 shapes (issue 18)."""
+    finished = subprocess.run([sys.executable, "-c", COMPILED_INITS], capture_output=True, text=True, check=True)
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["compiled"] == report["shapes"] < report["records"] / 2
+
+
+def test_records_of_one_shape_keep_their_own_names_and_defaults():
+    @frozen_dataclass
+    class Pair:
+        left: int
+        right: str = "r"
+
+    @frozen_dataclass
+    class Other:
+        top: float
+        bottom: tuple = (1,)
+    assert Pair.__init__.__code__.co_code == Other.__init__.__code__.co_code
+    assert vars(Pair(1)) == {"left": 1, "right": "r"} and vars(Other(bottom=(), top=2.0)) == {"top": 2.0, "bottom": ()}
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'top'"):
+        Other()
