@@ -358,7 +358,7 @@ def _folded_with_shapes_erased(path, monkeypatch, evaluate_first: bool):
     inferred = []
     infer = fold_constants._infer_node_shapes
     monkeypatch.setattr(fold_constants, "_infer_node_shapes",
-                        lambda graph, node, opset: inferred.append(node.name) or infer(graph, node, opset))
+                        lambda graph, node, *rest: inferred.append(node.name) or infer(graph, node, *rest))
     if not evaluate_first:
         monkeypatch.setattr(fold_constants, "_evaluates_small", lambda node: False)
     ctx = CompileContext(model_path=path, target=get_target("rk3588"))
@@ -412,3 +412,56 @@ def test_small_constant_nodes_fold_from_their_values_as_from_inferred_shapes(sav
     assert sorted(inferred) == ["out_of_range", "reshape", "too_wide"]
     assert len(before[2]) > len(inferred)
     assert constants["picked"] == np.take(np.arange(5.0)[:, None] + np.arange(6.0), [[5, 0], [1, 1]], axis=1).tolist()
+
+
+def _alike_nodes(op: str, declared: list, attrs=None) -> list:
+    """gs nodes `op` alike but for their names, each reading a static [2, 3] float input and a
+    small constant, each output declared with `declared` dims, its symbolic ones suffixed per
+    node ("n" -> "n_0", "n_1")."""
+    import onnx_graphsurgeon as gs
+
+    nodes = []
+    for index in range(2):
+        dims = None if declared is None else [f"{d}_{index}" if isinstance(d, str) else d for d in declared]
+        x = gs.Variable(f"x{index}", np.float32, [2, 3])
+        k = gs.Constant(f"k{index}", np.array([2], np.int64))
+        outputs = [gs.Variable(f"{name}{index}", dtype, dims) for name, dtype in (("values", np.float32),
+                                                                                  ("indices", np.int64))]
+        inputs = [x, k] if op == "TopK" else [x]
+        nodes.append(gs.Node(op, f"{op}{index}", attrs=dict(attrs or {}), inputs=inputs,
+                             outputs=outputs if op == "TopK" else outputs[1:]))
+    return nodes
+
+
+def test_per_node_inference_answers_nodes_alike_but_for_names_as_inferring_each(monkeypatch):
+    """fold-constants infers one node of each kind and writes its answer onto the others in
+    their own symbolic dims, each node getting what inferring it alone gives: a declared
+    symbolic dim kept (NonZero's count) next to an inferred one (its rank), a dim refined from
+    symbolic to a value (TopK's k), a declaration inference contradicts (nothing written). A
+    dim inference names itself (no shape declared) is not shared: each node is inferred."""
+    import onnx_graphsurgeon as gs
+    from onnx import shape_inference
+
+    from rkcompile.passes import fold_constants
+
+    graph = gs.Graph(opset=17)
+    cases = [("NonZero", ["rank", "count"], None, 1), ("TopK", [2, "k"], {"axis": 1}, 1),
+             ("NonZero", [5, "count"], None, 1), ("NonZero", None, None, 2)]
+    calls = []
+    infer = shape_inference.infer_shapes
+    monkeypatch.setattr(shape_inference, "infer_shapes", lambda *a, **k: calls.append(1) or infer(*a, **k))
+    second = []
+    for op, declared, attrs, inferences in cases:
+        alone = _alike_nodes(op, declared, attrs)
+        for node in alone:
+            fold_constants._infer_node_shapes(graph, node, 17, {})
+        calls.clear()
+        shared, answers = _alike_nodes(op, declared, attrs), {}
+        for node in shared:
+            fold_constants._infer_node_shapes(graph, node, 17, answers)
+        assert len(calls) == inferences, op
+        for one, other in zip(alone, shared):
+            assert [(t.shape, t.dtype) for t in one.outputs] == [(t.shape, t.dtype) for t in other.outputs], op
+        second.append([t.shape for t in shared[1].outputs])
+    assert second[:3] == [[[2, "count_1"]], [[2, 2], [2, 2]], [[5, "count_1"]]]
+    assert second[3][0][0] == 2 and isinstance(second[3][0][1], str)  # inference's own name
