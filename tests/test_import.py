@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 
 from rkcompile.pipeline import compile_model
@@ -465,3 +466,51 @@ def test_per_node_inference_answers_nodes_alike_but_for_names_as_inferring_each(
         second.append([t.shape for t in shared[1].outputs])
     assert second[:3] == [[[2, "count_1"]], [[2, 2], [2, 2]], [[5, "count_1"]]]
     assert second[3][0][0] == 2 and isinstance(second[3][0][1], str)  # inference's own name
+
+
+def _node_list_cases():
+    """Graphs (nodes, inputs, outputs) for the in-order check: valid ones listed in order, and
+    every kind of graph the full search reports or sorts."""
+    def relu(src, dst, name):
+        return helper.make_node("Relu", [src], [dst], name=name)
+
+    drop = helper.make_node("Dropout", ["x", "", ""], ["d", ""], name="drop")  # omitted input and output
+    drop_again = helper.make_node("Dropout", ["d"], ["e", ""], name="drop_again")
+    return {
+        "in order": ([relu("x", "a", "r0"), relu("a", "y", "r1")], ["x"], ["y"], True),
+        "omitted optionals": ([drop, relu("d", "y", "r1")], ["x"], ["y"], True),
+        "two omitted outputs": ([drop, drop_again], ["x"], ["e"], None),
+        "omitted output as a graph output": ([drop], ["x"], [""], False),
+        "out of order": ([relu("a", "y", "r1"), relu("x", "a", "r0")], ["x"], ["y"], False),
+        "undefined": ([relu("nope", "y", "r0")], ["x"], ["y"], False),
+        "produced twice": ([relu("x", "y", "r0"), relu("x", "y", "r1")], ["x"], ["y"], False),
+        "twice by one node": ([helper.make_node("Split", ["x"], ["y", "y"], name="s", axis=0)], ["x"], ["y"], False),
+        "overwrites an input": ([relu("x", "x", "r0")], ["x"], ["x"], False),
+        "output never produced": ([relu("x", "a", "r0")], ["x"], ["y"], False),
+        "cycle": ([relu("b", "a", "r0"), relu("a", "b", "r1"), relu("b", "y", "r2")], ["x"], ["y"], False),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_node_list_cases()))
+def test_in_order_check_passes_only_what_the_full_search_passes_unsorted(case, monkeypatch):
+    """`_valid_and_in_order` lets a graph skip the search for undefined tensors, cycles and a
+    topological order: only a graph the search leaves as it is without an error may skip it,
+    and a valid graph listed in order (omitted optional inputs and outputs too) does."""
+    import onnx
+
+    from rkcompile.errors import CompileError
+    from rkcompile.passes import import_model
+
+    nodes, inputs, outputs, expected = _node_list_cases()[case]
+    graph = helper.make_graph(nodes, "g", [value_info(n, [1]) for n in inputs], [value_info(n, [1]) for n in outputs])
+    skips = import_model._valid_and_in_order(graph)
+    if expected is not None:
+        assert skips == expected
+    monkeypatch.setattr(import_model, "_valid_and_in_order", lambda graph: False)
+    searched = onnx.GraphProto()
+    searched.CopyFrom(graph)
+    try:
+        reordered = import_model._check_tensors_defined_and_acyclic(searched)
+    except CompileError:
+        reordered = None
+    assert not skips or reordered is False
