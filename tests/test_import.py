@@ -275,7 +275,7 @@ def test_shapes_inferred_without_large_weights_match_whole_model_inference():
     import onnx
     from onnx import shape_inference
 
-    from rkcompile.passes.import_model import _infer_shapes, _with_inferred_shapes, _without_large_weights
+    from rkcompile.passes.import_model import _infer_shapes, _scan_tensors, _with_inferred_shapes, _without_large_weights
 
     then_branch = helper.make_graph([helper.make_node("Relu", ["m"], ["t"])], "then", [],
                                     [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
@@ -298,8 +298,14 @@ def test_shapes_inferred_without_large_weights_match_whole_model_inference():
     light = _without_large_weights(model)
     assert light is not None  # the weightless path is the one taken
     whole = shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True, data_prop=True)
-    found = _with_inferred_shapes(onnx.load_model_from_string(serialized), _infer_shapes(light.SerializeToString(), 17))
+    loaded = onnx.load_model_from_string(serialized)
+    _, carriers = _scan_tensors(loaded)
+    assert carriers == [5]  # the If, whose annotated branches are copied back
+    inferred = _infer_shapes(light.SerializeToString(), 17)
+    found = _with_inferred_shapes(loaded, inferred, carriers)
     assert found.SerializeToString(deterministic=True) == whole.SerializeToString(deterministic=True)
+    unknown = _with_inferred_shapes(onnx.load_model_from_string(serialized), inferred, None)  # after a sort
+    assert unknown.SerializeToString(deterministic=True) == whole.SerializeToString(deterministic=True)
     assert [d.dim_value for d in found.graph.output[0].type.tensor_type.shape.dim] == [4, 96]
 
 
@@ -468,6 +474,84 @@ def test_per_node_inference_answers_nodes_alike_but_for_names_as_inferring_each(
     assert second[3][0][0] == 2 and isinstance(second[3][0][1], str)  # inference's own name
 
 
+def test_tensor_scan_finds_external_data_where_onnxs_loader_reads_it():
+    """`_scan_tensors` says a model uses external data exactly when one of the tensors onnx's
+    loader reads (external_data_helper._get_all_tensors) does: main-graph and If-branch
+    initializers, Constant values and `tensors` attributes at any depth, function nodes'
+    attributes; not an initializer of a graph inside a function, which the loader skips. It
+    also lists the main-graph nodes that carry a graph."""
+    import onnx
+    from onnx import external_data_helper
+
+    from rkcompile.passes.import_model import _scan_tensors
+
+    def model_with_places() -> onnx.ModelProto:
+        constant = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("cv", TensorProto.FLOAT, [1], [1.0]))
+        inner_if = helper.make_node(
+            "If", ["flag"], ["deep"], name="inner_if",
+            then_branch=helper.make_graph([helper.make_node("Constant", [], ["d"], value=helper.make_tensor(
+                "dv", TensorProto.FLOAT, [1], [2.0]))], "deep_then", [], [value_info("d", [1])]),
+            else_branch=helper.make_graph([helper.make_node("Identity", ["b"], ["e"])], "deep_else", [],
+                                          [value_info("e", [1])], [weight("b", np.ones(1, np.float32))]))
+        then_branch = helper.make_graph([constant, inner_if, helper.make_node("Add", ["c", "deep"], ["t"])], "then", [],
+                                        [value_info("t", [1])])
+        else_branch = helper.make_graph([helper.make_node("Identity", ["a"], ["f"])], "else", [], [value_info("f", [1])],
+                                        [weight("a", np.ones(1, np.float32))])
+        listed = helper.make_attribute("values", [helper.make_tensor("lv", TensorProto.FLOAT, [1], [3.0])])
+        custom = helper.make_node("Custom", ["x"], ["z"], domain="local")
+        custom.attribute.append(listed)
+        nodes = [helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch), custom]
+        model = make_model(nodes, [value_info("flag", [], TensorProto.BOOL), value_info("x", [1])],
+                           [value_info("y", [1]), value_info("z", [1])], [weight("w", np.ones(1, np.float32))])
+        function_if = helper.make_node(
+            "If", ["cond"], ["out"],
+            then_branch=helper.make_graph([helper.make_node("Identity", ["g"], ["o1"])], "fthen", [], [value_info("o1", [1])],
+                                          [weight("g", np.ones(1, np.float32))]),
+            else_branch=helper.make_graph([helper.make_node("Constant", [], ["o2"], value=helper.make_tensor(
+                "fv", TensorProto.FLOAT, [1], [4.0]))], "felse", [], [value_info("o2", [1])]))
+        model.functions.append(helper.make_function("local", "Fn", ["cond"], ["out"], [function_if],
+                                                    [helper.make_opsetid("", 17)]))
+        return model
+
+    def loader_reads_external(model) -> bool:
+        return any(external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(model))
+
+    plain = model_with_places()
+    assert _scan_tensors(plain) == (False, [0])
+    names = [t.name for t in external_data_helper._get_all_tensors(plain)]
+    assert {"w", "a", "b", "cv", "dv", "lv", "fv"} <= set(names) and "g" not in names
+    for name in ("w", "a", "b", "cv", "dv", "lv", "fv", "g"):
+        model = model_with_places()
+        tensors = [t for t in _every_tensor(model) if t.name == name]
+        assert len(tensors) == 1, name
+        tensors[0].data_location = TensorProto.EXTERNAL
+        assert _scan_tensors(model)[0] == loader_reads_external(model) == (name != "g"), name
+
+    flat = make_model([helper.make_node("Relu", ["x"], ["y"])], [value_info("x", [1])], [value_info("y", [1])])
+    flat.functions.extend(model_with_places().functions)  # a graph inside a function is not the main graph's
+    assert _scan_tensors(flat) == (False, [])
+
+
+def _every_tensor(model):
+    """Every TensorProto in `model`: initializers and tensor attributes of every graph and function."""
+    def in_graph(graph):
+        yield from graph.initializer
+        yield from in_nodes(graph.node)
+
+    def in_nodes(nodes):
+        for node in nodes:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from in_graph(graph)
+
+    yield from in_graph(model.graph)
+    for function in model.functions:
+        yield from in_nodes(function.node)
+
+
 def _node_list_cases():
     """Graphs (nodes, inputs, outputs) for the in-order check: valid ones listed in order, and
     every kind of graph the full search reports or sorts."""
@@ -514,3 +598,28 @@ def test_in_order_check_passes_only_what_the_full_search_passes_unsorted(case, m
     except CompileError:
         reordered = None
     assert not skips or reordered is False
+
+
+def test_a_sorted_file_keeps_each_node_and_its_annotated_branches(save):
+    """A file listed out of order with an If and a large weight: the If moves when the graph is
+    sorted, and what inference of the weightless copy annotated is copied back onto the If at
+    its new place, every other node as it was."""
+    from rkcompile.context import CompileContext
+    from rkcompile.passes import import_model
+    from rkcompile.targets import get_target
+
+    then_branch = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Not", ["flag"], ["c"], name="not"),
+             helper.make_node("MatMul", ["x", "w"], ["m"], name="matmul")]
+    model = make_model(nodes, [value_info("x", [4, 64]), value_info("flag", [], TensorProto.BOOL)],
+                       [value_info("y", [4, 64]), value_info("m", [4, 96])], [weight("w", np.ones((64, 96), np.float32))])
+    ctx = CompileContext(model_path=save(model), target=get_target("rk3588"))
+    import_model.run(ctx)
+    assert ctx.original_nodes == [("not", "Not"), ("branch", "If"), ("matmul", "MatMul")]
+    assert [node.outputs[0].name for node in ctx.graph.nodes] == ["c", "y", "m"]
+    branch = ctx.graph.nodes[1]
+    assert [graph.outputs[0].shape for graph in (branch.attrs["then_branch"], branch.attrs["else_branch"])] == [[4, 64]] * 2
