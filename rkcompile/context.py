@@ -101,9 +101,7 @@ class RewriteAttempt:
     outcome: str
 
 
-# neither __eq__ nor __repr__: a context is one compilation's workspace, the same by identity alone,
-# and dataclass compiled both (whole graphs compared and shown) in every plan process (issue 18)
-@dataclass(eq=False, repr=False)
+@dataclass
 class CompileContext:
     """What the passes share: the model, target and options, the graph, and what each pass
     records for the plan."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import time
 from dataclasses import replace
 
@@ -56,6 +57,25 @@ def test_conflicts_are_exactly_the_overlapping_pairs():
     items = [Buffer(0, 2, 1), Buffer(2, 3, 1), Buffer(4, 4, 1), Buffer(1, 1, 1)]
     found = {frozenset((i, j)) for i, others in enumerate(conflicts(items)) for j in others}
     assert found == {frozenset(p) for p in [(0, 1), (0, 3)]}
+
+
+def test_conflicts_match_every_pair_checked_on_random_and_wide_sets():
+    """Random live ranges (tied starts and ends, one-step ranges) against a check of every
+    pair; and 70,000 buffers, more than 16-bit indices hold, each overlapping the two before
+    and the two after it."""
+    rng = random.Random(7)
+    for _ in range(30):
+        items = [Buffer(first, first + rng.choice([0, 0, 1, 3, 20]), 1)
+                 for first in (rng.randrange(40) for _ in range(rng.randrange(1, 300)))]
+        expected = [{j for j, other in enumerate(items)
+                     if j != i and other.first <= item.last and item.first <= other.last}
+                    for i, item in enumerate(items)]
+        found = conflicts(items)
+        assert [sorted(others.tolist()) for others in found] == [sorted(others) for others in expected]
+    count = 70_000
+    found = conflicts([Buffer(i, i + 2, 1) for i in range(count)])
+    assert all(sorted(others.tolist()) == [j for j in range(i - 2, i + 3) if j != i and 0 <= j < count]
+               for i, others in enumerate(found))
 
 
 def test_big_graph_plans_fast_and_at_the_bound():

@@ -255,14 +255,3 @@ def test_records_of_one_shape_keep_their_own_names_and_defaults():
     assert vars(Pair(1)) == {"left": 1, "right": "r"} and vars(Other(bottom=(), top=2.0)) == {"top": 2.0, "bottom": ()}
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'top'"):
         Other()
-
-
-@pytest.mark.skipif(not hasattr(dataclasses, "_create_fn"), reason="this Python compiles a dataclass's methods at once")
-def test_the_plan_modules_compile_one_dataclass_method_the_contexts_init():
-    """Of the plan modules' dataclasses, only CompileContext is still made by dataclass, and of
-    its methods only __init__: a context is compared by identity and never shown whole, so
-    dataclass's __eq__ and __repr__ would be two compiles every plan process pays for nothing."""
-    finished = subprocess.run([sys.executable, "-c", COMPILED_BY_CLASS], capture_output=True, text=True, check=True)
-    report = json.loads(finished.stdout.strip().splitlines()[-1])
-    assert [entry for entry in report["compiled"] if entry[0].startswith("rkcompile")] == \
-           [["rkcompile.context", "CompileContext", "__init__"]]
