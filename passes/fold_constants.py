@@ -405,16 +405,21 @@ def _reinfer_shapes(ctx: CompileContext) -> None:
 
 
 def _carry_back(inferred: onnx.ModelProto, tensors) -> None:
-    """Shapes and dtypes `inferred` found, onto those of `tensors` whose shape is not yet known."""
-    found = _inferred_types(inferred)
-    _set_types(((t, found[t.name]) for t in tensors if t.name in found), None)
+    """Shapes and dtypes `inferred` found, onto those of `tensors` whose shape is not yet known
+    (only theirs read off `inferred`: after folding, most tensors' shapes are known)."""
+    unknown = {t.name: t for t in tensors if isinstance(t, gs.Variable) and static_shape(t) is None}
+    found = _inferred_types(inferred, unknown)
+    _set_types(((unknown[name], types) for name, types in found.items()), None)
 
 
-def _inferred_types(inferred: onnx.ModelProto) -> dict[str, tuple]:
+def _inferred_types(inferred: onnx.ModelProto, wanted=None) -> dict[str, tuple]:
     """Tensor name -> (its dims, None for no shape; its element type, 0 for none) as `inferred`
-    types it in its value_info and outputs."""
+    types it in its value_info and outputs (an output's entry over a value_info's), for the
+    names in `wanted` (a container; None: all)."""
     found = {}
     for info in (*inferred.graph.value_info, *inferred.graph.output):
+        if wanted is not None and info.name not in wanted:
+            continue
         tensor_type = info.type.tensor_type
         dims = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
                 if tensor_type.HasField("shape") else None)
