@@ -8,8 +8,14 @@ scaling check: a 20,000-node generated model's plan process beside a 5,000-node 
 Defaults to ../shared/zoo. Both sides are child processes started the same way (`PY -m rkcompile
 plan MODEL --target T`, its summary printed to a pipe, and `PY -c` creating an
 `onnxruntime.InferenceSession` with ORT_ENABLE_ALL on one thread), so interpreter start-up and
-imports count on both sides. They run interleaved, model by model and repeat by repeat, so load
-from other users of the machine hits both alike; each figure is the best of --repeat. One
+imports count on both sides. They run interleaved, model by model and repeat by repeat, and each
+figure is the best of --repeat. Run it on an otherwise idle machine: load does not hit both
+sides alike. The onnxruntime process loads numpy, whose OpenBLAS starts a worker per core, and
+those workers spin on the cores a second job wants; a float16 plan process keeps one BLAS thread.
+On 2 cores with other jobs running, hf_t5_encoder_tiny's onnxruntime process took 0.65 s, or
+0.30 s with OPENBLAS_NUM_THREADS=1 (best of 7 each). So two benches at once, one per core, read
+better ratios than one alone: the same tree (6c80e6d) read medians of 1.33 (dev zoo) and 1.56
+(wide zoo) that way, and 1.45 and 1.73 alone (issue 18, docs/zoo.md "A seventh round"). One
 unmeasured warm-up of each side per model first fills the OS file cache and Python's bytecode
 caches (a child runs with bytecode caching on, as an installed package does, whatever
 PYTHONDONTWRITEBYTECODE says here). A model whose input has a dynamic dimension is planned with
@@ -19,12 +25,12 @@ PYTHONDONTWRITEBYTECODE says here). A model whose input has a dynamic dimension 
 a before and an after with the same script); the onnxruntime side always uses it too. With
 --baseline-python, each repeat also runs that interpreter's plan process on the model, right
 before --python's (after it in odd repeats): a before and an after in turn, repeat by repeat,
-against the same onnxruntime process, so a shared machine's load hits both alike.
+against the same onnxruntime process, so a shared machine's load hits the two plan sides alike.
 
 Beside each wall time, the CPU time of the same process (user + system, the least over the
 repeats): on a machine other users load, it moves far less than wall time does. A plan process
-can take more CPU than wall time (import's sha256 runs on a second core); onnxruntime's session
-creation runs on one thread.
+can take more CPU than wall time (import's sha256 runs on a second core); so does onnxruntime's
+(its session is made on one thread, but numpy's OpenBLAS workers spin as it loads).
 --scale N M generates two models with tools/bench_scale.py's `scale_model` (residual conv blocks
 wrapped in exporter-style shape arithmetic) and checks the issue's bar: the M-node plan takes at
 most 4.5x the N-node one (4x the nodes); `--scale` with no numbers skips the check.
