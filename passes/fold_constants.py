@@ -39,6 +39,7 @@ from rkcompile.errors import CompileError
 from rkcompile.ir import (SHAPE_DATA_MAX_ELEMENTS, element_count, is_onnx_domain, node_proto, node_shape_model,
                           present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
                           topological_nodes)
+from rkcompile.nodes import plain_attribute_key
 from rkcompile.passes import reference_kernels
 
 NAME = "fold-constants"
@@ -369,23 +370,12 @@ def _inference_key(node: gs.Node) -> tuple[tuple | None, dict[str, int]]:
     return (node.op, node.domain, _attributes_key(node), wiring, tuple(tensors)), params
 
 
-#: attribute values `_attributes_key` keys by type and value
-_PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
-
-
 def _attributes_key(node: gs.Node) -> tuple:
     """The node's attributes as a key: plain values, and lists of them, by name, type and
-    value; when any is of another kind (a tensor), all of them as exported, tensors without
-    their names (exporters name ConstantOfShape's value after the node)."""
-    plain = []
-    for name, value in node.attrs.items():
-        if isinstance(value, _PLAIN_ATTRIBUTE_TYPES):
-            plain.append((name, type(value), value))
-        elif isinstance(value, (list, tuple)) and all(isinstance(item, _PLAIN_ATTRIBUTE_TYPES) for item in value):
-            plain.append((name, type(value), tuple((type(item), item) for item in value)))
-        else:
-            break
-    else:
+    value (`plain_attribute_key`); when any is of another kind (a tensor), all of them as
+    exported, tensors without their names (exporters name ConstantOfShape's value after the node)."""
+    plain = [plain_attribute_key(name, value) for name, value in node.attrs.items()]
+    if None not in plain:
         return ("plain", *plain)
     proto = node_proto(node)
     for attribute in proto.attribute:

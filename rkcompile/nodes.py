@@ -140,6 +140,21 @@ def is_onnx_domain(node: gs.Node) -> bool:
     return node.domain in (None, "", "ai.onnx")
 
 
+#: attribute values `plain_attribute_key` spells out
+_PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
+
+
+def plain_attribute_key(name: str, value) -> tuple | None:
+    """An attribute holding a plain value, or a list of them, as a hashable key: its name, type
+    and exact value (by repr, so -0.0 is not 0.0 and a NaN matches a NaN); None for an attribute
+    of another kind (a tensor, a graph), which each caller keys its own way or not at all."""
+    if isinstance(value, _PLAIN_ATTRIBUTE_TYPES):
+        return name, type(value), repr(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, _PLAIN_ATTRIBUTE_TYPES) for item in value):
+        return name, type(value), tuple((type(item), repr(item)) for item in value)
+    return None
+
+
 def present_inputs(node: gs.Node) -> list[gs.Tensor]:
     """The node's inputs without ONNX's empty-name placeholders for omitted optionals."""
     return [t for t in node.inputs if t.name]

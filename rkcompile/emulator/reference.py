@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import (fused_body, is_onnx_domain, node_inputs, node_operands, node_proto, single_node_graph,
+from rkcompile.nodes import (fused_body, is_onnx_domain, node_inputs, node_operands, node_proto, plain_attribute_key,
+                             single_node_graph,
                              subgraphs)
 
 from .storage import EmulationError
@@ -185,8 +186,6 @@ _ONNXRUNTIME_TAKES_BY_KEY: dict[tuple, bool] = {}
 #: distinct CPU nodes). Should it ever refuse one, `CpuRuntime.run` falls back to onnx.reference
 #: and says so.
 _VALUE_BLIND_TENSOR_ATTRIBUTES = frozenset({("ConstantOfShape", "value")})
-#: attribute values `anonymous_key` spells out; a node with any other kind of attribute has none
-_PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
 
 
 def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
@@ -205,10 +204,9 @@ def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str
     another kind (asked about as before)."""
     attributes = []
     for name, value in node.attrs.items():
-        if isinstance(value, _PLAIN_ATTRIBUTE_TYPES):
-            attributes.append((name, type(value), repr(value)))
-        elif isinstance(value, (list, tuple)) and all(isinstance(item, _PLAIN_ATTRIBUTE_TYPES) for item in value):
-            attributes.append((name, type(value), tuple((type(item), repr(item)) for item in value)))
+        plain = plain_attribute_key(name, value)
+        if plain is not None:
+            attributes.append(plain)
         elif type(value) is gs.Constant:
             array = np.asarray(value.values)
             if array.dtype.kind not in "biufc":  # strings: node_proto writes them its own way
