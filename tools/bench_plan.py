@@ -27,6 +27,10 @@ a before and an after with the same script); the onnxruntime side always uses it
 before --python's (after it in odd repeats): a before and an after in turn, repeat by repeat,
 against the same onnxruntime process, so a shared machine's load hits the two plan sides alike.
 
+It first prints each interpreter's numpy, onnx, ml_dtypes, onnx-graphsurgeon and onnxruntime
+releases: a plan process imports all of them, and a release can move every figure at once
+(ml_dtypes 0.7.0 made `import onnx` 0.6 s slower; pyproject.toml excludes it).
+
 Beside each wall time, the CPU time of the same process (user + system, the least over the
 repeats): on a machine other users load, it moves far less than wall time does. A plan process
 can take more CPU than wall time (import's sha256 runs on a second core); so does onnxruntime's
@@ -63,6 +67,14 @@ options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 options.intra_op_num_threads = 1
 options.inter_op_num_threads = 1
 ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+"""
+
+
+#: what a plan process imports before its first pass, whose releases move its time: ml_dtypes
+#: 0.7.0 (imported by `import onnx`) alone added 0.6 s to every process (issue 18's eighth round)
+VERSIONS = """
+from importlib.metadata import version
+print(", ".join(f"{name} {version(name)}" for name in ("numpy", "onnx", "ml_dtypes", "onnx-graphsurgeon", "onnxruntime")))
 """
 
 
@@ -208,6 +220,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
         workdir = Path(folder)  # children start here: no checkout's rkcompile/ shadows --python's
         sides = ([("before", args.baseline_python)] if args.baseline_python else []) + [("plan", args.python)]
+        for label, python in sides:
+            print(f"{label} ({python}): " + subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True,
+                                                           check=True).stdout.strip(), flush=True)
         zoo_table(model_paths(args.models), sides, args.target, args.repeat, workdir)
         if len(args.scale) >= 2:
             return 0 if scaling_check(args.scale, sides, args.target, args.repeat, workdir) else 1
