@@ -139,8 +139,18 @@ class _Conflicts:
     def __init__(self, sizes: Sequence[int], neighbours: Sequence[np.ndarray]):
         self.sizes = list(sizes)
         self.size_array = np.array(self.sizes, dtype=np.int64)
-        self.lists = [others.tolist() for others in neighbours]
         self.arrays = [others if len(others) >= VECTOR_DEGREE else None for others in neighbours]
+        self._neighbours = neighbours
+        self._lists: list[list[int] | None] = [None] * len(neighbours)
+
+    def listed(self, index: int) -> list[int]:
+        """Buffer `index`'s conflicts as a Python list, made when first read: greedy placement
+        reads only the buffers under VECTOR_DEGREE so, and most pairs belong to the others
+        (tv_ssdlite320: 315,000 pairs), which only a hill climb reads as lists."""
+        found = self._lists[index]
+        if found is None:
+            found = self._lists[index] = self._neighbours[index].tolist()
+        return found
 
 
 def place_in_order(order: Sequence[int], buffers: _Conflicts) -> tuple[_Placement, int]:
@@ -180,7 +190,7 @@ def _fit(index: int, placement: _Placement, buffers: _Conflicts, smallest_gap: b
         return int(below[chosen])
     rank, offsets, sizes = placement.rank, placement.offsets, buffers.sizes
     chosen, chosen_gap, top = -1, 0, 0
-    for low, high in sorted((offsets[o], offsets[o] + sizes[o]) for o in buffers.lists[index] if rank[o] < own_rank):
+    for low, high in sorted((offsets[o], offsets[o] + sizes[o]) for o in buffers.listed(index) if rank[o] < own_rank):
         gap = low - top
         if gap >= size and (chosen < 0 or gap < chosen_gap):
             chosen, chosen_gap = top, gap
@@ -303,7 +313,7 @@ def _replace_after_move(placement: _Placement, moved: int, low: int, high: int, 
     """
     rank = placement.rank
     pending = [(rank[moved], moved)]
-    pending += [(rank[other], other) for other in buffers.lists[moved] if low <= rank[other] <= high]
+    pending += [(rank[other], other) for other in buffers.listed(moved) if low <= rank[other] <= high]
     heapq.heapify(pending)
     done: set[int] = set()
     while pending:
@@ -316,7 +326,7 @@ def _replace_after_move(placement: _Placement, moved: int, low: int, high: int, 
             return False
         if offset != placement.offsets[index]:
             placement.place(index, offset)
-            for other in buffers.lists[index]:
+            for other in buffers.listed(index):
                 if rank[other] > position:
                     heapq.heappush(pending, (rank[other], other))
     return True

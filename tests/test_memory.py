@@ -59,6 +59,22 @@ def test_conflicts_are_exactly_the_overlapping_pairs():
     assert found == {frozenset(p) for p in [(0, 1), (0, 3)]}
 
 
+def test_greedy_placement_reads_a_long_conflict_list_as_an_array_only():
+    """One long-lived buffer beside 60 short ones: greedy placement fits it with numpy (60
+    conflicts, over VECTOR_DEGREE) and never makes its Python list; the short ones' lists are
+    made, and are their conflicts."""
+    from rkcompile.allocation import VECTOR_DEGREE, _Conflicts, place_in_order
+
+    items = [Buffer(0, 100, 64)] + [Buffer(step, step, 64) for step in range(60)]
+    assert len(items) - 1 >= VECTOR_DEGREE
+    conflicting = _Conflicts([b.size for b in items], conflicts(items))
+    _, arena = place_in_order(range(len(items)), conflicting)
+    assert arena == lower_bound(items) == 128
+    assert conflicting._lists[0] is None
+    assert all(conflicting._lists[index] == [0] for index in range(1, len(items)))
+    assert sorted(conflicting.listed(0)) == list(range(1, len(items)))  # conflict lists are in no set order
+
+
 def test_conflicts_match_every_pair_checked_on_random_and_wide_sets():
     """Random live ranges (tied starts and ends, one-step ranges) against a check of every
     pair; and 70,000 buffers, more than 16-bit indices hold, each overlapping the two before
