@@ -195,7 +195,7 @@ class PlacementEstimate:
         """How `device` stores the tensor `name` (a model input or a node's result) as an
         intermediate result (`boundaries.tensor_format`; None for an unknown shape). Per device:
         a CPU node's step asks only the CPU's, and most tensors never cross devices
-        (tv_ssdlite320: 1,586 CPU nodes, whose tensors' NC1HWC2 formats nobody reads)."""
+        (tv_ssdlite320: 1,586 CPU nodes, few of whose tensors ever need an NPU format)."""
         key = (name, device)
         if key not in self._formats:
             self._formats[key] = tensor_format(self._produced[name], device, self._ctx)

@@ -73,8 +73,13 @@ ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 #: what a plan process imports before its first pass, whose releases move its time: ml_dtypes
 #: 0.7.0 (imported by `import onnx`) alone added 0.6 s to every process (issue 18's eighth round)
 VERSIONS = """
-from importlib.metadata import version
-print(", ".join(f"{name} {version(name)}" for name in ("numpy", "onnx", "ml_dtypes", "onnx-graphsurgeon", "onnxruntime")))
+from importlib.metadata import PackageNotFoundError, version
+def release(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+print(", ".join(f"{name} {release(name)}" for name in ("numpy", "onnx", "ml_dtypes", "onnx-graphsurgeon", "onnxruntime")))
 """
 
 
