@@ -7,15 +7,14 @@ shapes contradict their ops (strict shape inference catches those).
 """
 from __future__ import annotations
 
-import hashlib
 import re
-import threading
 from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import external_data_helper, shape_inference
 
+from rkcompile import model_file
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
 from rkcompile.ir import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
@@ -31,7 +30,7 @@ MAX_OPSET = onnx.defs.onnx_opset_version()
 
 
 def run(ctx: CompileContext) -> None:
-    model, data, digest, carriers = _load(ctx.model_path)
+    model, data, file, carriers = _load(ctx.model_path)
     graph = model.graph
     renamed = _name_nodes(graph)
     reordered = _check_tensors_defined_and_acyclic(graph)
@@ -57,7 +56,7 @@ def run(ctx: CompileContext) -> None:
     model = inferred if light is None else _with_inferred_shapes(model, inferred, carriers)
 
     ctx.model_info = ModelInfo(
-        path=str(ctx.model_path), sha256=digest.hexdigest(), opset=opset,
+        path=str(ctx.model_path), sha256=file.hexdigest(), opset=opset,
         inputs=tuple(_spec(v) for v in _true_inputs(model.graph)),
         outputs=tuple(_spec(v) for v in model.graph.output),
         domain_opsets={o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")},
@@ -68,18 +67,22 @@ def run(ctx: CompileContext) -> None:
     ctx.origins = {name: (name,) for name, _ in ctx.original_nodes}
 
 
-def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, "_Digest", list[int] | None]:
+def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, model_file.ModelFile, list[int] | None]:
     """The model, the file's bytes when they serialize it whole (None when external data was
-    read into it), their sha256 on its way, and the positions of the main graph's nodes that
-    carry a graph (If branches, Loop bodies; None when external data was read)."""
+    read into it), the file (whose sha256 is worked out on its own thread meanwhile), and the
+    positions of the main graph's nodes that carry a graph (If branches, Loop bodies; None when
+    external data was read)."""
     if not path.exists():
         raise CompileError(f"{path}: no such file")
     if not path.is_file():
         raise CompileError(f"{path}: not a file")
-    data = path.read_bytes()
+    file = model_file.read(path)
+    try:
+        data = file.data()
+    except OSError as exc:
+        raise CompileError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
     if not data:
         raise CompileError(f"{path}: empty file, not an ONNX model")
-    digest = _Digest(data)
     try:
         model = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf raises several unrelated types for garbage input
@@ -88,27 +91,7 @@ def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, "_Digest", list[in
         raise CompileError(f"{path}: not a valid ONNX model (no graph or no opset_import)")
     external, carriers = _scan_tensors(model)
     whole = not (external and _load_external_data(model, path.parent))
-    return model, data if whole else None, digest, carriers
-
-
-class _Digest(threading.Thread):
-    """The sha256 of a model file's bytes, worked out while the model is parsed, checked and
-    inferred: hashlib lets go of the interpreter lock while it hashes a large buffer, so on a
-    second core the hash costs the plan nothing (0.1-0.2 s of a 100 MB model's plan otherwise).
-    A daemon thread: a plan that fails before it needs the digest does not wait for it."""
-
-    def __init__(self, data: bytes):
-        super().__init__(name="rkcompile-sha256", daemon=True)
-        self._hash = hashlib.sha256()
-        self._data = data
-        self.start()
-
-    def run(self) -> None:
-        self._hash.update(self._data)
-
-    def hexdigest(self) -> str:
-        self.join()
-        return self._hash.hexdigest()
+    return model, data if whole else None, file, carriers
 
 
 def _scan_tensors(model: onnx.ModelProto) -> tuple[bool, list[int] | None]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 from . import __version__
 from .collector import cyclic_collector_paused
 from .errors import CompileError
+from .model_file import read_ahead
 
 if TYPE_CHECKING:
     from .context import Options
@@ -102,6 +103,20 @@ def _float_plan(argv: list[str]) -> bool:
     except ValueError:
         return False
     return known.dtype != "int8"
+
+
+def _read_model_ahead(argv: list[str]) -> None:
+    """Start reading the first `.onnx` file among `argv`'s arguments after the command name,
+    read without a parser as `_float_plan` reads --dtype (a wrong guess costs one read; the
+    import pass reads the model it is given either way)."""
+    command = command_named(argv)
+    if command is None:
+        return
+    arguments = argv[argv.index(command) + 1:]
+    model = next((argument for argument in arguments
+                  if argument.endswith(".onnx") and not argument.startswith("-")), None)
+    if model is not None:
+        read_ahead(model)
 
 
 def _target_names() -> str:
@@ -576,8 +591,12 @@ def console_main() -> NoReturn:
     flush, temporary folders, process pools), then the standard streams are flushed. With
     another thread still running, when `main` raised (--help, a usage error), or under a profiler
     or tracer (`python -m cProfile -m rkcompile`, coverage, a debugger: they write their results
-    at the normal exit), the exit is the normal one."""
+    at the normal exit), the exit is the normal one.
+
+    Before any of that, a thread starts reading the model the command names (`_read_model_ahead`),
+    which the import pass then takes instead of reading it again (rkcompile/model_file.py)."""
     argv = sys.argv[1:]
+    _read_model_ahead(argv)
     with cyclic_collector_paused():
         if _float_plan(argv):
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads it (the docstring says why)

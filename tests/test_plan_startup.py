@@ -205,3 +205,50 @@ def test_a_float16_plan_process_loads_openblas_with_one_thread(tmp_path, preset,
 ])
 def test_float_plan_reads_the_dtype_as_the_plan_parser_does(argv, float_plan):
     assert _float_plan(argv) is float_plan
+
+
+@pytest.mark.parametrize("argv, read", [
+    (["plan", "m.onnx"], ["m.onnx"]),
+    (["-v", "plan", "--target", "rk3588", "m.onnx"], ["m.onnx"]),   # the value of --target is no model
+    (["run", "m.onnx", "--inputs", "x.npz", "--plan", "p.json"], ["m.onnx"]),
+    (["zoo", "models/"], []),
+    (["--version"], []),
+])
+def test_the_command_reads_the_model_it_names_ahead(monkeypatch, argv, read):
+    import rkcompile.cli as cli
+
+    asked = []
+    monkeypatch.setattr(cli, "read_ahead", asked.append)
+    cli._read_model_ahead(argv)
+    assert asked == read
+
+
+def test_the_import_pass_takes_the_model_read_ahead_and_its_hash(save, tmp_path):
+    import hashlib
+
+    from rkcompile import model_file
+    from rkcompile.cli import _read_model_ahead, main
+
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    path = save(make_model(_conv_relu(), [value_info("x", [1, 3, 8, 8])], [value_info("y", [1, 4, 8, 8])],
+                           [weight("w", w)]))
+    _read_model_ahead(["plan", str(path), "--target", "rk3588"])
+    ahead = model_file._read_ahead[path.resolve()]
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--target", "rk3588", "--json", str(out), "--quiet"]) == 0
+    assert path.resolve() not in model_file._read_ahead  # taken, not read again
+    assert ahead.data() == path.read_bytes()
+    assert json.loads(out.read_text())["model"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_model_rewritten_after_it_was_read_ahead_is_read_again(tmp_path):
+    from rkcompile import model_file
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"first")
+    model_file.read_ahead(path)
+    model_file._read_ahead[path.resolve()].data()
+    path.write_bytes(b"second, longer")
+    again = model_file.read(path)
+    assert again.data() == b"second, longer"
+    assert model_file.read(path).data() == b"second, longer"  # a read ahead is handed out once
