@@ -20,8 +20,10 @@ output, so the Shape of it folds too, and so on down a chain of blocks each shap
 before. Each sweep therefore infers, in topological order, the output shapes of every node
 whose inputs are all known, and a chain folds in one sweep. Whole-graph shape inference then
 runs between sweeps for what one node alone does not show. There is no round limit: a sweep
-that folds nothing ends the pass, and every other sweep removes at least one node from the
-graph, so the pass ends after at most as many sweeps as the graph has nodes.
+that folds nothing ends the pass, and so does a re-inference that makes no shape static (the
+next sweep would fold nothing: every node of constant inputs folded in the one before); every
+other sweep removes at least one node from the graph, so the pass ends after at most as many
+sweeps as the graph has nodes.
 """
 from __future__ import annotations
 
@@ -70,8 +72,10 @@ def run(ctx: CompileContext) -> None:
         if len(ctx.graph.nodes) >= before:
             # cannot happen (a folded node loses its outputs and cleanup drops it), and would loop
             raise AssertionError(f"constant folding folded nodes but the graph kept {before} nodes")
-        if any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs):
-            _reinfer_shapes(ctx)
+        if any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs) and not _reinfer_shapes(ctx):
+            # Nothing new is known: a sweep folds only from new shapes, as every node whose
+            # inputs were constants folded in this one (tv_fcos_resnet18_fpn: 6 ms for nothing)
+            return
 
 
 def _fold_sweep(ctx: CompileContext, opset: int, inferences: dict) -> set[int]:
@@ -384,22 +388,25 @@ def _attributes_key(node: gs.Node) -> tuple:
     return ("exported", *(attribute.SerializeToString() for attribute in proto.attribute))
 
 
-def _reinfer_shapes(ctx: CompileContext) -> None:
-    """Shape inference over the folded graph, carried back onto the gs tensors."""
+def _reinfer_shapes(ctx: CompileContext) -> bool:
+    """Shape inference over the folded graph, carried back onto the gs tensors; whether it made
+    a tensor's shape static that was not."""
     model = shape_only_model(ctx.graph, ctx.model_info.opset)
     try:
         inferred = shape_inference.infer_shapes(model, data_prop=True)
     except shape_inference.InferenceError as exc:
         raise CompileError(f"shape inference after constant folding failed: {str(exc).splitlines()[0]}") from None
-    _carry_back(inferred, ctx.graph.tensors().values())
+    return _carry_back(inferred, ctx.graph.tensors().values())
 
 
-def _carry_back(inferred: onnx.ModelProto, tensors) -> None:
+def _carry_back(inferred: onnx.ModelProto, tensors) -> bool:
     """Shapes and dtypes `inferred` found, onto those of `tensors` whose shape is not yet known
-    (only theirs read off `inferred`: after folding, most tensors' shapes are known)."""
+    (only theirs read off `inferred`: after folding, most tensors' shapes are known); whether
+    one of them is static now."""
     unknown = {t.name: t for t in tensors if isinstance(t, gs.Variable) and static_shape(t) is None}
     found = _inferred_types(inferred, unknown)
     _set_types(((unknown[name], types) for name, types in found.items()), None)
+    return any(static_shape(unknown[name]) is not None for name in found)
 
 
 def _inferred_types(inferred: onnx.ModelProto, wanted=None) -> dict[str, tuple]:

@@ -623,3 +623,22 @@ def test_a_sorted_file_keeps_each_node_and_its_annotated_branches(save):
     assert [node.outputs[0].name for node in ctx.graph.nodes] == ["c", "y", "m"]
     branch = ctx.graph.nodes[1]
     assert [graph.outputs[0].shape for graph in (branch.attrs["then_branch"], branch.attrs["else_branch"])] == [[4, 64]] * 2
+
+
+def test_folding_stops_when_reinference_makes_no_shape_static(save, monkeypatch):
+    """After a sweep that folds, whole-graph inference runs for the tensors still unknown; when
+    it makes none of them static (a NonZero's count is data), no second sweep runs: every node
+    of constant inputs folded in the first, and nothing else changed."""
+    from rkcompile.passes import fold_constants
+
+    sweeps = []
+    sweep = fold_constants._fold_sweep
+    monkeypatch.setattr(fold_constants, "_fold_sweep", lambda *args: sweeps.append(sweep(*args)) or sweeps[-1])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Reshape", ["x", "shape"], ["same"], name="reshape"),
+             helper.make_node("NonZero", ["same"], ["where"], name="nonzero"),
+             helper.make_node("Cast", ["where"], ["y"], name="cast", to=TensorProto.FLOAT)]
+    plan, _ = compile_model(save(make_model(nodes, [value_info("x", [1, 4])], [value_info("y", [2, "count"])])), "rk3588")
+    assert _devices(plan)["shape"] == "folded"
+    assert [len(folded) for folded in sweeps] == [1]
+    assert contract_violations(plan) == []
