@@ -32,7 +32,7 @@ class ModelFile(threading.Thread):
         self.path = path
         self._read = threading.Event()
         self._data: bytes | None = None
-        self._error: OSError | None = None
+        self._error: Exception | None = None
         self.identity: tuple | None = None
         self._hash = hashlib.sha256()
         self.start()
@@ -42,7 +42,7 @@ class ModelFile(threading.Thread):
             with open(self.path, "rb") as file:
                 self.identity = _identity(os.fstat(file.fileno()))
                 self._data = file.read()
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001  (handed to the reader, as an inline read would raise it)
             self._error = exc
             return
         finally:
@@ -50,7 +50,7 @@ class ModelFile(threading.Thread):
         self._hash.update(self._data)
 
     def data(self) -> bytes:
-        """The file's bytes; the read's OSError when it failed."""
+        """The file's bytes; raises what the read raised when it failed."""
         self._read.wait()
         if self._error is not None:
             raise self._error

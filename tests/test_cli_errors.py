@@ -120,6 +120,21 @@ def test_missing_file(tmp_path, capsys):
     _assert_one_line_error(code, err, "no such file")
 
 
+def test_unreadable_file(save, capsys, monkeypatch):
+    """A read the system refuses (no permission, an I/O error) is the user's error line, not
+    an internal error: the file is read on its own thread, which hands the error on."""
+    from rkcompile import model_file
+
+    path = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [Y]))
+
+    def refused(name, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(name))
+
+    monkeypatch.setattr(model_file, "open", refused, raising=False)
+    code, _, err = _run(capsys, "plan", str(path), "--target", "rk3588")
+    _assert_one_line_error(code, err, "cannot read it (Permission denied)")
+
+
 def test_unknown_target(save, capsys):
     path = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [Y]))
     code, _, err = _run(capsys, "plan", str(path), "--target", "rk9999")
