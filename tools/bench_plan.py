@@ -3,7 +3,7 @@ an onnxruntime session on the same model; the ratio per model, their median and 
 scaling check: a 20,000-node generated model's plan process beside a 5,000-node one's.
 
     python tools/bench_plan.py [MODEL_OR_DIR ...] [--target rk3588] [--repeat 3]
-                               [--python PY] [--baseline-python PY] [--scale 5000 20000 | --scale]
+                               [--python PY] [--baseline-python PY] [--floor] [--scale 5000 20000 | --scale]
 
 Defaults to ../shared/zoo. Both sides are child processes started the same way (`PY -m rkcompile
 plan MODEL --target T`, its summary printed to a pipe, and `PY -c` creating an
@@ -35,6 +35,10 @@ Beside each wall time, the CPU time of the same process (user + system, the leas
 repeats): on a machine other users load, it moves far less than wall time does. A plan process
 can take more CPU than wall time (import's sha256 runs on a second core); so does onnxruntime's
 (its session is made on one thread, but numpy's OpenBLAS workers spin as it loads).
+--floor adds one more process per model, timed in the same turns: what no planner built on
+this project's stack can skip (`FLOOR`). It imports numpy, onnx and onnx-graphsurgeon and parses
+the model's bytes, and does nothing else: no check, no shape inference, no graph. Its ratio is
+the part of the median bar's 1.5x that is gone before a first pass could start.
 --scale N M generates two models with tools/bench_scale.py's `scale_model` (residual conv blocks
 wrapped in exporter-style shape arithmetic) and checks the issue's bar: the M-node plan takes at
 most 4.5x the N-node one (4x the nodes); `--scale` with no numbers skips the check.
@@ -69,6 +73,16 @@ options.inter_op_num_threads = 1
 ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 """
 
+#: what no plan on this project's stack can skip: its imports, then the file's bytes parsed; with
+#: the collector off and the exit without teardown, as the plan command does (rkcompile/cli.py)
+FLOOR = """
+import gc, os, sys
+gc.disable()
+import numpy, onnx, onnx_graphsurgeon
+with open(sys.argv[1], "rb") as model:
+    onnx.load_model_from_string(model.read())
+os._exit(0)
+"""
 
 #: what a plan process imports before its first pass, whose releases move its time: ml_dtypes
 #: 0.7.0 (imported by `import onnx`) alone added 0.6 s to every process (issue 18's eighth round)
@@ -125,20 +139,26 @@ class Times(NamedTuple):
     cpu: float
 
 
-def measure(path: Path, pythons: list[str], target: str, repeat: int,
+def side_command(path: Path, label: str, python: str, target: str) -> list[str]:
+    """The process a side of the table runs on `path`: `FLOOR` for the floor side, else a plan."""
+    if label == "floor":
+        return [python, "-c", FLOOR, str(path)]
+    return [python, "-m", "rkcompile", "plan", str(path), "--target", target, *input_shape_flags(path)]
+
+
+def measure(path: Path, sides: list[tuple[str, str]], target: str, repeat: int,
             workdir: Path) -> tuple[list[Times], Times, str | None]:
-    """Best plan-process times per interpreter of `pythons` and the best onnxruntime-process
-    times over `repeat` runs, the plan processes in turn (reversed in odd repeats) and then
+    """Best times per side of `sides` (label, interpreter) and the best onnxruntime-process
+    times over `repeat` runs, the sides' processes in turn (reversed in odd repeats) and then
     onnxruntime's, repeat by repeat; the first failure's last stderr line."""
-    plan_commands = [[python, "-m", "rkcompile", "plan", str(path), "--target", target, *input_shape_flags(path)]
-                     for python in pythons]
-    ort_command = [pythons[-1], "-c", ORT_SESSION, str(path)]
+    plan_commands = [side_command(path, label, python, target) for label, python in sides]
+    ort_command = [sides[-1][1], "-c", ORT_SESSION, str(path)]
     for command in plan_commands + [ort_command]:
         timed(command, workdir)  # warm-up: file cache, bytecode caches
-    plan_runs: list[list[tuple[float, float]]] = [[] for _ in pythons]
+    plan_runs: list[list[tuple[float, float]]] = [[] for _ in sides]
     ort_runs, failure = [], None
     for index in range(repeat):
-        order = list(range(len(pythons)))
+        order = list(range(len(sides)))
         for side in (order if index % 2 == 0 else order[::-1]):  # neither always first
             seconds, cpu, failed = timed(plan_commands[side], workdir)
             plan_runs[side].append((seconds, cpu))
@@ -163,7 +183,7 @@ def zoo_table(paths: list[Path], sides: list[tuple[str, str]], target: str, repe
     print(f"{'model':42}{labels} {'ort s':>7} {'cpu s':>6}", flush=True)
     ratios: list[list[float]] = [[] for _ in sides]
     for path in paths:
-        plans, ort, failure = measure(path, [python for _, python in sides], target, repeat, workdir)
+        plans, ort, failure = measure(path, sides, target, repeat, workdir)
         columns = ""
         for side, plan in enumerate(plans):
             ratios[side].append(plan.wall / ort.wall)
@@ -174,7 +194,11 @@ def zoo_table(paths: list[Path], sides: list[tuple[str, str]], target: str, repe
         note = f"  plan failed: {failure[:80]}" if failure else ""
         print(f"{path.stem:42}{columns} {ort.wall:7.2f} {ort.cpu:6.2f}{note}", flush=True)
     for (label, python), side_ratios in zip(sides, ratios):
-        if side_ratios:
+        if side_ratios and label == "floor":
+            over = sum(r > MEDIAN_BAR for r in side_ratios)
+            print(f"floor ({python}): {len(side_ratios)} models: median ratio {statistics.median(side_ratios):.2f}, "
+                  f"max {max(side_ratios):.2f}; {over} over {MEDIAN_BAR} before any pass", flush=True)
+        elif side_ratios:
             over = sum(r > WORST_BAR for r in side_ratios)
             named = f"{label} ({python}): " if len(sides) > 1 else ""
             print(f"{named}{len(side_ratios)} models planned: median ratio {statistics.median(side_ratios):.2f} "
@@ -194,7 +218,7 @@ def scaling_check(node_counts: list[int], sides: list[tuple[str, str]], target: 
         model = scale_model(count)
         path = workdir / f"scale_{count}.onnx"
         onnx.save(model, str(path))
-        plans, ort, failure = measure(path, [python for _, python in sides], target, repeat, workdir)
+        plans, ort, failure = measure(path, sides, target, repeat, workdir)
         if failure:
             print(f"{count:7d} plan failed: {failure}")
             return False
@@ -221,6 +245,8 @@ def main() -> int:
     parser.add_argument("--baseline-python", help="also measure this interpreter's rkcompile, in turn with --python's")
     parser.add_argument("--scale", type=int, nargs="*", default=[5000, 20000],
                         help="node counts of the generated scaling models (none: skip the check)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the stack's floor: its imports and the model parsed (FLOOR)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
         workdir = Path(folder)  # children start here: no checkout's rkcompile/ shadows --python's
@@ -228,7 +254,8 @@ def main() -> int:
         for label, python in sides:
             print(f"{label} ({python}): " + subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True,
                                                            check=True).stdout.strip(), flush=True)
-        zoo_table(model_paths(args.models), sides, args.target, args.repeat, workdir)
+        zoo_table(model_paths(args.models), sides + ([("floor", args.python)] if args.floor else []), args.target,
+                  args.repeat, workdir)
         if len(args.scale) >= 2:
             return 0 if scaling_check(args.scale, sides, args.target, args.repeat, workdir) else 1
     return 0
