@@ -62,10 +62,16 @@ class ModelFile(threading.Thread):
 
 
 def read_ahead(path: str | os.PathLike) -> None:
-    """Start reading `path` for a later `read`, when it names a regular file."""
-    resolved = Path(path).resolve()
-    if resolved.is_file() and resolved not in _read_ahead:
-        _read_ahead[resolved] = ModelFile(resolved)
+    """Start reading `path` for a later `read`, when it names a regular file. Whatever keeps it
+    from being looked at (a folder without search permission, a symlink loop) leaves it to the
+    import pass, which says what is wrong."""
+    try:
+        resolved = Path(path).resolve()
+        if not resolved.is_file() or resolved in _read_ahead:
+            return
+    except (OSError, RuntimeError):  # RuntimeError: Python 3.11's resolve() on a symlink loop
+        return
+    _read_ahead[resolved] = ModelFile(resolved)
 
 
 def read(path: Path) -> ModelFile:

@@ -252,3 +252,13 @@ def test_a_model_rewritten_after_it_was_read_ahead_is_read_again(tmp_path):
     again = model_file.read(path)
     assert again.data() == b"second, longer"
     assert model_file.read(path).data() == b"second, longer"  # a read ahead is handed out once
+
+
+def test_a_model_path_that_cannot_be_looked_at_is_left_to_the_import_pass(tmp_path):
+    from rkcompile import model_file
+
+    loop = tmp_path / "loop.onnx"
+    loop.symlink_to(loop)
+    model_file.read_ahead(loop)
+    model_file.read_ahead(tmp_path / "missing.onnx")
+    assert not any(path.parent == tmp_path.resolve() for path in model_file._read_ahead)
