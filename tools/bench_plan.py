@@ -74,9 +74,11 @@ ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 """
 
 #: what no plan on this project's stack can skip: its imports, then the file's bytes parsed; with
-#: the collector off and the exit without teardown, as the plan command does (rkcompile/cli.py)
+#: one OpenBLAS thread, the collector off and the exit without teardown, as a float16 plan command
+#: runs (rkcompile/cli.py; OpenBLAS's second thread added 1-8 ms to this process here)
 FLOOR = """
 import gc, os, sys
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 gc.disable()
 import numpy, onnx, onnx_graphsurgeon
 with open(sys.argv[1], "rb") as model:
