@@ -76,8 +76,8 @@ def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, model_file.ModelFi
         raise CompileError(f"{path}: no such file")
     if not path.is_file():
         raise CompileError(f"{path}: not a file")
-    file = model_file.read(path)
     try:
+        file = model_file.read(path)
         data = file.data()
     except OSError as exc:
         raise CompileError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None

@@ -22,31 +22,36 @@ _read_ahead: dict[Path, "ModelFile"] = {}
 
 
 class ModelFile(threading.Thread):
-    """One model file read and hashed by a daemon thread (a command that fails before it needs
-    the file does not wait for it): `data` once the read is done, `hexdigest` once the hash is.
+    """One model file read (unless its bytes are given) and hashed by a daemon thread (a command
+    that fails before it needs the file does not wait for it): `data` once the read is done,
+    `hexdigest` once the hash is.
     The identity of the file read (device, inode, size, modification time) tells `read`
     whether the path still names it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, data: bytes | None = None):
+        """`data`: the file's bytes, read already; the thread then only hashes them."""
         super().__init__(name="rkcompile-model-file", daemon=True)
         self.path = path
         self._read = threading.Event()
-        self._data: bytes | None = None
+        self._data = data
         self._error: Exception | None = None
         self.identity: tuple | None = None
         self._hash = hashlib.sha256()
+        if data is not None:
+            self._read.set()
         self.start()
 
     def run(self) -> None:
-        try:
-            with open(self.path, "rb") as file:
-                self.identity = _identity(os.fstat(file.fileno()))
-                self._data = file.read()
-        except Exception as exc:  # noqa: BLE001  (handed to the reader, as an inline read would raise it)
-            self._error = exc
-            return
-        finally:
-            self._read.set()
+        if not self._read.is_set():
+            try:
+                with open(self.path, "rb") as file:
+                    self.identity = _identity(os.fstat(file.fileno()))
+                    self._data = file.read()
+            except Exception as exc:  # noqa: BLE001  (handed to the reader, as an inline read would raise it)
+                self._error = exc
+                return
+            finally:
+                self._read.set()
         self._hash.update(self._data)
 
     def data(self) -> bytes:
@@ -76,7 +81,11 @@ def read_ahead(path: str | os.PathLike) -> None:
 
 def read(path: Path) -> ModelFile:
     """The file at `path`: the one `read_ahead` read, when the path names that file still (it
-    is handed out once), else a new read. A file replaced or rewritten since is read again."""
+    is handed out once), else the file read here, its hash worked out on a thread. A file
+    replaced or rewritten since its read ahead is read again. Read here, as before there was a
+    read-ahead, rather than on a thread the caller would only wait for (its start and the lock's
+    hand-offs: 0.7-4.9 ms for a 0.9 MB model on the test machine, whose read alone took 0.1-1.2
+    ms). Raises what the read raises."""
     ahead = _read_ahead.pop(path.resolve(), None)
     if ahead is not None:
         try:
@@ -86,7 +95,7 @@ def read(path: Path) -> ModelFile:
             current = None
         if current is not None and current == ahead.identity:
             return ahead
-    return ModelFile(path)
+    return ModelFile(path, path.read_bytes())
 
 
 def _identity(status: os.stat_result) -> tuple:

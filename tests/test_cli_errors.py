@@ -120,17 +120,25 @@ def test_missing_file(tmp_path, capsys):
     _assert_one_line_error(code, err, "no such file")
 
 
-def test_unreadable_file(save, capsys, monkeypatch):
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_unreadable_file(save, capsys, monkeypatch, read_ahead):
     """A read the system refuses (no permission, an I/O error) is the user's error line, not
-    an internal error: the file is read on its own thread, which hands the error on."""
+    an internal error, whether the import pass reads the file or takes it from the thread the
+    command line started on it (which hands the error on)."""
+    from pathlib import Path
+
     from rkcompile import model_file
+    from rkcompile.cli import _read_model_ahead
 
     path = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [Y]))
 
     def refused(name, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(name))
 
-    monkeypatch.setattr(model_file, "open", refused, raising=False)
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    if read_ahead:  # the thread's read fails too, and the import pass reads the file again
+        monkeypatch.setattr(model_file, "open", refused, raising=False)
+        _read_model_ahead(["plan", str(path)])
     code, _, err = _run(capsys, "plan", str(path), "--target", "rk3588")
     _assert_one_line_error(code, err, "cannot read it (Permission denied)")
 
