@@ -133,14 +133,13 @@ class _Placement:
 
 
 class _Conflicts:
-    """Sizes and conflict lists in the two forms `_fit` reads: Python lists, and numpy arrays
-    for the buffers with at least VECTOR_DEGREE conflicts."""
+    """Sizes and conflict lists in the two forms `_fit` reads: numpy arrays (`arrays`, read so
+    for the buffers with at least VECTOR_DEGREE conflicts), and Python lists (`listed`)."""
 
     def __init__(self, sizes: Sequence[int], neighbours: Sequence[np.ndarray]):
         self.sizes = list(sizes)
         self.size_array = np.array(self.sizes, dtype=np.int64)
-        self.arrays = [others if len(others) >= VECTOR_DEGREE else None for others in neighbours]
-        self._neighbours = neighbours
+        self.arrays = neighbours
         self._lists: list[list[int] | None] = [None] * len(neighbours)
 
     def listed(self, index: int) -> list[int]:
@@ -149,7 +148,7 @@ class _Conflicts:
         (tv_ssdlite320: 315,000 pairs), which only a hill climb reads as lists."""
         found = self._lists[index]
         if found is None:
-            found = self._lists[index] = self._neighbours[index].tolist()
+            found = self._lists[index] = self.arrays[index].tolist()
         return found
 
 
@@ -172,7 +171,7 @@ def _fit(index: int, placement: _Placement, buffers: _Conflicts, smallest_gap: b
     size = buffers.sizes[index]
     own_rank = placement.rank[index]
     others = buffers.arrays[index]
-    if others is not None:
+    if len(others) >= VECTOR_DEGREE:
         earlier = others[placement.rank_array[others] < own_rank]
         if not len(earlier):
             return 0
