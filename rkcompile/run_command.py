@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import io
 import json
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import model_file
 from .api import load, prepare
 from .context import Options
 from .emulator.accuracy import analyse, render
@@ -99,7 +99,7 @@ def _prepared(args: argparse.Namespace, options: Options) -> Prepared:
     saved = None if args.plan is None else load(args.plan)
     if saved is not None and saved.weights is not None:
         if args.model is not None:
-            digest = hashlib.sha256(_read(args.model)).hexdigest()
+            digest = _sha256(Path(args.model))
             if digest != saved.record.model.sha256:
                 raise EmulationError(f"--plan {args.plan} was planned from another model than {args.model}")
         if args.target is not None and get_target(args.target).name != saved.target:
@@ -125,9 +125,11 @@ def _refuse_contradicting_flags(args: argparse.Namespace, record) -> None:
                            f"plan the model again with {flag} instead")
 
 
-def _read(path: Path) -> bytes:
+def _sha256(path: Path) -> str:
+    """The model file's sha256, from the read the command line started on it when there is one
+    (rkcompile/model_file.py), as a plan records it."""
     try:
-        return Path(path).read_bytes()
+        return model_file.read(path).hexdigest()
     except OSError as exc:
         raise CompileError(f"cannot read {path}: {exc.strerror}") from None
 
