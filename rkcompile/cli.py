@@ -366,7 +366,9 @@ def _plan(args: argparse.Namespace) -> int:
     options = Options(dtype=args.dtype, batch=args.batch, core_mask=args.core_mask, input_shapes=shapes,
                       dump_after=tuple(args.dump_after), dump_dir=args.dump_dir, **calibration_options(args))
     with quiet() if args.quiet else contextlib.nullcontext():
-        plan, ctx = _compile(args.model, args.target, options)
+        # a plan only summarized is never run: its CPU steps' backends are left undecided
+        plan, ctx = _compile(args.model, args.target, options,
+                             cpu_backends=args.json is not None or args.output is not None)
     refuse_idle_npu(plan)
     explanation = None
     if args.explain is not None:
@@ -393,15 +395,16 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compile(model: Path, target: str, options: Options):
+def _compile(model: Path, target: str, options: Options, cpu_backends: bool):
     """The plan and its compile context. The modules are imported here, as the plan needs them:
     only an int8 plan runs candidate plans on the emulator (its settings chosen, --auto-float16),
     and importing the API and the emulator would cost every other plan's process that time for
-    nothing (tools/bench_plan.py)."""
+    nothing (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s (an int8 plan
+    decides them: it runs on the emulator anyway)."""
     if options.dtype != "int8":
         from .pipeline import compile_model
 
-        return compile_model(model, target, options)
+        return compile_model(model, target, options, cpu_backends=cpu_backends)
     from .api import plan_of
     from .int8_choice import compile_with_choice
 

@@ -71,13 +71,16 @@ CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "c
 CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext) if f.name != "graph")
 
 
-def compile_model(model_path: str | Path, target: str, options: Options | None = None) -> tuple[Plan, CompileContext]:
+def compile_model(model_path: str | Path, target: str, options: Options | None = None, *,
+                  cpu_backends: bool = True) -> tuple[Plan, CompileContext]:
+    """The plan and its compile context. `cpu_backends=False` leaves every step's `cpu_backend`
+    unset (see `assemble_plan`), for a plan that is neither written nor run."""
     ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
     # Planning allocates weight-sized arrays (a model's weights read, a MatMul's transposed into
     # a Conv's) and touches each once: in 4 KB pages that first touch is cheaper (pages.py).
     with cyclic_collector_paused(), small_pages():
         run_passes(ctx, PASSES)
-        return assemble_plan(ctx), ctx
+        return assemble_plan(ctx, cpu_backends), ctx
 
 
 def run_passes(ctx: CompileContext, passes: Sequence = PASSES) -> None:
@@ -212,7 +215,12 @@ def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
     return path
 
 
-def assemble_plan(ctx: CompileContext) -> Plan:
+def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
+    """The plan of the passes' results. Each CPU step's `cpu_backend` is decided by asking
+    onnxruntime for a session on the node (`emulator.reference.cpu_backend`): importing
+    onnxruntime alone takes about 20 ms. With `cpu_backends=False` it stays None, as in a plan
+    written before the field existed, which the emulator decides when it runs the step: for a
+    plan only summarized (`rkcompile plan` writing no file), which never reads it."""
     from .emulator.reference import cpu_backend
 
     step_of = {name: index for index, name in enumerate(ctx.order)}
@@ -231,7 +239,7 @@ def assemble_plan(ctx: CompileContext) -> Plan:
             note=ctx.notes.get(name),
             macs=node_macs(node) if placed.device != "host" else 0,
             operation=describe(node, weights),
-            cpu_backend=cpu_backend(node, opsets) if placed.device == "cpu" else None,
+            cpu_backend=cpu_backend(node, opsets) if cpu_backends and placed.device == "cpu" else None,
         ))
     runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
     entries = []

@@ -84,6 +84,26 @@ def test_a_float16_plan_imports_nothing_it_does_not_run(save, tmp_path, nodes):
         {node.name for node in nodes()} - {"conv", "reshape", "add", "relu"})
 
 
+@pytest.mark.parametrize("written", [None, "--json", "--output"])
+def test_a_plan_only_summarized_leaves_its_cpu_steps_backends_undecided(save, tmp_path, written):
+    """Deciding a CPU step's backend asks onnxruntime (importing it takes about 20 ms); the
+    summary never shows it, a written plan records it."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("IsNaN", ["c"], ["y"], name="isnan")]
+    w = weight("w", np.ones((8, 8, 3, 3), np.float32))
+    path = save(make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16], TensorProto.BOOL)], [w]))
+    written_to = tmp_path / ("plan.json" if written == "--json" else "plan.rkplan")
+    finished = subprocess.run([sys.executable, "-c", PROBE_IMPORTS % (("onnxruntime",),), "plan", str(path),
+                               "--target", "rk3588", *([written, str(written_to)] if written else [])],
+                              capture_output=True, text=True, check=True)
+    assert "isnan" in finished.stdout  # the summary names the CPU step
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report == {"code": 0, "loaded": [] if written is None else ["onnxruntime"]}
+    if written == "--json":
+        steps = json.loads(written_to.read_text())["steps"]
+        assert [step["cpu_backend"] for step in steps if step["device"] == "cpu"] == ["onnxruntime"]
+
+
 EXIT_PROBE = """
 import atexit, sys
 from rkcompile.cli import console_main, main
