@@ -26,7 +26,7 @@ from typing import NamedTuple
 import onnx_graphsurgeon as gs
 
 from rkcompile.context import CompileContext, Placement
-from rkcompile.ir import node_inputs, readers, replace_reads, subgraphs
+from rkcompile.ir import node_inputs, readers, replace_reads
 from rkcompile.passes.layout import placement
 
 NAME = "boundaries"
@@ -122,7 +122,7 @@ def _nodes_in_execution_order(ctx: CompileContext) -> None:
     for function in graph.functions:
         function.toposort(mode="nodes")
     for subgraph in graph.subgraphs():
-        if not _sorted_as_a_chain(subgraph):
+        if not _in_toposort_order(subgraph):
             subgraph.toposort(recurse_functions=False, mode="nodes")
     graph.toposort(mode="functions")
     position = {name: index for index, name in enumerate(ctx.order)}
@@ -132,24 +132,30 @@ def _nodes_in_execution_order(ctx: CompileContext) -> None:
     graph.nodes.sort(key=lambda node: position[node.name])
 
 
-def _sorted_as_a_chain(graph: gs.Graph) -> bool:
-    """True when onnx-graphsurgeon's toposort would leave `graph`'s nodes as they are because
-    they form a chain in order: each node after the first reads a result of the one before
-    it, and reads no result of its own or of a later node. That toposort orders the nodes by
-    depth (1 + the deepest producer of a tensor of the graph that it reads; stable among equal
-    depths), and along such a chain the depths rise strictly. Most subgraphs are fused kernels'
-    bodies, most of them chains (Conv then Relu; LayerNorm's ReduceMean, Sub, Pow, ...), and
-    sorting each with the toposort cost a tenth of the boundaries pass. A node carrying
-    subgraphs of its own (whose outer reads count as its inputs there) is left to the toposort."""
-    nodes = graph.nodes
-    local = {t.name for node in nodes for t in node.outputs if t.name} | {t.name for t in graph.inputs}
-    position = {id(node): index for index, node in enumerate(nodes)}
-    for index, node in enumerate(nodes):
-        if subgraphs(node):
+def _in_toposort_order(graph: gs.Graph) -> bool:
+    """True when onnx-graphsurgeon's toposort would leave `graph`'s nodes as they are. That
+    toposort gives each node a depth (1 + the deepest node of the graph writing a tensor it
+    reads, its subgraphs' outer reads included; 0 when none does) and sorts by depth, stably,
+    from the list order when the list is already topological. So the list stays as it is
+    exactly when each node's producers come before it and the depths never fall along it. Most
+    subgraphs are fused kernels' bodies in that order (Conv then a nested exSwish; LayerNorm's
+    ReduceMean, Sub, Pow, ...; two roots and their join), and sorting each with the toposort
+    cost a tenth of the boundaries pass."""
+    local = {t.name for node in graph.nodes for t in node.outputs if t.name}
+    depth_of: dict[int, int] = {}
+    last = 0
+    for node in graph.nodes:
+        depth = 0
+        for tensor in node_inputs(node):
+            if tensor.name not in local:
+                continue
+            for producer in tensor.inputs:
+                if id(producer) not in depth_of:
+                    return False  # written later in the list (or elsewhere): left to the toposort
+                depth = max(depth, depth_of[id(producer)] + 1)
+        if depth < last:
             return False
-        producers = [position.get(id(producer), index) for t in node.inputs if t.name in local for producer in t.inputs]
-        if any(at >= index for at in producers) or (index and index - 1 not in producers):
-            return False
+        depth_of[id(node)] = last = depth
     return True
 
 

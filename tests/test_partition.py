@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from rkcompile.context import Options
@@ -390,24 +392,55 @@ def _subgraph(edges: list[tuple[int, ...]]) -> gs.Graph:
     return gs.Graph(nodes=nodes, inputs=[x], outputs=[results[-1]])
 
 
-@pytest.mark.parametrize("edges", [
-    [(-1,), (0,), (1,)],            # a chain in order
-    [(-1,), (0,), (1, -1), (2, 0)],  # a chain whose nodes also read earlier results and the input
-    [(-1,), (-1,), (0, 1)],          # two roots, then their join: n1 does not read n0
-    [(-1,), (2,), (0,)],             # n1 reads a later node's result
-    [(-1,), (0, 2), (0,)],           # n1 reads its predecessor and a later node's result
-    [(-1,), (0,), (-1,), (1, 2)],    # a second root after the chain
+@pytest.mark.parametrize("edges, skipped", [
+    ([(-1,), (0,), (1,)], True),              # a chain in order
+    ([(-1,), (0,), (1, -1), (2, 0)], True),   # a chain whose nodes also read earlier results and the input
+    ([(-1,), (-1,), (0, 1)], True),           # two roots, then their join: n1 does not read n0
+    ([(-1,), (2,), (0,)], False),             # n1 reads a later node's result
+    ([(-1,), (0, 2), (0,)], False),           # n1 reads its predecessor and a later node's result
+    ([(-1,), (0,), (-1,), (1, 2)], False),    # a second root after the chain: depth order moves it up
 ])
-def test_a_subgraph_is_left_unsorted_only_where_the_toposort_would_leave_it(edges):
+def test_a_subgraph_is_left_unsorted_only_where_the_toposort_would_leave_it(edges, skipped):
     """boundaries skips onnx-graphsurgeon's toposort of a subgraph (a fused kernel's body)
-    whose nodes form a chain in order; wherever it skips, the toposort gives the same order."""
-    from rkcompile.passes.boundaries import _sorted_as_a_chain
+    already in the order it gives; wherever it skips, the toposort gives the same order."""
+    from rkcompile.passes.boundaries import _in_toposort_order
 
     graph = _subgraph(edges)
     before = [node.name for node in graph.nodes]
-    skipped = _sorted_as_a_chain(graph)
-    assert skipped == (edges in ([(-1,), (0,), (1,)], [(-1,), (0,), (1, -1), (2, 0)]))
+    assert _in_toposort_order(graph) == skipped
     graph.toposort(mode="nodes")
-    assert not skipped or [node.name for node in graph.nodes] == before
-    if edges == [(-1,), (0,), (-1,), (1, 2)]:
-        assert [node.name for node in graph.nodes] != before, "depth order would move n2 up: not skippable"
+    assert ([node.name for node in graph.nodes] == before) == skipped
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_subgraph_is_skipped_exactly_when_the_toposort_keeps_its_order(data):
+    """Any acyclic body listed in any order: skipped exactly when the toposort keeps the order."""
+    from rkcompile.passes.boundaries import _in_toposort_order
+
+    count = data.draw(st.integers(1, 7))
+    # node i reads the graph's input (-1) or earlier nodes' results
+    edges = [tuple(data.draw(st.sets(st.integers(-1, i - 1), min_size=1, max_size=3))) for i in range(count)]
+    graph = _subgraph(edges)
+    graph.nodes = [graph.nodes[i] for i in data.draw(st.permutations(range(count)))]
+    before = [node.name for node in graph.nodes]
+    skipped = _in_toposort_order(graph)
+    graph.toposort(mode="nodes")
+    assert ([node.name for node in graph.nodes] == before) == skipped
+
+
+def test_a_body_holding_a_nested_fused_kernel_is_left_unsorted():
+    """ConvExSwish's body is a Conv, then exSwish, a fused kernel of its own (a node carrying a
+    subgraph): in the toposort's order, so not sorted."""
+    from rkcompile.passes.boundaries import _in_toposort_order
+
+    x, c, y = (gs.Variable(name, np.float32, [1]) for name in ("x", "c", "y"))
+    inner_in, inner_sig, inner_out = (gs.Variable(name, np.float32, [1]) for name in ("c", "s", "y"))
+    inner = gs.Graph(nodes=[gs.Node("Sigmoid", "sig", inputs=[inner_in], outputs=[inner_sig]),
+                            gs.Node("Mul", "mul", inputs=[inner_in, inner_sig], outputs=[inner_out])],
+                     inputs=[inner_in], outputs=[inner_out])
+    nested = gs.Node("exSwish", "swish", attrs={"body": inner}, inputs=[c], outputs=[y], domain="rkcompile")
+    graph = gs.Graph(nodes=[gs.Node("Relu", "conv", inputs=[x], outputs=[c]), nested], inputs=[x], outputs=[y])
+    assert _in_toposort_order(graph)
+    graph.toposort(mode="nodes")
+    assert [node.name for node in graph.nodes] == ["conv", "swish"]
