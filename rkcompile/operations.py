@@ -70,36 +70,40 @@ def graph_node(op: str, name: str, domain: str | None, attrs: dict, inputs: list
     return node
 
 
-def variable(name: str, dtype=None, linked: bool = True) -> gs.Variable:
-    """gs.Variable(name, dtype=dtype); with plain producer and consumer lists with `linked=False`."""
+def variable(name: str, dtype=None, linked: bool = True, shape=None) -> gs.Variable:
+    """gs.Variable(name, dtype=dtype, shape=shape); with plain producer and consumer lists with
+    `linked=False`."""
     tensor = gs.Variable.__new__(gs.Variable)
-    tensor.__dict__.update(name=name, dtype=dtype, shape=None, type="tensor_type",
+    tensor.__dict__.update(name=name, dtype=dtype, shape=shape, type="tensor_type",
                            inputs=_linked(tensor, "outputs", (), linked), outputs=_linked(tensor, "inputs", (), linked))
     return tensor
 
 
-def constant(name: str, values: np.ndarray, linked: bool = True) -> gs.Constant:
-    """gs.Constant(name, values) for a numpy array; with plain producer and consumer lists with
-    `linked=False`."""
+def constant(name: str, values, linked: bool = True) -> gs.Constant:
+    """gs.Constant(name, values) for a numpy array or onnx-graphsurgeon's LazyValues; with plain
+    producer and consumer lists with `linked=False`."""
     tensor = gs.Constant.__new__(gs.Constant)
     tensor.__dict__.update(name=name, _values=values, data_location=None, _export_dtype=None,
                            inputs=_linked(tensor, "outputs", (), linked), outputs=_linked(tensor, "inputs", (), linked))
     return tensor
 
 
-def graph(nodes: list, inputs: list, outputs: list, name: str) -> gs.Graph:
-    """gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name) for nodes whose graph
-    attributes (nested fused bodies, loop bodies) were made here too, so carry no local
-    functions: the library's constructor (26 us, a first run of a plan with 120 fused steps
-    makes as many) sets each attribute through its setter and merges the nested graphs'
-    function lists, which for graphs without functions leaves every nested graph sharing this
-    graph's (empty) list, as done below."""
+def graph(nodes: list, inputs: list, outputs: list, name: str, opset: int = gs.Graph.DEFAULT_OPSET) -> gs.Graph:
+    """gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name, opset=opset). The
+    library's constructor (26 us, a first run of a plan with 120 fused steps makes as many, and
+    planning one fused kernel per fusion) sets each attribute through its setter and merges the
+    nested graphs' function lists, which for graphs without functions leaves every nested graph
+    sharing this graph's (empty) list, as done below; nodes whose graphs carry local functions
+    go to the constructor, which gathers them."""
+    nested = list(_nested_graphs(nodes))
+    if any(inner._functions for inner in nested):
+        return gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name, opset=opset)
     made = gs.Graph.__new__(gs.Graph)
     made.__dict__.update(nodes=nodes, inputs=list(inputs), outputs=list(outputs), name=name, __name__=name,
-                         doc_string="", opset=gs.Graph.DEFAULT_OPSET, producer_name="", producer_version="",
+                         doc_string="", opset=opset, producer_name="", producer_version="",
                          import_domains=None, ir_version=None, name_idx=0, _functions=[])
-    for nested in _nested_graphs(nodes):
-        nested._functions = made._functions
+    for inner in nested:
+        inner._functions = made._functions
     return made
 
 

@@ -19,6 +19,8 @@ def fields(obj) -> dict:
 
 def test_variable_and_constant_match_the_library_constructors():
     assert fields(variable("x", "float32")) == fields(gs.Variable("x", dtype="float32"))
+    shape = [1, "n", 3]
+    assert fields(variable("x", "float32", shape=shape)) == fields(gs.Variable("x", dtype="float32", shape=shape))
     assert fields(variable("")) == fields(gs.Variable.empty())
     values = np.arange(6, dtype=np.float32).reshape(2, 3)
     made, expected = constant("w", values), gs.Constant("w", values)
@@ -106,3 +108,27 @@ def test_graph_matches_the_library_constructor_nested_graphs_included():
     for outer, inner, innermost, listed in (ours, theirs):
         assert inner._functions is outer._functions and innermost._functions is outer._functions
         assert listed._functions is not outer._functions  # a list of graphs is no graph attribute
+
+
+def test_graph_takes_an_opset_and_gathers_nested_local_functions_as_the_library_does():
+    """With a local function in a nested graph, operations.graph is the constructor itself: the
+    outer graph lists the function and shares its list with the nested graph."""
+    def made(constructor, opset):
+        x, y, z = gs.Variable("x", dtype=np.float32), gs.Variable("y"), gs.Variable("z")
+        function = gs.Function("Twice", domain="local", nodes=[gs.Node("Add", "a", inputs=[x, x], outputs=[y])],
+                               inputs=[x], outputs=[y])
+        inner = gs.Graph(nodes=[gs.Node("Twice", "t", domain="local", inputs=[x], outputs=[y])], inputs=[x],
+                         outputs=[y], functions=[function])
+        outer = constructor([graph_node("Loop", "l", None, {"body": inner}, [x], [z])], [x], [z], "outer", opset)
+        return outer, inner, function
+
+    for opset in (13, gs.Graph.DEFAULT_OPSET):
+        (outer, inner, function), (expected, _, _) = made(graph, opset), made(
+            lambda nodes, inputs, outputs, name, opset: gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs,
+                                                                 name=name, opset=opset), opset)
+        assert outer.opset == expected.opset == opset
+        assert outer.functions == [function] and inner._functions is outer._functions
+        assert [f.name for f in expected.functions] == ["Twice"]
+    x, y = variable("x", "float32"), variable("y")
+    plain = graph([graph_node("Relu", "r", None, {}, [x], [y])], [x], [y], "plain", 13)
+    assert plain.opset == 13 and plain.functions == []
