@@ -70,20 +70,20 @@ def graph_node(op: str, name: str, domain: str | None, attrs: dict, inputs: list
     return node
 
 
-def variable(name: str, dtype=None, linked: bool = True, shape=None) -> gs.Variable:
-    """gs.Variable(name, dtype=dtype, shape=shape); with plain producer and consumer lists with
-    `linked=False`."""
+def variable(name: str, dtype=None, linked: bool = True, shape=None, value_type: str = "tensor_type") -> gs.Variable:
+    """gs.Variable(name, dtype=dtype, shape=shape, type=value_type); with plain producer and
+    consumer lists with `linked=False`."""
     tensor = gs.Variable.__new__(gs.Variable)
-    tensor.__dict__.update(name=name, dtype=dtype, shape=shape, type="tensor_type",
+    tensor.__dict__.update(name=name, dtype=dtype, shape=shape, type=value_type,
                            inputs=_linked(tensor, "outputs", (), linked), outputs=_linked(tensor, "inputs", (), linked))
     return tensor
 
 
-def constant(name: str, values, linked: bool = True) -> gs.Constant:
-    """gs.Constant(name, values) for a numpy array or onnx-graphsurgeon's LazyValues; with plain
-    producer and consumer lists with `linked=False`."""
+def constant(name: str, values, linked: bool = True, data_location: int | None = None) -> gs.Constant:
+    """gs.Constant(name, values, data_location) for a numpy array or onnx-graphsurgeon's
+    LazyValues; with plain producer and consumer lists with `linked=False`."""
     tensor = gs.Constant.__new__(gs.Constant)
-    tensor.__dict__.update(name=name, _values=values, data_location=None, _export_dtype=None,
+    tensor.__dict__.update(name=name, _values=values, data_location=data_location, _export_dtype=None,
                            inputs=_linked(tensor, "outputs", (), linked), outputs=_linked(tensor, "inputs", (), linked))
     return tensor
 
