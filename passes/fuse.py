@@ -210,8 +210,8 @@ def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outpu
     inputs are the fused node's runtime inputs."""
     copies: dict[str, gs.Tensor] = {}
 
-    # operations' constructors make the objects onnx-graphsurgeon's make, without their setters
-    # (half of the fuse pass's time in body graphs, 50 us each, before)
+    # operations' constructors make the objects onnx-graphsurgeon's constructors make, without
+    # their setters: 20 us a body instead of 50 (yolov8n_pose's 126 fusions)
     def copy(tensor: gs.Tensor) -> gs.Tensor:
         if not tensor.name:
             return variable("")

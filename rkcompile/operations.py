@@ -90,11 +90,11 @@ def constant(name: str, values, linked: bool = True, data_location: int | None =
 
 def graph(nodes: list, inputs: list, outputs: list, name: str, opset: int = gs.Graph.DEFAULT_OPSET) -> gs.Graph:
     """gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name, opset=opset). The
-    library's constructor (26 us, a first run of a plan with 120 fused steps makes as many, and
-    planning one fused kernel per fusion) sets each attribute through its setter and merges the
-    nested graphs' function lists, which for graphs without functions leaves every nested graph
-    sharing this graph's (empty) list, as done below; nodes whose graphs carry local functions
-    go to the constructor, which gathers them."""
+    library's constructor takes 26 us (a first run of a plan with 120 fused steps makes as many
+    graphs, and planning one per fusion): it sets each attribute through its setter and merges
+    the nested graphs' function lists, which for graphs without functions leaves every nested
+    graph sharing this graph's (empty) list, as done below. Nodes whose graphs carry local
+    functions go to the constructor, which gathers them."""
     nested = list(_nested_graphs(nodes))
     if any(inner._functions for inner in nested):
         return gs.Graph(nodes=nodes, inputs=inputs, outputs=outputs, name=name, opset=opset)
