@@ -70,7 +70,7 @@ def compare(model: Path, targets: list[Target], options: Options) -> list[Row]:
     rows = []
     for target in targets:
         try:
-            plan, _ = compile_model(model, target.name, options)
+            plan, _ = compile_model(model, target.name, options, cpu_backends=False)  # a table row, never run
             refuse_idle_npu(plan)
         except CompileError as exc:
             rows.append(Row(target=target.name, error=str(exc).splitlines()[0]))
