@@ -147,7 +147,7 @@ def test_omitted_optionals_unknown_tensors_domains_and_attribute_kinds():
     check(model)
 
 
-def test_if_branches_and_loop_bodies_read_the_tensors_made_so_far():
+def test_if_branches_read_the_tensors_made_so_far():
     then_branch = helper.make_graph([helper.make_node("Add", ["a", "b"], ["t"], name="then_add")], "then", [],
                                     [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
     else_branch = helper.make_graph([helper.make_node("Sub", ["a", "later"], ["e"], name="else_sub")], "else", [],
