@@ -239,12 +239,11 @@ def _valid_and_in_order(graph: onnx.GraphProto) -> bool:
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not versions:
+    version = graph_import.ai_onnx_opset(model)
+    if version is None:
         # only other domains' ops (ai.onnx.ml, ai.onnx.preview.training): no ai.onnx op reads the
         # opset, and the checker refuses an ai.onnx node without one
         return MAX_OPSET
-    version = versions[0]
     if not MIN_OPSET <= version <= MAX_OPSET:
         raise CompileError(f"unsupported opset {version} (rkcompile supports ai.onnx opsets {MIN_OPSET} to {MAX_OPSET})")
     return version

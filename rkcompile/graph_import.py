@@ -25,7 +25,7 @@ from .operations import constant, graph_node, variable
 
 def import_onnx(model: onnx.ModelProto) -> gs.Graph:
     """gs.import_onnx(model): the same graph, tensors, nodes and links."""
-    opset = _ai_onnx_opset(model)
+    opset = ai_onnx_opset(model)
     if model.functions or model.graph.sparse_initializer or opset is None:
         return gs.import_onnx(model)
     onnx_graph = model.graph
@@ -59,8 +59,9 @@ def import_onnx(model: onnx.ModelProto) -> gs.Graph:
                     ir_version=model.ir_version)
 
 
-def _ai_onnx_opset(model: onnx.ModelProto) -> int | None:
-    """OnnxImporter.get_opset's answer, without its warning for a model lacking one."""
+def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
+    """The model's ai.onnx opset version, None when it imports none (OnnxImporter.get_opset's
+    answer, without its warning)."""
     return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
 
 
