@@ -38,6 +38,7 @@ from onnx import shape_inference
 
 from rkcompile.context import CompileContext
 from rkcompile.errors import CompileError
+from rkcompile.graph_edit import detach
 from rkcompile.ir import (SHAPE_DATA_MAX_ELEMENTS, element_count, is_onnx_domain, node_proto, node_shape_model,
                           present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
                           topological_nodes)
@@ -97,8 +98,7 @@ def _fold_sweep(ctx: CompileContext, opset: int, inferences: dict) -> set[int]:
             continue
         for tensor, value in zip(node.outputs, values):
             tensor.to_constant(value)
-        node.outputs.clear()
-        node.inputs.clear()
+        detach(node)
         ctx.retire(node, "folded", "constant folded")
         folded.add(id(node))
     return folded

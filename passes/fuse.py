@@ -33,6 +33,7 @@ from onnx_graphsurgeon.ir import tensor as gs_tensor
 from rkcompile.context import CompileContext
 from rkcompile.dag import Dag, descendants
 from rkcompile.fusion_patterns import FUSED_DOMAIN, Match, matches
+from rkcompile.graph_edit import detach
 from rkcompile.ir import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
 from rkcompile.operations import constant, graph, graph_node, variable
 from rkcompile.targets.model import Rule
@@ -191,8 +192,7 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: 
     attrs = {"members": [node.op for node in members], **rule.attributes(match),
              "body": body_graph(name, members, inputs, outputs, ctx.graph.opset)}
     for node in members:
-        node.inputs.clear()
-        node.outputs.clear()
+        detach(node)
     fused = gs.Node(op=rule.kernel, name=name, attrs=attrs, inputs=inputs, outputs=outputs, domain=FUSED_DOMAIN)
     for node in members:
         ctx.origins.pop(node.name, None)

@@ -2,6 +2,11 @@
 
 onnx-graphsurgeon keeps producer and consumer lists on every tensor; these two edits keep them
 consistent, so no pass writes its own loop over consumers.
+
+Both find a node in a tensor's list by identity. onnx-graphsurgeon's own lists remove it with
+`list.remove`, which compares with `==`: its Node.__eq__ compares names, attributes and tensors,
+after formatting a log line, for every node ahead of the one removed (a tensor read by many
+nodes), and would remove the first node equal to it rather than the node itself.
 """
 from __future__ import annotations
 
@@ -13,10 +18,26 @@ def replace_uses(old: gs.Tensor, new: gs.Tensor) -> None:
     for reader in list(old.outputs):
         for index, tensor in enumerate(reader.inputs):
             if tensor is old:
-                reader.inputs[index] = new
+                _drop(old.outputs, reader)
+                list.__setitem__(reader.inputs, index, new)
+                list.append(new.outputs, reader)
 
 
 def detach(node: gs.Node) -> None:
     """Disconnect `node` from every tensor it reads and writes; it reads and makes nothing after."""
-    node.inputs.clear()
-    node.outputs.clear()
+    for tensor in node.inputs:
+        _drop(tensor.outputs, node)
+    list.clear(node.inputs)
+    for tensor in node.outputs:
+        _drop(tensor.inputs, node)
+    list.clear(node.outputs)
+
+
+def _drop(nodes: list[gs.Node], node: gs.Node) -> None:
+    """Remove one entry of `node` itself from a tensor's producers or readers; only that list
+    changes (`list`'s own methods: the node's side is the caller's)."""
+    for index, listed in enumerate(nodes):
+        if listed is node:
+            list.__delitem__(nodes, index)
+            return
+    raise ValueError(f"node {node.name} is not linked to the tensor it lists")
