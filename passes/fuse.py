@@ -62,7 +62,13 @@ def fuse_table(ctx: CompileContext, rules: tuple[FusionRule, ...]) -> None:
     position = {id(node): index for index, node in enumerate(ctx.graph.nodes)}
     original_position = {name: index for index, (name, _) in enumerate(ctx.original_nodes)}
     replaced: dict[int, gs.Node | None] = {}  # id of a fused member -> the fused node at the root, or None
-    root_ops = [(rule, rule.pattern.root_ops()) for rule in rules]
+    # A rule needing an op no node of the graph has cannot fit anywhere (no match, no reason),
+    # and is tried at no root. The nodes this table fuses do not count: roots are visited from
+    # the outputs up and a pattern reaches up from its root, so a fused node is never a member
+    # at a later root.
+    present = {node.op for node in ctx.graph.nodes}
+    root_ops = [(rule, rule.pattern.root_ops()) for rule in rules
+                if all(not ops.isdisjoint(present) for ops in rule.pattern.required_ops())]
     for root in reversed(order):
         if id(root) in replaced:
             continue

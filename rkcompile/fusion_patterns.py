@@ -26,6 +26,7 @@ that fails a later check (two consumers, a cycle) and take the next.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import field
 from typing import Callable, Iterable, Iterator
 
@@ -66,6 +67,20 @@ class Pattern:
         matches a tensor no listed op produces (`Any`, `Const`): what lets the fuse pass skip,
         without matching, every rule that cannot fit at a node."""
         return None
+
+    def required_ops(self) -> tuple[frozenset[str], ...]:
+        """Sets of ops every match has a member of, one member per set at least: what lets the
+        fuse pass skip, without matching, every rule that cannot fit anywhere in a graph (GELU's
+        Erf or Tanh in a CNN that has neither, tried at each of its Muls). Worked out once per
+        pattern (patterns are immutable), kept beside its fields as Chain keeps its splits."""
+        needs = self.__dict__.get("_required_ops")
+        if needs is None:
+            needs = self._required_ops()
+            object.__setattr__(self, "_required_ops", needs)  # not a field: equality and hash ignore it
+        return needs
+
+    def _required_ops(self) -> tuple[frozenset[str], ...]:
+        return ()  # `Any` and `Const` need no member
 
 
 @frozen_dataclass
@@ -121,6 +136,10 @@ class Op(Pattern):
     def root_ops(self):
         return frozenset(self.ops)
 
+    def _required_ops(self):
+        # the node itself, then what its matched inputs need (in either order, the same inputs)
+        return _distinct((frozenset(self.ops),) + tuple(ops for term in self.inputs for ops in term.required_ops()))
+
     def match(self, tensor, found):
         # Not a generator: most calls meet a tensor no node of `ops` wrote (the fuse pass tries
         # each rule's alternatives at every node of a root op), and end at a test, without a
@@ -168,6 +187,11 @@ class Chain(Pattern):
 
     def root_ops(self):
         return self.terms[0].root_ops() if len(self.terms) == 1 else frozenset((self.op,))
+
+    def _required_ops(self):
+        if len(self.terms) == 1:
+            return self.terms[0].required_ops()
+        return _distinct((frozenset((self.op,)),) + tuple(ops for term in self.terms for ops in term.required_ops()))
 
     def match(self, tensor, found):
         if len(self.terms) == 1:
@@ -219,8 +243,28 @@ class Alt(Pattern):
         options = [option.root_ops() for option in self.options]
         return None if any(ops is None for ops in options) else frozenset().union(*options)
 
+    def _required_ops(self):
+        # A match is one option's: it has a member of each set every option needs, and of one
+        # set of each option's needs, so of their union, for every choice of one set per option
+        # (at most ALT_REQUIREMENTS choices; beyond, the union of all their ops, true and weaker).
+        choices = [option.required_ops() for option in self.options]
+        if not all(choices):
+            return ()  # an option that needs no member
+        shared = tuple(ops for ops in choices[0] if all(ops in needs for needs in choices[1:]))
+        if math.prod(len(needs) for needs in choices) > ALT_REQUIREMENTS:
+            return _distinct(shared + (frozenset().union(*(ops for needs in choices for ops in needs)),))
+        return _distinct(shared + tuple(frozenset().union(*chosen) for chosen in itertools.product(*choices)))
+
     def match(self, tensor, found):
         return itertools.chain.from_iterable(option.match(tensor, found) for option in self.options)
+
+
+#: most sets of ops `Alt.required_ops` lists
+ALT_REQUIREMENTS = 64
+
+
+def _distinct(needs: tuple[frozenset[str], ...]) -> tuple[frozenset[str], ...]:
+    return tuple(dict.fromkeys(needs))
 
 
 def optional(wrap: Callable[[Pattern], Pattern], inner: Pattern) -> Pattern:

@@ -241,6 +241,47 @@ def test_row_fuses_and_its_body_computes_the_original(tmp_path, name):
     np.testing.assert_allclose(run_body(fused, feeds), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_fused_members_have_an_op_of_each_set_their_pattern_requires(tmp_path, name):
+    """`Pattern.required_ops` is a promise about every match: were it too strong, the fuse pass
+    would skip a rule that fits (and every row case above would then not fuse)."""
+    (fused,) = fused_nodes(fused_context(build(tmp_path, POSITIVE[name][0]())))
+    members = set(fused.attrs["members"])
+    rows = [rule for rule in RECOGNISERS + KERNEL_FUSIONS if rule.kernel == fused.op]
+    assert any(all(not ops.isdisjoint(members) for ops in rule.pattern.required_ops()) for rule in rows)
+
+
+def test_required_ops_of_chains_and_alternatives():
+    from rkcompile.fusion_patterns import ALT_REQUIREMENTS, Alt, Any, Chain, Const, Op
+
+    assert Any().required_ops() == Const(1.0).required_ops() == ()
+    assert Op("Relu", Op("Conv")).required_ops() == (frozenset({"Relu"}), frozenset({"Conv"}))
+    assert Chain("Mul", Any(), Const(0.5)).required_ops() == (frozenset({"Mul"}),)
+    assert Chain("Mul", Op("Erf")).required_ops() == (frozenset({"Erf"}),)  # one term: no Mul node
+    shared = Op("Sqrt")
+    needs = Alt(Op("Div", shared), Op("Reciprocal", shared)).required_ops()
+    assert frozenset({"Sqrt"}) in needs and frozenset({"Div", "Reciprocal"}) in needs
+    assert frozenset({"Div"}) not in needs and frozenset({"Reciprocal"}) not in needs
+    assert Alt(Op("Relu"), Any()).required_ops() == ()  # the bare tensor needs no member
+    wide = Alt(*(Op(f"A{i}", Op(f"B{i}"), Op(f"C{i}")) for i in range(4)))  # 3 ** 4 choices of a set each
+    assert 3 ** 4 > ALT_REQUIREMENTS
+    assert wide.required_ops() == (frozenset(f"{op}{i}" for op in "ABC" for i in range(4)),)
+
+
+def test_a_rule_needing_an_op_the_graph_lacks_is_tried_at_no_root(tmp_path, monkeypatch):
+    tried = Counter()
+    find = fuse.find_fusion
+
+    def counted(ctx, rule, root, dag, rank=None):
+        tried[rule.kernel] += 1
+        return find(ctx, rule, root, dag, rank)
+
+    monkeypatch.setattr(fuse, "find_fusion", counted)
+    (fused,) = fused_nodes(fused_context(build(tmp_path, POSITIVE["exSwish"][0]())))
+    assert fused.op == "exSwish" and tried["exSwish"] == 1
+    assert tried["exGelu"] == tried["exMish"] == tried["HardSwish"] == 0  # no Erf, Tanh, HardSigmoid or Clip
+
+
 def test_conv_then_recognised_activation_nests_the_recognised_node(tmp_path):
     ctx = fused_context(build(tmp_path, POSITIVE["ConvExSwish"][0]()))
     (fused,) = fused_nodes(ctx)
