@@ -625,6 +625,57 @@ def test_a_sorted_file_keeps_each_node_and_its_annotated_branches(save):
     assert [graph.outputs[0].shape for graph in (branch.attrs["then_branch"], branch.attrs["else_branch"])] == [[4, 64]] * 2
 
 
+def _counted_sweeps(monkeypatch) -> list:
+    """The nodes each constant-folding sweep of the next plans folds, sweep by sweep."""
+    from rkcompile.passes import fold_constants
+
+    sweeps = []
+    sweep = fold_constants._fold_sweep
+    monkeypatch.setattr(fold_constants, "_fold_sweep", lambda *args: sweeps.append(sweep(*args)) or sweeps[-1])
+    return sweeps
+
+
+def test_one_sweep_folds_everything_when_no_shape_is_left_unknown(save, monkeypatch):
+    """A sweep visits nodes in topological order, so each sees its inputs as folded as they get:
+    with every shape known after it, a second could fold nothing, and none runs."""
+    sweeps = _counted_sweeps(monkeypatch)
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["sf"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["sf"], ["si"], name="to_int", to=TensorProto.INT64),
+             helper.make_node("Reshape", ["x", "si"], ["y"], name="reshape")]
+    plan, _ = compile_model(save(make_model(nodes, [value_info("x", [1, 4])], [value_info("y", [1, 4])])), "rk3588")
+    assert [_devices(plan)[name] for name in ("shape", "to_float", "to_int")] == ["folded"] * 3
+    assert [len(folded) for folded in sweeps] == [3]
+
+
+def test_a_shape_only_whole_graph_inference_finds_folds_in_a_second_sweep(save, monkeypatch):
+    """An If's result has no shape until its branches' outer read (a Reshape's result, whose
+    target shape the first sweep folds) has one: per-node inference leaves nodes carrying
+    graphs alone, whole-graph inference after the sweep finds it, and the Shape of it folds in
+    a second sweep; a third, which could fold nothing, does not run."""
+    sweeps = _counted_sweeps(monkeypatch)
+    then_branch = helper.make_graph([helper.make_node("Identity", ["r"], ["t"], name="then_id")], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["r"], ["e"], name="else_neg")], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Cast", ["s"], ["sf"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["sf", "one"], ["sf1"], name="times_one"),  # past import's data propagation
+             helper.make_node("Cast", ["sf1"], ["si"], name="to_int", to=TensorProto.INT64),
+             helper.make_node("Reshape", ["x", "si"], ["r"], name="reshape"),
+             helper.make_node("If", ["flag"], ["b"], name="branch", then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Shape", ["b"], ["bs"], name="measure"),
+             helper.make_node("Cast", ["bs"], ["bsf"], name="measure_float", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "bsf"], ["y"], name="add")]
+    model = make_model(nodes, [value_info("x", [1, 2]), value_info("flag", [], TensorProto.BOOL)],
+                       [value_info("y", [1, 2])], [weight("one", np.ones(1, np.float32))])
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert [devices[name] for name in ("times_one", "measure", "measure_float")] == ["folded"] * 3
+    assert [len(folded) for folded in sweeps] == [4, 2]
+    assert contract_violations(plan) == []
+
+
 def test_folding_stops_when_reinference_makes_no_shape_static(save, monkeypatch):
     """After a sweep that folds, whole-graph inference runs for the tensors still unknown; when
     it makes none of them static (a NonZero's count is data), no second sweep runs: every node
