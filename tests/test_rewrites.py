@@ -901,3 +901,35 @@ def test_legalize_reuses_the_rewrite_passes_verdicts_only_for_nodes_in_the_state
     ([1, "batch", 4], None), ([1, None], None), ([2.0, 3], None), (None, None)])
 def test_static_shape_is_a_tuple_of_known_nonnegative_ints_or_none(shape, expected):
     assert static_shape(gs.Variable("t", np.float32, shape)) == expected
+
+
+def test_rule_verdicts_are_remembered_per_state_of_what_rules_read(monkeypatch):
+    """The rewrite pass's verdict cache answers from memory only while the node, its attribute
+    dict and its tensors (which ones, constant or not, shape, dtype) are as they were."""
+    from types import SimpleNamespace
+
+    evaluated = []
+    monkeypatch.setattr(rewrite, "evaluate_rules", lambda node, target, **facts: evaluated.append(node.name)
+                        or evaluate_rules(node, target, **facts))
+    verdicts = rewrite._Verdicts(SimpleNamespace(target=get_target("rk3588"), facts={}))
+    float32 = np.dtype(np.float32)  # the dtype a constant reports
+    x, y = gs.Variable("x", float32, [1, 4, 8, 8]), gs.Variable("y", float32, [1, 4, 8, 8])
+    relu = gs.Node("Relu", "relu", inputs=[x], outputs=[y])
+    assert verdicts.failures(relu) == verdicts.failures(relu) == []
+    assert evaluated == ["relu"]
+    x.shape = [1, 4, 8, 8, 1, 1]  # rank 6: a rule now fails
+    assert verdicts.failures(relu) and evaluated == ["relu"] * 2
+    x.shape = [1, 4, 8, 8]
+    assert verdicts.failures(relu) == [] and evaluated == ["relu"] * 2  # the first state, remembered
+    x.dtype = np.int64
+    assert verdicts.failures(relu) and len(evaluated) == 3
+    x.dtype = float32
+    assert verdicts.failures(relu) == [] and len(evaluated) == 3
+    alike = gs.Variable("x", float32, [1, 4, 8, 8])
+    relu.inputs[0] = alike  # another tensor of the same name, shape and dtype
+    assert verdicts.failures(relu) == [] and len(evaluated) == 4
+    relu.attrs = {}  # another attribute dict
+    assert verdicts.failures(relu) == [] and len(evaluated) == 5
+    alike.to_constant(np.ones([1, 4, 8, 8], np.float32))  # the same object, now a constant
+    verdicts.failures(relu)
+    assert len(evaluated) == 6
