@@ -199,7 +199,7 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: 
              "body": body_graph(name, members, inputs, outputs, ctx.graph.opset)}
     for node in members:
         detach(node)
-    fused = gs.Node(op=rule.kernel, name=name, attrs=attrs, inputs=inputs, outputs=outputs, domain=FUSED_DOMAIN)
+    fused = graph_node(rule.kernel, name, FUSED_DOMAIN, attrs, inputs, outputs)
     for node in members:
         ctx.origins.pop(node.name, None)
         ctx.failures.pop(node.name, None)
