@@ -19,11 +19,10 @@ Folding a node can make new shapes known: a Reshape whose target just folded has
 output, so the Shape of it folds too, and so on down a chain of blocks each shaped by the one
 before. Each sweep therefore infers, in topological order, the output shapes of every node
 whose inputs are all known, and a chain folds in one sweep. Whole-graph shape inference then
-runs between sweeps for what one node alone does not show. There is no round limit: a sweep
-that folds nothing ends the pass, and so does a re-inference that makes no shape static (the
-next sweep would fold nothing: every node of constant inputs folded in the one before); every
-other sweep removes at least one node from the graph, so the pass ends after at most as many
-sweeps as the graph has nodes.
+runs between sweeps for what one node alone does not show. There is no round limit. One sweep
+folds every node whose values it can know, so another runs only when whole-graph inference
+has made the input of a Shape or Size static; each sweep that runs removes at least one node
+from the graph, so the pass ends after at most as many sweeps as the graph has nodes.
 """
 from __future__ import annotations
 
@@ -74,12 +73,15 @@ def run(ctx: CompileContext) -> None:
             # cannot happen (a folded node loses its outputs and cleanup drops it), and would loop
             raise AssertionError(f"constant folding folded nodes but the graph kept {before} nodes")
         # A sweep folds every node whose values it can know: in topological order, a node comes
-        # after what its inputs' producers became. So another sweep folds only a Shape or Size
-        # whose input's shape whole-graph inference finds, and that inference runs only while a
-        # shape is unknown. A second sweep that folded nothing took 1-2 ms of most models' pass,
-        # 25 ms of tv_ssdlite320_mobilenet_v3_large's, 6 ms of tv_fcos_resnet18_fpn's.
-        if not any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs) \
-                or not _reinfer_shapes(ctx) or not any(map(_measures_static_shape, ctx.graph.nodes)):
+        # after what its inputs' producers became (every Shape of a static input folded). So
+        # another sweep folds only a Shape or Size whose input's shape whole-graph inference
+        # finds, and that inference runs only while a shape is unknown. A second sweep that
+        # folded nothing took 1-2 ms of most models' pass, 25 ms of
+        # tv_ssdlite320_mobilenet_v3_large's, 6 ms of tv_fcos_resnet18_fpn's.
+        if not any(static_shape(t) is None for n in ctx.graph.nodes for t in n.outputs):
+            return
+        _reinfer_shapes(ctx)
+        if not any(map(_measures_static_shape, ctx.graph.nodes)):
             return
 
 
@@ -397,25 +399,22 @@ def _attributes_key(node: gs.Node) -> tuple:
     return ("exported", *(attribute.SerializeToString() for attribute in proto.attribute))
 
 
-def _reinfer_shapes(ctx: CompileContext) -> bool:
-    """Shape inference over the folded graph, carried back onto the gs tensors; whether it made
-    a tensor's shape static that was not."""
+def _reinfer_shapes(ctx: CompileContext) -> None:
+    """Shape inference over the folded graph, carried back onto the gs tensors."""
     model = shape_only_model(ctx.graph, ctx.model_info.opset)
     try:
         inferred = shape_inference.infer_shapes(model, data_prop=True)
     except shape_inference.InferenceError as exc:
         raise CompileError(f"shape inference after constant folding failed: {str(exc).splitlines()[0]}") from None
-    return _carry_back(inferred, ctx.graph.tensors().values())
+    _carry_back(inferred, ctx.graph.tensors().values())
 
 
-def _carry_back(inferred: onnx.ModelProto, tensors) -> bool:
+def _carry_back(inferred: onnx.ModelProto, tensors) -> None:
     """Shapes and dtypes `inferred` found, onto those of `tensors` whose shape is not yet known
-    (only theirs read off `inferred`: after folding, most tensors' shapes are known); whether
-    one of them is static now."""
+    (only theirs read off `inferred`: after folding, most tensors' shapes are known)."""
     unknown = {t.name: t for t in tensors if isinstance(t, gs.Variable) and static_shape(t) is None}
     found = _inferred_types(inferred, unknown)
     _set_types(((unknown[name], types) for name, types in found.items()), None)
-    return any(static_shape(unknown[name]) is not None for name in found)
 
 
 def _inferred_types(inferred: onnx.ModelProto, wanted=None) -> dict[str, tuple]:
