@@ -138,7 +138,7 @@ class Op(Pattern):
 
     def _required_ops(self):
         # the node itself, then what its matched inputs need (in either order, the same inputs)
-        return _distinct((frozenset(self.ops),) + tuple(ops for term in self.inputs for ops in term.required_ops()))
+        return _member_then(frozenset(self.ops), self.inputs)
 
     def match(self, tensor, found):
         # Not a generator: most calls meet a tensor no node of `ops` wrote (the fuse pass tries
@@ -191,7 +191,7 @@ class Chain(Pattern):
     def _required_ops(self):
         if len(self.terms) == 1:
             return self.terms[0].required_ops()
-        return _distinct((frozenset((self.op,)),) + tuple(ops for term in self.terms for ops in term.required_ops()))
+        return _member_then(frozenset((self.op,)), self.terms)
 
     def match(self, tensor, found):
         if len(self.terms) == 1:
@@ -265,6 +265,11 @@ ALT_REQUIREMENTS = 64
 
 def _distinct(needs: tuple[frozenset[str], ...]) -> tuple[frozenset[str], ...]:
     return tuple(dict.fromkeys(needs))
+
+
+def _member_then(ops: frozenset[str], patterns: tuple[Pattern, ...]) -> tuple[frozenset[str], ...]:
+    """The needs of a member node of one of `ops` whose inputs match `patterns`."""
+    return _distinct((ops,) + tuple(needed for pattern in patterns for needed in pattern.required_ops()))
 
 
 def optional(wrap: Callable[[Pattern], Pattern], inner: Pattern) -> Pattern:
