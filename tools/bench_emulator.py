@@ -1,7 +1,8 @@
 """Emulator time as `rkcompile run` reports it, beside onnxruntime's one-thread run time, per model.
 
     python tools/bench_emulator.py [MODEL_OR_DIR ...] [--target rk3588] [--repeat 3] [--python PY]
-                                   [--baseline-python PY] [--gemm-floor]
+                                   [--baseline-python PY] [--gemm-floor] [--onnxruntime-first-run]
+                                   [--later-runs]
 
 Defaults to ../shared/zoo. The emulator side is `PY -m rkcompile run MODEL --target T --inputs
 MODEL.npz --json -` in a child process: its report's `seconds`, the first run of a fresh process
@@ -22,6 +23,18 @@ measured (another checkout's venv: a before and an after with one script). With
 before --python's (after it in odd repeats), against the same onnxruntime figure: a before and an after measured in
 turn, repeat by repeat, so a shared machine's load, which moves onnxruntime's own time by 2-4x
 over minutes, hits both alike.
+
+The bars compare a first run, setup included, with onnxruntime's warm run. Two further columns
+say what that comparison asks:
+- `--onnxruntime-first-run`: onnxruntime's own first run, timed the same way
+  (tools/onnxruntime_first_run.py in a fresh process per repeat: a session on the model
+  onnxruntime optimized beforehand, graph optimizations off, plus its first run; its graph
+  rewriting left out as planning is left out of the emulator's). Printed: its seconds, its ratio
+  to onnxruntime's one-thread run (the bars applied to onnxruntime itself) and the emulator's
+  ratio to it (first run against first run).
+- `--later-runs`: the emulator's later runs of one prepared plan (tools/emulator_later_runs.py,
+  --python's, the median of --repeat runs after the first), what each further calibration sample
+  or input costs, and their ratio to onnxruntime's one-thread run.
 """
 from __future__ import annotations
 
@@ -53,16 +66,21 @@ def is_cnn(path: Path) -> bool:
     return convs > 0 and convs > ops.count("MatMul") + ops.count("Gemm")
 
 
+def one_thread_environment() -> dict[str, str]:
+    """A child's environment with its BLAS on one thread (unless already set)."""
+    environment = child_environment()
+    for variable in ONE_THREAD:
+        environment.setdefault(variable, "1")
+    return environment
+
+
 def emulator_seconds(path: Path, python: str, target: str, workdir: Path) -> tuple[float | None, str]:
     """`seconds` from one `rkcompile run --json -` child, or None and its last stderr line."""
     command = [python, "-m", "rkcompile", "run", str(path), "--target", target, "--json", "-",
                *input_shape_flags(path)]
     if path.with_suffix(".npz").exists():
         command += ["--inputs", str(path.with_suffix(".npz"))]
-    environment = child_environment()
-    for variable in ONE_THREAD:
-        environment.setdefault(variable, "1")
-    finished = subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True)
+    finished = subprocess.run(command, cwd=workdir, env=one_thread_environment(), capture_output=True, text=True)
     if finished.returncode != 0:
         lines = finished.stderr.strip().splitlines() or [f"exit {finished.returncode}"]
         return None, lines[-1]
@@ -73,11 +91,40 @@ def gemm_floor_seconds(path: Path, python: str, target: str, workdir: Path) -> f
     """tools/emulator_gemm_floor.py's `gemm_seconds` for the model, or None when it failed."""
     command = [python, str(Path(__file__).resolve().parent / "emulator_gemm_floor.py"), str(path),
                "--target", target, *input_shape_flags(path)]
-    environment = child_environment()
-    for variable in ONE_THREAD:
-        environment.setdefault(variable, "1")
-    finished = subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True)
-    return json.loads(finished.stdout)["gemm_seconds"] if finished.returncode == 0 else None
+    report = json_child(command, workdir)
+    return None if report is None else report["gemm_seconds"]
+
+
+def json_child(command: list[str], workdir: Path) -> dict | None:
+    """The JSON line a tool prints in a child process with BLAS on one thread, or None when it
+    failed."""
+    finished = subprocess.run(command, cwd=workdir, env=one_thread_environment(), capture_output=True, text=True)
+    return json.loads(finished.stdout) if finished.returncode == 0 else None
+
+
+def onnxruntime_first_run_seconds(path: Path, workdir: Path, repeat: int) -> float | None:
+    """The median of `repeat` fresh processes' onnxruntime first run (tools/onnxruntime_first_run.py
+    on the model onnxruntime optimized once, here), or None when one failed."""
+    tool = str(Path(__file__).resolve().parent / "onnxruntime_first_run.py")
+    optimized = workdir / f"{path.stem}.optimized.onnx"
+    if json_child([sys.executable, tool, str(path), "--optimize-to", str(optimized)], workdir) is None:
+        return None
+    seconds = []
+    for _ in range(repeat):
+        report = json_child([sys.executable, tool, str(path), "--optimized", str(optimized)], workdir)
+        if report is None:
+            return None
+        seconds.append(report["seconds"])
+    optimized.unlink()
+    return statistics.median(seconds)
+
+
+def later_run_seconds(path: Path, python: str, target: str, workdir: Path, runs: int) -> float | None:
+    """tools/emulator_later_runs.py's `later_seconds` for the model, or None when it failed."""
+    tool = str(Path(__file__).resolve().parent / "emulator_later_runs.py")
+    report = json_child([python, tool, str(path), "--target", target, "--runs", str(runs),
+                         *input_shape_flags(path)], workdir)
+    return None if report is None else report["later_seconds"]
 
 
 def onnxruntime_feeds(session: onnxruntime.InferenceSession, path: Path) -> dict[str, np.ndarray]:
@@ -120,15 +167,24 @@ def main() -> int:
     parser.add_argument("--baseline-python", help="also measure this interpreter's rkcompile, in turn with --python's")
     parser.add_argument("--gemm-floor", action="store_true",
                         help="also time the NPU steps' float32 matrix products alone, and their ratio to onnxruntime")
+    parser.add_argument("--onnxruntime-first-run", action="store_true",
+                        help="also time onnxruntime's own first run of a fresh process, as the emulator's is timed")
+    parser.add_argument("--later-runs", action="store_true",
+                        help="also time the emulator's later runs of one prepared plan")
     args = parser.parse_args()
     sides = ([("baseline", args.baseline_python)] if args.baseline_python else []) + [("measured", args.python)]
     baseline_header = f" {'base s':>8} {'base':>7}" if args.baseline_python else ""
     floor_header = f" {'gemm floor s':>12} {'floor ratio':>11}" if args.gemm_floor else ""
-    print(f"{'model':42} {'cnn':>3}{baseline_header} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}{floor_header}",
-          flush=True)
+    first_header = f" {'ort 1st s':>9} {'1st/1T':>7} {'emu/1st':>7}" if args.onnxruntime_first_run else ""
+    later_header = f" {'later s':>8} {'ratio':>7}" if args.later_runs else ""
+    print(f"{'model':42} {'cnn':>3}{baseline_header} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}{floor_header}"
+          f"{first_header}{later_header}", flush=True)
     ratios = {side: [] for side, _ in sides}
     cnn_ratios = {side: [] for side, _ in sides}
     floor_ratios = []
+    #: (CNN or not, ratio) per model: onnxruntime's first run to its one-thread run, the emulator's
+    #: first run to onnxruntime's, the emulator's later runs to onnxruntime's one-thread run
+    onnxruntime_first, against_first, later = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench_emulator_") as folder:
         for path in model_paths(args.models):
             cnn = is_cnn(path)
@@ -164,8 +220,25 @@ def main() -> int:
                 else:
                     floor_ratios.append(seconds / ort)
                     floor = f" {seconds:12.4f} {seconds / ort:10.2f}x"
-            print(f"{path.stem:42} {'yes' if cnn else 'no':>3}{shown} {emulator:10.3f} {ort:9.4f} {ratio:6.1f}x{floor}",
-                  flush=True)
+            first = ""
+            if args.onnxruntime_first_run:
+                seconds = onnxruntime_first_run_seconds(path, Path(folder), args.repeat)
+                if seconds is None:
+                    first = f" {'failed':>9}"
+                else:
+                    onnxruntime_first.append((cnn, seconds / ort))
+                    against_first.append((cnn, emulator / seconds))
+                    first = f" {seconds:9.4f} {seconds / ort:6.1f}x {emulator / seconds:6.2f}x"
+            later_run = ""
+            if args.later_runs:
+                seconds = later_run_seconds(path, args.python, args.target, Path(folder), args.repeat)
+                if seconds is None:
+                    later_run = f" {'failed':>8}"
+                else:
+                    later.append((cnn, seconds / ort))
+                    later_run = f" {seconds:8.4f} {seconds / ort:6.1f}x"
+            print(f"{path.stem:42} {'yes' if cnn else 'no':>3}{shown} {emulator:10.3f} {ort:9.4f} {ratio:6.1f}x{floor}"
+                  f"{first}{later_run}", flush=True)
     for side, python in sides:
         if ratios[side]:
             cnn_median = f"{statistics.median(cnn_ratios[side]):.1f}x" if cnn_ratios[side] else "n/a"
@@ -176,7 +249,22 @@ def main() -> int:
                   f"{WORST_BAR}x")
     if floor_ratios:
         print(f"gemm floor: median {statistics.median(floor_ratios):.2f}x onnxruntime, max {max(floor_ratios):.2f}x")
+    for label, measured in (("onnxruntime's own first run, to its one-thread run", onnxruntime_first),
+                            ("the emulator's first run, to onnxruntime's first run", against_first),
+                            ("the emulator's later runs, to onnxruntime's one-thread run", later)):
+        if measured:
+            print(f"{label}: {ratio_summary(measured)}")
     return 0
+
+
+def ratio_summary(measured: list[tuple[bool, float]]) -> str:
+    """The median over CNNs and over all, the max and how many are over the worst bar."""
+    cnns = [ratio for cnn, ratio in measured if cnn]
+    ratios = [ratio for _, ratio in measured]
+    cnn_median = f"{statistics.median(cnns):.2f}x" if cnns else "n/a"
+    return (f"{len(ratios)} models: median over {len(cnns)} CNNs {cnn_median} (bar {CNN_MEDIAN_BAR}x), "
+            f"median over all {statistics.median(ratios):.2f}x, max {max(ratios):.2f}x (bar {WORST_BAR}x), "
+            f"{sum(r > WORST_BAR for r in ratios)} over {WORST_BAR}x")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 
 from rkcompile.api import prepare
 from rkcompile.context import Options
-from rkcompile.emulator import emulate, make_inputs
+from rkcompile.emulator import Prepared, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS
 
 #: (batch, rows, inner, columns, transposed right operand) -> how many times the run computes it
@@ -77,21 +77,31 @@ def product_seconds(batch: int, rows: int, inner: int, columns: int, transposed:
     return best
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model")
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS")
-    args = parser.parse_args()
+
+
+def prepared_and_inputs(args: argparse.Namespace) -> tuple[Prepared, dict[str, np.ndarray]]:
+    """`args.model` planned as `rkcompile run MODEL` plans it, and its inputs: MODEL.npz's where
+    it has them, seeded random ones otherwise."""
     shapes = {name: tuple(int(d) for d in dims.split(",")) for name, dims in
               (flag.split(":", 1) for flag in args.input_shape)}
     prepared = prepare(args.model, args.target, Options(input_shapes=shapes))
-    products: Products = collections.Counter()
-    record_products(products)
     given = Path(args.model).with_suffix(".npz")
     arrays = dict(np.load(given)) if given.exists() else {}
     names = {spec.name for spec in prepared.plan.model.inputs}
-    emulate(prepared, make_inputs(prepared.plan, {k: v for k, v in arrays.items() if k in names}, seed=0))
+    return prepared, make_inputs(prepared.plan, {k: v for k, v in arrays.items() if k in names}, seed=0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(parser)
+    prepared, inputs = prepared_and_inputs(parser.parse_args())
+    products: Products = collections.Counter()
+    record_products(products)
+    emulate(prepared, inputs)
     depthwise = products.pop("depthwise_macs", 0)
     seconds = sum(count * product_seconds(*shape) for shape, count in products.items())
     print(json.dumps({"gemm_seconds": seconds, "gemms": sum(products.values()), "depthwise_macs": depthwise}))
