@@ -24,14 +24,15 @@ before --python's (after it in odd repeats), against the same onnxruntime figure
 turn, repeat by repeat, so a shared machine's load, which moves onnxruntime's own time by 2-4x
 over minutes, hits both alike.
 
-The bars compare a first run, setup included, with onnxruntime's warm run. Two further columns
+The bars compare a first run, setup included, with onnxruntime's warm run. Two further measures
 say what that comparison asks:
 - `--onnxruntime-first-run`: onnxruntime's own first run, timed the same way
-  (tools/onnxruntime_first_run.py in a fresh process per repeat: a session on the model
-  onnxruntime optimized beforehand, graph optimizations off, plus its first run; its graph
-  rewriting left out as planning is left out of the emulator's). Printed: its seconds, its ratio
-  to onnxruntime's one-thread run (the bars applied to onnxruntime itself) and the emulator's
-  ratio to it (first run against first run).
+  (tools/onnxruntime_first_run.py on this interpreter's onnxruntime, the one the one-thread
+  figure runs, in a fresh process per repeat: a session on the model onnxruntime optimized
+  beforehand, graph optimizations off, plus its first run; its graph rewriting left out as
+  planning is left out of the emulator's). Printed: its seconds, its ratio to onnxruntime's
+  one-thread run (the bars applied to onnxruntime itself) and the emulator's ratio to it (first
+  run against first run).
 - `--later-runs`: the emulator's later runs of one prepared plan (tools/emulator_later_runs.py,
   --python's, the median of --repeat runs after the first), what each further calibration sample
   or input costs, and their ratio to onnxruntime's one-thread run.
@@ -115,7 +116,7 @@ def onnxruntime_first_run_seconds(path: Path, workdir: Path, repeat: int) -> flo
         if report is None:
             return None
         seconds.append(report["seconds"])
-    optimized.unlink()
+    optimized.unlink()  # a zoo's optimized models, weights and all, need not pile up until the end
     return statistics.median(seconds)
 
 

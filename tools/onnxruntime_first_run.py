@@ -17,8 +17,11 @@ tools/bench_emulator.py feeds onnxruntime). It prints one JSON line: `session_se
   one thread) to PATH, prints `{"optimized": PATH}` and times nothing. `--optimized PATH` then
   makes the session from PATH with graph optimizations off: like the emulator's clock, it
   leaves out the graph rewriting onnxruntime does before it runs (its planning), and keeps the
-  rest of its setup (graph resolution, kernels, initializers, the memory plan). The saved model holds kernels chosen for
-  this machine (onnxruntime warns so): use it here, not elsewhere.
+  rest of its setup (graph resolution, kernels, initializers, the memory plan). The saved model
+  holds kernels chosen for this machine (onnxruntime warns so): use it here, not elsewhere.
+
+A model whose weights are in external files is read as bytes without them: the session fails,
+and tools/bench_emulator.py prints `failed` for it.
 """
 from __future__ import annotations
 
