@@ -21,7 +21,7 @@ from rkcompile.emulator.storage import EmulationError
 from rkcompile.emulator import pages
 from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
-from rkcompile.emulator.kernels.activation import relu, sigmoid
+from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid
 from rkcompile.layouts import as_nchw, nc1hwc2_shape
 from rkcompile.plan import Plan, TensorPlacement
 from rkcompile.targets import get_target
@@ -323,6 +323,39 @@ def test_sigmoid_with_one_exp_is_the_two_exp_formula_bit_for_bit():
         expected = np.exp(np.minimum(x, 0)) / (1 + np.exp(-np.abs(x)))
         result = sigmoid(x)
     np.testing.assert_array_equal(result.view(np.uint32), expected.view(np.uint32))
+
+
+def whole_array_erf(x: np.ndarray) -> np.ndarray:
+    """A&S 7.1.26 as one numpy expression over the whole array: what the emulator computed before
+    erf went block by block."""
+    sign = np.sign(x)
+    a = np.abs(x).astype(np.float64)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (sign * (1.0 - poly * np.exp(-a * a))).astype(x.dtype)
+
+
+def test_erf_block_by_block_is_the_whole_array_expression_bit_for_bit():
+    """Every float16 value, rounding edge and random float32 bit pattern, over more than one block
+    and a last partial one: the same bits, NaN where it was NaN (its sign bit is numpy's loops')."""
+    x = float32_cases()
+    assert x.size > 2 * ERF_BLOCK and x.size % ERF_BLOCK
+    with np.errstate(invalid="ignore"):
+        expected, result = whole_array_erf(x), erf(x)
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(np.isnan(result), nan)
+    np.testing.assert_array_equal(result[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("layout", ["channels-last view", "strided slice", "scalar", "empty"])
+def test_erf_keeps_the_shape_and_memory_order_numpys_element_wise_ops_give(layout):
+    values = rng.standard_normal((2, 7, 9, 13)).astype(np.float32) * 2
+    x = {"channels-last view": values.transpose(0, 3, 1, 2), "strided slice": values[:, ::2, :, 1:],
+         "scalar": np.array(0.7, np.float32), "empty": np.zeros((0, 3), np.float32)}[layout]
+    result = erf(x)
+    numpys = np.abs(x)  # any element-wise op: its result's memory order
+    assert result.shape == x.shape and result.dtype == x.dtype and result.strides == numpys.strides
+    np.testing.assert_array_equal(result.view(np.uint32), whole_array_erf(x).view(np.uint32))
 
 
 @pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
