@@ -10,9 +10,11 @@ from ..registry import IN_PLACE, attr, register
 
 
 #: elements per block of erf's float64 arithmetic: its three float64 buffers (192 KiB) stay in
-#: the core's cache, where whole-map temporaries (ten of 8 bytes an element) went to memory
+#: the core's cache, where the whole-map temporaries (about twenty, most of 8 bytes an element)
+#: went to memory
 ERF_BLOCK = 8192
-#: A&S 7.1.26's coefficients a5 ... a1, Horner's order
+#: A&S 7.1.26's p, and its coefficients a5 ... a1 in Horner's order
+ERF_P = 0.3275911
 ERF_COEFFICIENTS = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
 
 
@@ -35,7 +37,7 @@ def erf(x: np.ndarray) -> np.ndarray:
         n = block.size
         a, tb, pb, sb = magnitude[:n], t[:n], poly[:n], sign[:n]
         np.abs(block, out=a)
-        np.multiply(a, 0.3275911, out=tb)
+        np.multiply(a, ERF_P, out=tb)
         tb += 1.0
         np.divide(1.0, tb, out=tb)
         np.multiply(tb, ERF_COEFFICIENTS[0], out=pb)
