@@ -1,7 +1,11 @@
 """Shared fixtures: tiny models built with onnx.helper, and the paths of the shared zoo."""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,18 @@ SHARED = REPO.parent / "shared"
 ZOO = SHARED / "zoo"
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 PRIMARY_TARGETS = ("rk3588", "rk3576", "rk3562")
+TOOLS = REPO / "tools"
+
+
+@functools.cache
+def load_tool(name: str) -> types.ModuleType:
+    """tools/NAME.py imported as the module NAME, once per test process; registered in
+    sys.modules, where its dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def zoo_models() -> list[Path]:

@@ -4,11 +4,9 @@ sample runs in CI; the full suite (about 1,900 cases) is marked slow. The named 
 each a class of wrong answer or crash found by the full sweep, replayed."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import re
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -16,6 +14,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+
+from conftest import load_tool
 
 from rkcompile.api import prepare
 from rkcompile.context import Options
@@ -25,11 +25,7 @@ from rkcompile.emulator.storage import EmulationError
 from rkcompile.plan import Plan
 from rkcompile.run_command import load_npz
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "sweep_backend_data.py"
-spec = importlib.util.spec_from_file_location("sweep_backend_data", TOOL)
-sweep = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = sweep  # its dataclasses look their module up
-spec.loader.exec_module(sweep)
+sweep = load_tool("sweep_backend_data")
 
 #: the CI sample: every operator family drawn once before any twice, seeded
 SAMPLE_SIZE = 30

@@ -4,17 +4,10 @@ tools/sweep_backend_data.py: every case the planner accepts must pass at float16
 islands kept, so the NPU kernels run, it is marked slow."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_tool
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "sweep_backend_data.py"
-spec = importlib.util.spec_from_file_location("sweep_backend_data", TOOL)
-sweep_backend_data = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = sweep_backend_data  # its dataclasses look their module up
-spec.loader.exec_module(sweep_backend_data)
+sweep_backend_data = load_tool("sweep_backend_data")
 
 COLLECTIONS = ("pytorch-converted", "pytorch-operator")
 pytestmark = pytest.mark.skipif(not (sweep_backend_data.DATA / COLLECTIONS[0]).is_dir(),

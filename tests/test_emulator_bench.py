@@ -2,26 +2,12 @@
 the emulator's first run is, and the emulator's later runs of one prepared plan."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TOOLS = REPO / "tools"
-
-
-def load_tool(name: str):
-    sys.path.insert(0, str(TOOLS))  # the tools import each other by module name
-    try:
-        spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(TOOLS))
+from conftest import REPO, TOOLS, load_tool
 
 
 def test_ratio_summary_takes_the_cnn_median_apart_and_counts_the_models_over_the_worst_bar():

@@ -4,19 +4,14 @@ emulation must match onnxruntime (unless the graph is too ill-conditioned for fl
 (WHAT@TARGET[@batch=N|@core_mask=M].onnx) is replayed the same way."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import onnx
 import pytest
+from conftest import load_tool
 from hypothesis import HealthCheck, given, settings
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "fuzz.py"
-spec = importlib.util.spec_from_file_location("fuzz", TOOL)
-fuzz = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = fuzz
-spec.loader.exec_module(fuzz)
+fuzz = load_tool("fuzz")
 
 #: stem of a saved failure whose root cause another engineer owns -> its kind, and why it still fails
 ELSEWHERE = {known.regression: (kind, known.reason) for kind, known in fuzz.ELSEWHERE.items()}

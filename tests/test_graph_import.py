@@ -5,21 +5,16 @@ inference: value_info given), onnx's shipped models, the dev zoo, and one case p
 importer that those may not reach."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from conftest import light_models, make_model, value_info, weight, zoo_models
+from conftest import light_models, load_tool, make_model, value_info, weight, zoo_models
 from onnx import TensorProto, helper
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from rkcompile import graph_import
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "sweep_backend_data.py"
 
 
 def same_graph(ours: gs.Graph, theirs: gs.Graph) -> None:
@@ -88,11 +83,7 @@ def inferred(model: onnx.ModelProto) -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def node_cases():
-    spec = importlib.util.spec_from_file_location("sweep_backend_data", TOOL)
-    sweep = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = sweep
-    spec.loader.exec_module(sweep)
-    return sweep.node_cases()
+    return load_tool("sweep_backend_data").node_cases()
 
 
 def test_every_onnx_operator_test_case_imports_as_the_library_imports_it(node_cases):

@@ -4,25 +4,15 @@ committed shape, and the committed peer results cover the generator's models. No
 torch or the peer: the exporters and rknn-toolkit2 run only in tools/."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TOOLS = REPO / "tools"
+from conftest import REPO, TOOLS, load_tool
+
 PEER_RESULTS = TOOLS / "wide_zoo" / "peer_rk3588.json"
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
