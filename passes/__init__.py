@@ -1,2 +1,2 @@
 """The compiler passes, one per module. Each exposes `NAME` and `run(ctx: CompileContext) -> None`;
-rkcompile.pipeline lists them in order."""
+rkcompile.compiler.pipeline lists them in order."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from rkcompile.context import CompileContext, Placement
+from rkcompile.compiler.context import CompileContext, Placement
 
 NAME = "assign"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

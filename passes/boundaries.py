@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext, Placement
-from rkcompile.ir import node_inputs, readers, replace_reads
+from rkcompile.compiler.context import CompileContext, Placement
+from rkcompile.ir.graph import node_inputs, readers, replace_reads
 from rkcompile.passes.layout import placement
 
 NAME = "boundaries"

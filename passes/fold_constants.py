@@ -35,13 +35,13 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import shape_inference
 
-from rkcompile.context import CompileContext
+from rkcompile.compiler.context import CompileContext
 from rkcompile.errors import CompileError
-from rkcompile.graph_edit import detach
-from rkcompile.ir import (SHAPE_DATA_MAX_ELEMENTS, element_count, is_onnx_domain, node_proto, node_shape_model,
-                          present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
-                          topological_nodes)
-from rkcompile.nodes import plain_attribute_key
+from rkcompile.ir.edits import detach
+from rkcompile.ir.graph import (SHAPE_DATA_MAX_ELEMENTS, element_count, is_onnx_domain, node_proto,
+    node_shape_model, present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
+    topological_nodes)
+from rkcompile.ir.nodes import plain_attribute_key
 from rkcompile.passes import reference_kernels
 
 NAME = "fold-constants"

@@ -30,15 +30,15 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
-from rkcompile.context import CompileContext
-from rkcompile.dag import Dag, descendants
-from rkcompile.fusion_patterns import FUSED_DOMAIN, Match, matches
-from rkcompile.graph_edit import detach
-from rkcompile.ir import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
-from rkcompile.operations import constant, graph, graph_node, variable
+from rkcompile.compiler.context import CompileContext
+from rkcompile.ir.dag import Dag, descendants
+from rkcompile.ir.patterns import FUSED_DOMAIN, Match, matches
+from rkcompile.ir.edits import detach
+from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
+from rkcompile.plan.operations import constant, graph, graph_node, variable
 from rkcompile.targets.model import Rule
 
-from .fusion_table import TABLES, FusionRule
+from rkcompile.passes.fusion_table import TABLES, FusionRule
 
 NAME = "fuse"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

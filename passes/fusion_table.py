@@ -19,9 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from rkcompile.fusion_patterns import Alt, Any, Chain, Const, Match, Op, Pattern, optional
-from rkcompile.ir import static_shape
-from rkcompile.records import frozen_dataclass
+from rkcompile.ir.patterns import Alt, Any, Chain, Const, Match, Op, Pattern, optional
+from rkcompile.ir.graph import static_shape
+from rkcompile.plan.records import frozen_dataclass
 
 Predicate = Callable[[Match], tuple[bool, str]]
 

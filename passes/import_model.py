@@ -13,11 +13,12 @@ from pathlib import Path
 import onnx
 from onnx import external_data_helper, shape_inference
 
-from rkcompile import graph_import, model_file
-from rkcompile.context import CompileContext
+from rkcompile.ir import onnx_import as graph_import
+from rkcompile.compiler import model_file
+from rkcompile.compiler.context import CompileContext
 from rkcompile.errors import CompileError
-from rkcompile.ir import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
-from rkcompile.plan import ModelInfo, TensorSpec
+from rkcompile.ir.graph import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
+from rkcompile.plan.schema import ModelInfo, TensorSpec
 
 NAME = "import"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import fused_body
-from rkcompile.quantize import dequantize, quantize, weight_params
+from rkcompile.ir.nodes import fused_body
+from rkcompile.quantization.params import dequantize, quantize, weight_params
 
 #: Ops f with f(x / s) = f(x) / s for a positive scale s per channel.
 SCALE_COMMUTING = frozenset({"Relu", "LeakyRelu", "MaxPool", "GlobalMaxPool", "AveragePool", "GlobalAveragePool"})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, is_onnx_domain, present_inputs
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, is_onnx_domain, present_inputs
 
 #: float -> integer conversions, with the inputs whose values they round (QuantizeLinear divides
 #: x by its scale, then rounds)

@@ -19,12 +19,13 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
-from rkcompile.context import CompileContext
-from rkcompile.emulator import half
-from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs, present_inputs, static_shape
-from rkcompile.layouts import as_nchw, nc1hwc2_bytes
-from rkcompile.nodes import values_source
-from rkcompile.plan import TensorPlacement
+from rkcompile.compiler.context import CompileContext
+from rkcompile.numerics import float16 as half
+from rkcompile.ir.graph import (FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs,
+    present_inputs, static_shape)
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
+from rkcompile.ir.nodes import values_source
+from rkcompile.plan.schema import TensorPlacement
 from rkcompile.targets.model import Target
 
 NAME = "layout"
@@ -74,7 +75,7 @@ def run(ctx: CompileContext) -> None:
 
 def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:
     """Warn when the weight region cannot hold a constant's finite values in its stored dtype:
-    the weight encoding saturates them to that dtype's largest value (rkcompile.emulator.half.saturate
+    the weight encoding saturates them to that dtype's largest value (rkcompile.numerics.float16.saturate
     says why, and what Rockchip's compiler does), so the plan computes with a different number
     than the model wrote (typically a float32 mask fill of -3.4e38 read by an NPU step)."""
     if stored.dtype not in FLOAT_DTYPES or stored.dtype == dtype_name(constant.dtype):

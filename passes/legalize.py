@@ -11,12 +11,12 @@ from typing import NamedTuple
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext, Failure
+from rkcompile.compiler.context import CompileContext, Failure
 from rkcompile.errors import CompileError
-from rkcompile.ir import dtype_name, is_onnx_domain, present_inputs
+from rkcompile.ir.graph import dtype_name, is_onnx_domain, present_inputs
 from rkcompile.targets.model import Rule, Target
 
-from .integer_results import rounded_to_integers
+from rkcompile.passes.integer_results import rounded_to_integers
 
 NAME = "legalize"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rkcompile.allocation import Buffer, live_ranges, plan_arena
-from rkcompile.context import CompileContext
-from rkcompile.ir import itemsize, node_inputs
-from rkcompile.plan import Memory, TensorPlacement
+from rkcompile.plan.allocation import Buffer, live_ranges, plan_arena
+from rkcompile.compiler.context import CompileContext
+from rkcompile.ir.graph import itemsize, node_inputs
+from rkcompile.plan.schema import Memory, TensorPlacement
 
 NAME = "memory"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

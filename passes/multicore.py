@@ -1,5 +1,5 @@
 """Multicore: which NPU cores run which steps, for a batch or within one input, and what the
-cost model (rkcompile/cost_model.py) says that buys against one core.
+cost model (rkcompile/plan/cost_model.py) says that buys against one core.
 
 A batch follows seed 004 (4.1.4 multi-batch): `rknn_batch_size` 2 duplicates the context once,
 3 or more twice, so at most three contexts (two on RK3576, one on single-core parts) run at
@@ -18,15 +18,15 @@ from dataclasses import replace
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile import cost_model
-from rkcompile.context import CompileContext
-from rkcompile.cost_estimate import step_work
-from rkcompile.cost_model import Share, StepWork
+from rkcompile.plan import cost_model
+from rkcompile.compiler.context import CompileContext
+from rkcompile.compiler.cost_estimate import step_work
+from rkcompile.plan.cost_model import Share, StepWork
 from rkcompile.errors import CompileError
-from rkcompile.ir import fused_body, itemsize, present_inputs
+from rkcompile.ir.graph import fused_body, itemsize, present_inputs
 from rkcompile.passes.fusion_table import TABLES
-from rkcompile.layouts import as_nchw
-from rkcompile.plan import BatchContext, CoreTimeline, IoSlice, Multicore, SplitPart, StepSplit
+from rkcompile.numerics.nc1hwc2 import as_nchw
+from rkcompile.plan.schema import BatchContext, CoreTimeline, IoSlice, Multicore, SplitPart, StepSplit
 from rkcompile.targets.model import Target
 
 NAME = "multicore"

@@ -16,7 +16,7 @@ Placement then changes in three ways, each recorded as the node's reason in the 
   first, each move strictly lowering the estimate, so the loop ends;
 - a cheap CPU partition between NPU partitions, where the rules leave no choice, is annotated
   with why it stays (rewrites that could have moved it run before `assign`).
-The estimate is `rkcompile.cost_model` over `cost_estimate.step_work`; nothing here knows its rates.
+The estimate is `rkcompile.plan.cost_model` over `cost_estimate.step_work`; nothing here knows its rates.
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from typing import Callable
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.records import frozen_dataclass
-from rkcompile import cost_model
-from rkcompile.context import CompileContext, Placement
-from rkcompile.dag import Dag, find_cycle, topological_sort
-from rkcompile.cost_estimate import step_work
-from rkcompile.ir import dataflow_graph, is_onnx_domain, outer_scope_reads, readers
+from rkcompile.plan.records import frozen_dataclass
+from rkcompile.plan import cost_model
+from rkcompile.compiler.context import CompileContext, Placement
+from rkcompile.ir.dag import Dag, find_cycle, topological_sort
+from rkcompile.compiler.cost_estimate import step_work
+from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, outer_scope_reads, readers
 from rkcompile.passes.boundaries import TensorFormat, tensor_format
 from rkcompile.passes.layout import placement
 from rkcompile.targets.common import ONNX_TO_KERNEL

@@ -6,7 +6,7 @@ float operand the NPU reads as a parameter, such as Resize's scales, keeps its f
 what the planner allocates. Float16 plans pass through untouched.
 
 Activation ranges come from the planned graph run in float32 on the calibration inputs
-(`--calib`, else seeded random ones with a warning); rkcompile/quantize.py holds the
+(`--calib`, else seeded random ones with a warning); rkcompile/quantization/params.py holds the
 observers and the parameter arithmetic. A data-movement output (Reshape, Transpose, Slice,
 Split, MaxPool, nearest Resize, ...) keeps its input's parameters, so moving int8 values never
 requantizes them; a Concat operand nothing else reads takes the Concat's, so it is rounded once;
@@ -20,19 +20,19 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CHOOSE, PREFERRED_INT8, CompileContext, settings_label
+from rkcompile.compiler.context import CHOOSE, PREFERRED_INT8, CompileContext, settings_label
 from rkcompile.errors import CompileError
-from rkcompile.ir import dtype_name, element_count, itemsize
-from rkcompile.layouts import as_nchw, nc1hwc2_bytes
-from rkcompile.plan import QUANTIZED_DTYPES, Int8Technique, Quantization
+from rkcompile.ir.graph import dtype_name, element_count, itemsize
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
+from rkcompile.plan.schema import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
-from rkcompile.quantize import (INT8, PER_CHANNEL_WEIGHTS, RangeObserver, activation_params, bias_params, fit_bias,
-                                is_movement, samples_for, weight_params)
+from rkcompile.quantization.params import (INT8, PER_CHANNEL_WEIGHTS, RangeObserver, activation_params,
+    bias_params, fit_bias, is_movement, samples_for, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
-from .int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize, find_pairs,
-                            replace_constant, set_constant)
-from .int8_accuracy import members as int8_members
+from rkcompile.passes.int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize,
+    find_pairs, replace_constant, set_constant)
+from rkcompile.passes.int8_accuracy import members as int8_members
 
 NAME = "quantize"
 #: An operand of a Concat that spans fewer int8 steps of the output than this is reported; a
@@ -80,7 +80,7 @@ def run(ctx: CompileContext) -> None:
 def _settle_unchosen(ctx: CompileContext) -> None:
     """The int8 settings still left to choose here take their preferred values, and the plan says
     so. rkcompile.compile and the command line choose them before this pass
-    (rkcompile/int8_choice.py); `pipeline.compile_model` alone plans without searching."""
+    (rkcompile/compiler/int8_choice.py); `pipeline.compile_model` alone plans without searching."""
     unchosen = {name: value for name, value in PREFERRED_INT8.items() if getattr(ctx.options, name) == CHOOSE}
     if not unchosen:
         return
@@ -94,7 +94,7 @@ def _settle_unchosen(ctx: CompileContext) -> None:
 def idle_techniques(ctx: CompileContext) -> set[str]:
     """The int8 techniques that would change nothing in the graph this pass receives: equalization
     without a Conv pair to equalize, bias correction without a Conv whose bias it corrects
-    (float16 islands only remove candidates). rkcompile/int8_choice.py does not search them."""
+    (float16 islands only remove candidates). rkcompile/compiler/int8_choice.py does not search them."""
     nodes = {node.name: node for node in ctx.graph.nodes}
     ordered = [nodes[name] for name in ctx.order]
     devices = [ctx.placement[name].device for name in ctx.order]

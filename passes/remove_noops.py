@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext
-from rkcompile.graph_edit import detach, replace_uses
-from rkcompile.nodes import dtype_name
+from rkcompile.compiler.context import CompileContext
+from rkcompile.ir.edits import detach, replace_uses
+from rkcompile.ir.nodes import dtype_name
 
-from .legalize import training_mode
+from rkcompile.passes.legalize import training_mode
 
 NAME = "remove-noops"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

@@ -29,15 +29,15 @@ from collections import Counter, deque
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.context import CompileContext, Failure, RewriteAttempt
-from rkcompile.graph_edit import detach, replace_uses
-from rkcompile.ir import topological_nodes
-from rkcompile.plan import Rewrite
+from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
+from rkcompile.ir.edits import detach, replace_uses
+from rkcompile.ir.graph import topological_nodes
+from rkcompile.plan.schema import Rewrite
 from rkcompile.targets.model import Target
 
-from .integer_results import rounded_to_integers
-from .legalize import Verdict, compile_facts, evaluate_rules
-from .rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
+from rkcompile.passes.integer_results import rounded_to_integers
+from rkcompile.passes.legalize import Verdict, compile_facts, evaluate_rules
+from rkcompile.passes.rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteRule, Site
 
 NAME = "rewrite"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

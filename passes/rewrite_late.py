@@ -2,9 +2,9 @@
 the nodes that are still illegal (the rules marked `late` in passes/rewrites/)."""
 from __future__ import annotations
 
-from rkcompile.context import CompileContext
+from rkcompile.compiler.context import CompileContext
 
-from .rewrite import rewrite_graph
+from rkcompile.passes.rewrite import rewrite_graph
 
 NAME = "rewrite-late"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)

@@ -1,7 +1,7 @@
 """rkcompile: plan ONNX models for Rockchip RKNPU2 NPUs, and execute the plans on an emulator.
 
 The public API (docs/api.md) is `compile`, `load`, `run`, `accuracy_analysis`, `targets`,
-`Plan` and `Options`. They load on first use (PEP 562), so `import rkcompile.plan` stays a
+`Plan` and `Options`. They load on first use (PEP 562), so `import rkcompile.plan.schema` stays a
 JSON-only import for tools that read plans.
 """
 from __future__ import annotations
@@ -15,15 +15,15 @@ _API = ("Options", "Plan", "accuracy_analysis", "compile", "load", "run")
 __all__ = [*_API, "PLAN_SCHEMA", "targets", "__version__"]
 
 if TYPE_CHECKING:
-    from .api import Options, Plan, accuracy_analysis, compile, load, run  # noqa: F401
-    from .plan import PLAN_SCHEMA  # noqa: F401
+    from rkcompile.api import Options, Plan, accuracy_analysis, compile, load, run  # noqa: F401
+    from rkcompile.plan.schema import PLAN_SCHEMA  # noqa: F401
 
 
 def __getattr__(name: str):
     if name in _API:
         return getattr(importlib.import_module(".api", __name__), name)
     if name == "PLAN_SCHEMA":
-        return importlib.import_module(".plan", __name__).PLAN_SCHEMA
+        return importlib.import_module(".plan.schema", __name__).PLAN_SCHEMA
     if name == "targets":  # the subpackage, callable: rkcompile.targets() lists the SoCs
         return importlib.import_module(".targets", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

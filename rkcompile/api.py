@@ -5,7 +5,7 @@
     plan.save("model.rkplan")
     outputs = rkcompile.run(rkcompile.load("model.rkplan"), {"images": x})
 
-A `Plan` is the plan record (`rkcompile.plan.Plan`, the JSON contract) with its weight region;
+A `Plan` is the plan record (`rkcompile.plan.schema.Plan`, the JSON contract) with its weight region;
 `run` executes exactly that, so a saved plan runs the same in any process without the model.
 """
 from __future__ import annotations
@@ -18,21 +18,21 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from . import artifact
-from .context import CompileContext, Options
-from .cpu_partitions import cpu_partition_models
-from .emulator.accuracy import StepAccuracy, analyse
-from .emulator import half
-from .emulator.executor import Executor
-from .emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
-from .emulator.storage import EmulationError, Storage
-from .errors import CompileError
-from .ir import FLOAT_DTYPES, node_inputs
-from .operations import rebuild
-from .plan import Plan as PlanRecord
-from .quantize import quantize
-from .targets import get_target
-from .targets.model import Target
+from rkcompile.plan import artifact
+from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.plan.cpu_partitions import cpu_partition_models
+from rkcompile.emulator.accuracy import StepAccuracy, analyse
+from rkcompile.numerics import float16 as half
+from rkcompile.emulator.executor import Executor
+from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
+from rkcompile.emulator.storage import EmulationError, Storage
+from rkcompile.errors import CompileError
+from rkcompile.ir.graph import FLOAT_DTYPES, node_inputs
+from rkcompile.plan.operations import rebuild
+from rkcompile.plan.schema import Plan as PlanRecord
+from rkcompile.quantization.params import quantize
+from rkcompile.targets import get_target
+from rkcompile.targets.model import Target
 
 __all__ = ["Options", "Plan", "accuracy_analysis", "compile", "load", "run", "targets"]
 
@@ -80,7 +80,7 @@ class Plan:
 
     def summary(self) -> str:
         """The text `rkcompile plan` prints."""
-        from .summary import render_summary
+        from rkcompile.views.summary import render_summary
 
         return render_summary(self.record)
 
@@ -106,7 +106,7 @@ class Plan:
 def compile(model: str | Path, target: str = "rk3588", options: Options | None = None, **kwargs: Any) -> Plan:
     """Plan `model` for `target`. Options come as an `Options` or as its fields by keyword
     (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
-    from .int8_choice import compile_with_choice
+    from rkcompile.compiler.int8_choice import compile_with_choice
 
     return plan_of(*compile_with_choice(model, target, _options(options, kwargs), plan_of))
 
@@ -170,7 +170,7 @@ def _inputs(record: PlanRecord, given: Mapping[str, np.ndarray] | None, seed: in
 
 def targets() -> list[Target]:
     """Every SoC rkcompile plans for, with its figures."""
-    from .targets import all_targets
+    from rkcompile.targets import all_targets
 
     return all_targets()
 

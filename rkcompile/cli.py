@@ -11,13 +11,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
-from . import __version__
-from .collector import cyclic_collector_paused
-from .errors import CompileError
-from .model_file import read_ahead
+from rkcompile import __version__
+from rkcompile.collector import cyclic_collector_paused
+from rkcompile.errors import CompileError
+from rkcompile.compiler.model_file import read_ahead
 
 if TYPE_CHECKING:
-    from .context import Options
+    from rkcompile.compiler.context import Options
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -120,14 +120,14 @@ def _read_model_ahead(argv: list[str]) -> None:
 
 
 def _target_names() -> str:
-    from .targets import TARGET_MODULES
+    from rkcompile.targets import TARGET_MODULES
 
     return ", ".join(TARGET_MODULES)  # named as their targets: the help builds no target
 
 
 def _plan_arguments(plan: argparse.ArgumentParser) -> None:
-    from .passes.multicore import CORE_MASKS
-    from .pipeline import PASS_NAMES
+    from rkcompile.passes.multicore import CORE_MASKS
+    from rkcompile.compiler.pipeline import PASS_NAMES
 
     _add_model_arguments(plan)
     plan.add_argument("--json", type=Path, metavar="PATH", help="write the plan (rkcompile.plan/2) to PATH")
@@ -221,8 +221,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool =
                          target_help: str = "the SoC to plan for") -> None:
     """What every command that plans a model takes (`run` can take a saved plan instead, and
     `graph` a saved plan as MODEL)."""
-    from .context import CHOOSE
-    from .plan import CHANNEL_ORDERS
+    from rkcompile.compiler.context import CHOOSE
+    from rkcompile.plan.schema import CHANNEL_ORDERS
 
     parser.add_argument("model", type=Path, nargs="?" if model_optional else None,
                         help="the ONNX model file, or a saved plan (PLAN.rkplan or plan JSON)" if saved_plan
@@ -350,11 +350,11 @@ def _execute(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .context import Options
-    from .idle_npu import refuse_idle_npu
-    from .plan import STDOUT, write_atomically
-    from .progress import quiet
-    from .summary import render_summary
+    from rkcompile.compiler.context import Options
+    from rkcompile.compiler.idle_npu import refuse_idle_npu
+    from rkcompile.plan.schema import STDOUT, write_atomically
+    from rkcompile.progress import quiet
+    from rkcompile.views.summary import render_summary
 
     shapes = dict(args.input_shape)
     to_stdout = [option for option, path in (("--json", args.json), ("--output", args.output))
@@ -372,7 +372,7 @@ def _plan(args: argparse.Namespace) -> int:
     refuse_idle_npu(plan)
     explanation = None
     if args.explain is not None:
-        from .ops_doc import render_explanation
+        from rkcompile.views.ops_doc import render_explanation
 
         explanation = render_explanation(ctx, plan, args.explain)
     fallbacks = [n for n in plan.nodes if n.device == "cpu"]
@@ -383,7 +383,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_atomically(args.json, plan.to_json())
     if args.output is not None:
-        from .api import Plan, weight_region
+        from rkcompile.api import Plan, weight_region
 
         Plan(plan, weight_region(plan, ctx.graph, ctx.target)).save(args.output)
     # With the plan on standard output, what a person reads goes to standard error.
@@ -402,17 +402,17 @@ def _compile(model: Path, target: str, options: Options, cpu_backends: bool):
     nothing (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s (an int8 plan
     decides them: it runs on the emulator anyway)."""
     if options.dtype != "int8":
-        from .pipeline import compile_model
+        from rkcompile.compiler.pipeline import compile_model
 
         return compile_model(model, target, options, cpu_backends=cpu_backends)
-    from .api import plan_of
-    from .int8_choice import compile_with_choice
+    from rkcompile.api import plan_of
+    from rkcompile.compiler.int8_choice import compile_with_choice
 
     return compile_with_choice(model, target, options, plan_of)
 
 
 def _targets(args: argparse.Namespace) -> int:
-    from .targets import all_targets
+    from rkcompile.targets import all_targets
 
     print(f"{'target':10} {'cores':>5} {'C2 int8':>8} {'C2 fp16':>8} {'NPU ops':>8} {'kernels':>8} "
           f"{'multi-core':>10}  {'aliases':14} {'oplist platform':16} description")
@@ -425,9 +425,9 @@ def _targets(args: argparse.Namespace) -> int:
 
 
 def _ops(args: argparse.Namespace) -> int:
-    from .ops_doc import render_supported_ops
-    from .plan import write_atomically
-    from .targets import get_target
+    from rkcompile.views.ops_doc import render_supported_ops
+    from rkcompile.plan.schema import write_atomically
+    from rkcompile.targets import get_target
 
     document = render_supported_ops(get_target(args.target), args.format)
     if args.output is not None:
@@ -440,7 +440,7 @@ def _ops(args: argparse.Namespace) -> int:
 GRAPH_FORMATS = ("dot", "svg", "html", "onnx", "memory-svg", "timeline-svg")
 #: `graph -o OUT` without --format: the format OUT's suffix names
 GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx"}
-CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantize.py METHODS
+CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantization/params.py METHODS
 OPS_FORMATS = ("md", "text")
 
 
@@ -449,33 +449,33 @@ def _graph(args: argparse.Namespace) -> int:
     if graph_format is None:
         raise CompileError(f"--format: cannot tell the format from '{args.output}'; add --format "
                            f"({'|'.join(GRAPH_FORMATS)}) or name the file {', '.join(GRAPH_SUFFIXES)}")
-    from .idle_npu import refuse_idle_npu
-    from .plan import write_atomically
+    from rkcompile.compiler.idle_npu import refuse_idle_npu
+    from rkcompile.plan.schema import write_atomically
 
     plan = _plan_to_draw(args)
     record = plan.record
     refuse_idle_npu(record)
     if graph_format == "onnx":
-        from .partitioned_onnx import partitioned_model
+        from rkcompile.views.partitioned_onnx import partitioned_model
 
         nodes = plan.reference_nodes if plan.reference_nodes is not None else plan.step_nodes()
         write_atomically(args.output, partitioned_model(record, nodes).SerializeToString())
         return 0
     if graph_format in ("memory-svg", "timeline-svg"):
-        from .charts import memory_svg, timeline_svg
+        from rkcompile.views.charts import memory_svg, timeline_svg
 
         write_atomically(args.output, (memory_svg if graph_format == "memory-svg" else timeline_svg)(record))
         return 0
-    from .partition_view import build_view
+    from rkcompile.views.partition_view import build_view
 
     view = build_view(record)
     if graph_format == "html":
-        from .html_report import to_html
-        from .summary import render_summary
+        from rkcompile.views.html_report import to_html
+        from rkcompile.views.summary import render_summary
 
         write_atomically(args.output, to_html(view, render_summary(record), record))
         return 0
-    from .graphviz import dot_to_svg, to_dot
+    from rkcompile.views.graphviz import dot_to_svg, to_dot
 
     dot_source = to_dot(view)
     write_atomically(args.output, dot_to_svg(dot_source) if graph_format == "svg" else dot_source)
@@ -487,9 +487,9 @@ def _plan_to_draw(args: argparse.Namespace):
     .rkplan artifact or a plan JSON file), which keeps the flags it was planned with."""
     import zipfile
 
-    from . import api
-    from .context import Options
-    from .targets import get_target
+    from rkcompile import api
+    from rkcompile.compiler.context import Options
+    from rkcompile.targets import get_target
 
     if zipfile.is_zipfile(args.model) or args.model.suffix.lower() == ".json":
         given = planning_flags(args)
@@ -509,9 +509,9 @@ def _plan_to_draw(args: argparse.Namespace):
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare, parse_targets, render_table, to_json
-    from .context import Options
-    from .plan import STDOUT, write_atomically
+    from rkcompile.commands.compare import compare, parse_targets, render_table, to_json
+    from rkcompile.compiler.context import Options
+    from rkcompile.plan.schema import STDOUT, write_atomically
 
     targets = parse_targets(args.target)
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
@@ -527,8 +527,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import zipfile
 
-    from .context import Options
-    from .run_command import run_command
+    from rkcompile.compiler.context import Options
+    from rkcompile.commands.run import run_command
 
     args.planning_flags = planning_flags(args)
     args.dtype, args.batch = args.dtype or "float16", args.batch or 1
@@ -551,7 +551,7 @@ def planning_flags(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _zoo(args: argparse.Namespace) -> int:
-    from .zoo import zoo_command
+    from rkcompile.commands.zoo import zoo_command
 
     return zoo_command(args)
 
@@ -597,7 +597,7 @@ def console_main() -> NoReturn:
     at the normal exit), the exit is the normal one.
 
     Before any of that, a thread starts reading the model the command names (`_read_model_ahead`),
-    which the import pass then takes instead of reading it again (rkcompile/model_file.py)."""
+    which the import pass then takes instead of reading it again (rkcompile/compiler/model_file.py)."""
     argv = sys.argv[1:]
     _read_model_ahead(argv)
     with cyclic_collector_paused():

@@ -1,6 +1,6 @@
 """Progress bars for the loops a user waits on (int8 calibration, accuracy analysis): tqdm on
 standard error, drawn only when standard error is a terminal (a log or a pipe gets nothing) and
-not inside `quiet()` (the command line's --quiet). The zoo keeps its own bar (rkcompile/zoo.py),
+not inside `quiet()` (the command line's --quiet). The zoo keeps its own bar (rkcompile/commands/zoo.py),
 one line per job when not on a terminal."""
 from __future__ import annotations
 

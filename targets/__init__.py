@@ -7,7 +7,7 @@ import types
 
 from rkcompile.errors import CompileError
 
-from .model import OpRule, Rule, Target
+from rkcompile.targets.model import OpRule, Rule, Target
 
 #: one module per SoC, named as the target it defines (tests/test_targets.py checks the names)
 TARGET_MODULES = ("rk3588", "rk3576", "rv1126b", "rk3562", "rk3566", "rv1106", "rv1106b", "rk2118")

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Iterable, Mapping
 
-from . import constraints as c
-from .model import OpRule, Performance, Rule, Target
-from rkcompile.records import frozen_dataclass
-from .transpose import FULL_TABLE, NARROW
+from rkcompile.targets import constraints as c
+from rkcompile.targets.model import OpRule, Performance, Rule, Target
+from rkcompile.plan.records import frozen_dataclass
+from rkcompile.targets.transpose import FULL_TABLE, NARROW
 
 #: ONNX op -> (oplist kernel, inputs that carry integer indices rather than data)
 ONNX_TO_KERNEL: Mapping[str, tuple[str, tuple[int, ...]]] = {

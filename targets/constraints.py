@@ -21,9 +21,9 @@ from typing import Iterable, Mapping
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import FLOAT_DTYPES, dtype_name, element_count, present_inputs, static_shape
+from rkcompile.ir.nodes import FLOAT_DTYPES, dtype_name, element_count, present_inputs, static_shape
 
-from .model import CheckResult
+from rkcompile.targets.model import CheckResult
 
 NPU_RANK = 4
 DIM_NAMES = ("batch", "channel", "height", "width")

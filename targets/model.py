@@ -14,7 +14,7 @@ import inspect
 from dataclasses import field
 from typing import Any, Callable, Mapping
 
-from rkcompile.records import frozen_dataclass
+from rkcompile.plan.records import frozen_dataclass
 
 CheckResult = tuple[bool, str]
 
@@ -103,7 +103,7 @@ class CpuFigures:
 
 @frozen_dataclass
 class Performance:
-    """The published figures the cost model (rkcompile/cost_model.py) times steps with:
+    """The published figures the cost model (rkcompile/plan/cost_model.py) times steps with:
     marketed int8 TOPS over all NPU cores and the DDR's theoretical bandwidth, with where each
     figure comes from (docs/cost-model.md says which are assumed)."""
 

@@ -6,9 +6,9 @@ table 3-1 (column RK2118: int8 "/", float16 4). Every data kernel's T1 is float1
 float16 plans meet. One core: seed 003 3.1.1 and seed 004 name multi-core for RK3588 and RK3576
 only.
 """
-from .common import SHARED_KERNELS, Figures, build_target
-from .model import CpuFigures, Performance
-from .transpose import WIDE
+from rkcompile.targets.common import SHARED_KERNELS, Figures, build_target
+from rkcompile.targets.model import CpuFigures, Performance
+from rkcompile.targets.transpose import WIDE
 
 KERNELS = SHARED_KERNELS + (
     "LSTM", "Pow", "Softmax", "exConvStreaming", "exConvStreamingPRelu/LeakyRelu", "exSoftmax13",

@@ -5,9 +5,10 @@ the kernels it covers and the oplist otherwise. C2: seed 003, table 3-1 (RK3562 
 float16 8). One core: seed 003 3.1.1 and seed 004 name core selection and multi-core batching
 for RK3588 and RK3576 only. No SRAM size is given by the seeds.
 """
-from .common import CONV_TRANSPOSE_FUSIONS, SEED_000, SEED_000_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
-from .model import CpuFigures, Performance
-from .transpose import WIDE
+from rkcompile.targets.common import (CONV_TRANSPOSE_FUSIONS, SEED_000, SEED_000_KERNELS, SHARED_KERNELS,
+    Figures, build_target, seeded)
+from rkcompile.targets.model import CpuFigures, Performance
+from rkcompile.targets.transpose import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",

@@ -4,9 +4,9 @@ Kernel list: oplist V2.3.2, platform RK3566/RK3568; it has no Softmax, Hardmax o
 and its Transpose runs 5 of the 24 perms. C2: seed 003, table 3-1 (column RK3566/RK3568: int8 8,
 float16 4). One core: seed 003 3.1.1 and seed 004 name multi-core for RK3588 and RK3576 only.
 """
-from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
-from .model import CpuFigures, Performance
-from .transpose import NARROW, RK3566_TABLE
+from rkcompile.targets.common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+from rkcompile.targets.model import CpuFigures, Performance
+from rkcompile.targets.transpose import NARROW, RK3566_TABLE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "LSTM", "Min", "Pow",

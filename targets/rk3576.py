@@ -6,9 +6,10 @@ Operator rules cite seed 001 for the kernels it covers and the oplist otherwise.
 table 3-1. Cores: seed 004, 4.1.4.1 ("2 cores inside the RK3576 NPU"). No SRAM size is given by
 the seeds. RV1126B shares every rule here (rv1126b.py).
 """
-from .common import CONV_TRANSPOSE_FUSIONS, SEED_001, SEED_001_KERNELS, SHARED_KERNELS, Figures, build_target, seeded
-from .model import CpuFigures, Performance
-from .transpose import WIDE
+from rkcompile.targets.common import (CONV_TRANSPOSE_FUSIONS, SEED_001, SEED_001_KERNELS, SHARED_KERNELS,
+    Figures, build_target, seeded)
+from rkcompile.targets.model import CpuFigures, Performance
+from rkcompile.targets.transpose import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Greater", "Hardmax",

@@ -6,8 +6,8 @@ Kernel and multi-core lists: oplist V2.3.2, platform RK3588 (multi-core: the ker
 002, chapter 15) but give no size, so none is claimed. No seed covers RK3588's operators, so its
 rules cite the oplist, except the MatMul depth, which seed 002's K split gives.
 """
-from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
-from .model import CpuFigures, Performance
+from rkcompile.targets.common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+from rkcompile.targets.model import CpuFigures, Performance
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",

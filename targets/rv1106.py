@@ -5,8 +5,8 @@ Resize, LSTM and exMatMul take int8 only, so a float16 plan runs little here. C2
 table 3-1 (column RV1103/RV1106: int8 16, float16 8). One core: seed 003 3.1.1 and seed 004 name
 multi-core for RK3588 and RK3576 only.
 """
-from .common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
-from .model import CpuFigures, Performance
+from rkcompile.targets.common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
+from rkcompile.targets.model import CpuFigures, Performance
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GlobalAveragePool", "Hardmax", "LSTM", "Min", "Pow",

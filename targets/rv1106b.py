@@ -6,9 +6,9 @@ C2: seed 003, table 3-1 (column RV1103B/RV1106B: int8 8, float16 "/"), so no flo
 lives on this NPU. One core: seed 003 3.1.1 and seed 004 name multi-core for RK3588 and RK3576
 only.
 """
-from .common import SHARED_KERNELS, Figures, build_target
-from .model import CpuFigures, Performance
-from .transpose import WIDE
+from rkcompile.targets.common import SHARED_KERNELS, Figures, build_target
+from rkcompile.targets.model import CpuFigures, Performance
+from rkcompile.targets.transpose import WIDE
 
 KERNELS = SHARED_KERNELS + (
     "ConvTranposeClip", "ConvTranposePRelu/LeakyRelu", "ConvTranposeRelu", "Softmax", "exSoftmax13",

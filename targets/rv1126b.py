@@ -4,9 +4,9 @@ The oplist V2.3.2 and seed 001 document RK3576 and RV1126B together; every multi
 reads "RV1126B: not supported", and RV1126B has one core (seed 004 names multi-core batching for
 RK3588 and RK3576 only). C2: seed 003, table 3-1 (column RK3588/RK3576/RV1126B).
 """
-from .common import build_target
-from .model import CpuFigures, Performance
-from .rk3576 import FIGURES, KERNEL_DTYPES, KERNELS, SEEDS
+from rkcompile.targets.common import build_target
+from rkcompile.targets.model import CpuFigures, Performance
+from rkcompile.targets.rk3576 import FIGURES, KERNEL_DTYPES, KERNELS, SEEDS
 
 TARGET = build_target(
     name="rv1126b", description="RV1126B, 1-core RKNPU2", npu_cores=1, c2={"int8": 16, "float16": 8},

@@ -16,7 +16,7 @@ from conftest import REPO, ZOO, needs_zoo, zoo_models
 import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
-from rkcompile.plan import Plan
+from rkcompile.plan.schema import Plan
 
 TINY = REPO / "examples" / "tiny_cnn.onnx"
 RKCOMPILE = Path(sys.executable).with_name("rkcompile")
@@ -153,7 +153,7 @@ def test_a_plan_1_json_file_still_loads_and_runs_with_its_model(tmp_path, capsys
 def test_run_checks_an_artifact_against_its_model_from_the_read_ahead(tmp_path, capsys):
     """`run MODEL --plan ARTIFACT` hashes MODEL from the read the command line started on it,
     not from a second read."""
-    from rkcompile import model_file
+    from rkcompile.compiler import model_file
     from rkcompile.cli import _read_model_ahead
 
     artifact = tmp_path / "tiny.rkplan"

@@ -12,11 +12,11 @@ import pytest
 
 from rkcompile import api
 from rkcompile.cli import main
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.errors import CompileError
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import TensorSpec
-from rkcompile.quantize import ImagePreprocessing, load_calibration
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import TensorSpec
+from rkcompile.quantization.params import ImagePreprocessing, load_calibration
 
 Image = pytest.importorskip("PIL.Image")
 

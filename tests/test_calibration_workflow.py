@@ -13,10 +13,10 @@ import pytest
 import rkcompile.emulator.float_reference as float_reference
 from rkcompile.api import prepare
 from rkcompile.cli import main
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.emulator.accuracy import analyse
 from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 from rkcompile.progress import quiet
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The memory and time pictures (rkcompile/charts.py), checked on the SVG they write: arena
+"""The memory and time pictures (rkcompile/views/charts.py), checked on the SVG they write: arena
 rectangles never share area and sit where the plan puts their tensors, the lower bound line is
 at its height, and the timeline shows every step, ends at the plan's latency and gives each core
 the busy time the plan states. `graph` draws a saved .rkplan like the model it came from."""
@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 
 import rkcompile
-from rkcompile import charts
+from rkcompile.views import charts
 from rkcompile.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from rkcompile.cli import build_parser, command_named, main
-from rkcompile.plan import PLAN_SCHEMA, Plan, contract_violations
+from rkcompile.plan.schema import PLAN_SCHEMA, Plan, contract_violations
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 

@@ -127,7 +127,7 @@ def test_unreadable_file(save, capsys, monkeypatch, read_ahead):
     command line started on it (which hands the error on)."""
     from pathlib import Path
 
-    from rkcompile import model_file
+    from rkcompile.compiler import model_file
     from rkcompile.cli import _read_model_ahead
 
     path = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [Y]))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rkcompile.cli import main
-from rkcompile.context import Options
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.context import Options
+from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import all_targets
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"

@@ -18,12 +18,12 @@ from onnx import TensorProto, helper
 from conftest import load_tool
 
 from rkcompile.api import prepare
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.session import Prepared
 from rkcompile.emulator.storage import EmulationError
-from rkcompile.plan import Plan
-from rkcompile.run_command import load_npz
+from rkcompile.plan.schema import Plan
+from rkcompile.commands.run import load_npz
 
 sweep = load_tool("sweep_backend_data")
 
@@ -195,7 +195,7 @@ def test_an_object_array_in_the_inputs_is_one_clear_error(tmp_path):
 
 def test_a_scalar_constant_keeps_its_shape_in_a_plan():
     """plan/2 wrote a 0-d constant (a Loop body's `one`) as 1-D, and the body's Slice got 2-D ends."""
-    from rkcompile.operations import decode_array, encode_array
+    from rkcompile.plan.operations import decode_array, encode_array
 
     assert decode_array(encode_array(np.array(1.5, np.float32))).shape == ()
     assert decode_array(encode_array(np.arange(6, dtype=np.int64).reshape(2, 3)[:, ::2])).tolist() == [[0, 2], [3, 5]]
@@ -311,8 +311,8 @@ def test_sequence_and_optional_values_are_refused_naming_their_type(cases, name,
 
 
 def test_a_sequence_output_is_compared_and_saved_tensor_by_tensor(tmp_path):
-    from rkcompile.emulator.compare import agreement
-    from rkcompile.run_command import save_npz
+    from rkcompile.emulator.closeness import agreement
+    from rkcompile.commands.run import save_npz
 
     parts = [np.ones((1, 6), np.float32), np.arange(12, dtype=np.float32).reshape(2, 6)]
     assert agreement("seq", parts, [p.copy() for p in parts]).cosine == pytest.approx(1.0)

@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from rkcompile import pipeline
+from rkcompile.compiler import pipeline
 from rkcompile.errors import CompileError
 from rkcompile.passes.legalize import evaluate_rules
 from rkcompile.targets import get_target

@@ -11,8 +11,8 @@ import onnx
 import pytest
 from conftest import REPO, ZOO
 
-from rkcompile import cost_model
-from rkcompile.cost_model import Share, StepWork
+from rkcompile.plan import cost_model
+from rkcompile.plan.cost_model import Share, StepWork
 from rkcompile.errors import CompileError
 from rkcompile.targets import all_targets, get_target
 
@@ -89,7 +89,7 @@ def test_the_cost_model_names_no_soc_and_copies_no_cpu_figure():
     """Targets are data: the figures live in targets/<soc>.py and the model only reads them. Its
     code (comments and docstrings, which cite the calibration, apart) names no SoC or CPU core,
     and holds no absolute rate: every number is a share, a unit scale or a time."""
-    tree = ast.parse((REPO / "rkcompile" / "cost_model.py").read_text())
+    tree = ast.parse((REPO / "rkcompile" / "plan" / "cost_model.py").read_text())
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
@@ -132,7 +132,7 @@ def test_calibration_is_within_30_percent_of_the_published_single_core_fps(tmp_p
     from bench_cores import PUBLISHED_FPS, estimate
     from calibration_models import MODELS
 
-    from rkcompile.pipeline import compile_model
+    from rkcompile.compiler.pipeline import compile_model
 
     paths = {"mobilenet_v2": ZOO / "mobilenet_v2.onnx"}
     for name, build in MODELS.items():

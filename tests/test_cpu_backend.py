@@ -9,7 +9,7 @@ from conftest import make_model, value_info
 from onnx import TensorProto, helper
 
 from rkcompile.emulator import reference
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 
 
 def _node(op: str, dtypes, attrs=None, outputs: int = 1, names: str = "a", domain: str | None = None,

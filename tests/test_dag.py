@@ -1,4 +1,4 @@
-"""rkcompile.dag against networkx (what the passes used before) on random graphs."""
+"""rkcompile.ir.dag against networkx (what the passes used before) on random graphs."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import random
 import networkx as nx
 import pytest
 
-from rkcompile.dag import Dag, descendants, find_cycle, is_acyclic, topological_sort
+from rkcompile.ir.dag import Dag, descendants, find_cycle, is_acyclic, topological_sort
 
 
 def random_edges(seed: int, nodes: int = 30, edges: int = 60, acyclic: bool = True) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ZOO = REPO.parent / "shared" / "zoo"
@@ -21,7 +21,7 @@ TARGETS = ("rk3588", "rk3576")
 
 DIGESTS = """
 import hashlib, sys
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 for model in sys.argv[1:]:
     for target in {targets!r}:
         print(hashlib.sha256(compile_model(model, target)[0].to_json().encode()).hexdigest())

@@ -10,15 +10,15 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from rkcompile.allocation import verify_allocation
+from rkcompile.plan.allocation import verify_allocation
 from rkcompile.cli import main
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import EmulationError, Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS
-from rkcompile.fusion_patterns import Pattern
+from rkcompile.ir.patterns import Pattern
 from rkcompile.passes.fusion_table import TABLES
-from rkcompile.plan import Plan, TensorPlacement
+from rkcompile.plan.schema import Plan, TensorPlacement
 from rkcompile.targets import get_target
 from rkcompile.targets.common import ONNX_TO_KERNEL
 

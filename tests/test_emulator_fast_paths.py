@@ -14,16 +14,16 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.storage import EmulationError
 from rkcompile.emulator import pages
-from rkcompile.emulator.half import ONNXRUNTIME_MIN_ELEMENTS, cast
+from rkcompile.numerics.float16 import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid
-from rkcompile.layouts import as_nchw, nc1hwc2_shape
-from rkcompile.plan import Plan, TensorPlacement
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape
+from rkcompile.plan.schema import Plan, TensorPlacement
 from rkcompile.targets import get_target
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -82,7 +82,7 @@ def test_small_casts_through_the_scratch_arrays_neither_alias_nor_mix_element_co
     (a later cast of the same count leaves it alone), in the input's shape whatever its memory
     order, and counts taking turns each keep their own binding."""
     pytest.importorskip("onnxruntime")
-    from rkcompile.emulator import half
+    from rkcompile.numerics import float16 as half
 
     values = float32_cases()
     assert 9000 <= half.SCRATCH_ELEMENTS and 5000 >= ONNXRUNTIME_MIN_ELEMENTS[np.dtype(np.float32), np.dtype(np.float16)]

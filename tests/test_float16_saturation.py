@@ -9,9 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkcompile.api import prepare
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.emulator import emulate
-from rkcompile.emulator.half import beyond_range, saturate
+from rkcompile.numerics.float16 import beyond_range, saturate
 
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)  # torch.finfo(torch.float32).min, the usual mask fill
 

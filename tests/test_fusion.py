@@ -20,14 +20,14 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from conftest import make_model, value_info, weight
-from rkcompile.context import CompileContext, Options
-from rkcompile.dag import is_acyclic
-from rkcompile.fusion_patterns import FUSED_DOMAIN, Match
-from rkcompile.ir import dataflow_graph
+from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.ir.dag import is_acyclic
+from rkcompile.ir.patterns import FUSED_DOMAIN, Match
+from rkcompile.ir.graph import dataflow_graph
 from rkcompile.passes import assign, fuse, import_model, legalize
 from rkcompile.passes.fusion_table import FUSED_KERNELS, KERNEL_FUSIONS, RECOGNISERS
-from rkcompile.pipeline import compile_model, verify
-from rkcompile.plan import contract_violations
+from rkcompile.compiler.pipeline import compile_model, verify
+from rkcompile.plan.schema import contract_violations
 from rkcompile.targets import get_target
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -252,7 +252,7 @@ def test_fused_members_have_an_op_of_each_set_their_pattern_requires(tmp_path, n
 
 
 def test_required_ops_of_chains_and_alternatives():
-    from rkcompile.fusion_patterns import ALT_REQUIREMENTS, Alt, Any, Chain, Const, Op
+    from rkcompile.ir.patterns import ALT_REQUIREMENTS, Alt, Any, Chain, Const, Op
 
     assert Any().required_ops() == Const(1.0).required_ops() == ()
     assert Op("Relu", Op("Conv")).required_ops() == (frozenset({"Relu"}), frozenset({"Conv"}))
@@ -478,7 +478,7 @@ def test_patterns_yield_every_match_in_order_and_none_where_they_cannot_fit():
     """Each pattern's matches, in the order the fuse pass takes them: both input orders of a
     commutative op, every split of a chain, an alternative's options in turn, nothing for a
     producer of another op or a label bound to another tensor or node."""
-    from rkcompile.fusion_patterns import Alt, Any, Chain, Op, matches
+    from rkcompile.ir.patterns import Alt, Any, Chain, Op, matches
 
     x, y, z = (gs.Variable(name, np.float32, [1, 4]) for name in "xyz")
     add = gs.Node("Add", name="add", inputs=[x, y], outputs=[gs.Variable("s", np.float32, [1, 4])])

@@ -14,8 +14,8 @@ import pytest
 
 import rkcompile
 from rkcompile.cli import main
-from rkcompile.partitioned_onnx import partitioned_model
-from rkcompile.pipeline import compile_model
+from rkcompile.views.partitioned_onnx import partitioned_model
+from rkcompile.compiler.pipeline import compile_model
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
@@ -70,8 +70,8 @@ def test_html_is_self_contained_and_shows_every_failing_rule(mixed_model, tmp_pa
 
 
 def test_large_partitions_start_collapsed():
-    from rkcompile.html_report import OPEN_LIMIT, _partition_html
-    from rkcompile.partition_view import NodeView, PartitionView
+    from rkcompile.views.html_report import OPEN_LIMIT, _partition_html
+    from rkcompile.views.partition_view import NodeView, PartitionView
 
     node = NodeView("n", "Relu", "npu", "Relu", (), (), ("n",), (), None)
     small = _partition_html(PartitionView(0, "npu", (node,) * OPEN_LIMIT, ()))

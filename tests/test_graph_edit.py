@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
 
-from rkcompile.graph_edit import detach, replace_uses
+from rkcompile.ir.edits import detach, replace_uses
 
 
 def _twins(x: gs.Variable) -> tuple[gs.Node, gs.Node]:

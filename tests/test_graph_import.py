@@ -1,4 +1,4 @@
-"""rkcompile.graph_import.import_onnx makes the graph onnx-graphsurgeon's importer makes, field by
+"""rkcompile.ir.onnx_import.import_onnx makes the graph onnx-graphsurgeon's importer makes, field by
 field: every tensor and node, their links, the attributes (subgraphs included) and the graph's
 own fields. Checked on onnx's operator test cases (the models as written and after shape
 inference: value_info given), onnx's shipped models, the dev zoo, and one case per rule of the
@@ -13,7 +13,7 @@ from conftest import light_models, load_tool, make_model, value_info, weight, zo
 from onnx import TensorProto, helper
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from rkcompile import graph_import
+from rkcompile.ir import onnx_import as graph_import
 
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import contract_violations
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import contract_violations
 
 from conftest import make_model, value_info, weight
 
@@ -209,8 +209,8 @@ def test_verify_passes_names_the_pass_that_broke_the_graph_only_when_asked(save,
     graph after every pass; off, as for users, a plan pays for no such check."""
     import pytest
 
-    from rkcompile import pipeline
-    from rkcompile.context import Options
+    from rkcompile.compiler import pipeline
+    from rkcompile.compiler.context import Options
     from rkcompile.passes import remove_noops
 
     path = save(make_model([helper.make_node("Relu", ["x"], ["r"], name="a"), helper.make_node("Relu", ["r"], ["y"], name="b")],
@@ -275,7 +275,8 @@ def test_shapes_inferred_without_large_weights_match_whole_model_inference():
     import onnx
     from onnx import shape_inference
 
-    from rkcompile.passes.import_model import _infer_shapes, _scan_tensors, _with_inferred_shapes, _without_large_weights
+    from rkcompile.passes.import_model import (_infer_shapes, _scan_tensors, _with_inferred_shapes,
+        _without_large_weights)
 
     then_branch = helper.make_graph([helper.make_node("Relu", ["m"], ["t"])], "then", [],
                                     [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
@@ -358,7 +359,7 @@ def _folded_with_shapes_erased(path, monkeypatch, evaluate_first: bool):
     shapes were inferred."""
     import onnx_graphsurgeon as gs
 
-    from rkcompile.context import CompileContext
+    from rkcompile.compiler.context import CompileContext
     from rkcompile.passes import fold_constants, import_model
     from rkcompile.targets import get_target
 
@@ -604,7 +605,7 @@ def test_a_sorted_file_keeps_each_node_and_its_annotated_branches(save):
     """A file listed out of order with an If and a large weight: the If moves when the graph is
     sorted, and what inference of the weightless copy annotated is copied back onto the If at
     its new place, every other node as it was."""
-    from rkcompile.context import CompileContext
+    from rkcompile.compiler.context import CompileContext
     from rkcompile.passes import import_model
     from rkcompile.targets import get_target
 

@@ -15,8 +15,8 @@ from onnx import helper, numpy_helper
 import rkcompile
 import rkcompile.errors
 from rkcompile.api import plan_of
-from rkcompile.context import PREFERRED_INT8
-from rkcompile.auto_float16 import STRATEGIES, choose
+from rkcompile.compiler.context import PREFERRED_INT8
+from rkcompile.compiler.auto_float16 import STRATEGIES, choose
 from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.emulator.kernels.conv import convolve

@@ -1,4 +1,4 @@
-"""The int8 settings chosen per model on the calibration data (rkcompile/int8_choice.py)."""
+"""The int8 settings chosen per model on the calibration data (rkcompile/compiler/int8_choice.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,11 +11,11 @@ from test_int8_accuracy import _calibration, _save, _technique, chain, observed_
 
 import rkcompile
 from rkcompile.cli import main
-from rkcompile.context import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, settings_label
+from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, settings_label
 from rkcompile.emulator import agreement
 from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.int8_choice import candidates, choose_settings
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.int8_choice import candidates, choose_settings
+from rkcompile.compiler.pipeline import compile_model
 
 
 def _samples(calibration) -> list[dict[str, np.ndarray]]:

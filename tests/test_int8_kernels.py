@@ -12,10 +12,11 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table, requantize,
-                                     run_int8)
-from rkcompile.plan import Quantization
-from rkcompile.quantize import activation_params, bias_params, dequantize, is_movement, quantize, weight_params
+from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table,
+    requantize, run_int8)
+from rkcompile.plan.schema import Quantization
+from rkcompile.quantization.params import (activation_params, bias_params, dequantize, is_movement, quantize,
+    weight_params)
 
 OPSET = 17
 rng = np.random.default_rng(11)

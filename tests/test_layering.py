@@ -2,7 +2,7 @@
 passes/ and targets/ as the source states it: every `import` and `from ... import`, at module
 level or inside a function, parsed with ast (nothing is imported to check).
 
-- Plan data (rkcompile/plan.py and what it needs) and the emulator import nothing of the
+- Plan data (rkcompile/plan/schema.py and what it needs) and the emulator import nothing of the
   compiler: no pass, not the IR module, the pipeline or the compile context.
 - Views read plans: they import nothing of the compiler either.
 - No import circles.
@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"rkcompile": REPO / "rkcompile", "rkcompile.passes": REPO / "passes", "rkcompile.targets": REPO / "targets"}
 
 #: The plan-data layer: the contract and what reading, checking and laying out a plan needs.
-PLAN_DATA = ("rkcompile.plan", "rkcompile.artifact", "rkcompile.allocation", "rkcompile.layouts",
-             "rkcompile.quantize", "rkcompile.errors", "rkcompile.operations", "rkcompile.nodes")
+PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan.allocation", "rkcompile.numerics.nc1hwc2",
+             "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.ir.nodes")
 EMULATOR = "rkcompile.emulator"
-VIEWS = ("rkcompile.summary", "rkcompile.graphviz", "rkcompile.html_report", "rkcompile.partition_view",
-         "rkcompile.partitioned_onnx", "rkcompile.charts")
-COMPILER = ("rkcompile.passes", "rkcompile.ir", "rkcompile.pipeline", "rkcompile.context")
+VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
+         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts")
+COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 
 
 def module_files() -> dict[str, Path]:
@@ -91,9 +91,9 @@ def forbidden_paths(graph: nx.DiGraph, sources: list[str], forbidden: tuple[str,
 
 
 def test_the_import_graph_is_read(graph):
-    assert {"rkcompile.plan", "rkcompile.emulator.executor", "rkcompile.passes.fuse", "rkcompile.targets.rk3588"} <= \
+    assert {"rkcompile.plan.schema", "rkcompile.emulator.executor", "rkcompile.passes.fuse", "rkcompile.targets.rk3588"} <= \
         set(graph.nodes)
-    assert ("rkcompile.pipeline", "rkcompile.passes.fuse") in graph.edges
+    assert ("rkcompile.compiler.pipeline", "rkcompile.passes.fuse") in graph.edges
 
 
 def test_plan_data_and_the_emulator_import_nothing_of_the_compiler(graph):

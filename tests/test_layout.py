@@ -9,8 +9,8 @@ import pytest
 from conftest import make_model, value_info, weight
 from onnx import helper
 
-from rkcompile.layouts import as_nchw, nc1hwc2_bytes, nc1hwc2_shape
-from rkcompile.pipeline import compile_model
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes, nc1hwc2_shape
+from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import all_targets
 
 #: Seed 003, table 3-1: C2 per platform column and dtype ('/' cells left out).
@@ -129,7 +129,7 @@ def test_weights_beyond_float16_are_named_and_a_weight_no_pass_reads_stays_unrea
 
     from onnx_graphsurgeon.ir.tensor import LazyValues
 
-    from rkcompile import pipeline
+    from rkcompile.compiler import pipeline
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)

@@ -19,9 +19,9 @@ from onnx import helper
 
 from rkcompile.cli import main
 from rkcompile.passes.legalize import check_node
-from rkcompile.passes.rewrites.layout import (MAX_TRANSPOSE_VIEWS, SLICED_VIEWS, _placements, _transpose_views,
-                                                next_refinements, transpose_groups, transpose_views)
-from rkcompile.pipeline import compile_model
+from rkcompile.passes.rewrites.layout_ops import (MAX_TRANSPOSE_VIEWS, SLICED_VIEWS, _placements,
+    _transpose_views, next_refinements, transpose_groups, transpose_views)
+from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 
 from conftest import PRIMARY_TARGETS, SHARED, make_model, value_info, weight
@@ -162,7 +162,7 @@ def test_transpose_views_hands_each_caller_its_own_list():
 def test_equal_transposes_are_made_legal_alike_with_the_target_probed_once(tmp_path, monkeypatch):
     """Two Transposes of one shape and perm (a model's repeated blocks) get the same legal view,
     found once per rewrite run: the second asks the target's rules nothing."""
-    import rkcompile.passes.rewrites.layout as layout
+    import rkcompile.passes.rewrites.layout_ops as layout
 
     probes = []
 

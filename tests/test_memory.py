@@ -13,9 +13,10 @@ import pytest
 from conftest import PRIMARY_TARGETS, light_models, make_model, needs_zoo, value_info, weight, zoo_models
 from onnx import helper
 
-from rkcompile.allocation import Buffer, conflicts, live_ranges, lower_bound, plan_arena, verify_allocation
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import Plan
+from rkcompile.plan.allocation import (Buffer, conflicts, live_ranges, lower_bound, plan_arena,
+    verify_allocation)
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import Plan
 
 
 def buffers_of(tuples):
@@ -63,7 +64,7 @@ def test_greedy_placement_reads_a_long_conflict_list_as_an_array_only():
     """One long-lived buffer beside 60 short ones: greedy placement fits it with numpy (60
     conflicts, over VECTOR_DEGREE) and never makes its Python list; the short ones' lists are
     made, and are their conflicts."""
-    from rkcompile.allocation import VECTOR_DEGREE, _Conflicts, place_in_order
+    from rkcompile.plan.allocation import VECTOR_DEGREE, _Conflicts, place_in_order
 
     items = [Buffer(0, 100, 64)] + [Buffer(step, step, 64) for step in range(60)]
     assert len(items) - 1 >= VECTOR_DEGREE

@@ -10,14 +10,14 @@ import pytest
 from conftest import ZOO, make_model, value_info, weight
 from onnx import helper
 
-from rkcompile import cost_model
+from rkcompile.plan import cost_model
 from rkcompile.cli import main
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.errors import CompileError
 from rkcompile.passes.multicore import split_axes
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import Plan, contract_violations
-from rkcompile.summary import render_summary
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import Plan, contract_violations
+from rkcompile.views.summary import render_summary
 from rkcompile.targets import get_target
 
 CNNS = ("resnet18_halfwidth", "mobilenet_v2", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yolov8n")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import node_proto
-from rkcompile.operations import constant, describe, graph, graph_node, rebuild, variable
+from rkcompile.ir.nodes import node_proto
+from rkcompile.plan.operations import constant, describe, graph, graph_node, rebuild, variable
 
 
 def fields(obj) -> dict:

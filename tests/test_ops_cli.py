@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkcompile.cli import main
-from rkcompile.ops_doc import render_supported_ops
+from rkcompile.views.ops_doc import render_supported_ops
 from rkcompile.targets import all_targets, get_target
 
 DOCS = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs"

@@ -10,12 +10,12 @@ import pytest
 from conftest import PRIMARY_TARGETS, make_model, value_info, weight
 from onnx import TensorProto, helper
 
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import emulate, make_inputs
-from rkcompile.emulator.compare import agreement, onnxruntime_outputs
-from rkcompile.ir import dataflow_graph, node_inputs, outer_scope_reads, readers, topological_nodes
-from rkcompile.pipeline import fused_body_reads_outside, stray_links
+from rkcompile.emulator.closeness import agreement, onnxruntime_outputs
+from rkcompile.ir.graph import dataflow_graph, node_inputs, outer_scope_reads, readers, topological_nodes
+from rkcompile.compiler.pipeline import fused_body_reads_outside, stray_links
 
 SHAPE = [1, 8, 4, 4]
 
@@ -173,7 +173,7 @@ def test_a_node_a_pass_abandoned_while_still_linked_is_reported():
 def _fused(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor]) -> gs.Node:
     """A fused kernel of `members` as passes/fuse.py builds one: its body over copies of their tensors."""
     from passes.fuse import body_graph
-    from rkcompile.ir import FUSED_DOMAIN
+    from rkcompile.ir.graph import FUSED_DOMAIN
 
     body = body_graph(name, members, inputs, outputs, 17)
     return gs.Node(op=name, name=name, domain=FUSED_DOMAIN, attrs={"members": [m.op for m in members], "body": body},
@@ -225,7 +225,7 @@ def test_the_verifier_names_a_fused_member_reading_from_outside_its_body():
 def test_graphs_in_a_list_attribute_are_subgraphs_and_their_outer_reads_count():
     """A GRAPHS attribute is a list of graphs (beside lists of ints on the same node): each is a
     subgraph, and what it reads from outside is the node's input."""
-    from rkcompile.ir import subgraphs
+    from rkcompile.ir.graph import subgraphs
 
     r = gs.Variable("r", np.float32, SHAPE)
     branches = []

@@ -13,18 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from rkcompile.context import Options
-from rkcompile.dag import Dag, is_acyclic
+from rkcompile.compiler.context import Options
+from rkcompile.ir.dag import Dag, is_acyclic
 from rkcompile.api import prepare
 from rkcompile.emulator import emulate, make_inputs
-from rkcompile.emulator.compare import agreement, onnxruntime_outputs
-from rkcompile.ir import static_shape
+from rkcompile.emulator.closeness import agreement, onnxruntime_outputs
+from rkcompile.ir.graph import static_shape
 from rkcompile.passes import partition, rewrite
 from rkcompile.passes.rewrites import RewriteRule
-from rkcompile.passes.partition import (MOVED_TO_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU, check_partitions_acyclic,
-                                        contracted_graph, wave_partitions)
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import contract_violations
+from rkcompile.passes.partition import (MOVED_TO_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU,
+    check_partitions_acyclic, contracted_graph, wave_partitions)
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import contract_violations
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 ZOO = SHARED / "zoo"
@@ -321,7 +321,7 @@ def test_placement_estimate_works_out_a_step_only_when_asked(tmp_path, monkeypat
     """The estimate's step costs are worked out on first use, once each: building it costs no
     step_work, and each answer is what step_work on the node gives (the Conv island model: its
     island moves, so both devices of some nodes are asked for)."""
-    from rkcompile.cost_estimate import step_work
+    from rkcompile.compiler.cost_estimate import step_work
 
     path = _conv_erf_model(tmp_path, "relu")
     seen: list[tuple[str, str]] = []

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rkcompile.context import CompileContext, Options
-from rkcompile.pipeline import CONTEXT_INPUTS, PASSES, run_passes
+from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.compiler.pipeline import CONTEXT_INPUTS, PASSES, run_passes
 from rkcompile.targets import get_target
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"

@@ -7,9 +7,9 @@ from collections import Counter
 import onnx
 import pytest
 
-from rkcompile.context import Options
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import Plan, contract_violations
+from rkcompile.compiler.context import Options
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import Plan, contract_violations
 
 from conftest import PRIMARY_TARGETS, light_models, needs_zoo, zoo_models
 

@@ -19,9 +19,9 @@ from rkcompile.cli import _float_plan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 #: modules only int8 calibration, --auto-float16, the emulator or a CPU step need
-NOT_FOR_A_FLOAT16_PLAN = ("rkcompile.api", "rkcompile.auto_float16", "rkcompile.emulator.executor",
+NOT_FOR_A_FLOAT16_PLAN = ("rkcompile.api", "rkcompile.compiler.auto_float16", "rkcompile.emulator.executor",
                           "rkcompile.emulator.kernels", "rkcompile.emulator.int8", "onnx.reference", "onnxruntime",
-                          "tqdm", "rkcompile.quantize", "rkcompile.passes.quantize", "rkcompile.passes.int8_accuracy")
+                          "tqdm", "rkcompile.quantization.params", "rkcompile.passes.quantize", "rkcompile.passes.int8_accuracy")
 
 PROBE_IMPORTS = """
 import json, sys
@@ -246,7 +246,7 @@ def test_the_command_reads_the_model_it_names_ahead(monkeypatch, argv, read):
 def test_the_import_pass_takes_the_model_read_ahead_and_its_hash(save, tmp_path):
     import hashlib
 
-    from rkcompile import model_file
+    from rkcompile.compiler import model_file
     from rkcompile.cli import _read_model_ahead, main
 
     w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
@@ -262,7 +262,7 @@ def test_the_import_pass_takes_the_model_read_ahead_and_its_hash(save, tmp_path)
 
 
 def test_a_model_rewritten_after_it_was_read_ahead_is_read_again(tmp_path):
-    from rkcompile import model_file
+    from rkcompile.compiler import model_file
 
     path = tmp_path / "m.onnx"
     path.write_bytes(b"first")
@@ -275,7 +275,7 @@ def test_a_model_rewritten_after_it_was_read_ahead_is_read_again(tmp_path):
 
 
 def test_a_model_path_that_cannot_be_looked_at_is_left_to_the_import_pass(tmp_path):
-    from rkcompile import model_file
+    from rkcompile.compiler import model_file
 
     loop = tmp_path / "loop.onnx"
     loop.symlink_to(loop)

@@ -16,16 +16,16 @@ from onnx import helper, numpy_helper
 
 import rkcompile
 from rkcompile.cli import main
-from rkcompile.context import PREFERRED_INT8, Options
+from rkcompile.compiler.context import PREFERRED_INT8, Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
 from rkcompile.emulator.accuracy import analyse
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import Plan, TensorSpec, contract_violations
-from rkcompile.quantize import (RangeObserver, activation_params, dequantize, kl_threshold, load_calibration,
-                                mmse_range, quantize, random_calibration, seeded_variations, weight_params)
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import Plan, TensorSpec, contract_violations
+from rkcompile.quantization.params import (RangeObserver, activation_params, dequantize, kl_threshold,
+    load_calibration, mmse_range, quantize, random_calibration, seeded_variations, weight_params)
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 rng = np.random.default_rng(3)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.fusion_patterns import Any, Chain, Const, matches
+from rkcompile.ir.patterns import Any, Chain, Const, matches
 from test_fusion import RNG, build, case, const, fused_context, fused_nodes, node, random_inputs, run_body
 
 

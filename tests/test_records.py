@@ -1,4 +1,4 @@
-"""rkcompile.records.frozen_dataclass behaves as dataclasses.dataclass(frozen=True) does (fields,
+"""rkcompile.plan.records.frozen_dataclass behaves as dataclasses.dataclass(frozen=True) does (fields,
 defaults, __init__'s signature, immutability, equality, hash, repr, docstring, the errors), and
 the modules a plan imports compile nothing of their frozen records through dataclass (issue 18:
 six compiles per class, 40-50 ms of a small plan's process)."""
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from rkcompile.records import frozen_dataclass
+from rkcompile.plan.records import frozen_dataclass
 
 
 def _body_plain():
@@ -187,7 +187,7 @@ def test_frozen_dataclass_refuses_what_it_does_not_make_as_dataclass_would():
 
 
 #: modules whose frozen records are still plain dataclasses (the int8 work's files, left to it)
-NOT_CONVERTED = ("rkcompile.quantize", "rkcompile.passes.quantize", "rkcompile.passes.int8_accuracy")
+NOT_CONVERTED = ("rkcompile.quantization.params", "rkcompile.passes.quantize", "rkcompile.passes.int8_accuracy")
 
 COMPILED_BY_CLASS = """
 import dataclasses, json, sys
@@ -201,7 +201,7 @@ def recording(name, *args, **kwargs):
     compiled.append([cls.__module__, cls.__qualname__, name])
     return create(name, *args, **kwargs)
 dataclasses._create_fn = recording
-import rkcompile.cli, rkcompile.pipeline
+import rkcompile.cli, rkcompile.compiler.pipeline
 frozen = [[name, value.__qualname__] for name, module in list(sys.modules.items()) if name.startswith("rkcompile.")
           for value in vars(module).values() if isinstance(value, type) and value.__module__ == name
           and dataclasses.is_dataclass(value) and value.__dataclass_params__.frozen]
@@ -225,8 +225,8 @@ import json, sys
 sources = []
 sys.addaudithook(lambda event, args: sources.append(args[0]) if event == "compile" and isinstance(args[0], (str, bytes))
                  and args[0][:17] in ("def __init__(self", b"def __init__(self") else None)
-import rkcompile.cli, rkcompile.pipeline
-from rkcompile import records
+import rkcompile.cli, rkcompile.compiler.pipeline
+from rkcompile.plan import records
 made = [value for name, module in list(sys.modules.items()) if name.startswith("rkcompile.") for value in vars(module).values()
         if isinstance(value, type) and value.__module__ == name and "__store" in getattr(getattr(value.__init__, "__code__", None), "co_names", ())]
 print(json.dumps({"compiled": len(sources), "shapes": len(records._INIT_TEMPLATES), "records": len(made)}))

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import PRIMARY_TARGETS, SHARED
 from rkcompile.cli import main
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 
 MAKE_REPROS = SHARED / "repros" / "make_repros.py"
 pytestmark = pytest.mark.skipif(not MAKE_REPROS.is_file(), reason="../shared/repros is not present")

@@ -12,13 +12,13 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.context import CompileContext
-from rkcompile.ir import static_shape
+from rkcompile.compiler.context import CompileContext
+from rkcompile.ir.graph import static_shape
 from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite, rewrite_late
 from rkcompile.passes.legalize import check_node, evaluate_rules
 from rkcompile.passes.rewrites.pooling import pool_stage_kernels
-from rkcompile.pipeline import PASSES, assemble_plan
-from rkcompile.plan import Plan, contract_violations
+from rkcompile.compiler.pipeline import PASSES, assemble_plan
+from rkcompile.plan.schema import Plan, contract_violations
 from rkcompile.targets import get_target
 from rkcompile.targets.model import OpRule, Rule
 
@@ -297,8 +297,8 @@ def test_a_matmul_weight_becomes_a_conv_weight_read_only_when_needed(tmp_path, c
     from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
     from onnx_graphsurgeon.ir.tensor import LazyValues
 
-    from rkcompile.nodes import DerivedValues
-    from rkcompile.pipeline import compile_model
+    from rkcompile.ir.nodes import DerivedValues
+    from rkcompile.compiler.pipeline import compile_model
 
     if constant_first:
         node, x_shape, y_shape = helper.make_node("MatMul", ["w", "x"], ["y"], name="mm"), [2, 4, 5], [2, 6, 5]
@@ -335,8 +335,8 @@ def test_a_gemm_weight_becomes_a_conv_weight_read_only_when_needed(tmp_path, tra
     check reads them); read, it is what the arithmetic gives."""
     from onnx_graphsurgeon.ir.tensor import LazyValues
 
-    from rkcompile.nodes import DerivedValues
-    from rkcompile.pipeline import compile_model
+    from rkcompile.ir.nodes import DerivedValues
+    from rkcompile.compiler.pipeline import compile_model
 
     b = RNG.normal(size=[5, 6] if trans_b else [6, 5]).astype(np.float32)
     node = helper.make_node("Gemm", ["x", "b", "c"], ["y"], name="fc", transB=trans_b, alpha=alpha)
@@ -658,7 +658,7 @@ def test_plan_json_round_trips_rewrites_and_older_plans_still_load(tmp_path):
 @pytest.mark.parametrize("name", ["squeezenet1_1", "transformer_encoder"])
 def test_zoo_plans_after_rewrites_keep_the_contract(name):
     from conftest import ZOO
-    from rkcompile.pipeline import compile_model
+    from rkcompile.compiler.pipeline import compile_model
 
     model = onnx.load(str(ZOO / f"{name}.onnx"), load_external_data=False)
     for target in ("rk3588", "rk3576"):
@@ -725,7 +725,7 @@ def test_matmul_k_split_reads_the_limit_from_the_target(tmp_path):
         assert ("matmul_k_split" in rules_fired(ctx)) == splits
 
 
-@pytest.mark.parametrize("sources", ["passes", "rkcompile/cost_model.py", "rkcompile/cost_estimate.py"])
+@pytest.mark.parametrize("sources", ["passes", "rkcompile/plan/cost_model.py", "rkcompile/compiler/cost_estimate.py"])
 def test_passes_name_no_soc(sources):
     """Targets are data: no pass and no part of the cost model names a SoC in its code (docstrings
     and comments may cite files); per-SoC figures live on the Target (targets/<soc>.py)."""

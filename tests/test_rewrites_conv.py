@@ -11,10 +11,10 @@ import pytest
 from onnx import helper
 
 from conftest import PRIMARY_TARGETS, make_model, value_info, weight
-from rkcompile.context import CompileContext
+from rkcompile.compiler.context import CompileContext
 from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite
 from rkcompile.passes.rewrites.conv import factors_within
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 
 RNG = np.random.default_rng(11)

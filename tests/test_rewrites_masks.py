@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import PRIMARY_TARGETS, make_model, value_info, weight
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 from test_rewrites_conv import assert_rewrite_exact, rewritten
 
 RNG = np.random.default_rng(5)

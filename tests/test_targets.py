@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rkcompile.errors import CompileError
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import TARGET_MODULES, all_targets, get_target
 from rkcompile.targets.transpose import FULL_TABLE, NARROW, RK3566_TABLE, WIDE
 

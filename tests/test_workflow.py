@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rkcompile.cli import main
-from rkcompile.context import Options
-from rkcompile.pipeline import compile_model
-from rkcompile.summary import render_summary
+from rkcompile.compiler.context import Options
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.views.summary import render_summary
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tiny_cnn.onnx"
@@ -171,8 +171,8 @@ def test_a_split_that_buys_little_says_what_limits_it():
 
 
 def test_calibration_from_an_rknn_style_dataset_txt(tmp_path):
-    from rkcompile.plan import TensorSpec
-    from rkcompile.quantize import load_calibration
+    from rkcompile.plan.schema import TensorSpec
+    from rkcompile.quantization.params import load_calibration
 
     specs = (TensorSpec("a", (1, 2), "float32"), TensorSpec("b", (1, 3), "float32"))
     (tmp_path / "data").mkdir()
@@ -193,8 +193,8 @@ def test_calibration_from_an_rknn_style_dataset_txt(tmp_path):
 ])
 def test_a_bad_dataset_txt_line_is_one_clear_error(tmp_path, line, message):
     from rkcompile.errors import CompileError
-    from rkcompile.plan import TensorSpec
-    from rkcompile.quantize import load_calibration
+    from rkcompile.plan.schema import TensorSpec
+    from rkcompile.quantization.params import load_calibration
 
     specs = (TensorSpec("a", (1, 2), "float32"), TensorSpec("b", (1, 3), "float32"))
     (tmp_path / "data").mkdir()

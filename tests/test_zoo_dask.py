@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rkcompile import zoo
+from rkcompile.commands import zoo
 from rkcompile.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

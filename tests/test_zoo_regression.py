@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rkcompile import zoo
+from rkcompile.commands import zoo
 from rkcompile.cli import main
 from rkcompile.targets import get_target
 from rkcompile.targets.constraints import plan_dtype

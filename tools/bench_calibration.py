@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 
 from rkcompile.api import compile as compile_plan
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.quantize import seeded_variations
+from rkcompile.quantization.params import seeded_variations
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 

@@ -9,7 +9,7 @@ for the widest core mask), printing Markdown. `calibrate` builds ResNet-50 and Y
 (tools/calibration_models.py), takes mobilenet_v2 from the zoo, and compares the int8
 estimate of rknn_run (host conversions left out: rknn_benchmark times rknn_run with inputs
 already set) with the published figures docs/cost-model.md cites. `fit` searches the six
-calibrated constants of rkcompile/cost_model.py for the best agreement (random restarts plus
+calibrated constants of rkcompile/plan/cost_model.py for the best agreement (random restarts plus
 log-normal steps around the best so far) and prints them; copy them into the module by hand.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import onnx
 
-from rkcompile import cost_model
-from rkcompile.context import CompileContext
-from rkcompile.cost_model import StepWork
+from rkcompile.plan import cost_model
+from rkcompile.compiler.context import CompileContext
+from rkcompile.plan.cost_model import StepWork
 from rkcompile.passes import multicore
-from rkcompile.pipeline import compile_model
-from rkcompile.plan import Multicore
+from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.schema import Multicore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibration_models import MODELS  # noqa: E402
@@ -106,7 +106,7 @@ def calibrate(zoo: Path) -> None:
             print(f"| {key} | {shown} | " + ", ".join(f"{r:.2f}" for r in ratios[key]) + " |")
 
 
-#: The calibrated constants of rkcompile/cost_model.py and the range `fit` searches.
+#: The calibrated constants of rkcompile/plan/cost_model.py and the range `fit` searches.
 FIT_RANGES = {"MAC_EFFICIENCY": (0.3, 0.9), "CORE_DDR_SHARE": (0.15, 0.6), "DDR_EFFICIENCY": (0.4, 0.9),
               "STEP_SECONDS": (2e-6, 40e-6), "RUN_SECONDS": (100e-6, 1500e-6), "SPLIT_SECONDS": (5e-6, 150e-6)}
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import onnx
 
-from rkcompile.allocation import verify_allocation
+from rkcompile.plan.allocation import verify_allocation
 from rkcompile.passes import memory
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"

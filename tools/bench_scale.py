@@ -23,7 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from rkcompile.pipeline import compile_model
+from rkcompile.compiler.pipeline import compile_model
 
 CHANNELS, SIZE = 8, 8
 SCALING_BAR = 4.5

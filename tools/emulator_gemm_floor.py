@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from rkcompile.api import prepare
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.emulator import Prepared, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS
 

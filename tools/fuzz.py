@@ -882,7 +882,7 @@ def plan_settings() -> st.SearchStrategy[str]:
 
 def parse_setting(setting: str):
     """The target and the planning options a `plan_settings` string names."""
-    from rkcompile.context import Options
+    from rkcompile.compiler.context import Options
 
     target, *pairs = setting.split("@")
     values = dict(pair.split("=", 1) for pair in pairs)
@@ -922,11 +922,11 @@ def check(model: onnx.ModelProto, setting: str, folder: Path) -> str | None:
     """What is wrong with `model` planned as `setting` says (a target, maybe with options), or
     None. A failure names where it happened: the rkcompile file a planning exception came from,
     or the plan step (device and kernel) the emulator raised in or first went wrong at."""
-    from rkcompile.allocation import verify_allocation
+    from rkcompile.plan.allocation import verify_allocation
     from rkcompile.api import Plan, weight_region
     from rkcompile.emulator.session import emulate, make_inputs
-    from rkcompile.pipeline import compile_model
-    from rkcompile.plan import contract_violations
+    from rkcompile.compiler.pipeline import compile_model
+    from rkcompile.plan.schema import contract_violations
 
     path = folder / "fuzz.onnx"
     onnx.save(model, str(path))
@@ -976,7 +976,7 @@ def reference(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
     """onnxruntime's outputs, or why it cannot run the model (its own limits: linear Resize after
     its layout rewrites, ConvTranspose with an output_padding past the stride whatever the
     dilation): then there is nothing to compare with."""
-    from rkcompile.emulator.compare import onnxruntime_outputs
+    from rkcompile.emulator.closeness import onnxruntime_outputs
 
     try:
         return onnxruntime_outputs(path, inputs)
@@ -1023,7 +1023,7 @@ def mismatch(outputs: dict[str, np.ndarray], expected: dict[str, np.ndarray], fl
     beyond the tolerance; an error below `floor` (float16's resolution at the inputs' magnitude)
     never does, since an output that cancels to zero keeps that much of a float16 operand's
     rounding."""
-    from rkcompile.emulator.compare import agreement
+    from rkcompile.emulator.closeness import agreement
 
     for name, value in outputs.items():
         if expected[name].dtype.kind in "biu":

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import rkcompile
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 
 #: a layer row of rknn-toolkit2's error_analysis.txt: [Op] name  entire cos | euc  single cos | euc
 PEER_ROW = re.compile(r"\[(\w+)\] (\S+)\s+([\d.]+) \|\s*[\d.]+\s+([\d.]+)")

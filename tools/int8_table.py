@@ -15,7 +15,7 @@ collected, as docs/int8_peer_rk3588.json holds them) rknn-toolkit2's worst cosin
 and ours minus it, then the same for the held-out mean where the line has one. --techniques plans it four times (nothing, --equalization, --bias-correction, both;
 each switched explicitly, with --method, default minmax) and gives the npz input's cosine of each (with --held-out, the mean
 over the 3 held-out inputs instead: the npz input is a calibration sample). --auto-float16 COSINE
-chooses the int8 settings as a plan does, then runs both searches of rkcompile/auto_float16.py
+chooses the int8 settings as a plan does, then runs both searches of rkcompile/compiler/auto_float16.py
 (or those --search names) on top of them and gives, per search, the float16 tensors
 chosen, the worst calibration cosine reached, the npz input's cosine and the plans judged
 (each search's progress on stderr).
@@ -44,12 +44,12 @@ import onnx
 
 import rkcompile
 from rkcompile.api import plan_of
-from rkcompile.auto_float16 import STRATEGIES, choose
-from rkcompile.context import CHOOSE, Options
-from rkcompile.int8_choice import settled_judge
+from rkcompile.compiler.auto_float16 import STRATEGIES, choose
+from rkcompile.compiler.context import CHOOSE, Options
+from rkcompile.compiler.int8_choice import settled_judge
 from rkcompile.emulator import agreement, onnxruntime_outputs
 from rkcompile.passes import quantize as quantize_pass
-from rkcompile.quantize import METHODS, seeded_variations
+from rkcompile.quantization.params import METHODS, seeded_variations
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
 CNNS = ("resnet18_halfwidth", "mobilenet_v2", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yolov8n")

@@ -51,10 +51,10 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.context import Options
+from rkcompile.compiler.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, make_inputs, onnxruntime_outputs
-from rkcompile.run_command import load_npz, save_npz
+from rkcompile.commands.run import load_npz, save_npz
 from rkcompile.errors import CompileError
 
 DATA = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data"

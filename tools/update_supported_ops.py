@@ -4,8 +4,8 @@ Run from anywhere: python tools/update_supported_ops.py
 """
 from pathlib import Path
 
-from rkcompile.ops_doc import render_supported_ops
-from rkcompile.plan import write_atomically
+from rkcompile.views.ops_doc import render_supported_ops
+from rkcompile.plan.schema import write_atomically
 from rkcompile.targets import all_targets
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

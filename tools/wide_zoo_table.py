@@ -48,9 +48,9 @@ def plan_one(model: Path, target: str) -> dict[str, Any]:
     """Plan `model` for `target` in this process; a summary dict, never raising."""
     started = time.perf_counter()
     try:
-        from rkcompile.allocation import verify_allocation
-        from rkcompile.pipeline import compile_model
-        from rkcompile.plan import contract_violations
+        from rkcompile.plan.allocation import verify_allocation
+        from rkcompile.compiler.pipeline import compile_model
+        from rkcompile.plan.schema import contract_violations
         plan, _ = compile_model(model, target)
         problems = contract_violations(plan) + verify_allocation(plan)
         if problems:

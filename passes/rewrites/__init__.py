@@ -9,8 +9,9 @@ calls for.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, layout, masks, matmul, norm, pooling, rank, reductions, resize
-from .base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
+from rkcompile.passes.rewrites import (conv, elementwise, layout_ops as layout, masks, matmul, norm, pooling,
+    rank, reductions, resize)
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
     masks,        # Wheres reading masks where they are made, mask movement done on the float values a

@@ -17,14 +17,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
-from rkcompile.graph_edit import detach
-from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
-from rkcompile.nodes import DerivedValues
-from rkcompile.operations import constant, graph_node, variable
-from rkcompile.records import frozen_dataclass
+from rkcompile.ir.edits import detach
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.ir.nodes import DerivedValues
+from rkcompile.plan.operations import constant, graph_node, variable
+from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
-from ..legalize import check_node
+from rkcompile.passes.legalize import check_node
 
 RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 

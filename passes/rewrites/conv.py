@@ -15,10 +15,10 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from .base import Builder, Candidates, RewriteRule, Site
-from rkcompile.records import frozen_dataclass
+from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site
+from rkcompile.plan.records import frozen_dataclass
 
 
 @frozen_dataclass

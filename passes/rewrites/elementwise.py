@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from .base import Candidates, RewriteRule, Site, clip, float_constant, scalar
+from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, clip, float_constant, scalar
 
 
 ELEMENTWISE = frozenset({

@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
-from .base import RESHAPE_LIKE, Builder, Candidates, Replacement, RewriteRule, Site, producer, split_node
-from .elementwise import BROADCAST_COPIES
+from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, Replacement, RewriteRule,
+    Site, producer, split_node)
+from rkcompile.passes.rewrites.elementwise import BROADCAST_COPIES
 
 #: Ops that move or repeat their first input's elements and compute nothing.
 MOVING_OPS = RESHAPE_LIKE | {"Expand", "Transpose", "Identity"}

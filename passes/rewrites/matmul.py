@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import constant_value, element_count, static_shape
-from rkcompile.nodes import DerivedValues
+from rkcompile.ir.graph import constant_value, element_count, static_shape
+from rkcompile.ir.nodes import DerivedValues
 
-from .base import Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
+from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
 
 
 def gemm_to_conv(node: gs.Node, site: Site) -> Candidates:

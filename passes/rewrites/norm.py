@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import constant_value, dtype_name, element_count, static_shape
+from rkcompile.ir.graph import constant_value, dtype_name, element_count, static_shape
 
-from .base import Candidates, RewriteRule, Site, conv_1x1, producer, scalar
+from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, producer, scalar
 
 
 def _batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:

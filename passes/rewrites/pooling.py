@@ -7,10 +7,10 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir import constant_value, dtype_name, static_shape
-from rkcompile.plan import QUANTIZED_DTYPES
+from rkcompile.ir.graph import constant_value, dtype_name, static_shape
+from rkcompile.plan.schema import QUANTIZED_DTYPES
 
-from .base import Candidates, RewriteRule, Site, scalar
+from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, scalar
 
 
 def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
@@ -135,7 +135,7 @@ def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
 def _reaches_only_outputs(tensor: gs.Tensor, site: Site) -> bool:
     """Whether nothing but data-movement nodes (Reshape, Flatten, ...) lie between `tensor` and
     the model outputs it reaches, and it reaches at least one."""
-    from rkcompile.quantize import is_movement  # int8 plans only: a float16 plan imports no int8 module
+    from rkcompile.quantization.params import is_movement  # int8 plans only: a float16 plan imports no int8 module
 
     if not tensor.outputs:
         return tensor.name in site.graph_outputs

@@ -16,13 +16,13 @@ import itertools
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.graph_edit import detach
-from rkcompile.ir import constant_value, element_count, static_shape
+from rkcompile.ir.edits import detach
+from rkcompile.ir.graph import constant_value, element_count, static_shape
 
-from ..legalize import check_node
-from .base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
-from .elementwise import ELEMENTWISE
-from .layout import emit_legal_transpose
+from rkcompile.passes.legalize import check_node
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
+from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
+from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
 #: group of its own, the other axes merge as in their operands.

@@ -24,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.fusion_patterns import Match, matches
-from rkcompile.ir import FLOAT_DTYPES, dtype_name, element_count, static_shape
+from rkcompile.ir.patterns import Match, matches
+from rkcompile.ir.graph import FLOAT_DTYPES, dtype_name, element_count, static_shape
 
-from ..fusion_table import layer_norm_core, reduction_axes, rms_norm_core
-from .base import Builder, Candidates, RewriteRule, Site, conv_1x1, scalar
+from rkcompile.passes.fusion_table import layer_norm_core, reduction_axes, rms_norm_core
+from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site, conv_1x1, scalar
 
 #: First opset with LayerNormalization.
 LAYER_NORMALIZATION_OPSET = 17

@@ -9,9 +9,9 @@ import onnx_graphsurgeon as gs
 from onnx import helper
 
 from rkcompile.emulator.reference import make_session
-from rkcompile.ir import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from .base import Candidates, RewriteRule, Site
+from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site
 
 
 def resize_as_matrix_products(node: gs.Node, site: Site) -> Candidates:

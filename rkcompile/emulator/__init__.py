@@ -12,17 +12,17 @@ import importlib
 from typing import TYPE_CHECKING
 
 #: public name -> the submodule defining it
-_EXPORTS = {"Agreement": "compare", "agreement": "compare", "onnxruntime_outputs": "compare",
+_EXPORTS = {"Agreement": "closeness", "agreement": "closeness", "onnxruntime_outputs": "closeness",
             "Execution": "executor", "Executor": "executor",
             "Prepared": "session", "check_plan": "session", "emulate": "session", "make_inputs": "session",
             "EmulationError": "storage", "Storage": "storage"}
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .compare import Agreement, agreement, onnxruntime_outputs  # noqa: F401
-    from .executor import Execution, Executor  # noqa: F401
-    from .session import Prepared, check_plan, emulate, make_inputs  # noqa: F401
-    from .storage import EmulationError, Storage  # noqa: F401
+    from rkcompile.emulator.closeness import Agreement, agreement, onnxruntime_outputs  # noqa: F401
+    from rkcompile.emulator.executor import Execution, Executor  # noqa: F401
+    from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs  # noqa: F401
+    from rkcompile.emulator.storage import EmulationError, Storage  # noqa: F401
 
 
 def __getattr__(name: str):

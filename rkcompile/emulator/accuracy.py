@@ -22,12 +22,12 @@ import numpy as np
 from rkcompile.progress import bar
 from rkcompile.targets import get_target
 
-from .compare import agreement
-from .executor import Execution, Executor
-from .float_reference import FloatReference
-from rkcompile.records import frozen_dataclass
-from .session import Prepared, emulate
-from .storage import EmulationError
+from rkcompile.emulator.closeness import agreement
+from rkcompile.emulator.executor import Execution, Executor
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.plan.records import frozen_dataclass
+from rkcompile.emulator.session import Prepared, emulate
+from rkcompile.emulator.storage import EmulationError
 
 
 @frozen_dataclass

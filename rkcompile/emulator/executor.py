@@ -5,7 +5,7 @@ run; reference.py), host steps as the layout and dtype conversions they name.
 
 Everything comes from the plan and its weight region: the order, the tensors each step reads
 and writes, where every tensor lives, and each step's operation (attributes, fused members),
-rebuilt into the node the kernels take (rkcompile/operations.py). A weight an operation reads
+rebuilt into the node the kernels take (rkcompile/plan/operations.py). A weight an operation reads
 is decoded from the weight region at its planned offset, in its planned layout and dtype, so a
 wrong offset or layout is a wrong answer.
 """
@@ -18,21 +18,21 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.collector import cyclic_collector_paused
-from rkcompile.nodes import dtype_name, element_count, fused_body, node_operands
-from rkcompile.operations import constant, rebuild
-from rkcompile.plan import Plan
-from rkcompile.quantize import dequantize, is_movement, quantize
+from rkcompile.ir.nodes import dtype_name, element_count, fused_body, node_operands
+from rkcompile.plan.operations import constant, rebuild
+from rkcompile.plan.schema import Plan
+from rkcompile.quantization.params import dequantize, is_movement, quantize
 from rkcompile.targets.model import Target
 
-from . import kernels  # noqa: F401  (registers the kernels)
-from .cpu_partition import CpuPartition, cpu_runs
-from .fused import run_fused
-from .int8 import QTensor, run_int8
-from .reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
-from .registry import IN_PLACE, KERNELS, Unsupported
-from .half import cast
-from .pages import small_pages
-from .storage import EmulationError, Storage, held_by_runtime, is_float
+from rkcompile.emulator import kernels  # noqa: F401  (registers the kernels)
+from rkcompile.emulator.cpu_partition import CpuPartition, cpu_runs
+from rkcompile.emulator.fused import run_fused
+from rkcompile.emulator.int8 import QTensor, run_int8
+from rkcompile.emulator.reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
+from rkcompile.emulator.registry import IN_PLACE, KERNELS, Unsupported
+from rkcompile.numerics.float16 import cast
+from rkcompile.emulator.pages import small_pages
+from rkcompile.emulator.storage import EmulationError, Storage, held_by_runtime, is_float
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
 #: float8s through ml_dtypes, whose numpy kind is not "f")

@@ -3,7 +3,7 @@ emulator's float kernels with nothing rounded to a stored dtype, CPU nodes on th
 executor would choose (onnxruntime, else onnx.reference: reference.py), host conversions as the
 identity they are on real values.
 
-This is the float32 model int8 calibration observes (rkcompile/quantize.py) and the reference
+This is the float32 model int8 calibration observes (rkcompile/quantization/params.py) and the reference
 `rkcompile run --accuracy-analysis` compares each int8 step with: it runs the same graph, with
 the same tensor names, as the int8 execution, so a step's two results line up one to one.
 Its outputs agree with onnxruntime on the original model to float32 rounding
@@ -26,13 +26,13 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper
 
-from rkcompile.nodes import expanded_members, fused_body, node_operands, node_proto
+from rkcompile.ir.nodes import expanded_members, fused_body, node_operands, node_proto
 
-from . import kernels  # noqa: F401  (registers the kernels)
-from .fused import run_fused
-from .reference import (NODE_MODEL_IR_VERSION, ONNX_REFERENCE, CpuRuntime, feeds_signature, make_session,
-                        onnxruntime_deviates, run_reference, session_for_feeds)
-from .registry import KERNELS, Unsupported
+from rkcompile.emulator import kernels  # noqa: F401  (registers the kernels)
+from rkcompile.emulator.fused import run_fused
+from rkcompile.emulator.reference import (NODE_MODEL_IR_VERSION, ONNX_REFERENCE, CpuRuntime, feeds_signature,
+    make_session, onnxruntime_deviates, run_reference, session_for_feeds)
+from rkcompile.emulator.registry import KERNELS, Unsupported
 
 Visit = Callable[[str, np.ndarray], None]
 #: name, value -> a value to continue with instead, or None to keep it

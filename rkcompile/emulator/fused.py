@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .storage import EmulationError
+from rkcompile.emulator.storage import EmulationError
 
 RunNode = Callable[[gs.Node, Sequence["np.ndarray | None"]], list]
 #: in_place(member, operands, spent) -> the member's outputs computed into one of the operands

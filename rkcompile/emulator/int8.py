@@ -29,15 +29,15 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import fused_body
-from rkcompile.plan import Quantization
-from rkcompile.quantize import INT8, INT32, dequantize, quantize
-from rkcompile.records import frozen_dataclass
+from rkcompile.ir.nodes import fused_body
+from rkcompile.plan.schema import Quantization
+from rkcompile.quantization.params import INT8, INT32, dequantize, quantize
+from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
-from .fused import run_fused
-from .reference import run_reference
-from .registry import KERNELS, Unsupported
+from rkcompile.emulator.fused import run_fused
+from rkcompile.emulator.reference import run_reference
+from rkcompile.emulator.registry import KERNELS, Unsupported
 
 #: Bits of the fixed-point multiplier's mantissa: an int32 holding a value in [2^30, 2^31).
 MULTIPLIER_BITS = 31

@@ -21,11 +21,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from rkcompile.nodes import (fused_body, is_onnx_domain, node_inputs, node_operands, node_proto, plain_attribute_key,
-                             single_node_graph,
-                             subgraphs)
+from rkcompile.ir.nodes import (fused_body, is_onnx_domain, node_inputs, node_operands, node_proto,
+    plain_attribute_key, single_node_graph, subgraphs)
 
-from .storage import EmulationError
+from rkcompile.emulator.storage import EmulationError
 
 ONNXRUNTIME = "onnxruntime"
 ONNX_REFERENCE = "onnx.reference"

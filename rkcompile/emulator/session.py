@@ -13,12 +13,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.allocation import verify_allocation
-from rkcompile.plan import Plan, contract_violations
+from rkcompile.plan.allocation import verify_allocation
+from rkcompile.plan.schema import Plan, contract_violations
 from rkcompile.targets import get_target
 
-from .executor import Execution, Executor, Observe, WeightCache
-from .storage import EmulationError
+from rkcompile.emulator.executor import Execution, Executor, Observe, WeightCache
+from rkcompile.emulator.storage import EmulationError
 
 #: Integer inputs are token ids, indices or masks: small non-negative values stay valid for
 #: any of them with a vocabulary of at least 100 entries.

@@ -20,11 +20,11 @@ import math
 import numpy as np
 
 from rkcompile.errors import CompileError
-from rkcompile.layouts import as_nchw, nc1hwc2_shape
-from rkcompile.plan import Plan, TensorPlacement
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape
+from rkcompile.plan.schema import Plan, TensorPlacement
 from rkcompile.targets.model import Target
 
-from .half import cast
+from rkcompile.numerics.float16 import cast
 
 
 class EmulationError(CompileError):

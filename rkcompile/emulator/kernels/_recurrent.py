@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import Unsupported, attr
+from rkcompile.emulator.registry import Unsupported, attr
 
 
 def check_plain(node) -> None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..registry import attr
+from rkcompile.emulator.registry import attr
 
 
 def moveaxis(array: np.ndarray, source: int, destination: int) -> np.ndarray:

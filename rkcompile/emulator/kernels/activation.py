@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import IN_PLACE, attr, register
+from rkcompile.emulator.registry import IN_PLACE, attr, register
 
 
 #: elements per block of erf's float64 arithmetic: its three float64 buffers (192 KiB) stay in

@@ -6,7 +6,7 @@ from functools import reduce
 
 import numpy as np
 
-from ..registry import IN_PLACE, register
+from rkcompile.emulator.registry import IN_PLACE, register
 
 ARITHMETIC = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,

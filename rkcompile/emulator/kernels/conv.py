@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import attr, register
-from ._windows import auto_pad_of, moveaxis, output_sizes, spatial_pads, tap_spans, windows
+from rkcompile.emulator.registry import attr, register
+from rkcompile.emulator.kernels._windows import (auto_pad_of, moveaxis, output_sizes, spatial_pads,
+    tap_spans, windows)
 
 #: elements of a depthwise output block (1 MiB of float32): the block and its product scratch
 #: stay in cache across the taps, and there are few blocks, each tap of each block a few numpy

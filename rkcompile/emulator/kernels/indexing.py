@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import attr, register
+from rkcompile.emulator.registry import attr, register
 
 
 @register("Gather")

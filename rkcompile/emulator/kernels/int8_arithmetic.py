@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..int8 import Accumulator, QTensor, exact_integers, register_int8, saturate_int32
-from .conv import convolve
+from rkcompile.emulator.int8 import Accumulator, QTensor, exact_integers, register_int8, saturate_int32
+from rkcompile.emulator.kernels.conv import convolve
 
 #: Add/Sub align both operands to a common scale of max(scale) / 2^ALIGN_BITS, integer
 #: multipliers of at most 2^16, before adding.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import Unsupported, attr, register
-from ._recurrent import check_plain, run_directions
-from .activation import sigmoid
+from rkcompile.emulator.registry import Unsupported, attr, register
+from rkcompile.emulator.kernels._recurrent import check_plain, run_directions
+from rkcompile.emulator.kernels.activation import sigmoid
 
 
 @register("LSTM")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import attr, register
+from rkcompile.emulator.registry import attr, register
 
 
 @register("MatMul")

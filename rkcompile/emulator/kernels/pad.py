@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import attr, opset_attr_or_input, register
+from rkcompile.emulator.registry import attr, opset_attr_or_input, register
 
 #: ONNX mode -> numpy.pad mode
 MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}

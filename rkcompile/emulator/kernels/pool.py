@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import Unsupported, attr, register
-from ._windows import fold_taps, moveaxis, spatial_pads, windows
+from rkcompile.emulator.registry import Unsupported, attr, register
+from rkcompile.emulator.kernels._windows import fold_taps, moveaxis, spatial_pads, windows
 
 
 def _geometry(node, x):

@@ -3,8 +3,8 @@ data movement whose result is exact whatever the arithmetic (Cast, DepthToSpace,
 SpaceToDepth; Gather, Expand, Tile and Where have numpy kernels in indexing.py). Each is listed so `tests/test_emulator_registry.py` can see every plannable op is covered."""
 from __future__ import annotations
 
-from ..reference import run_reference
-from ..registry import register
+from rkcompile.emulator.reference import run_reference
+from rkcompile.emulator.registry import register
 
 REFERENCE_OPS = ("Cast", "DepthToSpace", "SpaceToDepth")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import attr, opset_attr_or_input, register
+from rkcompile.emulator.registry import attr, opset_attr_or_input, register
 
 
 @register("Reshape")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import Unsupported, attr, register
-from ._windows import moveaxis
+from rkcompile.emulator.registry import Unsupported, attr, register
+from rkcompile.emulator.kernels._windows import moveaxis
 
 
 def _text(value, default):

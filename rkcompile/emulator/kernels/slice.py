@@ -2,7 +2,7 @@
 ONNX way, as one numpy basic-indexing view."""
 from __future__ import annotations
 
-from ..registry import opset_attr_or_input, register
+from rkcompile.emulator.registry import opset_attr_or_input, register
 
 
 @register("Slice")

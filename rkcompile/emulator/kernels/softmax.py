@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import attr, register
+from rkcompile.emulator.registry import attr, register
 
 
 def _over_axis(node, x, opset, reduce_rows):

@@ -1,0 +1,228 @@
+"""`rkcompile run`: plan (or load a saved plan), emulate, write the outputs, compare and report.
+
+The command line's layer: `cli.py` parses the flags and builds the Options; everything below
+goes through the library (`rkcompile.api`), which executes a plan and its weight region."""
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from rkcompile.compiler import model_file
+from rkcompile.api import load, prepare
+from rkcompile.compiler.context import Options
+from rkcompile.emulator.accuracy import analyse, render
+from rkcompile.emulator.closeness import agreement, onnxruntime_outputs
+from rkcompile.emulator.session import Prepared, emulate, make_inputs
+from rkcompile.emulator.storage import EmulationError
+from rkcompile.errors import CompileError
+from rkcompile.compiler.idle_npu import refuse_idle_npu
+from rkcompile.plan.schema import STDOUT, write_atomically
+from rkcompile.targets import get_target
+
+
+#: --check's default tolerance per plan dtype: float16 rounding, and the issue's int8 bar
+DEFAULT_MIN_COSINE = {"float16": 0.9999, "int8": 0.99}
+
+
+def run_command(args: argparse.Namespace, options: Options) -> int:
+    to_stdout = [option for option, path in (("--json", args.json), ("--outputs", args.outputs))
+                 if path is not None and str(path) == STDOUT]
+    if len(to_stdout) > 1:
+        raise CompileError("--json - and --outputs - both ask for standard output; send one to a file")
+    # With a file on standard output, what a person reads goes to standard error.
+    text = sys.stderr if to_stdout else sys.stdout
+    arrays = _load_inputs(args.inputs) if args.inputs is not None else None
+    prepared = _prepared(args, options)
+    refuse_idle_npu(prepared.plan)
+    given = {} if arrays is None else match_inputs(args.inputs, arrays, prepared.plan)
+    inputs = make_inputs(prepared.plan, given, args.seed)
+    if given and set(inputs) - set(given):
+        print(f"note: seeded random values for {', '.join(sorted(set(inputs) - set(given)))} "
+              f"(not in {args.inputs})", file=sys.stderr)
+    started = time.perf_counter()
+    steps = None
+    if args.accuracy_analysis:
+        steps, execution = analyse(prepared, inputs)
+        print(render(steps), file=text)
+    else:
+        execution = emulate(prepared, inputs)
+    seconds = time.perf_counter() - started
+    if args.outputs is not None:
+        save_npz(args.outputs, execution.outputs)
+    report = {"model": str(args.model if args.model is not None else prepared.plan.model.path), "target": prepared.plan.target, "dtype": prepared.plan.dtype,
+              "steps": len(prepared.plan.steps), "arena_bytes": prepared.plan.memory.arena_bytes,
+              "seconds": round(seconds, 4), "fallbacks": execution.fallbacks,
+              "dynamic_tensors": execution.dynamic_tensors,
+              "random_inputs": sorted(set(inputs) - set(given))}
+    if steps is not None:
+        report["accuracy_analysis"] = [row.to_dict() for row in steps]
+    min_cosine = args.min_cosine if args.min_cosine is not None else DEFAULT_MIN_COSINE[prepared.plan.dtype]
+    status = 0
+    if args.check:
+        expected = {spec.name: given[spec.name] for spec in prepared.plan.model.outputs if spec.name in given}
+        source = "inputs file"
+        if len(expected) < len(prepared.plan.model.outputs):
+            if args.model is None:
+                raise CompileError("--check: --inputs holds no reference outputs, and onnxruntime needs the MODEL")
+            expected, source = onnxruntime_outputs(args.model, inputs), "onnxruntime"
+        agreements = [agreement(name, value, expected[name]) for name, value in execution.outputs.items()]
+        passed = all(a.passes(min_cosine) for a in agreements)
+        report.update(reference=source, min_cosine=min_cosine, passed=passed,
+                      agreement=[a.to_dict() for a in agreements])
+        print(f"{'output':32} {'cosine':>12} {'max abs':>12} {'max rel':>12}  (vs {source})", file=text)
+        for a in agreements:
+            verdict = "ok" if a.passes(min_cosine) else f"FAIL (< {min_cosine})"
+            print(f"{a.output[:32]:32} {a.cosine:12.8f} {a.max_abs:12.4g} {a.max_rel:12.4g}  {verdict}", file=text)
+        status = 0 if passed else 1
+    else:
+        print(f"ran {len(prepared.plan.steps)} steps in {seconds:.3f}s; outputs: "
+              + ", ".join(f"{n} {shape_text(v)}" for n, v in execution.outputs.items()), file=text)
+    for fallback in execution.fallbacks:
+        print(f"note: onnx.reference computed {fallback}", file=text)
+    if args.json is not None:
+        write_atomically(args.json, json.dumps(report, indent=1) + "\n")
+    return status
+
+
+def _prepared(args: argparse.Namespace, options: Options) -> Prepared:
+    """What `run` executes: a saved artifact as it is (checked against MODEL when one is given),
+    a JSON plan checked against a fresh plan of MODEL, or a fresh plan of MODEL; every one
+    through the same executor, on the plan's operations and weight region."""
+    saved = None if args.plan is None else load(args.plan)
+    if saved is not None and saved.weights is not None:
+        if args.model is not None:
+            digest = _sha256(Path(args.model))
+            if digest != saved.record.model.sha256:
+                raise EmulationError(f"--plan {args.plan} was planned from another model than {args.model}")
+        if args.target is not None and get_target(args.target).name != saved.target:
+            raise EmulationError(f"--plan {args.plan} was planned for {saved.target}, not {args.target}")
+        _refuse_contradicting_flags(args, saved.record)
+        return saved.prepared()
+    if args.model is None or args.target is None:
+        raise CompileError("run needs MODEL and --target (or --plan PLAN.rkplan, a saved plan artifact)")
+    return prepare(args.model, args.target, options, args.plan)
+
+
+def _refuse_contradicting_flags(args: argparse.Namespace, record) -> None:
+    """An artifact runs as it was planned: a planning flag that restates the artifact is
+    harmless, one that differs (or asks to calibrate or reshape again) would be silently
+    ignored, so it is refused."""
+    planned = {"--dtype": record.dtype, "--batch": record.batch}
+    for flag, value in getattr(args, "planning_flags", {}).items():
+        if flag in planned and value == planned[flag]:
+            continue
+        shown = value if not isinstance(value, list) else " ".join(map(str, value))
+        was = f" (planned with {planned[flag]})" if flag in planned else ""
+        raise CompileError(f"{flag} {shown} contradicts --plan {args.plan}{was}: a saved artifact runs as planned; "
+                           f"plan the model again with {flag} instead")
+
+
+def _sha256(path: Path) -> str:
+    """The model file's sha256, from the read the command line started on it when there is one
+    (rkcompile/compiler/model_file.py), as a plan records it."""
+    try:
+        return model_file.read(path).hexdigest()
+    except OSError as exc:
+        raise CompileError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _load_inputs(path: Path) -> np.ndarray | dict[str, np.ndarray]:
+    """--inputs as the file holds it: one array (.npy) or arrays keyed by name (.npz)."""
+    if path.suffix.lower() != ".npy":
+        return load_npz(path)
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise EmulationError(f"--inputs: {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise EmulationError(f"--inputs: {path} is not an .npy array ({exc})") from None
+
+
+def match_inputs(path: Path, arrays: np.ndarray | dict[str, np.ndarray], plan) -> dict[str, np.ndarray]:
+    """--inputs keyed by the model's names, never guessed: one .npy array is the input of a
+    single-input model; an .npz names model inputs (and, for --check, reference outputs), and a
+    key that is neither, or a file naming none of the inputs, is refused (random values in
+    their place would make the comparison meaningless)."""
+    names = [spec.name for spec in plan.model.inputs]
+    expected = ", ".join(names)
+    if isinstance(arrays, np.ndarray):
+        if len(names) != 1:
+            raise EmulationError(f"--inputs: {path} holds one array but the model has {len(names)} inputs "
+                                 f"({expected}); give an .npz keyed by input name")
+        return {names[0]: arrays}
+    outputs = {spec.name for spec in plan.model.outputs}
+    unknown = sorted(set(arrays) - set(names) - outputs)
+    if unknown:
+        raise EmulationError(f"--inputs: {path} holds {', '.join(map(repr, unknown))}, which the model does not "
+                             f"name; expected inputs: {expected}")
+    if not set(arrays) & set(names):
+        raise EmulationError(f"--inputs: {path} holds none of the model's inputs; expected inputs: {expected}")
+    return arrays
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz, by name. An array numpy cannot type (bfloat16, float8 and int4
+    saved from ml_dtypes arrays: numpy writes void or a descriptor it cannot read back, like
+    float8_e5m2's '<f1') comes back as raw items of its size; `make_inputs` gives them the
+    input's type."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return {member[:-len(".npy")]: read_npy(archive.read(member))
+                    for member in archive.namelist() if member.endswith(".npy")}
+    except FileNotFoundError:
+        raise EmulationError(f"--inputs: {path} does not exist") from None
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise EmulationError(f"--inputs: {path} is not an .npz archive ({exc})") from None
+    except (ValueError, SyntaxError) as exc:
+        raise EmulationError(f"--inputs: {path} cannot be read: {exc}") from None
+
+
+def read_npy(data: bytes) -> np.ndarray:
+    try:
+        return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:
+        if "Object arrays" in str(exc):
+            raise ValueError("it holds an object array (strings?), which --inputs does not load: "
+                             "loading one would unpickle") from None
+        if "descr" not in str(exc):
+            raise
+    stream = io.BytesIO(data)
+    major, _ = np.lib.format.read_magic(stream)
+    length = int.from_bytes(stream.read(2 if major == 1 else 4), "little")
+    header = ast.literal_eval(stream.read(length).decode("latin1"))
+    descr, shape = header["descr"], tuple(header["shape"])
+    if not isinstance(descr, str) or not descr[-1:].isdigit():
+        raise ValueError(f"an array of unknown dtype {descr!r}")
+    raw = np.frombuffer(stream.read(), np.dtype(f"V{int(descr.lstrip('<>|=')[1:])}"))
+    return raw.reshape(shape, order="F" if header["fortran_order"] else "C")
+
+
+def shape_text(value) -> str:
+    """[2, 3] for an array, a sequence as the list of its tensors' shapes, 'none' for an empty optional."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return f"sequence of {[list(np.shape(item)) for item in value]}"
+    return str(list(np.shape(value)))
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez through write_atomically's temporary-file discipline, in bytes. A sequence
+    output is saved as one array per tensor, NAME[0], NAME[1], ...; an empty optional not at all."""
+    flat = {}
+    for name, value in arrays.items():
+        if isinstance(value, (list, tuple)):
+            flat.update((f"{name}[{index}]", item) for index, item in enumerate(value))
+        elif value is not None:
+            flat[name] = value
+    buffer = io.BytesIO()
+    np.savez(buffer, **flat)
+    write_atomically(path, buffer.getvalue())

@@ -1,0 +1,320 @@
+"""--auto-float16 COSINE: the fewest NPU steps to compute in float16 so that an int8 plan's
+outputs reach COSINE against the planned graph in float32 (accuracy analysis's reference) on
+every calibration sample; or the all-float16 plan's cosine when that is lower (float16 has its
+own rounding: a random-weight network can be ill-conditioned enough to miss 0.999 in float16).
+
+Candidates are the int8 tensors `--float16` accepts: every int8 output of an NPU step and every
+model input's NPU copy. Two searches (docs/quantization.md compares them):
+
+- **sensitivity** (the default): each candidate's cost to the output when it alone is rounded
+  to its int8 grid in a float32 run of the planned graph (the first calibration sample): in a
+  network whose error grows with depth, an early tensor's small rounding costs more at the
+  output than its own step's drop shows. The candidates in that order, the shortest prefix that
+  reaches the target is found by bisection over real int8 plans, then each chosen step is
+  dropped again, least sensitive first, while the target still holds.
+- **worst_drop** (the simple baseline): accuracy analysis, float16 for the step with the
+  largest drop (the cosine the step itself loses), plan again, repeat until the target holds.
+
+Every candidate set is judged by planning it and emulating it on all calibration samples. The
+passes before quantize, the calibration run, the float32 reference outputs and the sensitivity
+ranking are computed once per search and shared by every candidate plan (`Planner`). The
+report lists the chosen tensors with each step's extra time under the cost model
+(rkcompile/plan/cost_model.py), float16 against int8.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from rkcompile.collector import cyclic_collector_paused
+from rkcompile.compiler.context import INT8_SETTINGS, CompileContext, Options
+from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
+from rkcompile.emulator import agreement
+from rkcompile.emulator.accuracy import analyse
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.emulator.session import emulate
+from rkcompile.passes.quantize import idle_techniques
+from rkcompile.compiler.pipeline import PASS_NAMES, PASSES, assemble_plan, run_passes
+from rkcompile.plan.schema import Int8Technique, Plan as PlanRecord
+from rkcompile.quantization.params import dequantize, quantize, samples_for
+from rkcompile.targets import get_target
+
+STRATEGIES = ("sensitivity", "worst_drop")
+#: rkcompile.api.plan_of: a compile's record and context -> its Plan (passed in: the API calls this module)
+MakePlan = Callable[[PlanRecord, CompileContext], Any]
+#: Chosen tensors tried again without, at most, after the bisection (each try is one plan).
+PRUNE_TRIES = 24
+#: The passes a candidate's float16 tensors change: quantize and everything after it.
+QUANTIZE_AT = PASS_NAMES.index("quantize")
+
+
+@dataclass
+class Search:
+    """What a search found: the chosen tensors, the plan with them in float16 (and its compile
+    context), its worst calibration cosine, the target it met, and how many plans it judged."""
+    chosen: tuple[str, ...]
+    plan: Any  # rkcompile.api.Plan
+    cosine: float
+    wanted: float
+    target: float
+    all_float16_cosine: float
+    plans_judged: int = 0
+    start_cosine: float = 1.0
+    technique: Int8Technique | None = None
+    context: CompileContext | None = None
+
+
+def candidates(record: PlanRecord) -> list[str]:
+    """Tensors `--float16` accepts in this plan, in step order: int8 outputs of NPU steps and
+    the int8 NPU copies of model inputs (host conversions of a model input)."""
+    inputs = {spec.name for spec in record.model.inputs}
+    found = []
+    for step in record.steps:
+        if step.device == "npu" or (step.device == "host" and step.inputs and step.inputs[0] in inputs):
+            found += [name for name in step.outputs if record.tensors[name].dtype == "int8" and name not in found]
+    return found
+
+
+class Planner:
+    """Plans one model again and again with different float16 tensors or int8 settings. Neither
+    changes the passes before quantize, so those run once and each plan starts from a copy of
+    the graph quantize receives; and the quantize pass's float32 calibration run depends only on
+    equalization among them (passes/quantize.py `_reuse_calibration`), so the first plan's per
+    equalization setting (the first without extra float16 tensors: every later plan's int8
+    tensors are among its) serves every later one. `options` holds the settings a plan not
+    given its own uses."""
+
+    def __init__(self, model, target: str, options: Options):
+        self.options = dataclasses.replace(options, auto_float16=None)
+        self.before_quantize = CompileContext(model_path=Path(model), target=get_target(target), options=self.options)
+        with cyclic_collector_paused():
+            run_passes(self.before_quantize, PASSES[:QUANTIZE_AT])
+        self.calibrations: dict[bool, Any] = {}  # equalization -> the quantize pass's `Calibration`
+
+    @functools.cached_property
+    def samples(self) -> list[dict[str, np.ndarray]]:
+        """The calibration inputs every plan calibrates on and a Judge judges on, read once (a
+        folder of images decoded once, the warning for seeded random ones given once)."""
+        return samples_for(self.options, self.inputs)
+
+    @property
+    def inputs(self):
+        return self.before_quantize.model_info.inputs
+
+    def idle_techniques(self) -> set[str]:
+        """The int8 techniques that would change nothing in this model's plans (passes/quantize.py)."""
+        return idle_techniques(self.before_quantize)
+
+    def __call__(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None,
+                 ) -> tuple[PlanRecord, CompileContext]:
+        """The plan with `tensors` in float16 too, under `settings` (Options fields) if given."""
+        start = self.before_quantize
+        options = dataclasses.replace(
+            self.options, float16_tensors=tuple(dict.fromkeys((*self.options.float16_tensors, *tensors))),
+            **(settings or {}))
+        with cyclic_collector_paused():
+            # gs.Graph has its own copy (deepcopy trips over its attribute lookup); the copy's
+            # constants share their arrays, which the quantize pass replaces and never writes to
+            ctx = copy.deepcopy(start, {id(start.target): start.target, id(start.graph): start.graph.copy()})
+            ctx.options = options
+            ctx.calibration = self.calibrations.get(options.equalization)
+            ctx.calibration_samples = self.samples
+            run_passes(ctx, PASSES[QUANTIZE_AT:])
+            record = assemble_plan(ctx)
+        if not tensors:
+            self.calibrations[options.equalization] = ctx.calibration
+        return record, ctx
+
+
+class Judge:
+    """Plans a set of float16 tensors (under given int8 settings, or the planner's) and measures
+    its worst output cosine over the calibration samples against the float32 planned graph
+    (computed once: neither float16 choices nor int8 settings change it). Keeps each plan's
+    cosine and only the latest plan (a plan holds the model's weights).
+
+    Asked whether a set reaches a `goal`, it stops at the first sample below it: the answer is
+    the same, and the cosine it keeps is then that sample's, an upper bound of the worst (the
+    samples go worst first, in the order of the first plan's cosines)."""
+
+    def __init__(self, planner: Planner, make_plan: MakePlan, samples: list[dict[str, np.ndarray]]):
+        self.planner, self.make_plan, self.samples = planner, make_plan, samples
+        self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
+        self.plans_judged = 0
+        self.cosines: dict[tuple, tuple[float, bool]] = {}  # plan's key -> cosine, whether every sample ran
+        self.latest: tuple[tuple, Any, CompileContext] | None = None
+        self.expected: list[dict[str, np.ndarray]] | None = None
+
+    def planned(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple[Any, CompileContext]:
+        """The plan (rkcompile.api.Plan) with `tensors` in float16 under `settings`, and its compile context."""
+        key = self.key(tensors, settings)
+        if self.latest is None or self.latest[0] != key:
+            record, ctx = self.planner(tensors, settings)
+            self.latest = (key, self.make_plan(record, ctx), ctx)
+        return self.latest[1], self.latest[2]
+
+    def __call__(self, tensors: Sequence[str], goal: float | None = None,
+                 settings: Mapping[str, Any] | None = None) -> float:
+        """The worst cosine over the samples; with `goal`, possibly a larger one below `goal`."""
+        key = self.key(tensors, settings)
+        known, complete = self.cosines.get(key, (None, False))
+        if known is not None and (complete or (goal is not None and known < goal)):
+            return known
+        plan, _ = self.planned(tensors, settings)
+        self.plans_judged += 1
+        if self.expected is None:
+            self.expected = [reference_outputs(plan, sample) for sample in self.samples]
+        per_sample = []
+        for sample, expected in zip(self.samples, self.expected):
+            outputs = emulate(plan.prepared(), sample).outputs
+            per_sample.append(min(agreement(name, outputs[name], value).cosine for name, value in expected.items()))
+            if goal is not None and per_sample[-1] < goal:
+                break
+        complete = len(per_sample) == len(self.samples)
+        if complete and not self.cosines:  # the first plan: from now on, its worst samples first
+            order = np.argsort(per_sample, kind="stable")
+            self.samples, self.expected = [self.samples[i] for i in order], [self.expected[i] for i in order]
+        self.cosines[key] = (min(per_sample), complete)
+        return min(per_sample)
+
+    def key(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple:
+        """A plan's key: its float16 tensors and the int8 settings it is planned with (`settings`
+        over the planner's), so a plan is judged once however it is named."""
+        settings = settings or {}
+        return frozenset(tensors), tuple(settings.get(name, getattr(self.planner.options, name)) for name in INT8_SETTINGS)
+
+    def complete(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> bool:
+        """Whether the judged plan's cosine is over every sample (not stopped below a goal)."""
+        return self.cosines[self.key(tensors, settings)][1]
+
+
+def judge_for(model, target: str, options: Options, make_plan: MakePlan) -> Judge:
+    """A Judge of plans of `model` with `options`, on its calibration samples."""
+    planner = Planner(model, target, options)
+    return Judge(planner, make_plan, planner.samples)
+
+
+def float_reference(plan) -> FloatReference:
+    record = plan.record
+    return FloatReference(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
+                          [spec.name for spec in record.model.outputs])
+
+
+def reference_outputs(plan, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return float_reference(plan).run(sample)
+
+
+def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per tensor, the output cosine lost when it alone is rounded to its int8 grid."""
+    reference = float_reference(plan)
+    expected = reference.run(sample)
+    losses = {}
+    for name in tensors:
+        quant = plan.record.quantization[name]
+
+        def rounded(tensor: str, value: np.ndarray, name=name, quant=quant) -> np.ndarray | None:
+            return dequantize(quantize(value, quant), quant) if tensor == name else None
+
+        produced = reference.run(sample, adjust=rounded)
+        losses[name] = 1.0 - min(agreement(out, produced[out], value).cosine for out, value in expected.items())
+    return losses
+
+
+def choose(model, target: str, options: Options, wanted: float, make_plan: MakePlan, strategy: str = "sensitivity",
+           progress: Callable[[str], None] | None = None, judge: Judge | None = None) -> Search:
+    """The search of `strategy` for `wanted` (see the module docstring), with the int8 settings
+    of `options` (each given a value), or those `judge`'s planner holds (which then plans)."""
+    say = progress or (lambda text: None)
+    judge = judge or judge_for(model, target, options, make_plan)
+    samples = judge.given_samples
+    start = judge(())
+    int8, _ = judge.planned(())
+    pool = candidates(int8.record)
+    all_float16 = judge(pool)
+    goal = min(wanted, all_float16)
+    say(f"int8 cosine {start:.6f}, all {len(pool)} candidates in float16 {all_float16:.6f}: target {goal:.6f}")
+    chosen: list[str] = []
+    if start < goal:
+        chosen = (_by_sensitivity if strategy == "sensitivity" else _by_worst_drop)(judge, int8, pool, goal, samples, say)
+    plan, ctx = judge.planned(chosen)
+    search = Search(tuple(chosen), plan, judge(chosen), wanted, goal, all_float16, judge.plans_judged,
+                    start_cosine=start, context=ctx)
+    search.technique = report(search, int8.record)
+    return search
+
+
+def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
+    losses = sensitivities(plan, pool, samples[0])
+    ranked = sorted(pool, key=lambda name: -losses[name])
+    low, high = 0, len(ranked)  # ranked[:low] misses the goal (or low is 0); ranked[:high] meets it
+    while high - low > 1:
+        middle = (low + high) // 2
+        cosine = judge(ranked[:middle], goal)
+        say(f"  first {middle} by sensitivity: {_shown(cosine, goal)}")
+        low, high = (low, middle) if cosine >= goal else (middle, high)
+    chosen = ranked[:high]
+    for name in sorted(chosen, key=lambda name: losses[name])[:PRUNE_TRIES]:
+        if len(chosen) == 1:
+            break
+        without = [other for other in chosen if other != name]
+        cosine = judge(without, goal)
+        if cosine >= goal:
+            say(f"  without {name}: {cosine:.6f}, dropped")
+            chosen = without
+    return chosen
+
+
+def _by_worst_drop(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
+    chosen: list[str] = []
+    while len(chosen) < len(pool):
+        rows, _ = analyse(plan.prepared(), samples[0], single=False)
+        drops = {row.output: row.drop for row in rows if row.output in pool and row.output not in chosen}
+        if not drops:
+            break
+        chosen.append(max(drops, key=drops.get))
+        cosine = judge(chosen, goal)
+        plan, _ = judge.planned(chosen)
+        say(f"  + {chosen[-1]} (drop {drops[chosen[-1]]:.6f}): {_shown(cosine, goal)}")
+        if cosine >= goal:
+            break
+    return chosen
+
+
+def _shown(cosine: float, goal: float) -> str:
+    return f"{cosine:.6f}" if cosine >= goal else f"{cosine:.6f} (a sample below the target; judging stopped there)"
+
+
+def report(search: Search, int8: PlanRecord) -> Int8Technique:
+    """The `auto_float16` entry of the chosen plan: each tensor with its step's extra time under
+    the cost model, float16 against int8."""
+    costs = step_costs(int8, search.plan.record, search.chosen)
+    applied = tuple(f"{name} (+{costs[name] * 1e3:.4f} ms)" for name in search.chosen)
+    reached = "reached" if search.cosine >= search.target else "missed"
+    lowered = (f": {search.wanted} asked, the all-float16 plan reaches only {search.all_float16_cosine:.6f}"
+               if search.target < search.wanted else "")
+    note = (f"{len(search.chosen)} of {len(candidates(int8))} int8 tensors in float16, worst calibration "
+            f"cosine {search.start_cosine:.6f} -> {search.cosine:.6f} ({reached} target {search.target:.6f}{lowered}), "
+            f"+{sum(costs.values()) * 1e3:.4f} ms estimated; {search.plans_judged} plans judged")
+    return Int8Technique("auto_float16", applied, (), note)
+
+
+def step_costs(int8: PlanRecord, hybrid: PlanRecord, tensors: Sequence[str]) -> dict[str, float]:
+    """Per tensor, its writing step's estimated seconds in `hybrid` minus in `int8`."""
+    hardware = hardware_for(get_target(int8.target))
+
+    def seconds(record: PlanRecord, name: str) -> float:
+        step = next(s for s in record.steps if name in s.outputs)
+        sizes = {t: record.tensors[t] for t in (*step.inputs, *step.outputs) if t in record.tensors}
+        work = StepWork(step.device, step.macs,
+                        sum(t.bytes for n, t in sizes.items() if n in step.inputs and t.region == "weight"),
+                        sum(t.bytes for n, t in sizes.items() if n in step.inputs and t.region != "weight"),
+                        sum(t.bytes for n, t in sizes.items() if n in step.outputs))
+        dtype = "float16" if record.tensors[name].dtype == "float16" else "int8"
+        return step_seconds(work, hardware, dtype)
+
+    return {name: seconds(hybrid, name) - seconds(int8, name) for name in tensors}

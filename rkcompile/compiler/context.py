@@ -1,0 +1,160 @@
+"""What the passes share: the options, the graph, and the records the plan is assembled from.
+
+Passes key their records by the current gs node name. `origins` maps each current node back to
+the nodes of the input ONNX graph it stands for, so a rewrite or fusion that replaces nodes
+keeps the plan's one-entry-per-original-node promise.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx_graphsurgeon as gs
+
+from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite,
+    TensorPlacement)
+from rkcompile.plan.records import frozen_dataclass
+from rkcompile.targets.model import Target
+
+
+VERIFY_PASSES_VARIABLE = "RKCOMPILE_VERIFY_PASSES"
+
+
+#: An int8 setting's value that leaves it to the compiler: chosen per model on the calibration data
+CHOOSE = "auto"
+#: The int8 settings CHOOSE searches, each with its candidates in order of preference: the first
+#: of each is kept when no other candidate judges better (the defaults before they were chosen)
+INT8_SETTINGS: dict[str, tuple] = {"calibration_method": ("minmax", "mmse"),
+                                   "bias_correction": (True, False),
+                                   "equalization": (False, True)}
+#: Each int8 setting's first candidate: what a setting left to choose is planned with unsearched
+PREFERRED_INT8 = {name: candidates[0] for name, candidates in INT8_SETTINGS.items()}
+
+
+def settings_label(settings) -> str:
+    """The int8 settings of `settings` (Options, or a mapping of its fields), as the plan names them."""
+    value = settings.get if isinstance(settings, dict) else lambda name: getattr(settings, name)
+    return ", ".join((value("calibration_method"),
+                      "bias correction" if value("bias_correction") else "no bias correction",
+                      "equalization" if value("equalization") else "no equalization"))
+
+
+@frozen_dataclass
+class Options:
+    """What the user asked of a plan: dtype, batch, core mask, input shapes, dumps, and the int8
+    calibration settings."""
+
+    dtype: str = "float16"
+    batch: int = 1
+    core_mask: str = "auto"  # NPU cores for one input: auto, 0, 1, 2, 0_1, 0_1_2
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dump_after: tuple[str, ...] = ()
+    dump_dir: Path = Path(".")
+    calibration: Path | None = None  # int8: .npy/.npz/image files, a folder of them, or a dataset.txt (rkcompile/quantization/params.py)
+    # int8 calibration images (rknn-toolkit2's config): (x - mean) / std per channel, after the channels are
+    # put in channel_order ("RGB" or "BGR"); one value serves every channel; quantize.ImagePreprocessing
+    mean_values: tuple[float, ...] = (0.0,)
+    std_values: tuple[float, ...] = (1.0,)
+    channel_order: str = "RGB"
+    # int8 settings: each a fixed value, or CHOOSE (the default): the candidates of INT8_SETTINGS
+    # are judged on the calibration data and the best kept (rkcompile/compiler/int8_choice.py)
+    calibration_method: str = CHOOSE  # int8 activation ranges: minmax, percentile, kl or mmse
+    float16_tensors: tuple[str, ...] = ()  # int8: NPU steps writing these compute in float16 (hybrid)
+    equalization: bool | str = CHOOSE  # cross-layer equalization of Conv -> Conv pairs
+    bias_correction: bool | str = CHOOSE  # Conv biases absorb their rounded weights' mean shift
+    auto_float16: float | None = None  # int8: the fewest float16 steps reaching this cosine (auto_float16.py)
+    # `pipeline.verify` after every pass, for tests and debugging (--verify-passes, or
+    # RKCOMPILE_VERIFY_PASSES=1 in the environment, which the test suite sets): a broken graph
+    # invariant then fails at the pass that broke it instead of somewhere later
+    verify_passes: bool = field(default_factory=lambda: os.environ.get(VERIFY_PASSES_VARIABLE, "0") not in ("", "0"))
+
+
+@frozen_dataclass
+class Failure:
+    """One rule a node broke: the rendered rule text and the value that broke it."""
+
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        rule = self.rule.rstrip(".")
+        return f"{rule} (seen: {self.detail})" if self.detail else rule
+
+
+@frozen_dataclass
+class Placement:
+    """Where one node runs: its device and kernel, and why when not on the NPU."""
+
+    device: str
+    kernel: str
+    reason: str | None = None
+
+
+@frozen_dataclass
+class RewriteAttempt:
+    """One rewrite rule tried on a node: what `plan --explain` lists. `outcome` is 'applied', or
+    why the rule declined or why its candidates could not be made legal."""
+
+    node: str
+    rule: str
+    outcome: str
+
+
+@dataclass
+class CompileContext:
+    """What the passes share: the model, target and options, the graph, and what each pass
+    records for the plan."""
+
+    model_path: Path
+    target: Target
+    options: Options = field(default_factory=Options)
+    graph: gs.Graph | None = None
+    model_info: ModelInfo | None = None
+    original_nodes: list[tuple[str, str]] = field(default_factory=list)
+    origins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    fates: dict[str, tuple[str, str]] = field(default_factory=dict)
+    failures: dict[str, list[Failure]] = field(default_factory=dict)
+    placement: dict[str, Placement] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    partitions: list[tuple[str, list[str]]] = field(default_factory=list)
+    tensors: dict[str, TensorPlacement] = field(default_factory=dict)
+    memory: Memory | None = None
+    rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
+    rewrite_attempts: dict[str, list[RewriteAttempt]] = field(default_factory=dict)  # original node -> rules tried
+    notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
+    verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
+    #: rewrite -> legalize: the target rules' verdicts on the nodes the rewrite pass checked, by
+    #: each node's state (passes/rewrite.py _Verdicts); legalize takes them and clears this
+    rule_verdicts: Any = None
+    multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
+    step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
+    quantization: dict[str, Quantization] = field(default_factory=dict)  # int8 plans: tensor -> parameters
+    int8_techniques: list[Int8Technique] = field(default_factory=list)  # int8: what the quantize pass applied
+    #: constants the quantize pass changed away from the model's float semantics (a corrected
+    #: bias) -> the model's value, which the float reference of accuracy analysis keeps
+    reference_constants: dict[str, Any] = field(default_factory=dict)
+    #: int8: what the quantize pass's float32 calibration run observed (passes/quantize.py
+    #: `Calibration`); set beforehand, a later plan of the same graph reuses it (--auto-float16)
+    calibration: Any = None
+    #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
+    #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
+    calibration_samples: Any = None
+
+    def retire(self, node: gs.Node, fate: str, reason: str) -> None:
+        """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""
+        for original in self.origins.pop(node.name, (node.name,)):
+            self.fates[original] = (fate, reason)
+        self.failures.pop(node.name, None)
+        self.placement.pop(node.name, None)
+
+    def cleanup_graph(self) -> None:
+        """onnx-graphsurgeon's cleanup, with every node it drops (no graph output depends on
+        it) retired as 'removed', so the plan still lists each original node once."""
+        before = list(self.graph.nodes)
+        self.graph.cleanup(remove_unused_graph_inputs=False)
+        kept = {id(node) for node in self.graph.nodes}
+        for node in before:
+            if id(node) not in kept and node.name in self.origins:
+                self.retire(node, "removed", "no graph output depends on it")

@@ -1,0 +1,274 @@
+"""The pass pipeline, read top to bottom, and the plan assembled from what the passes recorded."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from itertools import chain
+from pathlib import Path
+from typing import Sequence
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from rkcompile.collector import cyclic_collector_paused
+from rkcompile.compiler.context import CompileContext, Options, Placement
+from rkcompile.compiler.cost_estimate import node_macs
+from rkcompile.emulator.pages import small_pages
+from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
+    topological_nodes)
+from rkcompile.plan.operations import describe
+from rkcompile.passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
+    memory, multicore, partition, remove_noops, rewrite, rewrite_late)
+from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
+from rkcompile.targets import get_target
+
+log = logging.getLogger("rkcompile")
+
+
+class _QuantizePass:
+    """passes/quantize.py, imported by the plans that quantize: for any other dtype its run only
+    leaves `ctx.quantization` empty, which this does without importing it and the int8 modules
+    it brings (rkcompile/quantization/params.py, passes/int8_accuracy.py: 4-8 ms of a 0.4 s plan process)."""
+
+    NAME = "quantize"
+    NEEDS = frozenset({"calibration", "calibration_samples", "model_info", "options", "order", "placement", "target",
+                       "tensors"})
+    PROVIDES = frozenset({"calibration", "calibration_samples", "int8_techniques", "options", "placement",
+                          "quantization", "reference_constants", "tensors"})
+
+    @staticmethod
+    def run(ctx: CompileContext) -> None:
+        if ctx.options.dtype not in QUANTIZED_DTYPES:
+            ctx.quantization = {}
+            return
+        from rkcompile.passes import quantize
+
+        quantize.run(ctx)
+
+
+PASSES = (
+    import_model,    # load, validate, infer shapes
+    fold_constants,  # evaluate what is already known
+    remove_noops,    # Identity, Dropout, a Cast to the type it already has
+    rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
+    legalize,        # every rule every node breaks
+    fuse,            # chains the NPU runs as one kernel, per the fusion table
+    rewrite_late,    # legalizing rewrites that would have hidden a fusion pattern
+    assign,          # NPU, or CPU with a reason
+    partition,       # convex single-device partitions, execution order
+    boundaries,      # host steps converting tensors that cross devices
+    layout,          # dtype, NC1HWC2/NCHW, bytes, region per tensor
+    _QuantizePass,   # int8 plans: calibrated scale/zero point per tensor, int32 biases
+    memory,          # arena offsets, lower bound
+    multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
+)
+PASS_NAMES = tuple(p.NAME for p in PASSES)
+#: the CompileContext fields a caller sets before the first pass (the int8 calibration and its
+#: samples optionally: an --auto-float16 Planner reuses them); every other field a pass NEEDS,
+#: a pass before it PROVIDES (tests/test_pipeline_contracts.py). The graph is every pass's to
+#: change, and `verify` checks it whole.
+CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples"})
+#: the fields `check_contract` watches
+CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext) if f.name != "graph")
+
+
+def compile_model(model_path: str | Path, target: str, options: Options | None = None, *,
+                  cpu_backends: bool = True) -> tuple[Plan, CompileContext]:
+    """The plan and its compile context. `cpu_backends=False` leaves every step's `cpu_backend`
+    unset (see `assemble_plan`), for a plan that is neither written nor run."""
+    ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
+    # Planning allocates weight-sized arrays (a model's weights read, a MatMul's transposed into
+    # a Conv's) and touches each once: in 4 KB pages that first touch is cheaper (pages.py).
+    with cyclic_collector_paused(), small_pages():
+        run_passes(ctx, PASSES)
+        return assemble_plan(ctx, cpu_backends), ctx
+
+
+def run_passes(ctx: CompileContext, passes: Sequence = PASSES) -> None:
+    """`passes` in order on `ctx` (a slice of PASSES: --auto-float16 plans the passes before
+    quantize once and the rest once per candidate)."""
+    for compiler_pass in passes:
+        checked = ctx.options.verify_passes
+        before = context_records(ctx) if checked else None
+        compiler_pass.run(ctx)
+        problems = verify(ctx) + check_contract(compiler_pass, before, context_records(ctx)) if checked else []
+        if problems:
+            raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
+        if compiler_pass.NAME in ctx.options.dump_after:
+            dump_graph(ctx, compiler_pass.NAME)
+        log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
+
+
+def context_records(ctx: CompileContext) -> dict[str, tuple]:
+    """Each CompileContext field but the graph as `check_contract` compares it: the value, and
+    the keys and values of a dict or the items of a list (so changes in place count)."""
+    records = {}
+    for name in CONTEXT_FIELDS:
+        value = getattr(ctx, name)
+        held = (tuple(chain.from_iterable(value.items())) if isinstance(value, dict)
+                else tuple(value) if isinstance(value, list) else ())
+        records[name] = (value, *held)
+    return records
+
+
+def check_contract(compiler_pass, before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """The fields `compiler_pass` changed (replaced, or a dict or list holding other objects,
+    compared by identity) without listing them in its PROVIDES."""
+    return [f"pass {compiler_pass.NAME} changed ctx.{name}, which its PROVIDES does not list"
+            for name, record in after.items() if name not in compiler_pass.PROVIDES
+            and (len(record) != len(before[name]) or any(a is not b for a, b in zip(record, before[name])))]
+
+
+def verify(ctx: CompileContext) -> list[str]:
+    """Graph invariants every pass must keep: unique names, consistent edges, no cycle, and
+    known shapes for every node placed on the NPU. Checked after every pass when
+    `Options.verify_passes` is on (tests, debugging), as torch.fx's run_checks_after_each_pass:
+    it costs about a tenth of a plan, and a plan's own contract (`plan.contract_violations`,
+    `allocation.verify_allocation`) is checked wherever a plan is used anyway."""
+    graph = ctx.graph
+    problems = []
+    names = [node.name for node in graph.nodes]
+    if len(set(names)) != len(names):
+        problems.append("duplicate node names")
+    defined = {t.name for t in graph.inputs}
+    for node in graph.nodes:
+        for tensor in node.outputs:
+            if not tensor.name:  # an omitted optional output: ONNX's '' placeholder, not a tensor
+                continue
+            if tensor.name in defined:
+                problems.append(f"tensor {tensor.name} produced twice")
+            defined.add(tensor.name)
+            if not any(producer is node for producer in tensor.inputs):
+                problems.append(f"tensor {tensor.name} does not know its producer {node.name}")
+    consumers: dict[int, set[int]] = {}  # per tensor, built once: a weight may feed thousands of nodes
+    for node in graph.nodes:
+        for tensor in node_inputs(node):
+            if not isinstance(tensor, gs.Constant) and tensor.name not in defined:
+                problems.append(f"node {node.name} reads undefined tensor {tensor.name}")
+        for tensor in present_inputs(node):
+            known = consumers.get(id(tensor))
+            if known is None:
+                known = consumers[id(tensor)] = {id(consumer) for consumer in tensor.outputs}
+            if id(node) not in known:
+                problems.append(f"tensor {tensor.name} does not know its consumer {node.name}")
+    problems += stray_links(graph)
+    problems += [problem for node in graph.nodes if node.attrs for problem in fused_body_reads_outside(node)]
+    try:
+        topological_nodes(graph)
+    except ValueError as exc:
+        problems.append(str(exc))
+    by_name = {node.name: node for node in graph.nodes}
+    for name, placed in ctx.placement.items():
+        if placed.device != "npu":
+            continue
+        node = by_name.get(name)
+        if node is None:
+            problems.append(f"placement for missing node {name}")
+        elif any(static_shape(t) is None for t in node.outputs):
+            problems.append(f"NPU node {name} has an unknown output shape")
+    return problems
+
+
+def fused_body_reads_outside(node: gs.Node) -> list[str]:
+    """Members of the fused kernel `node` (nested ones too) that list, among their inputs, a
+    tensor that is none of the body's inputs, its members' results or a constant. passes/fuse.py
+    builds bodies that read nothing else, and `nodes.outer_scope_reads` relies on it: it looks
+    for outer-scope reads only in members carrying subgraphs of their own."""
+    body = fused_body(node)
+    if body is None:
+        return []
+    local = {t.name for t in body.inputs} | {t.name for member in body.nodes for t in member.outputs}
+    problems = [f"fused node {node.name}: member {member.name} reads {tensor.name} from outside its body"
+                for member in body.nodes for tensor in present_inputs(member)
+                if tensor.name not in local and not isinstance(tensor, gs.Constant)]
+    return problems + [problem for member in body.nodes if member.attrs for problem in fused_body_reads_outside(member)]
+
+
+def stray_links(graph: gs.Graph) -> list[str]:
+    """Tensors of `graph` that name, as producer or reader, a node that is neither in the graph
+    nor inside a subgraph of one of its nodes: a node a pass built and then abandoned without
+    detaching it. Every later pass that walks a tensor's readers would meet a node it does not
+    know."""
+    known = set(map(id, graph.nodes))
+    pending = [inner for node in graph.nodes if node.attrs for sub in subgraphs(node) for inner in sub.nodes]
+    while pending:
+        node = pending.pop()
+        known.add(id(node))
+        pending.extend(inner for sub in subgraphs(node) for inner in sub.nodes)
+    tensors = {id(t): t for t in graph.inputs}
+    for node in graph.nodes:
+        tensors.update((id(t), t) for t in (*node.inputs, *node.outputs))
+    problems = []
+    for tensor in tensors.values():
+        for role, linked in (("written", tensor.inputs), ("read", tensor.outputs)):
+            if known.issuperset(map(id, linked)):  # the common case, checked without a Python loop
+                continue
+            stray = next(node for node in linked if id(node) not in known)
+            problems.append(f"tensor {tensor.name} is {role} by {stray.name or stray.op}, which is not in the graph")
+    return problems
+
+
+def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
+    path = ctx.options.dump_dir / f"{ctx.model_path.stem}.after-{pass_name}.onnx"
+    model = gs.export_onnx(ctx.graph, do_type_check=False)
+    path.parent.mkdir(parents=True, exist_ok=True)  # created on the first dump, as other outputs' folders
+    onnx.save(model, str(path))
+    return path
+
+
+def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
+    """The plan of the passes' results. Each CPU step's `cpu_backend` is decided by asking
+    onnxruntime for a session on the node (`emulator.reference.cpu_backend`): importing
+    onnxruntime alone takes about 20 ms. With `cpu_backends=False` it stays None, as in a plan
+    written before the field existed, which the emulator decides when it runs the step: for a
+    plan only summarized (`rkcompile plan` writing no file), which never reads it."""
+    from rkcompile.emulator.reference import cpu_backend
+
+    step_of = {name: index for index, name in enumerate(ctx.order)}
+    partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    weights = {name for name, tensor in ctx.tensors.items() if tensor.region == "weight"}
+    opsets = ctx.model_info.opsets
+    steps = []
+    for index, name in enumerate(ctx.order):
+        node, placed = nodes[name], ctx.placement[name]
+        steps.append(Step(
+            id=index, device=placed.device, kernel=placed.kernel, nodes=ctx.origins[name],
+            inputs=tuple(t.name for t in node_inputs(node)),
+            outputs=tuple(t.name for t in node.outputs if t.name),
+            cores=ctx.step_cores.get(name, ()), partition=partition_of[name],
+            note=ctx.notes.get(name),
+            macs=node_macs(node) if placed.device != "host" else 0,
+            operation=describe(node, weights),
+            cpu_backend=cpu_backend(node, opsets) if cpu_backends and placed.device == "cpu" else None,
+        ))
+    runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
+    entries = []
+    for original, op in ctx.original_nodes:
+        if original in runs_in:
+            current = runs_in[original]
+            placed = ctx.placement[current]
+            entries.append(NodeEntry(original, op, placed.device, step_of[current],
+                                     _reason(op, placed, ctx.target.name),
+                                     tuple(str(failure) for failure in ctx.failures.get(current, ()))))
+        else:
+            fate, reason = ctx.fates[original]
+            entries.append(NodeEntry(original, op, fate, None, reason))
+    partitions = tuple(Partition(pid, device, tuple(step_of[n] for n in members))
+                       for pid, (device, members) in enumerate(ctx.partitions))
+    return Plan(
+        target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
+        nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
+        memory=ctx.memory, multicore=ctx.multicore,
+        rewrites=tuple(ctx.rewrites), quantization=dict(ctx.quantization),
+        int8_techniques=tuple(ctx.int8_techniques),
+    )
+
+
+def _reason(op: str, placed: Placement, target: str) -> str | None:
+    """A placement's reason as the plan states it: naming the original op and the target, and
+    the kernel the op ran as when a rewrite or fusion changed it."""
+    if placed.reason is None:
+        return None
+    runs_as = f" (runs as {placed.kernel})" if placed.kernel != op else ""
+    return f"{op} on {target}{runs_as}: {placed.reason}"

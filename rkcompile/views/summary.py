@@ -1,0 +1,192 @@
+"""The human-readable plan summary, in the spirit of vela's network summary."""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+import numpy as np
+
+from rkcompile.plan.schema import QUANTIZED_DTYPES, Plan
+
+
+#: The value a rule saw, which the reason text carries as " (seen: ...)".
+SEEN = re.compile(r" \(seen: ([^;]*)\)")
+
+
+def _evidence(nodes: list, shown: int = 3) -> str:
+    """The first `shown` nodes of a reason, each with the values that broke its rules."""
+    named = []
+    for node in nodes[:shown]:
+        seen = "; ".join(SEEN.findall(node.reason))
+        named.append(f"{node.name} ({seen})" if seen else node.name)
+    return ", ".join(named) + (f" +{len(nodes) - shown} more" if len(nodes) > shown else "")
+
+
+def _kib(size: int) -> str:
+    return f"{size / 1024:,.1f} KiB"
+
+
+def _padding_line(plan: Plan) -> str:
+    """The bytes NC1HWC2 spends on padding channels, against the same tensors stored dense."""
+    stored = [t for t in plan.tensors.values() if t.layout == "NC1HWC2"]
+    dense = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in stored)
+    padding = sum(t.bytes for t in stored) - dense
+    return f"  NC1HWC2 padding             {_kib(padding)} (+{100 * padding / max(dense, 1):.1f}% over dense)"
+
+
+def _partition_lines(plan: Plan) -> list[str]:
+    """Partition sizes, the host conversions between them, and a verdict in the spirit of
+    onnxruntime's usability checker, from the share of estimated MACs the NPU runs."""
+    by_device = {device: [len(p.steps) for p in plan.partitions if p.device == device] for device in ("npu", "cpu")}
+    hosts = [s for s in plan.steps if s.device == "host"]
+    moved = sum(plan.tensors[t].bytes for s in hosts for t in s.inputs + s.outputs)
+    macs = {device: sum(s.macs for s in plan.steps if s.device == device) for device in ("npu", "cpu")}
+    share = macs["npu"] / max(macs["npu"] + macs["cpu"], 1)
+    count = len(by_device["npu"])
+    covering = f"{count} NPU partition{'s' if count != 1 else ''} covering {100 * share:.1f}% of compute"
+    if count == 0:
+        verdict = "no NPU partition: everything runs on the CPU"
+    elif share >= 0.95 and count <= 2:
+        verdict = f"{covering}: good"
+    elif share >= 0.8:
+        verdict = f"{covering}: fair, the CPU partitions and conversions between them cost time"
+    else:
+        verdict = f"{covering}: poor, most compute stays on the CPU"
+    sizes = {device: ", ".join(map(str, counts)) for device, counts in by_device.items()}
+    return [
+        f"  partitions                  {count} NPU [{sizes['npu']}], {len(by_device['cpu'])} CPU [{sizes['cpu']}]",
+        f"  conversions                 {len(hosts)} host steps, {_kib(moved)} read and written",
+        f"  verdict                     {verdict}",
+    ]
+
+
+def _fusion_lines(plan: Plan) -> list[str]:
+    """Fused steps counted per kernel, and the candidates that were not fused, grouped by why."""
+    fused = [s for s in plan.steps if s.operation is not None and s.operation.fused]
+    kernels = Counter(s.kernel for s in fused)
+    listed = ", ".join(f"{kernel} {count}" for kernel, count in sorted(kernels.items(), key=lambda kv: (-kv[1], kv[0])))
+    lines = [f"  fused kernels               {len(fused)} steps running {sum(len(s.nodes) for s in fused)} nodes"
+             + (f" ({listed})" if listed else "")]
+    notes = Counter(SEEN.sub("", s.note) for s in plan.steps if s.note)
+    if notes:
+        lines.append("  not fused:")
+        lines += [f"    {count:4d} x {note}" for note, count in sorted(notes.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return lines
+
+
+def _rule_counts(plan: Plan) -> str:
+    counts = Counter(r.rule for r in plan.rewrites)
+    return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _multicore_lines(plan: Plan) -> list[str]:
+    """Cores, contexts and splits, the cost model's estimate, and a per-core timeline."""
+    multicore = plan.multicore
+    axes = Counter(split.axis for split in multicore.splits)
+    how = (f"{len(multicore.contexts)} contexts" if multicore.contexts else
+           f"core mask {multicore.core_mask}, {len(multicore.splits)} steps split"
+           + (f" ({', '.join(f'{axis} x{count}' for axis, count in sorted(axes.items()))})" if axes else ""))
+    lines = [
+        f"  NPU cores                   {multicore.cores} for batch {multicore.batch} ({how})",
+        f"  estimate                    {multicore.est_latency_ms:.3f} ms per batch, {multicore.est_fps:.1f} fps, "
+        f"{multicore.speedup:.2f}x one core ({multicore.est_one_core_ms:.3f} ms per image)",
+        "    core  images  steps   busy ms   utilisation",
+    ]
+    images = {context.core: len(context.images) for context in multicore.contexts}
+    for timeline in multicore.per_core:
+        lines.append(f"    {timeline.core:4d}  {images.get(timeline.core, multicore.batch):6d}  {len(timeline.steps):5d}  "
+                     f"{timeline.est_ms:8.3f}   {100 * timeline.utilisation:10.1f}%")
+    asked = 1 if multicore.core_mask == "auto" else len(multicore.core_mask.split("_"))
+    if max(asked, multicore.cores) > 1 and not multicore.contexts and multicore.speedup < SMALL_SPEEDUP:
+        lines += _split_limits(plan)
+    return lines
+
+
+#: A multi-core split of one input below this speedup gets a line saying what limits it.
+SMALL_SPEEDUP = 1.05
+
+
+def _split_limits(plan: Plan) -> list[str]:
+    """Why splitting one input across cores buys little, from the plan's own figures: how long the
+    busiest core waits for CPU steps, conversions and the other cores (no split shortens the first
+    two), and
+    the NPU steps that stayed whole, by kernel (not multi-core on the target, or no split of
+    theirs beat one core by the cost model: passes/multicore.py best_split)."""
+    multicore = plan.multicore
+    first = max(multicore.per_core, key=lambda timeline: timeline.est_ms)
+    waiting = max(multicore.est_latency_ms - first.est_ms, 0.0)
+    split = {s.step for s in multicore.splits}
+    npu = [s for s in plan.steps if s.device == "npu"]
+    whole = Counter(s.kernel for s in npu if s.id not in split)
+    return [
+        f"  {f'why {multicore.speedup:.2f}x':28}core {first.core} waits {waiting:.3f} of {multicore.est_latency_ms:.3f} "
+        f"ms for CPU steps, conversions and the other cores; {len(split)} of {len(npu)} NPU steps "
+        f"split, whole: {_most_common(whole)}",
+    ]
+
+
+def _most_common(counts: Counter, shown: int = 3) -> str:
+    """`a x5, b x2, c x1 +4 more`: the first `shown` by count."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{key} x{count}" for key, count in ranked[:shown]) or "none"
+    return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
+
+
+def placed_counts(plan: Plan) -> tuple[int, int]:
+    """The original nodes that run on the NPU and on the CPU (folded and removed ones run nowhere)."""
+    devices = Counter(n.device for n in plan.nodes)
+    return devices["npu"], devices["cpu"]
+
+
+def render_summary(plan: Plan) -> str:
+    model_name = plan.model.path.rsplit("/", 1)[-1]
+    counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
+    npu, cpu = placed_counts(plan)
+    total = (npu + cpu) or 1
+    folded = sum(1 for n in plan.nodes if n.device == "folded")
+    removed = sum(1 for n in plan.nodes if n.device == "removed")
+    lines = [
+        f"Network summary for {model_name}",
+        f"  target                      {plan.target} ({plan.dtype}, batch {plan.batch})",
+        f"  nodes                       {len(plan.nodes)} ({folded} folded, {removed} removed, {len(counted)} placed)",
+        f"  NPU ops                     {npu} ({100 * npu / total:.1f}%)",
+        f"  CPU ops                     {cpu} ({100 * cpu / total:.1f}%)",
+        f"  rewrites                    {len(plan.rewrites)} ({_rule_counts(plan) or 'none'})",
+    ]
+    # The "(seen: ...)" details name single tensors; without them, nodes that broke the same
+    # rules group together, and the first few nodes of each group show theirs.
+    by_reason: dict[str, list] = {}
+    for node in counted:
+        if node.device == "cpu":
+            by_reason.setdefault(SEEN.sub("", node.reason), []).append(node)
+    if by_reason:
+        lines.append("  CPU ops by reason:")
+        for reason, nodes in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            lines.append(f"    {len(nodes):4d} x {reason}")
+            lines.append(f"           nodes: {_evidence(nodes)}")
+    lines += [
+        f"  steps                       {len(plan.steps)}",
+        *_fusion_lines(plan),
+        *_partition_lines(plan),
+        f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
+        f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
+        f"  weights                     {_kib(plan.memory.weight_bytes)}",
+        _padding_line(plan),
+        *_multicore_lines(plan),
+    ]
+    if plan.dtype in QUANTIZED_DTYPES:
+        for chosen in (t for t in plan.int8_techniques if t.name == "int8_settings"):
+            lines.append(f"  int8 settings               {chosen.note}")
+            if chosen.declined:
+                lines.append(f"    other candidates: {'; '.join(chosen.declined)}")
+        applied = [f"{t.name.replace('_', ' ')}: {t.note}" for t in plan.int8_techniques if t.name != "int8_settings"]
+        lines.append(f"  int8 techniques             {'; '.join(applied) if applied else 'none (calibration only)'}")
+        for technique in plan.int8_techniques:
+            if technique.name == "auto_float16" and technique.applied:
+                lines.append(f"    float16: {', '.join(technique.applied)}")
+    warnings = [q.warning for q in plan.quantization.values() if q.warning]
+    if warnings:
+        lines.append("  int8 warnings:")
+        lines += [f"    {warning}" for warning in warnings]
+    return "\n".join(lines)
