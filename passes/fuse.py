@@ -35,7 +35,7 @@ from rkcompile.ir.dag import Dag, descendants
 from rkcompile.ir.patterns import FUSED_DOMAIN, Match, matches
 from rkcompile.ir.edits import detach
 from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
-from rkcompile.plan.operations import constant, graph, graph_node, variable
+from rkcompile.ir.construct import constant, graph, graph_node, variable
 from rkcompile.targets.model import Rule
 
 from rkcompile.passes.fusion_table import TABLES, FusionRule

@@ -1,13 +1,19 @@
-"""operations.rebuild makes its onnx-graphsurgeon objects without the library's constructors
-(their attribute setter made a first run's step rebuild cost about as much as executing it):
-the objects must be the ones the constructors make, attribute by attribute, linked alike."""
+"""The compiler's fast constructors (rkcompile/ir/construct.py) make onnx-graphsurgeon objects
+without the library's constructors (their attribute setter is slow): the objects must be the
+ones the constructors make, attribute by attribute, linked alike. A node described into a plan
+and rebuilt as a plain node (rkcompile/plan/operations.py), or converted to one
+(rkcompile/ir/nodes.py plain_nodes), exports the ONNX onnx-graphsurgeon exports for it."""
 from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir.nodes import node_proto
-from rkcompile.plan.operations import constant, describe, graph, graph_node, rebuild, variable
+from rkcompile.ir.construct import constant, graph, graph_node, variable
+from rkcompile.ir.describe import describe
+from rkcompile.ir.nodes import node_proto, plain_nodes
+from rkcompile.plan import nodes as plain
+from rkcompile.plan.onnx_export import node_proto as plain_proto
+from rkcompile.plan.operations import rebuild
 
 
 def fields(obj) -> dict:
@@ -56,31 +62,39 @@ def fused_relu_clip(*more_inputs: gs.Tensor) -> gs.Node:
 def test_rebuild_of_a_fused_node_exports_the_same_onnx_as_the_described_one():
     original = fused_relu_clip()
     rebuilt = rebuild(describe(original, set()), lambda name: None)
-    assert node_proto(rebuilt) == node_proto(original)
+    assert isinstance(rebuilt, plain.Node)
+    assert plain_proto(rebuilt) == node_proto(original)
     inner = rebuilt.attrs["body"]
-    assert [n.op for n in inner.nodes] == ["Relu", "Clip"]
+    assert isinstance(inner, plain.Graph) and [n.op for n in inner.nodes] == ["Relu", "Clip"]
     # members connect through shared tensors, as the graph they were described from
     assert inner.nodes[0].outputs[0] is inner.nodes[1].inputs[0]
-    assert list(inner.nodes[0].outputs[0].outputs) == [inner.nodes[1]]
+    assert isinstance(inner.nodes[1].inputs[1], plain.Constant)
 
 
-def test_an_unlinked_rebuild_exports_the_same_onnx_and_links_no_tensor_to_a_node():
-    """rebuild(linked=False), for the emulator, which executes and exports step nodes one by
-    one: the same node as the linked rebuild (its ONNX export, its members' shared tensors),
-    with plain lists and no producer or consumer recorded on any tensor."""
-    original = fused_relu_clip(gs.Variable("w"))
-    weight = constant("w", np.ones(3, np.float32), linked=False)
-    unlinked = rebuild(describe(original, {"w"}), {"w": weight}.get, linked=False)
-    linked = rebuild(describe(original, {"w"}), lambda name: constant(name, np.ones(3, np.float32)) if name == "w"
-                     else None)
-    assert node_proto(unlinked) == node_proto(linked)
-    assert unlinked.inputs[1] is weight
-    inner = unlinked.attrs["body"]
-    assert inner.nodes[0].outputs[0] is inner.nodes[1].inputs[0]  # members still connect by name
-    nodes = [unlinked, *inner.nodes]
-    assert all(type(n.inputs) is list and type(n.outputs) is list for n in nodes)
-    tensors = [t for n in nodes for t in (*n.inputs, *n.outputs)]
-    assert all(type(t.inputs) is list and not t.inputs and not t.outputs for t in tensors)
+def test_rebuild_reads_weights_from_the_lookup_and_exports_what_the_model_node_exports():
+    """A weight the plan keeps in its weight region comes from the lookup (the emulator's decoded
+    weight region), inside the body too; the ONNX is the original node's, weight included."""
+    values = np.ones(3, np.float32)
+    original = fused_relu_clip(gs.Constant("w", values))
+    weight = plain.Constant("w", values)
+    rebuilt = rebuild(describe(original, {"w"}), {"w": weight}.get)
+    assert rebuilt.inputs[1] is weight
+    assert plain_proto(rebuilt) == node_proto(original)
+
+
+def test_a_converted_node_exports_what_onnx_graphsurgeon_exports():
+    """plain_nodes: the compiler's nodes as the runtime takes them, tensors shared by several
+    nodes converted once; a string tensor attribute as ONNX string data."""
+    shared = gs.Constant("w", np.arange(3, dtype=np.float32))
+    first, second = fused_relu_clip(shared), fused_relu_clip(shared)
+    labels = gs.Node("LabelEncoder", "labels", domain="ai.onnx.ml",
+                     attrs={"values_int64s": [1, 2],
+                            "keys_tensor": gs.Constant("keys_tensor", np.array(["a", "b"], dtype=object))},
+                     inputs=[gs.Variable("s", dtype=object)], outputs=[gs.Variable("i")])
+    converted = plain_nodes([first, second, labels])
+    assert [plain_proto(node) for node in converted] == [node_proto(node) for node in (first, second, labels)]
+    assert converted[0].inputs[1] is converted[1].inputs[1]
+    assert converted[0].attrs["body"].nodes[0].outputs[0] is converted[0].attrs["body"].nodes[1].inputs[0]
 
 
 def test_graph_matches_the_library_constructor_nested_graphs_included():

@@ -20,7 +20,7 @@ from onnx_graphsurgeon.ir import tensor as gs_tensor
 from rkcompile.ir.edits import detach
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 from rkcompile.ir.nodes import DerivedValues
-from rkcompile.plan.operations import constant, graph_node, variable
+from rkcompile.ir.construct import constant, graph_node, variable
 from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 

@@ -19,12 +19,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-
-from rkcompile.ir.nodes import (fused_body, is_onnx_domain, node_inputs, node_operands, node_proto,
-    plain_attribute_key, single_node_graph, subgraphs)
 
 from rkcompile.emulator.storage import EmulationError
+from rkcompile.plan.nodes import (Constant, Node, fused_body, is_onnx_domain, node_inputs, node_operands,
+    plain_attribute_key, subgraphs)
+from rkcompile.plan.onnx_export import node_proto, single_node_graph
 
 ONNXRUNTIME = "onnxruntime"
 ONNX_REFERENCE = "onnx.reference"
@@ -32,7 +31,7 @@ ONNX_REFERENCE = "onnx.reference"
 NODE_MODEL_IR_VERSION = 9
 
 
-def by_output(node: gs.Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+def by_output(node: Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:
     """A runtime's results (one per named output) lined up with all the node's outputs."""
     results = iter(named)
     return [runtime_value(next(results)) if t.name else None for t in node.outputs]
@@ -48,7 +47,7 @@ def runtime_value(value) -> np.ndarray | list | None:
     return np.asarray(value)
 
 
-def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int,
+def run_reference(node: Node, inputs: Sequence[np.ndarray | None], opset: int,
                   opsets: Mapping[str, int] | None = None) -> list[np.ndarray | None]:
     from onnx.reference import ReferenceEvaluator  # here: 0.1 s to import, and most plans never need it
 
@@ -61,7 +60,7 @@ def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int
                              f"node {node.name}, and onnxruntime cannot run it") from None
 
 
-def node_model(node: gs.Node, input_dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
+def node_model(node: Node, input_dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
                input_shapes: Sequence[tuple[int, ...]] | None = None) -> onnx.ModelProto:
     """The node alone as a model: what it reads (`nodes.node_inputs`: its present inputs, then
     what its subgraphs read from outside) typed by element type only, so one session serves any
@@ -114,7 +113,7 @@ def onnxruntime_session(model: onnx.ModelProto):
         return None
 
 
-def cpu_backend(node: gs.Node, opsets: Mapping[str, int]) -> str | None:
+def cpu_backend(node: Node, opsets: Mapping[str, int]) -> str | None:
     """The backend a CPU step runs on: onnxruntime when it takes the node (every member of a
     fused node) with the types the graph gives, else onnx.reference when it has the op, else
     None: nothing here can run it (`rkcompile run` refuses the plan, naming the op)."""
@@ -127,7 +126,7 @@ def cpu_backend(node: gs.Node, opsets: Mapping[str, int]) -> str | None:
     return None
 
 
-def onnxruntime_deviates(node: gs.Node) -> bool:
+def onnxruntime_deviates(node: Node) -> bool:
     """Nodes onnxruntime 1.32 runs but computes against the ONNX spec, where onnx's own test
     cases and onnx.reference agree with each other: onnx.reference runs them instead."""
     return any(node.op == op and applies(node) for op, applies in ONNXRUNTIME_DEVIATIONS)
@@ -143,7 +142,7 @@ ONNXRUNTIME_DEVIATIONS = (
 )
 
 
-def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
+def runs_on_onnxruntime(node: Node, opsets: Mapping[str, int]) -> bool:
     if onnxruntime_deviates(node):
         return False
     dtypes = [numpy_dtype(t.dtype) for t in node_inputs(node)]
@@ -158,7 +157,7 @@ def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
         return answer
     try:
         model = node_model(node, dtypes, opsets)
-    except (TypeError, ValueError):  # an attribute onnx-graphsurgeon cannot export (a string tensor)
+    except (TypeError, ValueError):  # an attribute ONNX cannot hold
         answer = False
     else:
         if subgraphs(node):  # its subgraphs name outer tensors: renamed, the model would not be the same
@@ -187,7 +186,7 @@ _ONNXRUNTIME_TAKES_BY_KEY: dict[tuple, bool] = {}
 _VALUE_BLIND_TENSOR_ATTRIBUTES = frozenset({("ConstantOfShape", "value")})
 
 
-def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
+def anonymous_key(node: Node, dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
                   value_blind: bool = True) -> tuple | None:
     """What `anonymous(node_model(node, dtypes, opsets))` is made of, as a hashable key, read off
     the node itself: its op and domain, the opsets, where each input and output name first
@@ -206,14 +205,13 @@ def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str
         plain = plain_attribute_key(name, value)
         if plain is not None:
             attributes.append(plain)
-        elif type(value) is gs.Constant:
+        elif isinstance(value, Constant):
             array = np.asarray(value.values)
-            if array.dtype.kind not in "biufc":  # strings: node_proto writes them its own way
+            if array.dtype.kind not in "biufc":  # strings: their bytes would be pointers
                 return None
             blind = value_blind and (node.op, name) in _VALUE_BLIND_TENSOR_ATTRIBUTES and is_onnx_domain(node)
             stored = b"" if blind else array.tobytes()
-            attributes.append((name, gs.Constant, array.dtype.str, array.shape, stored,
-                               repr(value.export_dtype), value.data_location))
+            attributes.append((name, Constant, array.dtype.str, array.shape, stored))
         else:
             return None
     positions: dict[str, int] = {"": -1}
@@ -252,7 +250,7 @@ def anonymous_names(inputs: Sequence[str], outputs: Sequence[str]) -> dict[str, 
     return positions
 
 
-def reference_has(node: gs.Node, opsets: Mapping[str, int]) -> bool:
+def reference_has(node: Node, opsets: Mapping[str, int]) -> bool:
     """Whether onnx.reference has an implementation for the node (it looks them up when built)."""
     from onnx.reference import ReferenceEvaluator
 
@@ -287,13 +285,13 @@ class CpuRuntime:
         self.sessions: dict[tuple, object] = {}
         self.backends: dict[str, str | None] = {}
 
-    def backend_of(self, node: gs.Node) -> str | None:
+    def backend_of(self, node: Node) -> str | None:
         """`cpu_backend` for a node no plan step names one for, decided once per node."""
         if node.name not in self.backends:
             self.backends[node.name] = cpu_backend(node, self.opsets)
         return self.backends[node.name]
 
-    def run(self, node: gs.Node, inputs: Sequence[np.ndarray | None], backend: str,
+    def run(self, node: Node, inputs: Sequence[np.ndarray | None], backend: str,
             fallbacks: list[str]) -> list[np.ndarray | None]:
         """The node's outputs; when onnxruntime fails on these values (a case the plan-time check
         could not foresee: a subgraph's shapes, a runtime error) and onnx.reference has the op,
@@ -326,7 +324,7 @@ class CpuRuntime:
                                  fallbacks)
         return by_output(node, named)
 
-    def _instead(self, node: gs.Node, inputs: Sequence[np.ndarray | None], failure: str,
+    def _instead(self, node: Node, inputs: Sequence[np.ndarray | None], failure: str,
                  fallbacks: list[str]) -> list[np.ndarray | None]:
         """onnx.reference's outputs for a node onnxruntime failed on with these values."""
         if not reference_has(node, self.opsets):

@@ -24,7 +24,7 @@ from onnx_graphsurgeon.importers.onnx_importer import (OnnxImporter, get_numpy_t
                                                        get_onnx_tensor_shape, get_onnx_tensor_type)
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from rkcompile.plan.operations import constant, graph_node, variable
+from rkcompile.ir.construct import constant, graph_node, variable
 
 
 def import_onnx(model: onnx.ModelProto) -> gs.Graph:
