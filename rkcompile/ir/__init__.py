@@ -3,7 +3,8 @@
 `graph` holds graph-level helpers (readers, producers, topological order, shape models), `nodes`
 facts about one node or tensor and its conversion to the plan layer's plain node, `construct`
 fast constructors of graph objects, `describe` a node as a plan's operation record, `edits` the
-one graph-edit helper every pass shares (replace uses, detach), `onnx_import` the model import, `dag` the analysis graph for cycles and
-convexity, `patterns` the dataflow-pattern language the fusion table is written in. Only the
-compiler (rkcompile.compiler, passes/, targets/) imports this layer; plans and the emulator never do.
+one graph-edit helper every pass shares (replace uses, detach), `onnx_import` the model import,
+`dag` the analysis graph for cycles and convexity, `patterns` the dataflow-pattern language the
+fusion table is written in. Only the compiler (rkcompile.compiler, passes/, targets/) imports
+this layer; plans and the emulator never do.
 """
