@@ -41,8 +41,8 @@ from rkcompile.passes.fusion_table import TABLES, FusionRule
 
 NAME = "fuse"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"failures", "original_nodes", "origins", "target"})
-PROVIDES = frozenset({"failures", "notes", "origins"})
+NEEDS = frozenset({"failures", "graph", "original_nodes", "origins", "target"})
+PROVIDES = frozenset({"failures", "graph", "notes", "origins"})
 
 log = logging.getLogger("rkcompile")
 

@@ -23,7 +23,7 @@ from rkcompile.plan.schema import ModelInfo, TensorSpec
 NAME = "import"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
 NEEDS = frozenset({"model_path", "options"})
-PROVIDES = frozenset({"model_info", "original_nodes", "origins"})
+PROVIDES = frozenset({"graph", "model_info", "original_nodes", "origins"})
 
 MIN_OPSET = 1
 MAX_OPSET = onnx.defs.onnx_opset_version()
