@@ -46,8 +46,8 @@ from rkcompile.passes import reference_kernels
 
 NAME = "fold-constants"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"model_info", "origins"})
-PROVIDES = frozenset({"fates", "origins"})
+NEEDS = frozenset({"graph", "model_info", "origins"})
+PROVIDES = frozenset({"fates", "graph", "origins"})
 
 log = logging.getLogger("rkcompile")
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",

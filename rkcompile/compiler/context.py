@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite,
     TensorPlacement)
 from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
+
+if TYPE_CHECKING:  # int8 only: a float16 plan never imports it
+    from rkcompile.quantization.params import RangeObserver
 
 
 VERIFY_PASSES_VARIABLE = "RKCOMPILE_VERIFY_PASSES"
@@ -102,6 +106,39 @@ class RewriteAttempt:
     outcome: str
 
 
+class Verdict(NamedTuple):
+    """One target rule's verdict on one node (passes/legalize.py)."""
+
+    rule: str
+    ok: bool
+    detail: str
+
+
+class CheckedNode(NamedTuple):
+    """What `plan --explain` shows for one node: the values the rules saw and every verdict."""
+
+    name: str
+    op: str
+    originals: tuple[str, ...]
+    seen: str
+    verdicts: list[Verdict]
+
+
+class RuleVerdicts(Protocol):
+    """The target rules' verdicts the rewrite pass worked out (passes/rewrite.py `_Verdicts`),
+    which legalize asks again instead of evaluating the rules."""
+
+    def verdicts(self, node: gs.Node, target: Target, facts: dict[str, object]) -> list[Verdict]: ...
+
+
+class CalibrationRun(Protocol):
+    """What one int8 calibration run observed (passes/quantize.py `Calibration`): a range
+    observer per tensor, on the equalized graph or not."""
+
+    observers: Mapping[str, RangeObserver]
+    equalized: bool
+
+
 @dataclass
 class CompileContext:
     """What the passes share: the model, target and options, the graph, and what each pass
@@ -124,30 +161,29 @@ class CompileContext:
     rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
     rewrite_attempts: dict[str, list[RewriteAttempt]] = field(default_factory=dict)  # original node -> rules tried
     notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
-    verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
+    verdicts: dict[str, CheckedNode] = field(default_factory=dict)  # legalize: every rule and verdict per node
     #: rewrite -> legalize: the target rules' verdicts on the nodes the rewrite pass checked, by
     #: each node's state (passes/rewrite.py _Verdicts); legalize takes them and clears this
-    rule_verdicts: Any = None
+    rule_verdicts: RuleVerdicts | None = None
     multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
     step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
     quantization: dict[str, Quantization] = field(default_factory=dict)  # int8 plans: tensor -> parameters
     int8_techniques: list[Int8Technique] = field(default_factory=list)  # int8: what the quantize pass applied
     #: constants the quantize pass changed away from the model's float semantics (a corrected
     #: bias) -> the model's value, which the float reference of accuracy analysis keeps
-    reference_constants: dict[str, Any] = field(default_factory=dict)
+    reference_constants: dict[str, np.ndarray] = field(default_factory=dict)
     #: int8: what the quantize pass's float32 calibration run observed (passes/quantize.py
     #: `Calibration`); set beforehand, a later plan of the same graph reuses it (--auto-float16)
-    calibration: Any = None
+    calibration: CalibrationRun | None = None
     #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
     #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
-    calibration_samples: Any = None
+    calibration_samples: list[dict[str, np.ndarray]] | None = None
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
-        """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""
+        """Record that `node` leaves the graph as `fate` ('folded' or 'removed'). Only the
+        passes before legalize retire nodes, so no failure or placement names one yet."""
         for original in self.origins.pop(node.name, (node.name,)):
             self.fates[original] = (fate, reason)
-        self.failures.pop(node.name, None)
-        self.placement.pop(node.name, None)
 
     def cleanup_graph(self) -> None:
         """onnx-graphsurgeon's cleanup, with every node it drops (no graph output depends on

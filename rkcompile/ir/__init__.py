@@ -2,7 +2,7 @@
 
 `graph` holds graph-level helpers (readers, producers, topological order, shape models), `nodes`
 facts about one node or tensor, `edits` the one graph-edit helper every pass shares (replace
-uses, detach), `onnx_import` the model import, `dag` the analysis graph for cycles and
+uses, detach), `dag` the analysis graph for cycles and
 convexity, `patterns` the dataflow-pattern language the fusion table is written in. Only the
 compiler (rkcompile.compiler, passes/, targets/) imports this layer; plans and the emulator never do.
 """
