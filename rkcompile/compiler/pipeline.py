@@ -13,7 +13,8 @@ import onnx_graphsurgeon as gs
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.compiler.context import CompileContext, Options, Placement
 from rkcompile.compiler.cost_estimate import node_macs
-from rkcompile.emulator.pages import small_pages
+from rkcompile.onnx_backends import cpu_backend
+from rkcompile.pages import small_pages
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.plan.operations import describe
@@ -218,12 +219,10 @@ def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
 
 def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
     """The plan of the passes' results. Each CPU step's `cpu_backend` is decided by asking
-    onnxruntime for a session on the node (`emulator.reference.cpu_backend`): importing
+    onnxruntime for a session on the node (`onnx_backends.cpu_backend`): importing
     onnxruntime alone takes about 20 ms. With `cpu_backends=False` it stays None, as in a plan
     written before the field existed, which the emulator decides when it runs the step: for a
     plan only summarized (`rkcompile plan` writing no file), which never reads it."""
-    from rkcompile.emulator.reference import cpu_backend
-
     step_of = {name: index for index, name in enumerate(ctx.order)}
     partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
     nodes = {node.name: node for node in ctx.graph.nodes}
