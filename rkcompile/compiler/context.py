@@ -141,6 +141,9 @@ class CompileContext:
     #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
     #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
     calibration_samples: Any = None
+    #: int8: what runs the float32 calibration run and judges candidate plans
+    #: (rkcompile/compiler/runtime.py `Runtime`), set by the caller; a float16 plan needs none
+    runtime: Any = None
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""
