@@ -380,19 +380,18 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _compile(model: Path, target: str, options: Options, cpu_backends: bool):
-    """The plan and its compile context. The modules are imported here, as the plan needs them:
-    only an int8 plan runs candidate plans on the emulator (its settings chosen, --auto-float16),
-    and importing the API and the emulator would cost every other plan's process that time for
-    nothing (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s (an int8 plan
-    decides them: it runs on the emulator anyway)."""
-    if options.dtype != "int8":
-        from rkcompile.compiler.pipeline import compile_model
+    """The plan and its compile context. The emulator is imported here, as the plan needs it:
+    only an int8 plan runs on it (its calibration, its candidate plans), and importing the API
+    and the emulator would cost every other plan's process that time for nothing
+    (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s."""
+    from rkcompile.compiler.pipeline import compile_model
 
-        return compile_model(model, target, options, cpu_backends=cpu_backends)
-    from rkcompile.api import plan_of
-    from rkcompile.compiler.int8_choice import compile_with_choice
+    runtime = None
+    if options.dtype == "int8":
+        from rkcompile.api import EMULATOR_RUNTIME
 
-    return compile_with_choice(model, target, options, plan_of)
+        runtime = EMULATOR_RUNTIME
+    return compile_model(model, target, options, cpu_backends=cpu_backends, runtime=runtime, choose_int8=True)
 
 
 def _targets(args: argparse.Namespace) -> int:
