@@ -10,7 +10,7 @@ from rkcompile.compiler.context import CompileContext, Placement
 
 NAME = "assign"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"failures", "target"})
+NEEDS = frozenset({"failures", "graph", "target"})
 PROVIDES = frozenset({"placement"})
 
 log = logging.getLogger("rkcompile")

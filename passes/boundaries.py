@@ -31,8 +31,8 @@ from rkcompile.passes.layout import placement
 
 NAME = "boundaries"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"options", "order", "origins", "partitions", "placement", "target"})
-PROVIDES = frozenset({"order", "origins", "partitions", "placement"})
+NEEDS = frozenset({"graph", "options", "order", "origins", "partitions", "placement", "target"})
+PROVIDES = frozenset({"graph", "order", "origins", "partitions", "placement"})
 
 HOST_DOMAIN = "rkcompile"
 HOST_OP = "Convert"

@@ -7,14 +7,14 @@ shapes contradict their ops (strict shape inference catches those).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
 import onnx
+import onnx_graphsurgeon as gs
 from onnx import external_data_helper, shape_inference
 
-from rkcompile.ir import onnx_import as graph_import
-from rkcompile.compiler import model_file
 from rkcompile.compiler.context import CompileContext
 from rkcompile.errors import CompileError
 from rkcompile.ir.graph import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
@@ -23,14 +23,14 @@ from rkcompile.plan.schema import ModelInfo, TensorSpec
 NAME = "import"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
 NEEDS = frozenset({"model_path", "options"})
-PROVIDES = frozenset({"model_info", "original_nodes", "origins"})
+PROVIDES = frozenset({"graph", "model_info", "original_nodes", "origins"})
 
 MIN_OPSET = 1
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
 
 def run(ctx: CompileContext) -> None:
-    model, data, file, carriers = _load(ctx.model_path)
+    model, data, sha256, carriers = _load(ctx.model_path)
     graph = model.graph
     renamed = _name_nodes(graph)
     reordered = _check_tensors_defined_and_acyclic(graph)
@@ -56,29 +56,27 @@ def run(ctx: CompileContext) -> None:
     model = inferred if light is None else _with_inferred_shapes(model, inferred, carriers)
 
     ctx.model_info = ModelInfo(
-        path=str(ctx.model_path), sha256=file.hexdigest(), opset=opset,
+        path=str(ctx.model_path), sha256=sha256, opset=opset,
         inputs=tuple(_spec(v) for v in _true_inputs(model.graph)),
         outputs=tuple(_spec(v) for v in model.graph.output),
         domain_opsets={o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")},
     )
-    ctx.graph = graph_import.import_onnx(model)  # gs.import_onnx's graph, made faster
+    ctx.graph = gs.import_onnx(model)
     # read off the imported graph: its nodes are the file's, in order, and cheaper to read than protobuf's
     ctx.original_nodes = [(node.name, node.op) for node in ctx.graph.nodes]
     ctx.origins = {name: (name,) for name, _ in ctx.original_nodes}
 
 
-def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, model_file.ModelFile, list[int] | None]:
+def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, str, list[int] | None]:
     """The model, the file's bytes when they serialize it whole (None when external data was
-    read into it), the file (whose sha256 is worked out on its own thread meanwhile), and the
-    positions of the main graph's nodes that carry a graph (If branches, Loop bodies; None when
-    external data was read)."""
+    read into it), the file's sha256, and the positions of the main graph's nodes that carry a
+    graph (If branches, Loop bodies; None when external data was read)."""
     if not path.exists():
         raise CompileError(f"{path}: no such file")
     if not path.is_file():
         raise CompileError(f"{path}: not a file")
     try:
-        file = model_file.read(path)
-        data = file.data()
+        data = path.read_bytes()
     except OSError as exc:
         raise CompileError(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
     if not data:
@@ -91,7 +89,7 @@ def _load(path: Path) -> tuple[onnx.ModelProto, bytes | None, model_file.ModelFi
         raise CompileError(f"{path}: not a valid ONNX model (no graph or no opset_import)")
     external, carriers = _scan_tensors(model)
     whole = not (external and _load_external_data(model, path.parent))
-    return model, data if whole else None, file, carriers
+    return model, data if whole else None, hashlib.sha256(data).hexdigest(), carriers
 
 
 def _scan_tensors(model: onnx.ModelProto) -> tuple[bool, list[int] | None]:
@@ -240,7 +238,7 @@ def _valid_and_in_order(graph: onnx.GraphProto) -> bool:
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
-    version = graph_import.ai_onnx_opset(model)
+    version = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
     if version is None:
         # only other domains' ops (ai.onnx.ml, ai.onnx.preview.training): no ai.onnx op reads the
         # opset, and the checker refuses an ai.onnx node without one

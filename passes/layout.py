@@ -30,7 +30,7 @@ from rkcompile.targets.model import Target
 
 NAME = "layout"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"options", "order", "placement", "target"})
+NEEDS = frozenset({"graph", "options", "order", "placement", "target"})
 PROVIDES = frozenset({"tensors"})
 
 log = logging.getLogger("rkcompile")

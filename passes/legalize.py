@@ -6,12 +6,10 @@ The plan dtype and the model's opset are passed to the rules that depend on them
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.compiler.context import CompileContext, Failure
+from rkcompile.compiler.context import CheckedNode, CompileContext, Failure, Verdict
 from rkcompile.errors import CompileError
 from rkcompile.ir.graph import dtype_name, is_onnx_domain, present_inputs
 from rkcompile.targets.model import Rule, Target
@@ -20,24 +18,8 @@ from rkcompile.passes.integer_results import rounded_to_integers
 
 NAME = "legalize"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"options", "origins", "rule_verdicts", "target"})
+NEEDS = frozenset({"graph", "options", "origins", "rule_verdicts", "target"})
 PROVIDES = frozenset({"failures", "rule_verdicts", "verdicts"})
-
-
-class Verdict(NamedTuple):
-    rule: str
-    ok: bool
-    detail: str
-
-
-class CheckedNode(NamedTuple):
-    """What `plan --explain` shows for one node: the values the rules saw and every verdict."""
-
-    name: str
-    op: str
-    originals: tuple[str, ...]
-    seen: str
-    verdicts: list[Verdict]
 
 
 def run(ctx: CompileContext) -> None:

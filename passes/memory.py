@@ -18,7 +18,7 @@ from rkcompile.plan.schema import Memory, TensorPlacement
 
 NAME = "memory"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"options", "order", "placement", "target", "tensors"})
+NEEDS = frozenset({"graph", "options", "order", "placement", "target", "tensors"})
 PROVIDES = frozenset({"memory", "tensors"})
 
 #: Kernels (ONNX op names and oplist kernel names) whose every output element depends only on

@@ -31,7 +31,7 @@ from rkcompile.targets.model import Target
 
 NAME = "multicore"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"model_info", "options", "order", "placement", "target", "tensors"})
+NEEDS = frozenset({"graph", "model_info", "options", "order", "placement", "target", "tensors"})
 PROVIDES = frozenset({"multicore", "step_cores"})
 
 #: rknn_core_mask values (RKNN_NPU_CORE_AUTO, _0, _1, _2, _0_1, _0_1_2), as the CLI spells them.

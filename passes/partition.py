@@ -37,7 +37,7 @@ from rkcompile.targets.common import ONNX_TO_KERNEL
 
 NAME = "partition"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"failures", "options", "placement", "target"})
+NEEDS = frozenset({"failures", "graph", "options", "placement", "target"})
 PROVIDES = frozenset({"order", "partitions", "placement"})
 
 Partitions = list[tuple[str, list[str]]]

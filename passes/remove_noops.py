@@ -19,8 +19,8 @@ from rkcompile.passes.legalize import training_mode
 
 NAME = "remove-noops"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"origins"})
-PROVIDES = frozenset({"fates", "origins"})
+NEEDS = frozenset({"graph", "origins"})
+PROVIDES = frozenset({"fates", "graph", "origins"})
 
 
 def run(ctx: CompileContext) -> None:

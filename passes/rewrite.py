@@ -41,8 +41,8 @@ from rkcompile.passes.rewrites import RESHAPE_LIKE, RULES, Replacement, RewriteR
 
 NAME = "rewrite"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"model_info", "options", "origins", "target"})
-PROVIDES = frozenset({"failures", "fates", "origins", "rewrite_attempts", "rewrites", "rule_verdicts"})
+NEEDS = frozenset({"graph", "model_info", "options", "origins", "target"})
+PROVIDES = frozenset({"failures", "fates", "graph", "origins", "rewrite_attempts", "rewrites", "rule_verdicts"})
 
 log = logging.getLogger("rkcompile")
 
@@ -355,7 +355,7 @@ def apply(replacement: Replacement, rule: str, ctx: CompileContext, edits: _Edit
         detach(node)
         edits.alive.discard(id(node))
         edits.carriers.subtract(ctx.origins.get(node.name, (node.name,)))
-        for record in (ctx.origins, ctx.failures, ctx.placement):
+        for record in (ctx.origins, ctx.failures):  # no placement yet: assign comes later
             record.pop(node.name, None)
     for old, new in replacement.aliases:
         replace_uses(old, new)

@@ -8,8 +8,8 @@ from rkcompile.passes.rewrite import rewrite_graph
 
 NAME = "rewrite-late"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"failures", "model_info", "options", "origins", "target"})
-PROVIDES = frozenset({"failures", "fates", "origins", "rewrite_attempts", "rewrites"})
+NEEDS = frozenset({"failures", "graph", "model_info", "options", "origins", "target"})
+PROVIDES = frozenset({"failures", "fates", "graph", "origins", "rewrite_attempts", "rewrites"})
 
 
 def run(ctx: CompileContext) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -22,6 +22,9 @@ from rkcompile.plan import artifact
 from rkcompile.compiler.context import CompileContext, Options
 from rkcompile.plan.cpu_partitions import cpu_partition_models
 from rkcompile.emulator.accuracy import StepAccuracy, analyse
+from rkcompile.emulator.closeness import agreement
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.emulator.kernels.conv import convolve
 from rkcompile.numerics import float16 as half
 from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
@@ -108,9 +111,10 @@ class Plan:
 def compile(model: str | Path, target: str = "rk3588", options: Options | None = None, **kwargs: Any) -> Plan:
     """Plan `model` for `target`. Options come as an `Options` or as its fields by keyword
     (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
-    from rkcompile.compiler.int8_choice import compile_with_choice
+    from rkcompile.compiler.pipeline import compile_model
 
-    return plan_of(*compile_with_choice(model, target, _options(options, kwargs), plan_of))
+    return plan_of(*compile_model(model, target, _options(options, kwargs), runtime=EMULATOR_RUNTIME,
+                                 choose_int8=True))
 
 
 def plan_of(record: PlanRecord, ctx: CompileContext) -> Plan:
@@ -118,6 +122,36 @@ def plan_of(record: PlanRecord, ctx: CompileContext) -> Plan:
     by_name = {node.name: node for node in ctx.graph.nodes}
     return Plan(record, weight_region(record, ctx.graph, ctx.target),
                 _reference_nodes(record, [by_name[name] for name in ctx.order], ctx.reference_constants))
+
+
+class EmulatorRuntime:
+    """The emulator as the runtime an int8 compile calibrates and judges its candidates on
+    (rkcompile/compiler/context.py `Runtime`): the planned graph in float32 on its float kernels
+    (`FloatReference`, the accuracy analysis's reference), candidate plans executed as planned."""
+
+    def float_graph(self, nodes: Sequence[Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
+                    observed: Collection[str] | None = None) -> FloatReference:
+        return FloatReference(nodes, devices, opset, outputs, observed)
+
+    def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return convolve(conv, x, weight)
+
+    def runnable(self, record: PlanRecord, ctx: CompileContext) -> Plan:
+        return plan_of(record, ctx)
+
+    def run(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return emulate(plan.prepared(), inputs).outputs
+
+    def step_drops(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+        rows, _ = analyse(plan.prepared(), inputs, single=False)
+        return {row.output: row.drop for row in rows}
+
+    def cosine(self, name: str, actual, expected) -> float:
+        return agreement(name, actual, expected).cosine
+
+
+#: what `compile` and the command line pass an int8 compile
+EMULATOR_RUNTIME = EmulatorRuntime()
 
 
 def _reference_nodes(record: PlanRecord, planned: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[Node]:

@@ -7,14 +7,12 @@ import contextlib
 import gc
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 from rkcompile import __version__
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.errors import CompileError
-from rkcompile.compiler.model_file import read_ahead
 
 if TYPE_CHECKING:
     from rkcompile.compiler.context import Options
@@ -103,20 +101,6 @@ def _float_plan(argv: list[str]) -> bool:
     except ValueError:
         return False
     return known.dtype != "int8"
-
-
-def _read_model_ahead(argv: list[str]) -> None:
-    """Start reading the first `.onnx` file among `argv`'s arguments after the command name,
-    read without a parser as `_float_plan` reads --dtype (a wrong guess costs one read; the
-    import pass reads the model it is given either way)."""
-    command = command_named(argv)
-    if command is None:
-        return
-    arguments = argv[argv.index(command) + 1:]
-    model = next((argument for argument in arguments
-                  if argument.endswith(".onnx") and not argument.startswith("-")), None)
-    if model is not None:
-        read_ahead(model)
 
 
 def _target_names() -> str:
@@ -396,19 +380,18 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _compile(model: Path, target: str, options: Options, cpu_backends: bool):
-    """The plan and its compile context. The modules are imported here, as the plan needs them:
-    only an int8 plan runs candidate plans on the emulator (its settings chosen, --auto-float16),
-    and importing the API and the emulator would cost every other plan's process that time for
-    nothing (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s (an int8 plan
-    decides them: it runs on the emulator anyway)."""
-    if options.dtype != "int8":
-        from rkcompile.compiler.pipeline import compile_model
+    """The plan and its compile context. The emulator is imported here, as the plan needs it:
+    only an int8 plan runs on it (its calibration, its candidate plans), and importing the API
+    and the emulator would cost every other plan's process that time for nothing
+    (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s."""
+    from rkcompile.compiler.pipeline import compile_model
 
-        return compile_model(model, target, options, cpu_backends=cpu_backends)
-    from rkcompile.api import plan_of
-    from rkcompile.compiler.int8_choice import compile_with_choice
+    runtime = None
+    if options.dtype == "int8":
+        from rkcompile.api import EMULATOR_RUNTIME
 
-    return compile_with_choice(model, target, options, plan_of)
+        runtime = EMULATOR_RUNTIME
+    return compile_model(model, target, options, cpu_backends=cpu_backends, runtime=runtime, choose_int8=True)
 
 
 def _targets(args: argparse.Namespace) -> int:
@@ -562,44 +545,34 @@ _COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "
 
 def console_main() -> NoReturn:
     """The `rkcompile` command as a process (the console script, `python -m rkcompile`): `main`,
-    with what only a whole process may skip.
+    with what only a whole process may do.
 
     While the command's modules load (numpy, onnx, onnx-graphsurgeon, the pipeline), the cyclic
     garbage collector is paused, and the objects they made are then frozen out of its sight
-    (gc.freeze): the ~75 collections the imports triggered, each walking what they had made so
-    far, took 13-20 ms of a small model's plan process on the test machine, and pausing alone
-    only moves that walk to the first collection after (tools/bench_plan.py). A frozen object
-    is never collected, so a long-lived caller of `main` (the tests) must not freeze what its
-    earlier calls left. A float16 plan then keeps the collector off to the exit: its passes run
-    with it paused anyway (pipeline.compile_model), and turning it back on started a collection
-    walking every object the plan had made (291 ms of tv_maxvit_t's plan process, 22 ms of
-    yolov8n's), then dozens more while the JSON was written, to free what the passes had dropped
-    (50,000 objects on tv_maxvit_t, 8 MB of its 390 MB peak). An int8 plan plans and drops
-    candidate plans, each a graph of reference cycles holding its weights, so it collects.
+    (gc.freeze): each collection the imports trigger walks what they have made so far, and
+    pausing alone only moves that walk to the first collection after. A frozen object is never
+    collected, so a long-lived caller of `main` (the tests) must not freeze what its earlier
+    calls left. A float16 plan then keeps the collector off to the exit: what its passes drop is
+    freed by reference counting, and a collection walks every object the plan made. Together
+    they took 16-18% off a dev-zoo model's plan process CPU time (squeezenet1_1 0.28 -> 0.23 s,
+    mobilenet_v2 0.35 -> 0.29 s, median of 7 processes). An int8 plan plans and drops candidate
+    plans, each a graph of reference cycles holding its weights, so it collects.
 
     A float16 plan also loads numpy's OpenBLAS with one thread (OPENBLAS_NUM_THREADS=1, unless
     the caller set it): OpenBLAS starts a worker per core as it loads, each spinning while it
-    waits for work, and a float16 plan multiplies no large matrices. Those workers took 0.04-0.09
-    s of CPU from a small model's plan process, 0.05 s of its wall time when the other core was
-    busy (squeezenet1_1: 0.45 -> 0.36 s CPU; tools/bench_plan.py). The variable must be set
-    before numpy loads, so the dtype is read from the arguments (`_float_plan`) before the
-    parser, which imports the command's modules, exists. An int8 plan calibrates on the
-    emulator and keeps OpenBLAS's default.
+    waits for work, and a float16 plan multiplies no large matrices. Those workers took a fifth
+    of the same processes' CPU time (squeezenet1_1: 0.21 -> 0.27 s without the variable). It
+    must be set before numpy loads, so the dtype is read from the arguments (`_float_plan`)
+    before the parser, which imports the command's modules, exists. An int8 plan calibrates on
+    the emulator and keeps OpenBLAS's default.
 
     Then the exit without the interpreter's teardown, which frees every object, module and
     extension table the command loaded, one by one, only to hand the memory back to the system:
-    0.06-0.3 s of a small model's plan process on the test machine (docs/zoo.md, "Plan time"),
-    as Instagram's servers skip it ("Dismissing Python Garbage Collection at Instagram", 2017).
-    What a normal exit does before the teardown still happens: the exit handlers run (logging's
-    flush, temporary folders, process pools), then the standard streams are flushed. With
-    another thread still running, when `main` raised (--help, a usage error), or under a profiler
-    or tracer (`python -m cProfile -m rkcompile`, coverage, a debugger: they write their results
-    at the normal exit), the exit is the normal one.
-
-    Before any of that, a thread starts reading the model the command names (`_read_model_ahead`),
-    which the import pass then takes instead of reading it again (rkcompile/compiler/model_file.py)."""
+    11-19% of the same processes' CPU time (yolov8n 0.44 -> 0.36 s). `_ExitWithoutTeardown`
+    ends the process from the last exit handler, once the others have run."""
     argv = sys.argv[1:]
-    _read_model_ahead(argv)
+    exit_handler = _ExitWithoutTeardown()
+    atexit.register(exit_handler)  # registered first, so it runs after every other exit handler
     with cyclic_collector_paused():
         if _float_plan(argv):
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads it (the docstring says why)
@@ -608,16 +581,27 @@ def console_main() -> NoReturn:
     args = parser.parse_args(argv)
     if args.command == "plan" and args.dtype != "int8":
         gc.disable()  # to the exit (the docstring says why)
-    code = _execute(args)
-    watched = sys.getprofile() is not None or sys.gettrace() is not None
-    if watched or any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
-        sys.exit(code)
-    atexit._run_exitfuncs()  # what sys.exit runs before the teardown that os._exit skips
-    with contextlib.suppress(BrokenPipeError):  # the reader (`| head`) went away: quiet, as in main
-        sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_handler.code = _execute(args)
+    sys.exit(exit_handler.code)
 
+
+class _ExitWithoutTeardown:
+    """An exit handler ending the process with `code` (os._exit) once the standard streams are
+    flushed: by then the interpreter has waited for its threads and run the exit handlers
+    registered after this one (logging's flush, temporary folders, process pools). Without a
+    code (`main` raised: --help, a usage error), or under a profiler or tracer (cProfile,
+    coverage, a debugger: they may write their results at the exit), the exit is the normal one."""
+
+    def __init__(self):
+        self.code: int | None = None
+
+    def __call__(self) -> None:
+        if self.code is None or sys.getprofile() is not None or sys.gettrace() is not None:
+            return
+        with contextlib.suppress(BrokenPipeError):  # the reader (`| head`) went away: quiet, as in main
+            sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.code)
 
 if __name__ == "__main__":
     console_main()

@@ -150,20 +150,6 @@ def test_a_plan_1_json_file_still_loads_and_runs_with_its_model(tmp_path, capsys
     assert outputs.is_file()
 
 
-def test_run_checks_an_artifact_against_its_model_from_the_read_ahead(tmp_path, capsys):
-    """`run MODEL --plan ARTIFACT` hashes MODEL from the read the command line started on it,
-    not from a second read."""
-    from rkcompile.compiler import model_file
-    from rkcompile.cli import _read_model_ahead
-
-    artifact = tmp_path / "tiny.rkplan"
-    rkcompile.compile(TINY, "rk3588").save(artifact)
-    _read_model_ahead(["run", str(TINY), "--plan", str(artifact)])
-    assert TINY.resolve() in model_file._read_ahead
-    assert main(["run", str(TINY), "--plan", str(artifact)]) == 0, capsys.readouterr().err
-    assert TINY.resolve() not in model_file._read_ahead
-
-
 def test_run_refuses_an_artifact_of_another_model_and_bad_files_in_one_line(tmp_path, capsys):
     artifact = tmp_path / "tiny.rkplan"
     rkcompile.compile(TINY, "rk3588").save(artifact)

@@ -120,15 +120,10 @@ def test_missing_file(tmp_path, capsys):
     _assert_one_line_error(code, err, "no such file")
 
 
-@pytest.mark.parametrize("read_ahead", [False, True])
-def test_unreadable_file(save, capsys, monkeypatch, read_ahead):
+def test_unreadable_file(save, capsys, monkeypatch):
     """A read the system refuses (no permission, an I/O error) is the user's error line, not
-    an internal error, whether the import pass reads the file or takes it from the thread the
-    command line started on it (which hands the error on)."""
+    an internal error."""
     from pathlib import Path
-
-    from rkcompile.compiler import model_file
-    from rkcompile.cli import _read_model_ahead
 
     path = save(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [Y]))
 
@@ -136,9 +131,6 @@ def test_unreadable_file(save, capsys, monkeypatch, read_ahead):
         raise PermissionError(13, "Permission denied", str(name))
 
     monkeypatch.setattr(Path, "read_bytes", refused)
-    if read_ahead:  # the thread's read fails too, and the import pass reads the file again
-        monkeypatch.setattr(model_file, "open", refused, raising=False)
-        _read_model_ahead(["plan", str(path)])
     code, _, err = _run(capsys, "plan", str(path), "--target", "rk3588")
     _assert_one_line_error(code, err, "cannot read it (Permission denied)")
 

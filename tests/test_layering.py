@@ -4,10 +4,11 @@ level or inside a function, parsed with ast (nothing is imported to check).
 
 - Plan data (rkcompile/plan/schema.py and what it needs) and the emulator import nothing of the
   compiler: no pass, not the IR module, the pipeline or the compile context.
-- The runtime (rkcompile.emulator) and the plan layer (rkcompile.plan) import no module of the IR
-  layer, the compiler or the passes themselves, and not onnx_graphsurgeon: a saved plan's nodes
-  are the plan layer's plain nodes. (They still reach the IR through rkcompile.targets, whose
-  SoC modules carry the compiler's constraint checks: the emulator asks a target for its C2.)
+- The runtime (rkcompile.emulator, with the CPU backends' module rkcompile.onnx_backends) and the
+  plan layer (rkcompile.plan) import no module of the IR layer, the compiler or the passes
+  themselves, and not onnx_graphsurgeon: a saved plan's nodes are the plan layer's plain nodes.
+  (They still reach the IR through rkcompile.targets, whose SoC modules carry the compiler's
+  constraint checks: the emulator asks a target for its C2.)
 - Views read plans: they import nothing of the compiler either.
 - No import circles.
 """
@@ -32,7 +33,7 @@ VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views
          "rkcompile.views.partitioned_onnx", "rkcompile.views.charts")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 #: what the runtime and the plan layer import nothing of, not even one module
-RUNTIME = ("rkcompile.emulator", "rkcompile.plan")
+RUNTIME = ("rkcompile.emulator", "rkcompile.plan", "rkcompile.onnx_backends")
 NOT_FOR_THE_RUNTIME = ("rkcompile.ir", "rkcompile.compiler", "rkcompile.passes")
 
 
@@ -165,3 +166,23 @@ def test_a_forbidden_import_is_caught(graph, tmp_path):
     source.write_text("import numpy as np\nfrom . import storage\n\ndef f():\n"
                       "    from onnx_graphsurgeon.ir import tensor\n")
     assert outside_imports(source) == {"numpy", "onnx_graphsurgeon"}
+
+
+#: The compiler's packages: planning imports no runtime. An int8 plan's calibration and its
+#: candidates run on the runtime the caller passes in (rkcompile/compiler/context.py).
+COMPILER_PACKAGES = ("rkcompile.passes", "rkcompile.targets", "rkcompile.compiler")
+
+
+def test_the_compiler_imports_nothing_of_the_emulator(graph):
+    sources = [m for m in graph.nodes if in_layer(m, COMPILER_PACKAGES)]
+    assert len(sources) > 30
+    assert forbidden_paths(graph, sources, (EMULATOR,)) == []
+
+
+def test_a_compiler_import_of_the_emulator_is_caught(graph):
+    """Through another module too: a pass importing a neutral module that imports the emulator."""
+    broken = graph.copy()
+    broken.add_edge("rkcompile.onnx_backends", "rkcompile.emulator.reference")
+    assert "rkcompile.passes.rewrites.resize -> rkcompile.onnx_backends -> rkcompile.emulator.reference" in \
+        forbidden_paths(broken, ["rkcompile.passes.rewrites.resize"], (EMULATOR,))
+    assert forbidden_paths(graph, ["rkcompile.passes.rewrites.resize"], (EMULATOR,)) == []

@@ -1,7 +1,7 @@
 """Emulator time as `rkcompile run` reports it, beside onnxruntime's one-thread run time, per model.
 
     python tools/bench_emulator.py [MODEL_OR_DIR ...] [--target rk3588] [--repeat 3] [--python PY]
-                                   [--baseline-python PY] [--gemm-floor] [--onnxruntime-first-run]
+                                   [--baseline-python PY] [--onnxruntime-first-run]
                                    [--later-runs]
 
 Defaults to ../shared/zoo. The emulator side is `PY -m rkcompile run MODEL --target T --inputs
@@ -88,14 +88,6 @@ def emulator_seconds(path: Path, python: str, target: str, workdir: Path) -> tup
     return json.loads(finished.stdout)["seconds"], ""
 
 
-def gemm_floor_seconds(path: Path, python: str, target: str, workdir: Path) -> float | None:
-    """tools/emulator_gemm_floor.py's `gemm_seconds` for the model, or None when it failed."""
-    command = [python, str(Path(__file__).resolve().parent / "emulator_gemm_floor.py"), str(path),
-               "--target", target, *input_shape_flags(path)]
-    report = json_child(command, workdir)
-    return None if report is None else report["gemm_seconds"]
-
-
 def json_child(command: list[str], workdir: Path) -> dict | None:
     """The JSON line a tool prints in a child process with BLAS on one thread, or None when it
     failed."""
@@ -166,8 +158,6 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose rkcompile is measured")
     parser.add_argument("--baseline-python", help="also measure this interpreter's rkcompile, in turn with --python's")
-    parser.add_argument("--gemm-floor", action="store_true",
-                        help="also time the NPU steps' float32 matrix products alone, and their ratio to onnxruntime")
     parser.add_argument("--onnxruntime-first-run", action="store_true",
                         help="also time onnxruntime's own first run of a fresh process, as the emulator's is timed")
     parser.add_argument("--later-runs", action="store_true",
@@ -175,14 +165,12 @@ def main() -> int:
     args = parser.parse_args()
     sides = ([("baseline", args.baseline_python)] if args.baseline_python else []) + [("measured", args.python)]
     baseline_header = f" {'base s':>8} {'base':>7}" if args.baseline_python else ""
-    floor_header = f" {'gemm floor s':>12} {'floor ratio':>11}" if args.gemm_floor else ""
     first_header = f" {'ort 1st s':>9} {'1st/1T':>7} {'emu/1st':>7}" if args.onnxruntime_first_run else ""
     later_header = f" {'later s':>8} {'ratio':>7}" if args.later_runs else ""
-    print(f"{'model':42} {'cnn':>3}{baseline_header} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}{floor_header}"
+    print(f"{'model':42} {'cnn':>3}{baseline_header} {'emulator s':>10} {'ort 1T s':>9} {'ratio':>7}"
           f"{first_header}{later_header}", flush=True)
     ratios = {side: [] for side, _ in sides}
     cnn_ratios = {side: [] for side, _ in sides}
-    floor_ratios = []
     #: (CNN or not, ratio) per model: onnxruntime's first run to its one-thread run, the emulator's
     #: first run to onnxruntime's, the emulator's later runs to onnxruntime's one-thread run
     onnxruntime_first, against_first, later = [], [], []
@@ -213,14 +201,6 @@ def main() -> int:
                 columns.append((emulator, emulator / ort))
             shown = "".join(f" {seconds:8.3f} {ratio:6.1f}x" for seconds, ratio in columns[:-1])
             emulator, ratio = columns[-1]
-            floor = ""
-            if args.gemm_floor:
-                seconds = gemm_floor_seconds(path, args.python, args.target, Path(folder))
-                if seconds is None:
-                    floor = f" {'failed':>12}"
-                else:
-                    floor_ratios.append(seconds / ort)
-                    floor = f" {seconds:12.4f} {seconds / ort:10.2f}x"
             first = ""
             if args.onnxruntime_first_run:
                 seconds = onnxruntime_first_run_seconds(path, Path(folder), args.repeat)
@@ -238,7 +218,7 @@ def main() -> int:
                 else:
                     later.append((cnn, seconds / ort))
                     later_run = f" {seconds:8.4f} {seconds / ort:6.1f}x"
-            print(f"{path.stem:42} {'yes' if cnn else 'no':>3}{shown} {emulator:10.3f} {ort:9.4f} {ratio:6.1f}x{floor}"
+            print(f"{path.stem:42} {'yes' if cnn else 'no':>3}{shown} {emulator:10.3f} {ort:9.4f} {ratio:6.1f}x"
                   f"{first}{later_run}", flush=True)
     for side, python in sides:
         if ratios[side]:
@@ -248,8 +228,6 @@ def main() -> int:
                   f"(bar {CNN_MEDIAN_BAR}x), median over all {statistics.median(ratios[side]):.1f}x, "
                   f"max {max(ratios[side]):.1f}x (bar {WORST_BAR}x), {sum(r > WORST_BAR for r in ratios[side])} over "
                   f"{WORST_BAR}x")
-    if floor_ratios:
-        print(f"gemm floor: median {statistics.median(floor_ratios):.2f}x onnxruntime, max {max(floor_ratios):.2f}x")
     for label, measured in (("onnxruntime's own first run, to its one-thread run", onnxruntime_first),
                             ("the emulator's first run, to onnxruntime's first run", against_first),
                             ("the emulator's later runs, to onnxruntime's one-thread run", later)):

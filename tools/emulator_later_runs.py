@@ -16,19 +16,33 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from rkcompile.emulator import emulate
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from emulator_gemm_floor import add_model_arguments, prepared_and_inputs  # noqa: E402
+from rkcompile.api import prepare
+from rkcompile.compiler.context import Options
+from rkcompile.emulator import Prepared, emulate, make_inputs
+
+
+def prepared_and_inputs(args: argparse.Namespace) -> tuple[Prepared, dict[str, np.ndarray]]:
+    """`args.model` planned as `rkcompile run MODEL` plans it, and its inputs: MODEL.npz's where
+    it has them, seeded random ones otherwise."""
+    shapes = {name: tuple(int(d) for d in dims.split(",")) for name, dims in
+              (flag.split(":", 1) for flag in args.input_shape)}
+    prepared = prepare(args.model, args.target, Options(input_shapes=shapes))
+    given = Path(args.model).with_suffix(".npz")
+    arrays = dict(np.load(given)) if given.exists() else {}
+    names = {spec.name for spec in prepared.plan.model.inputs}
+    return prepared, make_inputs(prepared.plan, {k: v for k, v in arrays.items() if k in names}, seed=0)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser)
+    parser.add_argument("model")
+    parser.add_argument("--target", default="rk3588")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS")
     parser.add_argument("--runs", type=int, default=5, help="later runs, after the first")
     args = parser.parse_args()
     prepared, inputs = prepared_and_inputs(args)

@@ -15,7 +15,7 @@ is built from a copy onnx.version_converter brings down to it, as tools/run_peer
 Prints one JSON line: the worst output cosine, per output cosines, and the build seconds (or
 the step that failed). --analysis DIR also runs the toolkit's accuracy_analysis on the
 simulator for INPUT.npz's input and leaves its report in DIR (error_analysis.txt: per layer the
-"entire" and "single" cosines; tools/int8_single_steps.py --peer compares ours with it).
+"entire" and "single" cosines, to set beside `rkcompile run --accuracy-analysis`).
 --held-out NPZ ... runs the same build on more inputs (tools/int8_table.py --save-calib writes
 the 3 seed-99 inputs its held-out column uses) and adds each one's worst output cosine and
 their mean to the line ("held_out_cosines", "held_out_mean"). --calibration-set runs it on each

@@ -20,7 +20,6 @@ from onnx_graphsurgeon.ir import tensor as gs_tensor
 from rkcompile.ir.edits import detach
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 from rkcompile.ir.nodes import DerivedValues
-from rkcompile.ir.construct import constant, graph_node, variable
 from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
@@ -104,7 +103,7 @@ class Builder:
 
     def const(self, values, hint: str = "const") -> gs.Constant:
         # np.array, not np.ascontiguousarray, which makes a 0-d constant 1-D
-        return constant(self.site.fresh(f"{self.node.name}/{hint}"), np.array(values, order="C"))
+        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), np.array(values, order="C"))
 
     def derived(self, source: gs.Constant, derive, shape, hint: str, keeps_values: bool) -> gs.Constant:
         """A constant of `derive(source's values)` (`shape`, the source's dtype), worked out when
@@ -112,16 +111,15 @@ class Builder:
         at once for a source whose dtype that does not take."""
         if source.dtype not in DerivedValues.SOURCE_DTYPES or isinstance(source._values, gs_tensor.SparseValues):
             return self.const(derive(constant_value(source)), hint)
-        return constant(self.site.fresh(f"{self.node.name}/{hint}"), DerivedValues(source, derive, shape, keeps_values))
+        return gs.Constant(self.site.fresh(f"{self.node.name}/{hint}"), DerivedValues(source, derive, shape, keeps_values))
 
     def op(self, op: str, inputs: list, shape=None, dtype=None, out: gs.Tensor | None = None,
            **attrs) -> gs.Tensor:
-        """Append an `op` node; it writes `out`, or a new tensor of `shape` and `dtype`. Made
-        with operations' constructors: the objects onnx-graphsurgeon's make, without their setters."""
+        """Append an `op` node; it writes `out`, or a new tensor of `shape` and `dtype`."""
         if out is None:
-            out = variable(self.site.fresh(f"{self.node.name}/{op.lower()}_out"), dtype, shape=list(shape))
+            out = gs.Variable(self.site.fresh(f"{self.node.name}/{op.lower()}_out"), dtype=dtype, shape=list(shape))
         name = self.site.fresh(f"{self.node.name}/{op.lower()}")
-        self.nodes.append(graph_node(op, name, None, attrs, list(inputs), [out]))
+        self.nodes.append(gs.Node(op=op, name=name, attrs=attrs, inputs=list(inputs), outputs=[out]))
         return out
 
     def reshape(self, tensor: gs.Tensor, shape, out: gs.Tensor | None = None) -> gs.Tensor:

@@ -5,6 +5,7 @@ goes through the library (`rkcompile.api`), which executes a plan and its weight
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ast
 import io
 import json
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from rkcompile.compiler import model_file
 from rkcompile.api import load, prepare
 from rkcompile.compiler.context import Options
 from rkcompile.emulator.accuracy import analyse, render
@@ -126,10 +126,9 @@ def _refuse_contradicting_flags(args: argparse.Namespace, record) -> None:
 
 
 def _sha256(path: Path) -> str:
-    """The model file's sha256, from the read the command line started on it when there is one
-    (rkcompile/compiler/model_file.py), as a plan records it."""
+    """The model file's sha256, as a plan records it."""
     try:
-        return model_file.read(path).hexdigest()
+        return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError as exc:
         raise CompileError(f"cannot read {path}: {exc.strerror}") from None
 

@@ -9,14 +9,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, NamedTuple, Protocol, Sequence
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite,
     TensorPlacement)
+from rkcompile.plan.nodes import Node as PlainNode
 from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
+
+if TYPE_CHECKING:  # int8 only: a float16 plan never imports them
+    from rkcompile.plan.schema import Plan as PlanRecord
+    from rkcompile.quantization.params import RangeObserver
 
 
 VERIFY_PASSES_VARIABLE = "RKCOMPILE_VERIFY_PASSES"
@@ -102,6 +108,90 @@ class RewriteAttempt:
     outcome: str
 
 
+class Verdict(NamedTuple):
+    """One target rule's verdict on one node (passes/legalize.py)."""
+
+    rule: str
+    ok: bool
+    detail: str
+
+
+class CheckedNode(NamedTuple):
+    """What `plan --explain` shows for one node: the values the rules saw and every verdict."""
+
+    name: str
+    op: str
+    originals: tuple[str, ...]
+    seen: str
+    verdicts: list[Verdict]
+
+
+class RuleVerdicts(Protocol):
+    """The target rules' verdicts the rewrite pass worked out (passes/rewrite.py `_Verdicts`),
+    which legalize asks again instead of evaluating the rules."""
+
+    def verdicts(self, node: gs.Node, target: Target, facts: dict[str, object]) -> list[Verdict]: ...
+
+
+class CalibrationRun(Protocol):
+    """What one int8 calibration run observed (passes/quantize.py `Calibration`): a range
+    observer per tensor, on the equalized graph or not."""
+
+    observers: Mapping[str, RangeObserver]
+    equalized: bool
+
+
+# --- what the compiler asks of a runtime -------------------------------------------------
+# What the compiler asks of a runtime, and nothing more. Planning itself runs nothing; an int8
+# plan does: the quantize pass observes the planned graph run in float32 on the calibration inputs
+# (and, with bias correction, each Conv's output shift from its rounded weights), and choosing the
+# int8 settings or --auto-float16's float16 steps runs candidate plans and compares their outputs
+# with that float32 run. The compiler imports no runtime: the caller passes one in
+# (`pipeline.compile_model(runtime=...)`; rkcompile.api passes the emulator's, `EmulatorRuntime`),
+# so the float32 semantics calibration sees are the runtime's own, the same the accuracy analysis
+# compares with. A float16 plan needs none.
+
+#: name, value: a tensor the float32 run wrote
+Visit = Callable[[str, np.ndarray], None]
+#: name, value -> a value the run continues with instead, or None to keep it
+Adjust = Callable[[str, np.ndarray], "np.ndarray | None"]
+
+
+class FloatGraph(Protocol):
+    """Planned steps run in float32 in their order: NPU steps with nothing rounded to a stored
+    dtype, CPU steps on their backend, host conversions as the identity."""
+
+    def run(self, inputs: Mapping[str, np.ndarray], visit: Visit | None = None,
+            adjust: Adjust | None = None) -> dict[str, np.ndarray]:
+        """The graph outputs; `visit` sees each observed tensor as it is written, and `adjust`
+        may replace one for the steps after it."""
+
+
+class Runtime(Protocol):
+    def float_graph(self, nodes: Sequence[PlainNode], devices: Sequence[str], opset: int, outputs: Sequence[str],
+                    observed: Collection[str] | None = None) -> FloatGraph:
+        """The float32 run of `nodes` (each step's node as the plan layer's plain node, on the
+        device in `devices`; rkcompile.ir.nodes.plain_nodes converts the compiler's), returning
+        `outputs` and visiting the `observed` tensors (None: every tensor a step writes)."""
+
+    def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """`conv`'s convolution of `x` by `weight` (no bias) in float32, as the float run computes it."""
+
+    def runnable(self, record: PlanRecord, ctx: CompileContext) -> Any:
+        """A compiled plan this runtime runs (`run`, `step_drops`); it has the `record` and the
+        `reference_nodes` (each step's node with the model's own constants) of the compile."""
+
+    def run(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs of a `runnable` plan executed as planned."""
+
+    def step_drops(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Per tensor a step writes, the output cosine its step loses against its inputs' (the
+        accuracy analysis's drop)."""
+
+    def cosine(self, name: str, actual: Any, expected: Any) -> float:
+        """The cosine similarity of output `name` computed against its expected value."""
+
+
 @dataclass
 class CompileContext:
     """What the passes share: the model, target and options, the graph, and what each pass
@@ -124,30 +214,32 @@ class CompileContext:
     rewrites: list[Rewrite] = field(default_factory=list)  # applied by the rewrite pass, in order
     rewrite_attempts: dict[str, list[RewriteAttempt]] = field(default_factory=dict)  # original node -> rules tried
     notes: dict[str, str] = field(default_factory=dict)  # current node -> why it was not fused
-    verdicts: dict[str, Any] = field(default_factory=dict)  # legalize: node -> CheckedNode, every rule and verdict
+    verdicts: dict[str, CheckedNode] = field(default_factory=dict)  # legalize: every rule and verdict per node
     #: rewrite -> legalize: the target rules' verdicts on the nodes the rewrite pass checked, by
     #: each node's state (passes/rewrite.py _Verdicts); legalize takes them and clears this
-    rule_verdicts: Any = None
+    rule_verdicts: RuleVerdicts | None = None
     multicore: Multicore | None = None  # contexts, splits, per-core timeline, estimates (passes/multicore.py)
     step_cores: dict[str, tuple[int, ...]] = field(default_factory=dict)  # NPU node -> cores it runs on
     quantization: dict[str, Quantization] = field(default_factory=dict)  # int8 plans: tensor -> parameters
     int8_techniques: list[Int8Technique] = field(default_factory=list)  # int8: what the quantize pass applied
     #: constants the quantize pass changed away from the model's float semantics (a corrected
     #: bias) -> the model's value, which the float reference of accuracy analysis keeps
-    reference_constants: dict[str, Any] = field(default_factory=dict)
+    reference_constants: dict[str, np.ndarray] = field(default_factory=dict)
     #: int8: what the quantize pass's float32 calibration run observed (passes/quantize.py
     #: `Calibration`); set beforehand, a later plan of the same graph reuses it (--auto-float16)
-    calibration: Any = None
+    calibration: CalibrationRun | None = None
     #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
     #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
-    calibration_samples: Any = None
+    calibration_samples: list[dict[str, np.ndarray]] | None = None
+    #: int8: what runs the float32 calibration run and judges candidate plans
+    #: (`Runtime` above), set by the caller; a float16 plan needs none
+    runtime: Runtime | None = None
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
-        """Record that `node` leaves the graph as `fate` ('folded' or 'removed')."""
+        """Record that `node` leaves the graph as `fate` ('folded' or 'removed'). Only the
+        passes before legalize retire nodes, so no failure or placement names one yet."""
         for original in self.origins.pop(node.name, (node.name,)):
             self.fates[original] = (fate, reason)
-        self.failures.pop(node.name, None)
-        self.placement.pop(node.name, None)
 
     def cleanup_graph(self) -> None:
         """onnx-graphsurgeon's cleanup, with every node it drops (no graph output depends on

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+import types
 from itertools import chain
 from pathlib import Path
 from typing import Sequence
@@ -10,10 +12,10 @@ from typing import Sequence
 import onnx
 import onnx_graphsurgeon as gs
 
-from rkcompile.collector import cyclic_collector_paused
-from rkcompile.compiler.context import CompileContext, Options, Placement
+from rkcompile.errors import CompileError
+from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, CompileContext, Options, Placement
 from rkcompile.compiler.cost_estimate import node_macs
-from rkcompile.emulator.pages import small_pages
+from rkcompile.onnx_backends import cpu_backend
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.ir.describe import describe
@@ -32,9 +34,10 @@ class _QuantizePass:
     it brings (rkcompile/quantization/params.py, passes/int8_accuracy.py: 4-8 ms of a 0.4 s plan process)."""
 
     NAME = "quantize"
-    NEEDS = frozenset({"calibration", "calibration_samples", "model_info", "options", "order", "placement", "target",
-                       "tensors"})
-    PROVIDES = frozenset({"calibration", "calibration_samples", "int8_techniques", "options", "placement",
+    NEEDS = frozenset({"calibration", "calibration_samples", "graph", "model_info", "options", "order", "placement",
+                       "runtime", "target", "tensors"})
+    # the graph: bias copies and corrections, float16 islands' relabelled conversions
+    PROVIDES = frozenset({"calibration", "calibration_samples", "graph", "int8_techniques", "options", "placement",
                           "quantization", "reference_constants", "tensors"})
 
     @staticmethod
@@ -64,60 +67,221 @@ PASSES = (
     multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
 )
 PASS_NAMES = tuple(p.NAME for p in PASSES)
+#: Where the back half starts: the passes an int8 plan's choices (its settings, its float16
+#: steps) change are quantize and every one after it; the front half before it runs once
+QUANTIZE_AT = PASS_NAMES.index("quantize")
 #: the CompileContext fields a caller sets before the first pass (the int8 calibration and its
 #: samples optionally: an --auto-float16 Planner reuses them); every other field a pass NEEDS,
-#: a pass before it PROVIDES (tests/test_pipeline_contracts.py). The graph is every pass's to
-#: change, and `verify` checks it whole.
-CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples"})
+#: a pass before it PROVIDES (tests/test_pipeline_contracts.py). The graph is a field like the
+#: others: the import pass provides it, and a pass that changes it lists it in its PROVIDES.
+CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples", "runtime"})
 #: the fields `check_contract` watches
-CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext) if f.name != "graph")
+CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext))
 
 
 def compile_model(model_path: str | Path, target: str, options: Options | None = None, *,
-                  cpu_backends: bool = True) -> tuple[Plan, CompileContext]:
+                  cpu_backends: bool = True, runtime=None, choose_int8: bool = False) -> tuple[Plan, CompileContext]:
     """The plan and its compile context. `cpu_backends=False` leaves every step's `cpu_backend`
-    unset (see `assemble_plan`), for a plan that is neither written nor run."""
-    ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
-    # Planning allocates weight-sized arrays (a model's weights read, a MatMul's transposed into
-    # a Conv's) and touches each once: in 4 KB pages that first touch is cheaper (pages.py).
-    with cyclic_collector_paused(), small_pages():
-        run_passes(ctx, PASSES)
-        return assemble_plan(ctx, cpu_backends), ctx
+    unset (see `assemble_plan`), for a plan that is neither written nor run (an int8 plan whose
+    settings are chosen decides them: its candidates run). `runtime`: what an int8 plan
+    calibrates and judges its candidates on (rkcompile/compiler/context.py; rkcompile.api passes
+    the emulator's). The front half runs once; with `choose_int8` (rkcompile.compile and the
+    command line), an int8 plan that leaves a setting to choose or asks --auto-float16 then goes
+    through that stage (rkcompile/compiler/int8_choice.py), which plans candidates from there;
+    every other plan runs the back half once (int8 settings left to choose at their preferred
+    values: passes/quantize.py). The plan's int8 warnings are logged here, once: the quantize
+    pass only records them, once per candidate."""
+    options = options or Options()
+    choosing = _chooses_int8(options) and choose_int8
+    ctx = front_half(model_path, target, options, runtime)
+    if choosing:
+        from rkcompile.compiler.int8_choice import int8_stage  # int8 plans only
+
+        record, ctx = int8_stage(ctx, finish_plan)
+    else:
+        run_passes(ctx, PASSES[QUANTIZE_AT:])
+        record = assemble_plan(ctx, cpu_backends)
+    for quant in record.quantization.values():
+        if quant.warning:
+            log.warning("int8: %s", quant.warning)
+    return record, ctx
+
+
+def front_half(model_path: str | Path, target: str, options: Options, runtime=None) -> CompileContext:
+    """The context after the passes before quantize, which every plan of the model with these
+    options shares, whatever its int8 settings and float16 steps."""
+    ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options, runtime=runtime)
+    run_passes(ctx, PASSES[:QUANTIZE_AT])
+    return ctx
+
+
+def finish_plan(ctx: CompileContext) -> Plan:
+    """The back half on `ctx`, a context after the front half, and its plan: each int8 candidate's."""
+    run_passes(ctx, PASSES[QUANTIZE_AT:])
+    return assemble_plan(ctx)
+
+
+def _chooses_int8(options: Options) -> bool:
+    """Whether the plan goes through the int8 choice stage: an int8 plan that leaves a setting
+    to choose, or asks --auto-float16 (only of an int8 plan, for a cosine in (0, 1])."""
+    if options.auto_float16 is not None:
+        if options.dtype != "int8":
+            raise CompileError("--auto-float16 chooses float16 steps of an int8 plan; add --dtype int8")
+        if not 0 < options.auto_float16 <= 1:
+            raise CompileError(f"--auto-float16 {options.auto_float16}: a cosine in (0, 1]")
+        return True
+    return options.dtype == "int8" and any(getattr(options, name) == CHOOSE for name in INT8_SETTINGS)
+
+
+class PassInstrument:
+    """What the pass manager calls around every pass, as MLIR's PassInstrumentation: `before`
+    gives the context the pass is handed (the one it was given, or a stand-in watching it),
+    `after` sees the context once the pass has run. `instruments` picks them from the Options."""
+
+    def before(self, compiler_pass, ctx: CompileContext) -> CompileContext:
+        return ctx
+
+    def after(self, compiler_pass, ctx: CompileContext) -> None:
+        pass
+
+
+class ContractCheck(PassInstrument):
+    """Options.verify_passes: after each pass, the graph invariants (`verify`) and the pass's
+    contract: it changed no field (the graph included) its PROVIDES leaves out
+    (`check_contract`) and read none its NEEDS and PROVIDES leave out (the pass is handed a
+    `_ReadRecorder`). Raises AssertionError naming the pass."""
+
+    def __init__(self):
+        self.records: dict[str, tuple] = {}
+        self.recorder: _ReadRecorder | None = None
+
+    def before(self, compiler_pass, ctx: CompileContext) -> CompileContext:
+        self.records = context_records(ctx)
+        self.recorder = _ReadRecorder(ctx)
+        return self.recorder
+
+    def after(self, compiler_pass, ctx: CompileContext) -> None:
+        problems = verify(ctx) + check_contract(compiler_pass, self.records, context_records(ctx))
+        problems += check_reads(compiler_pass, self.recorder.reads)
+        if problems:
+            raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
+
+
+class GraphDump(PassInstrument):
+    """Options.dump_after: the graph as ONNX after each pass named there (`dump_graph`)."""
+
+    def after(self, compiler_pass, ctx: CompileContext) -> None:
+        if compiler_pass.NAME in ctx.options.dump_after:
+            dump_graph(ctx, compiler_pass.NAME)
+
+
+class PassTimer(PassInstrument):
+    """Each pass's time and the graph's size after it, logged at debug level (`-v`)."""
+
+    def __init__(self):
+        self.started = 0.0
+
+    def before(self, compiler_pass, ctx: CompileContext) -> CompileContext:
+        self.started = time.perf_counter()
+        return ctx
+
+    def after(self, compiler_pass, ctx: CompileContext) -> None:
+        log.debug("pass %s: %.1f ms, %d nodes", compiler_pass.NAME, (time.perf_counter() - self.started) * 1e3,
+                  len(ctx.graph.nodes))
+
+
+def instruments(options: Options) -> list[PassInstrument]:
+    """The instruments `options` ask for: the contract check with verify_passes, the graph dump
+    with dump_after, the timer when debug logging is on."""
+    chosen: list[PassInstrument] = []
+    if options.verify_passes:
+        chosen.append(ContractCheck())
+    if options.dump_after:
+        chosen.append(GraphDump())
+    if log.isEnabledFor(logging.DEBUG):  # last: its before runs last and its after first, timing the pass alone
+        chosen.append(PassTimer())
+    return chosen
 
 
 def run_passes(ctx: CompileContext, passes: Sequence = PASSES) -> None:
     """`passes` in order on `ctx` (a slice of PASSES: --auto-float16 plans the passes before
-    quantize once and the rest once per candidate)."""
+    quantize once and the rest once per candidate), with the instruments its options ask for."""
+    chosen = instruments(ctx.options)
     for compiler_pass in passes:
-        checked = ctx.options.verify_passes
-        before = context_records(ctx) if checked else None
-        compiler_pass.run(ctx)
-        problems = verify(ctx) + check_contract(compiler_pass, before, context_records(ctx)) if checked else []
-        if problems:
-            raise AssertionError(f"after pass {compiler_pass.NAME}: " + "; ".join(problems[:5]))
-        if compiler_pass.NAME in ctx.options.dump_after:
-            dump_graph(ctx, compiler_pass.NAME)
-        log.debug("pass %s: %d nodes", compiler_pass.NAME, len(ctx.graph.nodes))
+        handed = ctx
+        for instrument in chosen:
+            handed = instrument.before(compiler_pass, handed)
+        compiler_pass.run(handed)
+        for instrument in reversed(chosen):
+            instrument.after(compiler_pass, ctx)
+
+
+class _ReadRecorder:
+    """A CompileContext as a pass sees it under ContractCheck: it records the name of every
+    field read and hands on the field; its methods run on the recorder, so what they read
+    counts too. Setting a field sets the context's."""
+
+    def __init__(self, ctx: CompileContext):
+        object.__setattr__(self, "_ctx", ctx)
+        object.__setattr__(self, "reads", set())
+
+    def __getattr__(self, name: str):
+        method = getattr(type(self._ctx), name, None)
+        if isinstance(method, types.FunctionType):
+            return types.MethodType(method, self)
+        self.reads.add(name)
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._ctx, name, value)
 
 
 def context_records(ctx: CompileContext) -> dict[str, tuple]:
-    """Each CompileContext field but the graph as `check_contract` compares it: the value, and
-    the keys and values of a dict or the items of a list (so changes in place count)."""
+    """Each CompileContext field as `check_contract` compares it: the value, and the keys and
+    values of a dict or the items of a list (so changes in place count); the graph as
+    `graph_record` gives it."""
     records = {}
     for name in CONTEXT_FIELDS:
         value = getattr(ctx, name)
+        if name == "graph":
+            records[name] = graph_record(value)
+            continue
         held = (tuple(chain.from_iterable(value.items())) if isinstance(value, dict)
                 else tuple(value) if isinstance(value, list) else ())
         records[name] = (value, *held)
     return records
 
 
+def graph_record(graph: gs.Graph | None) -> tuple:
+    """The objects `graph` is made of, in order: its node, input and output lists and what they
+    hold, and each node's op, name, attribute dict, input and output lists and their tensors,
+    and each variable's dtype and shape. A pass that adds, removes, reorders, renames or relinks
+    a node, or gives a tensor another dtype or shape, changes one of them (a value inside an
+    attribute dict or a constant's array is not looked at)."""
+    if graph is None:
+        return (None,)
+    record = [graph, graph.nodes, *graph.nodes, graph.inputs, *graph.inputs, graph.outputs, *graph.outputs]
+    variables = {}
+    for node in graph.nodes:
+        record += (node.op, node.name, node.attrs, node.inputs, *node.inputs, node.outputs, *node.outputs)
+        variables.update((id(t), t) for t in (*node.inputs, *node.outputs) if isinstance(t, gs.Variable))
+    for tensor in variables.values():
+        record += (tensor.dtype, tensor.shape)
+    return tuple(record)
+
+
 def check_contract(compiler_pass, before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
-    """The fields `compiler_pass` changed (replaced, or a dict or list holding other objects,
-    compared by identity) without listing them in its PROVIDES."""
+    """The fields `compiler_pass` changed (replaced, or a dict, list or graph holding other
+    objects, compared by identity) without listing them in its PROVIDES."""
     return [f"pass {compiler_pass.NAME} changed ctx.{name}, which its PROVIDES does not list"
             for name, record in after.items() if name not in compiler_pass.PROVIDES
             and (len(record) != len(before[name]) or any(a is not b for a, b in zip(record, before[name])))]
+
+
+def check_reads(compiler_pass, reads: set[str]) -> list[str]:
+    """The fields `compiler_pass` read without listing them in its NEEDS or PROVIDES."""
+    return [f"pass {compiler_pass.NAME} read ctx.{name}, which its NEEDS does not list"
+            for name in sorted(reads - compiler_pass.NEEDS - compiler_pass.PROVIDES)]
 
 
 def verify(ctx: CompileContext) -> list[str]:
@@ -219,12 +383,10 @@ def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
 
 def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
     """The plan of the passes' results. Each CPU step's `cpu_backend` is decided by asking
-    onnxruntime for a session on the node (`emulator.reference.cpu_backend`): importing
+    onnxruntime for a session on the node (`onnx_backends.cpu_backend`): importing
     onnxruntime alone takes about 20 ms. With `cpu_backends=False` it stays None, as in a plan
     written before the field existed, which the emulator decides when it runs the step: for a
     plan only summarized (`rkcompile plan` writing no file), which never reads it."""
-    from rkcompile.emulator.reference import cpu_backend
-
     step_of = {name: index for index, name in enumerate(ctx.order)}
     partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
     nodes = {node.name: node for node in ctx.graph.nodes}

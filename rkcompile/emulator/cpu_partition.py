@@ -23,7 +23,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from rkcompile.emulator.reference import NODE_MODEL_IR_VERSION, make_session, runtime_value, session_for_feeds
+from rkcompile.onnx_backends import NODE_MODEL_IR_VERSION, make_session
+from rkcompile.emulator.reference import runtime_value, session_for_feeds
 from rkcompile.emulator.storage import held_by_runtime
 from rkcompile.numerics.dtypes import dtype_name
 from rkcompile.plan.nodes import Node, Tensor, expanded_members, node_inputs, subgraphs
