@@ -6,9 +6,10 @@ as a 1x1 Conv is wrapped in relabels to and from the Conv's [L, C, 1, 1] layout,
 between two such Convs runs between a relabel out of that layout and one back into it. An
 element-wise op computes the same values in any layout when all its operands are laid out
 alike, so the relabel before it can go after it, where it meets the next relabel: the two
-become one, or none when they are inverse. The pass runs after fusion and the late rewrites,
+become one, or none when they are inverse. The pass runs after fusion and the late rewrites
 on the recognised kernels (exGelu, exSwish, HardSwish, ...: their members are element-wise
-too), and then joins the kernels that became adjacent (fusion_table.KERNEL_FUSIONS).
+too), and then joins the kernels that became adjacent (fusion_table.KERNEL_FUSIONS); it runs
+before the rewrites as well (`EARLY`), on the exporter's own Transposes.
 
 Each rule is exact: every value is computed by the same arithmetic on the same operands, only
 stored in another order. A rule applies only when every node it leaves passes the target's
@@ -117,6 +118,7 @@ class _Simplifier:
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
         self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
         self.taken = {n.name for n in ctx.graph.nodes} | set(ctx.graph.tensors())
+        self.removed: set[int] = set()  # ids of the nodes the rules took out of the graph
 
     def run(self) -> bool:
         """Apply the rules to every node until none applies; whether any did."""
@@ -124,7 +126,7 @@ class _Simplifier:
         while progress:
             progress = False
             for node in topological_nodes(self.ctx.graph):
-                if node.name not in self.ctx.origins:
+                if id(node) in self.removed:
                     continue  # replaced earlier in this round; its replacements wait for the next
                 for rule in (identity_layout, slices_as_split, move_layout_down):
                     outcome = rule(node, self)
@@ -135,9 +137,9 @@ class _Simplifier:
                         self.declined[node.name] = (rule.__name__, outcome)
             rounds += 1
         for name, (rule, why) in self.declined.items():
-            if name in self.ctx.origins:
-                self.record_attempt(name, rule, f"declined: {why}")
-        self.ctx.graph.nodes = [n for n in self.ctx.graph.nodes if n.name in self.ctx.origins]
+            self.record_attempt(name, rule, f"declined: {why}")
+        if rounds > 1:
+            self.ctx.graph.nodes = [n for n in self.ctx.graph.nodes if id(n) not in self.removed]
         return rounds > 1
 
     # bookkeeping shared by the rules
@@ -166,6 +168,7 @@ class _Simplifier:
         ctx = self.ctx
         origins = tuple(dict.fromkeys([*absorbed, *(o for n in old for o in ctx.origins.get(n.name, (n.name,)))]))
         for node in old:
+            self.removed.add(id(node))
             self.carriers.subtract(ctx.origins.pop(node.name, (node.name,)))
             ctx.failures.pop(node.name, None)
             ctx.notes.pop(node.name, None)
@@ -190,6 +193,8 @@ class _Simplifier:
     def drop(self, node: gs.Node, rule: str) -> None:
         """`node` (detached already) leaves the graph; what it stood for, if nothing else
         carries it, was removed."""
+        self.removed.add(id(node))
+        self.declined.pop(node.name, None)
         origins = self.ctx.origins.pop(node.name, (node.name,))
         self.carriers.subtract(origins)
         self.ctx.failures.pop(node.name, None)
