@@ -33,6 +33,8 @@ import onnx_graphsurgeon as gs
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
 from rkcompile.ir.edits import detach, replace_input, replace_uses
 from rkcompile.ir.graph import constant_value, element_count, fused_body, is_onnx_domain, static_shape, topological_nodes
+from rkcompile.ir.nodes import itemsize
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.operations import constant, graph_node, variable
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
@@ -157,6 +159,13 @@ class _Simplifier:
             return [Failure(rule.describe(), detail) for rule in self.ctx.target.common_rules
                     for ok, detail in [rule.evaluate(node, self.ctx.target, **self.facts)] if not ok]
         return check_node(node, self.ctx.target, **self.facts)
+
+    def stored_bytes(self, shape) -> float:
+        """The bytes an NPU tensor of `shape` takes in NC1HWC2 (infinite above rank 4)."""
+        if len(shape) > 4:
+            return float("inf")
+        dtype = self.ctx.options.dtype
+        return nc1hwc2_bytes(as_nchw(tuple(shape)), self.ctx.target.c2_for(dtype), itemsize(dtype))
 
     def record_attempt(self, name: str, rule: str, outcome: str) -> None:
         for original in self.ctx.origins.get(name, (name,)):
@@ -487,8 +496,15 @@ def _composed(exit_node: gs.Node, region: _Region) -> tuple[int, ...] | None:
 
 def _probes(region: _Region, simplifier: _Simplifier):
     """Unlinked copies of the region's nodes and exits as they will be, each checked against
-    the target; why not when one passes fewer rules than before."""
+    the target; why not when one passes fewer rules than before, or a region tensor would take
+    more bytes in the NPU's NC1HWC2 layout (fewer channels padded to C2: a move is not worth
+    a larger arena)."""
     shapes = region.shapes
+    for node in region.nodes:
+        for t in node.outputs:
+            before, after = simplifier.stored_bytes(static_shape(t)), simplifier.stored_bytes(shapes[id(t)])
+            if after > before:
+                return f"{t.name} would take {after} bytes on the NPU instead of {before}"
 
     def probe_tensor(t):
         if isinstance(t, gs.Constant) or not t.name:

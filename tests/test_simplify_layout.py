@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
+import onnx
 from onnx import helper
 
 from rkcompile.cli import main
@@ -22,7 +22,6 @@ def npu_kernels(model, tmp_path, target="rk3588") -> tuple[list[str], object]:
     """The kernels of the plan's NPU steps, in order, and the compile context; the emulated
     plan agrees with onnxruntime."""
     path = tmp_path / "model.onnx"
-    import onnx
     onnx.save(model, path)
     plan, ctx = compile_model(path, target)
     report = tmp_path / "report.json"
