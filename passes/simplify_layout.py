@@ -171,11 +171,11 @@ class _Simplifier:
         for original in self.ctx.origins.get(name, (name,)):
             self.ctx.rewrite_attempts.setdefault(original, []).append(RewriteAttempt(name, rule, outcome))
 
-    def replace(self, rule: str, old: list[gs.Node], new: list[gs.Node], absorbed: tuple[str, ...] = ()) -> None:
+    def replace(self, rule: str, old: list[gs.Node], new: list[gs.Node]) -> None:
         """`old` (detached already) leave the graph for `new` (placed where the first of `old`
-        stood); the new nodes carry the origins of the old and of the `absorbed` ones."""
+        stood), which carry the origins of the old."""
         ctx = self.ctx
-        origins = tuple(dict.fromkeys([*absorbed, *(o for n in old for o in ctx.origins.get(n.name, (n.name,)))]))
+        origins = tuple(dict.fromkeys(o for n in old for o in ctx.origins.get(n.name, (n.name,))))
         for node in old:
             self.removed.add(id(node))
             self.carriers.subtract(ctx.origins.pop(node.name, (node.name,)))
@@ -545,8 +545,9 @@ def _probes(region: _Region, simplifier: _Simplifier):
 
 
 def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
-    # the exits take the entries' work into their own, so they carry what the entries stood for
-    absorbed = tuple(o for e in region.entries for o in simplifier.ctx.origins.get(e.name, (e.name,)))
+    """Make the move: entries out, region re-laid, exits composed. As when the rewrite pass
+    collapses relabels (rewrites.layout_ops.collapse_relabels), an exit carries its own
+    original nodes and an entry's are reported removed."""
     for entry in region.entries:
         replace_uses(entry.outputs[0], entry.inputs[0])
         detach(entry)
@@ -571,6 +572,6 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
             simplifier.drop(exit_node, "move_layout_down")
         else:
             node = graph_node(made.op, made.name, None, made.attrs, [read, *made.inputs[1:]], [out])
-            simplifier.replace("move_layout_down", [exit_node], [node], absorbed)
+            simplifier.replace("move_layout_down", [exit_node], [node])
     for entry in region.entries:
         simplifier.drop(entry, "move_layout_down")
