@@ -32,7 +32,8 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
 from rkcompile.ir.edits import detach, replace_input, replace_uses
-from rkcompile.ir.graph import constant_value, element_count, fused_body, is_onnx_domain, static_shape, topological_nodes
+from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
+    topological_nodes)
 from rkcompile.ir.nodes import itemsize
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.operations import constant, graph_node, variable
@@ -95,11 +96,6 @@ def layout_move(node: gs.Node) -> tuple[gs.Tensor, gs.Tensor, tuple[int, ...] | 
     return source, result, tuple(int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1)))
 
 
-def unmoved_shape(shape, perm: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape a tensor had before a Transpose by `perm` made it `shape`."""
-    return tuple(shape[j] for j in np.argsort(perm))
-
-
 def unmoved_axis(old: tuple[int, ...], new: tuple[int, ...], axis: int, perm) -> int | None:
     """The axis of the unmoved layout `new` holding what `axis` holds in the moved layout `old`:
     the Transpose's own axis, or for a relabel an axis of the same extent after the same
@@ -114,6 +110,8 @@ def unmoved_axis(old: tuple[int, ...], new: tuple[int, ...], axis: int, perm) ->
 
 
 class _Simplifier:
+    """One run of the rules over a graph, with the records a replacement keeps current."""
+
     def __init__(self, ctx: CompileContext):
         self.ctx, self.facts = ctx, compile_facts(ctx)
         self.graph_outputs = {t.name for t in ctx.graph.outputs}
@@ -186,9 +184,10 @@ class _Simplifier:
             ctx.failures[node.name] = self.failures(node)
             self.carriers.update(origins)
         self.release(origins, rule)
-        position = next((i for i, n in enumerate(ctx.graph.nodes) if n is old[0]), len(ctx.graph.nodes)) if old else len(ctx.graph.nodes)
+        position = next(i for i, n in enumerate(ctx.graph.nodes) if n is old[0])
         ctx.graph.nodes[position:position] = new
-        ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=tuple(n.name for n in new), ops=tuple(n.op for n in new)))
+        ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=tuple(n.name for n in new),
+                                    ops=tuple(n.op for n in new)))
         for name in {n.name for n in new} | {n.name for n in old}:
             self.declined.pop(name, None)
         for node in new:
@@ -427,7 +426,8 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         region.axes[id(reader)] = new_axis
         region.nodes.append(reader)
         for part in reader.outputs:
-            region.shapes[id(part)] = tuple(static_shape(part)[axis] if a == new_axis else d for a, d in enumerate(unmoved))
+            size = static_shape(part)[axis]
+            region.shapes[id(part)] = tuple(size if a == new_axis else d for a, d in enumerate(unmoved))
         return list(reader.outputs)
     fused = reader.domain == FUSED_DOMAIN and _elementwise_fused(reader)
     if not fused and not (is_onnx_domain(reader) and reader.op in ELEMENTWISE_OPS and len(reader.outputs) == 1):

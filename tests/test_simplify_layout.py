@@ -108,7 +108,8 @@ def test_slices_covering_an_axis_once_are_one_split(tmp_path):
          *(helper.make_node("Relu", [f"p{i}"], [f"y{i}"], name=f"relu{i}") for i in range(3))],
         [value_info("x", [1, 10, 48])], [value_info(f"y{i}", [1, 10, 16]) for i in range(3)],
         [*(weight(f"s{i}", np.array([16 * i], np.int64)) for i in range(3)),
-         *(weight(f"e{i}", np.array([16 * i + 16], np.int64)) for i in range(3)), weight("axis", np.array([-1], np.int64))])
+         *(weight(f"e{i}", np.array([16 * i + 16], np.int64)) for i in range(3)),
+         weight("axis", np.array([-1], np.int64))])
     kernels, ctx = npu_kernels(model, tmp_path)
     assert kernels.count("Split") == 1 and "Slice" not in kernels
     assert [r.rule for r in ctx.rewrites].count("slices_as_split") == 1
@@ -148,7 +149,8 @@ def test_relabels_of_both_operands_move_together(tmp_path):
     # Add(relabel(a), relabel(b)) -> relabel back: the Add runs on a and b as they are
     shape, flat = [1, 16, 4, 4], [1, 16, 16]
     model = make_model(
-        [helper.make_node("Relu", ["x0"], ["a"], name="relu_a"), helper.make_node("Sigmoid", ["x1"], ["b"], name="sig_b"),
+        [helper.make_node("Relu", ["x0"], ["a"], name="relu_a"),
+         helper.make_node("Sigmoid", ["x1"], ["b"], name="sig_b"),
          helper.make_node("Reshape", ["a", "flat"], ["fa"], name="ra"),
          helper.make_node("Reshape", ["b", "flat"], ["fb"], name="rb"),
          helper.make_node("Add", ["fa", "fb"], ["s"], name="add"),
