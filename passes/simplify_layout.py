@@ -78,6 +78,12 @@ ELEMENTWISE_OPS = frozenset({
     "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Sub", "Tanh", "Where", "Xor",
 })
 LAYOUT_OPS = RESHAPE_LIKE | {"Transpose"}
+#: what the plan says of an original node a rule took out, with nothing left carrying it
+REMOVED_BECAUSE = {
+    "identity_layout": "it moves no element",
+    "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
+    "slices_as_split": "one Split cuts the tensor it sliced",
+}
 
 
 # --- what a layout op does ------------------------------------------------------------------
@@ -196,7 +202,7 @@ class _Simplifier:
     def release(self, origins, rule: str) -> None:
         for original in origins:
             if self.carriers[original] <= 0:
-                self.ctx.fates[original] = ("removed", f"layout op cancelled by another ({rule})")
+                self.ctx.fates[original] = ("removed", f"{REMOVED_BECAUSE[rule]} ({rule})")
 
     def drop(self, node: gs.Node, rule: str) -> None:
         """`node` (detached already) leaves the graph; what it stood for, if nothing else
