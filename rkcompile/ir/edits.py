@@ -1,6 +1,6 @@
 """The graph edits passes share: rewire a tensor's readers, detach a node.
 
-onnx-graphsurgeon keeps producer and consumer lists on every tensor; these two edits keep them
+onnx-graphsurgeon keeps producer and consumer lists on every tensor; these edits keep them
 consistent, so no pass writes its own loop over consumers.
 
 Both find a node in a tensor's list by identity. onnx-graphsurgeon's own lists remove it with
@@ -21,6 +21,13 @@ def replace_uses(old: gs.Tensor, new: gs.Tensor) -> None:
                 _drop(old.outputs, reader)
                 list.__setitem__(reader.inputs, index, new)
                 list.append(new.outputs, reader)
+
+
+def replace_input(node: gs.Node, position: int, new: gs.Tensor) -> None:
+    """`node` reads `new` at input `position`, in place of the tensor it read there."""
+    _drop(node.inputs[position].outputs, node)
+    list.__setitem__(node.inputs, position, new)
+    list.append(new.outputs, node)
 
 
 def detach(node: gs.Node) -> None:
