@@ -55,12 +55,13 @@ class SimplifyLayout:
     def __init__(self, name: str, fused: bool):
         self.NAME, self.fused = name, fused
         #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-        self.NEEDS = frozenset({"options", "origins", "target"} | ({"failures", "original_nodes"} if fused else set()))
-        self.PROVIDES = frozenset({"failures", "fates", "origins", "rewrite_attempts", "rewrites"}
+        self.NEEDS = frozenset({"graph", "options", "origins", "target"}
+                               | ({"failures", "notes", "original_nodes"} if fused else set()))
+        self.PROVIDES = frozenset({"failures", "fates", "graph", "origins", "rewrite_attempts", "rewrites"}
                                   | ({"notes"} if fused else set()))
 
     def run(self, ctx: CompileContext) -> None:
-        if _Simplifier(ctx).run() and self.fused:
+        if _Simplifier(ctx, self.fused).run() and self.fused:
             # A Conv and the activation a relabel pair kept apart may now be one kernel.
             fuse_table(ctx, KERNEL_FUSIONS)
 
@@ -118,8 +119,10 @@ def unmoved_axis(old: tuple[int, ...], new: tuple[int, ...], axis: int, perm) ->
 class _Simplifier:
     """One run of the rules over a graph, with the records a replacement keeps current."""
 
-    def __init__(self, ctx: CompileContext):
+    def __init__(self, ctx: CompileContext, fused: bool):
         self.ctx, self.facts = ctx, compile_facts(ctx)
+        #: after fusion: the fuse pass's notes name nodes, which a removed node takes with it
+        self.fused = fused
         self.graph_outputs = {t.name for t in ctx.graph.outputs}
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
         self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
@@ -183,8 +186,7 @@ class _Simplifier:
         for node in old:
             self.removed.add(id(node))
             self.carriers.subtract(ctx.origins.pop(node.name, (node.name,)))
-            ctx.failures.pop(node.name, None)
-            ctx.notes.pop(node.name, None)
+            self.forget(node.name)
         for node in new:
             ctx.origins[node.name] = origins
             ctx.failures[node.name] = self.failures(node)
@@ -199,6 +201,12 @@ class _Simplifier:
         for node in new:
             self.record_attempt(node.name, rule, "applied")
 
+    def forget(self, name: str) -> None:
+        """The records that name a node leaving the graph."""
+        self.ctx.failures.pop(name, None)
+        if self.fused:
+            self.ctx.notes.pop(name, None)
+
     def release(self, origins, rule: str) -> None:
         for original in origins:
             if self.carriers[original] <= 0:
@@ -211,8 +219,7 @@ class _Simplifier:
         self.declined.pop(node.name, None)
         origins = self.ctx.origins.pop(node.name, (node.name,))
         self.carriers.subtract(origins)
-        self.ctx.failures.pop(node.name, None)
-        self.ctx.notes.pop(node.name, None)
+        self.forget(node.name)
         self.release(origins, rule)
         self.ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=(), ops=()))
 
