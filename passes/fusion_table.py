@@ -372,6 +372,9 @@ KERNEL_FUSIONS: tuple[FusionRule, ...] = (
     FusionRule("ConvElu", "ConvolutionElu", _conv_then("Elu")),
     FusionRule("ConvSoftplus", "ConvolutionSoftplus", _conv_then("Softplus")),
     FusionRule("ConvExSwish", "ConvolutionSwish", _conv_then("exSwish")),
+    # The oplist V2.3.2 has no ConvolutionGelu; rknn-toolkit2 runs ConvExGelu on a target with
+    # exGelu (peer/zoo_rk3588.json, transformer_encoder and bert_mini), so the row requires exGelu.
+    FusionRule("ConvExGelu", "exGelu", _conv_then("exGelu")),
     FusionRule("ConvExMish", "ConvolutionMish", _conv_then(("exMish", "Mish"))),
     FusionRule("exMatMul", "exMatMul", _add(Op("MatMul", label="matmul"), Any("c")),
                attributes=lambda m: {"c_type": "add"}),
