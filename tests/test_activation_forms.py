@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_affine_fold import assert_close, conv_3x3, node, planned, scalar
+from test_affine_fold import assert_close, const, conv_3x3, node, planned, scalar
 
 X = [("x", (1, 4, 8, 8))]
 Y = (1, 8, 8, 8)
@@ -56,4 +56,28 @@ def test_min_max_with_crossed_bounds_is_not_a_clip(tmp_path):
     nodes = [conv, node("Min", ["c", "zero"], "hi"), node("Max", ["hi", "six"], "y")]
     kernels, got, expected = planned(tmp_path, nodes, inits + BOUNDS, X, Y)
     assert "ConvClip" not in kernels and "Clip" not in kernels, kernels
+    assert_close(got, expected)
+
+
+def feed_forward(extra_reader: bool) -> tuple[list, list]:
+    """A transformer's x @ W + b then GELU, on [1, L, K]: the rewrite pass runs the product as
+    a 1x1 Conv between Reshapes (passes/epilogues.py moves the GELU before the second)."""
+    nodes = [node("MatMul", ["x", "w"], "p"), node("Add", ["p", "bias"], "h"),
+             node("Div", ["h", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "a"),
+             node("Mul", ["h", "a"], "m"), node("Mul", ["m", "half"], "g")]
+    nodes.append(node("Add", ["g", "h"], "y") if extra_reader else node("Relu", ["g"], "y"))
+    inits = [const("w", (16, 24)), const("bias", (24,)), scalar("sqrt2", np.sqrt(2)), scalar("one", 1.0),
+             scalar("half", 0.5)]
+    return nodes, inits
+
+
+def test_gelu_after_a_matmul_by_weights_fuses_as_conv_ex_gelu(tmp_path):
+    kernels, got, expected = planned(tmp_path, *feed_forward(extra_reader=False), [("x", (1, 6, 16))], (1, 6, 24))
+    assert kernels.count("ConvExGelu") == 1 and "exGelu" not in kernels and "Conv" not in kernels, kernels
+    assert_close(got, expected)
+
+
+def test_gelu_whose_input_is_read_elsewhere_does_not_fuse_with_the_conv(tmp_path):
+    kernels, got, expected = planned(tmp_path, *feed_forward(extra_reader=True), [("x", (1, 6, 16))], (1, 6, 24))
+    assert "ConvExGelu" not in kernels and "exGelu" in kernels, kernels
     assert_close(got, expected)

@@ -429,8 +429,8 @@ EXPECTED_ON_ZOO = {
     "resnet18_halfwidth": {"ConvRelu", "ConvAddRelu"},
     "mobilenet_v2": {"ConvClip", "ConvAdd"},
     "lraspp_mobilenet_v3_large": {"ConvHardSwish", "ConvHardSigmoid", "ConvRelu", "ConvAdd"},
-    "transformer_encoder": {"exNorm", "exGelu", "exSDPAttention"},
-    "bert_mini": {"exNorm", "exGelu"},
+    "transformer_encoder": {"exNorm", "ConvExGelu", "exSDPAttention"},
+    "bert_mini": {"exNorm", "ConvExGelu"},
     "lstm_textcls": {"exLSTM"},
     "yolov8n": {"ConvExSwish"},
 }

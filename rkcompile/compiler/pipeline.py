@@ -17,7 +17,7 @@ from rkcompile.emulator.pages import small_pages
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.plan.operations import describe
-from rkcompile.passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
+from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout, legalize,
     memory, multicore, partition, remove_noops, rewrite, rewrite_late)
 from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
 from rkcompile.targets import get_target
@@ -51,6 +51,7 @@ PASSES = (
     fold_constants,  # evaluate what is already known
     remove_noops,    # Identity, Dropout, a Cast to the type it already has
     rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
+    epilogues,       # element-wise work after a relabelled Conv output moved next to the Conv
     legalize,        # every rule every node breaks
     fuse,            # chains the NPU runs as one kernel, per the fusion table
     rewrite_late,    # legalizing rewrites that would have hidden a fusion pattern
