@@ -8,9 +8,12 @@ can take it; rknn-toolkit2 runs the pair as one ConvExGelu (peer/zoo_rk3588.json
 transformer_encoder and bert_mini). A relabel only renames elements, and an element-wise op
 whose other operands are one-value constants computes each element from that element alone,
 so the two commute exactly: the region of such ops reading the relabel's output, up to the
-one tensor read beyond it, runs on the Conv's output and the relabel moves after it. Nodes
-keep their names and origins; only tensors change. Before legalize, which judges the moved
-nodes on their new shapes.
+one tensor read beyond it, runs on the Conv's output and the relabel moves after it. Only
+regions the NPU runs move: each node has a kernel of the target, or is part of an exporter's
+spelling of one that a recogniser of the fusion table takes whole (the Erf of a GELU); a lone
+Erf after a Gemm stays where it is, or the CPU step would split the Conv from its relabel.
+Nodes keep their names and origins; only tensors change. Before legalize, which judges the
+moved nodes on their new shapes.
 """
 from __future__ import annotations
 
@@ -19,14 +22,16 @@ import onnx_graphsurgeon as gs
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.edits import replace_uses, set_input, set_output
 from rkcompile.ir.graph import constant_value, is_onnx_domain, static_shape
+from rkcompile.ir.patterns import matches
 from rkcompile.plan.operations import variable
+from rkcompile.targets.model import Target
 
-from rkcompile.passes.fusion_table import CONV
+from rkcompile.passes.fusion_table import CONV, RECOGNISERS
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE
 
 NAME = "epilogues"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset()
+NEEDS = frozenset({"target"})
 PROVIDES = frozenset()
 
 RELABELS = RESHAPE_LIKE | {"Transpose"}
@@ -43,7 +48,7 @@ def run(ctx: CompileContext) -> None:
     names = set(graph.tensors())
     for relabel in [node for node in graph.nodes if node.op in RELABELS and is_onnx_domain(node)]:
         region = epilogue_region(relabel, graph_outputs)
-        if region is not None:
+        if region is not None and runs_on_the_npu(region, ctx.target):
             move_after(graph, relabel, region, names, graph_outputs)
 
 
@@ -73,6 +78,24 @@ def epilogue_region(relabel: gs.Node, graph_outputs: set[str]) -> list[gs.Node] 
     leaving = [node for node in region if node.outputs[0].name in graph_outputs
                or any(id(reader) not in members for reader in node.outputs[0].outputs)]
     return region if len(leaving) == 1 else None
+
+
+def runs_on_the_npu(region: list[gs.Node], target: Target) -> bool:
+    """Whether every node of `region` has a kernel on `target` or is a member of a recogniser's
+    match within the region (fuse.py judges the rest of each rule when it fuses)."""
+    inside = {id(node) for node in region}
+    absorbed: set[int] = set()
+    for node in region:
+        for rule in RECOGNISERS:
+            ops = rule.pattern.root_ops()
+            if (ops is not None and node.op not in ops) or not target.has_kernel(rule.requires):
+                continue
+            found = next((match for match in matches(rule.pattern, node)
+                          if all(id(member) in inside for member in match.members)), None)
+            if found is not None:
+                absorbed.update(id(member) for member in found.members)
+                break
+    return all(id(node) in absorbed or node.op in target.ops for node in region)
 
 
 def _joins(node: gs.Node, inside: set[int], shape: tuple[int, ...], rank: int) -> bool:

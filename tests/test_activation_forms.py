@@ -81,3 +81,12 @@ def test_gelu_whose_input_is_read_elsewhere_does_not_fuse_with_the_conv(tmp_path
     kernels, got, expected = planned(tmp_path, *feed_forward(extra_reader=True), [("x", (1, 6, 16))], (1, 6, 24))
     assert "ConvExGelu" not in kernels and "exGelu" in kernels, kernels
     assert_close(got, expected)
+
+
+def test_a_lone_cpu_op_after_a_matmul_stays_after_its_relabel(tmp_path):
+    """Moved before the relabel, the Erf (no NPU kernel, no GELU around it) would split the
+    Conv from its Reshape with a CPU step and two conversions."""
+    kernels, got, expected = planned(tmp_path, [node("MatMul", ["x", "w"], "p"), node("Erf", ["p"], "y")],
+                                     [const("w", (16, 24))], [("x", (1, 6, 16))], (1, 6, 24))
+    assert kernels == ["Reshape", "Conv", "Reshape"], kernels
+    assert_close(got, expected)
