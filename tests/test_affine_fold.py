@@ -12,6 +12,7 @@ import pytest
 from onnx import helper
 
 import rkcompile
+from rkcompile.compiler.pipeline import compile_model
 from conftest import make_model, value_info, weight
 
 RNG = np.random.default_rng(7)
@@ -163,15 +164,15 @@ def test_a_conv_output_read_elsewhere_or_a_per_element_constant_is_not_folded(tm
     assert_close(got, expected)
 
 
-def test_the_plan_explains_why_a_fold_declined(tmp_path):
+@pytest.mark.parametrize("shape, reason", [((8, 8, 8), "the constant varies on more than one axis"),
+                                           ((1, 1, 8), "the constant varies on an axis other than the Conv's output channels")])
+def test_the_plan_explains_why_a_fold_declined(tmp_path, shape, reason):
     conv, inits = conv_3x3()
     nodes = [conv, node("Mul", ["c", "scale"], "y")]
     model = make_model(nodes, [value_info("x", (1, 4, 8, 8))], [value_info("y", (1, 8, 8, 8))],
-                       inits + [const("scale", (8, 8, 8))])
+                       inits + [const("scale", shape)])
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
-    from rkcompile.compiler.pipeline import compile_model
-
     _, ctx = compile_model(path, "rk3588")
-    reasons = {a.rule: a.outcome for a in ctx.rewrite_attempts["y"]}
-    assert "varies on an axis other than the Conv's output channels" in reasons["fold_affine_into_weighted_op"]
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
+    assert reason in outcomes["fold_affine_into_weighted_op"]

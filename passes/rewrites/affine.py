@@ -43,24 +43,28 @@ def batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
     return scale, beta - mean * scale
 
 
-def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | None:
+def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | str:
     """(x, scale, shift) with node(x) = scale*x + shift, scale and shift float64 arrays laid out
-    to broadcast against x as ONNX broadcasts; None when node is not such an op."""
+    to broadcast against x as ONNX broadcasts; else why node is not such an op."""
     if node.op == "BatchNormalization":
         affine, shape = batchnorm_affine(node), static_shape(node.inputs[0])
         if affine is None or shape is None or len(shape) < 2:
-            return None
+            return "its statistics are not constant (or training mode), or the input is below rank 2 or unknown"
         on_channels = (-1,) + (1,) * (len(shape) - 2)
         return node.inputs[0], *(v.reshape(on_channels) for v in affine)
     if len(node.inputs) != 2:
-        return None
+        return "not a binary op"
     values = [constant_value(t) for t in node.inputs]
     if (values[0] is None) == (values[1] is None):
-        return None
+        return "not one constant operand and one computed"
     constant_first = values[0] is not None
     x, c = node.inputs[1 if constant_first else 0], values[0 if constant_first else 1]
+    # one value per channel at most: a constant larger than every axis of x varies along
+    # several (a folded ConstantOfShape may be a broadcast view far too large to copy)
     if c.dtype.kind != "f":
-        return None
+        return "the constant is not floating point"
+    if c.size > max(static_shape(x) or (1,), default=1):
+        return "the constant varies on more than one axis"
     c = c.astype(np.float64)
     one, zero = np.ones_like(c), np.zeros_like(c)
     if node.op == "Mul":
@@ -71,7 +75,7 @@ def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | None
         return (x, -one, c) if constant_first else (x, one, -c)
     if node.op == "Div" and not constant_first and np.all(c != 0):
         return x, 1 / c, zero
-    return None
+    return "a division of a constant, or by zero"
 
 
 def _per_channel(values: np.ndarray, rank: int, axis: int | None, channels: int) -> np.ndarray | None:
@@ -198,8 +202,8 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     passes over the feature map, as rknn-toolkit2 does. Within one rounding of the weight's
     dtype (module docstring); a chain folds one op at a time, each into the op the last made."""
     affine = _affine_of(node)
-    if affine is None:
-        return "not a scale or shift by a float constant"
+    if isinstance(affine, str):
+        return affine
     x, scale, shift = affine
     found = _weighted_producer(x, site)
     if isinstance(found, str):
@@ -235,8 +239,8 @@ def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
     folded only when the Conv does not pad, since it would have shifted the padding too. The
     constant is one value or one per input channel. Within one rounding of the weight's dtype."""
     affine = _affine_of(node)
-    if affine is None:
-        return "not a scale or shift by a float constant"
+    if isinstance(affine, str):
+        return affine
     x, scale, shift = affine
     y = node.outputs[0]
     conv = y.outputs[0] if _sole_reader(y, site) else None
