@@ -150,6 +150,13 @@ def test_shift_before_a_padded_conv_is_not_folded(tmp_path):
     assert_close(got, expected)
 
 
+def test_a_scale_that_would_take_weights_beyond_float16_is_not_folded(tmp_path):
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Mul", ["c", "scale"], "y")]
+    kernels, _, _ = planned(tmp_path, nodes, inits + [scalar("scale", 1e5)], [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["Conv", "Mul"]
+
+
 @pytest.mark.parametrize("case", ["shared output", "per-element constant"])
 def test_a_conv_output_read_elsewhere_or_a_per_element_constant_is_not_folded(tmp_path, case):
     conv, inits = conv_3x3()

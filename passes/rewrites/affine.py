@@ -66,6 +66,8 @@ def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | str:
     if c.size > max(static_shape(x) or (1,), default=1):
         return "the constant varies on more than one axis"
     c = c.astype(np.float64)
+    if not np.all(np.isfinite(c)):
+        return "the constant holds an infinity or NaN, which weights would spread (0 * inf)"
     one, zero = np.ones_like(c), np.zeros_like(c)
     if node.op == "Mul":
         return x, c, zero
@@ -157,6 +159,15 @@ def _weights(node: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | None:
     return weight, bias
 
 
+#: the largest weight or bias a fold may make: the NPU stores float weights as float16 at most,
+#: and a folded value beyond its range would saturate where the unfolded ops need not
+FLOAT16_LARGEST = float(np.finfo(np.float16).max)
+
+
+def _storable(*arrays: np.ndarray) -> bool:
+    return all(np.all(np.abs(a) <= FLOAT16_LARGEST) for a in arrays)
+
+
 def scaled_weighted_op(builder, node: gs.Node, scale: np.ndarray, shift: np.ndarray,
                        out: gs.Tensor | None) -> gs.Tensor | str:
     """Append `node` with its weights and bias folded so that it writes scale*y + shift (float64
@@ -184,10 +195,14 @@ def scaled_weighted_op(builder, node: gs.Node, scale: np.ndarray, shift: np.ndar
         folded = w * scale[None, :]
     else:
         return "a MatMul takes a scale into a 2-D weight only, and has no bias to take a shift"
-    inputs[1] = builder.const(folded.astype(weight.dtype), "weight")
     if node.op != "MatMul":
         bias = np.zeros(scale.size) if bias is None else np.broadcast_to(bias.astype(np.float64), (scale.size,))
-        inputs[2:] = [builder.const((bias * scale + shift).astype(weight.dtype), "bias")]
+        bias = bias * scale + shift
+    if not _storable(folded, *([] if node.op == "MatMul" else [bias])):
+        return "the folded weights or bias would leave float16's range"
+    inputs[1] = builder.const(folded.astype(weight.dtype), "weight")
+    if node.op != "MatMul":
+        inputs[2:] = [builder.const(bias.astype(weight.dtype), "bias")]
     made = node.outputs[0]
     return builder.op(node.op, inputs, static_shape(made), made.dtype, out=out, **attrs)
 
@@ -271,6 +286,8 @@ def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
     folded = w * scale_o.reshape(w.shape[:2] + spatial)
     bias = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
     bias = bias + (w * shift_o.reshape(w.shape[:2] + spatial)).reshape(w.shape[0], -1).sum(axis=1)
+    if not _storable(folded, bias):
+        return "the folded weights or bias would leave float16's range"
     builder = site.builder(node)
     builder.op("Conv", [x, builder.const(folded.astype(weight.dtype), "weight"),
                         builder.const(bias.astype(weight.dtype), "bias")], out=conv.outputs[0], **conv.attrs)
