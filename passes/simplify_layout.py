@@ -31,7 +31,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
-from rkcompile.ir.edits import detach, replace_input, replace_uses
+from rkcompile.ir.edits import detach, set_input, replace_uses
 from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
     topological_nodes)
 from rkcompile.ir.nodes import itemsize
@@ -567,7 +567,7 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
     for node in region.nodes:
         for (node_id, position), relaid in region.constants.items():
             if node_id == id(node):
-                replace_input(node, position, relaid)
+                set_input(node, position, relaid)
         if id(node) in region.axes:
             node.attrs = dict(node.attrs, axis=region.axes[id(node)])
         for t in node.outputs:

@@ -50,7 +50,7 @@ GELU_CONSTANTS = [weight("sqrt2", np.array(np.sqrt(2), np.float32)), weight("one
 
 def test_relabels_around_a_gelu_between_linear_layers_cancel(tmp_path):
     # MatMul by weights runs as a 1x1 Conv wrapped in relabels ([L, C] <-> [L, C, 1, 1]); the GELU
-    # between two of them now runs in the Convs' layout, and the relabel pair leaves
+    # between two of them now runs in the Convs' layout, fused with the first, and the relabel pair leaves
     tokens, width, hidden = 32, 64, 128
     model = make_model(
         [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"), *gelu_nodes("h", "g", "gelu"),
@@ -59,7 +59,7 @@ def test_relabels_around_a_gelu_between_linear_layers_cancel(tmp_path):
         [weight("w1", RNG.normal(0, 0.1, (width, hidden)).astype(np.float32)),
          weight("w2", RNG.normal(0, 0.1, (hidden, width)).astype(np.float32)), *GELU_CONSTANTS])
     kernels, ctx = npu_kernels(model, tmp_path)
-    assert kernels == ["Reshape", "Conv", "exGelu", "Conv", "Reshape"]
+    assert kernels == ["Reshape", "ConvExGelu", "Conv", "Reshape"]
     assert "move_layout_down" in {r.rule for r in ctx.rewrites}
 
 

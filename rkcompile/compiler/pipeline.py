@@ -19,8 +19,8 @@ from rkcompile.onnx_backends import cpu_backend
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.plan.operations import describe
-from rkcompile.passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
-    memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
+from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
+    legalize, memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
 from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
 from rkcompile.targets import get_target
 
@@ -55,6 +55,7 @@ PASSES = (
     remove_noops,    # Identity, Dropout, a Cast to the type it already has
     simplify_layout.EARLY,  # the exporter's Transposes/relabels moved through element-wise ops until they cancel
     rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
+    epilogues,       # element-wise work after a relabelled Conv output moved next to the Conv
     legalize,        # every rule every node breaks
     fuse,            # chains the NPU runs as one kernel, per the fusion table
     rewrite_late,    # legalizing rewrites that would have hidden a fusion pattern
