@@ -134,9 +134,53 @@ def frozen_model(path: Path, values: Mapping[str, Any], folder: Path) -> tuple[P
         frozen[name] = value.astype(dtype)
         model.graph.initializer.append(onnx.numpy_helper.from_array(frozen[name], name))
         model.graph.input.remove(declared[name])
+    while _inline_decided_branch(model):
+        pass
     planned = folder / path.name
     onnx.save(model, str(planned))
     return planned, frozen
+
+
+def _inline_decided_branch(model: onnx.ModelProto) -> bool:
+    """Replace the first If of the main graph whose condition the constants decide by the
+    branch it takes (its nodes, then an Identity per output): True when there was one. The
+    condition is evaluated with onnx's reference runtime over the nodes it depends on, which
+    must read constants only and carry no subgraph."""
+    graph = model.graph
+    constants = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+
+    def value(name: str) -> np.ndarray | None:
+        if name in constants or name not in made_by:
+            return constants.get(name)
+        node = made_by[name]
+        inputs = [value(i) if i else None for i in node.input]
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute) or \
+                any(v is None for i, v in zip(node.input, inputs) if i):
+            return None
+        from onnx.reference import ReferenceEvaluator
+
+        single = onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_value_info(o, onnx.TypeProto())
+                                                              for o in node.output if o],
+                                        [onnx.numpy_helper.from_array(v, i) for i, v in zip(node.input, inputs) if i])
+        results = ReferenceEvaluator(onnx.helper.make_model(single, opset_imports=model.opset_import)).run(None, {})
+        constants.update(zip([o for o in node.output if o], map(np.asarray, results)))
+        return constants[name]
+
+    for position, node in enumerate(graph.node):
+        condition = value(node.input[0]) if node.op_type == "If" else None
+        if condition is None:
+            continue
+        branches = {a.name: a.g for a in node.attribute}
+        taken = branches["then_branch" if bool(condition.reshape(-1)[0]) else "else_branch"]
+        inlined = [*taken.node, *(onnx.helper.make_node("Identity", [inner.name], [outer], f"{node.name}/{outer}")
+                                  for inner, outer in zip(taken.output, node.output))]
+        graph.initializer.extend(taken.initializer)
+        graph.node.remove(node)
+        for offset, inner in enumerate(inlined):
+            graph.node.insert(position + offset, inner)
+        return True
+    return False
 
 
 def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: ExportOptions,
