@@ -106,6 +106,24 @@ def test_a_frozen_input_folds_its_branch_away(save, tmp_path):
     assert written.report["frozen_inputs"] == {"rate": 16000}
 
 
+def test_a_branch_reading_a_converted_tensor_reads_it_by_its_own_name(save, tmp_path):
+    """An If on the CPU reads the NPU's Relu result inside its branches; the plan's host
+    conversion renames that read, which the export undoes inside the branches too."""
+    def branch(name: str, factor: float) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Mul", ["r", f"{name}_k"], [f"{name}_y"])], name, [],
+                                 [value_info(f"{name}_y", [1, 4, 8, 8])], [weight(f"{name}_k", np.float32(factor))])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("If", ["flag"], ["y"], name="if", then_branch=branch("then", 2.0),
+                              else_branch=branch("else", 3.0))]
+    original = save(make_model(nodes, [value_info("x", [1, 4, 8, 8]), value_info("flag", [], TensorProto.BOOL)],
+                               [value_info("y", [1, 4, 8, 8])]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    assert [n["name"] for n in written.report["cpu_nodes"]] == ["if"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32), "flag": np.array(False)}
+    np.testing.assert_array_equal(onnxruntime_run(onnx.load(str(written.path)), feeds)[0],
+                                  onnxruntime_run(original, feeds)[0])
+
+
 def test_slices_of_a_reshape_move_before_it(save, tmp_path):
     """Conv -> Reshape -> two Slices, yolov8's box head that rknn-toolkit2 2.5.0 fails on, is
     written as Conv -> Slice -> Reshape, the same values."""

@@ -71,10 +71,25 @@ def plain_steps(plan: Plan, nodes: Sequence[gs.Node]) -> tuple[dict[int, list[on
                 if isinstance(tensor, gs.Constant) and tensor.name:
                     weights.setdefault(tensor.name, numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
             proto = node_proto(member)
-            for field in (proto.input, proto.output):
-                field[:] = [renames.get(name, name) for name in field]
+            _rename(proto, renames)
             members[step.id].append(proto)
     return members, weights
+
+
+def _rename(node: onnx.NodeProto, renames: dict[str, str]) -> None:
+    """`renames` applied to what `node` reads and writes, and to what its subgraphs read from
+    the scope around them (ONNX forbids a subgraph to shadow an outer name, so every match is one)."""
+    for field in (node.input, node.output):
+        field[:] = [renames.get(name, name) for name in field]
+    for graph in proto_subgraphs(node):
+        for inner in graph.node:
+            _rename(inner, renames)
+
+
+def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs `node` carries as attributes (If's branches, a Loop's or Scan's body)."""
+    return [graph for attribute in node.attribute
+            for graph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
 
 
 def host_renames(plan: Plan) -> dict[str, str]:

@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper, version_converter
 from rkcompile.errors import CompileError
 from rkcompile.ir.nodes import fused_body
 from rkcompile.plan.schema import Plan, TensorSpec
-from rkcompile.views.partitioned_onnx import plain_steps
+from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 
 #: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
 #: a newer model is converted down
@@ -68,15 +68,9 @@ def _refuse_custom_domain(node: onnx.NodeProto) -> None:
     if node.domain not in STANDARD_DOMAINS:
         raise CompileError(f"node {node.name} is {node.domain}::{node.op_type}, not a standard ONNX op: "
                            "the graph cannot be exported as standard ONNX")
-    for graph in _subgraphs(node):
+    for graph in proto_subgraphs(node):
         for inner in graph.node:
             _refuse_custom_domain(inner)
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs `node` carries as attributes (If's branches, a Loop's or Scan's body)."""
-    return [graph for attribute in node.attribute
-            for graph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
 
 
 def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
@@ -175,7 +169,7 @@ def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
     while pending:
         for node in pending.pop().node:
             read.update(node.input)
-            pending.extend(_subgraphs(node))
+            pending.extend(proto_subgraphs(node))
     kept = [tensor for tensor in graph.initializer if tensor.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)
