@@ -22,7 +22,7 @@ from rkcompile.compiler.context import Options
 from rkcompile.emulator.closeness import Agreement, agreement, onnxruntime_outputs
 from rkcompile.emulator.session import make_inputs
 from rkcompile.errors import CompileError
-from rkcompile.plan.schema import write_atomically
+from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
 from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, standard_model
 
 #: the largest difference an export may show against the original, relative to each output's
@@ -76,6 +76,11 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     export_options = dataclasses.replace(export_options or ExportOptions(),
                                          **{k: v for k, v in kwargs.items() if k in export_fields})
     compile_kwargs = {k: v for k, v in kwargs.items() if k not in export_fields}
+    dtype = (plan_or_model.dtype if isinstance(plan_or_model, Plan)
+             else compile_kwargs.get("dtype", (options or Options()).dtype))
+    if dtype in QUANTIZED_DTYPES:
+        raise CompileError(f"export writes the float graph; a quantized ({dtype}) export is not implemented: export "
+                           "the float16 plan and quantize it with rknn-toolkit2's build(do_quantization=True)")
     frozen: dict[str, np.ndarray] = {}
     if isinstance(plan_or_model, Plan):
         if options is not None or compile_kwargs or export_options.freeze_inputs:

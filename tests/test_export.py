@@ -157,7 +157,8 @@ def test_bad_input_is_one_error_line(save, tmp_path, capsys):
     original = save(sample_rate_model())
     cases = [([str(tmp_path / "missing.onnx")], "no such file"),
              ([str(original), "--freeze-input", "sample=1"], "--freeze-input sample: not an input"),
-             ([str(original), "--freeze-input", "rate"], "expected NAME=VALUE")]
+             ([str(original), "--freeze-input", "rate"], "expected NAME=VALUE"),
+             ([str(original), "--dtype", "int8"], "quantized (int8) export is not implemented")]
     for arguments, message in cases:
         try:
             code = main(["export", *arguments, "--target", "rk3588", "-o", str(tmp_path / "out.onnx")])

@@ -38,7 +38,8 @@ def export_row(model: Path, out: Path, python: str, peer: Path, target: str, tim
     except CompileError as exc:
         row["export_error"] = str(exc)
         return row
-    row["export"] = {"nodes": report["nodes"], "plan_cpu_nodes": [f"{n['op']} ({n['name']})" for n in report["cpu_nodes"]],
+    row["export"] = {"nodes": report["nodes"],
+                     "plan_cpu_nodes": [f"{n['op']} ({n['name']})" for n in report["cpu_nodes"]],
                      "toolkit_shapings": report["toolkit_shapings"],
                      "max_rel_vs_original": max(a["max_rel"] for a in report["check"]["outputs"])}
     row["toolkit_on_export"] = peer_result(python, peer, exported, target, True, timeout)

@@ -56,7 +56,8 @@ def partitioned_model(plan: Plan, nodes: Sequence[gs.Node]) -> onnx.ModelProto:
     return model
 
 
-def plain_steps(plan: Plan, nodes: Sequence[gs.Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
+def plain_steps(plan: Plan,
+                nodes: Sequence[gs.Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
     """Each step but the host conversions as plain ONNX nodes (a fused kernel as its members),
     by step id, and the constants they read, by name (`host_renames` applied)."""
     renames = host_renames(plan)

@@ -30,7 +30,8 @@ MAX_OPSET = 19
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
-def standard_model(plan: Plan, nodes: Sequence[gs.Node], max_opset: int = MAX_OPSET) -> tuple[onnx.ModelProto, dict[str, int]]:
+def standard_model(plan: Plan, nodes: Sequence[gs.Node],
+                   max_opset: int = MAX_OPSET) -> tuple[onnx.ModelProto, dict[str, int]]:
     """The plan's graph as a standard ONNX model, and how many nodes each reshaping for
     rknn-toolkit2 changed (TOOLKIT_SHAPINGS, each exact); `nodes` are the plan's step nodes in
     step order."""
