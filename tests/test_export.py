@@ -142,9 +142,28 @@ def test_slices_of_a_reshape_move_before_it(save, tmp_path):
     exported = onnx.load(str(written.path))
     made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
     assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Slice"] == ["Conv", "Conv"]
-    assert written.report["toolkit_shapings"] == {"slices_before_reshapes": 2}
+    assert written.report["toolkit_shapings"]["slices_before_reshapes"] == 2
     x = rng.standard_normal((1, 16, 4, 64)).astype(np.float32)
     np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def test_gelu_keeps_its_division_before_erf(save, tmp_path):
+    """The rewrites make GELU's x / sqrt(2) a Mul; the export writes the Div back, the form
+    rknn-toolkit2 fuses (from the Mul it puts each Erf on the CPU)."""
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+             helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+             helper.make_node("Mul", ["m", "half"], ["y"], name="half_mul")]
+    original = save(make_model(nodes, [value_info("x", [1, 16, 8, 8])], [value_info("y", [1, 16, 8, 8])],
+                               [weight("sqrt2", np.float32(np.sqrt(2))), weight("one", np.float32(1)),
+                                weight("half", np.float32(0.5))]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Erf"] == ["Div"]
+    assert written.report["toolkit_shapings"]["erf_of_a_quotient"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
 
 
 def test_an_export_that_disagrees_is_not_written(save, tmp_path):

@@ -132,6 +132,36 @@ def slices_before_reshapes(model: onnx.ModelProto) -> int:
     return len(dropped)
 
 
+def erf_of_a_quotient(model: onnx.ModelProto) -> int:
+    """Write each Mul by a constant scalar whose only reader is an Erf as the Div by its
+    reciprocal: GELU's x / sqrt(2), which the rewrites made a Mul (div_constant_to_mul).
+    rknn-toolkit2 2.5.0 fuses GELU (ConvExGelu) only in the Div form; from the Mul it leaves
+    each Erf on the CPU (bert_mini: 4 CPU layers). The values differ by float32 rounding.
+    Returns how many Muls it wrote back."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    changed = 0
+    for node in graph.node:
+        if node.op_type != "Mul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Erf"]:
+            continue
+        factors = [name for name in node.input if name in constants]
+        factor = numpy_helper.to_array(constants[factors[0]]) if len(factors) == 1 else None
+        if factor is None or factor.size != 1 or factor.dtype.kind != "f" or not factor.any():
+            continue
+        divisor = numpy_helper.from_array((1.0 / factor.astype(np.float64)).astype(factor.dtype),
+                                          f"{node.name}/divisor")
+        graph.initializer.append(divisor)
+        variable = next(name for name in node.input if name != factors[0])
+        node.op_type = "Div"
+        node.input[:] = [variable, divisor.name]
+        changed += 1
+    return changed
+
+
 def _slice_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str, list[int]],
                   constants: dict[str, np.ndarray]) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]] | None:
     """The constants and nodes computing Slice `node` of `reshape`'s result as a Slice of its
@@ -189,4 +219,4 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
-TOOLKIT_SHAPINGS = (slices_before_reshapes,)
+TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient)
