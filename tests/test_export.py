@@ -125,8 +125,9 @@ def test_a_branch_reading_a_converted_tensor_reads_it_by_its_own_name(save, tmp_
 
 
 def test_slices_of_a_reshape_move_before_it(save, tmp_path):
-    """Conv -> Reshape -> two Slices, yolov8's box head that rknn-toolkit2 2.5.0 fails on, is
-    written as Conv -> Slice -> Reshape, the same values."""
+    """Conv -> Reshape -> two Slices, yolov8's box head that rknn-toolkit2 2.5.0 fails on (the
+    plan makes them one Split, which it fails on too), is written as Conv -> Split -> Reshapes,
+    the same values."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
              helper.make_node("Reshape", ["c", "shape"], ["r"], name="reshape"),
@@ -141,8 +142,29 @@ def test_slices_of_a_reshape_move_before_it(save, tmp_path):
     written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
     exported = onnx.load(str(written.path))
     made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
-    assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Slice"] == ["Conv", "Conv"]
-    assert written.report["toolkit_shapings"]["slices_before_reshapes"] == 2
+    cuts = [n for n in exported.graph.node if n.op_type in ("Slice", "Split")]
+    assert [(n.op_type, made_by[n.input[0]]) for n in cuts] == [("Split", "Conv")]
+    assert written.report["toolkit_shapings"]["slices_before_reshapes"] == 1
+    x = rng.standard_normal((1, 16, 4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def test_a_lone_slice_of_a_reshape_moves_before_it(save, tmp_path):
+    """A Slice that is no part of a Split is written as Conv -> Slice -> Reshape."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "shape"], ["r"], name="reshape"),
+             helper.make_node("Slice", ["r", "zero", "two", "one"], ["y"], name="slice")]
+    model = make_model(nodes, [value_info("x", [1, 16, 4, 64])], [value_info("y", [1, 2, 64])],
+                       [weight("w", rng.standard_normal((1, 16, 1, 1)).astype(np.float32)),
+                        weight("shape", np.array([1, 4, 64])), weight("zero", np.array([0])),
+                        weight("two", np.array([2])), weight("one", np.array([1]))])
+    original = save(model)
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Slice"] == ["Conv"]
+    assert written.report["toolkit_shapings"]["slices_before_reshapes"] == 1
     x = rng.standard_normal((1, 16, 4, 64)).astype(np.float32)
     np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
 

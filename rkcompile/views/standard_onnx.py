@@ -102,12 +102,15 @@ def export_summary(plan: Plan, nodes: Sequence[gs.Node], model: onnx.ModelProto)
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
-    """Move each Slice that reads a Reshape before it, where the Reshape keeps the sliced axis
-    whole (it only regroups the axes around it): Slice(Reshape(x)) becomes Reshape(Slice(x)),
-    the same values. rknn-toolkit2 2.5.0 turns parallel Slices after a Reshape of a Conv into a
-    Split and then fails on that Conv -> Reshape -> Split (its rule `seperate_conv_rs_split`,
-    IndexError: the error it gives on yolov8n's box head). Returns how many Slices moved."""
+    """Move each Slice or Split that reads a Reshape before it, where the Reshape keeps the cut
+    axis whole (it only regroups the axes around it): Slice(Reshape(x)) becomes
+    Reshape(Slice(x)), Split(Reshape(x)) a Split of x and a Reshape per part, the same values.
+    rknn-toolkit2 2.5.0 turns parallel Slices after a Reshape of a Conv into a Split and then
+    fails on that Conv -> Reshape -> Split (its rule `seperate_conv_rs_split`, IndexError: the
+    error it gives on yolov8n's box head), and on the Split our plan makes of such Slices.
+    Returns how many Slices and Splits moved."""
     shapes = _static_shapes(model)
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -121,7 +124,7 @@ def slices_before_reshapes(model: onnx.ModelProto) -> int:
         slices = readers.get(node.output[0], []) if node.op_type == "Reshape" else []
         if not slices or node.output[0] in graph_outputs:
             continue
-        moves = [_slice_before(node, s, shapes, constants) for s in slices]
+        moves = [_cut_before(node, s, shapes, constants, opset) for s in slices]
         if all(moves):
             replaced[node.name] = [new for move in moves for new in move[1]]
             graph.initializer.extend(tensor for move in moves for tensor in move[0])
@@ -162,34 +165,61 @@ def erf_of_a_quotient(model: onnx.ModelProto) -> int:
     return changed
 
 
-def _slice_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str, list[int]],
-                  constants: dict[str, np.ndarray]) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]] | None:
-    """The constants and nodes computing Slice `node` of `reshape`'s result as a Slice of its
-    input then a Reshape; None when `node` is no Slice of one axis by constant bounds and step
-    1, or the reshape does not keep that axis whole."""
+def _cut_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str, list[int]],
+                constants: dict[str, np.ndarray], opset: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]] | None:
+    """The constants and nodes computing `node`, a Slice or Split of `reshape`'s result, as the
+    same cut of its input then a Reshape of each part; None when `node` is neither (a Slice of
+    one axis by constant bounds and step 1, a Split with every part's shape known), or the
+    reshape does not keep that axis whole."""
     source, result = shapes.get(reshape.input[0]), shapes.get(reshape.output[0])
+    if source is None or result is None:
+        return None
+    prefix = f"{node.name}/before_reshape"
+    if node.op_type == "Split":
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(result)
+        parts = [shapes.get(name) for name in node.output]
+        kept = _kept_axis(source, result, axis)
+        if kept is None or any(part is None for part in parts):
+            return None
+        sizes = numpy_helper.from_array(np.array([part[axis] for part in parts], np.int64), f"{prefix}/split")
+        cut = [f"{prefix}/part_{index}" for index in range(len(parts))]
+        split = (helper.make_node("Split", [reshape.input[0], sizes.name], cut, prefix, axis=kept) if opset >= 13
+                 else helper.make_node("Split", [reshape.input[0]], cut, prefix, axis=kept,
+                                       split=[part[axis] for part in parts]))
+        tensors, nodes = ([sizes] if opset >= 13 else []), [split]
+        for index, (piece, name, part) in enumerate(zip(cut, node.output, parts)):
+            shape = numpy_helper.from_array(np.array(part, np.int64), f"{prefix}/shape_{index}")
+            tensors.append(shape)
+            nodes.append(helper.make_node("Reshape", [piece, shape.name], [name], f"{prefix}/reshape_{index}"))
+        return tensors, nodes
     operands = [constants.get(name) for name in node.input[1:]]
-    if (node.op_type != "Slice" or source is None or result is None or len(node.input) < 4
+    if (node.op_type != "Slice" or len(node.input) < 4
             or any(value is None for value in operands) or any(value.size != 1 for value in operands)):
         return None
     starts, ends, axes, *steps = (int(value.reshape(-1)[0]) for value in operands)
     if steps and steps[0] != 1:
         return None
     axis = axes % len(result)
-    before = int(np.prod(result[:axis]))
-    kept = [b for b in range(len(source)) if int(np.prod(source[:b])) == before and source[b] == result[axis]]
-    if not kept:
+    kept = _kept_axis(source, result, axis)
+    if kept is None:
         return None
     start, end, _ = slice(starts, ends).indices(result[axis])
     shape = list(result)
     shape[axis] = max(end - start, 0)
-    prefix = f"{node.name}/before_reshape"
     tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}")
-               for what, values in (("starts", [start]), ("ends", [end]), ("axes", [kept[0]]), ("shape", shape))]
+               for what, values in (("starts", [start]), ("ends", [end]), ("axes", [kept]), ("shape", shape))]
     sliced = f"{prefix}/sliced"
     return tensors, [
         helper.make_node("Slice", [reshape.input[0], *(t.name for t in tensors[:3])], [sliced], prefix),
         helper.make_node("Reshape", [sliced, tensors[3].name], [node.output[0]], f"{prefix}/reshape")]
+
+
+def _kept_axis(source: list[int], result: list[int], axis: int) -> int | None:
+    """The axis of a Reshape's input that is `axis` of its result whole (the same size, after
+    as many elements), or None when the Reshape regroups it."""
+    before = int(np.prod(result[:axis]))
+    return next((b for b in range(len(source)) if int(np.prod(source[:b])) == before and source[b] == result[axis]),
+                None)
 
 
 def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
