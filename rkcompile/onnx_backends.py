@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from rkcompile.plan.nodes import (Constant, Node, fused_body, is_onnx_domain, node_inputs, plain_attribute_key,
     subgraphs)
-from rkcompile.plan.onnx_export import node_proto, single_node_graph
+from rkcompile.plan.onnx_protos import node_proto, single_node_graph
 
 ONNXRUNTIME = "onnxruntime"
 ONNX_REFERENCE = "onnx.reference"

@@ -27,10 +27,10 @@ PACKAGES = {"rkcompile": REPO / "rkcompile", "rkcompile.passes": REPO / "passes"
 #: The plan-data layer: the contract and what reading, checking and laying out a plan needs.
 PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan.allocation", "rkcompile.numerics",
              "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.plan.nodes",
-             "rkcompile.plan.onnx_export", "rkcompile.plan.cpu_partitions")
+             "rkcompile.plan.onnx_protos", "rkcompile.plan.cpu_partitions")
 EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
-         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts")
+         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.standard_onnx")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 #: what the runtime and the plan layer import nothing of, not even one module
 RUNTIME = ("rkcompile.emulator", "rkcompile.plan", "rkcompile.onnx_backends")

@@ -20,8 +20,8 @@ from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_
     topological_nodes)
 from rkcompile.ir.describe import describe
 from rkcompile.ir.nodes import plain_node
-from rkcompile.passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
-    memory, multicore, partition, remove_noops, rewrite, rewrite_late)
+from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
+    legalize, memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
 from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
 from rkcompile.targets import get_target
 
@@ -54,10 +54,13 @@ PASSES = (
     import_model,    # load, validate, infer shapes
     fold_constants,  # evaluate what is already known
     remove_noops,    # Identity, Dropout, a Cast to the type it already has
+    simplify_layout.EARLY,  # the exporter's Transposes/relabels moved through element-wise ops until they cancel
     rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
+    epilogues,       # element-wise work after a relabelled Conv output moved next to the Conv
     legalize,        # every rule every node breaks
     fuse,            # chains the NPU runs as one kernel, per the fusion table
     rewrite_late,    # legalizing rewrites that would have hidden a fusion pattern
+    simplify_layout.LATE,  # the same for the relabels the rewrites wrapped around Convs, through fused kernels
     assign,          # NPU, or CPU with a reason
     partition,       # convex single-device partitions, execution order
     boundaries,      # host steps converting tensors that cross devices

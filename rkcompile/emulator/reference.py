@@ -22,7 +22,7 @@ from rkcompile.emulator.storage import EmulationError
 from rkcompile.onnx_backends import (ONNXRUNTIME, anonymous, anonymous_key, anonymous_names, cpu_backend,
     make_session, node_model, reference_has)
 from rkcompile.plan.nodes import Node, node_operands, subgraphs
-from rkcompile.plan.onnx_export import single_node_graph
+from rkcompile.plan.onnx_protos import single_node_graph
 
 
 def by_output(node: Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from rkcompile.plan.nodes import Constant, Node, expanded_members, node_operands
-from rkcompile.plan.onnx_export import node_proto, tensor_proto
+from rkcompile.plan.onnx_protos import node_proto, tensor_proto
 from rkcompile.plan.schema import Plan, Step
 
 

@@ -5,7 +5,7 @@ kernel's `body`, If's branches, Loop's and Scan's bodies) keep the attribute nam
 graph library the compiler uses gives them (`op`, `domain`, `attrs`, `inputs`, `outputs`,
 `values`, `dtype`, `shape`, `nodes`), so a kernel reads a plan's node as it reads any. They are
 made by `operations.rebuild` from a plan record, or by the compiler from its own graph
-(rkcompile/ir/nodes.py `plain_node`), and exported to ONNX by `onnx_export`. Nothing links a
+(rkcompile/ir/nodes.py `plain_node`), and exported to ONNX by `onnx_protos`. Nothing links a
 tensor to the nodes that make or read it: the runtime executes node by node.
 
 The facts below (what a node reads, its subgraphs, a fused kernel's members) answer for these
