@@ -23,7 +23,7 @@ from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.edits import replace_uses, set_input, set_output
 from rkcompile.ir.graph import constant_value, is_onnx_domain, static_shape
 from rkcompile.ir.patterns import matches
-from rkcompile.plan.operations import variable
+from rkcompile.ir.construct import variable
 from rkcompile.targets.model import Target
 
 from rkcompile.passes.fusion_table import CONV, RECOGNISERS

@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.compiler.context import CHOOSE, PREFERRED_INT8, CompileContext, settings_label
 from rkcompile.errors import CompileError
 from rkcompile.ir.graph import dtype_name, element_count, itemsize
+from rkcompile.ir.nodes import plain_nodes
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.schema import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
@@ -197,7 +198,8 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                            "with rkcompile.compile, or give pipeline.compile_model a runtime "
                            "(rkcompile.api.EMULATOR_RUNTIME)")
     observed = wanted | set(weight_errors.by_input if weight_errors is not None else ())
-    reference = runtime.float_graph(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs], observed)
+    reference = runtime.float_graph(plain_nodes(ordered), devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs],
+                                    observed)
     for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
         reference.run(sample, observe)
     if method != "minmax":  # the distribution methods search each tensor's clip once, here

@@ -36,7 +36,7 @@ from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_on
     topological_nodes)
 from rkcompile.ir.nodes import itemsize
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
-from rkcompile.plan.operations import constant, graph_node, variable
+from rkcompile.ir.construct import constant, graph_node, variable
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
 from rkcompile.passes.fuse import fuse_table

@@ -30,7 +30,9 @@ from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from rkcompile.emulator.storage import EmulationError, Storage
 from rkcompile.errors import CompileError
-from rkcompile.ir.graph import FLOAT_DTYPES, node_inputs
+from rkcompile.ir.graph import FLOAT_DTYPES
+from rkcompile.ir.nodes import plain_nodes
+from rkcompile.plan.nodes import Constant, Node, node_inputs
 from rkcompile.plan.operations import rebuild
 from rkcompile.plan.schema import Plan as PlanRecord
 from rkcompile.quantization.params import quantize
@@ -50,7 +52,7 @@ class Plan:
 
     record: PlanRecord
     weights: bytes | None
-    reference_nodes: Sequence[gs.Node] | None = dataclasses.field(default=None, repr=False)
+    reference_nodes: Sequence[Node] | None = dataclasses.field(default=None, repr=False)
     _prepared: list = dataclasses.field(default_factory=list, repr=False)  # the one Prepared, made on first run
 
     @property
@@ -76,7 +78,7 @@ class Plan:
         if self.reference_nodes is None:
             return None
         weights = {t.name: np.asarray(t.values) for node in self.reference_nodes for t in node_inputs(node)
-                   if isinstance(t, gs.Constant) and getattr(self.record.tensors.get(t.name), "region", None) == "weight"}
+                   if isinstance(t, Constant) and getattr(self.record.tensors.get(t.name), "region", None) == "weight"}
         buffer = io.BytesIO()
         np.savez(buffer, **weights)
         return buffer.getvalue()
@@ -91,7 +93,7 @@ class Plan:
         """The plan as JSON-ready data (`rkcompile.plan/2`), without the weight region."""
         return self.record.to_dict()
 
-    def step_nodes(self) -> list[gs.Node]:
+    def step_nodes(self) -> list[Node]:
         """Each step's node as the emulator executes it: rebuilt from its operation, weights read
         from the weight region."""
         prepared = self.prepared()
@@ -127,7 +129,7 @@ class EmulatorRuntime:
     (rkcompile/compiler/context.py `Runtime`): the planned graph in float32 on its float kernels
     (`FloatReference`, the accuracy analysis's reference), candidate plans executed as planned."""
 
-    def float_graph(self, nodes: Sequence[gs.Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
+    def float_graph(self, nodes: Sequence[Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
                     observed: Collection[str] | None = None) -> FloatReference:
         return FloatReference(nodes, devices, opset, outputs, observed)
 
@@ -152,14 +154,15 @@ class EmulatorRuntime:
 EMULATOR_RUNTIME = EmulatorRuntime()
 
 
-def _reference_nodes(record: PlanRecord, nodes: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[gs.Node]:
-    """The steps as the float reference runs them: the planned nodes, except that a step reading
-    a constant the plan changed away from the model's float semantics (a corrected bias) is
-    rebuilt from its operation with the model's value."""
+def _reference_nodes(record: PlanRecord, planned: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[Node]:
+    """The steps as the float reference runs them: the planned nodes as plain nodes, except that
+    a step reading a constant the plan changed away from the model's float semantics (a
+    corrected bias) is rebuilt from its operation with the model's value."""
+    nodes = plain_nodes(planned)
     if not model_values:
         return nodes
-    originals = {name: gs.Constant(name, np.asarray(value)) for name, value in model_values.items()}
-    constants = {t.name: t for node in nodes for t in node_inputs(node) if isinstance(t, gs.Constant)}
+    originals = {name: Constant(name, np.asarray(value)) for name, value in model_values.items()}
+    constants = {t.name: t for node in nodes for t in node_inputs(node) if isinstance(t, Constant)}
     lookup = {**constants, **originals}.get
     return [rebuild(step.operation, lookup) if any(t.name in originals for t in node_inputs(node)) else node
             for step, node in zip(record.steps, nodes)]
@@ -173,7 +176,7 @@ def load(path: str | Path) -> Plan:
     reference = None
     if saved.reference_weights is not None:
         with np.load(io.BytesIO(saved.reference_weights), allow_pickle=False) as stored:
-            constants = {name: gs.Constant(name, stored[name]) for name in stored.files}
+            constants = {name: Constant(name, stored[name]) for name in stored.files}
         reference = [rebuild(step.operation, constants.get) for step in saved.plan.steps]
     return Plan(saved.plan, saved.weights, reference)
 
@@ -248,7 +251,7 @@ def prepare(model: str | Path, target: str, options: Options | None = None,
         saved = dataclasses.replace(saved, steps=tuple(
             dataclasses.replace(old, operation=new.operation) for old, new in zip(saved.steps, fresh.record.steps)))
     check_plan(saved)
-    constants = {t.name: t for node in fresh.reference_nodes for t in node.inputs if isinstance(t, gs.Constant)}
+    constants = {t.name: t for node in fresh.reference_nodes for t in node.inputs if isinstance(t, Constant)}
     return Prepared(saved, _encode_weights(saved, constants), fresh.reference_nodes)
 
 
@@ -259,7 +262,7 @@ def weight_region(plan: PlanRecord, graph: gs.Graph, target: Target) -> bytes:
     return _encode_weights(plan, constants, target)
 
 
-def _encode_weights(plan: PlanRecord, constants: Mapping[str, gs.Constant], target: Target | None = None) -> bytes:
+def _encode_weights(plan: PlanRecord, constants: Mapping[str, gs.Constant | Constant], target: Target | None = None) -> bytes:
     storage = Storage(plan, target or get_target(plan.target))
     for name, tensor in plan.tensors.items():
         if tensor.region != "weight":

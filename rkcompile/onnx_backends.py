@@ -6,7 +6,9 @@ op or a type it has no kernel for, or computes against the spec: ONNXRUNTIME_DEV
 
 The answer comes from asking onnxruntime for a session on the node alone (`node_model`), once
 per distinct node (`anonymous`); `make_session` is the one way either side makes a session, so
-a step decided here runs on the same session options there. Imports neither side.
+a step decided here runs on the same session options there. Imports neither side: it asks
+about the plan layer's plain nodes (rkcompile/plan/nodes.py; the compiler converts its own with
+rkcompile.ir.nodes.plain_node).
 """
 from __future__ import annotations
 
@@ -14,17 +16,16 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-
-from rkcompile.ir.nodes import (fused_body, is_onnx_domain, node_inputs, node_proto, plain_attribute_key,
-    single_node_graph, subgraphs)
+from rkcompile.plan.nodes import (Constant, Node, fused_body, is_onnx_domain, node_inputs, plain_attribute_key,
+    subgraphs)
+from rkcompile.plan.onnx_protos import node_proto, single_node_graph
 
 ONNXRUNTIME = "onnxruntime"
 ONNX_REFERENCE = "onnx.reference"
 #: the IR version the one-node models declare: one every onnxruntime >= 1.17 reads
 NODE_MODEL_IR_VERSION = 9
 
-def node_model(node: gs.Node, input_dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
+def node_model(node: Node, input_dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
                input_shapes: Sequence[tuple[int, ...]] | None = None) -> onnx.ModelProto:
     """The node alone as a model: what it reads (`nodes.node_inputs`: its present inputs, then
     what its subgraphs read from outside) typed by element type only, so one session serves any
@@ -63,7 +64,7 @@ def onnxruntime_session(model: onnx.ModelProto):
         return None
 
 
-def cpu_backend(node: gs.Node, opsets: Mapping[str, int]) -> str | None:
+def cpu_backend(node: Node, opsets: Mapping[str, int]) -> str | None:
     """The backend a CPU step runs on: onnxruntime when it takes the node (every member of a
     fused node) with the types the graph gives, else onnx.reference when it has the op, else
     None: nothing here can run it (`rkcompile run` refuses the plan, naming the op)."""
@@ -76,7 +77,7 @@ def cpu_backend(node: gs.Node, opsets: Mapping[str, int]) -> str | None:
     return None
 
 
-def onnxruntime_deviates(node: gs.Node) -> bool:
+def onnxruntime_deviates(node: Node) -> bool:
     """Nodes onnxruntime 1.32 runs but computes against the ONNX spec, where onnx's own test
     cases and onnx.reference agree with each other: onnx.reference runs them instead."""
     return any(node.op == op and applies(node) for op, applies in ONNXRUNTIME_DEVIATIONS)
@@ -92,7 +93,7 @@ ONNXRUNTIME_DEVIATIONS = (
 )
 
 
-def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
+def runs_on_onnxruntime(node: Node, opsets: Mapping[str, int]) -> bool:
     if onnxruntime_deviates(node):
         return False
     dtypes = [numpy_dtype(t.dtype) for t in node_inputs(node)]
@@ -107,7 +108,7 @@ def runs_on_onnxruntime(node: gs.Node, opsets: Mapping[str, int]) -> bool:
         return answer
     try:
         model = node_model(node, dtypes, opsets)
-    except (TypeError, ValueError):  # an attribute onnx-graphsurgeon cannot export (a string tensor)
+    except (TypeError, ValueError):  # an attribute ONNX cannot hold
         answer = False
     else:
         if subgraphs(node):  # its subgraphs name outer tensors: renamed, the model would not be the same
@@ -136,7 +137,7 @@ _ONNXRUNTIME_TAKES_BY_KEY: dict[tuple, bool] = {}
 _VALUE_BLIND_TENSOR_ATTRIBUTES = frozenset({("ConstantOfShape", "value")})
 
 
-def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
+def anonymous_key(node: Node, dtypes: Sequence[np.dtype], opsets: Mapping[str, int],
                   value_blind: bool = True) -> tuple | None:
     """What `anonymous(node_model(node, dtypes, opsets))` is made of, as a hashable key, read off
     the node itself: its op and domain, the opsets, where each input and output name first
@@ -155,14 +156,13 @@ def anonymous_key(node: gs.Node, dtypes: Sequence[np.dtype], opsets: Mapping[str
         plain = plain_attribute_key(name, value)
         if plain is not None:
             attributes.append(plain)
-        elif type(value) is gs.Constant:
+        elif isinstance(value, Constant):
             array = np.asarray(value.values)
-            if array.dtype.kind not in "biufc":  # strings: node_proto writes them its own way
+            if array.dtype.kind not in "biufc":  # strings: their bytes would be pointers
                 return None
             blind = value_blind and (node.op, name) in _VALUE_BLIND_TENSOR_ATTRIBUTES and is_onnx_domain(node)
             stored = b"" if blind else array.tobytes()
-            attributes.append((name, gs.Constant, array.dtype.str, array.shape, stored,
-                               repr(value.export_dtype), value.data_location))
+            attributes.append((name, Constant, array.dtype.str, array.shape, stored))
         else:
             return None
     positions: dict[str, int] = {"": -1}
@@ -201,7 +201,7 @@ def anonymous_names(inputs: Sequence[str], outputs: Sequence[str]) -> dict[str, 
     return positions
 
 
-def reference_has(node: gs.Node, opsets: Mapping[str, int]) -> bool:
+def reference_has(node: Node, opsets: Mapping[str, int]) -> bool:
     """Whether onnx.reference has an implementation for the node (it looks them up when built)."""
     from onnx.reference import ReferenceEvaluator
 

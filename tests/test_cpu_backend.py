@@ -3,22 +3,22 @@ onnxruntime whenever it takes the node, asked once per distinct node."""
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 import pytest
 from conftest import make_model, value_info
 from onnx import TensorProto, helper
 
 from rkcompile import onnx_backends
+from rkcompile.plan import nodes as plain
 from rkcompile.compiler.pipeline import compile_model
 
 
 def _node(op: str, dtypes, attrs=None, outputs: int = 1, names: str = "a", domain: str | None = None,
-          omitted: tuple[int, ...] = ()) -> gs.Node:
+          omitted: tuple[int, ...] = ()) -> plain.Node:
     """A one-op node whose tensors are named after `names`; inputs at `omitted` left out ('')."""
-    inputs = [gs.Variable.empty() if index in omitted else gs.Variable(f"{names}_in{index}", dtype=dtype)
+    inputs = [plain.Variable("") if index in omitted else plain.Variable(f"{names}_in{index}", dtype=dtype)
               for index, dtype in enumerate(dtypes)]
-    return gs.Node(op, name=f"{names}_{op}", attrs=dict(attrs or {}), inputs=inputs, domain=domain,
-                   outputs=[gs.Variable(f"{names}_out{index}") for index in range(outputs)])
+    return plain.Node(op, name=f"{names}_{op}", attrs=dict(attrs or {}), inputs=inputs, domain=domain,
+                   outputs=[plain.Variable(f"{names}_out{index}") for index in range(outputs)])
 
 
 #: ops onnxruntime takes and refuses (no Erf kernel for int64, Sin of an integer type, an
@@ -28,7 +28,7 @@ BACKEND_CASES = [
     ("Add", [np.float16, np.float16], {}), ("TopK", [np.int8, np.int64], {"outputs": 2}),
     ("Clip", [np.float32, np.float32, np.float32], {"omitted": (1,)}),
     ("Resize", [np.float32, np.float32, np.float32], {"omitted": (1,), "attrs": {"mode": "nearest"}}),
-    ("ConstantOfShape", [np.int64], {"attrs": {"value": gs.Constant("v", np.array([2], np.int64))}}),
+    ("ConstantOfShape", [np.int64], {"attrs": {"value": plain.Constant("v", np.array([2], np.int64))}}),
     ("Bogus", [np.float32], {"domain": "org.example"}),
 ]
 
@@ -53,14 +53,14 @@ def test_nodes_differing_only_in_names_share_one_session(monkeypatch):
     monkeypatch.setattr(onnx_backends, "onnxruntime_session", lambda model: probed.append(model) or session(model))
     opsets = {"": 17}
     same = [_node("Mul", [np.float32, np.float32], names=f"n{index}") for index in range(5)]
-    same += [_node("ConstantOfShape", [np.int64], {"value": gs.Constant(f"c{index}_value", np.array([0], np.int64))},
+    same += [_node("ConstantOfShape", [np.int64], {"value": plain.Constant(f"c{index}_value", np.array([0], np.int64))},
                    names=f"c{index}") for index in range(2)]  # exporters name the value after its node
     for node in same:
         assert onnx_backends.cpu_backend(node, opsets) == onnx_backends.ONNXRUNTIME
     assert len(probed) == 2
     differing = [_node("Mul", [np.int32, np.int32]),  # another type
                  _node("Mul", [np.float32, np.float32], names="d"),  # the same, once more: no session
-                 _node("ConstantOfShape", [np.int64], {"value": gs.Constant("v", np.array([0], np.int32))})]
+                 _node("ConstantOfShape", [np.int64], {"value": plain.Constant("v", np.array([0], np.int32))})]
     for node in differing:
         assert onnx_backends.cpu_backend(node, opsets) == onnx_backends.ONNXRUNTIME
     assert len(probed) == 4
@@ -75,13 +75,12 @@ def test_a_node_with_a_subgraph_is_asked_about_by_itself(monkeypatch):
     session = onnx_backends.onnxruntime_session
     monkeypatch.setattr(onnx_backends, "onnxruntime_session", lambda model: probed.append(model) or session(model))
     for names in ("a", "b"):
-        outer = gs.Variable(f"{names}_outer", dtype=np.float32)
-        branch = gs.Graph(nodes=[gs.Node("Neg", inputs=[outer], outputs=[gs.Variable(f"{names}_neg", dtype=np.float32)])])
-        branch.outputs = branch.nodes[0].outputs
-        other = gs.Graph(nodes=[gs.Node("Abs", inputs=[outer], outputs=[gs.Variable(f"{names}_abs", dtype=np.float32)])])
-        other.outputs = other.nodes[0].outputs
-        node = gs.Node("If", name=f"{names}_if", inputs=[gs.Variable(f"{names}_cond", dtype=np.bool_)],
-                       outputs=[gs.Variable(f"{names}_out")], attrs={"then_branch": branch, "else_branch": other})
+        outer = plain.Variable(f"{names}_outer", dtype=np.float32)
+        neg, absolute = plain.Variable(f"{names}_neg", dtype=np.float32), plain.Variable(f"{names}_abs", dtype=np.float32)
+        branch = plain.Graph([plain.Node("Neg", inputs=[outer], outputs=[neg])], [], [neg], "then")
+        other = plain.Graph([plain.Node("Abs", inputs=[outer], outputs=[absolute])], [], [absolute], "else")
+        node = plain.Node("If", name=f"{names}_if", inputs=[plain.Variable(f"{names}_cond", dtype=np.bool_)],
+                       outputs=[plain.Variable(f"{names}_out")], attrs={"then_branch": branch, "else_branch": other})
         assert onnx_backends.cpu_backend(node, {"": 17}) == onnx_backends.ONNXRUNTIME
     assert len(probed) == 2
     assert onnx_backends._ONNXRUNTIME_TAKES == {}
@@ -122,7 +121,7 @@ def test_a_node_of_a_known_key_builds_no_model(monkeypatch):
     opsets = {"": 17}
 
     def fill(value, names="a", op="ConstantOfShape", domain=None):
-        return _node(op, [np.int64], {"value": gs.Constant(f"{names}_value", value)}, names=names, domain=domain)
+        return _node(op, [np.int64], {"value": plain.Constant(f"{names}_value", value)}, names=names, domain=domain)
 
     alike = [fill(np.array([value], np.float32), names=f"c{index}") for index, value in enumerate((0.5, -0.5, np.nan, 7))]
     for node in alike:

@@ -85,14 +85,14 @@ def test_cpu_nodes_alike_but_for_their_names_share_one_session_and_values_keep_t
     attention layer) make one session; different wiring (x * x against x * y) or a different
     attribute value (ConstantOfShape's fill, which does not decide whether onnxruntime takes
     the node) makes another, and each node gets its own values."""
-    import onnx_graphsurgeon as gs
+    from rkcompile.plan import nodes as plain
 
     from rkcompile.emulator.reference import CpuRuntime
     from rkcompile.onnx_backends import ONNXRUNTIME
 
     def node(op, name, inputs, outputs, dtype=np.float32, **attrs):
-        return gs.Node(op, name, attrs, inputs=[gs.Variable(n, dtype=dtype) for n in inputs],
-                       outputs=[gs.Variable(n) for n in outputs])
+        return plain.Node(op, name, attrs, inputs=[plain.Variable(n, dtype=dtype) for n in inputs],
+                       outputs=[plain.Variable(n) for n in outputs])
 
     runtime = CpuRuntime(17, {})
     x = np.array([1.0, np.nan, 3.0], np.float32)
@@ -108,6 +108,6 @@ def test_cpu_nodes_alike_but_for_their_names_share_one_session_and_values_keep_t
     assert len(runtime.sessions) == 3
     shape = np.array([2], np.int64)
     fills = [runtime.run(node("ConstantOfShape", f"fill{value}", ["shape"], ["out"], np.int64,
-                              value=gs.Constant(f"value{value}", np.array([value], np.float32))),
+                              value=plain.Constant(f"value{value}", np.array([value], np.float32))),
                          [shape], ONNXRUNTIME, [])[0].tolist() for value in (1.0, 7.0)]
     assert fills == [[1.0, 1.0], [7.0, 7.0]] and len(runtime.sessions) == 5

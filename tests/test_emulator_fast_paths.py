@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -23,6 +22,7 @@ from rkcompile.numerics.float16 import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape
+from rkcompile.plan import nodes as plain
 from rkcompile.plan.schema import Plan, TensorPlacement
 from rkcompile.targets import get_target
 
@@ -222,7 +222,7 @@ def test_conv_paths_match_onnx_reference(name, memory, monkeypatch):
         [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")]),
         opset_imports=[helper.make_opsetid("", 17)])
     expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
-    node = gs.Node("Conv", attrs=attrs)
+    node = plain.Node("Conv", attrs=attrs)
     operand = channels_last(x) if memory == "channels_last" else x
     (result,) = conv_module.conv(node, [operand, weight, bias], 17)
     np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
@@ -246,8 +246,8 @@ def test_a_grouped_conv_is_each_groups_own_conv_bit_for_bit(name):
     group = attrs["group"]
     x = channels_last(rng.standard_normal(x_shape).astype(np.float16).astype(np.float32))
     weight = rng.standard_normal(w_shape).astype(np.float16).astype(np.float32)
-    result = conv_module.convolve(gs.Node("Conv", attrs=attrs), x, weight)
-    alone = gs.Node("Conv", attrs={**attrs, "group": 1})
+    result = conv_module.convolve(plain.Node("Conv", attrs=attrs), x, weight)
+    alone = plain.Node("Conv", attrs={**attrs, "group": 1})
     in_per_group, out_per_group = x_shape[1] // group, w_shape[0] // group
     expected = np.concatenate([
         conv_module.convolve(alone, x[:, g * in_per_group:(g + 1) * in_per_group],
@@ -282,7 +282,7 @@ def test_pools_on_channels_last_memory_equal_the_channels_first_fold_bit_for_bit
     x = rng.standard_normal(shape).astype(np.float32) * 100
     x.reshape(-1)[::7] = np.nan
     x.reshape(-1)[3::11] = -np.inf
-    node = gs.Node(op, attrs=attrs, outputs=[gs.Variable("y")])
+    node = plain.Node(op, attrs=attrs, outputs=[plain.Variable("y")])
     kernel = max_pool if op == "MaxPool" else average_pool
     (last,), (first,) = kernel(node, [channels_last(x)], 17), kernel(node, [np.ascontiguousarray(x)], 17)
     assert np.moveaxis(last, 1, -1).flags.c_contiguous and first.flags.c_contiguous
@@ -529,10 +529,10 @@ def test_relu_is_numpys_maximum_bit_for_bit_but_for_signaling_nans():
     np.testing.assert_array_equal(y.view(np.uint32), expected.view(np.uint32))
 
 
-def fused_node(members: list[gs.Node], inputs: list[gs.Variable], outputs: list[gs.Variable]) -> gs.Node:
-    body = gs.Graph(nodes=members, inputs=inputs, outputs=outputs)
-    return gs.Node("Fused", name="fused", domain="rkcompile", attrs={"body": body},
-                   inputs=[gs.Variable("outer_x", np.float32)], outputs=[gs.Variable(t.name, np.float32) for t in outputs])
+def fused_node(members: list[plain.Node], inputs: list[plain.Variable], outputs: list[plain.Variable]) -> plain.Node:
+    body = plain.Graph(nodes=members, inputs=inputs, outputs=outputs)
+    return plain.Node("Fused", name="fused", domain="rkcompile", attrs={"body": body},
+                   inputs=[plain.Variable("outer_x", np.float32)], outputs=[plain.Variable(t.name, np.float32) for t in outputs])
 
 
 def test_fused_members_write_into_spent_intermediates_only_with_the_same_values():
@@ -542,16 +542,16 @@ def test_fused_members_write_into_spent_intermediates_only_with_the_same_values(
     from rkcompile.emulator.fused import run_fused
     from rkcompile.emulator.registry import IN_PLACE, KERNELS
 
-    t = {name: gs.Variable(name, np.float32) for name in "xabcdefg"}
-    shape = gs.Constant("shape", np.array([2, 6, 4], np.int64))
-    low, high = gs.Constant("low", np.array(-0.5, np.float32)), gs.Constant("high", np.array(0.75, np.float32))
-    members = [gs.Node("Mul", inputs=[t["x"], t["x"]], outputs=[t["a"]]),         # a = x * x
-               gs.Node("Sub", inputs=[t["a"], t["x"]], outputs=[t["b"]]),         # b = a - x (a spent)
-               gs.Node("Reshape", inputs=[t["b"], shape], outputs=[t["c"]]),      # c: a view of b
-               gs.Node("Relu", inputs=[t["c"]], outputs=[t["d"]]),                # c spent, but b lives on
-               gs.Node("Clip", inputs=[t["b"], low, high], outputs=[t["e"]]),     # b spent: in place
-               gs.Node("Sigmoid", inputs=[t["e"]], outputs=[t["f"]]),             # e read again below
-               gs.Node("Mul", inputs=[t["e"], t["f"]], outputs=[t["g"]])]         # e, f spent
+    t = {name: plain.Variable(name, np.float32) for name in "xabcdefg"}
+    shape = plain.Constant("shape", np.array([2, 6, 4], np.int64))
+    low, high = plain.Constant("low", np.array(-0.5, np.float32)), plain.Constant("high", np.array(0.75, np.float32))
+    members = [plain.Node("Mul", inputs=[t["x"], t["x"]], outputs=[t["a"]]),         # a = x * x
+               plain.Node("Sub", inputs=[t["a"], t["x"]], outputs=[t["b"]]),         # b = a - x (a spent)
+               plain.Node("Reshape", inputs=[t["b"], shape], outputs=[t["c"]]),      # c: a view of b
+               plain.Node("Relu", inputs=[t["c"]], outputs=[t["d"]]),                # c spent, but b lives on
+               plain.Node("Clip", inputs=[t["b"], low, high], outputs=[t["e"]]),     # b spent: in place
+               plain.Node("Sigmoid", inputs=[t["e"]], outputs=[t["f"]]),             # e read again below
+               plain.Node("Mul", inputs=[t["e"], t["f"]], outputs=[t["g"]])]         # e, f spent
     node = fused_node(members, [t["x"]], [t["d"], t["g"]])
     x = rng.standard_normal((2, 3, 4, 2)).astype(np.float32)
     kept = x.copy()
@@ -567,11 +567,11 @@ def test_fused_members_write_into_spent_intermediates_only_with_the_same_values(
             calls.append((member.op, tuple(spent)))
         return results
 
-    plain = run_fused(node, [x], run_member)
+    allocated = run_fused(node, [x], run_member)
     reused = run_fused(node, [x], run_member, in_place)
     np.testing.assert_array_equal(x, kept)  # the body's input is never written
     assert calls == [("Sub", (0,)), ("Clip", (0,)), ("Mul", (0, 1))]  # not the Relu on b's view
-    for expected, got in zip(plain, reused):
+    for expected, got in zip(allocated, reused):
         np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
@@ -581,7 +581,7 @@ def test_linear_resize_blends_in_place_with_the_expressions_rounding():
     from rkcompile.emulator.kernels.resize import resize, source_coordinates
 
     x = channels_last(rng.standard_normal((1, 6, 5, 7)).astype(np.float32))
-    node = gs.Node("Resize", attrs={"mode": "linear", "coordinate_transformation_mode": "half_pixel"})
+    node = plain.Node("Resize", attrs={"mode": "linear", "coordinate_transformation_mode": "half_pixel"})
     (result,) = resize(node, [x, None, None, np.array([1, 6, 12, 9], np.int64)], 13)
     expected = x
     for axis, size in ((2, 12), (3, 9)):
@@ -614,7 +614,7 @@ def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for
 
     shape, sizes, attrs = RESIZES[name]
     x = rng.standard_normal(shape).astype(np.float16).astype(np.float32)
-    node = gs.Node("Resize", attrs=attrs)
+    node = plain.Node("Resize", attrs=attrs)
     operands = [None, None, np.array(sizes, np.int64)]
     (last,), (first,) = resize(node, [channels_last(x), *operands], 13), resize(node, [x, *operands], 13)
     assert list(last.shape) == sizes and np.moveaxis(last, 1, -1).flags.c_contiguous

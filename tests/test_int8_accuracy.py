@@ -22,6 +22,7 @@ from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.emulator.kernels.conv import convolve
 from rkcompile.passes.int8_accuracy import WeightErrorMeans, corrected_bias, weight_error
+from rkcompile.plan.nodes import Constant
 
 rng = np.random.default_rng(19)
 
@@ -85,7 +86,7 @@ def _technique(plan, name):
 def _constants(plan, float_reference: bool = False) -> dict[str, np.ndarray]:
     """The constants the plan stores (dequantized), or those its float32 reference computes with."""
     nodes = plan.reference_nodes if float_reference else plan.step_nodes()
-    return {t.name: np.asarray(t.values) for node in nodes for t in node.inputs if isinstance(t, gs.Constant)}
+    return {t.name: np.asarray(t.values) for node in nodes for t in node.inputs if isinstance(t, Constant)}
 
 
 def test_equalization_is_exact_in_float_and_evens_the_pairs(chain, tmp_path):
@@ -191,7 +192,7 @@ def test_bias_correction_gives_each_reader_of_a_shared_bias_its_own_correction(t
                           for x in inputs], axis=0)
                 for w, inputs in ((weights["w1"], first_inputs), (weights["w2"], second_inputs))]
     planned = [t for node in plan.step_nodes() for t in node.inputs
-               if isinstance(t, gs.Constant) and t.name.startswith("shared")]
+               if isinstance(t, Constant) and t.name.startswith("shared")]
     assert len(planned) == 2
     steps = [np.asarray(plan.record.quantization[bias.name].scales) for bias in planned]
     assert np.abs(expected[0] - expected[1]).max() > 4 * max(step.max() for step in steps)  # one bias cannot serve both
@@ -342,7 +343,7 @@ def test_convolutions_sharing_a_bias_each_add_it_at_their_own_scale(tmp_path, bi
     plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calibration,
                              **{**PREFERRED_INT8, "bias_correction": bias_correction})
     biases = [t.name for node in plan.step_nodes() for t in node.inputs
-              if isinstance(t, gs.Constant) and t.name.startswith("shared")]
+              if isinstance(t, Constant) and t.name.startswith("shared")]
     assert len(set(biases)) == 2
     quantization = plan.record.quantization
     for node in plan.step_nodes():

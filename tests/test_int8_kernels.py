@@ -7,13 +7,13 @@ one step of difference and demand almost every value exact."""
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table,
     requantize, run_int8)
+from rkcompile.plan import nodes as plain
 from rkcompile.plan.schema import Quantization
 from rkcompile.quantization.params import (activation_params, bias_params, dequantize, is_movement, quantize,
     weight_params)
@@ -42,10 +42,10 @@ def float_reference(op: str, operands: list, out_quant: Quantization, **attrs) -
     return quantize(result, out_quant)
 
 
-def node(op: str, operands: list, **attrs) -> gs.Node:
-    inputs = [gs.Constant(f"i{k}", v.values if isinstance(v, QTensor) else v) if k else gs.Variable(f"i{k}")
+def node(op: str, operands: list, **attrs) -> plain.Node:
+    inputs = [plain.Constant(f"i{k}", v.values if isinstance(v, QTensor) else v) if k else plain.Variable(f"i{k}")
               for k, v in enumerate(operands)]
-    return gs.Node(op=op, name=op, attrs=attrs, inputs=inputs, outputs=[gs.Variable("y")])
+    return plain.Node(op=op, name=op, attrs=attrs, inputs=inputs, outputs=[plain.Variable("y")])
 
 
 def assert_one_step(actual: np.ndarray, expected: np.ndarray, exact_share: float = 0.99) -> None:
@@ -150,12 +150,12 @@ def test_fused_conv_relu_and_clip_are_clamps_of_one_requantization():
     x = activation((1, 8, 6, 6))
     w = weight(rng.standard_normal((5, 8, 3, 3)).astype(np.float32))
     for activation_op, extra in (("Relu", []), ("Clip", [np.float32(0), np.float32(1.5)])):
-        inner_x, conv_out, y = gs.Variable("bx"), gs.Variable("c"), gs.Variable("y")
-        constants = [gs.Constant(f"k{i}", np.asarray(v)) for i, v in enumerate(extra)]
-        conv = gs.Node("Conv", "conv", {"pads": [1, 1, 1, 1]}, [inner_x, gs.Constant("w", w.values)], [conv_out])
-        act = gs.Node(activation_op, "act", {}, [conv_out] + constants, [y])
-        fused = gs.Node("Conv" + activation_op, "fused", {"body": gs.Graph([conv, act], [inner_x], [y])},
-                        [gs.Variable("x"), gs.Constant("w", w.values)], [gs.Variable("out")], domain="rkcompile")
+        inner_x, conv_out, y = plain.Variable("bx"), plain.Variable("c"), plain.Variable("y")
+        constants = [plain.Constant(f"k{i}", np.asarray(v)) for i, v in enumerate(extra)]
+        conv = plain.Node("Conv", "conv", {"pads": [1, 1, 1, 1]}, [inner_x, plain.Constant("w", w.values)], [conv_out])
+        act = plain.Node(activation_op, "act", {}, [conv_out] + constants, [y])
+        fused = plain.Node("Conv" + activation_op, "fused", {"body": plain.Graph([conv, act], [inner_x], [y])},
+                        [plain.Variable("x"), plain.Constant("w", w.values)], [plain.Variable("out")], domain="rkcompile")
         out = activation_params(0.0, 4.0, "minmax")
         (actual,) = run_int8(fused, [x, w], [out], OPSET, is_movement)
         feeds = {"i0": x.real().astype(np.float64), "i1": w.real().astype(np.float64)}
@@ -206,7 +206,7 @@ def test_lookup_table_matches_quantized_float_reference(op, attrs):
 def test_concat_rescales_inputs_to_the_output_parameters():
     a, b = activation((1, 3, 4, 4), -1, 1), activation((1, 5, 4, 4), -8, 3)
     out = output_quant([a, b], "Concat", axis=1)
-    concat = gs.Node("Concat", "concat", {"axis": 1}, [gs.Variable("a"), gs.Variable("b")], [gs.Variable("y")])
+    concat = plain.Node("Concat", "concat", {"axis": 1}, [plain.Variable("a"), plain.Variable("b")], [plain.Variable("y")])
     (actual,) = run_int8(concat, [a, b], [out], OPSET, is_movement)
     assert_one_step(actual, float_reference("Concat", [a, b], out, axis=1))
 
@@ -241,8 +241,8 @@ def test_a_move_quantizes_a_data_input_the_plan_holds_as_float():
     x = rng.uniform(-2, 2, (1, 4, 6)).astype(np.float32)
     out = activation_params(-2.0, 2.0, "minmax")
     starts, ends, axes = np.array([0]), np.array([1]), np.array([1])
-    slice_node = gs.Node("Slice", "slice", {}, [gs.Variable("x")] + [gs.Constant(n, v) for n, v in
+    slice_node = plain.Node("Slice", "slice", {}, [plain.Variable("x")] + [plain.Constant(n, v) for n, v in
                                                                       (("s", starts), ("e", ends), ("a", axes))],
-                         [gs.Variable("y")])
+                         [plain.Variable("y")])
     (actual,) = run_int8(slice_node, [x, starts, ends, axes], [out], OPSET, is_movement)
     assert np.array_equal(actual, quantize(x[:, :1], out))

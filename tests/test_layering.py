@@ -4,6 +4,11 @@ level or inside a function, parsed with ast (nothing is imported to check).
 
 - Plan data (rkcompile/plan/schema.py and what it needs) and the emulator import nothing of the
   compiler: no pass, not the IR module, the pipeline or the compile context.
+- The runtime (rkcompile.emulator, with the CPU backends' module rkcompile.onnx_backends) and the
+  plan layer (rkcompile.plan) import no module of the IR layer, the compiler or the passes
+  themselves, and not onnx_graphsurgeon: a saved plan's nodes are the plan layer's plain nodes.
+  (They still reach the IR through rkcompile.targets, whose SoC modules carry the compiler's
+  constraint checks: the emulator asks a target for its C2.)
 - Views read plans: they import nothing of the compiler either.
 - No import circles.
 """
@@ -20,12 +25,16 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"rkcompile": REPO / "rkcompile", "rkcompile.passes": REPO / "passes", "rkcompile.targets": REPO / "targets"}
 
 #: The plan-data layer: the contract and what reading, checking and laying out a plan needs.
-PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan.allocation", "rkcompile.numerics.nc1hwc2",
-             "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.ir.nodes")
+PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan.allocation", "rkcompile.numerics",
+             "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.plan.nodes",
+             "rkcompile.plan.onnx_protos", "rkcompile.plan.cpu_partitions")
 EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
          "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.standard_onnx")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
+#: what the runtime and the plan layer import nothing of, not even one module
+RUNTIME = ("rkcompile.emulator", "rkcompile.plan", "rkcompile.onnx_backends")
+NOT_FOR_THE_RUNTIME = ("rkcompile.ir", "rkcompile.compiler", "rkcompile.passes")
 
 
 def module_files() -> dict[str, Path]:
@@ -65,6 +74,25 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def outside_imports(path: Path) -> set[str]:
+    """The packages outside rkcompile a module's source imports, by their top-level name
+    (`import onnx_graphsurgeon as gs` and `from onnx_graphsurgeon.ir import tensor` both give
+    onnx_graphsurgeon); relative imports are rkcompile's own."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module.partition(".")[0])
+    return found - {"rkcompile"}
+
+
+def direct_imports(graph: nx.DiGraph, sources: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    """Each import of a module in `forbidden` written in a module of `sources`."""
+    return [f"{module} -> {imported}" for module, imported in graph.edges
+            if in_layer(module, sources) and in_layer(imported, forbidden)]
+
+
 @pytest.fixture(scope="module")
 def graph() -> nx.DiGraph:
     files = module_files()
@@ -102,6 +130,16 @@ def test_plan_data_and_the_emulator_import_nothing_of_the_compiler(graph):
     assert forbidden_paths(graph, sources, COMPILER) == []
 
 
+def test_the_runtime_and_the_plan_layer_import_no_onnx_graphsurgeon():
+    modules = {module: path for module, path in module_files().items() if in_layer(module, RUNTIME)}
+    assert len(modules) > 20
+    assert sorted(module for module, path in modules.items() if "onnx_graphsurgeon" in outside_imports(path)) == []
+
+
+def test_the_runtime_and_the_plan_layer_import_no_module_of_the_ir_or_the_compiler(graph):
+    assert direct_imports(graph, RUNTIME, NOT_FOR_THE_RUNTIME) == []
+
+
 def test_views_read_plans_and_import_nothing_of_the_compiler(graph):
     """The pictures, the summary and the partitioned ONNX draw a plan, fresh or loaded from a
     file: no pass, no pipeline, and not the compile context or the IR it holds."""
@@ -122,6 +160,12 @@ def test_a_forbidden_import_is_caught(graph, tmp_path):
     source = tmp_path / "module.py"
     source.write_text("def f():\n    from rkcompile.passes.layout import as_nchw\n")
     assert imports_of("rkcompile.emulator.fake", source, set(graph.nodes)) == {"rkcompile.passes.layout"}
+    # the runtime's own checks: an IR helper imported directly, onnx_graphsurgeon in any form
+    broken.add_edge("rkcompile.emulator.fused", "rkcompile.ir.nodes")
+    assert "rkcompile.emulator.fused -> rkcompile.ir.nodes" in direct_imports(broken, RUNTIME, NOT_FOR_THE_RUNTIME)
+    source.write_text("import numpy as np\nfrom . import storage\n\ndef f():\n"
+                      "    from onnx_graphsurgeon.ir import tensor\n")
+    assert outside_imports(source) == {"numpy", "onnx_graphsurgeon"}
 
 
 #: The compiler's packages: planning imports no runtime. An int8 plan's calibration and its

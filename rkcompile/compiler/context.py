@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite,
     TensorPlacement)
+from rkcompile.plan.nodes import Node as PlainNode
 from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
@@ -167,9 +168,10 @@ class FloatGraph(Protocol):
 
 
 class Runtime(Protocol):
-    def float_graph(self, nodes: Sequence[gs.Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
+    def float_graph(self, nodes: Sequence[PlainNode], devices: Sequence[str], opset: int, outputs: Sequence[str],
                     observed: Collection[str] | None = None) -> FloatGraph:
-        """The float32 run of `nodes` (each step's node, on the device in `devices`), returning
+        """The float32 run of `nodes` (each step's node as the plan layer's plain node, on the
+        device in `devices`; rkcompile.ir.nodes.plain_nodes converts the compiler's), returning
         `outputs` and visiting the `observed` tensors (None: every tensor a step writes)."""
 
     def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:

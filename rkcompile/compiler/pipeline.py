@@ -18,7 +18,8 @@ from rkcompile.compiler.cost_estimate import node_macs
 from rkcompile.onnx_backends import cpu_backend
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
     topological_nodes)
-from rkcompile.plan.operations import describe
+from rkcompile.ir.describe import describe
+from rkcompile.ir.nodes import plain_node
 from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
     legalize, memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
 from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
@@ -405,7 +406,7 @@ def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
             note=ctx.notes.get(name),
             macs=node_macs(node) if placed.device != "host" else 0,
             operation=describe(node, weights),
-            cpu_backend=cpu_backend(node, opsets) if cpu_backends and placed.device == "cpu" else None,
+            cpu_backend=cpu_backend(plain_node(node), opsets) if cpu_backends and placed.device == "cpu" else None,
         ))
     runs_in = {original: name for name in ctx.order for original in ctx.origins[name]}
     entries = []

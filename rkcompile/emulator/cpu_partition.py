@@ -22,29 +22,29 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-
-from rkcompile.ir.nodes import dtype_name, expanded_members, node_inputs, node_proto, subgraphs
 
 from rkcompile.onnx_backends import NODE_MODEL_IR_VERSION, make_session
 from rkcompile.emulator.reference import runtime_value, session_for_feeds
 from rkcompile.emulator.storage import held_by_runtime
+from rkcompile.numerics.dtypes import dtype_name
+from rkcompile.plan.nodes import Node, Tensor, expanded_members, node_inputs, subgraphs
+from rkcompile.plan.onnx_protos import node_proto
 
 #: the fewest steps worth a session of their own: a single step keeps its per-node session
 SMALLEST_RUN = 2
 #: operand(tensor) -> the value the per-node path feeds the step reading `tensor`
-Operand = Callable[[gs.Tensor], "np.ndarray | list | None"]
+Operand = Callable[[Tensor], "np.ndarray | list | None"]
 
 
 class CpuPartition:
     """The steps `steps` (consecutive CPU steps, onnxruntime their backend) with their nodes."""
 
-    def __init__(self, steps: Sequence, nodes: Sequence[gs.Node], opsets: Mapping[str, int]):
+    def __init__(self, steps: Sequence, nodes: Sequence[Node], opsets: Mapping[str, int]):
         self.steps, self.nodes, self.opsets = list(steps), list(nodes), dict(opsets)
         self.members = [member for node in nodes for member in expanded_members(node)]
         produced: set[str] = set()
         #: what the run reads from before it, each name once, as its first reader names it
-        self.inputs: list[gs.Tensor] = []
+        self.inputs: list[Tensor] = []
         #: the tensors the run both writes and reads, with the dtypes their readers record
         self.passed: dict[str, set[str]] = {}
         read: set[str] = set()

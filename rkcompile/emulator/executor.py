@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from rkcompile.collector import cyclic_collector_paused
-from rkcompile.ir.nodes import dtype_name, element_count, fused_body, node_operands
-from rkcompile.plan.operations import constant, rebuild
+from rkcompile.numerics.dtypes import dtype_name, element_count
+from rkcompile.plan.nodes import Constant, Node, Tensor, fused_body, node_operands
+from rkcompile.plan.operations import rebuild
 from rkcompile.plan.schema import Plan
 from rkcompile.quantization.params import dequantize, is_movement, quantize
 from rkcompile.targets.model import Target
@@ -64,7 +64,7 @@ class WeightCache:
     them from its weight region; weights are not arena tensors, so nothing the plan places is
     bypassed."""
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
-    nodes: list[gs.Node] | None = None
+    nodes: list[Node] | None = None
     #: onnxruntime sessions of the CPU steps, made by the first run that needs them
     cpu: CpuRuntime | None = None
     #: the runs of consecutive CPU steps executed as one session each, by their first step's index
@@ -99,21 +99,21 @@ class Executor:
             self.weight_cache.cpu = CpuRuntime(self.opset, plan.model.domain_opsets)
         self.cpu = self.weight_cache.cpu
 
-    def step_nodes(self) -> list[gs.Node]:
+    def step_nodes(self) -> list[Node]:
         """Each step's node, rebuilt from its operation over the weights of this weight region."""
         if self.weight_cache.nodes is None:
             with cyclic_collector_paused():
                 self.weight_cache.nodes = self._rebuilt_nodes()
         return self.weight_cache.nodes
 
-    def _rebuilt_nodes(self) -> list[gs.Node]:
+    def _rebuilt_nodes(self) -> list[Node]:
         self._decode_float16_weights()
-        constants: dict[str, gs.Constant] = {}
+        constants: dict[str, Constant] = {}
         # a weight's constant holds its value in the model's dtype, as the model's constant did
         model_dtypes = {name: dtype for step in self.plan.steps
                         for name, dtype in zip(step.operation.inputs, step.operation.input_dtypes) if dtype}
 
-        def weight(name: str) -> gs.Constant | None:
+        def weight(name: str) -> Constant | None:
             placement = self.plan.tensors.get(name)
             if placement is None or placement.region != "weight":
                 return None
@@ -121,11 +121,10 @@ class Executor:
                 value, dtype = self._weight(name), model_dtypes.get(name)
                 if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != dtype_name(value.dtype):
                     value = value.astype(dtype)
-                constants[name] = constant(name, value, linked=False)
+                constants[name] = Constant(name, value)
             return constants[name]
 
-        # unlinked: steps run and export node by node, never walking a graph of them
-        return [rebuild(step.operation, weight, linked=False) for step in self.plan.steps]
+        return [rebuild(step.operation, weight) for step in self.plan.steps]
 
     def _decode_float16_weights(self) -> None:
         """Every row-major float16 weight decoded to float32 by one conversion per stretch of
@@ -189,7 +188,7 @@ class Executor:
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
         return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
 
-    def _run_step(self, step, node: gs.Node, observe: Observe | None) -> None:
+    def _run_step(self, step, node: Node, observe: Observe | None) -> None:
         self._step = step.id
         if tuple(t.name for t in node.outputs if t.name) != tuple(step.outputs):
             raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its operation {node.name} "
@@ -252,7 +251,7 @@ class Executor:
         quant = self.quantization.get(name)
         return dequantize(value, quant) if quant is not None else value
 
-    def _moves_stored_values(self, node: gs.Node, operands: Sequence[gs.Tensor]) -> bool:
+    def _moves_stored_values(self, node: Node, operands: Sequence[Tensor]) -> bool:
         """Whether the NPU node only moves elements between arena tensors of one float dtype:
         its kernel then runs on the stored values, which gives the float32 path's result bit
         for bit (every stored value is exact in float32, and rounding it back is the identity)
@@ -270,7 +269,7 @@ class Executor:
                 dtypes.add(placement.dtype)
         return len(dtypes) == 1
 
-    def _cpu_partitions(self, nodes: Sequence[gs.Node]) -> dict[int, CpuPartition]:
+    def _cpu_partitions(self, nodes: Sequence[Node]) -> dict[int, CpuPartition]:
         """The runs of consecutive CPU steps onnxruntime executes, as one session each
         (cpu_partition.py), by the index of their first step; made once per prepared plan."""
         if self.weight_cache.partitions is None:
@@ -310,7 +309,7 @@ class Executor:
         """A tensor's real value: dequantized when it is stored as integers."""
         return self._real_of(name, self.storage.read(name))
 
-    def _operand(self, tensor: gs.Tensor, device: str) -> np.ndarray:
+    def _operand(self, tensor: Tensor, device: str) -> np.ndarray:
         quant = self.quantization.get(tensor.name)
         if quant is not None:
             value = self.storage.read(tensor.name)
@@ -345,7 +344,7 @@ class Executor:
             self.weight_cache.decoded[name] = cached
         return cached
 
-    def _npu_node(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
+    def _npu_node(self, node: Node, values: Sequence[np.ndarray | None]) -> list:
         if self.quantization:
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
             return run_int8(node, values, out_quants, self.opset, is_movement)
@@ -360,14 +359,14 @@ class Executor:
             self.fallbacks.append(f"step {self._step} {node.op}: {exc}")
             return run_reference(node, values, self.opset)
 
-    def _npu_in_place(self, member: gs.Node, operands: Sequence[np.ndarray | None], spent: Sequence[int]):
+    def _npu_in_place(self, member: Node, operands: Sequence[np.ndarray | None], spent: Sequence[int]):
         """A fused NPU member's result written into one of its spent operands (registry.IN_PLACE),
         or None when its op has no such kernel or none of them can hold the result."""
         kernel = IN_PLACE.get(member.op)
         return None if kernel is None or fused_body(member) is not None else kernel(member, operands, self.opset,
                                                                                     spent)
 
-    def _cpu_backend(self, step, node: gs.Node) -> str:
+    def _cpu_backend(self, step, node: Node) -> str:
         """The step's backend as planned; plans written before the plan carried it get the
         choice a fresh plan would make."""
         if step.cpu_backend in (ONNXRUNTIME, ONNX_REFERENCE):
@@ -381,7 +380,7 @@ class Executor:
                                  f"can run it, so the emulator cannot run this plan")
         return backend
 
-    def _cpu_node(self, node: gs.Node, values: Sequence[np.ndarray | None], backend: str) -> list:
+    def _cpu_node(self, node: Node, values: Sequence[np.ndarray | None], backend: str) -> list:
         if fused_body(node) is not None:
             return run_fused(node, values, lambda member, operands: self._cpu_node(member, operands, backend))
         notes: list[str] = []

@@ -23,10 +23,10 @@ from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from rkcompile.ir.nodes import expanded_members, fused_body, node_operands, node_proto
+from rkcompile.plan.nodes import Constant, Node, expanded_members, fused_body, node_operands
+from rkcompile.plan.onnx_protos import node_proto, tensor_proto
 
 from rkcompile.emulator import kernels  # noqa: F401  (registers the kernels)
 from rkcompile.emulator.fused import run_fused
@@ -41,10 +41,11 @@ log = logging.getLogger("rkcompile")
 
 
 class FloatReference:
-    """`observed`: the tensors a `visit` wants to see (default: every tensor a step writes);
-    the onnxruntime session returns only those."""
+    """`nodes`: the steps' plain nodes (a plan's `reference_nodes`; the compiler converts its
+    own with rkcompile.ir.nodes.plain_nodes). `observed`: the tensors a `visit` wants to see
+    (default: every tensor a step writes); the onnxruntime session returns only those."""
 
-    def __init__(self, nodes: Sequence[gs.Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
+    def __init__(self, nodes: Sequence[Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
                  observed: Collection[str] | None = None):
         self.nodes, self.devices, self.opset = list(nodes), list(devices), opset
         self.cpu = CpuRuntime(opset, {})
@@ -114,8 +115,8 @@ class FloatReference:
         initializers = {}
         for member in members:
             for tensor in node_operands(member):
-                if isinstance(tensor, gs.Constant) and tensor.name not in initializers:
-                    initializers[tensor.name] = numpy_helper.from_array(np.asarray(tensor.values), tensor.name)
+                if isinstance(tensor, Constant) and tensor.name not in initializers:
+                    initializers[tensor.name] = tensor_proto(tensor)
         untyped = onnx.TypeProto()
         graph = helper.make_graph(
             protos, "float_reference",
@@ -136,7 +137,7 @@ class FloatReference:
                           adjust: Adjust | None) -> dict[str, np.ndarray]:
         env: dict[str, np.ndarray] = dict(inputs)
         for node, device, release in zip(self.nodes, self.devices, self.release):
-            values = [None if not t.name else np.asarray(t.values) if isinstance(t, gs.Constant) else env[t.name]
+            values = [None if not t.name else np.asarray(t.values) if isinstance(t, Constant) else env[t.name]
                       for t in node_operands(node)]
             results = [values[0]] if device == "host" else (self._npu if device == "npu" else self._cpu)(node, values)
             for tensor, value in zip(node.outputs, results):
@@ -152,7 +153,7 @@ class FloatReference:
                 env.pop(name, None)
         return {name: env[name] for name in self.outputs}
 
-    def _npu(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
+    def _npu(self, node: Node, values: Sequence[np.ndarray | None]) -> list:
         if fused_body(node) is not None:
             return run_fused(node, values, self._npu)
         operands = [v.astype(np.float32, copy=False) if v is not None and v.dtype.kind == "f" else v for v in values]
@@ -164,7 +165,7 @@ class FloatReference:
                 pass  # as the executor does: onnx.reference in float32
         return run_reference(node, operands, self.opset)
 
-    def _cpu(self, node: gs.Node, values: Sequence[np.ndarray | None]) -> list:
+    def _cpu(self, node: Node, values: Sequence[np.ndarray | None]) -> list:
         if fused_body(node) is not None:
             return run_fused(node, values, self._cpu)
         return self.cpu.run(node, values, self.cpu.backend_of(node) or ONNX_REFERENCE, [])

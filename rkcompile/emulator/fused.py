@@ -5,17 +5,16 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
-
 from rkcompile.emulator.storage import EmulationError
+from rkcompile.plan.nodes import Constant, Graph, Node
 
-RunNode = Callable[[gs.Node, Sequence["np.ndarray | None"]], list]
+RunNode = Callable[[Node, Sequence["np.ndarray | None"]], list]
 #: in_place(member, operands, spent) -> the member's outputs computed into one of the operands
 #: at the positions in `spent`, or None (registry.IN_PLACE)
-InPlace = Callable[[gs.Node, Sequence["np.ndarray | None"], Sequence[int]], "list | None"]
+InPlace = Callable[[Node, Sequence["np.ndarray | None"], Sequence[int]], "list | None"]
 
 
-def run_fused(node: gs.Node, values: Sequence[np.ndarray | None], run_member: RunNode,
+def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNode,
               in_place: InPlace | None = None) -> list:
     """A fused node as one kernel: its `body` members run in order on unrounded intermediate
     values, so only the fused node's outputs are rounded, when they are stored.
@@ -28,13 +27,13 @@ def run_fused(node: gs.Node, values: Sequence[np.ndarray | None], run_member: Ru
     computed, when no later member and no output of the body reads it and its memory is no
     other live intermediate's (a view of one, a Reshape's, is not): the values are the same,
     without a new array per member."""
-    body: gs.Graph = node.attrs["body"]
+    body: Graph = node.attrs["body"]
     env: dict[str, np.ndarray] = {}
-    variables = [(t, v) for t, v in zip(node.inputs, values) if t.name and not isinstance(t, gs.Constant)]
+    variables = [(t, v) for t, v in zip(node.inputs, values) if t.name and not isinstance(t, Constant)]
     if len(variables) != len(body.inputs):
         raise EmulationError(f"fused node {node.name}: {len(variables)} runtime inputs, body takes {len(body.inputs)}")
     env.update((inner.name, value) for inner, (_, value) in zip(body.inputs, variables))
-    env.update((t.name, v) for t, v in zip(node.inputs, values) if isinstance(t, gs.Constant))
+    env.update((t.name, v) for t, v in zip(node.inputs, values) if isinstance(t, Constant))
     last_reader = {t.name: index for index, member in enumerate(body.nodes) for t in member.inputs if t.name}
     last_reader.update((t.name, len(body.nodes)) for t in body.outputs)
     produced: set[str] = set()

@@ -27,9 +27,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from rkcompile.ir.nodes import fused_body
+from rkcompile.plan.nodes import Constant, Node, fused_body
 from rkcompile.plan.schema import Quantization
 from rkcompile.quantization.params import INT8, INT32, dequantize, quantize
 from rkcompile.plan.records import frozen_dataclass
@@ -84,7 +83,7 @@ class Accumulator:
         return (self.values * self.scale).astype(np.float32)
 
 
-AccumulateKernel = Callable[[gs.Node, Sequence["QTensor | np.ndarray | None"], int], Accumulator]
+AccumulateKernel = Callable[[Node, Sequence["QTensor | np.ndarray | None"], int], Accumulator]
 INT8_KERNELS: dict[str, AccumulateKernel] = {}
 
 
@@ -166,8 +165,8 @@ LOOKUP_OPS = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "
 CLAMP_OPS = frozenset({"Relu", "Clip"})
 
 
-def run_int8(node: gs.Node, operands: Sequence["QTensor | np.ndarray | None"],
-             out_quants: Sequence[Quantization | None], opset: int, is_movement: Callable[[gs.Node], bool]) -> list:
+def run_int8(node: Node, operands: Sequence["QTensor | np.ndarray | None"],
+             out_quants: Sequence[Quantization | None], opset: int, is_movement: Callable[[Node], bool]) -> list:
     """The step's outputs: int8 arrays for quantized outputs, as computed arrays otherwise."""
     quant = out_quants[0] if len(out_quants) == 1 else None
     if quant is not None:
@@ -192,34 +191,34 @@ def run_int8(node: gs.Node, operands: Sequence["QTensor | np.ndarray | None"],
     return [quantize(value, q) if q is not None else value for value, q in zip(results, out_quants)]
 
 
-def _accumulates(head: gs.Node, operands: Sequence) -> bool:
+def _accumulates(head: Node, operands: Sequence) -> bool:
     """Whether the head's data operands are all quantized (its kernel needs their integers)."""
     data = [v for v in operands[:2] if v is not None]
     return all(isinstance(v, QTensor) for v in data)
 
 
-def _chained(chain: Sequence[gs.Node]) -> bool:
+def _chained(chain: Sequence[Node]) -> bool:
     """Each member reads the previous member's output as its data input."""
     return all(member.inputs[0].name == previous.outputs[0].name for previous, member in zip(chain, chain[1:]))
 
 
-def _body_operands(node: gs.Node, head: gs.Node, operands: Sequence) -> list:
+def _body_operands(node: Node, head: Node, operands: Sequence) -> list:
     """The head member's operands, looked up by the body's input names."""
     body = node.attrs["body"]
-    variables = [v for t, v in zip(node.inputs, operands) if t.name and not isinstance(t, gs.Constant)]
+    variables = [v for t, v in zip(node.inputs, operands) if t.name and not isinstance(t, Constant)]
     env = {inner.name: value for inner, value in zip(body.inputs, variables)}
-    env.update((t.name, v) for t, v in zip(node.inputs, operands) if isinstance(t, gs.Constant))
-    return [None if not t.name else env.get(t.name, np.asarray(t.values) if isinstance(t, gs.Constant) else None)
+    env.update((t.name, v) for t, v in zip(node.inputs, operands) if isinstance(t, Constant))
+    return [None if not t.name else env.get(t.name, np.asarray(t.values) if isinstance(t, Constant) else None)
             for t in head.inputs]
 
 
-def _clamp(member: gs.Node, quant: Quantization, low: int, high: int) -> tuple[int, int]:
+def _clamp(member: Node, quant: Quantization, low: int, high: int) -> tuple[int, int]:
     """A Relu or Clip after the accumulator as integer bounds of the output conversion."""
     if member.op == "Relu":
         bounds = (0.0, None)
     else:
         # opset 11 moved the bounds from attributes to (constant) inputs
-        values = [np.asarray(t.values) if isinstance(t, gs.Constant) else None for t in member.inputs[1:]]
+        values = [np.asarray(t.values) if isinstance(t, Constant) else None for t in member.inputs[1:]]
         bounds = (_scalar(values, 0, member.attrs.get("min")), _scalar(values, 1, member.attrs.get("max")))
     lower, upper = bounds
     if lower is not None:
@@ -235,13 +234,13 @@ def _scalar(values: list, index: int, attribute) -> float | None:
     return None if attribute is None else float(attribute)
 
 
-def _one_tensor(node: gs.Node, operands: Sequence) -> bool:
+def _one_tensor(node: Node, operands: Sequence) -> bool:
     """One quantized input; any others are constants (Clip's bounds)."""
     return (isinstance(operands[0], QTensor)
-            and all(isinstance(t, gs.Constant) or not t.name for t in node.inputs[1:]))
+            and all(isinstance(t, Constant) or not t.name for t in node.inputs[1:]))
 
 
-def lookup_table(node: gs.Node, source: Quantization, quant: Quantization, opset: int, operands: Sequence) -> np.ndarray:
+def lookup_table(node: Node, source: Quantization, quant: Quantization, opset: int, operands: Sequence) -> np.ndarray:
     """quantize(f(dequantize(q))) for every int8 q, in index order q + 128."""
     every = np.arange(INT8[0], INT8[1] + 1)
     real = dequantize(every, source)
@@ -249,7 +248,7 @@ def lookup_table(node: gs.Node, source: Quantization, quant: Quantization, opset
     return quantize(run_float(node, [real] + others, opset)[0], quant)
 
 
-def move(node: gs.Node, operands: Sequence, out_quants: Sequence[Quantization], opset: int) -> list:
+def move(node: Node, operands: Sequence, out_quants: Sequence[Quantization], opset: int) -> list:
     """Integers moved as they are, inputs rescaled to the output's parameters first; a data
     input the plan holds as float (a model output an NPU step also reads) is quantized to them."""
     quant = out_quants[0]
@@ -266,7 +265,7 @@ def move(node: gs.Node, operands: Sequence, out_quants: Sequence[Quantization], 
     return [np.rint(value).astype(np.int8) for value in run_float(node, moved, opset)]
 
 
-def run_real(node: gs.Node, operands: Sequence, opset: int) -> list:
+def run_real(node: Node, operands: Sequence, opset: int) -> list:
     """Exact dequantization, float32 kernels; a fused body's accumulating head keeps its int32
     arithmetic and is dequantized exactly after it."""
     if fused_body(node) is not None:
@@ -274,7 +273,7 @@ def run_real(node: gs.Node, operands: Sequence, opset: int) -> list:
     return run_float(node, [v.real() if isinstance(v, QTensor) else v for v in operands], opset)
 
 
-def _member_real(member: gs.Node, values: Sequence, opset: int) -> list:
+def _member_real(member: Node, values: Sequence, opset: int) -> list:
     if member.op in INT8_KERNELS and _accumulates(member, values):
         return [INT8_KERNELS[member.op](member, values, opset).real()]
     if fused_body(member) is not None:
@@ -282,7 +281,7 @@ def _member_real(member: gs.Node, values: Sequence, opset: int) -> list:
     return run_float(member, [v.real() if isinstance(v, QTensor) else v for v in values], opset)
 
 
-def run_float(node: gs.Node, values: Sequence, opset: int) -> list:
+def run_float(node: Node, values: Sequence, opset: int) -> list:
     operands = [v.astype(np.float32, copy=False) if v is not None and v.dtype.kind == "f" else v for v in values]
     kernel = KERNELS.get(node.op)
     if kernel is not None:

@@ -17,16 +17,15 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
-
-from rkcompile.ir.nodes import node_operands, single_node_graph, subgraphs
-from rkcompile.onnx_backends import (ONNXRUNTIME, anonymous, anonymous_key, anonymous_names, cpu_backend,
-    make_session, node_model, reference_has)
 
 from rkcompile.emulator.storage import EmulationError
+from rkcompile.onnx_backends import (ONNXRUNTIME, anonymous, anonymous_key, anonymous_names, cpu_backend,
+    make_session, node_model, reference_has)
+from rkcompile.plan.nodes import Node, node_operands, subgraphs
+from rkcompile.plan.onnx_protos import single_node_graph
 
 
-def by_output(node: gs.Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+def by_output(node: Node, named: Sequence[np.ndarray]) -> list[np.ndarray | None]:
     """A runtime's results (one per named output) lined up with all the node's outputs."""
     results = iter(named)
     return [runtime_value(next(results)) if t.name else None for t in node.outputs]
@@ -42,7 +41,7 @@ def runtime_value(value) -> np.ndarray | list | None:
     return np.asarray(value)
 
 
-def run_reference(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int,
+def run_reference(node: Node, inputs: Sequence[np.ndarray | None], opset: int,
                   opsets: Mapping[str, int] | None = None) -> list[np.ndarray | None]:
     from onnx.reference import ReferenceEvaluator  # here: 0.1 s to import, and most plans never need it
 
@@ -80,13 +79,13 @@ class CpuRuntime:
         self.sessions: dict[tuple, object] = {}
         self.backends: dict[str, str | None] = {}
 
-    def backend_of(self, node: gs.Node) -> str | None:
+    def backend_of(self, node: Node) -> str | None:
         """`cpu_backend` for a node no plan step names one for, decided once per node."""
         if node.name not in self.backends:
             self.backends[node.name] = cpu_backend(node, self.opsets)
         return self.backends[node.name]
 
-    def run(self, node: gs.Node, inputs: Sequence[np.ndarray | None], backend: str,
+    def run(self, node: Node, inputs: Sequence[np.ndarray | None], backend: str,
             fallbacks: list[str]) -> list[np.ndarray | None]:
         """The node's outputs; when onnxruntime fails on these values (a case the plan-time check
         could not foresee: a subgraph's shapes, a runtime error) and onnx.reference has the op,
@@ -119,7 +118,7 @@ class CpuRuntime:
                                  fallbacks)
         return by_output(node, named)
 
-    def _instead(self, node: gs.Node, inputs: Sequence[np.ndarray | None], failure: str,
+    def _instead(self, node: Node, inputs: Sequence[np.ndarray | None], failure: str,
                  fallbacks: list[str]) -> list[np.ndarray | None]:
         """onnx.reference's outputs for a node onnxruntime failed on with these values."""
         if not reference_has(node, self.opsets):

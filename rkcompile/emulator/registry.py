@@ -1,8 +1,8 @@
 """The NPU kernel registry, in the manner of onnx.reference's op list: each kernel module
 registers the ONNX ops it computes, and the executor looks a node's op up here.
 
-A kernel is `kernel(node, inputs, opset) -> outputs`: `node` is the onnx-graphsurgeon node (its
-`attrs` hold the ONNX attributes), `inputs` the node's inputs in order as float32 arrays (index
+A kernel is `kernel(node, inputs, opset) -> outputs`: `node` is the step's plain node
+(rkcompile/plan/nodes.py; its `attrs` hold the ONNX attributes), `inputs` the node's inputs in order as float32 arrays (index
 and shape tensors keep their integer dtype; an omitted optional input is None), and it returns
 one array per node output, computed in float32. Rounding to the stored dtype happens once, when
 the executor stores the result, so a fused chain is rounded once however many ops it has.
@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-Kernel = Callable[[gs.Node, Sequence["np.ndarray | None"], int], Sequence[np.ndarray]]
+from rkcompile.plan.nodes import Node
+
+Kernel = Callable[[Node, Sequence["np.ndarray | None"], int], Sequence[np.ndarray]]
 
 KERNELS: dict[str, Kernel] = {}
 #: in_place(node, inputs, opset, spent) -> outputs or None: the values KERNELS[op] gives, bit
@@ -22,7 +23,7 @@ KERNELS: dict[str, Kernel] = {}
 #: longer needs and nothing else sees), or None when none of them can hold the result. A fused
 #: step's members use them on the intermediates of its body (fused.run_fused): a ReLU or Clip
 #: after a Conv then allocates no second map.
-InPlace = Callable[[gs.Node, Sequence["np.ndarray | None"], int, Sequence[int]], "Sequence[np.ndarray] | None"]
+InPlace = Callable[[Node, Sequence["np.ndarray | None"], int, Sequence[int]], "Sequence[np.ndarray] | None"]
 IN_PLACE: dict[str, InPlace] = {}
 
 
@@ -42,12 +43,12 @@ def register(*ops: str, table: dict = KERNELS) -> Callable:
     return add
 
 
-def attr(node: gs.Node, name: str, default=None):
+def attr(node: Node, name: str, default=None):
     value = node.attrs.get(name, default)
     return default if value is None else value
 
 
-def opset_attr_or_input(node: gs.Node, inputs: Sequence, position: int, name: str):
+def opset_attr_or_input(node: Node, inputs: Sequence, position: int, name: str):
     """An operand that moved from an attribute to an input in a later opset (Split's split,
     Squeeze's axes, Clip's bounds): the input when given, else the attribute, else None."""
     if len(inputs) > position and inputs[position] is not None:

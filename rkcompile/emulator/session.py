@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from rkcompile.plan.allocation import verify_allocation
+from rkcompile.plan.nodes import Node
 from rkcompile.plan.schema import Plan, contract_violations
 from rkcompile.targets import get_target
 
@@ -32,7 +32,7 @@ class Prepared:
     analysis runs in float32 as its reference."""
     plan: Plan
     weights: bytes
-    reference_nodes: Sequence[gs.Node] | None = None
+    reference_nodes: Sequence[Node] | None = None
     weight_cache: WeightCache = dataclasses.field(default_factory=WeightCache, repr=False)
 
 

@@ -17,7 +17,7 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 # emulator and the targets' constraints use it too); passes keep importing it from here.
 from rkcompile.ir.dag import Dag, find_cycle
 from rkcompile.ir.nodes import (FLOAT_DTYPES, FUSED_DOMAIN, constant_value, dtype_name, element_count,
-    fused_body, is_onnx_domain, itemsize, node_inputs, node_operands, node_proto, outer_scope_reads,
+    fused_body, is_onnx_domain, itemsize, node_inputs, node_proto, outer_scope_reads,
     present_inputs, single_node_graph, static_shape, subgraphs)
 
 

@@ -1,10 +1,11 @@
-"""Facts about one ONNX tensor or node (onnx-graphsurgeon objects, with the subgraphs a node
-carries) and dtype names: what the passes, the targets' constraints and the emulator's kernels
-share. Nothing here looks at a whole graph or at the compiler; rkcompile/ir/graph.py builds the
-graph-level helpers on top."""
+"""Facts about one ONNX tensor or node of the compiler's graph (onnx-graphsurgeon objects, with
+the subgraphs a node carries): what the passes and the targets' constraints share, and a node as
+the plan layer's plain node (`plain_nodes`), which is what the compiler hands the runtime.
+Nothing here looks at a whole graph; rkcompile/ir/graph.py builds the graph-level helpers on
+top. Dtype names and element counts (rkcompile/numerics/dtypes.py) and the facts that read a
+node of either kind (rkcompile/plan/nodes.py) are imported from below and passed on."""
 from __future__ import annotations
 
-import math
 import operator
 from itertools import repeat
 from typing import Iterable
@@ -15,45 +16,12 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
+from rkcompile.numerics.dtypes import FLOAT_DTYPES, dtype_name, element_count, itemsize  # noqa: F401  (passed on)
+from rkcompile.plan import nodes as plain
+from rkcompile.plan.nodes import is_onnx_domain, plain_attribute_key  # noqa: F401  (passed on)
 # The domain of the nodes a fusion creates (passes/fuse.py); fusion patterns match these as well
 # as ONNX ops, so a kernel fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
 from rkcompile.plan.schema import FUSED_DOMAIN
-
-FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
-
-
-def dtype_name(dtype) -> str | None:
-    """numpy or ONNX dtype -> a plain name ('float32', 'int64', ...), None when unknown.
-
-    Remembered per dtype: a plan asks about every tensor in several passes (33,000 times for a
-    2,000-node detector), and numpy's `dtype.name` is computed in Python on every read."""
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        name = _DTYPE_NAMES[dtype] = _dtype_name(dtype)
-        return name
-    except TypeError:  # an unhashable dtype-like
-        return _dtype_name(dtype)
-
-
-_DTYPE_NAMES: dict = {}
-
-
-def _dtype_name(dtype) -> str | None:
-    if dtype is None:
-        return None
-    if isinstance(dtype, (int, np.integer)):
-        return onnx.helper.tensor_dtype_to_np_dtype(int(dtype)).name if dtype else None
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        return str(dtype)
-
-
-def itemsize(dtype: str) -> int:
-    if dtype == "bfloat16":
-        return 2
-    return np.dtype(dtype).itemsize
 
 
 def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
@@ -69,11 +37,6 @@ def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
         if dim < 0:
             return None
     return dims
-
-
-def element_count(shape: Iterable[int]) -> int:
-    """Python-int product, so huge shapes never overflow or allocate."""
-    return math.prod(int(d) for d in shape)
 
 
 def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
@@ -133,26 +96,6 @@ def values_source(constant: gs.Constant):
             return values.load()
         values = values.source._values
     return values
-
-
-def is_onnx_domain(node: gs.Node) -> bool:
-    """True for ops of the default ai.onnx domain (gs reports it as None or '')."""
-    return node.domain in (None, "", "ai.onnx")
-
-
-#: attribute values `plain_attribute_key` spells out
-_PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
-
-
-def plain_attribute_key(name: str, value) -> tuple | None:
-    """An attribute holding a plain value, or a list of them, as a hashable key: its name, type
-    and exact value (by repr, so -0.0 is not 0.0 and a NaN matches a NaN); None for an attribute
-    of another kind (a tensor, a graph), which each caller keys its own way or not at all."""
-    if isinstance(value, _PLAIN_ATTRIBUTE_TYPES):
-        return name, type(value), repr(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(item, _PLAIN_ATTRIBUTE_TYPES) for item in value):
-        return name, type(value), tuple((type(item), repr(item)) for item in value)
-    return None
 
 
 def present_inputs(node: gs.Node) -> list[gs.Tensor]:
@@ -220,45 +163,11 @@ def node_inputs(node: gs.Node) -> list[gs.Tensor]:
     return explicit + [t for t in implicit if t.name not in listed]
 
 
-def node_operands(node: gs.Node) -> list[gs.Tensor]:
-    """What an executor feeds `node`, position by position: its inputs as ONNX lists them
-    (empty placeholders included, so kernels index them as the spec does), then its
-    outer-scope reads."""
-    implicit = outer_scope_reads(node) if node.attrs else ()
-    if not implicit:
-        return list(node.inputs)
-    listed = {t.name for t in node.inputs if t.name}
-    return list(node.inputs) + [t for t in implicit if t.name not in listed]
-
-
 def fused_body(node: gs.Node) -> gs.Graph | None:
     """The members of a fused kernel, as the subgraph passes/fuse.py stores in its `body`; None
     for every other node, Loop and Scan included, whose `body` is a loop body, not members."""
     body = node.attrs.get("body")
     return body if node.domain == FUSED_DOMAIN and isinstance(body, gs.Graph) else None
-
-
-def expanded_members(node: gs.Node) -> list[gs.Node]:
-    """A fused kernel as its members (nested fusions too), reading and writing the fused node's
-    own tensors: a boundary may have renamed one since fusion. Every other node as it is."""
-    body = fused_body(node)
-    if body is None:
-        return [node]
-    variables = [t for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
-    renamed = {inner.name: outer for inner, outer in zip(body.inputs, variables)}
-    renamed.update((inner.name, outer) for inner, outer in zip(body.outputs, node.outputs) if outer.name)
-
-    def outer(tensor: gs.Tensor) -> gs.Tensor:
-        if isinstance(tensor, gs.Constant) or tensor.name not in renamed:
-            return tensor
-        return gs.Variable(renamed[tensor.name].name, dtype=tensor.dtype, shape=tensor.shape)
-
-    members = []
-    for member in body.nodes:
-        copy = gs.Node(op=member.op, name=member.name, domain=member.domain, attrs=dict(member.attrs),
-                       inputs=[outer(t) for t in member.inputs], outputs=[outer(t) for t in member.outputs])
-        members += expanded_members(copy)
-    return members
 
 
 def node_proto(node: gs.Node) -> onnx.NodeProto:
@@ -289,3 +198,55 @@ def single_node_graph(node: gs.Node) -> onnx.GraphProto:
     return onnx.helper.make_graph([node_proto(node)], node.name,
                                   [onnx.helper.make_value_info(t.name, untyped) for t in node_inputs(node)],
                                   [onnx.helper.make_value_info(t.name, untyped) for t in node.outputs if t.name])
+
+
+def plain_node(node: gs.Node) -> plain.Node:
+    """`node` as the plan layer's plain node (`plain_nodes`)."""
+    return plain_nodes([node])[0]
+
+
+def plain_nodes(nodes: Iterable[gs.Node]) -> list[plain.Node]:
+    """The nodes as the plan layer's plain nodes, which the emulator runs and the ONNX exports
+    read: the same ops, attributes and tensor names, each constant holding its values (read
+    now), each subgraph converted with them. A tensor or graph several nodes share becomes one
+    plain object, so a weight is not held twice."""
+    convert = _ToPlain()
+    return [convert.node(node) for node in nodes]
+
+
+class _ToPlain:
+    """Converts gs objects to plain ones, each once (by identity)."""
+
+    def __init__(self):
+        self.made: dict[int, object] = {}
+
+    def node(self, node: gs.Node) -> plain.Node:
+        return plain.Node(node.op, node.name or "", {key: self.value(value) for key, value in node.attrs.items()},
+                          [self.tensor(t) for t in node.inputs], [self.tensor(t) for t in node.outputs],
+                          node.domain or "")
+
+    def tensor(self, tensor: gs.Tensor) -> plain.Variable | plain.Constant:
+        found = self.made.get(id(tensor))
+        if found is None:
+            found = self.made[id(tensor)] = (
+                plain.Constant(tensor.name, np.asarray(tensor.values)) if isinstance(tensor, gs.Constant)
+                else plain.Variable(tensor.name, tensor.dtype, tensor.shape))
+        return found
+
+    def graph(self, graph: gs.Graph) -> plain.Graph:
+        found = self.made.get(id(graph))
+        if found is None:
+            found = self.made[id(graph)] = plain.Graph(
+                [self.node(n) for n in graph.nodes], [self.tensor(t) for t in graph.inputs],
+                [self.tensor(t) for t in graph.outputs], graph.name or "")
+        return found
+
+    def value(self, value):
+        """An attribute's value: tensors and graphs converted, anything else as it is."""
+        if isinstance(value, gs.Constant):
+            return self.tensor(value)
+        if isinstance(value, gs.Graph):
+            return self.graph(value)
+        if isinstance(value, list) and any(map(isinstance, value, repeat(gs.Graph))):
+            return [self.value(item) for item in value]
+        return value

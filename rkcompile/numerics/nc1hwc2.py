@@ -3,7 +3,7 @@ in (seed 003, 3.1.2 and table 3-1). The layout pass decides which tensors use it
 and plan readers decode it with the same functions, so this module needs nothing but the shape."""
 from __future__ import annotations
 
-from rkcompile.ir.nodes import element_count
+from rkcompile.numerics.dtypes import element_count
 
 
 def as_nchw(shape: tuple[int, ...]) -> tuple[int, int, int, int]:

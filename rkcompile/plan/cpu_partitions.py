@@ -12,14 +12,14 @@ from typing import Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from rkcompile.ir.nodes import expanded_members, node_operands, node_proto
+from rkcompile.plan.nodes import Constant, Node, expanded_members, node_operands
+from rkcompile.plan.onnx_protos import node_proto, tensor_proto
 from rkcompile.plan.schema import Plan, Step
 
 
-def cpu_partition_models(plan: Plan, nodes: Sequence[gs.Node]) -> dict[int, onnx.ModelProto]:
+def cpu_partition_models(plan: Plan, nodes: Sequence[Node]) -> dict[int, onnx.ModelProto]:
     """partition id -> its model; `nodes` are the plan's step nodes rebuilt over its weight
     region (the emulator's `Executor.step_nodes`)."""
     models = {}
@@ -31,7 +31,7 @@ def cpu_partition_models(plan: Plan, nodes: Sequence[gs.Node]) -> dict[int, onnx
     return models
 
 
-def _partition_model(plan: Plan, steps: list[Step], nodes: list[gs.Node], name: str) -> onnx.ModelProto:
+def _partition_model(plan: Plan, steps: list[Step], nodes: list[Node], name: str) -> onnx.ModelProto:
     members = [member for node in nodes for member in expanded_members(node)]
     written = {t.name for member in members for t in member.outputs if t.name}
     inside = {step.id for step in steps}
@@ -42,8 +42,8 @@ def _partition_model(plan: Plan, steps: list[Step], nodes: list[gs.Node], name: 
         for tensor in node_operands(member):
             if not tensor.name or tensor.name in written:
                 continue
-            if isinstance(tensor, gs.Constant):
-                initializers.setdefault(tensor.name, numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
+            if isinstance(tensor, Constant) and tensor.name not in initializers:
+                initializers[tensor.name] = tensor_proto(tensor)
             else:
                 inputs.setdefault(tensor.name, _value_info(plan, tensor.name, tensor.dtype))
     outputs = [_value_info(plan, t.name, None) for member in members for t in member.outputs

@@ -49,7 +49,8 @@ MOVEMENT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpo
 
 
 def is_movement(node) -> bool:
-    """Whether an int8 `node` (an onnx-graphsurgeon node) keeps its input's parameters (MOVEMENT_OPS)."""
+    """Whether an int8 `node` (a compiler node or a plan's plain node) keeps its input's
+    parameters (MOVEMENT_OPS)."""
     if "body" in node.attrs:
         return False
     if node.op == "Resize":

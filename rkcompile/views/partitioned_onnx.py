@@ -16,18 +16,17 @@ from typing import Sequence
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from rkcompile.plan.cpu_partitions import expanded_members
-from rkcompile.ir.nodes import node_operands, node_proto
+from rkcompile.plan.nodes import Constant, Node, expanded_members, node_operands
+from rkcompile.plan.onnx_protos import node_proto, tensor_proto
 from rkcompile.plan.schema import FUSED_DOMAIN, Plan
 
 OP = "NpuPartition"
 MIN_IR_VERSION = 10
 
 
-def partitioned_model(plan: Plan, nodes: Sequence[gs.Node]) -> onnx.ModelProto:
+def partitioned_model(plan: Plan, nodes: Sequence[Node]) -> onnx.ModelProto:
     """`nodes` are the plan's step nodes, in step order: with the model's own weights
     (`rkcompile.api.Plan.reference_nodes`) or as the weight region holds them (`step_nodes()`)."""
     members, weights = plain_steps(plan, nodes)
@@ -57,7 +56,7 @@ def partitioned_model(plan: Plan, nodes: Sequence[gs.Node]) -> onnx.ModelProto:
 
 
 def plain_steps(plan: Plan,
-                nodes: Sequence[gs.Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
+                nodes: Sequence[Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
     """Each step but the host conversions as plain ONNX nodes (a fused kernel as its members),
     by step id, and the constants they read, by name (`host_renames` applied)."""
     renames = host_renames(plan)
@@ -69,8 +68,8 @@ def plain_steps(plan: Plan,
         members[step.id] = []
         for member in expanded_members(node):
             for tensor in node_operands(member):
-                if isinstance(tensor, gs.Constant) and tensor.name:
-                    weights.setdefault(tensor.name, numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
+                if isinstance(tensor, Constant) and tensor.name and tensor.name not in weights:
+                    weights[tensor.name] = tensor_proto(tensor)
             proto = node_proto(member)
             _rename(proto, renames)
             members[step.id].append(proto)

@@ -1,0 +1,185 @@
+"""A step's node as the plan layer and the runtime hold it: plain records, no graph library.
+
+`Node`, its tensors (`Variable`, `Constant`) and the `Graph`s it carries as attributes (a fused
+kernel's `body`, If's branches, Loop's and Scan's bodies) keep the attribute names the ONNX
+graph library the compiler uses gives them (`op`, `domain`, `attrs`, `inputs`, `outputs`,
+`values`, `dtype`, `shape`, `nodes`), so a kernel reads a plan's node as it reads any. They are
+made by `operations.rebuild` from a plan record, or by the compiler from its own graph
+(rkcompile/ir/nodes.py `plain_node`), and exported to ONNX by `onnx_protos`. Nothing links a
+tensor to the nodes that make or read it: the runtime executes node by node.
+
+The facts below (what a node reads, its subgraphs, a fused kernel's members) answer for these
+nodes what rkcompile/ir/nodes.py answers for the compiler's graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
+
+from rkcompile.plan.schema import FUSED_DOMAIN
+
+
+@dataclass(eq=False, slots=True)
+class Variable:
+    """A tensor computed at run time. `dtype`: the element type as its source records it (a
+    dtype name from a plan, a numpy dtype or ONNX enum from a model), None when unknown;
+    `shape`: its dims when known (a Loop or Scan body's inputs), else None."""
+    name: str
+    dtype: object = None
+    shape: list | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Constant:
+    """A tensor whose value is known: a weight, a subgraph's constant, a tensor attribute."""
+    name: str
+    values: np.ndarray
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+
+Tensor = Variable | Constant
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """One ONNX node (its fields in the order gs.Node takes them). `domain` is '' for ai.onnx;
+    `attrs` hold plain values, lists of them, `Constant`s (tensor attributes) and `Graph`s."""
+    op: str
+    name: str = ""
+    attrs: dict = field(default_factory=dict)
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    domain: str = ""
+
+
+@dataclass(eq=False, slots=True)
+class Graph:
+    """A graph a node carries: its nodes in order, the tensors it takes and gives."""
+    nodes: list
+    inputs: list
+    outputs: list
+    name: str = ""
+
+
+def is_onnx_domain(node) -> bool:
+    """True for ops of the default ai.onnx domain (reported as None, '' or 'ai.onnx')."""
+    return node.domain in (None, "", "ai.onnx")
+
+
+#: attribute values `plain_attribute_key` spells out
+_PLAIN_ATTRIBUTE_TYPES = (bool, int, float, str, bytes, np.integer, np.floating)
+
+
+def plain_attribute_key(name: str, value) -> tuple | None:
+    """An attribute holding a plain value, or a list of them, as a hashable key: its name, type
+    and exact value (by repr, so -0.0 is not 0.0 and a NaN matches a NaN); None for an attribute
+    of another kind (a tensor, a graph), which each caller keys its own way or not at all."""
+    if isinstance(value, _PLAIN_ATTRIBUTE_TYPES):
+        return name, type(value), repr(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, _PLAIN_ATTRIBUTE_TYPES) for item in value):
+        return name, type(value), tuple((type(item), repr(item)) for item in value)
+    return None
+
+
+def subgraphs(node: Node) -> list[Graph]:
+    """The graphs `node` carries as attributes: If's branches, Loop's and Scan's bodies (a
+    GRAPHS attribute gives a list of them), a fused kernel's body."""
+    found = []
+    for value in node.attrs.values():
+        if isinstance(value, Graph):
+            found.append(value)
+        elif isinstance(value, (list, tuple)) and any(map(isinstance, value, repeat(Graph))):
+            found.extend(item for item in value if isinstance(item, Graph))
+    return found
+
+
+def fused_body(node: Node) -> Graph | None:
+    """The members of a fused kernel, as the subgraph fusion stores in its `body`; None for
+    every other node, Loop and Scan included, whose `body` is a loop body, not members."""
+    body = node.attrs.get("body")
+    return body if node.domain == FUSED_DOMAIN and isinstance(body, Graph) else None
+
+
+def outer_scope_reads(node: Node) -> list[Variable]:
+    """The tensors `node`'s subgraphs read from the scope around `node` without listing them as
+    inputs (onnx IR spec, "Names Within a Graph"), at any depth of nesting; constants are left
+    out, being values exported with the subgraph. A fused kernel's members list only the
+    body's inputs, each other's results and constants, so only a member carrying subgraphs of
+    its own can read further out (rkcompile/ir/nodes.py `outer_scope_reads` says more)."""
+    graphs = subgraphs(node)
+    if not graphs:
+        return []
+    found: dict[str, Variable] = {}
+    body = fused_body(node)
+    for graph in graphs:
+        if graph is body:
+            reads = [t for inner in graph.nodes if inner.attrs for t in outer_scope_reads(inner)]
+        else:
+            reads = [t for inner in graph.nodes for t in node_inputs(inner)]
+        if not reads:
+            continue
+        local = {t.name for t in graph.inputs} | {t.name for inner in graph.nodes for t in inner.outputs}
+        for tensor in reads:
+            if tensor.name not in local and not isinstance(tensor, Constant):
+                found.setdefault(tensor.name, tensor)
+    return list(found.values())
+
+
+def present_inputs(node: Node) -> list[Tensor]:
+    """The node's inputs without ONNX's empty-name placeholders for omitted optionals."""
+    return [t for t in node.inputs if t.name]
+
+
+def node_inputs(node: Node) -> list[Tensor]:
+    """Every tensor `node` reads: its present inputs in order, then its outer-scope reads."""
+    explicit = present_inputs(node)
+    if not node.attrs:
+        return explicit
+    implicit = outer_scope_reads(node)
+    if not implicit:
+        return explicit
+    listed = {t.name for t in explicit}
+    return explicit + [t for t in implicit if t.name not in listed]
+
+
+def node_operands(node: Node) -> list[Tensor]:
+    """What an executor feeds `node`, position by position: its inputs as ONNX lists them
+    (empty placeholders included, so kernels index them as the spec does), then its
+    outer-scope reads."""
+    implicit = outer_scope_reads(node) if node.attrs else ()
+    if not implicit:
+        return list(node.inputs)
+    listed = {t.name for t in node.inputs if t.name}
+    return list(node.inputs) + [t for t in implicit if t.name not in listed]
+
+
+def expanded_members(node: Node) -> list[Node]:
+    """A fused kernel as its members (nested fusions too), reading and writing the fused node's
+    own tensors: a boundary may have renamed one since fusion. Every other node as it is."""
+    body = fused_body(node)
+    if body is None:
+        return [node]
+    variables = [t for t in node.inputs if t.name and not isinstance(t, Constant)]
+    renamed = {inner.name: outer for inner, outer in zip(body.inputs, variables)}
+    renamed.update((inner.name, outer) for inner, outer in zip(body.outputs, node.outputs) if outer.name)
+
+    def outer(tensor: Tensor) -> Tensor:
+        if isinstance(tensor, Constant) or tensor.name not in renamed:
+            return tensor
+        return Variable(renamed[tensor.name].name, tensor.dtype, tensor.shape)
+
+    members = []
+    for member in body.nodes:
+        copy = Node(member.op, member.name, dict(member.attrs), [outer(t) for t in member.inputs],
+                    [outer(t) for t in member.outputs], member.domain)
+        members += expanded_members(copy)
+    return members
