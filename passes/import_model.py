@@ -52,8 +52,11 @@ def run(ctx: CompileContext) -> None:
         onnx.checker.check_model(source if light is None or model.ir_version >= 4 else whole())
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
-    inferred = _infer_shapes(source, opset)
+    given = ", ".join(f"{name}:{','.join(map(str, dims))}" for name, dims in ctx.options.input_shapes.items())
+    inferred = _infer_shapes(source, opset, given)
     model = inferred if light is None else _with_inferred_shapes(model, inferred, carriers)
+    if given:
+        _refuse_channel_mismatches(model, given)
 
     ctx.model_info = ModelInfo(
         path=str(ctx.model_path), sha256=sha256, opset=opset,
@@ -266,8 +269,8 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
         tensor_type = value.type.tensor_type
         if name in overrides:
             dims = overrides[name]
-            if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(dims):
-                raise CompileError(f"--input-shape {name}: {len(dims)} dims given, the model's input has {len(tensor_type.shape.dim)}")
+            if tensor_type.HasField("shape"):
+                _refuse_changed_static_dims(name, tensor_type.shape.dim, dims)
             tensor_type.shape.Clear()
             for dim in dims:
                 tensor_type.shape.dim.add().dim_value = dim
@@ -291,6 +294,46 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
             raise CompileError(f"weight '{tensor.name}' has a negative dim {list(tensor.dims)}")
 
 
+def _refuse_changed_static_dims(name: str, declared, given: tuple[int, ...]) -> None:
+    """An input shape given for `name` may fix the model's symbolic dims, never change a static
+    one: the graph was built for it (a Conv's weights for its channels, a Reshape for its size),
+    and shape inference does not check every op against it."""
+    shown = f"{name}:{','.join(map(str, given))}"
+    if len(declared) != len(given):
+        raise CompileError(f"input shape {shown}: {len(given)} dims given, the model's input '{name}' has "
+                           f"{len(declared)}")
+    for axis, (dim, value) in enumerate(zip(declared, given)):
+        if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != value:
+            raise CompileError(f"input shape {shown}: dim {axis} of input '{name}' is {value}, but the model fixes "
+                               f"it at {dim.dim_value}, which the graph needs")
+
+
+def _refuse_channel_mismatches(model: onnx.ModelProto, given: str) -> None:
+    """Each Conv and ConvTranspose of the main graph reads as many channels as its weight takes
+    (onnx's shape inference does not check it): an input shape that feeds another count is
+    refused here, naming the input, the dim and what the graph needs, instead of planning steps
+    no kernel could run. `given` shows the input shapes given, for the message."""
+    graph = model.graph
+    weights = {tensor.name: tuple(tensor.dims) for tensor in graph.initializer}
+    shapes = {value.name: value.type.tensor_type.shape.dim for value in (*graph.input, *graph.value_info)}
+    inputs = {value.name for value in graph.input}
+    for node in graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        weight, dims = weights[node.input[1]], shapes.get(node.input[0])
+        if dims is None or len(dims) < 2 or not dims[1].HasField("dim_value") or len(weight) < 2:
+            continue
+        group = next((attribute.i for attribute in node.attribute if attribute.name == "group"), 1)
+        needed = weight[1] * group if node.op_type == "Conv" else weight[0]
+        channels = dims[1].dim_value
+        if channels == needed:
+            continue
+        read = (f"dim 1 of input '{node.input[0]}' is {channels}" if node.input[0] in inputs
+                else f"it makes tensor '{node.input[0]}' {channels} channels (dim 1)")
+        raise CompileError(f"input shape {given}: {read}, but {node.op_type} '{node.name}' needs {needed} "
+                           f"(its weight '{node.input[1]}' is {list(weight)})")
+
+
 def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
     """Tensor and sequence outputs only: onnx-graphsurgeon, which the planner builds on, drops
     an optional's type (Optional's type_proto attribute), so its value could not be told apart
@@ -301,12 +344,13 @@ def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
                                "whose outputs are tensors or sequences of tensors")
 
 
-def _infer_shapes(source: bytes, opset: int) -> onnx.ModelProto:
+def _infer_shapes(source: bytes, opset: int, given: str = "") -> onnx.ModelProto:
     """Strict shape inference of the serialized model. Where it fails only inside the function
     bodies of ONNX ops (onnx's own definition of the op: MeanVarianceNormalization-13's body
     builds its axes with a Constant whose value is an attribute reference, which inference
     does not resolve), the model is inferred again non-strictly: those nodes' outputs keep the
-    shapes the model declares, and a node reading an unknown shape stays on the CPU."""
+    shapes the model declares, and a node reading an unknown shape stays on the CPU. `given`
+    shows the input shapes given, which a failure names: they are its likeliest cause."""
     def infer(strict: bool) -> onnx.ModelProto:
         return shape_inference.infer_shapes(source, check_type=True, strict_mode=strict, data_prop=True)
 
@@ -315,7 +359,8 @@ def _infer_shapes(source: bytes, opset: int) -> onnx.ModelProto:
     except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         failing = re.findall(r"\(op_type:(\w+), node name: [^)]*\)", str(exc))
         if not failing or not all(_has_function_body(op, opset) for op in failing):
-            raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
+            cause = f" with input shape {given}" if given else ""
+            raise CompileError(f"shape inference failed{cause}: {_first_line(exc)}") from None
         return infer(strict=False)
 
 

@@ -115,14 +115,27 @@ def _refuse_contradicting_flags(args: argparse.Namespace, record) -> None:
     """An artifact runs as it was planned: a planning flag that restates the artifact is
     harmless, one that differs (or asks to calibrate or reshape again) would be silently
     ignored, so it is refused."""
-    planned = {"--dtype": record.dtype, "--batch": record.batch}
+    planned_shapes = {spec.name: tuple(spec.shape) for spec in record.model.inputs}
+    planned = {"--dtype": (record.dtype, record.dtype), "--batch": (record.batch, record.batch),
+               "--input-shape": (planned_shapes, " ".join(map(shape_flag, planned_shapes.items())))}
     for flag, value in getattr(args, "planning_flags", {}).items():
-        if flag in planned and value == planned[flag]:
+        if flag == "--input-shape":  # [(name, dims)], restating some inputs' planned shapes or not
+            restated = all(planned_shapes.get(name) == tuple(dims) for name, dims in value)
+            shown = " ".join(map(shape_flag, value))
+        else:
+            restated = flag in planned and value == planned[flag][0]
+            shown = value if not isinstance(value, list) else " ".join(map(str, value))
+        if restated:
             continue
-        shown = value if not isinstance(value, list) else " ".join(map(str, value))
-        was = f" (planned with {planned[flag]})" if flag in planned else ""
+        was = f" (planned with {planned[flag][1]})" if flag in planned else ""
         raise CompileError(f"{flag} {shown} contradicts --plan {args.plan}{was}: a saved artifact runs as planned; "
                            f"plan the model again with {flag} instead")
+
+
+def shape_flag(shape: tuple[str, tuple[int, ...]]) -> str:
+    """An input shape as --input-shape takes it: NAME:d0,d1,..."""
+    name, dims = shape
+    return f"{name}:{','.join(map(str, dims))}"
 
 
 def _sha256(path: Path) -> str:
