@@ -37,7 +37,8 @@ def run(ctx: CompileContext) -> None:
     if reordered:
         carriers = None  # their positions changed
     opset = _default_opset(model)
-    _set_input_shapes(graph, ctx.options.input_shapes)
+    batch_dims, filled = _batch_dims(graph, ctx.options)
+    _set_input_shapes(graph, ctx.options.input_shapes, filled)
     _refuse_optional_outputs(graph)
     # The checker and shape inference read a copy without the large weights when there is one
     # (`_without_large_weights`), else the file's own bytes when nothing above changed the model
@@ -45,7 +46,7 @@ def run(ctx: CompileContext) -> None:
     # version 4 every initializer had to be a graph input, which the copy could hide from the
     # checker: it reads the whole model there.
     light = _without_large_weights(model)
-    unchanged = data is not None and not (renamed or reordered or ctx.options.input_shapes)
+    unchanged = data is not None and not (renamed or reordered or ctx.options.input_shapes or filled)
     whole = (lambda: data if unchanged else model.SerializeToString())
     source = whole() if light is None else light.SerializeToString()
     try:
@@ -63,6 +64,7 @@ def run(ctx: CompileContext) -> None:
         inputs=tuple(_spec(v) for v in _true_inputs(model.graph)),
         outputs=tuple(_spec(v) for v in model.graph.output),
         domain_opsets={o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")},
+        batch_dims=batch_dims,
     )
     ctx.graph = gs.import_onnx(model)
     # read off the imported graph: its nodes are the file's, in order, and cheaper to read than protobuf's
@@ -257,7 +259,28 @@ def _true_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     return [v for v in graph.input if v.name not in initializers]
 
 
-def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ...]]) -> None:
+def _batch_dims(graph: onnx.GraphProto, options) -> tuple[dict[str, str], bool]:
+    """The inputs whose dim 0 the model leaves symbolic, each with the dim's symbol: the batch
+    dim; and whether one was filled. With `options.batch` above 1 and no shape given for the
+    input, the dim is set to 1 here: each batch context (passes/multicore.py) takes one image, as
+    rknn-toolkit2's rknn_batch_size takes a model of batch 1."""
+    found, filled = {}, False
+    for value in _true_inputs(graph):
+        tensor_type = value.type.tensor_type
+        if value.type.WhichOneof("value") != "tensor_type" or not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if not dims or (dims[0].HasField("dim_value") and dims[0].dim_value >= 0):
+            continue
+        found[value.name] = dims[0].dim_param
+        if options.batch > 1 and value.name not in options.input_shapes:
+            dims[0].dim_value, filled = 1, True
+    return found, filled
+
+
+def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ...]], filled: bool = False) -> None:
+    """Give the inputs the shapes in `overrides` and refuse any dim still unknown; with
+    overrides or a batch dim `filled`, forget the shapes the model recorded for the old ones."""
     inputs = {v.name: v for v in _true_inputs(graph)}
     for name in overrides:
         if name not in inputs:
@@ -282,8 +305,10 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
             if dim.HasField("dim_value"):
                 raise CompileError(f"input '{name}' has dim {axis} = {dim.dim_value}; dims must not be negative")
             label = f" ('{dim.dim_param}')" if dim.dim_param else ""
-            raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape {name}:d0,d1,...")
-    if overrides:
+            batch = " (or dim 0 with --batch N: N images, one per batch context)" if axis == 0 else ""
+            raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape "
+                               f"{name}:d0,d1,...{batch}")
+    if overrides or filled:
         # Shapes recorded for the old input shape would contradict the new one: infer them anew.
         del graph.value_info[:]
         for output in graph.output:

@@ -489,7 +489,7 @@ def _plan_to_draw(args: argparse.Namespace):
     args.dtype, args.batch = args.dtype or "float16", args.batch or 1
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
-    return api.compile(args.model, args.target, options)
+    return api.plan_model(args.model, args.target, options)
 
 
 def _compare(args: argparse.Namespace) -> int:

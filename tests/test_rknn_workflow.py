@@ -12,6 +12,7 @@ import rkcompile
 from conftest import REPO, make_model, value_info, weight
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
+from rkcompile.views.summary import render_summary
 
 TINY = REPO / "examples" / "tiny_cnn.onnx"
 
@@ -62,3 +63,55 @@ def test_a_failing_shape_inference_names_the_input_shape_given(capsys, save):
                       [value_info("y", ["N", 4])], [weight("w", np.zeros((4, 7), np.float32))])
     err = _one_error_line(capsys, "plan", str(save(gemm)), "--target", "rk3588", "--input-shape", "x:1,5")
     assert "shape inference failed with input shape x:1,5" in err
+
+
+def test_batch_fills_a_symbolic_batch_dim_and_the_summary_says_so(tmp_path):
+    model = _symbolic({0: "N"}, tmp_path / "batch_n.onnx")
+    plan = rkcompile.compile(model, "rk3588", batch=4)
+    assert plan.record.model.inputs[0].shape == (1, 3, 64, 64) and plan.record.model.batch_dims == {"image": "N"}
+    assert "batch 4: 4 contexts of 1 image, dim 0 ('N') of input 'image' planned as 1" in plan.summary()
+    assert rkcompile.load(plan.save(tmp_path / "n.rkplan")).record.model.batch_dims == {"image": "N"}
+
+
+def test_a_plan_counts_images_whichever_way_the_batch_was_set(tmp_path):
+    """Four images in the graph's batch dim are four images: the fps counts them all."""
+    model = _symbolic({0: "N"}, tmp_path / "batch_n.onnx")
+    one = rkcompile.compile(model, "rk3588", input_shapes={"image": (1, 3, 64, 64)}).record
+    four = rkcompile.compile(model, "rk3588", input_shapes={"image": (4, 3, 64, 64)}).record
+    assert (one.images, four.images) == (1, 4)
+    assert four.multicore.est_fps == pytest.approx(4e3 / four.multicore.est_latency_ms, rel=1e-3)
+    assert "batch 4: 1 context of 4 images" in render_summary(four)
+    static = rkcompile.compile(TINY, "rk3588").record  # no batch dim: the JSON is as before
+    assert "batch_dims" not in static.to_dict()["model"] and static.images == 1
+
+
+@pytest.mark.parametrize("batch", [0, -1, 1.5, True])
+def test_the_api_refuses_a_batch_that_is_no_positive_integer(batch):
+    with pytest.raises(CompileError, match=r"^batch="):
+        rkcompile.compile(TINY, "rk3588", batch=batch)
+
+
+def test_api_errors_name_api_parameters_not_flags(tmp_path):
+    with pytest.raises(CompileError) as refused:
+        rkcompile.compile(TINY, "rk3588", dtype="int8", calibration=tmp_path / "missing")
+    assert str(refused.value).startswith("calibration: ") and "--" not in str(refused.value)
+    with pytest.raises(CompileError) as refused:
+        rkcompile.compile(_symbolic({0: "N"}, tmp_path / "n.onnx"), "rk3588")
+    assert "input_shapes" in str(refused.value) and "--" not in str(refused.value)
+
+
+@pytest.mark.parametrize("keyword, ours", [("dataset", "calibration="), ("target_platform", "target="),
+                                           ("quantized_algorithm", "calibration_method="),
+                                           ("do_quantization", "dtype='int8'"), ("rknn_batch_size", "batch=")])
+def test_rknn_toolkit_keywords_get_a_hint_naming_ours(keyword, ours):
+    with pytest.raises(CompileError, match=f"rknn-toolkit2's {keyword}; rkcompile.compile takes {ours}"):
+        rkcompile.compile(TINY, "rk3588", **{keyword: "x"})
+
+
+def test_rknn_toolkit_mean_values_per_input_are_taken(tmp_path):
+    from rkcompile.api import _options
+
+    options = _options(None, {"mean_values": [[123.675, 116.28, 103.53]], "std_values": [[58.395, 57.12, 57.375]]})
+    assert options.mean_values == (123.675, 116.28, 103.53) and options.std_values == (58.395, 57.12, 57.375)
+    with pytest.raises(CompileError, match="std_values: one number per channel"):
+        _options(None, {"std_values": [[1.0, 2.0], [3.0]]})

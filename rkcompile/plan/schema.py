@@ -54,11 +54,20 @@ class ModelInfo:
     outputs: tuple[TensorSpec, ...]
     #: the opsets of the other domains the model imports (ai.onnx.ml, ai.onnx.preview.training)
     domain_opsets: dict[str, int] = field(default_factory=dict)
+    #: input name -> the symbol ('' when unnamed) of its dim 0, for each input whose dim 0 the
+    #: model leaves symbolic: the batch dim, which --batch fills with 1 (an image per context)
+    #: and an input shape may fill with more images per run (`images_per_run`)
+    batch_dims: dict[str, str] = field(default_factory=dict)
 
     @property
     def opsets(self) -> dict[str, int]:
         """Every domain's opset, ai.onnx's under ""."""
         return {**self.domain_opsets, "": self.opset}
+
+    @property
+    def images_per_run(self) -> int:
+        """The images one run of the graph takes: its symbolic batch dim as planned (1 without one)."""
+        return max((spec.shape[0] for spec in self.inputs if spec.name in self.batch_dims and spec.shape), default=1)
 
 
 @frozen_dataclass
@@ -312,8 +321,17 @@ class Plan:
     #: What the int8 plan did beyond calibrating (equalization, bias correction, auto float16).
     int8_techniques: tuple[Int8Technique, ...] = ()
 
+    @property
+    def images(self) -> int:
+        """The images one batch takes: `batch` contexts' runs of `model.images_per_run` each."""
+        return self.batch * self.model.images_per_run
+
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
+        # added after plan/2 was published: written only when set, so every other plan's JSON
+        # is byte for byte what it was
+        if not body["model"]["batch_dims"]:
+            del body["model"]["batch_dims"]
         ordered = {"schema": body.pop("schema")}
         ordered.update(body)
         return ordered
@@ -333,6 +351,7 @@ class Plan:
                 inputs=tuple(_build(TensorSpec, t) for t in model["inputs"]),
                 outputs=tuple(_build(TensorSpec, t) for t in model["outputs"]),
                 domain_opsets=dict(model.get("domain_opsets", {})),
+                batch_dims=dict(model.get("batch_dims", {})),
             ),
             nodes=tuple(_build(NodeEntry, n) for n in data["nodes"]),
             steps=tuple(_build(Step, s, {"operation": partial(_build, Operation)}) for s in data["steps"]),
