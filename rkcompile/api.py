@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.plan import artifact
 from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.compiler.idle_npu import refuse_idle_npu
 from rkcompile.plan.cpu_partitions import cpu_partition_models
 from rkcompile.emulator.accuracy import StepAccuracy, analyse
 from rkcompile.numerics import float16 as half
@@ -119,7 +120,9 @@ def plan_model(model: str | Path, target: str, options: Options) -> Plan:
     """`compile` with its Options made, for the command line: failures name its flags."""
     from rkcompile.compiler.int8_choice import compile_with_choice
 
-    return plan_of(*compile_with_choice(model, target, options, plan_of))
+    plan = plan_of(*compile_with_choice(model, target, options, plan_of))
+    refuse_idle_npu(plan.record)
+    return plan
 
 
 #: the command line's planning flags and the API parameter each sets

@@ -68,6 +68,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (help_line, description, add_arguments) in _SUBCOMMANDS.items():
         subcommand = commands.add_parser(name, help=help_line, description=description)
+        # -v after the subcommand too; SUPPRESS keeps a -v before it from being reset
+        subcommand.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                help="log each pass and every CPU fallback")
         if command is None or command == name:
             add_arguments(subcommand)
     return parser
@@ -158,10 +161,11 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--plan", type=Path, metavar="PLAN",
                      help="execute this saved plan: a PLAN.rkplan artifact needs no MODEL (given one, it must "
                           "be the model planned); a plan JSON file is checked against MODEL planned afresh")
-    run.add_argument("--inputs", type=Path, metavar="X.npz|X.npy",
+    run.add_argument("--inputs", type=Path, metavar="X.npz|X.npy|IMAGE",
                      help="input arrays: an .npz keyed by graph input name (and, for --check, reference outputs "
                           "by output name; inputs it lacks are seeded random, keys the model does not name are "
-                          "refused), or one .npy array for a single-input model")
+                          "refused), one .npy array for a single-input model, or an image (png, jpg, bmp; with "
+                          "Pillow) read as --calib reads one, with --mean-values, --std-values and --channel-order")
     run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name "
                      "(a sequence output as NAME[0], NAME[1], ...)")
     run.add_argument("--check", action="store_true",
@@ -366,10 +370,10 @@ def _plan(args: argparse.Namespace) -> int:
                            f"no plan written\n{listed}")
     if args.json is not None:
         write_atomically(args.json, plan.to_json())
-    if args.output is not None:
-        from rkcompile.api import Plan, weight_region
+    if args.output is not None:  # what Plan.save writes, the reference weights included
+        from rkcompile.api import plan_of
 
-        Plan(plan, weight_region(plan, ctx.graph, ctx.target)).save(args.output)
+        plan_of(plan, ctx).save(args.output)
     # With the plan on standard output, what a person reads goes to standard error.
     text_stream = sys.stderr if to_stdout else sys.stdout
     if explanation is not None:
@@ -509,11 +513,22 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import dataclasses
     import zipfile
 
     from rkcompile.compiler.context import Options
     from rkcompile.commands.run import run_command
 
+    from rkcompile.quantization.params import IMAGE_SUFFIXES, ImagePreprocessing
+
+    args.image_preprocessing = None
+    if args.inputs is not None and args.inputs.suffix.lower() in IMAGE_SUFFIXES:
+        # the image flags read the --inputs image; they plan the model only with a --calib to read too
+        args.image_preprocessing = ImagePreprocessing(
+            *(given if given is not None else default for given, default in zip(
+                (args.mean_values, args.std_values, args.channel_order), dataclasses.astuple(ImagePreprocessing()))))
+        if args.calib is None:
+            args.mean_values = args.std_values = args.channel_order = None
     args.planning_flags = planning_flags(args)
     args.dtype, args.batch = args.dtype or "float16", args.batch or 1
     if args.plan is not None and zipfile.is_zipfile(args.plan):  # an artifact runs as planned

@@ -115,3 +115,62 @@ def test_rknn_toolkit_mean_values_per_input_are_taken(tmp_path):
     assert options.mean_values == (123.675, 116.28, 103.53) and options.std_values == (58.395, 57.12, 57.375)
     with pytest.raises(CompileError, match="std_values: one number per channel"):
         _options(None, {"std_values": [[1.0, 2.0], [3.0]]})
+
+
+def test_plan_output_writes_what_plan_save_writes(tmp_path, capsys):
+    import zipfile
+
+    written, saved = tmp_path / "cli.rkplan", tmp_path / "api.rkplan"
+    assert main(["plan", str(TINY), "--target", "rk3588", "--quiet", "-o", str(written)]) == 0
+    rkcompile.compile(TINY, "rk3588").save(saved)
+    with zipfile.ZipFile(written) as cli, zipfile.ZipFile(saved) as api:
+        assert sorted(cli.namelist()) == sorted(api.namelist())
+        assert all(cli.read(name) == api.read(name) for name in api.namelist())
+    capsys.readouterr()
+    assert main(["run", "--plan", str(written), "--accuracy-analysis"]) == 0
+    assert "cosine" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["-v", "targets"], ["targets", "-v"],
+                                  ["plan", str(TINY), "-v", "--target", "rk3588", "--quiet"],
+                                  ["plan", str(TINY), "--target", "rk3588", "--quiet", "--verbose"]])
+def test_verbose_is_taken_anywhere_on_the_command_line(argv, capsys):
+    from rkcompile.cli import build_parser, command_named
+
+    assert build_parser(command_named(argv)).parse_args(argv).verbose is True
+    assert main(argv) == 0
+
+
+@pytest.mark.parametrize("target", ["rv1106", "rv1103"])
+def test_float16_on_rv1106_is_refused_even_with_an_op_on_the_npu(target, save, capsys):
+    """A Conv (int8 only there) and a Relu (any dtype): 1 of 2 ops on the NPU planned before."""
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+                        helper.make_node("Relu", ["c"], ["y"], name="relu")],
+                       [value_info("x", [1, 3, 8, 8])], [value_info("y", [1, 4, 6, 6])],
+                       [weight("w", np.ones((4, 3, 3, 3), np.float32))])
+    path = save(model)
+    err = _one_error_line(capsys, "plan", str(path), "--target", target)
+    assert "rv1106's NPU runs Conv in int8 only" in err and "1 of 2 ops on the NPU" in err and "--dtype int8" in err
+    with pytest.raises(CompileError, match="dtype int8"):
+        rkcompile.compile(path, target)
+    assert main(["plan", str(path), "--target", target, "--dtype", "int8", "--quiet"]) == 0
+
+
+def test_run_inputs_reads_an_image_as_calibration_does(tmp_path, capsys):
+    from PIL import Image
+
+    from rkcompile.quantization.params import ImagePreprocessing, read_image
+
+    image, array = tmp_path / "cat.png", tmp_path / "cat.npy"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(image)
+    how = ImagePreprocessing((123.675, 116.28, 103.53), (58.395, 57.12, 57.375), "BGR")
+    spec = rkcompile.compile(TINY, "rk3588").record.model.inputs[0]
+    np.save(array, read_image(image, spec, how, "test"))
+    flags = ["--mean-values", "123.675,116.28,103.53", "--std-values", "58.395,57.12,57.375", "--channel-order", "BGR"]
+    from_image, from_array = tmp_path / "image.npz", tmp_path / "array.npz"
+    assert main(["run", str(TINY), "--target", "rk3588", "--inputs", str(image), *flags,
+                 "--outputs", str(from_image)]) == 0
+    assert main(["run", str(TINY), "--target", "rk3588", "--inputs", str(array), "--outputs", str(from_array)]) == 0
+    assert np.array_equal(np.load(from_image)["logits"], np.load(from_array)["logits"])
+    err = _one_error_line(capsys, "run", str(TINY), "--target", "rk3588", "--inputs", str(tmp_path / "dog.png"))
+    assert "--inputs" in err and "dog.png" in err

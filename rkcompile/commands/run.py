@@ -39,10 +39,13 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
         raise CompileError("--json - and --outputs - both ask for standard output; send one to a file")
     # With a file on standard output, what a person reads goes to standard error.
     text = sys.stderr if to_stdout else sys.stdout
-    arrays = _load_inputs(args.inputs) if args.inputs is not None else None
+    images = getattr(args, "image_preprocessing", None)
+    arrays = _load_inputs(args.inputs) if args.inputs is not None and images is None else None
     prepared = _prepared(args, options)
     refuse_idle_npu(prepared.plan)
     given = {} if arrays is None else match_inputs(args.inputs, arrays, prepared.plan)
+    if images is not None:
+        given = image_input(args.inputs, prepared.plan, images)
     inputs = make_inputs(prepared.plan, given, args.seed)
     if given and set(inputs) - set(given):
         print(f"note: seeded random values for {', '.join(sorted(set(inputs) - set(given)))} "
@@ -144,6 +147,20 @@ def _sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError as exc:
         raise CompileError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def image_input(path: Path, plan, images) -> dict[str, np.ndarray]:
+    """--inputs as an image: the value of a single-input model's input, read as --calib reads an
+    image (`ImagePreprocessing` from --mean-values, --std-values and --channel-order)."""
+    from rkcompile.quantization.params import read_image
+
+    if len(plan.model.inputs) != 1:
+        raise EmulationError(f"--inputs: {path} is an image but the model has {len(plan.model.inputs)} inputs "
+                             f"({', '.join(spec.name for spec in plan.model.inputs)}); give an .npz keyed by input name")
+    if not path.is_file():
+        raise EmulationError(f"--inputs: {path} does not exist")
+    spec = plan.model.inputs[0]
+    return {spec.name: read_image(path, spec, images, str(path), flag="--inputs")}
 
 
 def _load_inputs(path: Path) -> np.ndarray | dict[str, np.ndarray]:
