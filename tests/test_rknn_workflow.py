@@ -174,3 +174,91 @@ def test_run_inputs_reads_an_image_as_calibration_does(tmp_path, capsys):
     assert np.array_equal(np.load(from_image)["logits"], np.load(from_array)["logits"])
     err = _one_error_line(capsys, "run", str(TINY), "--target", "rk3588", "--inputs", str(tmp_path / "dog.png"))
     assert "--inputs" in err and "dog.png" in err
+
+
+def _rewrite_artifact(source, target, change) -> None:
+    """Copy the artifact `source` to `target`, member by member, through `change(name, data)`:
+    the new bytes, or None to leave the member out."""
+    import zipfile
+
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:
+        for name in old.namelist():
+            data = change(name, old.read(name))
+            if data is not None:
+                new.writestr(name, data)
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    return rkcompile.compile(TINY, "rk3588").save(tmp_path_factory.mktemp("artifact") / "tiny.rkplan")
+
+
+def test_an_artifact_member_changed_after_saving_is_refused(saved_tiny, tmp_path, capsys):
+    changed = tmp_path / "changed.rkplan"
+    _rewrite_artifact(saved_tiny, changed, lambda name, data: bytes([data[0] ^ 1]) + data[1:]
+                      if name == "weights.bin" else data)
+    with pytest.raises(CompileError, match="weights.bin does not match its sha256"):
+        rkcompile.load(changed)
+    err = _one_error_line(capsys, "run", "--plan", str(changed))
+    assert "weights.bin does not match its sha256" in err
+
+
+def test_an_artifact_without_digests_still_loads(saved_tiny, tmp_path):
+    older = tmp_path / "older.rkplan"
+    _rewrite_artifact(saved_tiny, older, lambda name, data: None if name == "digests.json" else data)
+    assert rkcompile.load(older).weights == rkcompile.load(saved_tiny).weights
+
+
+def test_a_weights_member_inflating_past_its_plan_is_refused_without_reading_it(saved_tiny, tmp_path):
+    import time
+    import tracemalloc
+    import zipfile
+
+    bomb = tmp_path / "bomb.rkplan"
+    _rewrite_artifact(saved_tiny, bomb, lambda name, data: None if name in ("weights.bin", "digests.json") else data)
+    with zipfile.ZipFile(bomb, "a", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("weights.bin", "w", force_zip64=True) as member:
+        zeros = bytes(1 << 20)
+        for _ in range(256):
+            member.write(zeros)
+    assert bomb.stat().st_size < 2 << 20
+    tracemalloc.start()
+    started = time.perf_counter()
+    with pytest.raises(CompileError, match=r"member weights.bin is 268435456 bytes, but its plan allows exactly"):
+        rkcompile.load(bomb)
+    seconds, (_, peak) = time.perf_counter() - started, tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert seconds < 2 and peak < 32 << 20
+
+
+def test_an_unknown_member_is_refused(saved_tiny, tmp_path):
+    extra = tmp_path / "extra.rkplan"
+    _rewrite_artifact(saved_tiny, extra, lambda name, data: data)
+    import zipfile
+
+    with zipfile.ZipFile(extra, "a") as archive:
+        archive.writestr("../../evil.sh", b"rm -rf /")
+    with pytest.raises(CompileError, match="unknown member '../../evil.sh'"):
+        rkcompile.load(extra)
+
+
+def test_a_deeply_nested_plan_is_one_error_line(saved_tiny, tmp_path, capsys):
+    nested = "[" * 200_000 + "]" * 200_000
+    deep = tmp_path / "deep.rkplan"
+    _rewrite_artifact(saved_tiny, deep, lambda name, data: None if name == "digests.json" else
+                      nested.encode() if name == "plan.json" else data)
+    (tmp_path / "deep.json").write_text(nested)
+    for path in (deep, tmp_path / "deep.json"):
+        err = _one_error_line(capsys, "run", "--plan", str(path), str(TINY), "--target", "rk3588")
+        assert "nested too deep" in err
+
+
+def test_run_refuses_an_arena_beyond_the_memory_available(saved_tiny, capsys, monkeypatch):
+    from rkcompile.commands import run
+
+    arena = rkcompile.load(saved_tiny).record.memory.arena_bytes
+    monkeypatch.setattr(run, "available_memory", lambda: arena - 1)
+    err = _one_error_line(capsys, "run", "--plan", str(saved_tiny))
+    assert f"arena is {arena} bytes" in err and f"{arena - 1} bytes" in err
+    monkeypatch.undo()
+    assert main(["run", "--plan", str(saved_tiny)]) == 0

@@ -9,6 +9,7 @@ import hashlib
 import ast
 import io
 import json
+import os
 import sys
 import time
 import zipfile
@@ -43,6 +44,7 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
     arrays = _load_inputs(args.inputs) if args.inputs is not None and images is None else None
     prepared = _prepared(args, options)
     refuse_idle_npu(prepared.plan)
+    refuse_arena_beyond_memory(prepared.plan, available_memory())
     given = {} if arrays is None else match_inputs(args.inputs, arrays, prepared.plan)
     if images is not None:
         given = image_input(args.inputs, prepared.plan, images)
@@ -139,6 +141,40 @@ def shape_flag(shape: tuple[str, tuple[int, ...]]) -> str:
     """An input shape as --input-shape takes it: NAME:d0,d1,..."""
     name, dims = shape
     return f"{name}:{','.join(map(str, dims))}"
+
+
+def refuse_arena_beyond_memory(plan, available: int | None) -> None:
+    """The emulator allocates the plan's arena whole before the first step: an arena larger than
+    the memory the process can have (a plan from elsewhere, or a hostile one) is refused in one
+    line instead of failing deep in numpy or waking the OOM killer. `available` None: unknown."""
+    arena = plan.memory.arena_bytes
+    if available is not None and arena > available:
+        raise EmulationError(f"the plan's arena is {arena} bytes ({arena / 2**20:.1f} MiB), more than the "
+                             f"{available} bytes ({available / 2**20:.1f} MiB) of memory available to run it")
+
+
+def available_memory() -> int | None:
+    """Bytes this process could still allocate: the system's available memory (/proc/meminfo's
+    MemAvailable, else the free pages), capped by the cgroup's limit less its use; None when
+    neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            found += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
 
 
 def _sha256(path: Path) -> str:
