@@ -127,6 +127,9 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--core-mask", default="auto", choices=CORE_MASKS, metavar="MASK",
                       help=f"NPU cores for one input ({'|'.join(CORE_MASKS)}; default auto): steps whose kernel "
                            "is multi-core on the target split across them; with --batch > 1 leave it auto")
+    plan.add_argument("--csv", type=Path, metavar="PATH",
+                      help="also write the summary's figures to PATH as CSV, a header and one row (as Arm's vela "
+                           "writes its summary CSV)")
     plan.add_argument("--quiet", action="store_true", help="print no summary")
     plan.add_argument("--strict", action="store_true",
                       help="fail, writing no plan, when any node falls back to the CPU; lists each node's reasons")
@@ -147,6 +150,13 @@ def _graph_arguments(graph: argparse.ArgumentParser) -> None:
                        help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm or .onnx)")
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
                        help="the file to write ('-' for standard output, with --format)")
+
+
+def _perf_arguments(perf: argparse.ArgumentParser) -> None:
+    _add_model_arguments(perf, saved_plan=True)
+    perf.set_defaults(dtype=None, batch=None)  # None: not given, so a saved plan's own values hold
+    perf.add_argument("--csv", type=Path, metavar="PATH",
+                      help="also write the rows to PATH as CSV, one a step (as Arm's vela writes its per-layer CSV)")
 
 
 def _compare_arguments(compare: argparse.ArgumentParser) -> None:
@@ -273,6 +283,10 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser
               "one rkcompile::NpuPartition node per NPU partition, or one of the two pictures as SVG: the arena "
               "over the steps (memory-svg) or the per-core timeline of an estimated run (timeline-svg).",
               _graph_arguments),
+    "perf": ("print each step's estimated time and share of the run",
+             "Plan MODEL (or read a saved plan) and print one row per step, as rknn-toolkit2's eval_perf: device, "
+             "kernel, nodes, MACs, bytes read and written, the cost model's estimated microseconds and share of "
+             "the run (docs/cost-model.md); the totals are the summary's estimate.", _perf_arguments),
     "compare": ("plan a model for several SoCs and print one table",
                 "Plan MODEL for each target and print one row per SoC: NPU share of the ops, CPU ops, steps, "
                 "arena, weights and estimated fps (docs/cost-model.md). A target that cannot take the model gets "
@@ -370,6 +384,10 @@ def _plan(args: argparse.Namespace) -> int:
                            f"no plan written\n{listed}")
     if args.json is not None:
         write_atomically(args.json, plan.to_json())
+    if args.csv is not None:
+        from rkcompile.views.perf import summary_csv
+
+        write_atomically(args.csv, summary_csv(plan))
     if args.output is not None:  # what Plan.save writes, the reference weights included
         from rkcompile.api import plan_of
 
@@ -496,6 +514,17 @@ def _plan_to_draw(args: argparse.Namespace):
     return api.plan_model(args.model, args.target, options)
 
 
+def _perf(args: argparse.Namespace) -> int:
+    from rkcompile.plan.schema import write_atomically
+    from rkcompile.views.perf import perf_csv, render_perf
+
+    record = _plan_to_draw(args).record
+    if args.csv is not None:
+        write_atomically(args.csv, perf_csv(record))
+    print(render_perf(record))
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from rkcompile.commands.compare import compare, parse_targets, render_table, to_json
     from rkcompile.compiler.context import Options
@@ -556,7 +585,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run, "zoo": _zoo,
-             "compare": _compare}
+             "compare": _compare, "perf": _perf}
 
 
 def console_main() -> NoReturn:

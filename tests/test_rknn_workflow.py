@@ -262,3 +262,40 @@ def test_run_refuses_an_arena_beyond_the_memory_available(saved_tiny, capsys, mo
     assert f"arena is {arena} bytes" in err and f"{arena - 1} bytes" in err
     monkeypatch.undo()
     assert main(["run", "--plan", str(saved_tiny)]) == 0
+
+
+@pytest.mark.parametrize("options, total_is", [({}, "est_latency_ms"), ({"core_mask": "0_1_2"}, "est_latency_ms"),
+                                               ({"batch": 3}, "est_one_core_ms")])
+def test_perf_steps_add_up_to_the_summarys_estimate(options, total_is, tmp_path, capsys):
+    import csv
+
+    model = REPO.parent / "shared" / "zoo" / "yolov8n.onnx"
+    plan = rkcompile.compile(model if model.exists() else TINY, "rk3588", **options)
+    saved = plan.save(tmp_path / "p.rkplan")
+    table = tmp_path / "perf.csv"
+    assert main(["perf", str(saved), "--csv", str(table)]) == 0
+    out = capsys.readouterr().out
+    total_us = float(next(line for line in out.splitlines() if line.startswith("total")).split()[-2])
+    assert total_us == pytest.approx(getattr(plan.record.multicore, total_is) * 1e3, abs=0.1)
+    with open(table, newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    assert list(rows[0]) == ["Step", "Device", "Kernel", "Nodes", "MAC Count", "Bytes Read", "Bytes Written",
+                             "Estimated us", "Network%", "Name"]
+    assert len(rows) == len(plan.record.steps) + 1  # and the run's fixed cost
+    assert sum(float(row["Estimated us"]) for row in rows) == pytest.approx(total_us, abs=0.1)
+    assert sum(float(row["Network%"]) for row in rows) == pytest.approx(100, abs=0.01)
+    assert sum(int(row["MAC Count"]) for row in rows) == sum(step.macs for step in plan.record.steps)
+
+
+def test_perf_plans_a_model_and_plan_csv_writes_the_summary_figures(tmp_path, capsys):
+    import csv
+
+    figures = tmp_path / "summary.csv"
+    assert main(["perf", str(TINY), "--target", "rk3588"]) == 0
+    assert "kernel" in capsys.readouterr().out
+    assert main(["plan", str(TINY), "--target", "rk3588", "--quiet", "--csv", str(figures)]) == 0
+    with open(figures, newline="") as stream:
+        (row,) = list(csv.DictReader(stream))
+    plan = rkcompile.compile(TINY, "rk3588").record
+    assert (row["target"], int(row["steps"]), float(row["est_fps"])) == ("rk3588", len(plan.steps),
+                                                                        plan.multicore.est_fps)
