@@ -299,3 +299,35 @@ def test_perf_plans_a_model_and_plan_csv_writes_the_summary_figures(tmp_path, ca
     plan = rkcompile.compile(TINY, "rk3588").record
     assert (row["target"], int(row["steps"]), float(row["est_fps"])) == ("rk3588", len(plan.steps),
                                                                         plan.multicore.est_fps)
+
+
+def test_memory_totals_count_every_region_and_context(tmp_path):
+    import json
+
+    one = rkcompile.compile(TINY, "rk3588").record
+    three = rkcompile.compile(TINY, "rk3588", batch=3).record
+    inputs = sum(t.bytes for t in one.tensors.values() if t.region == "input")
+    outputs = sum(t.bytes for t in one.tensors.values() if t.region == "output")
+    assert one.memory.total_bytes == one.memory.weight_bytes + one.memory.arena_bytes + inputs + outputs
+    assert three.memory.total_bytes == (three.memory.weight_bytes + 3 * three.memory.arena_bytes
+                                        + 3 * (inputs + outputs))
+    assert json.loads(three.to_json())["memory"]["total_bytes"] == three.memory.total_bytes
+    assert "memory total" in render_summary(three) and "x 3 contexts" in render_summary(three)
+    older = json.loads(one.to_json())
+    del older["memory"]["total_bytes"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    loaded = rkcompile.load(tmp_path / "older.json").record
+    assert loaded.memory.total_bytes is None and loaded.memory_totals().total_bytes == one.memory.total_bytes
+    assert "memory total" in render_summary(loaded)
+
+
+def test_memory_totals_name_the_weights_cpu_partitions_read(save):
+    """A Conv the NPU cannot run (a 3-D weight: Conv1d) reads its weight on the CPU."""
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", dilations=[70])],
+                       [value_info("x", [1, 3, 200])], [value_info("y", [1, 4, 60])],
+                       [weight("w", np.ones((4, 3, 3), np.float32))])
+    plan = rkcompile.compile(save(model), "rk3588").record
+    totals = plan.memory_totals()
+    cpu_steps = [step for step in plan.steps if step.device == "cpu"]
+    assert cpu_steps and totals.cpu_weight_bytes == plan.tensors["w"].bytes
+    assert "the CPU partitions read" in render_summary(plan)

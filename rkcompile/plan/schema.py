@@ -204,6 +204,27 @@ class Memory:
     weight_bytes: int
     #: Every arena offset is a multiple of this many bytes (docs/memory.md says why).
     alignment: int = 1
+    #: Everything a run holds at once (`MemoryTotals.total_bytes`); None in plans written before it
+    total_bytes: int | None = None
+
+
+@frozen_dataclass
+class MemoryTotals:
+    """What a run of the plan holds at once (rknn-toolkit2's eval_memory): the weights, shared by
+    every batch context (seed 004: duplicated contexts share them); an arena per context, none
+    shared; the batched input and output buffers (`batch` times one run's); and, among the
+    weights, those the CPU partitions read."""
+
+    weight_bytes: int
+    arena_bytes: int  # one context's
+    contexts: int
+    input_bytes: int  # the whole batch's
+    output_bytes: int
+    cpu_weight_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.arena_bytes * self.contexts + self.input_bytes + self.output_bytes
 
 
 @frozen_dataclass
@@ -320,6 +341,19 @@ class Plan:
     quantization: dict[str, Quantization] = field(default_factory=dict)
     #: What the int8 plan did beyond calibrating (equalization, bias correction, auto float16).
     int8_techniques: tuple[Int8Technique, ...] = ()
+
+    def memory_totals(self) -> MemoryTotals:
+        """The plan's memory, region by region (`MemoryTotals`)."""
+        def region(name: str) -> int:
+            return sum(tensor.bytes for tensor in self.tensors.values() if tensor.region == name)
+
+        cpu_reads = {name for step in self.steps if step.device == "cpu" for name in step.inputs}
+        return MemoryTotals(
+            weight_bytes=self.memory.weight_bytes, arena_bytes=self.memory.arena_bytes,
+            contexts=len(self.multicore.contexts) or 1, input_bytes=self.batch * region("input"),
+            output_bytes=self.batch * region("output"),
+            cpu_weight_bytes=sum(self.tensors[name].bytes for name in cpu_reads
+                                 if self.tensors[name].region == "weight"))
 
     @property
     def images(self) -> int:

@@ -111,6 +111,7 @@ def summary_csv(plan: Plan) -> str:
                "npu_percent": round(100 * npu / max(npu + cpu, 1), 1), "steps": len(plan.steps),
                "partitions": len(plan.partitions), "arena_bytes": memory.arena_bytes,
                "arena_lower_bound_bytes": memory.lower_bound_bytes, "weight_bytes": memory.weight_bytes,
+               "memory_total_bytes": plan.memory_totals().total_bytes,
                "cores": multicore.cores, "est_latency_ms": multicore.est_latency_ms, "est_fps": multicore.est_fps,
                "est_one_core_ms": multicore.est_one_core_ms, "speedup": multicore.speedup}
     buffer = io.StringIO()

@@ -135,6 +135,16 @@ def _most_common(counts: Counter, shown: int = 3) -> str:
     return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
 
 
+def _memory_total_line(plan: Plan) -> str:
+    """Everything a run holds at once, region by region (eval_memory)."""
+    totals = plan.memory_totals()
+    contexts = (f" x {totals.contexts} contexts (each its own; the weights shared)" if totals.contexts > 1 else "")
+    cpu = f"; the CPU partitions read {_kib(totals.cpu_weight_bytes)} of the weights" if totals.cpu_weight_bytes else ""
+    return (f"  memory total                {_kib(totals.total_bytes)} (weights {_kib(totals.weight_bytes)}, arena "
+            f"{_kib(totals.arena_bytes)}{contexts}, inputs {_kib(totals.input_bytes)}, outputs "
+            f"{_kib(totals.output_bytes)}{cpu})")
+
+
 def _batch_text(plan: Plan) -> str:
     """The batch in images, and how the plan takes them when the model's batch dim is symbolic:
     contexts (--batch) of runs of the graph, its dim 0 planned as given (--input-shape) or 1."""
@@ -186,6 +196,7 @@ def render_summary(plan: Plan) -> str:
         f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
         f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
         f"  weights                     {_kib(plan.memory.weight_bytes)}",
+        _memory_total_line(plan),
         _padding_line(plan),
         *_multicore_lines(plan),
     ]
