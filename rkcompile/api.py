@@ -86,6 +86,13 @@ class Plan:
 
         return render_summary(self.record)
 
+    def partition_graph(self):
+        """The partitions and steps as a networkx DiGraph, with their device, kernel, tensors,
+        bytes and estimated time (rkcompile/views/partition_graph.py); networkx loads here."""
+        from rkcompile.views.partition_graph import partition_graph
+
+        return partition_graph(self.record)
+
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data (`rkcompile.plan/2`), without the weight region."""
         return self.record.to_dict()

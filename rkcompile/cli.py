@@ -147,7 +147,8 @@ def _graph_arguments(graph: argparse.ArgumentParser) -> None:
     _add_model_arguments(graph, saved_plan=True)
     graph.set_defaults(dtype=None, batch=None)  # None: not given, so a saved plan's own values hold
     graph.add_argument("--format", choices=GRAPH_FORMATS,
-                       help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm or .onnx)")
+                       help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm, .onnx or "
+                            ".graphml)")
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
                        help="the file to write ('-' for standard output, with --format)")
 
@@ -280,7 +281,9 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser
     "graph": ("draw the partition graph of a plan",
               "Plan MODEL (or read a saved plan) and write its partition graph: Graphviz DOT, SVG (needs "
               "Graphviz's dot), a self-contained HTML page with the memory and time pictures, an ONNX file with "
-              "one rkcompile::NpuPartition node per NPU partition, or one of the two pictures as SVG: the arena "
+              "one rkcompile::NpuPartition node per NPU partition, GraphML of the partitions and steps with their "
+              "device, kernel, tensors, bytes and estimated time (Plan.partition_graph), or one of the two pictures "
+              "as SVG: the arena "
               "over the steps (memory-svg) or the per-core timeline of an estimated run (timeline-svg).",
               _graph_arguments),
     "perf": ("print each step's estimated time and share of the run",
@@ -443,9 +446,10 @@ def _ops(args: argparse.Namespace) -> int:
     return 0
 
 
-GRAPH_FORMATS = ("dot", "svg", "html", "onnx", "memory-svg", "timeline-svg")
+GRAPH_FORMATS = ("dot", "svg", "html", "onnx", "graphml", "memory-svg", "timeline-svg")
 #: `graph -o OUT` without --format: the format OUT's suffix names
-GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx"}
+GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx",
+                  ".graphml": "graphml"}
 CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantization/params.py METHODS
 OPS_FORMATS = ("md", "text")
 
@@ -466,6 +470,11 @@ def _graph(args: argparse.Namespace) -> int:
 
         nodes = plan.reference_nodes if plan.reference_nodes is not None else plan.step_nodes()
         write_atomically(args.output, partitioned_model(record, nodes).SerializeToString())
+        return 0
+    if graph_format == "graphml":  # Plan.partition_graph, for networkx, Gephi, yEd, Cytoscape
+        import networkx
+
+        write_atomically(args.output, "\n".join(networkx.generate_graphml(plan.partition_graph())) + "\n")
         return 0
     if graph_format in ("memory-svg", "timeline-svg"):
         from rkcompile.views.charts import memory_svg, timeline_svg

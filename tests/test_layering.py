@@ -24,7 +24,8 @@ PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan
              "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.ir.nodes")
 EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
-         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts")
+         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.perf",
+         "rkcompile.views.partition_graph")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 
 

@@ -331,3 +331,40 @@ def test_memory_totals_name_the_weights_cpu_partitions_read(save):
     cpu_steps = [step for step in plan.steps if step.device == "cpu"]
     assert cpu_steps and totals.cpu_weight_bytes == plan.tensors["w"].bytes
     assert "the CPU partitions read" in render_summary(plan)
+
+
+def test_partition_graph_holds_partitions_steps_and_what_flows(tmp_path):
+    import networkx
+
+    plan = rkcompile.compile(TINY, "rk3588")
+    graph = plan.partition_graph()
+    record = plan.record
+    steps = [n for n, kind in graph.nodes(data="kind") if kind == "step"]
+    partitions = [n for n, kind in graph.nodes(data="kind") if kind == "partition"]
+    assert (len(steps), len(partitions)) == (len(record.steps), len(record.partitions))
+    first = graph.nodes["step:1"]
+    assert (first["device"], first["kernel"], first["macs"]) == ("npu", record.steps[1].kernel, record.steps[1].macs)
+    assert first["est_us"] > 0 and first["bytes_read"] > 0 and first["partition"] == record.steps[1].partition
+    # every tensor a step reads from another step is an edge between them, with its bytes
+    for step in record.steps[1:]:
+        for name in step.inputs:
+            source = next((s for s in record.steps if name in s.outputs), None)
+            if source is not None:
+                edge = graph.edges[f"step:{source.id}", f"step:{step.id}"]
+                assert name in edge["tensors"].split() and edge["bytes"] >= record.tensors[name].bytes
+    assert sum(graph.nodes[p]["est_us"] for p in partitions) == pytest.approx(
+        record.multicore.est_latency_ms * 1e3 - 730, abs=0.1)
+    path = tmp_path / "tiny.graphml"
+    assert main(["graph", str(TINY), "--target", "rk3588", "-o", str(path)]) == 0
+    back = networkx.read_graphml(path)
+    assert set(back.nodes) == set(graph.nodes) and back.number_of_edges() == graph.number_of_edges()
+
+
+def test_planning_never_imports_networkx(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, rkcompile; rkcompile.compile(sys.argv[1], 'rk3588').save(sys.argv[2]); "
+            "assert 'networkx' not in sys.modules, 'networkx imported'")
+    finished = subprocess.run([sys.executable, "-c", code, str(TINY), str(tmp_path / "t.rkplan")], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
