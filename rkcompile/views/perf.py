@@ -54,16 +54,16 @@ def render_perf(plan: Plan) -> str:
     total = run_seconds(rows)
     name = plan.model.path.rsplit("/", 1)[-1]
     lines = [f"Performance estimate for {name} on {plan.target} ({plan.dtype}; rkcompile/plan/cost_model.py)",
-             f"{'step':>5} {'device':6} {'kernel':24} {'nodes':>5} {'MACs':>13} {'read B':>11} {'written B':>11} "
+             f"{'step':>5} {'device':6} {'kernel':30} {'nodes':>5} {'MACs':>13} {'read B':>11} {'written B':>11} "
              f"{'est us':>10} {'share':>7}  first node"]
     for row in rows:
-        lines.append(f"{row.step:5d} {row.device:6} {row.kernel[:24]:24} {len(row.nodes):5d} {row.macs:13d} "
+        lines.append(f"{row.step:5d} {row.device:6} {row.kernel[:30]:30} {len(row.nodes):5d} {row.macs:13d} "
                      f"{row.bytes_read:11d} {row.bytes_written:11d} {row.seconds * 1e6:10.1f} "
                      f"{100 * row.seconds / total:6.1f}%  {row.nodes[0] if row.nodes else '-'}")
     fixed = cost_model.RUN_SECONDS
-    lines.append(f"{'':5} {'run':6} {'(fixed cost per run)':24} {'':5} {'':13} {'':11} {'':11} {fixed * 1e6:10.1f} "
+    lines.append(f"{'':5} {'run':6} {'(fixed cost per run)':30} {'':5} {'':13} {'':11} {'':11} {fixed * 1e6:10.1f} "
                  f"{100 * fixed / total:6.1f}%")
-    lines.append(f"{'total':>5} {'':6} {'':24} {sum(len(r.nodes) for r in rows):5d} {sum(r.macs for r in rows):13d} "
+    lines.append(f"{'total':>5} {'':6} {'':30} {sum(len(r.nodes) for r in rows):5d} {sum(r.macs for r in rows):13d} "
                  f"{sum(r.bytes_read for r in rows):11d} {sum(r.bytes_written for r in rows):11d} "
                  f"{total * 1e6:10.1f} {100.0:6.1f}%")
     by_device = {}
