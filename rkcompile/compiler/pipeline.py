@@ -370,15 +370,13 @@ def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
             entries.append(NodeEntry(original, op, fate, None, reason))
     partitions = tuple(Partition(pid, device, tuple(step_of[n] for n in members))
                        for pid, (device, members) in enumerate(ctx.partitions))
-    plan = Plan(
+    return Plan(
         target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
         nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
         memory=ctx.memory, multicore=ctx.multicore,
         rewrites=tuple(ctx.rewrites), quantization=dict(ctx.quantization),
         int8_techniques=tuple(ctx.int8_techniques),
     )
-    return dataclasses.replace(plan, memory=dataclasses.replace(plan.memory,
-                                                                total_bytes=plan.memory_totals().total_bytes))
 
 
 def _reason(op: str, placed: Placement, target: str) -> str | None:

@@ -204,8 +204,6 @@ class Memory:
     weight_bytes: int
     #: Every arena offset is a multiple of this many bytes (docs/memory.md says why).
     alignment: int = 1
-    #: Everything a run holds at once (`MemoryTotals.total_bytes`); None in plans written before it
-    total_bytes: int | None = None
 
 
 @frozen_dataclass
@@ -366,6 +364,9 @@ class Plan:
         # is byte for byte what it was
         if not body["model"]["batch_dims"]:
             del body["model"]["batch_dims"]
+        # derived from the rest, for readers of the JSON: `from_dict` leaves it out, so a plan
+        # written before it loads alike
+        body["memory"]["total_bytes"] = self.memory_totals().total_bytes
         ordered = {"schema": body.pop("schema")}
         ordered.update(body)
         return ordered
