@@ -1,17 +1,15 @@
 """Fold constants: evaluate every node whose inputs are all known, until nothing changes.
 
 Exporters emit long Shape -> Gather -> Concat -> Reshape chains; folding them leaves the NPU
-only the real work. Nodes are evaluated with onnx.reference's implementation of their op, not a
-hand-written one, except the few ops in NUMPY_EVALUATORS whose reference kernel fails on valid
-models; a node neither can evaluate stays a node (logged), and runs as a step. The op's class
-runs on the node directly, as onnx's ReferenceEvaluator runs each node of a graph, without
-building an evaluator and a one-node graph per folded node (2.1 s of a 6,000-node transformer's
-5.2 s plan); the evaluator itself only runs the few ops whose implementation depends on context.
+only the real work. Nodes are evaluated with onnx.reference's implementation of their op (the
+source of op semantics the emulator's CPU fallback runs too), not a hand-written one, except the
+few ops in NUMPY_EVALUATORS whose reference kernel fails on valid models; a node neither can
+evaluate stays a node (logged), and runs as a step. The op's class runs on the node directly, as
+onnx's ReferenceEvaluator runs each node of a graph, without building an evaluator and a
+one-node graph per folded node (2.1 s of a 6,000-node transformer's 5.2 s plan); the evaluator
+itself only runs the few ops whose implementation depends on context.
 Constant and Identity, four folds in five over the zoos, are read off the node as onnx.reference
-reads them (`_trivial_outputs`), and the shape arithmetic exporters wrap around them (Shape ->
-Gather -> Unsqueeze -> Concat -> Reshape, Cast, Slice, Range, Where, the arithmetic ops) runs
-through onnx.reference's own kernels written out in numpy (passes/reference_kernels.py), so a
-model folding nothing else never imports onnx.reference (its op list: 0.1 s of a plan process).
+reads them (`_trivial_outputs`): a Constant's value is its attribute, an Identity's its input.
 Shape and Size of statically shaped tensors fold from shape inference alone. ConstantOfShape
 folds to a broadcast view, so even a huge fill never allocates memory.
 
@@ -42,7 +40,6 @@ from rkcompile.ir.graph import (SHAPE_DATA_MAX_ELEMENTS, element_count, is_onnx_
     node_shape_model, present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.ir.nodes import plain_attribute_key
-from rkcompile.passes import reference_kernels
 
 NAME = "fold-constants"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
@@ -217,8 +214,6 @@ def _reference_outputs(node: gs.Node, opset: int) -> list:
     the op's implementation run as ReferenceEvaluator.run runs a node (an omitted optional
     input is None), or the evaluator itself for an op whose implementation needs context."""
     known = _trivial_outputs(node)
-    if known is None:
-        known = reference_kernels.outputs(node, opset)
     if known is not None:
         return known
     implementation = _implementation(node.op, opset)

@@ -270,22 +270,32 @@ def _hard_swish_relu6() -> Pattern:
                _mul(x, Op("Div", relu6, Const(6.0))))
 
 
+def _normalized_by(value: Pattern, mean_square_plus_epsilon: Pattern) -> Pattern:
+    """value / sqrt(s), value * (1 / sqrt(s)) or value * s^-0.5 (tf's rsqrt), s the mean square
+    plus epsilon."""
+    root = Op("Sqrt", mean_square_plus_epsilon)
+    return Alt(Op("Div", value, root), _mul(value, Op("Reciprocal", root)),
+               _mul(value, Op("Pow", mean_square_plus_epsilon, Const(-0.5))))
+
+
 def layer_norm_core() -> Pattern:
-    """(x - mean) / sqrt(variance + epsilon) as exporters write it out, without the affine."""
+    """(x - mean) / sqrt(variance + epsilon) as exporters write it out, without the affine:
+    x - mean as Sub, or as x + Neg(mean) or x + mean * -1 (paddle2onnx; the rewrite pass makes a
+    Neg a Mul by -1); the square as Pow 2 or a product; epsilon on either side of its Add."""
     x = Any("x")
-    centred = Op("Sub", x, Op("ReduceMean", x, label="mean"), label="centred")
+    mean = Op("ReduceMean", x, label="mean")
+    centred = Alt(Op("Sub", x, mean, label="centred"),
+                  _add(x, Alt(Op("Neg", mean), _mul(mean, Const(-1.0))), label="centred"))
     # `centred` whole wherever it appears: the first occurrence matched binds x and the mean.
     square = Alt(Op("Pow", centred, Const(2.0)), Op("Mul", centred, centred))
-    spread = Op("Sqrt", _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
-    return Alt(Op("Div", centred, spread), _mul(centred, Op("Reciprocal", spread)))
+    return _normalized_by(centred, _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
 
 
 def rms_norm_core() -> Pattern:
     """x / sqrt(mean(x^2) + epsilon) as exporters write it out, without the scale."""
     x = Any("x")
     square = Alt(Op("Pow", x, Const(2.0)), Op("Mul", x, x))
-    root = Op("Sqrt", _add(Op("ReduceMean", square, label="mean_square"), Const(label="epsilon")))
-    return Alt(Op("Div", x, root), _mul(x, Op("Reciprocal", root)))
+    return _normalized_by(x, _add(Op("ReduceMean", square, label="mean_square"), Const(label="epsilon")))
 
 
 def _scaled(normalized: Pattern) -> Pattern:
@@ -372,6 +382,9 @@ KERNEL_FUSIONS: tuple[FusionRule, ...] = (
     FusionRule("ConvElu", "ConvolutionElu", _conv_then("Elu")),
     FusionRule("ConvSoftplus", "ConvolutionSoftplus", _conv_then("Softplus")),
     FusionRule("ConvExSwish", "ConvolutionSwish", _conv_then("exSwish")),
+    # The oplist V2.3.2 has no ConvolutionGelu; rknn-toolkit2 runs ConvExGelu on a target with
+    # exGelu (peer/zoo_rk3588.json, transformer_encoder and bert_mini), so the row requires exGelu.
+    FusionRule("ConvExGelu", "exGelu", _conv_then("exGelu")),
     FusionRule("ConvExMish", "ConvolutionMish", _conv_then(("exMish", "Mish"))),
     FusionRule("exMatMul", "exMatMul", _add(Op("MatMul", label="matmul"), Any("c")),
                attributes=lambda m: {"c_type": "add"}),

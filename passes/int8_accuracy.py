@@ -19,6 +19,7 @@ Through Weight Equalization and Bias Correction", ICCV 2019), used by the quanti
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -194,6 +195,10 @@ def equalize(found: Equalization) -> None:
 
 # ---- bias correction -----------------------------------------------------------------------
 
+#: conv node, x, weight -> the runtime's float32 convolution (rkcompile/compiler/context.py `Runtime.convolve`)
+Convolve = Callable[[gs.Node, np.ndarray, np.ndarray], np.ndarray]
+
+
 def weight_error(weight: np.ndarray) -> np.ndarray:
     """W_q - W for the plan's int8 weights (per output channel, as `weight_params` quantizes a Conv's)."""
     weight = np.asarray(weight, np.float64)
@@ -215,11 +220,9 @@ class WeightErrorMeans:
         self.sums: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
 
-    def observe(self, name: str, value: np.ndarray) -> None:
-        # imported here: every plan imports this module, only calibration runs this, and the
-        # emulator's kernels took ~30 ms of each float16 plan's process (tools/bench_plan.py)
-        from rkcompile.emulator.kernels.conv import convolve
-
+    def observe(self, name: str, value: np.ndarray, convolve: Convolve) -> None:
+        """`value` of tensor `name` seen by the calibration run; `convolve` is the runtime's
+        (`Runtime.convolve`), so the shift is the float run's own convolution of the error."""
         for key, conv in self.by_input.get(name, ()):
             shift = convolve(conv, np.asarray(value, np.float32), self.errors[key]).astype(np.float64)
             self.sums[key] = self.sums.get(key, 0) + shift.mean(axis=(0,) + tuple(range(2, shift.ndim)))

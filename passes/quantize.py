@@ -189,12 +189,15 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
         if name in observers:
             observers[name].update(value)
         if weight_errors is not None:
-            weight_errors.observe(name, value)
+            weight_errors.observe(name, value, runtime.convolve)
 
-    from rkcompile.emulator.float_reference import FloatReference  # int8 plans only: the emulator's kernels
-
+    runtime = ctx.runtime
+    if runtime is None:
+        raise CompileError("an int8 plan calibrates on a runtime that runs its graph in float32: plan it "
+                           "with rkcompile.compile, or give pipeline.compile_model a runtime "
+                           "(rkcompile.api.EMULATOR_RUNTIME)")
     observed = wanted | set(weight_errors.by_input if weight_errors is not None else ())
-    reference = FloatReference(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs], observed)
+    reference = runtime.float_graph(ordered, devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs], observed)
     for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
         reference.run(sample, observe)
     if method != "minmax":  # the distribution methods search each tensor's clip once, here

@@ -14,7 +14,7 @@ import dataclasses
 import io
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -24,6 +24,9 @@ from rkcompile.compiler.context import CompileContext, Options
 from rkcompile.compiler.idle_npu import refuse_idle_npu
 from rkcompile.plan.cpu_partitions import cpu_partition_models
 from rkcompile.emulator.accuracy import StepAccuracy, analyse
+from rkcompile.emulator.closeness import agreement
+from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.emulator.kernels.conv import convolve
 from rkcompile.numerics import float16 as half
 from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
@@ -125,9 +128,9 @@ def compile(model: str | Path, target: str = "rk3588", options: Options | None =
 
 def plan_model(model: str | Path, target: str, options: Options) -> Plan:
     """`compile` with its Options made, for the command line: failures name its flags."""
-    from rkcompile.compiler.int8_choice import compile_with_choice
+    from rkcompile.compiler.pipeline import compile_model
 
-    plan = plan_of(*compile_with_choice(model, target, options, plan_of))
+    plan = plan_of(*compile_model(model, target, options, runtime=EMULATOR_RUNTIME, choose_int8=True))
     refuse_idle_npu(plan.record)
     return plan
 
@@ -163,6 +166,36 @@ def plan_of(record: PlanRecord, ctx: CompileContext) -> Plan:
     by_name = {node.name: node for node in ctx.graph.nodes}
     return Plan(record, weight_region(record, ctx.graph, ctx.target),
                 _reference_nodes(record, [by_name[name] for name in ctx.order], ctx.reference_constants))
+
+
+class EmulatorRuntime:
+    """The emulator as the runtime an int8 compile calibrates and judges its candidates on
+    (rkcompile/compiler/context.py `Runtime`): the planned graph in float32 on its float kernels
+    (`FloatReference`, the accuracy analysis's reference), candidate plans executed as planned."""
+
+    def float_graph(self, nodes: Sequence[gs.Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
+                    observed: Collection[str] | None = None) -> FloatReference:
+        return FloatReference(nodes, devices, opset, outputs, observed)
+
+    def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return convolve(conv, x, weight)
+
+    def runnable(self, record: PlanRecord, ctx: CompileContext) -> Plan:
+        return plan_of(record, ctx)
+
+    def run(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return emulate(plan.prepared(), inputs).outputs
+
+    def step_drops(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+        rows, _ = analyse(plan.prepared(), inputs, single=False)
+        return {row.output: row.drop for row in rows}
+
+    def cosine(self, name: str, actual, expected) -> float:
+        return agreement(name, actual, expected).cosine
+
+
+#: what `compile` and the command line pass an int8 compile
+EMULATOR_RUNTIME = EmulatorRuntime()
 
 
 def _reference_nodes(record: PlanRecord, nodes: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[gs.Node]:

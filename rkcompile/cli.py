@@ -212,6 +212,29 @@ def _zoo_arguments(zoo: argparse.ArgumentParser) -> None:
                      help="a worst cosine below this (and below the golden's) is a regression (default 0.9999)")
 
 
+def _freeze_input(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE but got '{text}'")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the value of '{name}' must be a number, got '{value}'") from None
+
+
+def _export_arguments(export: argparse.ArgumentParser) -> None:
+    _add_model_arguments(export)
+    export.add_argument("-o", "--output", required=True, type=Path, metavar="OUT.onnx",
+                        help="the ONNX file to write; its report goes to OUT.report.json beside it")
+    export.add_argument("--freeze-input", type=_freeze_input, action="append", default=[], metavar="NAME=VALUE",
+                        help="plan with input NAME fixed to VALUE (filling its shape), so what it selects folds "
+                             "away (an If on a sample rate); the file no longer has that input; repeatable")
+    export.add_argument("--inputs", type=Path, metavar="X.npz",
+                        help="check the export on these input arrays, keyed by input name (keys naming outputs "
+                             "are ignored; inputs it lacks are seeded random)")
+    export.add_argument("--seed", type=int, default=0, help="seed for the check's random inputs (default 0)")
+
+
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
     """`targets` takes no arguments of its own."""
 
@@ -297,6 +320,10 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser
     "run": ("execute a plan on the numpy emulator and check its outputs",
             "Plan MODEL (or load a saved plan) and execute the plan on the numpy emulator: arena offsets, "
             "NC1HWC2, float16 on the NPU, weights read from the weight region.", _run_arguments),
+    "export": ("write the planned graph as standard ONNX for rknn-toolkit2",
+               "Plan MODEL and write the graph the passes made of it (folded, simplified, legalized) as standard "
+               "ONNX: fused kernels as their members, static shapes, opset <= 19. It is checked against MODEL on "
+               "onnxruntime first, and written only if they agree (docs/deploy.md).", _export_arguments),
     "zoo": ("plan (and emulate) every model of a folder, compare with goldens",
             "Plan every .onnx under FOLDER for each target in parallel processes, print a table, and compare "
             "with golden summaries; exit 1 on a regression (docs/zoo.md defines them).", _zoo_arguments),
@@ -405,19 +432,18 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _compile(model: Path, target: str, options: Options, cpu_backends: bool):
-    """The plan and its compile context. The modules are imported here, as the plan needs them:
-    only an int8 plan runs candidate plans on the emulator (its settings chosen, --auto-float16),
-    and importing the API and the emulator would cost every other plan's process that time for
-    nothing (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s (an int8 plan
-    decides them: it runs on the emulator anyway)."""
-    if options.dtype != "int8":
-        from rkcompile.compiler.pipeline import compile_model
+    """The plan and its compile context. The emulator is imported here, as the plan needs it:
+    only an int8 plan runs on it (its calibration, its candidate plans), and importing the API
+    and the emulator would cost every other plan's process that time for nothing
+    (tools/bench_plan.py). `cpu_backends`: as `pipeline.compile_model`'s."""
+    from rkcompile.compiler.pipeline import compile_model
 
-        return compile_model(model, target, options, cpu_backends=cpu_backends)
-    from rkcompile.api import plan_of
-    from rkcompile.compiler.int8_choice import compile_with_choice
+    runtime = None
+    if options.dtype == "int8":
+        from rkcompile.api import EMULATOR_RUNTIME
 
-    return compile_with_choice(model, target, options, plan_of)
+        runtime = EMULATOR_RUNTIME
+    return compile_model(model, target, options, cpu_backends=cpu_backends, runtime=runtime, choose_int8=True)
 
 
 def _targets(args: argparse.Namespace) -> int:
@@ -587,6 +613,28 @@ def planning_flags(args: argparse.Namespace) -> dict[str, object]:
     return {flag: value for flag, value in given.items() if value is not None}
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rkcompile.compiler.context import Options
+    from rkcompile.onnx_export import ExportOptions, export
+
+    inputs = None
+    if args.inputs is not None:
+        from rkcompile.commands.run import load_npz
+
+        inputs = load_npz(args.inputs)
+    options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
+                      **calibration_options(args))
+    export_options = ExportOptions(freeze_inputs=dict(args.freeze_input), inputs=inputs, seed=args.seed)
+    written = export(args.model, args.output, args.target, options, export_options)
+    report = written.report
+    print(f"wrote {written.path} (opset {report['opset']['export']}, {report['nodes']['export']} nodes from "
+          f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
+    for found in written.agreements:
+        print(f"  {found.output}: max abs {found.max_abs:.3g}, cosine {found.cosine:.8f} against {args.model} "
+              "on onnxruntime")
+    return 0
+
+
 def _zoo(args: argparse.Namespace) -> int:
     from rkcompile.commands.zoo import zoo_command
 
@@ -594,7 +642,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run, "zoo": _zoo,
-             "compare": _compare, "perf": _perf}
+             "compare": _compare, "perf": _perf, "export": _export}
 
 
 def console_main() -> NoReturn:

@@ -14,6 +14,7 @@ from rkcompile import api
 from rkcompile.cli import main
 from rkcompile.compiler.context import Options
 from rkcompile.errors import CompileError
+from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.plan.schema import TensorSpec
 from rkcompile.quantization.params import ImagePreprocessing, load_calibration
@@ -133,7 +134,7 @@ def test_preprocessing_with_no_image_to_apply_it_to_is_refused(tmp_path):
     with pytest.raises(CompileError, match="holds no image, and --mean-values"):
         load_calibration(tmp_path / "a.npy", [TensorSpec("x", (1, 3, 5, 4), "float32")], ImagePreprocessing((1.0,)))
     with pytest.raises(CompileError, match="apply to calibration images; add --calib"):
-        compile_model(EXAMPLE, "rk3588", Options(dtype="int8", mean_values=(1.0,)))
+        compile_model(EXAMPLE, "rk3588", Options(dtype="int8", mean_values=(1.0,)), runtime=EMULATOR_RUNTIME)
 
 
 def _imagenet_pictures(folder: Path, count: int = 3) -> list[np.ndarray]:
@@ -161,7 +162,8 @@ def test_plan_from_images_equals_plan_from_the_same_inputs_preprocessed(tmp_path
         plans[source] = api.load(tmp_path / f"{source}.json").record.quantization
     assert plans["png"] == plans["npy"]
     # without the flags the same images calibrate other ranges: the flags are not ignored
-    unnormalized = compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=tmp_path / "png"))[0]
+    unnormalized = compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=tmp_path / "png"),
+                                 runtime=EMULATOR_RUNTIME)[0]
     assert unnormalized.quantization != plans["png"]
 
 

@@ -16,6 +16,7 @@ from rkcompile.cli import main
 from rkcompile.compiler.context import Options
 from rkcompile.emulator.accuracy import analyse
 from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.progress import quiet
 
@@ -50,7 +51,8 @@ def test_calibration_runs_its_float_pass_on_onnxruntime_not_the_numpy_kernels(tm
         raise AssertionError("the float pass ran an NPU node through the emulator's numpy kernels")
 
     monkeypatch.setattr(FloatReference, "_npu", numpy_kernel)
-    plan, _ = compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=_calibration(tmp_path)))
+    plan, _ = compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=_calibration(tmp_path)),
+                            runtime=EMULATOR_RUNTIME)
     assert plan.quantization
 
 
@@ -78,9 +80,9 @@ def test_a_graph_onnxruntime_refuses_runs_node_by_node(tmp_path, monkeypatch):
 
     options = Options(dtype="int8", calibration=_calibration(tmp_path))
     monkeypatch.setattr(float_reference, "make_session", refuse)
-    plan, _ = compile_model(EXAMPLE, "rk3588", options)
+    plan, _ = compile_model(EXAMPLE, "rk3588", options, runtime=EMULATOR_RUNTIME)
     monkeypatch.undo()
-    again, _ = compile_model(EXAMPLE, "rk3588", options)
+    again, _ = compile_model(EXAMPLE, "rk3588", options, runtime=EMULATOR_RUNTIME)
     assert plan.quantization.keys() == again.quantization.keys()
     for name, quant in plan.quantization.items():
         assert again.quantization[name].zero_points == quant.zero_points
@@ -128,7 +130,7 @@ def terminal(monkeypatch):
 def test_calibration_shows_its_progress_on_a_terminal(tmp_path, terminal, method, bars):
     options = Options(dtype="int8", calibration=_calibration(tmp_path), calibration_method=method)
     with terminal() as screen:
-        compile_model(EXAMPLE, "rk3588", options)
+        compile_model(EXAMPLE, "rk3588", options, runtime=EMULATOR_RUNTIME)
     shown = screen.getvalue()
     for bar in bars:
         assert bar in shown
@@ -139,7 +141,7 @@ def test_calibration_is_quiet_inside_quiet_and_with_plan_quiet(tmp_path, termina
     calibration = _calibration(tmp_path)
     with terminal() as screen:
         with quiet():
-            compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=calibration))
+            compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=calibration), runtime=EMULATOR_RUNTIME)
         fixed = ["--calib-method", "minmax", "--bias-correction", "--no-equalization"]
         assert main(["plan", str(EXAMPLE), "--target", "rk3588", "--dtype", "int8", "--quiet",
                      "--calib", str(calibration), *fixed]) == 0
@@ -149,7 +151,8 @@ def test_calibration_is_quiet_inside_quiet_and_with_plan_quiet(tmp_path, termina
 
 
 def test_calibration_prints_no_bar_into_a_pipe(tmp_path, capsys):
-    compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=_calibration(tmp_path)))
+    compile_model(EXAMPLE, "rk3588", Options(dtype="int8", calibration=_calibration(tmp_path)),
+                  runtime=EMULATOR_RUNTIME)
     assert "int8 calibration" not in capsys.readouterr().err
 
 

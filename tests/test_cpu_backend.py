@@ -1,4 +1,4 @@
-"""The backend a CPU step runs on (`emulator.reference.cpu_backend`, recorded in the plan):
+"""The backend a CPU step runs on (`emulator.onnx_backends.cpu_backend`, recorded in the plan):
 onnxruntime whenever it takes the node, asked once per distinct node."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from conftest import make_model, value_info
 from onnx import TensorProto, helper
 
-from rkcompile.emulator import reference
+from rkcompile import onnx_backends
 from rkcompile.compiler.pipeline import compile_model
 
 
@@ -35,45 +35,45 @@ BACKEND_CASES = [
 
 @pytest.mark.parametrize("op,dtypes,extra", BACKEND_CASES, ids=[f"{op}-{dt[0].__name__}" for op, dt, _ in BACKEND_CASES])
 def test_the_cached_backend_check_agrees_with_a_session_on_the_node_itself(monkeypatch, op, dtypes, extra):
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     opsets = {"": 17}
     first, second = (_node(op, dtypes, names=names, **extra) for names in ("a", "b"))
-    types = [reference.numpy_dtype(t.dtype) for t in reference.node_inputs(first)]
-    probed = reference.onnxruntime_session(reference.node_model(first, types, opsets)) is not None
-    assert reference.runs_on_onnxruntime(first, opsets) == probed
-    assert reference.runs_on_onnxruntime(second, opsets) == probed
+    types = [onnx_backends.numpy_dtype(t.dtype) for t in onnx_backends.node_inputs(first)]
+    probed = onnx_backends.onnxruntime_session(onnx_backends.node_model(first, types, opsets)) is not None
+    assert onnx_backends.runs_on_onnxruntime(first, opsets) == probed
+    assert onnx_backends.runs_on_onnxruntime(second, opsets) == probed
 
 
 def test_nodes_differing_only_in_names_share_one_session(monkeypatch):
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     probed = []
-    session = reference.onnxruntime_session
-    monkeypatch.setattr(reference, "onnxruntime_session", lambda model: probed.append(model) or session(model))
+    session = onnx_backends.onnxruntime_session
+    monkeypatch.setattr(onnx_backends, "onnxruntime_session", lambda model: probed.append(model) or session(model))
     opsets = {"": 17}
     same = [_node("Mul", [np.float32, np.float32], names=f"n{index}") for index in range(5)]
     same += [_node("ConstantOfShape", [np.int64], {"value": gs.Constant(f"c{index}_value", np.array([0], np.int64))},
                    names=f"c{index}") for index in range(2)]  # exporters name the value after its node
     for node in same:
-        assert reference.cpu_backend(node, opsets) == reference.ONNXRUNTIME
+        assert onnx_backends.cpu_backend(node, opsets) == onnx_backends.ONNXRUNTIME
     assert len(probed) == 2
     differing = [_node("Mul", [np.int32, np.int32]),  # another type
                  _node("Mul", [np.float32, np.float32], names="d"),  # the same, once more: no session
                  _node("ConstantOfShape", [np.int64], {"value": gs.Constant("v", np.array([0], np.int32))})]
     for node in differing:
-        assert reference.cpu_backend(node, opsets) == reference.ONNXRUNTIME
+        assert onnx_backends.cpu_backend(node, opsets) == onnx_backends.ONNXRUNTIME
     assert len(probed) == 4
 
 
 def test_a_node_with_a_subgraph_is_asked_about_by_itself(monkeypatch):
     """An If's branches name tensors of the graph around it: renaming its inputs would change
     what they read, so it is never matched to another node."""
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     probed = []
-    session = reference.onnxruntime_session
-    monkeypatch.setattr(reference, "onnxruntime_session", lambda model: probed.append(model) or session(model))
+    session = onnx_backends.onnxruntime_session
+    monkeypatch.setattr(onnx_backends, "onnxruntime_session", lambda model: probed.append(model) or session(model))
     for names in ("a", "b"):
         outer = gs.Variable(f"{names}_outer", dtype=np.float32)
         branch = gs.Graph(nodes=[gs.Node("Neg", inputs=[outer], outputs=[gs.Variable(f"{names}_neg", dtype=np.float32)])])
@@ -82,9 +82,9 @@ def test_a_node_with_a_subgraph_is_asked_about_by_itself(monkeypatch):
         other.outputs = other.nodes[0].outputs
         node = gs.Node("If", name=f"{names}_if", inputs=[gs.Variable(f"{names}_cond", dtype=np.bool_)],
                        outputs=[gs.Variable(f"{names}_out")], attrs={"then_branch": branch, "else_branch": other})
-        assert reference.cpu_backend(node, {"": 17}) == reference.ONNXRUNTIME
+        assert onnx_backends.cpu_backend(node, {"": 17}) == onnx_backends.ONNXRUNTIME
     assert len(probed) == 2
-    assert reference._ONNXRUNTIME_TAKES == {}
+    assert onnx_backends._ONNXRUNTIME_TAKES == {}
 
 
 def test_float64_and_a_tensor_read_twice_reach_onnxruntime():
@@ -94,7 +94,7 @@ def test_float64_and_a_tensor_read_twice_reach_onnxruntime():
     square = _node("Mul", [np.int64])
     square.inputs = [square.inputs[0], square.inputs[0]]
     for node in (_node("Sin", [np.float64]), _node("Add", [np.float64, np.float64]), square):
-        assert reference.cpu_backend(node, opsets) == reference.ONNXRUNTIME
+        assert onnx_backends.cpu_backend(node, opsets) == onnx_backends.ONNXRUNTIME
 
 
 def test_a_plan_records_onnxruntime_for_float64_and_squaring_cpu_steps(save):
@@ -107,18 +107,18 @@ def test_a_plan_records_onnxruntime_for_float64_and_squaring_cpu_steps(save):
                            [value_info("y", [1, 8]), value_info("squared", [1, 8], TensorProto.INT64)]))
     plan, _ = compile_model(path, "rk3588")
     backends = {step.nodes[0]: step.cpu_backend for step in plan.steps if step.device == "cpu"}
-    assert backends["sine"] == backends["square"] == reference.ONNXRUNTIME
+    assert backends["sine"] == backends["square"] == onnx_backends.ONNXRUNTIME
 
 
 def test_a_node_of_a_known_key_builds_no_model(monkeypatch):
     """`anonymous_key` answers a node like one asked about before without building its one-node
     model; a node differing in an attribute value, an input type or its wiring is asked anew,
     but ConstantOfShape's fill value (one element of a type onnxruntime has) never decides."""
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES", {})
-    monkeypatch.setattr(reference, "_ONNXRUNTIME_TAKES_BY_KEY", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES", {})
+    monkeypatch.setattr(onnx_backends, "_ONNXRUNTIME_TAKES_BY_KEY", {})
     built = []
-    node_model = reference.node_model
-    monkeypatch.setattr(reference, "node_model", lambda *args: built.append(args[0]) or node_model(*args))
+    node_model = onnx_backends.node_model
+    monkeypatch.setattr(onnx_backends, "node_model", lambda *args: built.append(args[0]) or node_model(*args))
     opsets = {"": 17}
 
     def fill(value, names="a", op="ConstantOfShape", domain=None):
@@ -126,7 +126,7 @@ def test_a_node_of_a_known_key_builds_no_model(monkeypatch):
 
     alike = [fill(np.array([value], np.float32), names=f"c{index}") for index, value in enumerate((0.5, -0.5, np.nan, 7))]
     for node in alike:
-        assert reference.runs_on_onnxruntime(node, opsets)
+        assert onnx_backends.runs_on_onnxruntime(node, opsets)
     assert len(built) == 1
     square = _node("Mul", [np.float32])
     square.inputs = [square.inputs[0], square.inputs[0]]
@@ -136,8 +136,8 @@ def test_a_node_of_a_known_key_builds_no_model(monkeypatch):
                  fill(np.array([2.5], np.float32), op="Bogus", domain="org.example"),
                  _node("Mul", [np.float32, np.float32]), square, _node("Mul", [np.int32, np.int32])]
     for node in differing:
-        reference.runs_on_onnxruntime(node, opsets)
+        onnx_backends.runs_on_onnxruntime(node, opsets)
     assert len(built) == 1 + len(differing)
-    keys = {reference.anonymous_key(node, [reference.numpy_dtype(t.dtype) for t in reference.node_inputs(node)], opsets)
+    keys = {onnx_backends.anonymous_key(node, [onnx_backends.numpy_dtype(t.dtype) for t in onnx_backends.node_inputs(node)], opsets)
             for node in alike + differing}
     assert len(keys) == 1 + len(differing)

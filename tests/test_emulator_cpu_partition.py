@@ -87,7 +87,8 @@ def test_cpu_nodes_alike_but_for_their_names_share_one_session_and_values_keep_t
     the node) makes another, and each node gets its own values."""
     import onnx_graphsurgeon as gs
 
-    from rkcompile.emulator.reference import ONNXRUNTIME, CpuRuntime
+    from rkcompile.emulator.reference import CpuRuntime
+    from rkcompile.onnx_backends import ONNXRUNTIME
 
     def node(op, name, inputs, outputs, dtype=np.float32, **attrs):
         return gs.Node(op, name, attrs, inputs=[gs.Variable(n, dtype=dtype) for n in inputs],

@@ -18,7 +18,7 @@ from rkcompile.compiler.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.storage import EmulationError
-from rkcompile.emulator import pages
+from rkcompile import pages
 from rkcompile.numerics.float16 import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid

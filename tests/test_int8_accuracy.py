@@ -14,9 +14,10 @@ from onnx import helper, numpy_helper
 
 import rkcompile
 import rkcompile.errors
-from rkcompile.api import plan_of
+from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.context import PREFERRED_INT8
-from rkcompile.compiler.auto_float16 import STRATEGIES, choose
+from rkcompile.compiler.auto_float16 import STRATEGIES, Search, choose, judge_for
+from rkcompile.compiler.pipeline import finish_plan, front_half
 from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.emulator.kernels.conv import convolve
@@ -124,7 +125,7 @@ def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
         return np.maximum(rng.standard_normal((1, 8, 12, 12)) + rng.uniform(0, 2, (1, 8, 1, 1)), 0).astype(np.float32)
     means = WeightErrorMeans({"conv": (conv, "x")})
     for _ in range(8):
-        means.observe("x", sample())
+        means.observe("x", sample(), EMULATOR_RUNTIME.convolve)
     bias = corrected_bias(np.zeros(16), means.means()["conv"])
     rounded = weight + weight_error(weight)
     held_out = np.concatenate([sample() for _ in range(8)])
@@ -207,14 +208,19 @@ def test_bias_correction_gives_each_reader_of_a_shared_bias_its_own_correction(t
     assert rkcompile.accuracy_analysis(saved, x) == rkcompile.accuracy_analysis(plan, x)
 
 
+def _search(model, options, wanted: float, strategy: str = "sensitivity") -> Search:
+    """--auto-float16's search for `wanted` on `model` with `options`, as the int8 stage runs it."""
+    return choose(judge_for(front_half(model, "rk3588", options, EMULATOR_RUNTIME), finish_plan), wanted, strategy)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_auto_float16_reaches_its_target_with_float16_steps(chain, tmp_path, strategy):
     calibration = _calibration(tmp_path)
     options = rkcompile.Options(dtype="int8", calibration=calibration, **PREFERRED_INT8)
-    start = choose(chain, "rk3588", options, 0.0, plan_of, strategy)
+    start = _search(chain, options, 0.0, strategy)
     assert start.chosen == () and start.cosine < 0.9999  # int8 alone misses the target below
     wanted = 1 - (1 - start.cosine) / 4
-    search = choose(chain, "rk3588", options, wanted, plan_of, strategy)
+    search = _search(chain, options, wanted, strategy)
     assert search.target == min(wanted, search.all_float16_cosine)
     assert search.cosine >= search.target and search.chosen
     assert all(search.plan.record.tensors[name].dtype == "float16" for name in search.chosen)
@@ -243,9 +249,9 @@ def test_auto_float16_calibrates_once_and_plans_each_candidate_as_a_fresh_compil
     (equalized weights too: each candidate starts from the unequalized graph)."""
     options = rkcompile.Options(dtype="int8", calibration=_calibration(tmp_path),
                                 **{**PREFERRED_INT8, "equalization": equalization})
-    start = choose(chain, "rk3588", options, 0.0, plan_of)
+    start = _search(chain, options, 0.0)
     assert len(observed_runs) == 3  # one pass over the 3 calibration samples
-    search = choose(chain, "rk3588", options, 1 - (1 - start.cosine) / 4, plan_of)
+    search = _search(chain, options, 1 - (1 - start.cosine) / 4)
     assert search.plans_judged > 3 and len(observed_runs) == 6
     fresh = rkcompile.compile(chain, "rk3588", dataclasses.replace(options, float16_tensors=search.chosen))
     assert search.chosen and fresh.record == search.plan.record and fresh.weights == search.plan.weights

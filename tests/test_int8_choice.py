@@ -15,6 +15,7 @@ from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Op
 from rkcompile.emulator import agreement
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.compiler.int8_choice import candidates, choose_settings
+from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model
 
 
@@ -75,7 +76,7 @@ def test_a_setting_the_user_gives_is_not_searched(chain, tmp_path, capsys):
     assert "int8 settings" not in capsys.readouterr().out
     fixed = Options(dtype="int8", calibration=calibration, calibration_method="mmse", bias_correction=False,
                     equalization=True)
-    assert rkcompile.load(json_path).record == compile_model(chain, "rk3588", fixed)[0]
+    assert rkcompile.load(json_path).record == compile_model(chain, "rk3588", fixed, runtime=EMULATOR_RUNTIME)[0]
 
 
 def test_a_technique_that_changes_nothing_is_not_searched_and_one_calibration_serves_all(tmp_path, observed_runs):

@@ -24,8 +24,8 @@ PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan
              "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.ir.nodes")
 EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
-         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.perf",
-         "rkcompile.views.partition_graph")
+         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.standard_onnx",
+         "rkcompile.views.perf", "rkcompile.views.partition_graph")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 
 
@@ -123,3 +123,23 @@ def test_a_forbidden_import_is_caught(graph, tmp_path):
     source = tmp_path / "module.py"
     source.write_text("def f():\n    from rkcompile.passes.layout import as_nchw\n")
     assert imports_of("rkcompile.emulator.fake", source, set(graph.nodes)) == {"rkcompile.passes.layout"}
+
+
+#: The compiler's packages: planning imports no runtime. An int8 plan's calibration and its
+#: candidates run on the runtime the caller passes in (rkcompile/compiler/context.py).
+COMPILER_PACKAGES = ("rkcompile.passes", "rkcompile.targets", "rkcompile.compiler")
+
+
+def test_the_compiler_imports_nothing_of_the_emulator(graph):
+    sources = [m for m in graph.nodes if in_layer(m, COMPILER_PACKAGES)]
+    assert len(sources) > 30
+    assert forbidden_paths(graph, sources, (EMULATOR,)) == []
+
+
+def test_a_compiler_import_of_the_emulator_is_caught(graph):
+    """Through another module too: a pass importing a neutral module that imports the emulator."""
+    broken = graph.copy()
+    broken.add_edge("rkcompile.onnx_backends", "rkcompile.emulator.reference")
+    assert "rkcompile.passes.rewrites.resize -> rkcompile.onnx_backends -> rkcompile.emulator.reference" in \
+        forbidden_paths(broken, ["rkcompile.passes.rewrites.resize"], (EMULATOR,))
+    assert forbidden_paths(graph, ["rkcompile.passes.rewrites.resize"], (EMULATOR,)) == []

@@ -22,7 +22,8 @@ from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
 from rkcompile.emulator.accuracy import analyse
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
-from rkcompile.compiler.pipeline import compile_model
+from rkcompile.api import EMULATOR_RUNTIME
+from rkcompile.compiler.pipeline import compile_model, finish_plan, front_half
 from rkcompile.plan.schema import Plan, TensorSpec, contract_violations
 from rkcompile.quantization.params import (RangeObserver, activation_params, dequantize, kl_threshold,
     load_calibration, mmse_range, quantize, random_calibration, seeded_variations, weight_params)
@@ -243,7 +244,8 @@ def test_random_calibration_warns(caplog):
 # ---- the pass -------------------------------------------------------------------------------
 
 def test_int8_plan_parameters(cnn, tmp_path):
-    plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)),
+                            runtime=EMULATOR_RUNTIME)
     assert contract_violations(plan) == []
     quant, tensors = plan.quantization, plan.tensors
     int8 = [name for name, t in tensors.items() if t.dtype == "int8"]
@@ -266,7 +268,8 @@ def test_float16_plans_have_no_quantization(cnn):
 
 
 def test_contract_catches_an_int8_tensor_without_parameters(cnn, tmp_path):
-    plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)),
+                            runtime=EMULATOR_RUNTIME)
     broken = Plan.from_dict({**plan.to_dict(), "quantization": {
         k: v.__dict__ for k, v in plan.quantization.items() if k != "r1"}})
     assert any("r1" in problem for problem in contract_violations(broken))
@@ -274,7 +277,8 @@ def test_contract_catches_an_int8_tensor_without_parameters(cnn, tmp_path):
 
 @pytest.mark.parametrize("target, c2", [("rk3588", 16), ("rk3566", 8)])
 def test_int8_uses_the_int8_c2(cnn, tmp_path, target, c2):
-    plan, _ = compile_model(cnn, target, Options(dtype="int8", calibration=calibration_file(tmp_path)))
+    plan, _ = compile_model(cnn, target, Options(dtype="int8", calibration=calibration_file(tmp_path)),
+                            runtime=EMULATOR_RUNTIME)
     relu = plan.tensors["r1"]  # (1, 13, 16, 16) stored NC1HWC2 int8
     assert relu.layout == "NC1HWC2" and relu.bytes == -(-13 // c2) * c2 * 16 * 16
 
@@ -288,7 +292,7 @@ def test_div_runs_on_the_npu_in_float16(with_div):
 
 def test_div_falls_back_to_the_cpu_in_int8_with_conversions_that_quantize(with_div, tmp_path):
     calib = calibration_file(tmp_path)
-    plan, _ = compile_model(with_div, "rk3588", Options(dtype="int8", calibration=calib))
+    plan, _ = compile_model(with_div, "rk3588", Options(dtype="int8", calibration=calib), runtime=EMULATOR_RUNTIME)
     div = {n.name: n for n in plan.nodes}["div"]
     assert div.device == "cpu" and "only in {float16}" in div.reason and "Div" in div.reason
     kernels = [s.kernel for s in plan.steps if s.device == "host"]
@@ -388,11 +392,12 @@ def test_a_concat_operand_quantized_away_is_reported_and_kept_in_float16(boxes_a
     warning = plan.quantization[concat.outputs[0]].warning
     assert warning and "scores" in warning and "boxes" not in warning and f"--float16 {concat.outputs[0]}" in warning
     assert "int8 warnings:" in out and warning in out
-    # logged once, for the chosen plan; a candidate plan (the pipeline alone, as choosing the
-    # int8 settings makes several) only records it
+    # logged once, for the chosen plan; a candidate plan (the pipeline's back half, as choosing
+    # the int8 settings makes several) only records it
     assert sum(warning in record.getMessage() for record in caplog.records) == 1
     caplog.clear()
-    candidate, _ = compile_model(boxes_and_scores, "rk3588", Options(dtype="int8", calibration=calib))
+    candidate = finish_plan(front_half(boxes_and_scores, "rk3588", Options(dtype="int8", calibration=calib),
+                                       EMULATOR_RUNTIME))
     recorded = [q.warning for q in candidate.quantization.values() if q.warning]
     assert recorded and not any(text in caplog.text for text in recorded)
     plain = prepare(boxes_and_scores, "rk3588", Options(dtype="int8", calibration=calib))

@@ -43,10 +43,11 @@ import numpy as np
 import onnx
 
 import rkcompile
-from rkcompile.api import plan_of
-from rkcompile.compiler.auto_float16 import STRATEGIES, choose
+from rkcompile.api import EMULATOR_RUNTIME
+from rkcompile.compiler.auto_float16 import STRATEGIES, choose, judge_for
 from rkcompile.compiler.context import CHOOSE, Options
-from rkcompile.compiler.int8_choice import settled_judge
+from rkcompile.compiler.int8_choice import settle
+from rkcompile.compiler.pipeline import finish_plan, front_half
 from rkcompile.emulator import agreement, onnxruntime_outputs
 from rkcompile.passes import quantize as quantize_pass
 from rkcompile.quantization.params import METHODS, seeded_variations
@@ -124,15 +125,14 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
         return f"| {name} | " + " | ".join(f"{c:.{args.digits}f}" for c in cells) + " |"
     if args.auto_float16 is not None:
         cells = []
-        judge, _ = settled_judge(model, "rk3588", options, plan_of,
-                                 lambda text: print(f"{name}: {text}", file=sys.stderr, flush=True))
+        judge = judge_for(front_half(model, "rk3588", options, EMULATOR_RUNTIME), finish_plan)
+        settle(judge, options, lambda text: print(f"{name}: {text}", file=sys.stderr, flush=True))
         for strategy in STRATEGIES:
             if args.search and strategy not in args.search:
                 cells.append("not run | | |")
                 continue
-            search = choose(model, "rk3588", options, args.auto_float16, plan_of, strategy,
-                            progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True),
-                            judge=judge)
+            search = choose(judge, args.auto_float16, strategy,
+                            progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True))
             cells.append(f"{len(search.chosen)} | {search.cosine:.5f} | "
                          f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
         target = f"{search.target:.5f}" + (" (all-float16)" if search.target < args.auto_float16 else "")

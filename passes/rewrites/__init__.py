@@ -9,7 +9,7 @@ calls for.
 """
 from __future__ import annotations
 
-from rkcompile.passes.rewrites import (conv, elementwise, layout_ops as layout, masks, matmul, norm, pooling,
+from rkcompile.passes.rewrites import (affine, conv, elementwise, layout_ops as layout, masks, matmul, norm, pooling,
     rank, reductions, resize)
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
@@ -17,6 +17,8 @@ FAMILIES = (
     masks,        # Wheres reading masks where they are made, mask movement done on the float values a
                   # Where selects, Wheres over combined masks, identity And/Or/Gather, Casts before
                   # integer relabels: first, they remove work
+    affine,       # constant scales and shifts (Mul/Add/Sub/Div, BatchNormalization) folded into the
+                  # weights of the Conv, ConvTranspose, Gemm or MatMul before or after them: removes work
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts

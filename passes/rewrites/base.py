@@ -190,13 +190,13 @@ def scalar(builder: Builder, value: float, like: gs.Tensor) -> gs.Constant:
     return builder.const(np.array(value, dtype=dtype_name(like.dtype)))
 
 
-def clip(builder: Builder, x: gs.Tensor, low: float, high: float, shape) -> gs.Tensor:
+def clip(builder: Builder, x: gs.Tensor, low: float, high: float, shape, out: gs.Tensor | None = None) -> gs.Tensor:
     """Clip's bounds are inputs from opset 11, attributes before."""
     if builder.site.opset >= 11:
         dtype = dtype_name(x.dtype)
         bounds = [builder.const(np.array(low, dtype=dtype), "min"), builder.const(np.array(high, dtype=dtype), "max")]
-        return builder.op("Clip", [x, *bounds], shape, x.dtype)
-    return builder.op("Clip", [x], shape, x.dtype, min=low, max=high)
+        return builder.op("Clip", [x, *bounds], shape, x.dtype, out)
+    return builder.op("Clip", [x], shape, x.dtype, out, min=low, max=high)
 
 
 def conv_1x1(builder: Builder, x4: gs.Tensor, weight: np.ndarray | gs.Constant, bias: np.ndarray | None,

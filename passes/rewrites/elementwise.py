@@ -136,6 +136,49 @@ def elu_to_native(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def _bounded_by_scalar(node: gs.Node) -> tuple[gs.Tensor, float] | None:
+    """(x, c) when `node` is a two-input Min or Max of x and a one-value float constant c."""
+    if len(node.inputs) != 2:
+        return None
+    values = [float_constant(t) for t in node.inputs]
+    for x, value in ((node.inputs[0], values[1]), (node.inputs[1], values[0])):
+        if value is not None and value.size == 1 and constant_value(x) is None:
+            return x, float(value.reshape(-1)[0])
+    return None
+
+
+def min_max_to_clip(node: gs.Node, site: Site) -> Candidates:
+    """Min(Max(x, lo), hi) and Max(Min(x, hi), lo) with constant bounds lo <= hi as Clip(x, lo,
+    hi), and Max(x, 0) as Relu: how tf2onnx and paddle2onnx write ReLU6 and ReLU, and the forms
+    the NPU fuses with a Conv before them (oplist V2.3.2, ConvolutionClip, ConvolutionRelu). A
+    Max(x, 0) visited first is a Relu by the time its Min is, so Min(Relu(x), hi) counts too."""
+    bounded = _bounded_by_scalar(node)
+    if bounded is None:
+        return "not a Min or Max of a tensor and one constant value"
+    inner_tensor, bound = bounded
+    inner = inner_tensor.inputs[0] if len(inner_tensor.inputs) == 1 else None
+    sole = inner is not None and len(inner_tensor.outputs) == 1 and inner_tensor.name not in site.graph_outputs
+    opposite = {"Min": "Max", "Max": "Min"}[node.op]
+    inner_bounded = _bounded_by_scalar(inner) if sole and inner.op == opposite else None
+    if sole and node.op == "Min" and inner.op == "Relu":
+        inner_bounded = (inner.inputs[0], 0.0)
+    shape = static_shape(node.outputs[0])
+    if inner_bounded is not None and shape is not None and static_shape(inner_bounded[0]) == shape:
+        x, other = inner_bounded
+        low, high = (other, bound) if node.op == "Min" else (bound, other)
+        if low <= high:
+            builder = site.builder(node)
+            clip(builder, x, low, high, shape, out=node.outputs[0])
+            yield builder.finish(inner, node)
+            return None
+    if node.op == "Max" and bound == 0.0 and shape is not None and static_shape(inner_tensor) == shape:
+        builder = site.builder(node)
+        builder.op("Relu", [inner_tensor], out=node.outputs[0])
+        yield builder.finish()
+        return None
+    return "not a Min of a Max (or the reverse) by constant bounds lo <= hi, nor a Max with 0"
+
+
 def sum_to_adds(node: gs.Node, site: Site) -> Candidates:
     """Sum of several inputs (opset 8 exporters' residual adds) as a chain of Adds: the NPU has
     Add, not Sum (oplist V2.3.2 lists Add only)."""
@@ -222,6 +265,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(hardsigmoid_to_native, frozenset({"HardSigmoid"})),
     RewriteRule(elu_to_native, frozenset({"Elu"})),
     RewriteRule(sum_to_adds, frozenset({"Sum"})),
+    RewriteRule(min_max_to_clip, frozenset({"Min", "Max"}), always=True),
     RewriteRule(lift_to_4d, ELEMENTWISE),
     RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
 )

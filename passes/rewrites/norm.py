@@ -1,5 +1,6 @@
-"""Normalization rewrites: BatchNormalization folded or made affine, LRN as a band
-convolution, LayerNormalization and Softmax moved onto the axes the NPU normalizes."""
+"""Normalization rewrites: BatchNormalization made affine where rewrites.affine cannot fold it
+into a weighted op, LRN as a band convolution, LayerNormalization and Softmax moved onto the
+axes the NPU normalizes."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,49 +8,14 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import constant_value, dtype_name, element_count, static_shape
 
+from rkcompile.passes.rewrites.affine import batchnorm_affine
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, producer, scalar
-
-
-def _batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, shift) with BN(x) = scale*x + shift per channel, when the statistics are constant."""
-    if node.attrs.get("training_mode", 0) or len([t for t in node.outputs if t.name]) != 1:
-        return None
-    params = [constant_value(t) for t in node.inputs[1:5]]
-    if any(p is None for p in params):
-        return None
-    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
-    scale = gamma / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
-    return scale, beta - mean * scale
-
-
-def fold_batchnorm_into_conv(node: gs.Node, site: Site) -> Candidates:
-    """A BatchNormalization after a Conv whose output it alone reads, folded into that Conv's
-    weights and bias: one Convolution kernel instead of two passes over the feature map, as
-    rknn-toolkit2 does."""
-    affine = _batchnorm_affine(node)
-    conv = producer(node.inputs[0])
-    if affine is None or conv is None or conv.op != "Conv" or len(node.inputs[0].outputs) != 1:
-        return "not the only reader of a Conv's output, or its statistics are not constant"
-    if node.inputs[0].name in site.graph_outputs:
-        return "the Conv's output is a graph output"
-    weight = constant_value(conv.inputs[1])
-    bias = constant_value(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2].name else None
-    if weight is None or (len(conv.inputs) > 2 and conv.inputs[2].name and bias is None):
-        return "the Conv's weights or bias are not constant"
-    scale, shift = affine
-    bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
-    builder = site.builder(node)
-    folded_weight = (weight * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(weight.dtype)
-    folded_bias = (bias * scale + shift).astype(weight.dtype)
-    builder.op("Conv", [conv.inputs[0], builder.const(folded_weight, "weight"),
-                        builder.const(folded_bias, "bias")], out=node.outputs[0], **conv.attrs)
-    yield builder.finish(conv, node)
 
 
 def batchnorm_to_mul_add(node: gs.Node, site: Site) -> Candidates:
     """A BatchNormalization that stays on its own, as x*scale + shift with per-channel constants
     of shape [1,C,1,1]: Mul and Add broadcast [b,c,1,1] operands (Expand patterns, seed 000)."""
-    affine = _batchnorm_affine(node)
+    affine = batchnorm_affine(node)
     x = node.inputs[0]
     shape = static_shape(x)
     if affine is None or shape is None or len(shape) < 2:
@@ -150,7 +116,6 @@ def softmax_to_supported_axis(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
-    RewriteRule(fold_batchnorm_into_conv, frozenset({"BatchNormalization"}), always=True),
     RewriteRule(batchnorm_to_mul_add, frozenset({"BatchNormalization"})),
     RewriteRule(lrn_to_conv_and_pows, frozenset({"LRN"})),
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),

@@ -8,8 +8,8 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from rkcompile.emulator.reference import make_session
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.onnx_backends import make_session
 
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site
 

@@ -64,13 +64,14 @@ def row_of(plan: Plan) -> Row:
 def compare(model: Path, targets: list[Target], options: Options) -> list[Row]:
     """One row per target. The int8 settings left to choose are planned at their preferred values
     instead of searched per target (pipeline.compile_model): they change how tensors are
-    rounded, none of the table's columns."""
+    rounded, none of the table's columns. An int8 plan still calibrates, on the emulator."""
+    from rkcompile.api import EMULATOR_RUNTIME
     from rkcompile.compiler.pipeline import compile_model
 
     rows = []
     for target in targets:
         try:
-            plan, _ = compile_model(model, target.name, options, cpu_backends=False)  # a table row, never run
+            plan, _ = compile_model(model, target.name, options, cpu_backends=False, runtime=EMULATOR_RUNTIME)  # never run
             refuse_idle_npu(plan)
         except CompileError as exc:
             rows.append(Row(target=target.name, error=str(exc).splitlines()[0]))

@@ -15,10 +15,11 @@ model input's NPU copy. Two searches (docs/quantization.md compares them):
 - **worst_drop** (the simple baseline): accuracy analysis, float16 for the step with the
   largest drop (the cosine the step itself loses), plan again, repeat until the target holds.
 
-Every candidate set is judged by planning it and emulating it on all calibration samples. The
-passes before quantize, the calibration run, the float32 reference outputs and the sensitivity
-ranking are computed once per search and shared by every candidate plan (`Planner`). The
-report lists the chosen tensors with each step's extra time under the cost model
+Every candidate set is judged by planning it and running it on all calibration samples (on the
+runtime the compile was given: rkcompile/compiler/context.py). The passes before quantize (the
+pipeline's front half, run once by `pipeline.compile_model`), the calibration run, the float32
+reference outputs and the sensitivity ranking are computed once per search and shared by every
+candidate plan (`Planner`). The report lists the chosen tensors with each step's extra time under the cost model
 (rkcompile/plan/cost_model.py), float16 against int8.
 """
 from __future__ import annotations
@@ -27,31 +28,25 @@ import copy
 import dataclasses
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from rkcompile.collector import cyclic_collector_paused
-from rkcompile.compiler.context import INT8_SETTINGS, CompileContext, Options
+from rkcompile.compiler.context import INT8_SETTINGS, CompileContext, FloatGraph, Runtime
 from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
-from rkcompile.emulator import agreement
-from rkcompile.emulator.accuracy import analyse
-from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.emulator.session import emulate
 from rkcompile.passes.quantize import idle_techniques
-from rkcompile.compiler.pipeline import PASS_NAMES, PASSES, assemble_plan, run_passes
 from rkcompile.plan.schema import Int8Technique, Plan as PlanRecord
 from rkcompile.quantization.params import dequantize, quantize, samples_for
 from rkcompile.targets import get_target
 
 STRATEGIES = ("sensitivity", "worst_drop")
-#: rkcompile.api.plan_of: a compile's record and context -> its Plan (passed in: the API calls this module)
-MakePlan = Callable[[PlanRecord, CompileContext], Any]
+#: The pipeline's back half (`pipeline.finish_plan`): a context after the passes before quantize
+#: -> quantize and every pass after it run on it, and the plan assembled (passed in: the pipeline
+#: calls this stage)
+Finish = Callable[[CompileContext], PlanRecord]
 #: Chosen tensors tried again without, at most, after the bisection (each try is one plan).
 PRUNE_TRIES = 24
-#: The passes a candidate's float16 tensors change: quantize and everything after it.
-QUANTIZE_AT = PASS_NAMES.index("quantize")
 
 
 @dataclass
@@ -83,18 +78,16 @@ def candidates(record: PlanRecord) -> list[str]:
 
 class Planner:
     """Plans one model again and again with different float16 tensors or int8 settings. Neither
-    changes the passes before quantize, so those run once and each plan starts from a copy of
-    the graph quantize receives; and the quantize pass's float32 calibration run depends only on
-    equalization among them (passes/quantize.py `_reuse_calibration`), so the first plan's per
-    equalization setting (the first without extra float16 tensors: every later plan's int8
-    tensors are among its) serves every later one. `options` holds the settings a plan not
-    given its own uses."""
+    changes the passes before quantize, so those ran once (`before_quantize`, the pipeline's
+    front half) and each plan starts from a copy of the graph quantize receives, which `finish`
+    plans; and the quantize pass's float32 calibration run depends only on equalization among
+    them (passes/quantize.py `_reuse_calibration`), so the first plan's per equalization setting
+    (the first without extra float16 tensors: every later plan's int8 tensors are among its)
+    serves every later one. `options` holds the settings a plan not given its own uses."""
 
-    def __init__(self, model, target: str, options: Options):
-        self.options = dataclasses.replace(options, auto_float16=None)
-        self.before_quantize = CompileContext(model_path=Path(model), target=get_target(target), options=self.options)
-        with cyclic_collector_paused():
-            run_passes(self.before_quantize, PASSES[:QUANTIZE_AT])
+    def __init__(self, before_quantize: CompileContext, finish: Finish):
+        self.options = dataclasses.replace(before_quantize.options, auto_float16=None)
+        self.before_quantize, self.finish = before_quantize, finish
         self.calibrations: dict[bool, Any] = {}  # equalization -> the quantize pass's `Calibration`
 
     @functools.cached_property
@@ -121,12 +114,12 @@ class Planner:
         with cyclic_collector_paused():
             # gs.Graph has its own copy (deepcopy trips over its attribute lookup); the copy's
             # constants share their arrays, which the quantize pass replaces and never writes to
-            ctx = copy.deepcopy(start, {id(start.target): start.target, id(start.graph): start.graph.copy()})
+            ctx = copy.deepcopy(start, {id(start.target): start.target, id(start.graph): start.graph.copy(),
+                                        id(start.runtime): start.runtime})
             ctx.options = options
             ctx.calibration = self.calibrations.get(options.equalization)
             ctx.calibration_samples = self.samples
-            run_passes(ctx, PASSES[QUANTIZE_AT:])
-            record = assemble_plan(ctx)
+            record = self.finish(ctx)
         if not tensors:
             self.calibrations[options.equalization] = ctx.calibration
         return record, ctx
@@ -142,8 +135,8 @@ class Judge:
     the same, and the cosine it keeps is then that sample's, an upper bound of the worst (the
     samples go worst first, in the order of the first plan's cosines)."""
 
-    def __init__(self, planner: Planner, make_plan: MakePlan, samples: list[dict[str, np.ndarray]]):
-        self.planner, self.make_plan, self.samples = planner, make_plan, samples
+    def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]]):
+        self.planner, self.runtime, self.samples = planner, runtime, samples
         self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
         self.plans_judged = 0
         self.cosines: dict[tuple, tuple[float, bool]] = {}  # plan's key -> cosine, whether every sample ran
@@ -155,7 +148,7 @@ class Judge:
         key = self.key(tensors, settings)
         if self.latest is None or self.latest[0] != key:
             record, ctx = self.planner(tensors, settings)
-            self.latest = (key, self.make_plan(record, ctx), ctx)
+            self.latest = (key, self.runtime.runnable(record, ctx), ctx)
         return self.latest[1], self.latest[2]
 
     def __call__(self, tensors: Sequence[str], goal: float | None = None,
@@ -168,11 +161,12 @@ class Judge:
         plan, _ = self.planned(tensors, settings)
         self.plans_judged += 1
         if self.expected is None:
-            self.expected = [reference_outputs(plan, sample) for sample in self.samples]
+            reference = float_reference(plan, self.runtime)
+            self.expected = [reference.run(sample) for sample in self.samples]
         per_sample = []
         for sample, expected in zip(self.samples, self.expected):
-            outputs = emulate(plan.prepared(), sample).outputs
-            per_sample.append(min(agreement(name, outputs[name], value).cosine for name, value in expected.items()))
+            outputs = self.runtime.run(plan, sample)
+            per_sample.append(min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items()))
             if goal is not None and per_sample[-1] < goal:
                 break
         complete = len(per_sample) == len(self.samples)
@@ -193,25 +187,24 @@ class Judge:
         return self.cosines[self.key(tensors, settings)][1]
 
 
-def judge_for(model, target: str, options: Options, make_plan: MakePlan) -> Judge:
-    """A Judge of plans of `model` with `options`, on its calibration samples."""
-    planner = Planner(model, target, options)
-    return Judge(planner, make_plan, planner.samples)
+def judge_for(before_quantize: CompileContext, finish: Finish) -> Judge:
+    """A Judge of the plans `finish` makes from `before_quantize` (a context after the pipeline's
+    front half, with its options and runtime), on its calibration samples."""
+    planner = Planner(before_quantize, finish)
+    return Judge(planner, before_quantize.runtime, planner.samples)
 
 
-def float_reference(plan) -> FloatReference:
+def float_reference(plan, runtime: Runtime) -> FloatGraph:
+    """The runtime's float32 run of `plan`'s graph with the model's constants (the reference
+    every candidate is judged against)."""
     record = plan.record
-    return FloatReference(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
-                          [spec.name for spec in record.model.outputs])
+    return runtime.float_graph(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
+                               [spec.name for spec in record.model.outputs])
 
 
-def reference_outputs(plan, sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return float_reference(plan).run(sample)
-
-
-def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray]) -> dict[str, float]:
+def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray], runtime: Runtime) -> dict[str, float]:
     """Per tensor, the output cosine lost when it alone is rounded to its int8 grid."""
-    reference = float_reference(plan)
+    reference = float_reference(plan, runtime)
     expected = reference.run(sample)
     losses = {}
     for name in tensors:
@@ -221,16 +214,15 @@ def sensitivities(plan, tensors: Sequence[str], sample: dict[str, np.ndarray]) -
             return dequantize(quantize(value, quant), quant) if tensor == name else None
 
         produced = reference.run(sample, adjust=rounded)
-        losses[name] = 1.0 - min(agreement(out, produced[out], value).cosine for out, value in expected.items())
+        losses[name] = 1.0 - min(runtime.cosine(out, produced[out], value) for out, value in expected.items())
     return losses
 
 
-def choose(model, target: str, options: Options, wanted: float, make_plan: MakePlan, strategy: str = "sensitivity",
-           progress: Callable[[str], None] | None = None, judge: Judge | None = None) -> Search:
-    """The search of `strategy` for `wanted` (see the module docstring), with the int8 settings
-    of `options` (each given a value), or those `judge`'s planner holds (which then plans)."""
+def choose(judge: Judge, wanted: float, strategy: str = "sensitivity",
+           progress: Callable[[str], None] | None = None) -> Search:
+    """The search of `strategy` for `wanted` (see the module docstring) with the int8 settings
+    `judge`'s planner holds (each given a value), planned and judged by `judge`."""
     say = progress or (lambda text: None)
-    judge = judge or judge_for(model, target, options, make_plan)
     samples = judge.given_samples
     start = judge(())
     int8, _ = judge.planned(())
@@ -249,7 +241,7 @@ def choose(model, target: str, options: Options, wanted: float, make_plan: MakeP
 
 
 def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
-    losses = sensitivities(plan, pool, samples[0])
+    losses = sensitivities(plan, pool, samples[0], judge.runtime)
     ranked = sorted(pool, key=lambda name: -losses[name])
     low, high = 0, len(ranked)  # ranked[:low] misses the goal (or low is 0); ranked[:high] meets it
     while high - low > 1:
@@ -272,8 +264,8 @@ def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, s
 def _by_worst_drop(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
     chosen: list[str] = []
     while len(chosen) < len(pool):
-        rows, _ = analyse(plan.prepared(), samples[0], single=False)
-        drops = {row.output: row.drop for row in rows if row.output in pool and row.output not in chosen}
+        drops = {name: drop for name, drop in judge.runtime.step_drops(plan, samples[0]).items()
+                 if name in pool and name not in chosen}
         if not drops:
             break
         chosen.append(max(drops, key=drops.get))

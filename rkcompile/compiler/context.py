@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -19,7 +19,8 @@ from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, 
 from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
-if TYPE_CHECKING:  # int8 only: a float16 plan never imports it
+if TYPE_CHECKING:  # int8 only: a float16 plan never imports them
+    from rkcompile.plan.schema import Plan as PlanRecord
     from rkcompile.quantization.params import RangeObserver
 
 
@@ -139,6 +140,56 @@ class CalibrationRun(Protocol):
     equalized: bool
 
 
+# --- what the compiler asks of a runtime -------------------------------------------------
+# What the compiler asks of a runtime, and nothing more. Planning itself runs nothing; an int8
+# plan does: the quantize pass observes the planned graph run in float32 on the calibration inputs
+# (and, with bias correction, each Conv's output shift from its rounded weights), and choosing the
+# int8 settings or --auto-float16's float16 steps runs candidate plans and compares their outputs
+# with that float32 run. The compiler imports no runtime: the caller passes one in
+# (`pipeline.compile_model(runtime=...)`; rkcompile.api passes the emulator's, `EmulatorRuntime`),
+# so the float32 semantics calibration sees are the runtime's own, the same the accuracy analysis
+# compares with. A float16 plan needs none.
+
+#: name, value: a tensor the float32 run wrote
+Visit = Callable[[str, np.ndarray], None]
+#: name, value -> a value the run continues with instead, or None to keep it
+Adjust = Callable[[str, np.ndarray], "np.ndarray | None"]
+
+
+class FloatGraph(Protocol):
+    """Planned steps run in float32 in their order: NPU steps with nothing rounded to a stored
+    dtype, CPU steps on their backend, host conversions as the identity."""
+
+    def run(self, inputs: Mapping[str, np.ndarray], visit: Visit | None = None,
+            adjust: Adjust | None = None) -> dict[str, np.ndarray]:
+        """The graph outputs; `visit` sees each observed tensor as it is written, and `adjust`
+        may replace one for the steps after it."""
+
+
+class Runtime(Protocol):
+    def float_graph(self, nodes: Sequence[gs.Node], devices: Sequence[str], opset: int, outputs: Sequence[str],
+                    observed: Collection[str] | None = None) -> FloatGraph:
+        """The float32 run of `nodes` (each step's node, on the device in `devices`), returning
+        `outputs` and visiting the `observed` tensors (None: every tensor a step writes)."""
+
+    def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """`conv`'s convolution of `x` by `weight` (no bias) in float32, as the float run computes it."""
+
+    def runnable(self, record: PlanRecord, ctx: CompileContext) -> Any:
+        """A compiled plan this runtime runs (`run`, `step_drops`); it has the `record` and the
+        `reference_nodes` (each step's node with the model's own constants) of the compile."""
+
+    def run(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs of a `runnable` plan executed as planned."""
+
+    def step_drops(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Per tensor a step writes, the output cosine its step loses against its inputs' (the
+        accuracy analysis's drop)."""
+
+    def cosine(self, name: str, actual: Any, expected: Any) -> float:
+        """The cosine similarity of output `name` computed against its expected value."""
+
+
 @dataclass
 class CompileContext:
     """What the passes share: the model, target and options, the graph, and what each pass
@@ -178,6 +229,9 @@ class CompileContext:
     #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
     #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
     calibration_samples: list[dict[str, np.ndarray]] | None = None
+    #: int8: what runs the float32 calibration run and judges candidate plans
+    #: (`Runtime` above), set by the caller; a float16 plan needs none
+    runtime: Runtime | None = None
 
     def retire(self, node: gs.Node, fate: str, reason: str) -> None:
         """Record that `node` leaves the graph as `fate` ('folded' or 'removed'). Only the

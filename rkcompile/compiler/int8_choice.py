@@ -9,7 +9,9 @@ fixes its setting. No one setting wins on every network (docs/quantization.md, "
 chosen per model"): these networks answer a range change anywhere with a cosine change of about
 +-0.001 in either direction, which only planning and measuring shows.
 
-What the candidates share (`auto_float16.Planner`): the passes before quantize run once; the
+This is a stage of the pipeline (`pipeline.compile_model`) after its shared front half, entered
+by an int8 plan that leaves a setting to choose or asks --auto-float16, never by a float16 plan.
+What the candidates share (`auto_float16.Planner`): the passes before quantize ran once; the
 float32 calibration run, once per equalization setting (its ranges serve both methods: the mmse
 observer keeps the minimum and maximum too; bias correction's shifts are measured in the same
 run and applied after it), and the float32 reference outputs once. Equalization is searched only
@@ -25,18 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, CompileContext, Options, settings_label
-from rkcompile.errors import CompileError
-from rkcompile.compiler.pipeline import compile_model
 from rkcompile.plan.schema import Int8Technique, Plan as PlanRecord
 from rkcompile.progress import bar
-from rkcompile.compiler.auto_float16 import Judge, MakePlan, Planner, choose, judge_for
-
-log = logging.getLogger("rkcompile")
+from rkcompile.compiler.auto_float16 import Finish, Judge, Planner, choose, judge_for
 
 
 @dataclass(frozen=True)
@@ -100,49 +97,29 @@ def report(best: Judged, judged: list[Judged], found: list[dict[str, Any]]) -> I
     return Int8Technique("int8_settings", (settings_label(best.settings),), declined, note)
 
 
-def compile_with_choice(model, target: str, options: Options, make_plan: MakePlan,
-                        progress: Callable[[str], None] | None = None) -> tuple[PlanRecord, CompileContext]:
-    """`pipeline.compile_model`, with the int8 settings left to choose chosen first and
-    --auto-float16 resolved on top of them, both reported in the plan's `int8_techniques`; the
-    chosen plan's int8 warnings logged once (the quantize pass only records them: it runs once
-    per candidate plan, and logged each warning as many times)."""
-    record, ctx = _compile_with_choice(model, target, options, make_plan, progress)
-    for quant in record.quantization.values():
-        if quant.warning:
-            log.warning("int8: %s", quant.warning)
-    return record, ctx
-
-
-def _compile_with_choice(model, target: str, options: Options, make_plan: MakePlan,
-                         progress: Callable[[str], None] | None) -> tuple[PlanRecord, CompileContext]:
-    say = progress or (lambda text: None)
-    choosing = options.dtype == "int8" and any(getattr(options, name) == CHOOSE for name in INT8_SETTINGS)
-    if options.auto_float16 is not None:
-        if options.dtype != "int8":
-            raise CompileError("--auto-float16 chooses float16 steps of an int8 plan; add --dtype int8")
-        if not 0 < options.auto_float16 <= 1:
-            raise CompileError(f"--auto-float16 {options.auto_float16}: a cosine in (0, 1]")
-    elif not choosing:
-        return compile_model(model, target, options)
-    judge, chosen = settled_judge(model, target, options, make_plan, say)
+def int8_stage(before_quantize: CompileContext, finish: Finish) -> tuple[PlanRecord, CompileContext]:
+    """The stage: the int8 settings left to choose chosen, then --auto-float16 resolved on top of
+    them, each candidate planned by `finish` from `before_quantize` (the context after the
+    pipeline's front half); the chosen plan with both reported in its `int8_techniques`."""
+    options = before_quantize.options
+    judge = judge_for(before_quantize, finish)
+    chosen = settle(judge, options)
     if options.auto_float16 is None:
         plan, ctx = judge.planned(())
         techniques = [chosen, *ctx.int8_techniques]
     else:
-        search = choose(model, target, options, options.auto_float16, make_plan, progress=say, judge=judge)
+        search = choose(judge, options.auto_float16)
         plan, ctx = search.plan, search.context
         techniques = [*([chosen] if chosen is not None else []), *ctx.int8_techniques, search.technique]
     return dataclasses.replace(plan.record, int8_techniques=tuple(techniques)), ctx
 
 
-def settled_judge(model, target: str, options: Options, make_plan: MakePlan,
-                  say: Callable[[str], None]) -> tuple[Judge, Int8Technique | None]:
-    """A Judge of `model`'s int8 plans whose planner holds the settings: the user's, and those
-    left to choose chosen (with the plan's entry saying so; None when nothing was chosen)."""
-    judge = judge_for(model, target, options, make_plan)
+def settle(judge: Judge, options: Options, say: Callable[[str], None] = lambda text: None) -> Int8Technique | None:
+    """Choose the settings `options` leaves to choose, and hold them in `judge`'s planner: the
+    plan's entry saying so, or None when the user gave every setting."""
     if not any(getattr(options, name) == CHOOSE for name in INT8_SETTINGS):
-        return judge, None
+        return None
     say("int8 settings:")
     settings, chosen = choose_settings(judge, options, say)
     judge.planner.options = dataclasses.replace(judge.planner.options, **settings)
-    return judge, chosen
+    return chosen

@@ -12,13 +12,15 @@ from typing import Sequence
 import onnx
 import onnx_graphsurgeon as gs
 
-from rkcompile.compiler.context import CompileContext, Options, Placement
+from rkcompile.errors import CompileError
+from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, CompileContext, Options, Placement
 from rkcompile.compiler.cost_estimate import node_macs
+from rkcompile.onnx_backends import cpu_backend
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.plan.operations import describe
-from rkcompile.passes import (assign, boundaries, fold_constants, fuse, import_model, layout, legalize,
-    memory, multicore, partition, remove_noops, rewrite, rewrite_late)
+from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
+    legalize, memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
 from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
 from rkcompile.targets import get_target
 
@@ -32,7 +34,7 @@ class _QuantizePass:
 
     NAME = "quantize"
     NEEDS = frozenset({"calibration", "calibration_samples", "graph", "model_info", "options", "order", "placement",
-                       "target", "tensors"})
+                       "runtime", "target", "tensors"})
     # the graph: bias copies and corrections, float16 islands' relabelled conversions
     PROVIDES = frozenset({"calibration", "calibration_samples", "graph", "int8_techniques", "options", "placement",
                           "quantization", "reference_constants", "tensors"})
@@ -51,10 +53,13 @@ PASSES = (
     import_model,    # load, validate, infer shapes
     fold_constants,  # evaluate what is already known
     remove_noops,    # Identity, Dropout, a Cast to the type it already has
+    simplify_layout.EARLY,  # the exporter's Transposes/relabels moved through element-wise ops until they cancel
     rewrite,         # nodes the NPU cannot run -> equivalent nodes it can
+    epilogues,       # element-wise work after a relabelled Conv output moved next to the Conv
     legalize,        # every rule every node breaks
     fuse,            # chains the NPU runs as one kernel, per the fusion table
     rewrite_late,    # legalizing rewrites that would have hidden a fusion pattern
+    simplify_layout.LATE,  # the same for the relabels the rewrites wrapped around Convs, through fused kernels
     assign,          # NPU, or CPU with a reason
     partition,       # convex single-device partitions, execution order
     boundaries,      # host steps converting tensors that cross devices
@@ -64,22 +69,70 @@ PASSES = (
     multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
 )
 PASS_NAMES = tuple(p.NAME for p in PASSES)
+#: Where the back half starts: the passes an int8 plan's choices (its settings, its float16
+#: steps) change are quantize and every one after it; the front half before it runs once
+QUANTIZE_AT = PASS_NAMES.index("quantize")
 #: the CompileContext fields a caller sets before the first pass (the int8 calibration and its
 #: samples optionally: an --auto-float16 Planner reuses them); every other field a pass NEEDS,
 #: a pass before it PROVIDES (tests/test_pipeline_contracts.py). The graph is a field like the
 #: others: the import pass provides it, and a pass that changes it lists it in its PROVIDES.
-CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples"})
+CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples", "runtime"})
 #: the fields `check_contract` watches
 CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext))
 
 
 def compile_model(model_path: str | Path, target: str, options: Options | None = None, *,
-                  cpu_backends: bool = True) -> tuple[Plan, CompileContext]:
+                  cpu_backends: bool = True, runtime=None, choose_int8: bool = False) -> tuple[Plan, CompileContext]:
     """The plan and its compile context. `cpu_backends=False` leaves every step's `cpu_backend`
-    unset (see `assemble_plan`), for a plan that is neither written nor run."""
-    ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options or Options())
-    run_passes(ctx, PASSES)
-    return assemble_plan(ctx, cpu_backends), ctx
+    unset (see `assemble_plan`), for a plan that is neither written nor run (an int8 plan whose
+    settings are chosen decides them: its candidates run). `runtime`: what an int8 plan
+    calibrates and judges its candidates on (rkcompile/compiler/context.py; rkcompile.api passes
+    the emulator's). The front half runs once; with `choose_int8` (rkcompile.compile and the
+    command line), an int8 plan that leaves a setting to choose or asks --auto-float16 then goes
+    through that stage (rkcompile/compiler/int8_choice.py), which plans candidates from there;
+    every other plan runs the back half once (int8 settings left to choose at their preferred
+    values: passes/quantize.py). The plan's int8 warnings are logged here, once: the quantize
+    pass only records them, once per candidate."""
+    options = options or Options()
+    choosing = _chooses_int8(options) and choose_int8
+    ctx = front_half(model_path, target, options, runtime)
+    if choosing:
+        from rkcompile.compiler.int8_choice import int8_stage  # int8 plans only
+
+        record, ctx = int8_stage(ctx, finish_plan)
+    else:
+        run_passes(ctx, PASSES[QUANTIZE_AT:])
+        record = assemble_plan(ctx, cpu_backends)
+    for quant in record.quantization.values():
+        if quant.warning:
+            log.warning("int8: %s", quant.warning)
+    return record, ctx
+
+
+def front_half(model_path: str | Path, target: str, options: Options, runtime=None) -> CompileContext:
+    """The context after the passes before quantize, which every plan of the model with these
+    options shares, whatever its int8 settings and float16 steps."""
+    ctx = CompileContext(model_path=Path(model_path), target=get_target(target), options=options, runtime=runtime)
+    run_passes(ctx, PASSES[:QUANTIZE_AT])
+    return ctx
+
+
+def finish_plan(ctx: CompileContext) -> Plan:
+    """The back half on `ctx`, a context after the front half, and its plan: each int8 candidate's."""
+    run_passes(ctx, PASSES[QUANTIZE_AT:])
+    return assemble_plan(ctx)
+
+
+def _chooses_int8(options: Options) -> bool:
+    """Whether the plan goes through the int8 choice stage: an int8 plan that leaves a setting
+    to choose, or asks --auto-float16 (only of an int8 plan, for a cosine in (0, 1])."""
+    if options.auto_float16 is not None:
+        if options.dtype != "int8":
+            raise CompileError("--auto-float16 chooses float16 steps of an int8 plan; add --dtype int8")
+        if not 0 < options.auto_float16 <= 1:
+            raise CompileError(f"--auto-float16 {options.auto_float16}: a cosine in (0, 1]")
+        return True
+    return options.dtype == "int8" and any(getattr(options, name) == CHOOSE for name in INT8_SETTINGS)
 
 
 class PassInstrument:
@@ -332,12 +385,10 @@ def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
 
 def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
     """The plan of the passes' results. Each CPU step's `cpu_backend` is decided by asking
-    onnxruntime for a session on the node (`emulator.reference.cpu_backend`): importing
+    onnxruntime for a session on the node (`onnx_backends.cpu_backend`): importing
     onnxruntime alone takes about 20 ms. With `cpu_backends=False` it stays None, as in a plan
     written before the field existed, which the emulator decides when it runs the step: for a
     plan only summarized (`rkcompile plan` writing no file), which never reads it."""
-    from rkcompile.emulator.reference import cpu_backend
-
     step_of = {name: index for index, name in enumerate(ctx.order)}
     partition_of = {name: pid for pid, (_, members) in enumerate(ctx.partitions) for name in members}
     nodes = {node.name: node for node in ctx.graph.nodes}

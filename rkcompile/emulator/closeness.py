@@ -58,14 +58,15 @@ def agreement(name: str, actual: np.ndarray, expected: np.ndarray) -> Agreement:
 
 
 def onnxruntime_outputs(model_path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model run by onnxruntime on one thread, the reference `--check` uses when the
-    inputs file carries no expected outputs."""
+    """The model (a path, or a serialized model's bytes) run by onnxruntime on one thread, the
+    reference `--check` uses when the inputs file carries no expected outputs."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    model = model_path if isinstance(model_path, bytes) else str(model_path)
+    session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     feeds = {i.name: inputs[i.name] for i in session.get_inputs()}
     return dict(zip(names, session.run(names, feeds)))

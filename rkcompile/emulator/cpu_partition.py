@@ -26,7 +26,8 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.nodes import dtype_name, expanded_members, node_inputs, node_proto, subgraphs
 
-from rkcompile.emulator.reference import NODE_MODEL_IR_VERSION, make_session, runtime_value, session_for_feeds
+from rkcompile.onnx_backends import NODE_MODEL_IR_VERSION, make_session
+from rkcompile.emulator.reference import runtime_value, session_for_feeds
 from rkcompile.emulator.storage import held_by_runtime
 
 #: the fewest steps worth a session of their own: a single step keeps its per-node session

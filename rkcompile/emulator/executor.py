@@ -28,10 +28,11 @@ from rkcompile.emulator import kernels  # noqa: F401  (registers the kernels)
 from rkcompile.emulator.cpu_partition import CpuPartition, cpu_runs
 from rkcompile.emulator.fused import run_fused
 from rkcompile.emulator.int8 import QTensor, run_int8
-from rkcompile.emulator.reference import ONNX_REFERENCE, ONNXRUNTIME, CpuRuntime, run_reference
+from rkcompile.emulator.reference import CpuRuntime, run_reference
 from rkcompile.emulator.registry import IN_PLACE, KERNELS, Unsupported
 from rkcompile.numerics.float16 import cast
-from rkcompile.emulator.pages import small_pages
+from rkcompile.onnx_backends import ONNX_REFERENCE, ONNXRUNTIME
+from rkcompile.pages import small_pages
 from rkcompile.emulator.storage import EmulationError, Storage, held_by_runtime, is_float
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the

@@ -14,7 +14,7 @@ expanded into their members, host conversions as Identity, every observed tensor
 output): one call per input instead of a numpy kernel per step, 4-13x faster on the dev zoo's
 CNNs. Node by node (numpy kernels for NPU steps, each CPU step's backend) is the fallback: for a
 graph onnxruntime refuses (an op or a type it has no kernel for, a custom domain) or fails on at
-run time, and for a node it computes against the spec (reference.ONNXRUNTIME_DEVIATIONS).
+run time, and for a node it computes against the spec (onnx_backends.ONNXRUNTIME_DEVIATIONS).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from rkcompile.ir.nodes import expanded_members, fused_body, node_operands, node
 
 from rkcompile.emulator import kernels  # noqa: F401  (registers the kernels)
 from rkcompile.emulator.fused import run_fused
-from rkcompile.emulator.reference import (NODE_MODEL_IR_VERSION, ONNX_REFERENCE, CpuRuntime, feeds_signature,
-    make_session, onnxruntime_deviates, run_reference, session_for_feeds)
+from rkcompile.onnx_backends import NODE_MODEL_IR_VERSION, ONNX_REFERENCE, make_session, onnxruntime_deviates
+from rkcompile.emulator.reference import CpuRuntime, feeds_signature, run_reference, session_for_feeds
 from rkcompile.emulator.registry import KERNELS, Unsupported
 
 Visit = Callable[[str, np.ndarray], None]

@@ -1,4 +1,5 @@
-"""The graph edits passes share: rewire a tensor's readers, detach a node.
+"""The graph edits passes share: rewire a tensor's readers or one input or output of a node,
+detach a node.
 
 onnx-graphsurgeon keeps producer and consumer lists on every tensor; these two edits keep them
 consistent, so no pass writes its own loop over consumers.
@@ -21,6 +22,20 @@ def replace_uses(old: gs.Tensor, new: gs.Tensor) -> None:
                 _drop(old.outputs, reader)
                 list.__setitem__(reader.inputs, index, new)
                 list.append(new.outputs, reader)
+
+
+def set_input(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
+    """`node` reads `tensor` as its input `index`, in place of what it read there."""
+    _drop(node.inputs[index].outputs, node)
+    list.__setitem__(node.inputs, index, tensor)
+    list.append(tensor.outputs, node)
+
+
+def set_output(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
+    """`node` writes `tensor` as its output `index`, in place of what it wrote there."""
+    _drop(node.outputs[index].inputs, node)
+    list.__setitem__(node.outputs, index, tensor)
+    list.append(tensor.inputs, node)
 
 
 def detach(node: gs.Node) -> None:

@@ -127,7 +127,7 @@ class Step:
     #: What the step executes (plan/2); None in plan/1 files, which need their model to run.
     operation: Operation | None = None
     #: what runs a CPU step in `rkcompile run`: "onnxruntime", or "onnx.reference" for what
-    #: onnxruntime has no kernel for (rkcompile/emulator/reference.py); None for NPU and host steps
+    #: onnxruntime has no kernel for (rkcompile/onnx_backends.py); None for NPU and host steps
     cpu_backend: str | None = None
 
 

@@ -30,21 +30,7 @@ MIN_IR_VERSION = 10
 def partitioned_model(plan: Plan, nodes: Sequence[gs.Node]) -> onnx.ModelProto:
     """`nodes` are the plan's step nodes, in step order: with the model's own weights
     (`rkcompile.api.Plan.reference_nodes`) or as the weight region holds them (`step_nodes()`)."""
-    renames = _host_renames(plan)
-    members: dict[int, list[onnx.NodeProto]] = {}   # step id -> its plain ONNX nodes
-    weights: dict[str, onnx.TensorProto] = {}
-    for step, node in zip(plan.steps, nodes):
-        if step.device == "host":
-            continue
-        members[step.id] = []
-        for member in expanded_members(node):
-            for tensor in node_operands(member):
-                if isinstance(tensor, gs.Constant) and tensor.name:
-                    weights.setdefault(tensor.name, numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
-            proto = node_proto(member)
-            for field in (proto.input, proto.output):
-                field[:] = [renames.get(name, name) for name in field]
-            members[step.id].append(proto)
+    members, weights = plain_steps(plan, nodes)
     model_outputs = {spec.name for spec in plan.model.outputs}
     opsets = [helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()]
     graph_nodes, functions = [], []
@@ -70,7 +56,44 @@ def partitioned_model(plan: Plan, nodes: Sequence[gs.Node]) -> onnx.ModelProto:
     return model
 
 
-def _host_renames(plan: Plan) -> dict[str, str]:
+def plain_steps(plan: Plan,
+                nodes: Sequence[gs.Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
+    """Each step but the host conversions as plain ONNX nodes (a fused kernel as its members),
+    by step id, and the constants they read, by name (`host_renames` applied)."""
+    renames = host_renames(plan)
+    members: dict[int, list[onnx.NodeProto]] = {}
+    weights: dict[str, onnx.TensorProto] = {}
+    for step, node in zip(plan.steps, nodes):
+        if step.device == "host":
+            continue
+        members[step.id] = []
+        for member in expanded_members(node):
+            for tensor in node_operands(member):
+                if isinstance(tensor, gs.Constant) and tensor.name:
+                    weights.setdefault(tensor.name, numpy_helper.from_array(np.asarray(tensor.values), tensor.name))
+            proto = node_proto(member)
+            _rename(proto, renames)
+            members[step.id].append(proto)
+    return members, weights
+
+
+def _rename(node: onnx.NodeProto, renames: dict[str, str]) -> None:
+    """`renames` applied to what `node` reads and writes, and to what its subgraphs read from
+    the scope around them (ONNX forbids a subgraph to shadow an outer name, so every match is one)."""
+    for field in (node.input, node.output):
+        field[:] = [renames.get(name, name) for name in field]
+    for graph in proto_subgraphs(node):
+        for inner in graph.node:
+            _rename(inner, renames)
+
+
+def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs `node` carries as attributes (If's branches, a Loop's or Scan's body)."""
+    return [graph for attribute in node.attribute
+            for graph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
+
+
+def host_renames(plan: Plan) -> dict[str, str]:
     """Tensor renames that drop the host conversion steps: readers of a converted tensor read its
     source, except for a model output, whose name the source takes."""
     outputs = {spec.name for spec in plan.model.outputs}

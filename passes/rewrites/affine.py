@@ -1,0 +1,300 @@
+"""Affine folds: a constant scale and shift applied to the output of a weighted op (Conv,
+ConvTranspose, Gemm, MatMul by weights) moved into its weights and bias, and a constant scale
+(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights.
+
+Exporters write a batch norm as BatchNormalization, or, once folded by hand or by a framework
+converter, as a Mul and an Add by per-channel constants (tf2onnx, paddle2onnx); attention
+scales its query by a scalar after the projection's relabels. Each of these is one more pass
+over a feature map on the NPU, where rknn-toolkit2 runs none: the peer's layer tables show
+one Conv for each.
+
+Every fold is worked out in float64 and cast once to the weight's dtype, so the folded op
+computes the same value to within one rounding of that dtype (float32 weights: within float16
+rounding once the NPU computes in float16); it is never a change of formula.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir.graph import constant_value, static_shape
+
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, RewriteRule, Site, producer
+
+#: ops that compute x*W (+ bias) with constant W, and the axis of their output that indexes W's
+#: output channels (-1: the last)
+WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "Gemm": -1, "MatMul": -1}
+#: ops that only relabel their input's elements: a scale or shift of one channel stays one
+#: channel's, on the axis `_axis_after` finds
+RELABELS = RESHAPE_LIKE | {"Transpose"}
+AFFINE_OPS = frozenset({"Mul", "Add", "Sub", "Div", "BatchNormalization"})
+
+
+def batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) with BN(x) = scale*x + shift per channel, in float64, when the statistics
+    are constant and the node is in inference mode with one output."""
+    if node.attrs.get("training_mode", 0) or len([t for t in node.outputs if t.name]) != 1:
+        return None
+    params = [constant_value(t) for t in node.inputs[1:5]]
+    if any(p is None for p in params):
+        return None
+    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+    scale = gamma / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+    return scale, beta - mean * scale
+
+
+def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | str:
+    """(x, scale, shift) with node(x) = scale*x + shift, scale and shift float64 arrays laid out
+    to broadcast against x as ONNX broadcasts; else why node is not such an op."""
+    if node.op == "BatchNormalization":
+        affine, shape = batchnorm_affine(node), static_shape(node.inputs[0])
+        if affine is None or shape is None or len(shape) < 2:
+            return "its statistics are not constant (or training mode), or the input is below rank 2 or unknown"
+        on_channels = (-1,) + (1,) * (len(shape) - 2)
+        return node.inputs[0], *(v.reshape(on_channels) for v in affine)
+    if len(node.inputs) != 2:
+        return "not a binary op"
+    values = [constant_value(t) for t in node.inputs]
+    if (values[0] is None) == (values[1] is None):
+        return "not one constant operand and one computed"
+    constant_first = values[0] is not None
+    x, c = node.inputs[1 if constant_first else 0], values[0 if constant_first else 1]
+    # one value per channel at most: a constant larger than every axis of x varies along
+    # several (a folded ConstantOfShape may be a broadcast view far too large to copy)
+    if c.dtype.kind != "f":
+        return "the constant is not floating point"
+    if c.size > max(static_shape(x) or (1,), default=1):
+        return "the constant varies on more than one axis"
+    c = c.astype(np.float64)
+    if not np.all(np.isfinite(c)):
+        return "the constant holds an infinity or NaN, which weights would spread (0 * inf)"
+    one, zero = np.ones_like(c), np.zeros_like(c)
+    if node.op == "Mul":
+        return x, c, zero
+    if node.op == "Add":
+        return x, one, c
+    if node.op == "Sub":
+        return (x, -one, c) if constant_first else (x, one, -c)
+    if node.op == "Div" and not constant_first and np.all(c != 0):
+        return x, 1 / c, zero
+    return "a division of a constant, or by zero"
+
+
+def _per_channel(values: np.ndarray, rank: int, axis: int | None, channels: int) -> np.ndarray | None:
+    """`values` as one value per channel of axis `axis` of a rank-`rank` tensor with `channels`
+    channels, or None when they vary along any other axis, or would broadcast the tensor to
+    a higher rank. `axis` None: the values may be one scalar only."""
+    if values.ndim > rank:
+        if values.size != 1:
+            return None
+        values = values.reshape(())
+    if values.size == 1:
+        return np.full(channels, float(values.reshape(-1)[0]))
+    if axis is None:
+        return None
+    aligned = values.reshape((1,) * (rank - values.ndim) + values.shape)
+    varying = [a for a, size in enumerate(aligned.shape) if size != 1]
+    if varying != [axis % rank] or aligned.shape[axis % rank] != channels:
+        return None
+    return aligned.reshape(channels)
+
+
+def _axis_after(relabel: gs.Node, axis: int | None) -> int | None:
+    """Where the channel axis `axis` of the relabel's input is in its output, or None when the
+    relabel spreads it over several axes or merges it with others: a row-major relabel keeps
+    an axis when the elements before it and the axis's own size are the same on both sides."""
+    if axis is None:
+        return None
+    shape_in, shape_out = static_shape(relabel.inputs[0]), static_shape(relabel.outputs[0])
+    if shape_in is None or shape_out is None:
+        return None
+    axis %= len(shape_in)
+    if relabel.op == "Transpose":
+        perm = list(relabel.attrs.get("perm", range(len(shape_in) - 1, -1, -1)))
+        return perm.index(axis)
+    before = int(np.prod(shape_in[:axis]))
+    for candidate, size in enumerate(shape_out):
+        if int(np.prod(shape_out[:candidate])) == before and size == shape_in[axis]:
+            return candidate
+    return None
+
+
+def _sole_reader(tensor: gs.Tensor, site: Site) -> bool:
+    return len(tensor.outputs) == 1 and tensor.name not in site.graph_outputs
+
+
+def _weighted_producer(x: gs.Tensor, site: Site) -> tuple[gs.Node, list[gs.Node], int | None] | str:
+    """The weighted op whose output reaches `x` through relabels only, each read by the next
+    alone; the relabels, in order; and where its channel axis is in `x`. Else why not."""
+    relabels = []
+    tensor = x
+    while True:
+        node = producer(tensor)
+        if node is None:
+            return "its input is not computed by a node"
+        if not _sole_reader(tensor, site):
+            return f"{tensor.name} is read by other nodes too, or is a graph output"
+        if node.op in WEIGHTED:
+            break
+        if node.op not in RELABELS:
+            return f"its input comes from a {node.op}, not a weighted op or a relabel of one"
+        relabels.append(node)
+        tensor = node.inputs[0]
+    relabels.reverse()
+    made = static_shape(node.outputs[0])
+    axis = None if made is None else WEIGHTED[node.op] % len(made)
+    for relabel in relabels:
+        axis = _axis_after(relabel, axis)
+    return node, relabels, axis
+
+
+def _weights(node: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The weight and bias arrays of a weighted op when both are constants (bias None when
+    absent); None otherwise. A MatMul's weight is its right operand."""
+    weight = constant_value(node.inputs[1])
+    has_bias = node.op != "MatMul" and len(node.inputs) > 2 and node.inputs[2].name
+    bias = constant_value(node.inputs[2]) if has_bias else None
+    if weight is None or (has_bias and bias is None) or weight.dtype.kind != "f":
+        return None
+    return weight, bias
+
+
+#: the largest weight or bias a fold may make: the NPU stores float weights as float16 at most,
+#: and a folded value beyond its range would saturate where the unfolded ops need not
+FLOAT16_LARGEST = float(np.finfo(np.float16).max)
+
+
+def _storable(*arrays: np.ndarray) -> bool:
+    return all(np.all(np.abs(a) <= FLOAT16_LARGEST) for a in arrays)
+
+
+def scaled_weighted_op(builder, node: gs.Node, scale: np.ndarray, shift: np.ndarray,
+                       out: gs.Tensor | None) -> gs.Tensor | str:
+    """Append `node` with its weights and bias folded so that it writes scale*y + shift (float64
+    vectors, one value per output channel) into `out` (None: a new tensor like its output);
+    the tensor written, or why it cannot be."""
+    weights = _weights(node)
+    if weights is None:
+        return f"the {node.op}'s weights or bias are not constant"
+    weight, bias = weights
+    w, attrs, inputs = weight.astype(np.float64), dict(node.attrs), list(node.inputs)
+    if node.op == "Conv":
+        folded = w * scale.reshape(-1, *[1] * (w.ndim - 1))
+    elif node.op == "ConvTranspose":  # W is [C_in, C_out / group, k...]
+        groups = int(attrs.get("group", 1))
+        grouped = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
+        folded = (grouped * scale.reshape(groups, 1, w.shape[1], *[1] * (w.ndim - 2))).reshape(w.shape)
+    elif node.op == "Gemm":  # Y = alpha*A*B + beta*C: alpha and beta go into B and C
+        folded = w * float(attrs.pop("alpha", 1.0)) * (scale[:, None] if attrs.get("transB", 0) else scale[None, :])
+        if bias is not None:
+            if np.broadcast_shapes(bias.shape, (1, scale.size)) != (1, scale.size):
+                return "Gemm's C varies along its rows"
+            bias = np.broadcast_to(bias, (1, scale.size)).reshape(-1) * float(attrs.get("beta", 1.0))
+        attrs.pop("beta", None)
+    elif w.ndim == 2 and not shift.any():  # MatMul by a [K, N] weight: N output channels
+        folded = w * scale[None, :]
+    else:
+        return "a MatMul takes a scale into a 2-D weight only, and has no bias to take a shift"
+    if node.op != "MatMul":
+        bias = np.zeros(scale.size) if bias is None else np.broadcast_to(bias.astype(np.float64), (scale.size,))
+        bias = bias * scale + shift
+    if not _storable(folded, *([] if node.op == "MatMul" else [bias])):
+        return "the folded weights or bias would leave float16's range"
+    inputs[1] = builder.const(folded.astype(weight.dtype), "weight")
+    if node.op != "MatMul":
+        inputs[2:] = [builder.const(bias.astype(weight.dtype), "bias")]
+    made = node.outputs[0]
+    return builder.op(node.op, inputs, static_shape(made), made.dtype, out=out, **attrs)
+
+
+def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
+    """scale*y + shift by constants (Mul, Add, Sub, Div by a constant; BatchNormalization)
+    after a Conv, ConvTranspose, Gemm or MatMul by weights whose output it alone reads, folded
+    into that op's weights and bias: W' = W*scale per output channel, b' = b*scale + shift.
+    The constant is one value, or one per output channel on the axis that indexes them; a
+    scalar also crosses relabels (Reshape, Transpose, ...) between the two, as a per-channel
+    constant does where the relabel keeps the channel axis whole. One kernel instead of two
+    passes over the feature map, as rknn-toolkit2 does. Within one rounding of the weight's
+    dtype (module docstring); a chain folds one op at a time, each into the op the last made."""
+    affine = _affine_of(node)
+    if isinstance(affine, str):
+        return affine
+    x, scale, shift = affine
+    found = _weighted_producer(x, site)
+    if isinstance(found, str):
+        return found
+    weighted, relabels, axis = found
+    shape, made = static_shape(x), static_shape(weighted.outputs[0])
+    if shape is None or made is None or static_shape(node.outputs[0]) != shape:
+        return "the constant broadcasts its input to another shape, or a shape is unknown"
+    channels = made[WEIGHTED[weighted.op]]
+    scale, shift = (_per_channel(v, len(shape), axis, channels) for v in (scale, shift))
+    if scale is None or shift is None:
+        return f"the constant varies on an axis other than the {weighted.op}'s output channels"
+    builder = site.builder(node)
+    tensor = scaled_weighted_op(builder, weighted, scale, shift, None if relabels else node.outputs[0])
+    if isinstance(tensor, str):
+        return tensor
+    for index, relabel in enumerate(relabels):
+        out = node.outputs[0] if index == len(relabels) - 1 else None
+        was = relabel.outputs[0]
+        tensor = builder.op(relabel.op, [tensor, *relabel.inputs[1:]], static_shape(was), was.dtype, out=out,
+                            **relabel.attrs)
+    yield builder.finish(weighted, *relabels, node)
+
+
+def _input_channel_vector(values: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray | None:
+    return _per_channel(values, len(x_shape), 1, x_shape[1])
+
+
+def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
+    """scale*x + shift by constants whose result only a Conv reads (as its input), folded into
+    that Conv: W'[o, i] = W[o, i]*scale[i], b' = b + sum over i and the kernel of W[o, i]*shift[i].
+    The scale is exact under the Conv's zero padding (a padded zero stays zero); a shift is
+    folded only when the Conv does not pad, since it would have shifted the padding too. The
+    constant is one value or one per input channel. Within one rounding of the weight's dtype."""
+    affine = _affine_of(node)
+    if isinstance(affine, str):
+        return affine
+    x, scale, shift = affine
+    y = node.outputs[0]
+    conv = y.outputs[0] if _sole_reader(y, site) else None
+    if conv is None or conv.op != "Conv" or conv.inputs[0] is not y:
+        return "its result is not read by one Conv alone, as that Conv's input"
+    shape = static_shape(x)
+    if shape is None or len(shape) < 3 or static_shape(y) != shape:
+        return "the constant broadcasts its input to another shape, or the shape is unknown"
+    scale_c, shift_c = (_input_channel_vector(v, shape) for v in (scale, shift))
+    if scale_c is None or shift_c is None:
+        return "the constant varies on an axis other than the channels"
+    pads = conv.attrs.get("pads", [0]) or [0]
+    padding = any(pads) or conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+    if shift_c.any() and padding:
+        return "a shift before a padding Conv would shift its padding too"
+    weights = _weights(conv)
+    if weights is None:
+        return "the Conv's weights or bias are not constant"
+    weight, bias = weights
+    w = weight.astype(np.float64)
+    groups = int(conv.attrs.get("group", 1))
+    per_group = w.shape[1]
+    # input channel g*per_group + i feeds the outputs of group g through W[:, i]
+    scale_g, shift_g = (v.reshape(groups, per_group) for v in (scale_c, shift_c))
+    outputs_per_group = w.shape[0] // groups
+    scale_o, shift_o = (np.repeat(v, outputs_per_group, axis=0) for v in (scale_g, shift_g))
+    spatial = (1,) * (w.ndim - 2)
+    folded = w * scale_o.reshape(w.shape[:2] + spatial)
+    bias = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
+    bias = bias + (w * shift_o.reshape(w.shape[:2] + spatial)).reshape(w.shape[0], -1).sum(axis=1)
+    if not _storable(folded, bias):
+        return "the folded weights or bias would leave float16's range"
+    builder = site.builder(node)
+    builder.op("Conv", [x, builder.const(folded.astype(weight.dtype), "weight"),
+                        builder.const(bias.astype(weight.dtype), "bias")], out=conv.outputs[0], **conv.attrs)
+    yield builder.finish(node, conv)
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True),
+    RewriteRule(fold_affine_into_next_conv, AFFINE_OPS, always=True),
+)

@@ -1,0 +1,590 @@
+"""Simplify layout: fewer Reshape and Transpose steps, by moving each through the ops that do
+not care how a tensor is laid out until it meets, and merges with, another of its kind.
+
+Exporters and the rewrite pass leave layout ops on both sides of element-wise work: a MatMul run
+as a 1x1 Conv is wrapped in relabels to and from the Conv's [L, C, 1, 1] layout, so a GELU
+between two such Convs runs between a relabel out of that layout and one back into it. An
+element-wise op computes the same values in any layout when all its operands are laid out
+alike, so the relabel before it can go after it, where it meets the next relabel: the two
+become one, or none when they are inverse. The pass runs after fusion and the late rewrites
+on the recognised kernels (exGelu, exSwish, HardSwish, ...: their members are element-wise
+too), and then joins the kernels that became adjacent (fusion_table.KERNEL_FUSIONS); it runs
+before the rewrites as well (`EARLY`), on the exporter's own Transposes.
+
+Each rule is exact: every value is computed by the same arithmetic on the same operands, only
+stored in another order. A rule applies only when every node it leaves passes the target's
+rules that the nodes it replaces passed, and it always leaves fewer nodes, so the pass ends.
+
+- `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
+  operands) leaves the graph, and the region below it, of element-wise ops and Splits, runs on
+  the layout before the move; each relabel or Transpose reading the region takes the move
+  into its own (one node for two, none when they cancel).
+- `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
+- `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
+  reads, is no node.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
+from rkcompile.ir.edits import detach, set_input, replace_uses
+from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
+    topological_nodes)
+from rkcompile.ir.nodes import itemsize
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
+from rkcompile.plan.operations import constant, graph_node, variable
+from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
+
+from rkcompile.passes.fuse import fuse_table
+from rkcompile.passes.fusion_table import KERNEL_FUSIONS
+from rkcompile.passes.legalize import check_node, compile_facts
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE
+
+
+
+class SimplifyLayout:
+    """The pass at one place in the pipeline (rkcompile/compiler/pipeline.py): before the
+    rewrites, on the exporter's own Transposes and relabels, before the rewrite pass cuts a
+    Transpose into legal views; and after fusion, on the relabels the rewrites wrapped around
+    Convs, through the recognised kernels, then joining the kernels that became adjacent."""
+
+    def __init__(self, name: str, fused: bool):
+        self.NAME, self.fused = name, fused
+        #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
+        self.NEEDS = frozenset({"graph", "options", "origins", "target"}
+                               | ({"failures", "notes", "original_nodes"} if fused else set()))
+        self.PROVIDES = frozenset({"failures", "fates", "graph", "origins", "rewrite_attempts", "rewrites"}
+                                  | ({"notes"} if fused else set()))
+
+    def run(self, ctx: CompileContext) -> None:
+        if _Simplifier(ctx, self.fused).run() and self.fused:
+            # A Conv and the activation a relabel pair kept apart may now be one kernel.
+            fuse_table(ctx, KERNEL_FUSIONS)
+
+
+EARLY = SimplifyLayout("simplify-layout-early", fused=False)
+LATE = SimplifyLayout("simplify-layout", fused=True)
+
+#: ONNX ops whose every output element is computed from the elements at the same position of
+#: their operands (after broadcasting), whatever the shape: they commute with any relabel or
+#: Transpose applied to every operand alike.
+ELEMENTWISE_OPS = frozenset({
+    "Abs", "Add", "And", "Cast", "Ceil", "Clip", "Cos", "Div", "Elu", "Equal", "Erf", "Exp", "Floor", "Gelu",
+    "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "IsInf", "IsNaN", "LeakyRelu", "Less",
+    "LessOrEqual", "Log", "Max", "Min", "Mish", "Mul", "Neg", "Not", "Or", "Pow", "PRelu", "Reciprocal", "Relu",
+    "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Sub", "Tanh", "Where", "Xor",
+})
+LAYOUT_OPS = RESHAPE_LIKE | {"Transpose"}
+#: what the plan says of an original node a rule took out, with nothing left carrying it
+REMOVED_BECAUSE = {
+    "identity_layout": "it moves no element",
+    "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
+    "slices_as_split": "one Split cuts the tensor it sliced",
+}
+
+
+# --- what a layout op does ------------------------------------------------------------------
+
+
+def layout_move(node: gs.Node) -> tuple[gs.Tensor, gs.Tensor, tuple[int, ...] | None] | None:
+    """(source, result, perm) of a relabel (perm None) or Transpose of known shapes, else None."""
+    if not is_onnx_domain(node) or node.op not in LAYOUT_OPS or not node.inputs or len(node.outputs) != 1:
+        return None
+    source, result = node.inputs[0], node.outputs[0]
+    shape = static_shape(source)
+    if shape is None or static_shape(result) is None:
+        return None
+    if node.op != "Transpose":
+        return source, result, None
+    return source, result, tuple(int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1)))
+
+
+def unmoved_axis(old: tuple[int, ...], new: tuple[int, ...], axis: int, perm) -> int | None:
+    """The axis of the unmoved layout `new` holding what `axis` holds in the moved layout `old`:
+    the Transpose's own axis, or for a relabel an axis of the same extent after the same
+    number of elements (so each slice along it is the same block of elements); None if none."""
+    if perm is not None:
+        return perm[axis]
+    before = element_count(old[:axis])
+    return next((a for a in range(len(new)) if new[a] == old[axis] and element_count(new[:a]) == before), None)
+
+
+# --- the pass ---------------------------------------------------------------------------------
+
+
+class _Simplifier:
+    """One run of the rules over a graph, with the records a replacement keeps current."""
+
+    def __init__(self, ctx: CompileContext, fused: bool):
+        self.ctx, self.facts = ctx, compile_facts(ctx)
+        #: after fusion: the fuse pass's notes name nodes, which a removed node takes with it
+        self.fused = fused
+        self.graph_outputs = {t.name for t in ctx.graph.outputs}
+        self.carriers = Counter(o for names in ctx.origins.values() for o in names)
+        self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
+        self.taken = {n.name for n in ctx.graph.nodes} | set(ctx.graph.tensors())
+        self.removed: set[int] = set()  # ids of the nodes the rules took out of the graph
+
+    def run(self) -> bool:
+        """Apply the rules to every node until none applies; whether any did."""
+        progress, rounds = True, 0
+        while progress:
+            progress = False
+            for node in topological_nodes(self.ctx.graph):
+                if id(node) in self.removed:
+                    continue  # replaced earlier in this round; its replacements wait for the next
+                for rule in (identity_layout, slices_as_split, move_layout_down):
+                    outcome = rule(node, self)
+                    if outcome is True:
+                        progress = True
+                        break
+                    if outcome is not None:
+                        self.declined[node.name] = (rule.__name__, outcome)
+            rounds += 1
+        for name, (rule, why) in self.declined.items():
+            self.record_attempt(name, rule, f"declined: {why}")
+        if rounds > 1:
+            self.ctx.graph.nodes = [n for n in self.ctx.graph.nodes if id(n) not in self.removed]
+        return rounds > 1
+
+    # bookkeeping shared by the rules
+
+    def fresh(self, base: str) -> str:
+        name, index = base, 0
+        while name in self.taken:
+            index += 1
+            name = f"{base}_{index}"
+        self.taken.add(name)
+        return name
+
+    def failures(self, node: gs.Node) -> list[Failure]:
+        if node.domain == FUSED_DOMAIN:  # only the common rules apply: the fusion checked the rest
+            return [Failure(rule.describe(), detail) for rule in self.ctx.target.common_rules
+                    for ok, detail in [rule.evaluate(node, self.ctx.target, **self.facts)] if not ok]
+        return check_node(node, self.ctx.target, **self.facts)
+
+    def stored_bytes(self, shape) -> float:
+        """The bytes an NPU tensor of `shape` takes in NC1HWC2 (infinite above rank 4)."""
+        if len(shape) > 4:
+            return float("inf")
+        dtype = self.ctx.options.dtype
+        return nc1hwc2_bytes(as_nchw(tuple(shape)), self.ctx.target.c2_for(dtype), itemsize(dtype))
+
+    def record_attempt(self, name: str, rule: str, outcome: str) -> None:
+        for original in self.ctx.origins.get(name, (name,)):
+            self.ctx.rewrite_attempts.setdefault(original, []).append(RewriteAttempt(name, rule, outcome))
+
+    def replace(self, rule: str, old: list[gs.Node], new: list[gs.Node]) -> None:
+        """`old` (detached already) leave the graph for `new` (placed where the first of `old`
+        stood), which carry the origins of the old."""
+        ctx = self.ctx
+        origins = tuple(dict.fromkeys(o for n in old for o in ctx.origins.get(n.name, (n.name,))))
+        for node in old:
+            self.removed.add(id(node))
+            self.carriers.subtract(ctx.origins.pop(node.name, (node.name,)))
+            self.forget(node.name)
+        for node in new:
+            ctx.origins[node.name] = origins
+            ctx.failures[node.name] = self.failures(node)
+            self.carriers.update(origins)
+        self.release(origins, rule)
+        position = next(i for i, n in enumerate(ctx.graph.nodes) if n is old[0])
+        ctx.graph.nodes[position:position] = new
+        ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=tuple(n.name for n in new),
+                                    ops=tuple(n.op for n in new)))
+        for name in {n.name for n in new} | {n.name for n in old}:
+            self.declined.pop(name, None)
+        for node in new:
+            self.record_attempt(node.name, rule, "applied")
+
+    def forget(self, name: str) -> None:
+        """The records that name a node leaving the graph."""
+        self.ctx.failures.pop(name, None)
+        if self.fused:
+            self.ctx.notes.pop(name, None)
+
+    def release(self, origins, rule: str) -> None:
+        for original in origins:
+            if self.carriers[original] <= 0:
+                self.ctx.fates[original] = ("removed", f"{REMOVED_BECAUSE[rule]} ({rule})")
+
+    def drop(self, node: gs.Node, rule: str) -> None:
+        """`node` (detached already) leaves the graph; what it stood for, if nothing else
+        carries it, was removed."""
+        self.removed.add(id(node))
+        self.declined.pop(node.name, None)
+        origins = self.ctx.origins.pop(node.name, (node.name,))
+        self.carriers.subtract(origins)
+        self.forget(node.name)
+        self.release(origins, rule)
+        self.ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=(), ops=()))
+
+    def passes_as_before(self, old: gs.Node, probe: gs.Node) -> str | None:
+        """Why `probe`, standing for `old`, is worse on the target: it breaks a rule while `old`
+        broke none."""
+        failures = self.failures(probe)
+        if failures and not self.failures(old):
+            return f"{old.name} would break: {failures[0]}"
+        return None
+
+
+# --- identity_layout --------------------------------------------------------------------------
+
+
+def identity_layout(node: gs.Node, simplifier: _Simplifier):
+    """A Transpose that keeps every axis in place, or a relabel to the shape it reads, moves no
+    element: its readers read its input. One writing a graph output has its input's producer
+    write the output instead, so the output keeps its name (as passes/remove_noops.py does)."""
+    move = layout_move(node)
+    if move is None:
+        return None
+    source, result, perm = move
+    if perm is not None and list(perm) != sorted(perm) or static_shape(source) != static_shape(result):
+        return None
+    if result.name in simplifier.graph_outputs:
+        made_by = source.inputs[0] if len(source.inputs) == 1 else None
+        if made_by is None or source.name in simplifier.graph_outputs or len(source.outputs) != 1:
+            return "it writes a graph output from a tensor it cannot rename"
+        detach(node)
+        made_by.outputs[made_by.outputs.index(source)] = result
+    else:
+        replace_uses(result, source)
+        detach(node)
+    simplifier.drop(node, "identity_layout")
+    return True
+
+
+# --- slices_as_split --------------------------------------------------------------------------
+
+
+def _slice_range(node: gs.Node, shape) -> tuple[int, int, int] | None:
+    """(axis, start, end) of a Slice of constant bounds along one axis with step 1, normalized."""
+    values = [constant_value(t) if t.name else None for t in node.inputs[1:5]]
+    if len(node.inputs) < 3 or values[0] is None or values[1] is None:
+        return None
+    starts, ends = values[0].reshape(-1), values[1].reshape(-1)
+    axes = values[2].reshape(-1) if len(values) > 2 and values[2] is not None else np.arange(starts.size)
+    if len(values) > 2 and node.inputs[3].name and values[2] is None:
+        return None
+    if len(values) > 3 and node.inputs[4].name and (values[3] is None or np.any(values[3] != 1)):
+        return None
+    if starts.size != 1 or ends.size != 1 or axes.size != 1:
+        return None
+    axis = int(axes[0]) % len(shape)
+    dim = shape[axis]
+    start, end = int(starts[0]), int(ends[0])
+    start = min(max(start + dim if start < 0 else start, 0), dim)
+    end = min(max(end + dim if end < 0 else end, 0), dim)
+    return axis, start, end
+
+
+def slices_as_split(node: gs.Node, simplifier: _Simplifier):
+    """Slices of one tensor along one axis whose ranges cover it, each element once, are one
+    Split of it: one step instead of one per Slice (rknn-toolkit2 runs attention's q/k/v
+    unbinding as one Split)."""
+    if node.op != "Slice" or not is_onnx_domain(node) or simplifier.ctx.graph.opset < 10:
+        return None
+    x = node.inputs[0]
+    shape = static_shape(x)
+    own = None if shape is None else _slice_range(node, shape)
+    if own is None:
+        return "its bounds are not constant, on one axis with step 1, of a known shape"
+    group = []
+    for reader in x.outputs:
+        if reader.op == "Slice" and is_onnx_domain(reader) and reader.inputs[0] is x:
+            found = _slice_range(reader, shape)
+            if found is not None and found[0] == own[0] and all(r is not reader for _, _, r in group):
+                group.append((found[1], found[2], reader))
+    group.sort(key=lambda item: item[0])
+    axis, covered = own[0], 0
+    for start, end, _ in group:
+        if start != covered or end <= start:
+            return f"the Slices of {x.name} along axis {axis} do not cover it once"
+        covered = end
+    if covered != shape[axis] or len(group) < 2:
+        return f"the Slices of {x.name} along axis {axis} do not cover it once"
+    slices = [reader for _, _, reader in group]
+    if any(simplifier.ctx.failures.get(s.name) for s in slices):
+        return "a Slice of the group runs on the CPU"
+    sizes = np.array([end - start for start, end, _ in group], dtype=np.int64)
+    outputs = [s.outputs[0] for s in slices]
+    name = simplifier.fresh(f"{slices[0].name}/split")
+    if simplifier.ctx.graph.opset >= 13:
+        inputs, attrs = [x, constant(simplifier.fresh(f"{name}/sizes"), sizes)], {"axis": axis}
+    else:
+        inputs, attrs = [x], {"axis": axis, "split": sizes.tolist()}
+    probe = graph_node("Split", name, None, attrs, inputs, outputs, linked=False)
+    problem = simplifier.failures(probe)
+    if problem:
+        return f"the Split would break: {problem[0]}"
+    for s in slices:
+        detach(s)
+    split = graph_node("Split", name, None, attrs, inputs, outputs)
+    simplifier.replace("slices_as_split", slices, [split])
+    return True
+
+
+# --- move_layout_down -------------------------------------------------------------------------
+
+
+def _elementwise_fused(node: gs.Node) -> bool:
+    """A fused kernel of element-wise members only (exGelu, exSwish, AddRelu, ...), each
+    constant one value and each tensor of the kernel's output shape: it computes the same
+    values in any layout."""
+    body = fused_body(node)
+    if body is None or len(node.outputs) != 1:
+        return False
+    shape = static_shape(node.outputs[0])
+    for member in body.nodes:
+        if member.op not in ELEMENTWISE_OPS or not is_onnx_domain(member):
+            return False
+        for t in (*member.inputs, *member.outputs):
+            if isinstance(t, gs.Constant):
+                if element_count(t.shape) != 1:
+                    return False
+            elif t.name and static_shape(t) != shape:
+                return False
+    return True
+
+
+class _Region:
+    """The nodes a layout move passes through, with the shape each of their tensors gets."""
+
+    def __init__(self, entry: gs.Node, perm, fresh):
+        self.perm, self.fresh = perm, fresh
+        self.entries: list[gs.Node] = [entry]
+        self.nodes: list[gs.Node] = []
+        self.exits: list[gs.Node] = []
+        self.shapes: dict[int, tuple[int, ...]] = {id(entry.outputs[0]): static_shape(entry.inputs[0])}
+        self.constants: dict[tuple[int, int], gs.Constant] = {}  # (id(node), position) -> re-laid constant
+        self.axes: dict[int, int] = {}  # id(Split) -> its axis on the unmoved layout
+        self.classified = {id(entry)}
+
+    def same_move(self, node: gs.Node, moved_shape, unmoved) -> bool:
+        """Whether `node` moves `unmoved`-shaped tensors to `moved_shape` as the entry does."""
+        move = layout_move(node)
+        return (move is not None and move[2] == self.perm and static_shape(move[0]) == tuple(unmoved)
+                and static_shape(move[1]) == tuple(moved_shape))
+
+
+def move_layout_down(node: gs.Node, simplifier: _Simplifier):
+    """A relabel or Transpose moves its tensor's elements; element-wise ops and Splits compute
+    the same values wherever the elements are, so the move can be made after them instead,
+    where the relabels or Transposes reading the region take it into their own. The entry
+    leaves (with any twin doing the same move to another operand); each exit becomes one
+    node, or none when the moves cancel (Reshape -> GELU -> Reshape around a Conv's layout)."""
+    move = layout_move(node)
+    if move is None:
+        return None
+    source, result, perm = move
+    region = _Region(node, perm, simplifier.fresh)
+    problem = _grow(region, simplifier)
+    if problem:
+        return problem
+    if not region.exits:
+        return "no relabel or Transpose reads what follows it"
+    probes = _probes(region, simplifier)
+    if isinstance(probes, str):
+        return probes
+    _apply(region, probes, simplifier)
+    return True
+
+
+def _grow(region: _Region, simplifier: _Simplifier) -> str | None:
+    """Classify every reader of the region's tensors as a region node or an exit, adding twin
+    entries; why not, when one is neither."""
+    frontier = [region.entries[0].outputs[0]]
+    waiting: dict[int, gs.Node] = {}
+    while frontier:
+        tensor = frontier.pop()
+        if tensor.name in simplifier.graph_outputs:
+            return f"{tensor.name}, in the region it would move through, is a graph output"
+        for reader in list(tensor.outputs):
+            if id(reader) in region.classified:
+                continue
+            outcome = _classify(reader, tensor, region)
+            if outcome is None:
+                waiting[id(reader)] = reader  # an operand is not reached yet
+                continue
+            if isinstance(outcome, str):
+                return outcome
+            waiting.pop(id(reader), None)
+            region.classified.add(id(reader))
+            frontier.extend(outcome)
+    if waiting:
+        stuck = next(iter(waiting.values()))
+        return f"{stuck.name} reads a tensor the move does not reach"
+    return None
+
+
+def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
+    """The tensors `reader` adds to the region (none for an exit), None to wait for another
+    operand, or why the move cannot pass it."""
+    perm = region.perm
+    unmoved = region.shapes[id(tensor)]
+    exit_move = layout_move(reader)
+    if exit_move is not None and exit_move[0] is tensor and (exit_move[2] is None) == (perm is None):
+        region.exits.append(reader)
+        return []
+    if reader.op == "Split" and is_onnx_domain(reader) and reader.inputs[0] is tensor:
+        moved = static_shape(tensor)
+        axis = int(reader.attrs.get("axis", 0)) % len(moved)
+        new_axis = unmoved_axis(moved, unmoved, axis, perm)
+        if new_axis is None or any(static_shape(t) is None for t in reader.outputs):
+            return f"{reader.name} splits an axis the relabel does not keep"
+        region.axes[id(reader)] = new_axis
+        region.nodes.append(reader)
+        for part in reader.outputs:
+            size = static_shape(part)[axis]
+            region.shapes[id(part)] = tuple(size if a == new_axis else d for a, d in enumerate(unmoved))
+        return list(reader.outputs)
+    fused = reader.domain == FUSED_DOMAIN and _elementwise_fused(reader)
+    if not fused and not (is_onnx_domain(reader) and reader.op in ELEMENTWISE_OPS and len(reader.outputs) == 1):
+        return f"{reader.name} ({reader.op}) is neither element-wise, a Split nor a relabel or Transpose"
+    moved = static_shape(reader.outputs[0])
+    if moved != static_shape(tensor):
+        return f"{reader.name} broadcasts {tensor.name} to {moved}"
+    constants, twins = {}, []
+    for position, operand in enumerate(reader.inputs):
+        if not operand.name:
+            continue
+        if id(operand) in region.shapes:
+            if static_shape(operand) != moved or region.shapes[id(operand)] != unmoved:
+                return f"{reader.name} reads {operand.name}, laid out unlike {tensor.name}"
+            continue
+        if isinstance(operand, gs.Constant):
+            relaid = _relaid_constant(operand, moved, unmoved, perm, fused, region.fresh)
+            if isinstance(relaid, str):
+                return f"{reader.name}: {relaid}"
+            if relaid is not operand:
+                constants[(id(reader), position)] = relaid
+            continue
+        twin = operand.inputs[0] if len(operand.inputs) == 1 else None
+        if twin is not None and static_shape(operand) == moved and region.same_move(twin, moved, unmoved):
+            twins.append((twin, operand))
+        elif twin is not None and twin.op not in LAYOUT_OPS and id(twin) not in region.classified:
+            return None  # perhaps a region node the search has not reached yet
+        else:
+            return f"{reader.name} reads {operand.name}, which is not moved as {tensor.name} is"
+    region.constants.update(constants)
+    for twin, operand in twins:
+        if id(twin) not in region.classified:
+            region.classified.add(id(twin))
+            region.entries.append(twin)
+            region.shapes[id(operand)] = static_shape(twin.inputs[0])
+    region.nodes.append(reader)
+    region.shapes[id(reader.outputs[0])] = tuple(unmoved)
+    return [operand for _, operand in twins] + [reader.outputs[0]]
+
+
+def _relaid_constant(operand: gs.Constant, moved, unmoved, perm, fused: bool, fresh):
+    """`operand` for the unmoved layout: itself when one value of rank the unmoved layout
+    takes, a Transpose's inverse of it, or for a relabel, the same values relabelled when it
+    has the moved shape; else why not."""
+    shape = tuple(operand.shape)
+    if element_count(shape) == 1 and len(shape) <= len(unmoved):
+        return operand
+    if fused:
+        return f"constant {operand.name} is not one value"
+    values = constant_value(operand)
+    if perm is not None and len(shape) <= len(moved):
+        aligned = values.reshape((1,) * (len(moved) - len(shape)) + shape)
+        return constant(fresh(f"{operand.name}/unmoved"), np.ascontiguousarray(aligned.transpose(np.argsort(perm))))
+    if perm is None and shape == tuple(moved):
+        return constant(fresh(f"{operand.name}/unmoved"), np.ascontiguousarray(values.reshape(unmoved)))
+    return f"constant {operand.name} {list(shape)} cannot follow the move"
+
+
+def _composed(exit_node: gs.Node, region: _Region) -> tuple[int, ...] | None:
+    """The exit's new perm (Transposes) or None (relabels)."""
+    if region.perm is None:
+        return None
+    own = layout_move(exit_node)[2]
+    return tuple(region.perm[q] for q in own)
+
+
+def _probes(region: _Region, simplifier: _Simplifier):
+    """Unlinked copies of the region's nodes and exits as they will be, each checked against
+    the target; why not when one passes fewer rules than before, or a region tensor would take
+    more bytes in the NPU's NC1HWC2 layout (fewer channels padded to C2: a move is not worth
+    a larger arena)."""
+    shapes = region.shapes
+    for node in region.nodes:
+        for t in node.outputs:
+            before, after = simplifier.stored_bytes(static_shape(t)), simplifier.stored_bytes(shapes[id(t)])
+            if after > before:
+                return f"{t.name} would take {after} bytes on the NPU instead of {before}"
+
+    def probe_tensor(t):
+        if isinstance(t, gs.Constant) or not t.name:
+            return t
+        return variable(t.name, t.dtype, linked=False, shape=list(shapes.get(id(t), static_shape(t) or [])))
+
+    for node in region.nodes:
+        inputs = [region.constants.get((id(node), i)) or probe_tensor(t) for i, t in enumerate(node.inputs)]
+        attrs = dict(node.attrs, axis=region.axes[id(node)]) if id(node) in region.axes else node.attrs
+        probe = graph_node(node.op, node.name, node.domain, attrs, inputs, [probe_tensor(t) for t in node.outputs],
+                           linked=False)
+        problem = simplifier.passes_as_before(node, probe)
+        if problem:
+            return problem
+    exits = []
+    for exit_node in region.exits:
+        read = exit_node.inputs[0]
+        unmoved, out = shapes[id(read)], exit_node.outputs[0]
+        perm = _composed(exit_node, region)
+        cancels = (list(perm) == sorted(perm)) if perm is not None else tuple(unmoved) == static_shape(out)
+        if cancels and out.name not in simplifier.graph_outputs:
+            exits.append(None)
+            continue
+        reshaped = variable(read.name, read.dtype, linked=False, shape=list(unmoved))
+        if perm is None:
+            shape_input = constant(simplifier.fresh(f"{exit_node.name}/shape"),
+                                   np.array(static_shape(out), dtype=np.int64))
+            made = graph_node("Reshape", simplifier.fresh(f"{exit_node.name}/moved"), None, {},
+                              [reshaped, shape_input], [out], linked=False)
+        else:
+            made = graph_node("Transpose", simplifier.fresh(f"{exit_node.name}/moved"), None, {"perm": list(perm)},
+                              [reshaped], [out], linked=False)
+        problem = simplifier.passes_as_before(exit_node, made)
+        if problem:
+            return problem
+        exits.append(made)
+    return exits
+
+
+def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
+    """Make the move: entries out, region re-laid, exits composed. As when the rewrite pass
+    collapses relabels (rewrites.layout_ops.collapse_relabels), an exit carries its own
+    original nodes and an entry's are reported removed."""
+    for entry in region.entries:
+        replace_uses(entry.outputs[0], entry.inputs[0])
+        detach(entry)
+    for node in region.nodes:
+        for (node_id, position), relaid in region.constants.items():
+            if node_id == id(node):
+                set_input(node, position, relaid)
+        if id(node) in region.axes:
+            node.attrs = dict(node.attrs, axis=region.axes[id(node)])
+        for t in node.outputs:
+            t.shape = list(region.shapes[id(t)])
+        body = fused_body(node)
+        if body is not None:  # its tensors all have its output's shape (_elementwise_fused)
+            for t in (*body.inputs, *(t for member in body.nodes for t in member.outputs)):
+                t.shape = list(node.outputs[0].shape)
+        simplifier.ctx.failures[node.name] = simplifier.failures(node)
+    for exit_node, made in zip(region.exits, exits):
+        read, out = exit_node.inputs[0], exit_node.outputs[0]
+        detach(exit_node)
+        if made is None:
+            replace_uses(out, read)
+            simplifier.drop(exit_node, "move_layout_down")
+        else:
+            node = graph_node(made.op, made.name, None, made.attrs, [read, *made.inputs[1:]], [out])
+            simplifier.replace("move_layout_down", [exit_node], [node])
+    for entry in region.entries:
+        simplifier.drop(entry, "move_layout_down")

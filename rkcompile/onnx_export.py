@@ -1,0 +1,209 @@
+"""`rkcompile.export` (`rkcompile export`): the planned graph as standard ONNX for rknn-toolkit2
+(docs/deploy.md), checked against the original model on onnxruntime before it is written.
+
+The graph is the plan's (rkcompile/views/standard_onnx.py): what the passes made of the model
+after folding, simplifying and legalizing, which the toolkit builds where it fails on the
+original (yolov8n in the dev zoo). An input that only selects a branch can be frozen to a value
+first, so the branch folds away. Nothing is written unless the file agrees with the original.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+
+from rkcompile.api import Plan, compile
+from rkcompile.compiler.context import Options
+from rkcompile.emulator.closeness import Agreement, agreement, onnxruntime_outputs
+from rkcompile.emulator.session import make_inputs
+from rkcompile.errors import CompileError
+from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
+from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, standard_model
+
+#: the largest difference an export may show against the original, relative to each output's
+#: largest magnitude: float16's machine epsilon. The rewrites are exact in real arithmetic; in
+#: float32 they differ by rounding (a reduction in another order), far below it.
+FLOAT16_TOLERANCE = 2.0 ** -10
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """How `export` writes and checks the file (the compile's own settings are `Options`).
+
+    `freeze_inputs`: input name -> the value it is fixed to (a number fills the input's shape),
+    folded into the graph before planning; the file no longer has that input. `inputs`: the
+    arrays the check runs on (seeded random for the inputs it does not name, `seed`).
+    `tolerance`: the largest difference from the original accepted, relative to each output's
+    range. `max_opset`: a model of a newer ai.onnx opset is converted down to it."""
+
+    freeze_inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    inputs: Mapping[str, np.ndarray] | None = None
+    seed: int = 0
+    tolerance: float = FLOAT16_TOLERANCE
+    max_opset: int = MAX_OPSET
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportReport:
+    """What `export` wrote: the ONNX file, its JSON report beside it (`report`), and each
+    output's agreement with the original model on onnxruntime."""
+
+    path: Path
+    report_path: Path
+    agreements: tuple[Agreement, ...]
+    report: dict
+
+
+def report_path(path: str | Path) -> Path:
+    """OUT.onnx's report: OUT.report.json beside it."""
+    path = Path(path)
+    return path.with_name(path.stem + ".report.json")
+
+
+def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk3588",
+           options: Options | None = None, export_options: ExportOptions | None = None,
+           **kwargs: Any) -> ExportReport:
+    """Write the plan's graph as standard ONNX to `path` and its report to OUT.report.json.
+    `plan_or_model`: an ONNX model, planned here for `target` with `options`, or a `Plan` with
+    its reference nodes (a fresh compile, or an .rkplan saved with them). Keyword arguments are
+    fields of `ExportOptions` or of `Options`."""
+    export_fields = {f.name for f in dataclasses.fields(ExportOptions)}
+    export_options = dataclasses.replace(export_options or ExportOptions(),
+                                         **{k: v for k, v in kwargs.items() if k in export_fields})
+    compile_kwargs = {k: v for k, v in kwargs.items() if k not in export_fields}
+    dtype = (plan_or_model.dtype if isinstance(plan_or_model, Plan)
+             else compile_kwargs.get("dtype", (options or Options()).dtype))
+    if dtype in QUANTIZED_DTYPES:
+        raise CompileError(f"export writes the float graph; a quantized ({dtype}) export is not implemented: export "
+                           "the float16 plan and quantize it with rknn-toolkit2's build(do_quantization=True)")
+    frozen: dict[str, np.ndarray] = {}
+    if isinstance(plan_or_model, Plan):
+        if options is not None or compile_kwargs or export_options.freeze_inputs:
+            raise CompileError("a Plan is planned already: give the model to export it with other options "
+                               "or frozen inputs")
+        plan, original = plan_or_model, Path(plan_or_model.record.model.path)
+        if plan.reference_nodes is None:
+            raise CompileError("this plan has no reference nodes (a plan JSON file, or an .rkplan saved without "
+                               "them): export the model instead")
+        if not original.is_file():
+            raise CompileError(f"{original}, the model the plan was made of, is not there to check the export "
+                               "against: export the model instead")
+    else:
+        original = Path(plan_or_model)
+        with tempfile.TemporaryDirectory(prefix="rkcompile-export-") as folder:
+            planned = original
+            if export_options.freeze_inputs:
+                planned, frozen = frozen_model(original, export_options.freeze_inputs, Path(folder))
+            plan = compile(planned, target, options, **compile_kwargs)
+    model, shaped = standard_model(plan.record, plan.reference_nodes, export_options.max_opset)
+    agreements = check(original, model, plan, export_options, frozen)
+    report = {
+        "model": str(original), "target": plan.target, "dtype": plan.dtype, "export": str(path),
+        "frozen_inputs": {name: value.tolist() for name, value in frozen.items()},
+        **export_summary(plan.record, plan.reference_nodes, model), "toolkit_shapings": shaped,
+        "check": {"tolerance": export_options.tolerance, "seed": export_options.seed,
+                  "outputs": [a.to_dict() for a in agreements]},
+    }
+    failed = [a for a in agreements if not _agrees(a, export_options.tolerance)]
+    if failed:
+        worst = ", ".join(f"{a.output} (max abs {a.max_abs:.3g}, {a.max_rel:.3g} of its range, cosine {a.cosine:.6f})"
+                          for a in failed)
+        raise CompileError(f"the export disagrees with {original} on onnxruntime beyond {export_options.tolerance:.3g} "
+                           f"of an output's range: {worst}; nothing written")
+    write_atomically(path, model.SerializeToString())
+    write_atomically(report_path(path), json.dumps(report, indent=1) + "\n")
+    return ExportReport(Path(path), report_path(path), tuple(agreements), report)
+
+
+def frozen_model(path: Path, values: Mapping[str, Any], folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """`path`'s model with each input of `values` made a constant of that value, written to
+    `folder` under the model's own file name; and the values as the arrays frozen."""
+    model = onnx.load(str(path))
+    declared = {value_info.name: value_info for value_info in model.graph.input}
+    initialized = {tensor.name for tensor in model.graph.initializer}
+    frozen = {}
+    for name, value in values.items():
+        if name not in declared or name in initialized:
+            inputs = ", ".join(n for n in declared if n not in initialized)
+            raise CompileError(f"--freeze-input {name}: not an input of {path} (inputs: {inputs})")
+        tensor_type = declared[name].type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        value = np.asarray(value)
+        if value.ndim == 0:  # a number fills the input's shape (an unknown dim taken as 1)
+            value = np.full([d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim], value)
+        frozen[name] = value.astype(dtype)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(frozen[name], name))
+        model.graph.input.remove(declared[name])
+    while _inline_decided_branch(model):
+        pass
+    planned = folder / path.name
+    onnx.save(model, str(planned))
+    return planned, frozen
+
+
+def _inline_decided_branch(model: onnx.ModelProto) -> bool:
+    """Replace the first If of the main graph whose condition the constants decide by the
+    branch it takes (its nodes, then an Identity per output): True when there was one. The
+    condition is evaluated with onnx's reference runtime over the nodes it depends on, which
+    must read constants only and carry no subgraph."""
+    graph = model.graph
+    constants = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+
+    def value(name: str) -> np.ndarray | None:
+        if name in constants or name not in made_by:
+            return constants.get(name)
+        node = made_by[name]
+        inputs = [value(i) if i else None for i in node.input]
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute) or \
+                any(v is None for i, v in zip(node.input, inputs) if i):
+            return None
+        from onnx.reference import ReferenceEvaluator
+
+        single = onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_value_info(o, onnx.TypeProto())
+                                                              for o in node.output if o],
+                                        [onnx.numpy_helper.from_array(v, i) for i, v in zip(node.input, inputs) if i])
+        results = ReferenceEvaluator(onnx.helper.make_model(single, opset_imports=model.opset_import)).run(None, {})
+        constants.update(zip([o for o in node.output if o], map(np.asarray, results)))
+        return constants[name]
+
+    for position, node in enumerate(graph.node):
+        condition = value(node.input[0]) if node.op_type == "If" else None
+        if condition is None:
+            continue
+        branches = {a.name: a.g for a in node.attribute}
+        taken = branches["then_branch" if bool(condition.reshape(-1)[0]) else "else_branch"]
+        inlined = [*taken.node, *(onnx.helper.make_node("Identity", [inner.name], [outer], f"{node.name}/{outer}")
+                                  for inner, outer in zip(taken.output, node.output))]
+        graph.initializer.extend(taken.initializer)
+        graph.node.remove(node)
+        for offset, inner in enumerate(inlined):
+            graph.node.insert(position + offset, inner)
+        return True
+    return False
+
+
+def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: ExportOptions,
+          frozen: Mapping[str, np.ndarray]) -> list[Agreement]:
+    """Each output of `model` against `original`'s on onnxruntime, on the given inputs (seeded
+    random for the rest; the arrays given for outputs or frozen inputs are not used) and the
+    frozen values."""
+    model_io = plan.record.model
+    names = [spec.name for spec in model_io.inputs]
+    given = dict(export_options.inputs or {})
+    unknown = sorted(set(given) - set(names) - set(frozen) - {spec.name for spec in model_io.outputs})
+    if unknown:
+        raise CompileError(f"{unknown[0]!r} is not an input of the exported model (inputs: {', '.join(names)})")
+    inputs = make_inputs(plan.record, {name: given[name] for name in names if name in given}, export_options.seed)
+    expected = onnxruntime_outputs(original, {**inputs, **frozen})
+    actual = onnxruntime_outputs(model.SerializeToString(), inputs)
+    return [agreement(name, actual[name], expected[name]) for name in expected]
+
+
+def _agrees(found: Agreement, tolerance: float) -> bool:
+    return found.max_rel <= tolerance

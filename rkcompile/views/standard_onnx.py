@@ -1,0 +1,252 @@
+"""The planned graph as standard ONNX, for other compilers (rknn-toolkit2) to build: `rkcompile export`.
+
+Built from the plan alone, as the partitioned ONNX is (partitioned_onnx.py): the steps in order,
+each from its node (`rkcompile.api.Plan.reference_nodes`, the model's own weights). The steps
+are the graph the pipeline holds after its rewrite passes (folded, simplified, legalized: what
+`--dump-after rewrite_late` writes); the passes after those place, order and lay out the nodes
+and change none but by adding host conversions. So the file is that graph in plain ONNX: a
+fused kernel is written back as its members, the host conversions (storage changes ONNX does
+not model) are left out, and an opset above what the toolkit reads is converted down.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import helper, numpy_helper, version_converter
+
+from rkcompile.errors import CompileError
+from rkcompile.ir.nodes import fused_body
+from rkcompile.plan.schema import Plan, TensorSpec
+from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
+
+#: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
+#: a newer model is converted down
+MAX_OPSET = 19
+#: the domains of the ONNX standard (ai.onnx under its two names, and the ML operators)
+STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+
+
+def standard_model(plan: Plan, nodes: Sequence[gs.Node],
+                   max_opset: int = MAX_OPSET) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """The plan's graph as a standard ONNX model, and how many nodes each reshaping for
+    rknn-toolkit2 changed (TOOLKIT_SHAPINGS, each exact); `nodes` are the plan's step nodes in
+    step order."""
+    members, weights = plain_steps(plan, nodes)
+    protos = [proto for step in plan.steps for proto in members.get(step.id, ())]
+    for proto in protos:
+        _refuse_custom_domain(proto)
+    read = {name for proto in protos for name in proto.input}
+    graph = helper.make_graph(
+        protos, plan.model.path.rsplit("/", 1)[-1].removesuffix(".onnx"),
+        [_value_info(spec) for spec in plan.model.inputs], [_value_info(spec) for spec in plan.model.outputs],
+        [tensor for name, tensor in weights.items() if name in read])
+    opsets = [helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()
+              if domain in STANDARD_DOMAINS]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="rkcompile export")
+    model.ir_version = helper.find_min_ir_version_for(opsets)
+    if plan.model.opset > max_opset:
+        try:
+            model = version_converter.convert_version(model, max_opset)
+        except Exception as exc:  # noqa: BLE001  (the converter raises RuntimeError, ValueError, its own)
+            raise CompileError(f"cannot convert the exported graph from opset {plan.model.opset} to {max_opset}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    shaped = {shaping.__name__: shaping(model) for shaping in TOOLKIT_SHAPINGS}
+    _drop_unread_initializers(model.graph)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise CompileError(f"the exported graph is not valid ONNX: {str(exc).splitlines()[0]}") from None
+    return model, shaped
+
+
+def _refuse_custom_domain(node: onnx.NodeProto) -> None:
+    """A node of a domain other than ONNX's, at any depth of its subgraphs, cannot be written as
+    standard ONNX (the toolkit knows no custom op)."""
+    if node.domain not in STANDARD_DOMAINS:
+        raise CompileError(f"node {node.name} is {node.domain}::{node.op_type}, not a standard ONNX op: "
+                           "the graph cannot be exported as standard ONNX")
+    for graph in proto_subgraphs(node):
+        for inner in graph.node:
+            _refuse_custom_domain(inner)
+
+
+def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
+    if any(d < 0 for d in spec.shape):
+        raise CompileError(f"{spec.name} has the dynamic shape {list(spec.shape)}: the export needs static shapes "
+                           "(fix it with --input-shape)")
+    return helper.make_tensor_value_info(spec.name, helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype)),
+                                         list(spec.shape))
+
+
+def export_summary(plan: Plan, nodes: Sequence[gs.Node], model: onnx.ModelProto) -> dict:
+    """What the export report says of the graph: the rewrites the plan applied, the fused kernels
+    written back as their members, the nodes the plan runs on the CPU and why, the opsets, and
+    the op counts of the file."""
+    fused = Counter(step.kernel for step, node in zip(plan.steps, nodes) if fused_body(node) is not None)
+    return {
+        "opset": {"model": plan.model.opset, "export": next(o.version for o in model.opset_import
+                                                            if o.domain in ("", "ai.onnx"))},
+        "nodes": {"model": len(plan.nodes), "export": len(model.graph.node)},
+        "folded_or_removed": sum(entry.device in ("folded", "removed") for entry in plan.nodes),
+        "rewrites": [{"rule": rewrite.rule, "nodes": list(rewrite.nodes), "into": list(rewrite.into),
+                      "ops": list(rewrite.ops)} for rewrite in plan.rewrites],
+        "fused_kernels_written_back": dict(sorted(fused.items())),
+        "cpu_nodes": [{"name": entry.name, "op": entry.op, "reason": entry.reason}
+                      for entry in plan.nodes if entry.device == "cpu"],
+        "op_types": dict(sorted(Counter(node.op_type for node in model.graph.node).items())),
+    }
+
+
+def slices_before_reshapes(model: onnx.ModelProto) -> int:
+    """Move each Slice or Split that reads a Reshape before it, where the Reshape keeps the cut
+    axis whole (it only regroups the axes around it): Slice(Reshape(x)) becomes
+    Reshape(Slice(x)), Split(Reshape(x)) a Split of x and a Reshape per part, the same values.
+    rknn-toolkit2 2.5.0 turns parallel Slices after a Reshape of a Conv into a Split and then
+    fails on that Conv -> Reshape -> Split (its rule `seperate_conv_rs_split`, IndexError: the
+    error it gives on yolov8n's box head), and on the Split our plan makes of such Slices.
+    Returns how many Slices and Splits moved."""
+    shapes = _static_shapes(model)
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {output.name for output in graph.output}
+    replaced: dict[str, list[onnx.NodeProto]] = {}   # a Reshape's name -> the nodes written in its place
+    dropped: set[str] = set()
+    for node in graph.node:
+        slices = readers.get(node.output[0], []) if node.op_type == "Reshape" else []
+        if not slices or node.output[0] in graph_outputs:
+            continue
+        moves = [_cut_before(node, s, shapes, constants, opset) for s in slices]
+        if all(moves):
+            replaced[node.name] = [new for move in moves for new in move[1]]
+            graph.initializer.extend(tensor for move in moves for tensor in move[0])
+            dropped.update(s.name for s in slices)
+    nodes = [new for node in graph.node if node.name not in dropped for new in replaced.get(node.name, [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(dropped)
+
+
+def erf_of_a_quotient(model: onnx.ModelProto) -> int:
+    """Write each Mul by a constant scalar whose only reader is an Erf as the Div by its
+    reciprocal: GELU's x / sqrt(2), which the rewrites made a Mul (div_constant_to_mul).
+    rknn-toolkit2 2.5.0 fuses GELU (ConvExGelu) only in the Div form; from the Mul it leaves
+    each Erf on the CPU (bert_mini: 4 CPU layers). The values differ by float32 rounding.
+    Returns how many Muls it wrote back."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    changed = 0
+    for node in graph.node:
+        if node.op_type != "Mul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Erf"]:
+            continue
+        factors = [name for name in node.input if name in constants]
+        factor = numpy_helper.to_array(constants[factors[0]]) if len(factors) == 1 else None
+        if factor is None or factor.size != 1 or factor.dtype.kind != "f" or not factor.any():
+            continue
+        divisor = numpy_helper.from_array((1.0 / factor.astype(np.float64)).astype(factor.dtype),
+                                          f"{node.name}/divisor")
+        graph.initializer.append(divisor)
+        variable = next(name for name in node.input if name != factors[0])
+        node.op_type = "Div"
+        node.input[:] = [variable, divisor.name]
+        changed += 1
+    return changed
+
+
+def _cut_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str, list[int]],
+                constants: dict[str, np.ndarray], opset: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]] | None:
+    """The constants and nodes computing `node`, a Slice or Split of `reshape`'s result, as the
+    same cut of its input then a Reshape of each part; None when `node` is neither (a Slice of
+    one axis by constant bounds and step 1, a Split with every part's shape known), or the
+    reshape does not keep that axis whole."""
+    source, result = shapes.get(reshape.input[0]), shapes.get(reshape.output[0])
+    if source is None or result is None:
+        return None
+    prefix = f"{node.name}/before_reshape"
+    if node.op_type == "Split":
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(result)
+        parts = [shapes.get(name) for name in node.output]
+        kept = _kept_axis(source, result, axis)
+        if kept is None or any(part is None for part in parts):
+            return None
+        sizes = numpy_helper.from_array(np.array([part[axis] for part in parts], np.int64), f"{prefix}/split")
+        cut = [f"{prefix}/part_{index}" for index in range(len(parts))]
+        split = (helper.make_node("Split", [reshape.input[0], sizes.name], cut, prefix, axis=kept) if opset >= 13
+                 else helper.make_node("Split", [reshape.input[0]], cut, prefix, axis=kept,
+                                       split=[part[axis] for part in parts]))
+        tensors, nodes = ([sizes] if opset >= 13 else []), [split]
+        for index, (piece, name, part) in enumerate(zip(cut, node.output, parts)):
+            shape = numpy_helper.from_array(np.array(part, np.int64), f"{prefix}/shape_{index}")
+            tensors.append(shape)
+            nodes.append(helper.make_node("Reshape", [piece, shape.name], [name], f"{prefix}/reshape_{index}"))
+        return tensors, nodes
+    operands = [constants.get(name) for name in node.input[1:]]
+    if (node.op_type != "Slice" or len(node.input) < 4
+            or any(value is None for value in operands) or any(value.size != 1 for value in operands)):
+        return None
+    starts, ends, axes, *steps = (int(value.reshape(-1)[0]) for value in operands)
+    if steps and steps[0] != 1:
+        return None
+    axis = axes % len(result)
+    kept = _kept_axis(source, result, axis)
+    if kept is None:
+        return None
+    start, end, _ = slice(starts, ends).indices(result[axis])
+    shape = list(result)
+    shape[axis] = max(end - start, 0)
+    tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}")
+               for what, values in (("starts", [start]), ("ends", [end]), ("axes", [kept]), ("shape", shape))]
+    sliced = f"{prefix}/sliced"
+    return tensors, [
+        helper.make_node("Slice", [reshape.input[0], *(t.name for t in tensors[:3])], [sliced], prefix),
+        helper.make_node("Reshape", [sliced, tensors[3].name], [node.output[0]], f"{prefix}/reshape")]
+
+
+def _kept_axis(source: list[int], result: list[int], axis: int) -> int | None:
+    """The axis of a Reshape's input that is `axis` of its result whole (the same size, after
+    as many elements), or None when the Reshape regroups it."""
+    before = int(np.prod(result[:axis]))
+    return next((b for b in range(len(source)) if int(np.prod(source[:b])) == before and source[b] == result[axis]),
+                None)
+
+
+def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Remove the initializers no node reads, in `graph` or in a subgraph at any depth (which may
+    name one without listing it): those a shaping left behind."""
+    read = set()
+    pending = [graph]
+    while pending:
+        for node in pending.pop().node:
+            read.update(node.input)
+            pending.extend(proto_subgraphs(node))
+    kept = [tensor for tensor in graph.initializer if tensor.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Every tensor's shape onnx's shape inference finds static, by name."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {}
+    for value in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in dims):
+            shapes[value.name] = [d.dim_value for d in dims]
+    return shapes
+
+
+#: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
+#: the model in place and returns how many nodes it changed.
+TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient)

@@ -1,0 +1,185 @@
+"""Constant scales and shifts folded into the weights of the op before or after them
+(passes/rewrites/affine.py), in the forms exporters write: a batch norm as Mul and Add by
+per-channel constants after a Conv (tf2onnx, paddle2onnx), BatchNormalization after a
+ConvTranspose or before a Conv, attention's query scale after the projection's relabels
+(transformers), Gemm with alpha and beta. Each case asserts the plan's NPU steps and that the
+emulator's float16 outputs match onnxruntime's."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import helper
+
+import rkcompile
+from rkcompile.compiler.pipeline import compile_model
+from conftest import make_model, value_info, weight
+
+RNG = np.random.default_rng(7)
+
+
+def const(name, shape, low=-1.0, high=1.0):
+    return weight(name, RNG.uniform(low, high, shape).astype(np.float32))
+
+
+def scalar(name, value):
+    return weight(name, np.array(value, dtype=np.float32))
+
+
+def node(op, inputs, output, **attrs):
+    return helper.make_node(op, inputs, [output], name=output, **attrs)
+
+
+def planned(tmp_path, nodes, inits, inputs, output_shape):
+    """The plan's NPU kernels, and its outputs beside onnxruntime's on one random input."""
+    model = make_model(nodes, [value_info(n, s) for n, s in inputs], [value_info("y", output_shape)], inits)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan = rkcompile.compile(path, target="rk3588")
+    feeds = {n: RNG.standard_normal(s).astype(np.float32) for n, s in inputs}
+    expected = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = rkcompile.run(plan, feeds)["y"]
+    kernels = [step.kernel for step in plan.record.steps if step.device == "npu"]
+    return kernels, got, expected
+
+
+def assert_close(got, expected):
+    scale = float(np.abs(expected).max())
+    np.testing.assert_allclose(got, expected, rtol=0, atol=4e-3 * scale)
+
+
+def conv_3x3(x="x", out="c", channels=8, inputs=4, pads=1, group=1):
+    return node("Conv", [x, "w", "b"], out, pads=[pads] * 4, group=group), [
+        const("w", (channels, inputs // group, 3, 3)), const("b", (channels,))]
+
+
+def test_tf_batch_norm_as_mul_and_add_after_a_conv_is_one_conv(tmp_path):
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Mul", ["c", "scale"], "m"), node("Add", ["shift", "m"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, inits + [const("scale", (8, 1, 1), 0.5, 2),
+                                                               const("shift", (1, 8, 1, 1))],
+                                     [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["Conv"]
+    assert_close(got, expected)
+
+
+def test_sub_then_div_by_constants_after_a_conv_then_relu_is_conv_relu(tmp_path):
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Sub", ["c", "mean"], "s"), node("Div", ["s", "std"], "d"), node("Relu", ["d"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, inits + [const("mean", (8, 1, 1)), scalar("std", 0.7)],
+                                     [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["ConvRelu"]
+    assert_close(got, expected)
+
+
+def test_constant_minus_conv_output_folds_with_a_negative_scale(tmp_path):
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Sub", ["offset", "c"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, inits + [const("offset", (8, 1, 1))],
+                                     [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["Conv"]
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("group, out_per_group", [(1, 6), (4, 1)])
+def test_batch_norm_after_a_conv_transpose_folds_per_output_channel(tmp_path, group, out_per_group):
+    channels = group * out_per_group
+    nodes = [node("ConvTranspose", ["x", "w", "b"], "c", strides=[2, 2], group=group),
+             node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], "y")]
+    inits = [const("w", (4, out_per_group, 2, 2)), const("b", (channels,)), const("gamma", (channels,), 0.5, 2),
+             const("beta", (channels,)), const("mean", (channels,)), const("var", (channels,), 0.5, 2)]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 4, 5, 5))], (1, channels, 10, 10))
+    assert kernels == ["ConvTranspose"]
+    assert_close(got, expected)
+
+
+def test_gemm_with_alpha_beta_then_per_feature_mul_and_add_is_one_conv(tmp_path):
+    nodes = [node("Gemm", ["x", "w", "bias"], "g", transB=1, alpha=0.5, beta=2.0),
+             node("Mul", ["g", "scale"], "m"), node("Add", ["m", "shift"], "y")]
+    inits = [const("w", (6, 16)), const("bias", (6,)), const("scale", (6,), 0.5, 2), const("shift", (1, 6))]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (3, 16))], (3, 6))
+    assert [k for k in kernels if k not in ("Reshape",)] == ["Conv"], kernels
+    assert_close(got, expected)
+
+
+def test_query_scale_after_the_projection_relabels_folds_into_the_projection(tmp_path):
+    """transformers' attention: q = x @ W + b, reshaped to heads and transposed, times a scalar."""
+    nodes = [node("MatMul", ["x", "w"], "p"), node("Add", ["bias", "p"], "q"),
+             node("Reshape", ["q", "heads"], "r"), node("Transpose", ["r"], "t", perm=[0, 2, 1, 3]),
+             node("Mul", ["t", "scale"], "y")]
+    inits = [const("w", (16, 16)), const("bias", (16,)), weight("heads", np.array([1, 6, 2, 8], dtype=np.int64)),
+             scalar("scale", 8 ** -0.5)]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 6, 16))], (1, 2, 6, 8))
+    assert "Mul" not in kernels and kernels.count("Conv") == 1, kernels
+    assert_close(got, expected)
+
+
+def test_per_feature_scale_after_a_matmul_relabel_that_keeps_the_features_folds(tmp_path):
+    nodes = [node("MatMul", ["x", "w"], "p"), node("Mul", ["p", "scale"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, [const("w", (16, 12)), const("scale", (12,), 0.5, 2)],
+                                     [("x", (1, 6, 16))], (1, 6, 12))
+    assert "Mul" not in kernels and kernels.count("Conv") == 1, kernels
+    assert_close(got, expected)
+
+
+def test_scale_before_a_padded_grouped_conv_folds_into_its_weights(tmp_path):
+    conv, inits = conv_3x3(x="s", group=2)
+    nodes = [node("Mul", ["x", "scale"], "s"), conv, node("Relu", ["c"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, inits + [const("scale", (1, 4, 1, 1), 0.5, 2)],
+                                     [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["ConvRelu"]
+    assert_close(got, expected)
+
+
+def test_batch_norm_before_an_unpadded_conv_folds_into_it(tmp_path):
+    conv, inits = conv_3x3(x="n", pads=0)
+    nodes = [node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], "n"), conv, node("Relu", ["c"], "y")]
+    inits += [const("gamma", (4,), 0.5, 2), const("beta", (4,)), const("mean", (4,)), const("var", (4,), 0.5, 2)]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 4, 8, 8))], (1, 8, 6, 6))
+    assert kernels == ["ConvRelu"]
+    assert_close(got, expected)
+
+
+def test_shift_before_a_padded_conv_is_not_folded(tmp_path):
+    """Its padding would be shifted too: the border outputs would change."""
+    conv, inits = conv_3x3(x="s")
+    nodes = [node("Add", ["x", "shift"], "s"), conv, node("Relu", ["c"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, inits + [const("shift", (1, 4, 1, 1))],
+                                     [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["Add", "ConvRelu"]
+    assert_close(got, expected)
+
+
+def test_a_scale_that_would_take_weights_beyond_float16_is_not_folded(tmp_path):
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Mul", ["c", "scale"], "y")]
+    kernels, _, _ = planned(tmp_path, nodes, inits + [scalar("scale", 1e5)], [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["Conv", "Mul"]
+
+
+@pytest.mark.parametrize("case", ["shared output", "per-element constant"])
+def test_a_conv_output_read_elsewhere_or_a_per_element_constant_is_not_folded(tmp_path, case):
+    conv, inits = conv_3x3()
+    if case == "shared output":
+        nodes = [conv, node("Mul", ["c", "scale"], "m"), node("Add", ["m", "c"], "y")]
+        inits.append(const("scale", (8, 1, 1)))
+    else:
+        nodes = [conv, node("Mul", ["c", "scale"], "y")]
+        inits.append(const("scale", (8, 8, 8)))
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert "Mul" in kernels, kernels
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("shape, reason", [((8, 8, 8), "the constant varies on more than one axis"),
+                                           ((1, 1, 8), "the constant varies on an axis other than the Conv's output channels")])
+def test_the_plan_explains_why_a_fold_declined(tmp_path, shape, reason):
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Mul", ["c", "scale"], "y")]
+    model = make_model(nodes, [value_info("x", (1, 4, 8, 8))], [value_info("y", (1, 8, 8, 8))],
+                       inits + [const("scale", shape)])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    _, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
+    assert reason in outcomes["fold_affine_into_weighted_op"]

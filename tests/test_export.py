@@ -1,0 +1,235 @@
+"""`rkcompile export` and `rkcompile.export`: the planned graph as standard ONNX for rknn-toolkit2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper
+
+import rkcompile
+from rkcompile.cli import main
+from rkcompile.errors import CompileError
+from rkcompile.plan.schema import FUSED_DOMAIN
+
+from conftest import ZOO, make_model, value_info, weight
+
+PEER_PYTHON = os.environ.get("RKNN_PEER_PYTHON")
+PEER = ZOO.parent / "peer" / "rknn_peer.py"
+needs_peer = pytest.mark.skipif(not (PEER_PYTHON and Path(PEER_PYTHON).is_file() and PEER.is_file()),
+                                reason="rknn-toolkit2 is not installed (RKNN_PEER_PYTHON, ../shared/peer/rknn_peer.py)")
+
+
+def conv_relu_erf(opset: int = 17) -> onnx.ModelProto:
+    """Conv -> Relu (fused into one kernel on the NPU) -> Erf (the CPU on rk3588) -> Add."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Erf", ["r"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "r"], ["y"], name="add")]
+    return make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16])],
+                      [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2),
+                       weight("b", rng.standard_normal(8).astype(np.float32))], opset=opset)
+
+
+def onnxruntime_run(model: onnx.ModelProto | Path, feeds: dict) -> list[np.ndarray]:
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return onnxruntime.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def domains(model: onnx.ModelProto) -> set[str]:
+    return {node.domain for node in model.graph.node} | {o.domain for o in model.opset_import}
+
+
+def test_the_export_is_standard_onnx_equal_to_the_original(save, tmp_path):
+    original = save(conv_relu_erf())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    onnx.checker.check_model(exported, full_check=True)
+    assert domains(exported) <= {"", "ai.onnx"} and FUSED_DOMAIN not in domains(exported)
+    assert exported.opset_import[0].version <= 19
+    assert all(d.HasField("dim_value") for v in (*exported.graph.input, *exported.graph.output)
+               for d in v.type.tensor_type.shape.dim)
+    # the fused Conv+Relu kernel is written back as its members
+    assert written.report["fused_kernels_written_back"]
+    assert [n.op_type for n in exported.graph.node] == ["Conv", "Relu", "Erf", "Add"]
+    x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+    report = json.loads(written.report_path.read_text())
+    assert written.report_path == tmp_path / "out.report.json"
+    assert [n["name"] for n in report["cpu_nodes"]] == ["erf"] and "Erf" in report["cpu_nodes"][0]["reason"]
+    assert report["check"]["outputs"][0]["max_abs"] == 0.0
+
+
+def test_a_newer_opset_is_converted_down_to_19(save, tmp_path):
+    written = rkcompile.export(save(conv_relu_erf(opset=21)), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert exported.opset_import[0].version == 19
+    assert written.report["opset"] == {"model": 21, "export": 19}
+
+
+def test_a_plan_exports_as_its_model_does(save, tmp_path):
+    original = save(conv_relu_erf())
+    from_model = rkcompile.export(original, tmp_path / "a.onnx", "rk3588")
+    from_plan = rkcompile.export(rkcompile.compile(original, "rk3588"), tmp_path / "b.onnx")
+    assert from_model.path.read_bytes() == from_plan.path.read_bytes()
+
+
+def sample_rate_model() -> onnx.ModelProto:
+    """y = x * 2 when the `rate` input is 16000, else x * 3: an input that only selects a branch."""
+    def branch(name: str, factor: float) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Mul", ["x", f"{name}_k"], [f"{name}_y"])], name, [],
+                                 [value_info(f"{name}_y", [1, 4, 8, 8])],
+                                 [weight(f"{name}_k", np.float32(factor))])
+    nodes = [helper.make_node("Equal", ["rate", "expected"], ["is_16k"], name="equal"),
+             helper.make_node("If", ["is_16k"], ["y"], name="if", then_branch=branch("then", 2.0),
+                              else_branch=branch("else", 3.0))]
+    return make_model(nodes, [value_info("x", [1, 4, 8, 8]), value_info("rate", [], TensorProto.INT64)],
+                      [value_info("y", [1, 4, 8, 8])], [weight("expected", np.int64(16000))])
+
+
+def test_a_frozen_input_folds_its_branch_away(save, tmp_path):
+    original = save(sample_rate_model())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", freeze_inputs={"rate": 16000})
+    exported = onnx.load(str(written.path))
+    assert [i.name for i in exported.graph.input] == ["x"]
+    assert "If" not in {n.op_type for n in exported.graph.node}
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0],
+                                  onnxruntime_run(original, {"x": x, "rate": np.array(16000)})[0])
+    assert written.report["frozen_inputs"] == {"rate": 16000}
+
+
+def test_a_branch_reading_a_converted_tensor_reads_it_by_its_own_name(save, tmp_path):
+    """An If on the CPU reads the NPU's Relu result inside its branches; the plan's host
+    conversion renames that read, which the export undoes inside the branches too."""
+    def branch(name: str, factor: float) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Mul", ["r", f"{name}_k"], [f"{name}_y"])], name, [],
+                                 [value_info(f"{name}_y", [1, 4, 8, 8])], [weight(f"{name}_k", np.float32(factor))])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("If", ["flag"], ["y"], name="if", then_branch=branch("then", 2.0),
+                              else_branch=branch("else", 3.0))]
+    original = save(make_model(nodes, [value_info("x", [1, 4, 8, 8]), value_info("flag", [], TensorProto.BOOL)],
+                               [value_info("y", [1, 4, 8, 8])]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    assert [n["name"] for n in written.report["cpu_nodes"]] == ["if"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32), "flag": np.array(False)}
+    np.testing.assert_array_equal(onnxruntime_run(onnx.load(str(written.path)), feeds)[0],
+                                  onnxruntime_run(original, feeds)[0])
+
+
+def test_slices_of_a_reshape_move_before_it(save, tmp_path):
+    """Conv -> Reshape -> two Slices, yolov8's box head that rknn-toolkit2 2.5.0 fails on (the
+    plan makes them one Split, which it fails on too), is written as Conv -> Split -> Reshapes,
+    the same values."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "shape"], ["r"], name="reshape"),
+             helper.make_node("Slice", ["r", "zero", "two", "one"], ["a"], name="slice_a"),
+             helper.make_node("Slice", ["r", "two", "four", "one"], ["b"], name="slice_b"),
+             helper.make_node("Sub", ["b", "a"], ["y"], name="sub")]
+    model = make_model(nodes, [value_info("x", [1, 16, 4, 64])], [value_info("y", [1, 2, 64])],
+                       [weight("w", rng.standard_normal((1, 16, 1, 1)).astype(np.float32)),
+                        weight("shape", np.array([1, 4, 64])), weight("zero", np.array([0])),
+                        weight("two", np.array([2])), weight("four", np.array([4])), weight("one", np.array([1]))])
+    original = save(model)
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    cuts = [n for n in exported.graph.node if n.op_type in ("Slice", "Split")]
+    assert [(n.op_type, made_by[n.input[0]]) for n in cuts] == [("Split", "Conv")]
+    assert written.report["toolkit_shapings"]["slices_before_reshapes"] == 1
+    x = rng.standard_normal((1, 16, 4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def test_a_lone_slice_of_a_reshape_moves_before_it(save, tmp_path):
+    """A Slice that is no part of a Split is written as Conv -> Slice -> Reshape."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "shape"], ["r"], name="reshape"),
+             helper.make_node("Slice", ["r", "zero", "two", "one"], ["y"], name="slice")]
+    model = make_model(nodes, [value_info("x", [1, 16, 4, 64])], [value_info("y", [1, 2, 64])],
+                       [weight("w", rng.standard_normal((1, 16, 1, 1)).astype(np.float32)),
+                        weight("shape", np.array([1, 4, 64])), weight("zero", np.array([0])),
+                        weight("two", np.array([2])), weight("one", np.array([1]))])
+    original = save(model)
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Slice"] == ["Conv"]
+    assert written.report["toolkit_shapings"]["slices_before_reshapes"] == 1
+    x = rng.standard_normal((1, 16, 4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def test_gelu_keeps_its_division_before_erf(save, tmp_path):
+    """The rewrites make GELU's x / sqrt(2) a Mul; the export writes the Div back, the form
+    rknn-toolkit2 fuses (from the Mul it puts each Erf on the CPU)."""
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+             helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+             helper.make_node("Mul", ["m", "half"], ["y"], name="half_mul")]
+    original = save(make_model(nodes, [value_info("x", [1, 16, 8, 8])], [value_info("y", [1, 16, 8, 8])],
+                               [weight("sqrt2", np.float32(np.sqrt(2))), weight("one", np.float32(1)),
+                                weight("half", np.float32(0.5))]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Erf"] == ["Div"]
+    assert written.report["toolkit_shapings"]["erf_of_a_quotient"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
+
+
+def test_an_export_that_disagrees_is_not_written(save, tmp_path):
+    with pytest.raises(CompileError, match="disagrees .* nothing written"):
+        rkcompile.export(save(conv_relu_erf()), tmp_path / "out.onnx", "rk3588", tolerance=-1.0)
+    assert list(tmp_path.glob("out*")) == []
+
+
+def test_bad_input_is_one_error_line(save, tmp_path, capsys):
+    original = save(sample_rate_model())
+    cases = [([str(tmp_path / "missing.onnx")], "no such file"),
+             ([str(original), "--freeze-input", "sample=1"], "--freeze-input sample: not an input"),
+             ([str(original), "--freeze-input", "rate"], "expected NAME=VALUE"),
+             ([str(original), "--dtype", "int8"], "quantized (int8) export is not implemented")]
+    for arguments, message in cases:
+        try:
+            code = main(["export", *arguments, "--target", "rk3588", "-o", str(tmp_path / "out.onnx")])
+        except SystemExit as usage_error:  # argparse's, for a malformed flag
+            code = usage_error.code
+        assert code != 0
+        error = capsys.readouterr().err
+        assert error.startswith("error: ") and message in error and error.count("\n") == 1
+    assert list(tmp_path.glob("out*")) == []
+
+
+def test_the_command_writes_the_file_and_its_report(save, tmp_path, capsys):
+    original = save(sample_rate_model())
+    assert main(["export", str(original), "--target", "rk3588", "-o", str(tmp_path / "out.onnx"),
+                 "--freeze-input", "rate=8000"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    assert report["frozen_inputs"] == {"rate": 8000}
+    onnx.checker.check_model(onnx.load(str(tmp_path / "out.onnx")))
+
+
+@needs_peer
+def test_the_toolkit_builds_the_export(save, tmp_path):
+    written = rkcompile.export(save(conv_relu_erf()), tmp_path / "out.onnx", "rk3588")
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
+                          capture_output=True, text=True, timeout=900)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout[-2000:]
+
+
+def test_the_table_tool_needs_the_toolkit(tmp_path):
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" / "export_peer_table.py"),
+                           str(tmp_path), "--python", str(tmp_path / "none")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: ")

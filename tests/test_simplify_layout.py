@@ -1,0 +1,184 @@
+"""passes/simplify_layout.py on the forms exporters write: relabels around a GELU between two
+linear layers, Transposes around an Add of a constant, Slices that together are a Split,
+relabel chains through element-wise ops, relabels of both operands of an Add. Each plan is
+checked for its NPU steps and, run in the emulator, against onnxruntime."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from rkcompile.cli import main
+from rkcompile.compiler.pipeline import compile_model
+
+from conftest import make_model, value_info, weight
+
+RNG = np.random.default_rng(5)
+
+
+def npu_kernels(model, tmp_path, target="rk3588") -> tuple[list[str], object]:
+    """The kernels of the plan's NPU steps, in order, and the compile context; the emulated
+    plan agrees with onnxruntime."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    plan, ctx = compile_model(path, target)
+    report = tmp_path / "report.json"
+    assert main(["run", str(path), "--target", target, "--check", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["passed"] and min(a["cosine"] for a in data["agreement"]) >= 0.9999, data["agreement"]
+    return [s.kernel for s in plan.steps if s.device == "npu"], ctx
+
+
+def attempts(ctx, original: str) -> list[tuple[str, str]]:
+    return [(a.rule, a.outcome) for a in ctx.rewrite_attempts.get(original, [])]
+
+
+def gelu_nodes(x: str, y: str, prefix: str) -> list:
+    """GELU as torch exports it: x * 0.5 * (1 + erf(x / sqrt(2)))."""
+    return [helper.make_node("Div", [x, "sqrt2"], [f"{prefix}_d"], name=f"{prefix}_div"),
+            helper.make_node("Erf", [f"{prefix}_d"], [f"{prefix}_e"], name=f"{prefix}_erf"),
+            helper.make_node("Add", [f"{prefix}_e", "one"], [f"{prefix}_a"], name=f"{prefix}_add"),
+            helper.make_node("Mul", [x, f"{prefix}_a"], [f"{prefix}_m"], name=f"{prefix}_mul"),
+            helper.make_node("Mul", [f"{prefix}_m", "half"], [y], name=f"{prefix}_half")]
+
+
+GELU_CONSTANTS = [weight("sqrt2", np.array(np.sqrt(2), np.float32)), weight("one", np.array(1.0, np.float32)),
+                  weight("half", np.array(0.5, np.float32))]
+
+
+def test_relabels_around_a_gelu_between_linear_layers_cancel(tmp_path):
+    # MatMul by weights runs as a 1x1 Conv wrapped in relabels ([L, C] <-> [L, C, 1, 1]); the GELU
+    # between two of them now runs in the Convs' layout, fused with the first, and the relabel pair leaves
+    tokens, width, hidden = 32, 64, 128
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"), *gelu_nodes("h", "g", "gelu"),
+         helper.make_node("MatMul", ["g", "w2"], ["y"], name="fc2")],
+        [value_info("x", [1, tokens, width])], [value_info("y", [1, tokens, width])],
+        [weight("w1", RNG.normal(0, 0.1, (width, hidden)).astype(np.float32)),
+         weight("w2", RNG.normal(0, 0.1, (hidden, width)).astype(np.float32)), *GELU_CONSTANTS])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Reshape", "ConvExGelu", "Conv", "Reshape"]
+    assert "move_layout_down" in {r.rule for r in ctx.rewrites}
+
+
+def test_transposes_around_an_add_of_a_constant_cancel(tmp_path):
+    # the constant is re-laid out by the inverse perm (exactly, no broadcast materialized)
+    shape, perm, inverse = [1, 8, 6, 5], [0, 1, 3, 2], [0, 1, 3, 2]
+    moved = [shape[p] for p in perm]
+    bias = RNG.normal(size=[1, 1, moved[3]]).astype(np.float32)  # broadcast over the moved layout's last axis
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=perm),
+         helper.make_node("Add", ["t", "bias"], ["a"], name="add"),
+         helper.make_node("Sigmoid", ["a"], ["s"], name="sig"),
+         helper.make_node("Transpose", ["s"], ["y"], name="t2", perm=inverse)],
+        [value_info("x", shape)], [value_info("y", shape)], [weight("bias", bias)])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Add", "Sigmoid"]
+    assert ctx.fates["t1"][0] == ctx.fates["t2"][0] == "removed"
+
+
+def test_transposes_that_do_not_cancel_become_one(tmp_path):
+    # channel counts that are multiples of C2, so the Relu's tensor takes the same bytes either way
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1, 3]),
+         helper.make_node("Relu", ["t"], ["r"], name="relu"),
+         helper.make_node("Transpose", ["r"], ["y"], name="t2", perm=[0, 1, 3, 2])],
+        [value_info("x", [1, 16, 32, 8])], [value_info("y", [1, 32, 8, 16])])
+    kernels, _ = npu_kernels(model, tmp_path)
+    assert kernels == ["Relu", "Transpose"]
+
+
+def test_a_move_storing_a_tensor_in_more_bytes_declines(tmp_path):
+    # [1, 4, 6, 8] -> [1, 6, 4, 8]: the Relu would run on 4 channels padded to C2 instead of 6
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1, 3]),
+         helper.make_node("Relu", ["t"], ["r"], name="relu"),
+         helper.make_node("Transpose", ["r"], ["y"], name="t2", perm=[0, 1, 3, 2])],
+        [value_info("x", [1, 4, 6, 8])], [value_info("y", [1, 6, 8, 4])])
+    _, ctx = npu_kernels(model, tmp_path)
+    assert ("move_layout_down", "declined: r would take 768 bytes on the NPU instead of 512") in attempts(ctx, "t1")
+
+
+def test_slices_covering_an_axis_once_are_one_split(tmp_path):
+    # q, k, v unbound from one projection as exporters write it: x[:, :, 0:16], 16:32, 32:48
+    model = make_model(
+        [*(helper.make_node("Slice", ["x", f"s{i}", f"e{i}", "axis"], [f"p{i}"], name=f"slice{i}") for i in range(3)),
+         *(helper.make_node("Relu", [f"p{i}"], [f"y{i}"], name=f"relu{i}") for i in range(3))],
+        [value_info("x", [1, 10, 48])], [value_info(f"y{i}", [1, 10, 16]) for i in range(3)],
+        [*(weight(f"s{i}", np.array([16 * i], np.int64)) for i in range(3)),
+         *(weight(f"e{i}", np.array([16 * i + 16], np.int64)) for i in range(3)),
+         weight("axis", np.array([-1], np.int64))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels.count("Split") == 1 and "Slice" not in kernels
+    assert [r.rule for r in ctx.rewrites].count("slices_as_split") == 1
+
+
+def test_slices_overlapping_or_leaving_a_gap_stay(tmp_path):
+    model = make_model(
+        [helper.make_node("Slice", ["x", "s0", "e0", "axis"], ["p0"], name="slice0"),
+         helper.make_node("Slice", ["x", "s1", "e1", "axis"], ["p1"], name="slice1"),
+         helper.make_node("Add", ["p0", "p1"], ["y"], name="add")],
+        [value_info("x", [1, 10, 48])], [value_info("y", [1, 10, 24])],
+        [weight("s0", np.array([0], np.int64)), weight("e0", np.array([24], np.int64)),
+         weight("s1", np.array([20], np.int64)), weight("e1", np.array([44], np.int64)),
+         weight("axis", np.array([2], np.int64))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels.count("Slice") == 2
+    assert ("slices_as_split", "declined: the Slices of x along axis 2 do not cover it once") in attempts(ctx, "slice0")
+
+
+def test_relabel_chain_through_element_wise_ops_collapses(tmp_path):
+    # [1, 64, 32] -> [1, 2048] -> Relu -> [32, 64] -> Sigmoid -> [1, 64, 32]: no relabel is left
+    model = make_model(
+        [helper.make_node("Reshape", ["x", "flat"], ["f"], name="r1"),
+         helper.make_node("Relu", ["f"], ["a"], name="relu"),
+         helper.make_node("Reshape", ["a", "square"], ["b"], name="r2"),
+         helper.make_node("Mul", ["b", "two"], ["c"], name="double"),
+         helper.make_node("Sigmoid", ["c"], ["d"], name="sig"),
+         helper.make_node("Reshape", ["d", "back"], ["y"], name="r3")],
+        [value_info("x", [1, 64, 32])], [value_info("y", [1, 64, 32])],
+        [weight("flat", np.array([1, 2048], np.int64)), weight("square", np.array([32, 64], np.int64)),
+         weight("back", np.array([1, 64, 32], np.int64)), weight("two", np.array([2.0], np.float32))])
+    kernels, _ = npu_kernels(model, tmp_path)
+    assert kernels == ["Relu", "Mul", "Sigmoid"]
+
+
+def test_relabels_of_both_operands_move_together(tmp_path):
+    # Add(relabel(a), relabel(b)) -> relabel back: the Add runs on a and b as they are
+    shape, flat = [1, 16, 4, 4], [1, 16, 16]
+    model = make_model(
+        [helper.make_node("Relu", ["x0"], ["a"], name="relu_a"),
+         helper.make_node("Sigmoid", ["x1"], ["b"], name="sig_b"),
+         helper.make_node("Reshape", ["a", "flat"], ["fa"], name="ra"),
+         helper.make_node("Reshape", ["b", "flat"], ["fb"], name="rb"),
+         helper.make_node("Add", ["fa", "fb"], ["s"], name="add"),
+         helper.make_node("Reshape", ["s", "back"], ["y"], name="back_relabel")],
+        [value_info("x0", shape), value_info("x1", shape)], [value_info("y", shape)],
+        [weight("flat", np.array(flat, np.int64)), weight("back", np.array(shape, np.int64))])
+    kernels, _ = npu_kernels(model, tmp_path)
+    assert "Reshape" not in kernels and kernels.count("Add") + kernels.count("AddRelu") == 1
+
+
+def test_a_move_through_an_op_reading_another_layout_declines(tmp_path):
+    # the Add's other operand is laid out as the Transpose's result: the Transposes stay, with the reason
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1, 3]),
+         helper.make_node("Add", ["t", "z"], ["a"], name="add"),
+         helper.make_node("Transpose", ["a"], ["y"], name="t2", perm=[0, 2, 1, 3])],
+        [value_info("x", [1, 4, 6, 8]), value_info("z", [1, 6, 4, 8])], [value_info("y", [1, 4, 6, 8])])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels.count("Transpose") == 2
+    assert ("move_layout_down", "declined: add reads z, which is not moved as t is") in attempts(ctx, "t1")
+
+
+def test_a_region_tensor_that_is_a_graph_output_keeps_the_move(tmp_path):
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1, 3]),
+         helper.make_node("Relu", ["t"], ["r"], name="relu"),
+         helper.make_node("Transpose", ["r"], ["y"], name="t2", perm=[0, 2, 1, 3])],
+        [value_info("x", [1, 4, 6, 8])], [value_info("y", [1, 4, 6, 8]), value_info("r", [1, 6, 4, 8])])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels.count("Transpose") == 2
+    assert any("graph output" in outcome for _, outcome in attempts(ctx, "t1"))

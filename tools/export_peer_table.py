@@ -1,0 +1,115 @@
+"""Does rknn-toolkit2 build what `rkcompile export` writes? One row per model: the toolkit on the
+original (built? CPU layers), our export (nodes, CPU nodes in our plan, the toolkit reshapings
+applied), the toolkit on the export (built? CPU layers, its simulator's worst cosine).
+
+    python tools/export_peer_table.py MODEL_OR_DIR ... --python PEER_VENV/bin/python
+                                      [--target rk3588] [--out DIR] [--json OUT] [--timeout 900]
+
+The toolkit runs through ../shared/peer/rknn_peer.py in its own virtualenv (tools/run_peer_zoo.py
+starts it, one child per build, with --sim); it is never imported here. The simulator's cosine is
+against onnxruntime on the export, which the export's own check holds equal to the original
+(within 2^-10 of each output's range, in practice float32 rounding). A model with NAME.npz beside
+it is checked on those inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_plan import model_paths  # noqa: E402
+from run_peer_zoo import DEFAULT_PEER, peer_result  # noqa: E402
+
+import rkcompile  # noqa: E402
+from rkcompile.errors import CompileError  # noqa: E402
+
+
+def export_row(model: Path, out: Path, python: str, peer: Path, target: str, timeout: int) -> dict:
+    """The toolkit on `model` and on its export to `out`/NAME.onnx."""
+    row = {"model": model.stem, "original": peer_result(python, peer, model, target, True, timeout)}
+    exported = out / f"{model.stem}.onnx"
+    try:
+        report = rkcompile.export(model, exported, target, **_sample_settings(model)).report
+    except CompileError as exc:
+        row["export_error"] = str(exc)
+        return row
+    row["export"] = {"nodes": report["nodes"],
+                     "plan_cpu_nodes": [f"{n['op']} ({n['name']})" for n in report["cpu_nodes"]],
+                     "toolkit_shapings": report["toolkit_shapings"],
+                     "max_rel_vs_original": max(a["max_rel"] for a in report["check"]["outputs"])}
+    row["toolkit_on_export"] = peer_result(python, peer, exported, target, True, timeout)
+    return row
+
+
+def _sample_settings(model: Path) -> dict:
+    """The check inputs NAME.npz beside `model` holds, if any (its output arrays are ignored)."""
+    sample = model.with_suffix(".npz")
+    if not sample.is_file():
+        return {}
+    with np.load(sample) as arrays:
+        inputs = {name: arrays[name] for name in arrays.files}
+    return {"inputs": inputs}
+
+
+def render(rows: list[dict]) -> str:
+    lines = [f"{'model':28} {'toolkit on the original':34} {'export':26} {'toolkit on the export':44}",
+             f"{'':28} {'built  CPU layers':34} {'nodes  plan CPU  shaped':26} {'built  CPU layers  sim cosine':44}"]
+    for row in rows:
+        original = _peer_cell(row["original"])
+        if "export_error" in row:
+            lines.append(f"{row['model']:28} {original:34} error: {row['export_error']}")
+            continue
+        export, peer = row["export"], row["toolkit_on_export"]
+        shaped = sum(export["toolkit_shapings"].values())
+        nodes = f"{export['nodes']['model']}->{export['nodes']['export']}"
+        cosine = "-" if peer["simulator_min_cosine"] is None else f"{peer['simulator_min_cosine']:.6f}"
+        lines.append(f"{row['model']:28} {original:34} {nodes:>9} {len(export['plan_cpu_nodes']):>6} {shaped:>6}    "
+                     f"{_peer_cell(peer):34} {cosine}")
+    for row in rows:
+        for side in ("original", "toolkit_on_export"):
+            entry = row.get(side)
+            if entry and (entry["cpu_layers"] or not entry["built"]):
+                detail = entry["error"] if not entry["built"] else "; ".join(entry["cpu_layers"])
+                lines.append(f"  {row['model']} ({side.replace('_', ' ')}): {detail}")
+    return "\n".join(lines)
+
+
+def _peer_cell(entry: dict) -> str:
+    if not entry["built"]:
+        return "no"
+    return f"yes    {entry['compute_layers_by_target'].get('CPU', 0)}/{sum(entry['compute_layers_by_target'].values())}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", type=Path, nargs="+", help="ONNX files or folders of them")
+    parser.add_argument("--python", default=os.environ.get("RKNN_PEER_PYTHON"),
+                        help="the peer venv's python (default: $RKNN_PEER_PYTHON)")
+    parser.add_argument("--peer", type=Path, default=DEFAULT_PEER, help=f"rknn_peer.py (default: {DEFAULT_PEER})")
+    parser.add_argument("--target", default="rk3588")
+    parser.add_argument("--out", type=Path, default=Path("exports"), help="folder for the exports (default ./exports)")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per toolkit build")
+    args = parser.parse_args(argv)
+    if not args.python or not Path(args.python).is_file() or not args.peer.is_file():
+        print("error: rknn-toolkit2's python and rknn_peer.py are needed: --python PATH (or RKNN_PEER_PYTHON) and "
+              "--peer (recipe at the top of ../shared/peer/rknn_peer.py)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model in model_paths(args.models):
+        rows.append(export_row(model, args.out, args.python, args.peer, args.target, args.timeout))
+        print(f"{model.stem}: done", file=sys.stderr, flush=True)
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
