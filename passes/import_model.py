@@ -37,7 +37,8 @@ def run(ctx: CompileContext) -> None:
     if reordered:
         carriers = None  # their positions changed
     opset = _default_opset(model)
-    _set_input_shapes(graph, ctx.options.input_shapes)
+    batch_dims, filled = _batch_dims(graph, ctx.options)
+    _set_input_shapes(graph, ctx.options.input_shapes, filled)
     _refuse_optional_outputs(graph)
     # The checker and shape inference read a copy without the large weights when there is one
     # (`_without_large_weights`), else the file's own bytes when nothing above changed the model
@@ -45,21 +46,25 @@ def run(ctx: CompileContext) -> None:
     # version 4 every initializer had to be a graph input, which the copy could hide from the
     # checker: it reads the whole model there.
     light = _without_large_weights(model)
-    unchanged = data is not None and not (renamed or reordered or ctx.options.input_shapes)
+    unchanged = data is not None and not (renamed or reordered or ctx.options.input_shapes or filled)
     whole = (lambda: data if unchanged else model.SerializeToString())
     source = whole() if light is None else light.SerializeToString()
     try:
         onnx.checker.check_model(source if light is None or model.ir_version >= 4 else whole())
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"invalid ONNX model: {_first_line(exc)}") from None
-    inferred = _infer_shapes(source, opset)
+    given = ", ".join(f"{name}:{','.join(map(str, dims))}" for name, dims in ctx.options.input_shapes.items())
+    inferred = _infer_shapes(source, opset, given)
     model = inferred if light is None else _with_inferred_shapes(model, inferred, carriers)
+    if given:
+        _refuse_channel_mismatches(model, given)
 
     ctx.model_info = ModelInfo(
         path=str(ctx.model_path), sha256=sha256, opset=opset,
         inputs=tuple(_spec(v) for v in _true_inputs(model.graph)),
         outputs=tuple(_spec(v) for v in model.graph.output),
         domain_opsets={o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")},
+        batch_dims=batch_dims,
     )
     ctx.graph = gs.import_onnx(model)
     # read off the imported graph: its nodes are the file's, in order, and cheaper to read than protobuf's
@@ -254,7 +259,28 @@ def _true_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     return [v for v in graph.input if v.name not in initializers]
 
 
-def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ...]]) -> None:
+def _batch_dims(graph: onnx.GraphProto, options) -> tuple[dict[str, str], bool]:
+    """The inputs whose dim 0 the model leaves symbolic, each with the dim's symbol: the batch
+    dim; and whether one was filled. With `options.batch` above 1 and no shape given for the
+    input, the dim is set to 1 here: each batch context (passes/multicore.py) takes one image, as
+    rknn-toolkit2's rknn_batch_size takes a model of batch 1."""
+    found, filled = {}, False
+    for value in _true_inputs(graph):
+        tensor_type = value.type.tensor_type
+        if value.type.WhichOneof("value") != "tensor_type" or not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if not dims or (dims[0].HasField("dim_value") and dims[0].dim_value >= 0):
+            continue
+        found[value.name] = dims[0].dim_param
+        if options.batch > 1 and value.name not in options.input_shapes:
+            dims[0].dim_value, filled = 1, True
+    return found, filled
+
+
+def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ...]], filled: bool = False) -> None:
+    """Give the inputs the shapes in `overrides` and refuse any dim still unknown; with
+    overrides or a batch dim `filled`, forget the shapes the model recorded for the old ones."""
     inputs = {v.name: v for v in _true_inputs(graph)}
     for name in overrides:
         if name not in inputs:
@@ -266,8 +292,8 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
         tensor_type = value.type.tensor_type
         if name in overrides:
             dims = overrides[name]
-            if tensor_type.HasField("shape") and len(tensor_type.shape.dim) != len(dims):
-                raise CompileError(f"--input-shape {name}: {len(dims)} dims given, the model's input has {len(tensor_type.shape.dim)}")
+            if tensor_type.HasField("shape"):
+                _refuse_changed_static_dims(name, tensor_type.shape.dim, dims)
             tensor_type.shape.Clear()
             for dim in dims:
                 tensor_type.shape.dim.add().dim_value = dim
@@ -279,8 +305,10 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
             if dim.HasField("dim_value"):
                 raise CompileError(f"input '{name}' has dim {axis} = {dim.dim_value}; dims must not be negative")
             label = f" ('{dim.dim_param}')" if dim.dim_param else ""
-            raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape {name}:d0,d1,...")
-    if overrides:
+            batch = " (or dim 0 with --batch N: N images, one per batch context)" if axis == 0 else ""
+            raise CompileError(f"input '{name}' has dynamic dim {axis}{label}; set it with --input-shape "
+                               f"{name}:d0,d1,...{batch}")
+    if overrides or filled:
         # Shapes recorded for the old input shape would contradict the new one: infer them anew.
         del graph.value_info[:]
         for output in graph.output:
@@ -289,6 +317,46 @@ def _set_input_shapes(graph: onnx.GraphProto, overrides: dict[str, tuple[int, ..
     for tensor in graph.initializer:
         if any(d < 0 for d in tensor.dims):
             raise CompileError(f"weight '{tensor.name}' has a negative dim {list(tensor.dims)}")
+
+
+def _refuse_changed_static_dims(name: str, declared, given: tuple[int, ...]) -> None:
+    """An input shape given for `name` may fix the model's symbolic dims, never change a static
+    one: the graph was built for it (a Conv's weights for its channels, a Reshape for its size),
+    and shape inference does not check every op against it."""
+    shown = f"{name}:{','.join(map(str, given))}"
+    if len(declared) != len(given):
+        raise CompileError(f"input shape {shown}: {len(given)} dims given, the model's input '{name}' has "
+                           f"{len(declared)}")
+    for axis, (dim, value) in enumerate(zip(declared, given)):
+        if dim.HasField("dim_value") and dim.dim_value >= 0 and dim.dim_value != value:
+            raise CompileError(f"input shape {shown}: dim {axis} of input '{name}' is {value}, but the model fixes "
+                               f"it at {dim.dim_value}, which the graph needs")
+
+
+def _refuse_channel_mismatches(model: onnx.ModelProto, given: str) -> None:
+    """Each Conv and ConvTranspose of the main graph reads as many channels as its weight takes
+    (onnx's shape inference does not check it): an input shape that feeds another count is
+    refused here, naming the input, the dim and what the graph needs, instead of planning steps
+    no kernel could run. `given` shows the input shapes given, for the message."""
+    graph = model.graph
+    weights = {tensor.name: tuple(tensor.dims) for tensor in graph.initializer}
+    shapes = {value.name: value.type.tensor_type.shape.dim for value in (*graph.input, *graph.value_info)}
+    inputs = {value.name for value in graph.input}
+    for node in graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        weight, dims = weights[node.input[1]], shapes.get(node.input[0])
+        if dims is None or len(dims) < 2 or not dims[1].HasField("dim_value") or len(weight) < 2:
+            continue
+        group = next((attribute.i for attribute in node.attribute if attribute.name == "group"), 1)
+        needed = weight[1] * group if node.op_type == "Conv" else weight[0]
+        channels = dims[1].dim_value
+        if channels == needed:
+            continue
+        read = (f"dim 1 of input '{node.input[0]}' is {channels}" if node.input[0] in inputs
+                else f"it makes tensor '{node.input[0]}' {channels} channels (dim 1)")
+        raise CompileError(f"input shape {given}: {read}, but {node.op_type} '{node.name}' needs {needed} "
+                           f"(its weight '{node.input[1]}' is {list(weight)})")
 
 
 def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
@@ -301,12 +369,13 @@ def _refuse_optional_outputs(graph: onnx.GraphProto) -> None:
                                "whose outputs are tensors or sequences of tensors")
 
 
-def _infer_shapes(source: bytes, opset: int) -> onnx.ModelProto:
+def _infer_shapes(source: bytes, opset: int, given: str = "") -> onnx.ModelProto:
     """Strict shape inference of the serialized model. Where it fails only inside the function
     bodies of ONNX ops (onnx's own definition of the op: MeanVarianceNormalization-13's body
     builds its axes with a Constant whose value is an attribute reference, which inference
     does not resolve), the model is inferred again non-strictly: those nodes' outputs keep the
-    shapes the model declares, and a node reading an unknown shape stays on the CPU."""
+    shapes the model declares, and a node reading an unknown shape stays on the CPU. `given`
+    shows the input shapes given, which a failure names: they are its likeliest cause."""
     def infer(strict: bool) -> onnx.ModelProto:
         return shape_inference.infer_shapes(source, check_type=True, strict_mode=strict, data_prop=True)
 
@@ -315,7 +384,8 @@ def _infer_shapes(source: bytes, opset: int) -> onnx.ModelProto:
     except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         failing = re.findall(r"\(op_type:(\w+), node name: [^)]*\)", str(exc))
         if not failing or not all(_has_function_body(op, opset) for op in failing):
-            raise CompileError(f"shape inference failed: {_first_line(exc)}") from None
+            cause = f" with input shape {given}" if given else ""
+            raise CompileError(f"shape inference failed{cause}: {_first_line(exc)}") from None
         return infer(strict=False)
 
 

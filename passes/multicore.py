@@ -232,11 +232,12 @@ def _estimate(ctx: CompileContext, works: list[StepWork], dtype: str, *, spent: 
     hardware = cost_model.hardware_for(ctx.target)
     one_core = cost_model.one_core_seconds(works, hardware, dtype)
     batch = ctx.options.batch
+    images = batch * ctx.model_info.images_per_run
     per_core = tuple(CoreTimeline(core=core, steps=steps, est_ms=_ms(busy), utilisation=round(busy / spent, 4))
                      for core, steps, busy in timelines)
     return Multicore(
         cores=len(per_core) or 1, batch=batch, core_mask=ctx.options.core_mask, contexts=contexts,
-        per_core=per_core, splits=splits, est_latency_ms=_ms(spent), est_fps=round(batch / spent, 2),
+        per_core=per_core, splits=splits, est_latency_ms=_ms(spent), est_fps=round(images / spent, 2),
         est_one_core_ms=_ms(one_core), speedup=round(batch * one_core / spent, 3),
     )
 

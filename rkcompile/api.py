@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
@@ -20,6 +21,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.plan import artifact
 from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.compiler.idle_npu import refuse_idle_npu
 from rkcompile.plan.cpu_partitions import cpu_partition_models
 from rkcompile.emulator.accuracy import StepAccuracy, analyse
 from rkcompile.emulator.closeness import agreement
@@ -89,6 +91,13 @@ class Plan:
 
         return render_summary(self.record)
 
+    def partition_graph(self):
+        """The partitions and steps as a networkx DiGraph, with their device, kernel, tensors,
+        bytes and estimated time (rkcompile/views/partition_graph.py); networkx loads here."""
+        from rkcompile.views.partition_graph import partition_graph
+
+        return partition_graph(self.record)
+
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data (`rkcompile.plan/2`), without the weight region."""
         return self.record.to_dict()
@@ -110,11 +119,48 @@ class Plan:
 
 def compile(model: str | Path, target: str = "rk3588", options: Options | None = None, **kwargs: Any) -> Plan:
     """Plan `model` for `target`. Options come as an `Options` or as its fields by keyword
-    (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...)."""
+    (dtype="int8", calibration="calib/", batch=2, core_mask="0_1_2", input_shapes={...}, ...).
+    A failure's message names these parameters, not the command line's flags."""
+    try:
+        return plan_model(model, target, _options(options, kwargs))
+    except CompileError as exc:
+        exc.args = (in_api_terms(str(exc)),)
+        raise
+
+
+def plan_model(model: str | Path, target: str, options: Options) -> Plan:
+    """`compile` with its Options made, for the command line: failures name its flags."""
     from rkcompile.compiler.pipeline import compile_model
 
-    return plan_of(*compile_model(model, target, _options(options, kwargs), runtime=EMULATOR_RUNTIME,
-                                 choose_int8=True))
+    plan = plan_of(*compile_model(model, target, options, runtime=EMULATOR_RUNTIME, choose_int8=True))
+    refuse_idle_npu(plan.record)
+    return plan
+
+
+#: the command line's planning flags and the API parameter each sets
+FLAG_PARAMETERS = {"--target": "target", "--dtype": "dtype", "--batch": "batch", "--core-mask": "core_mask",
+                   "--input-shape": "input_shapes", "--calib": "calibration", "--calib-method": "calibration_method",
+                   "--mean-values": "mean_values", "--std-values": "std_values", "--channel-order": "channel_order",
+                   "--float16": "float16_tensors", "--auto-float16": "auto_float16", "--equalization": "equalization",
+                   "--bias-correction": "bias_correction", "--dump-after": "dump_after", "--dump-dir": "dump_dir",
+                   "--verify-passes": "verify_passes"}
+
+
+def in_api_terms(message: str) -> str:
+    """A planning failure's message with each command-line flag it names replaced by the API
+    parameter that flag sets (`--calib` -> `calibration`): the passes speak the command line's
+    language, which a caller of `compile` never typed."""
+    return re.sub(r"--[a-z][a-z0-9-]*[a-z0-9]", lambda flag: FLAG_PARAMETERS.get(flag[0], flag[0]), message)
+
+
+#: rknn-toolkit2's config/build/load_onnx keywords and what rkcompile.compile takes instead
+RKNN_KEYWORDS = {"dataset": "calibration='dataset.txt' (or a folder or .npz of samples)",
+                 "target_platform": "target='rk3588'", "do_quantization": "dtype='int8'",
+                 "quantized_algorithm": "calibration_method='minmax' (or 'mmse', 'kl', 'percentile')",
+                 "quantized_method": "nothing: weights are quantized per channel",
+                 "quantized_dtype": "dtype='int8'", "rknn_batch_size": "batch=N",
+                 "quant_img_RGB2BGR": "channel_order='BGR'", "input_size_list": "input_shapes={'name': (1, 3, 224, 224)}",
+                 "inputs": "input_shapes={'name': (1, 3, 224, 224)}", "float_dtype": "dtype='float16'"}
 
 
 def plan_of(record: PlanRecord, ctx: CompileContext) -> Plan:
@@ -217,7 +263,9 @@ def _options(options: Options | None, overrides: Mapping[str, Any]) -> Options:
     known = {f.name for f in dataclasses.fields(Options)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise CompileError(f"unknown option {unknown[0]!r} (options: {', '.join(sorted(known))})")
+        hint = (f": rknn-toolkit2's {unknown[0]}; rkcompile.compile takes {RKNN_KEYWORDS[unknown[0]]}"
+                if unknown[0] in RKNN_KEYWORDS else "")
+        raise CompileError(f"unknown option {unknown[0]!r}{hint} (options: {', '.join(sorted(known))})")
     converted = dict(overrides)
     for name in ("calibration", "dump_dir"):
         if converted.get(name) is not None:
@@ -229,9 +277,26 @@ def _options(options: Options | None, overrides: Mapping[str, Any]) -> Options:
             converted[name] = tuple(converted[name])
     for name in ("mean_values", "std_values"):  # one number for every channel, or a sequence
         if name in converted:
-            values = converted[name]
-            converted[name] = tuple(float(v) for v in (values if np.ndim(values) else [values]))
-    return dataclasses.replace(options, **converted)
+            converted[name] = _per_channel(name, converted[name])
+    options = dataclasses.replace(options, **converted)
+    if isinstance(options.batch, bool) or not isinstance(options.batch, int) or options.batch < 1:
+        raise CompileError(f"batch={options.batch!r}: the images per batch, a positive integer "
+                           "(rknn-toolkit2's rknn_batch_size)")
+    return options
+
+
+def _per_channel(name: str, values: Any) -> tuple[float, ...]:
+    """mean_values or std_values: one number for every channel, or one per channel; rknn-toolkit2's
+    list per input ([[123.675, 116.28, 103.53]]) is taken for a single list."""
+    if isinstance(values, (list, tuple)) and any(np.ndim(v) for v in values):  # a list per input
+        if len(values) != 1:
+            raise CompileError(f"{name}: one number per channel, e.g. {name}=(123.675, 116.28, 103.53), for every "
+                               f"image input (rknn-toolkit2's list per input: give one list)")
+        values = values[0]
+    try:
+        return tuple(float(v) for v in (values if np.ndim(values) else [values]))
+    except (TypeError, ValueError):
+        raise CompileError(f"{name}: numbers, one per channel or one for all, not {values!r}") from None
 
 
 def prepare(model: str | Path, target: str, options: Options | None = None,
@@ -239,7 +304,7 @@ def prepare(model: str | Path, target: str, options: Options | None = None,
     """Plan `model` and make it ready to execute. With `saved_plan` (a plan JSON file), that
     plan is the one executed, after checking it describes the same execution as a fresh plan;
     its weight region is laid out from the model's weights at the saved offsets."""
-    fresh = compile(model, target, options)
+    fresh = plan_model(model, target, options or Options())
     if saved_plan is None:
         check_plan(fresh.record)
         return fresh.prepared()

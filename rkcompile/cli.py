@@ -68,6 +68,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (help_line, description, add_arguments) in _SUBCOMMANDS.items():
         subcommand = commands.add_parser(name, help=help_line, description=description)
+        # -v after the subcommand too; SUPPRESS keeps a -v before it from being reset
+        subcommand.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                help="log each pass and every CPU fallback")
         if command is None or command == name:
             add_arguments(subcommand)
     return parser
@@ -124,6 +127,9 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--core-mask", default="auto", choices=CORE_MASKS, metavar="MASK",
                       help=f"NPU cores for one input ({'|'.join(CORE_MASKS)}; default auto): steps whose kernel "
                            "is multi-core on the target split across them; with --batch > 1 leave it auto")
+    plan.add_argument("--csv", type=Path, metavar="PATH",
+                      help="also write the summary's figures to PATH as CSV, a header and one row (as Arm's vela "
+                           "writes its summary CSV)")
     plan.add_argument("--quiet", action="store_true", help="print no summary")
     plan.add_argument("--strict", action="store_true",
                       help="fail, writing no plan, when any node falls back to the CPU; lists each node's reasons")
@@ -141,9 +147,17 @@ def _graph_arguments(graph: argparse.ArgumentParser) -> None:
     _add_model_arguments(graph, saved_plan=True)
     graph.set_defaults(dtype=None, batch=None)  # None: not given, so a saved plan's own values hold
     graph.add_argument("--format", choices=GRAPH_FORMATS,
-                       help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm or .onnx)")
+                       help="what to write (default: from OUT's suffix, .dot/.gv, .svg, .html/.htm, .onnx or "
+                            ".graphml)")
     graph.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
                        help="the file to write ('-' for standard output, with --format)")
+
+
+def _perf_arguments(perf: argparse.ArgumentParser) -> None:
+    _add_model_arguments(perf, saved_plan=True)
+    perf.set_defaults(dtype=None, batch=None)  # None: not given, so a saved plan's own values hold
+    perf.add_argument("--csv", type=Path, metavar="PATH",
+                      help="also write the rows to PATH as CSV, one a step (as Arm's vela writes its per-layer CSV)")
 
 
 def _compare_arguments(compare: argparse.ArgumentParser) -> None:
@@ -158,10 +172,11 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--plan", type=Path, metavar="PLAN",
                      help="execute this saved plan: a PLAN.rkplan artifact needs no MODEL (given one, it must "
                           "be the model planned); a plan JSON file is checked against MODEL planned afresh")
-    run.add_argument("--inputs", type=Path, metavar="X.npz|X.npy",
+    run.add_argument("--inputs", type=Path, metavar="X.npz|X.npy|IMAGE",
                      help="input arrays: an .npz keyed by graph input name (and, for --check, reference outputs "
                           "by output name; inputs it lacks are seeded random, keys the model does not name are "
-                          "refused), or one .npy array for a single-input model")
+                          "refused), one .npy array for a single-input model, or an image (png, jpg, bmp; with "
+                          "Pillow) read as --calib reads one, with --mean-values, --std-values and --channel-order")
     run.add_argument("--outputs", type=Path, metavar="OUT.npz", help="write the outputs keyed by graph output name "
                      "(a sequence output as NAME[0], NAME[1], ...)")
     run.add_argument("--check", action="store_true",
@@ -289,9 +304,15 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser
     "graph": ("draw the partition graph of a plan",
               "Plan MODEL (or read a saved plan) and write its partition graph: Graphviz DOT, SVG (needs "
               "Graphviz's dot), a self-contained HTML page with the memory and time pictures, an ONNX file with "
-              "one rkcompile::NpuPartition node per NPU partition, or one of the two pictures as SVG: the arena "
+              "one rkcompile::NpuPartition node per NPU partition, GraphML of the partitions and steps with their "
+              "device, kernel, tensors, bytes and estimated time (Plan.partition_graph), or one of the two pictures "
+              "as SVG: the arena "
               "over the steps (memory-svg) or the per-core timeline of an estimated run (timeline-svg).",
               _graph_arguments),
+    "perf": ("print each step's estimated time and share of the run",
+             "Plan MODEL (or read a saved plan) and print one row per step, as rknn-toolkit2's eval_perf: device, "
+             "kernel, nodes, MACs, bytes read and written, the cost model's estimated microseconds and share of "
+             "the run (docs/cost-model.md); the totals are the summary's estimate.", _perf_arguments),
     "compare": ("plan a model for several SoCs and print one table",
                 "Plan MODEL for each target and print one row per SoC: NPU share of the ops, CPU ops, steps, "
                 "arena, weights and estimated fps (docs/cost-model.md). A target that cannot take the model gets "
@@ -393,10 +414,14 @@ def _plan(args: argparse.Namespace) -> int:
                            f"no plan written\n{listed}")
     if args.json is not None:
         write_atomically(args.json, plan.to_json())
-    if args.output is not None:
-        from rkcompile.api import Plan, weight_region
+    if args.csv is not None:
+        from rkcompile.views.perf import summary_csv
 
-        Plan(plan, weight_region(plan, ctx.graph, ctx.target)).save(args.output)
+        write_atomically(args.csv, summary_csv(plan))
+    if args.output is not None:  # what Plan.save writes, the reference weights included
+        from rkcompile.api import plan_of
+
+        plan_of(plan, ctx).save(args.output)
     # With the plan on standard output, what a person reads goes to standard error.
     text_stream = sys.stderr if to_stdout else sys.stdout
     if explanation is not None:
@@ -447,9 +472,10 @@ def _ops(args: argparse.Namespace) -> int:
     return 0
 
 
-GRAPH_FORMATS = ("dot", "svg", "html", "onnx", "memory-svg", "timeline-svg")
+GRAPH_FORMATS = ("dot", "svg", "html", "onnx", "graphml", "memory-svg", "timeline-svg")
 #: `graph -o OUT` without --format: the format OUT's suffix names
-GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx"}
+GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".html": "html", ".htm": "html", ".onnx": "onnx",
+                  ".graphml": "graphml"}
 CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mmse")  # rkcompile/quantization/params.py METHODS
 OPS_FORMATS = ("md", "text")
 
@@ -470,6 +496,11 @@ def _graph(args: argparse.Namespace) -> int:
 
         nodes = plan.reference_nodes if plan.reference_nodes is not None else plan.step_nodes()
         write_atomically(args.output, partitioned_model(record, nodes).SerializeToString())
+        return 0
+    if graph_format == "graphml":  # Plan.partition_graph, for networkx, Gephi, yEd, Cytoscape
+        import networkx
+
+        write_atomically(args.output, "\n".join(networkx.generate_graphml(plan.partition_graph())) + "\n")
         return 0
     if graph_format in ("memory-svg", "timeline-svg"):
         from rkcompile.views.charts import memory_svg, timeline_svg
@@ -515,7 +546,18 @@ def _plan_to_draw(args: argparse.Namespace):
     args.dtype, args.batch = args.dtype or "float16", args.batch or 1
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
-    return api.compile(args.model, args.target, options)
+    return api.plan_model(args.model, args.target, options)
+
+
+def _perf(args: argparse.Namespace) -> int:
+    from rkcompile.plan.schema import write_atomically
+    from rkcompile.views.perf import perf_csv, render_perf
+
+    record = _plan_to_draw(args).record
+    if args.csv is not None:
+        write_atomically(args.csv, perf_csv(record))
+    print(render_perf(record))
+    return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -535,11 +577,22 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import dataclasses
     import zipfile
 
     from rkcompile.compiler.context import Options
     from rkcompile.commands.run import run_command
 
+    from rkcompile.quantization.params import IMAGE_SUFFIXES, ImagePreprocessing
+
+    args.image_preprocessing = None
+    if args.inputs is not None and args.inputs.suffix.lower() in IMAGE_SUFFIXES:
+        # the image flags read the --inputs image; they plan the model only with a --calib to read too
+        args.image_preprocessing = ImagePreprocessing(
+            *(given if given is not None else default for given, default in zip(
+                (args.mean_values, args.std_values, args.channel_order), dataclasses.astuple(ImagePreprocessing()))))
+        if args.calib is None:
+            args.mean_values = args.std_values = args.channel_order = None
     args.planning_flags = planning_flags(args)
     args.dtype, args.batch = args.dtype or "float16", args.batch or 1
     if args.plan is not None and zipfile.is_zipfile(args.plan):  # an artifact runs as planned
@@ -589,7 +642,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"plan": _plan, "targets": _targets, "graph": _graph, "ops": _ops, "run": _run, "zoo": _zoo,
-             "compare": _compare, "export": _export}
+             "compare": _compare, "perf": _perf, "export": _export}
 
 
 def console_main() -> NoReturn:

@@ -30,7 +30,8 @@ PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan
              "rkcompile.plan.onnx_protos", "rkcompile.plan.cpu_partitions")
 EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
-         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.standard_onnx")
+         "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.standard_onnx",
+         "rkcompile.views.perf", "rkcompile.views.partition_graph")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 #: what the runtime and the plan layer import nothing of, not even one module
 RUNTIME = ("rkcompile.emulator", "rkcompile.plan", "rkcompile.onnx_backends")

@@ -9,6 +9,7 @@ import hashlib
 import ast
 import io
 import json
+import os
 import sys
 import time
 import zipfile
@@ -39,10 +40,14 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
         raise CompileError("--json - and --outputs - both ask for standard output; send one to a file")
     # With a file on standard output, what a person reads goes to standard error.
     text = sys.stderr if to_stdout else sys.stdout
-    arrays = _load_inputs(args.inputs) if args.inputs is not None else None
+    images = getattr(args, "image_preprocessing", None)
+    arrays = _load_inputs(args.inputs) if args.inputs is not None and images is None else None
     prepared = _prepared(args, options)
     refuse_idle_npu(prepared.plan)
+    refuse_arena_beyond_memory(prepared.plan, available_memory())
     given = {} if arrays is None else match_inputs(args.inputs, arrays, prepared.plan)
+    if images is not None:
+        given = image_input(args.inputs, prepared.plan, images)
     inputs = make_inputs(prepared.plan, given, args.seed)
     if given and set(inputs) - set(given):
         print(f"note: seeded random values for {', '.join(sorted(set(inputs) - set(given)))} "
@@ -115,14 +120,61 @@ def _refuse_contradicting_flags(args: argparse.Namespace, record) -> None:
     """An artifact runs as it was planned: a planning flag that restates the artifact is
     harmless, one that differs (or asks to calibrate or reshape again) would be silently
     ignored, so it is refused."""
-    planned = {"--dtype": record.dtype, "--batch": record.batch}
+    planned_shapes = {spec.name: tuple(spec.shape) for spec in record.model.inputs}
+    planned = {"--dtype": (record.dtype, record.dtype), "--batch": (record.batch, record.batch),
+               "--input-shape": (planned_shapes, " ".join(map(shape_flag, planned_shapes.items())))}
     for flag, value in getattr(args, "planning_flags", {}).items():
-        if flag in planned and value == planned[flag]:
+        if flag == "--input-shape":  # [(name, dims)], restating some inputs' planned shapes or not
+            restated = all(planned_shapes.get(name) == tuple(dims) for name, dims in value)
+            shown = " ".join(map(shape_flag, value))
+        else:
+            restated = flag in planned and value == planned[flag][0]
+            shown = value if not isinstance(value, list) else " ".join(map(str, value))
+        if restated:
             continue
-        shown = value if not isinstance(value, list) else " ".join(map(str, value))
-        was = f" (planned with {planned[flag]})" if flag in planned else ""
+        was = f" (planned with {planned[flag][1]})" if flag in planned else ""
         raise CompileError(f"{flag} {shown} contradicts --plan {args.plan}{was}: a saved artifact runs as planned; "
                            f"plan the model again with {flag} instead")
+
+
+def shape_flag(shape: tuple[str, tuple[int, ...]]) -> str:
+    """An input shape as --input-shape takes it: NAME:d0,d1,..."""
+    name, dims = shape
+    return f"{name}:{','.join(map(str, dims))}"
+
+
+def refuse_arena_beyond_memory(plan, available: int | None) -> None:
+    """The emulator allocates the plan's arena whole before the first step: an arena larger than
+    the memory the process can have (a plan from elsewhere, or a hostile one) is refused in one
+    line instead of failing deep in numpy or waking the OOM killer. `available` None: unknown."""
+    arena = plan.memory.arena_bytes
+    if available is not None and arena > available:
+        raise EmulationError(f"the plan's arena is {arena} bytes ({arena / 2**20:.1f} MiB), more than the "
+                             f"{available} bytes ({available / 2**20:.1f} MiB) of memory available to run it")
+
+
+def available_memory() -> int | None:
+    """Bytes this process could still allocate: the system's available memory (/proc/meminfo's
+    MemAvailable, else the free pages), capped by the cgroup's limit less its use; None when
+    neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            found += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
 
 
 def _sha256(path: Path) -> str:
@@ -131,6 +183,20 @@ def _sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError as exc:
         raise CompileError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def image_input(path: Path, plan, images) -> dict[str, np.ndarray]:
+    """--inputs as an image: the value of a single-input model's input, read as --calib reads an
+    image (`ImagePreprocessing` from --mean-values, --std-values and --channel-order)."""
+    from rkcompile.quantization.params import read_image
+
+    if len(plan.model.inputs) != 1:
+        raise EmulationError(f"--inputs: {path} is an image but the model has {len(plan.model.inputs)} inputs "
+                             f"({', '.join(spec.name for spec in plan.model.inputs)}); give an .npz keyed by input name")
+    if not path.is_file():
+        raise EmulationError(f"--inputs: {path} does not exist")
+    spec = plan.model.inputs[0]
+    return {spec.name: read_image(path, spec, images, str(path), flag="--inputs")}
 
 
 def _load_inputs(path: Path) -> np.ndarray | dict[str, np.ndarray]:

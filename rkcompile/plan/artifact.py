@@ -9,13 +9,25 @@
   planned encoding (float16 rounding, int8 quantization), which accuracy analysis of a loaded plan
   runs its float reference with; written when the plan was compiled in the saving process.
 
+- `digests.json`: the sha256 of every other member, which `load` checks (artifacts written
+  before it existed load unchecked).
+
 docs/plan-schema.md documents the format. This module reads and writes bytes only; a plain
 plan JSON file (plan/1 or plan/2) loads too, with no weight region.
+
+`load` trusts nothing in the file: before a member is decompressed its size, as the zip
+declares it, is bounded by what the plan declares (the weight region's size, exactly; the
+others by what the plan's sizes allow), so an artifact inflating to gigabytes is refused
+without allocating them (zipfile never returns more than the declared size, and a member
+longer than declared fails its CRC); members it does not know are refused, and so is a
+plan.json nested too deep to parse.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import re
 import zipfile
 from dataclasses import field
 from pathlib import Path
@@ -28,6 +40,17 @@ PLAN_MEMBER = "plan.json"
 WEIGHTS_MEMBER = "weights.bin"
 CPU_FOLDER = "cpu/"
 REFERENCE_MEMBER = "reference_weights.npz"
+DIGESTS_MEMBER = "digests.json"
+CPU_MEMBER = re.compile(r"cpu/partition_(0|[1-9][0-9]{0,8})\.onnx")
+#: plan.json's bound, which no plan declares: a hundred times the largest plan of the zoo
+PLAN_JSON_LIMIT = 64 << 20
+#: digests.json's bound: a few members' names and digests
+DIGESTS_LIMIT = 1 << 20
+#: what an ONNX model or an .npz adds to the tensors it holds (names, headers, graph), at most
+CONTAINER_SLACK = 1 << 20
+#: the largest element of a model weight's dtype (float64, int64) over the smallest a plan stores
+#: (int8): how much larger the model's value of a weight may be than its planned bytes
+WIDENING = 8
 
 
 @frozen_dataclass
@@ -45,14 +68,17 @@ def save(artifact: Artifact, path: str | Path) -> None:
     """Write the zip atomically: a failure leaves no file behind."""
     if artifact.weights is None:
         raise CompileError("the plan has no weight region to save (it was read from a JSON plan)")
+    members = {PLAN_MEMBER: artifact.plan.to_json().encode("utf-8"), WEIGHTS_MEMBER: artifact.weights}
+    members.update((f"{CPU_FOLDER}partition_{partition}.onnx", model)
+                   for partition, model in sorted(artifact.cpu_partitions.items()))
+    if artifact.reference_weights is not None:
+        members[REFERENCE_MEMBER] = artifact.reference_weights
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
+    members[DIGESTS_MEMBER] = (json.dumps({"sha256": digests}, indent=1) + "\n").encode("utf-8")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr(PLAN_MEMBER, artifact.plan.to_json())
-        archive.writestr(WEIGHTS_MEMBER, artifact.weights)
-        for partition, model in sorted(artifact.cpu_partitions.items()):
-            archive.writestr(f"{CPU_FOLDER}partition_{partition}.onnx", model)
-        if artifact.reference_weights is not None:
-            archive.writestr(REFERENCE_MEMBER, artifact.reference_weights)
+        for name, data in members.items():
+            archive.writestr(name, data)
     write_atomically(path, buffer.getvalue())
 
 
@@ -62,19 +88,66 @@ def load(path: str | Path) -> Artifact:
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
-                names = set(archive.namelist())
-                missing = {PLAN_MEMBER, WEIGHTS_MEMBER} - names
-                if missing:
-                    raise CompileError(f"{path} is not a plan artifact: no {', '.join(sorted(missing))}")
-                plan = Plan.from_dict(json.loads(archive.read(PLAN_MEMBER).decode("utf-8")))
-                cpu = {int(name[len(CPU_FOLDER + "partition_"):-len(".onnx")]): archive.read(name)
-                       for name in names if name.startswith(CPU_FOLDER + "partition_") and name.endswith(".onnx")}
-                reference = archive.read(REFERENCE_MEMBER) if REFERENCE_MEMBER in names else None
-                return Artifact(plan, archive.read(WEIGHTS_MEMBER), cpu, reference)
+                return _load_archive(path, archive)
         return Artifact(Plan.from_dict(json.loads(path.read_text(encoding="utf-8"))), None)
     except FileNotFoundError:
         raise CompileError(f"{path} does not exist") from None
     except CompileError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+    except RecursionError:
+        raise CompileError(f"{path} is not a readable plan (its JSON is nested too deep)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as exc:
         raise CompileError(f"{path} is not a readable plan ({type(exc).__name__}: {exc})") from None
+
+
+def _load_archive(path: Path, archive: zipfile.ZipFile) -> Artifact:
+    """The artifact in `archive`, each member read only once its declared size is within the
+    bound the plan allows and checked against digests.json when there is one."""
+    infos = {info.filename: info for info in archive.infolist()}
+    missing = {PLAN_MEMBER, WEIGHTS_MEMBER} - set(infos)
+    if missing:
+        raise CompileError(f"{path} is not a plan artifact: no {', '.join(sorted(missing))}")
+    unknown = sorted(name for name in infos if name not in (PLAN_MEMBER, WEIGHTS_MEMBER, REFERENCE_MEMBER,
+                                                            DIGESTS_MEMBER) and not CPU_MEMBER.fullmatch(name))
+    if unknown:
+        raise CompileError(f"{path}: unknown member {unknown[0]!r} (an artifact holds {PLAN_MEMBER}, {WEIGHTS_MEMBER}, "
+                           f"{CPU_FOLDER}partition_<id>.onnx, {REFERENCE_MEMBER} and {DIGESTS_MEMBER})")
+
+    def read(name: str, limit: int, exact: bool = False) -> bytes:
+        declared = infos[name].file_size
+        if declared > limit or (exact and declared != limit):
+            raise CompileError(f"{path}: member {name} is {declared} bytes, but its plan allows "
+                               f"{'exactly ' if exact else 'at most '}{limit}")
+        return archive.read(name)
+
+    digests = None
+    if DIGESTS_MEMBER in infos:
+        digests = json.loads(read(DIGESTS_MEMBER, DIGESTS_LIMIT).decode("utf-8"))["sha256"]
+        unlisted = sorted(set(infos) - set(digests) - {DIGESTS_MEMBER})
+        if unlisted or not set(digests) <= set(infos):
+            name = (unlisted or sorted(set(digests) - set(infos)))[0]
+            raise CompileError(f"{path}: member {name} is {'not in' if unlisted else 'missing, yet listed in'} "
+                               f"{DIGESTS_MEMBER}")
+
+    def checked(name: str, data: bytes) -> bytes:
+        if digests is not None and hashlib.sha256(data).hexdigest() != digests[name]:
+            raise CompileError(f"{path}: member {name} does not match its sha256 in {DIGESTS_MEMBER} "
+                               f"(the artifact was changed or damaged)")
+        return data
+
+    text = checked(PLAN_MEMBER, read(PLAN_MEMBER, PLAN_JSON_LIMIT))
+    plan = Plan.from_dict(json.loads(text.decode("utf-8")))
+    weight_bytes = plan.memory.weight_bytes
+    weights = checked(WEIGHTS_MEMBER, read(WEIGHTS_MEMBER, weight_bytes, exact=True))
+    # a member holding weights holds at most each in the model's own, widest dtype, and its container
+    held = WIDENING * weight_bytes + len(text) + CONTAINER_SLACK
+    cpu_ids = {partition.id for partition in plan.partitions if partition.device == "cpu"}
+    cpu = {}
+    for name in infos:
+        match = CPU_MEMBER.fullmatch(name)
+        if match:
+            if int(match[1]) not in cpu_ids:
+                raise CompileError(f"{path}: member {name} names no CPU partition of the plan")
+            cpu[int(match[1])] = checked(name, read(name, held))
+    reference = checked(REFERENCE_MEMBER, read(REFERENCE_MEMBER, held)) if REFERENCE_MEMBER in infos else None
+    return Artifact(plan, weights, cpu, reference)

@@ -54,11 +54,20 @@ class ModelInfo:
     outputs: tuple[TensorSpec, ...]
     #: the opsets of the other domains the model imports (ai.onnx.ml, ai.onnx.preview.training)
     domain_opsets: dict[str, int] = field(default_factory=dict)
+    #: input name -> the symbol ('' when unnamed) of its dim 0, for each input whose dim 0 the
+    #: model leaves symbolic: the batch dim, which --batch fills with 1 (an image per context)
+    #: and an input shape may fill with more images per run (`images_per_run`)
+    batch_dims: dict[str, str] = field(default_factory=dict)
 
     @property
     def opsets(self) -> dict[str, int]:
         """Every domain's opset, ai.onnx's under ""."""
         return {**self.domain_opsets, "": self.opset}
+
+    @property
+    def images_per_run(self) -> int:
+        """The images one run of the graph takes: its symbolic batch dim as planned (1 without one)."""
+        return max((spec.shape[0] for spec in self.inputs if spec.name in self.batch_dims and spec.shape), default=1)
 
 
 @frozen_dataclass
@@ -198,6 +207,25 @@ class Memory:
 
 
 @frozen_dataclass
+class MemoryTotals:
+    """What a run of the plan holds at once (rknn-toolkit2's eval_memory): the weights, shared by
+    every batch context (seed 004: duplicated contexts share them); an arena per context, none
+    shared; the batched input and output buffers (`batch` times one run's); and, among the
+    weights, those the CPU partitions read."""
+
+    weight_bytes: int
+    arena_bytes: int  # one context's
+    contexts: int
+    input_bytes: int  # the whole batch's
+    output_bytes: int
+    cpu_weight_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.arena_bytes * self.contexts + self.input_bytes + self.output_bytes
+
+
+@frozen_dataclass
 class IoSlice:
     """Where one image of a model input or output sits in the batched buffer: the queried
     size is `batch` times one image's, and image i starts at i * size / batch (seed 004)."""
@@ -312,8 +340,33 @@ class Plan:
     #: What the int8 plan did beyond calibrating (equalization, bias correction, auto float16).
     int8_techniques: tuple[Int8Technique, ...] = ()
 
+    def memory_totals(self) -> MemoryTotals:
+        """The plan's memory, region by region (`MemoryTotals`)."""
+        def region(name: str) -> int:
+            return sum(tensor.bytes for tensor in self.tensors.values() if tensor.region == name)
+
+        cpu_reads = {name for step in self.steps if step.device == "cpu" for name in step.inputs}
+        return MemoryTotals(
+            weight_bytes=self.memory.weight_bytes, arena_bytes=self.memory.arena_bytes,
+            contexts=len(self.multicore.contexts) or 1, input_bytes=self.batch * region("input"),
+            output_bytes=self.batch * region("output"),
+            cpu_weight_bytes=sum(self.tensors[name].bytes for name in cpu_reads
+                                 if self.tensors[name].region == "weight"))
+
+    @property
+    def images(self) -> int:
+        """The images one batch takes: `batch` contexts' runs of `model.images_per_run` each."""
+        return self.batch * self.model.images_per_run
+
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
+        # added after plan/2 was published: written only when set, so every other plan's JSON
+        # is byte for byte what it was
+        if not body["model"]["batch_dims"]:
+            del body["model"]["batch_dims"]
+        # derived from the rest, for readers of the JSON: `from_dict` leaves it out, so a plan
+        # written before it loads alike
+        body["memory"]["total_bytes"] = self.memory_totals().total_bytes
         ordered = {"schema": body.pop("schema")}
         ordered.update(body)
         return ordered
@@ -333,6 +386,7 @@ class Plan:
                 inputs=tuple(_build(TensorSpec, t) for t in model["inputs"]),
                 outputs=tuple(_build(TensorSpec, t) for t in model["outputs"]),
                 domain_opsets=dict(model.get("domain_opsets", {})),
+                batch_dims=dict(model.get("batch_dims", {})),
             ),
             nodes=tuple(_build(NodeEntry, n) for n in data["nodes"]),
             steps=tuple(_build(Step, s, {"operation": partial(_build, Operation)}) for s in data["steps"]),

@@ -216,20 +216,21 @@ class _Reader:
         return {specs[0].name: read_image(file, specs[0], self.images, where)}
 
 
-def read_image(file: Path, spec: TensorSpec, how: ImagePreprocessing, where: str) -> np.ndarray:
-    """The image at `file` as a value of the model input `spec` (ImagePreprocessing says how)."""
+def read_image(file: Path, spec: TensorSpec, how: ImagePreprocessing, where: str, flag: str = "--calib") -> np.ndarray:
+    """The image at `file` as a value of the model input `spec` (ImagePreprocessing says how);
+    a failure names `flag`, the option that named the file."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise CompileError(f"--calib: {where}: reading the image {file.name} needs Pillow (pip install "
+        raise CompileError(f"{flag}: {where}: reading the image {file.name} needs Pillow (pip install "
                            f"'rkcompile[images]'), or save each preprocessed input with numpy.save") from None
     try:
         with Image.open(file) as image:
             size = image.size
-            channels, height, width, channels_last = _image_layout(spec, size, where)
+            channels, height, width, channels_last = _image_layout(spec, size, where, flag)
             pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"), np.float64)
     except (OSError, UnidentifiedImageError) as exc:
-        raise CompileError(f"--calib: {where}: {file} is not a readable image ({exc})") from None
+        raise CompileError(f"{flag}: {where}: {file} is not a readable image ({exc})") from None
     pixels = pixels.reshape(height, width, channels)
     if how.channel_order == "BGR":
         pixels = pixels[..., ::-1]
@@ -240,7 +241,7 @@ def read_image(file: Path, spec: TensorSpec, how: ImagePreprocessing, where: str
     return laid_out.reshape(spec.shape).astype(spec.dtype)
 
 
-def _image_layout(spec: TensorSpec, size: tuple[int, int], where: str) -> tuple[int, int, int, bool]:
+def _image_layout(spec: TensorSpec, size: tuple[int, int], where: str, flag: str) -> tuple[int, int, int, bool]:
     """(channels, height, width, channels last) of the input an image of `size` (width, height)
     fills: [1, C, H, W] or [1, H, W, C] with C 1 or 3, the one whose H and W are the image's."""
     shape = tuple(spec.shape)
@@ -251,14 +252,14 @@ def _image_layout(spec: TensorSpec, size: tuple[int, int], where: str) -> tuple[
         if shape[3] in (1, 3):
             layouts.append((shape[3], shape[1], shape[2], True))
     if not layouts:
-        raise CompileError(f"--calib: {where}: an image fills an input of shape [1, C, H, W] or [1, H, W, C] with "
+        raise CompileError(f"{flag}: {where}: an image fills an input of shape [1, C, H, W] or [1, H, W, C] with "
                            f"C 1 or 3; {spec.name} has shape {list(shape)}")
     width, height = size
     for layout in layouts:
         if (layout[1], layout[2]) == (height, width):
             return layout
     _, want_height, want_width, _ = layouts[0]
-    raise CompileError(f"--calib: {where}: the image is {width}x{height}, input {spec.name} {list(shape)} takes "
+    raise CompileError(f"{flag}: {where}: the image is {width}x{height}, input {spec.name} {list(shape)} takes "
                        f"{want_width}x{want_height} images; resize them as the model expects")
 
 

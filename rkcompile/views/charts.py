@@ -92,6 +92,16 @@ def step_works(plan: Plan) -> list[cost_model.StepWork]:
                                 total(step.outputs)) for step in plan.steps]
 
 
+def one_image_seconds(plan: Plan, works: list[cost_model.StepWork]) -> list[float]:
+    """Each step's estimated time for one image, as the multicore pass timed it: a split step's
+    slowest part (its recorded `est_ms`) and the split's cost, any other step whole on one core."""
+    hardware = cost_model.hardware_for(get_target(plan.target))
+    splits = {split.step: split for split in plan.multicore.splits}
+    return [max(part.est_ms for part in splits[step.id].parts) / 1e3 + cost_model.SPLIT_SECONDS
+            if step.id in splits else cost_model.step_seconds(work, hardware, plan.dtype)
+            for step, work in zip(plan.steps, works)]
+
+
 def timeline_bars(plan: Plan) -> list[Bar]:
     """One estimated run of the plan: every step of every image on the lane that runs it."""
     hardware = cost_model.hardware_for(get_target(plan.target))
@@ -118,16 +128,14 @@ def timeline_bars(plan: Plan) -> list[Bar]:
     first_core = multicore.per_core[0].core if multicore.per_core else 0
     bars = [Bar(npu_lane(first_core), None, 0, 0.0, run_ms, "run")]
     clock = run_ms
-    for step, work in zip(plan.steps, works):
+    for step, seconds in zip(plan.steps, one_image_seconds(plan, works)):
         split = splits.get(step.id)
         if split is not None:
             bars += [Bar(npu_lane(part.core), step.id, 0, clock, clock + part.est_ms, "npu") for part in split.parts]
-            clock += max(part.est_ms for part in split.parts) + cost_model.SPLIT_SECONDS * 1e3
-            continue
-        stop = clock + cost_model.step_seconds(work, hardware, plan.dtype) * 1e3
-        lane = npu_lane(_core_of(step, first_core)) if step.device == "npu" else "CPU"
-        bars.append(Bar(lane, step.id, 0, clock, stop, step.device))
-        clock = stop
+        else:
+            lane = npu_lane(_core_of(step, first_core)) if step.device == "npu" else "CPU"
+            bars.append(Bar(lane, step.id, 0, clock, clock + seconds * 1e3, step.device))
+        clock += seconds * 1e3
     return bars
 
 

@@ -87,10 +87,12 @@ def _multicore_lines(plan: Plan) -> list[str]:
     how = (f"{len(multicore.contexts)} contexts" if multicore.contexts else
            f"core mask {multicore.core_mask}, {len(multicore.splits)} steps split"
            + (f" ({', '.join(f'{axis} x{count}' for axis, count in sorted(axes.items()))})" if axes else ""))
+    per_run = plan.model.images_per_run
     lines = [
-        f"  NPU cores                   {multicore.cores} for batch {multicore.batch} ({how})",
+        f"  NPU cores                   {multicore.cores} for batch {plan.images} ({how})",
         f"  estimate                    {multicore.est_latency_ms:.3f} ms per batch, {multicore.est_fps:.1f} fps, "
-        f"{multicore.speedup:.2f}x one core ({multicore.est_one_core_ms:.3f} ms per image)",
+        f"{multicore.speedup:.2f}x one core ({multicore.est_one_core_ms:.3f} ms per "
+        f"{'image' if per_run == 1 else f'run of {per_run} images'})",
         "    core  images  steps   busy ms   utilisation",
     ]
     images = {context.core: len(context.images) for context in multicore.contexts}
@@ -133,6 +135,28 @@ def _most_common(counts: Counter, shown: int = 3) -> str:
     return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
 
 
+def _memory_total_line(plan: Plan) -> str:
+    """Everything a run holds at once, region by region (eval_memory)."""
+    totals = plan.memory_totals()
+    contexts = (f" x {totals.contexts} contexts (each its own; the weights shared)" if totals.contexts > 1 else "")
+    cpu = f"; the CPU partitions read {_kib(totals.cpu_weight_bytes)} of the weights" if totals.cpu_weight_bytes else ""
+    return (f"  memory total                {_kib(totals.total_bytes)} (weights {_kib(totals.weight_bytes)}, arena "
+            f"{_kib(totals.arena_bytes)}{contexts}, inputs {_kib(totals.input_bytes)}, outputs "
+            f"{_kib(totals.output_bytes)}{cpu})")
+
+
+def _batch_text(plan: Plan) -> str:
+    """The batch in images, and how the plan takes them when the model's batch dim is symbolic:
+    contexts (--batch) of runs of the graph, its dim 0 planned as given (--input-shape) or 1."""
+    if not plan.model.batch_dims:
+        return f"batch {plan.batch}"
+    per_run = plan.model.images_per_run
+    dims = ", ".join(f"dim 0{f' ({symbol!r})' if symbol else ''} of input '{name}'"
+                     for name, symbol in plan.model.batch_dims.items())
+    contexts = f"{plan.batch} context{'s' if plan.batch > 1 else ''}"
+    return f"batch {plan.images}: {contexts} of {per_run} image{'s' if per_run > 1 else ''}, {dims} planned as {per_run}"
+
+
 def placed_counts(plan: Plan) -> tuple[int, int]:
     """The original nodes that run on the NPU and on the CPU (folded and removed ones run nowhere)."""
     devices = Counter(n.device for n in plan.nodes)
@@ -148,7 +172,7 @@ def render_summary(plan: Plan) -> str:
     removed = sum(1 for n in plan.nodes if n.device == "removed")
     lines = [
         f"Network summary for {model_name}",
-        f"  target                      {plan.target} ({plan.dtype}, batch {plan.batch})",
+        f"  target                      {plan.target} ({plan.dtype}, {_batch_text(plan)})",
         f"  nodes                       {len(plan.nodes)} ({folded} folded, {removed} removed, {len(counted)} placed)",
         f"  NPU ops                     {npu} ({100 * npu / total:.1f}%)",
         f"  CPU ops                     {cpu} ({100 * cpu / total:.1f}%)",
@@ -172,6 +196,7 @@ def render_summary(plan: Plan) -> str:
         f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
         f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
         f"  weights                     {_kib(plan.memory.weight_bytes)}",
+        _memory_total_line(plan),
         _padding_line(plan),
         *_multicore_lines(plan),
     ]
