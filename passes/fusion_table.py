@@ -14,14 +14,13 @@ a user reads when a candidate is not fused, and cites its source.
 """
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from rkcompile.ir.patterns import Alt, Any, Chain, Const, Match, Op, Pattern, optional
 from rkcompile.ir.graph import static_shape
-from rkcompile.plan.records import frozen_dataclass
 
 Predicate = Callable[[Match], tuple[bool, str]]
 
@@ -29,7 +28,7 @@ Predicate = Callable[[Match], tuple[bool, str]]
 CONV = ("Conv", "Gemm")
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class FusionRule:
     """One row. `absorbs` says the members are an exporter's spelling of the kernel, not kernels
     the NPU runs one by one: their own op rules (a Sub's broadcast limits inside a LayerNorm)

@@ -20,12 +20,12 @@ The estimate is `rkcompile.plan.cost_model` over `cost_estimate.step_work`; noth
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import heapq
 from typing import Callable
 
 import onnx_graphsurgeon as gs
 
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.plan import cost_model
 from rkcompile.compiler.context import CompileContext, Placement
 from rkcompile.ir.dag import Dag, find_cycle, topological_sort
@@ -252,7 +252,7 @@ class PlacementEstimate:
         return cost_model.RUN_SECONDS + steps + self.conversion_seconds(device)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class IslandMove:
     """An NPU island worth moving to the CPU: its nodes, the estimated gain, and why."""
 

@@ -9,12 +9,11 @@ win over the oplist, and the rule cites the seed instead.
 """
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from rkcompile.targets import constraints as c
 from rkcompile.targets.model import OpRule, Performance, Rule, Target
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.transpose import FULL_TABLE, NARROW
 
 #: ONNX op -> (oplist kernel, inputs that carry integer indices rather than data)
@@ -99,7 +98,7 @@ SEED_001_KERNELS = ("Sigmoid", "Tanh", "Softplus", "HardSigmoid", "HardSwish", "
                     "exMish", "exGelu", "Sin", "Cos", "Where", "exConvStreaming", "exGlu",
                     "exMatMul", "exNorm", "exSDPAttention", "exWindow")
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Figures:
     """The per-op numbers that differ between platforms; the defaults are RK3588's oplist."""
 
@@ -114,7 +113,7 @@ class Figures:
     hardmax_volume: int | None = None
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Sources:
     """Which document each kernel's constraints come from on one platform."""
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from rkcompile.plan.records import frozen_dataclass
 
 CheckResult = tuple[bool, str]
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Rule:
     """A check a node must pass to run on the NPU, with this target's parameters for it."""
 
@@ -77,7 +76,7 @@ def _cleaned_doc(check: Callable[..., CheckResult]) -> str:
     return inspect.cleandoc(check.__doc__ or check.__name__)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class OpRule:
     """How one ONNX op type runs on the NPU of one target."""
 
@@ -86,7 +85,7 @@ class OpRule:
     multi_core: bool = False
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class CpuFigures:
     """The CPU complex that runs the plan's CPU-fallback steps and host conversions, as the SoC
     datasheet gives it: the cores (a fallback step runs on one thread of the fastest cluster),
@@ -101,7 +100,7 @@ class CpuFigures:
     source: str
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Performance:
     """The published figures the cost model (rkcompile/plan/cost_model.py) times steps with:
     marketed int8 TOPS over all NPU cores and the DDR's theoretical bandwidth, with where each
@@ -113,7 +112,7 @@ class Performance:
     cpu: CpuFigures
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Target:
     """One SoC's NPU as the planner sees it: cores, C2 alignment per dtype, SRAM, the ops it
     runs and their rules, its kernels and multi-core kernels, and its performance figures."""

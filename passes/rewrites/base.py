@@ -11,6 +11,7 @@ around; limits come from the target's own rules (`Target.rule_parameter`), never
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Generator
 
 import numpy as np
@@ -20,7 +21,6 @@ from onnx_graphsurgeon.ir import tensor as gs_tensor
 from rkcompile.ir.edits import detach
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 from rkcompile.ir.nodes import DerivedValues
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
 from rkcompile.passes.legalize import check_node
@@ -32,7 +32,7 @@ RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 Candidates = Generator["Replacement", None, "str | None"]
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Replacement:
     """`old` nodes leave the graph, `new` nodes take their place; consumers of each tensor in
     `aliases`' first position read the second instead (a removed relabel)."""
@@ -135,7 +135,7 @@ class Builder:
         return Replacement(old or (self.node,), tuple(self.nodes), tuple(aliases))
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class RewriteRule:
     """`build` yields candidate replacements for a node of one of `ops` and returns why it
     declines. An `always` rule fires even when the node is legal as it stands, because its

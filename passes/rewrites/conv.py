@@ -10,6 +10,7 @@ through `Target.rule_parameter`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
 
 import numpy as np
@@ -18,10 +19,9 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
 from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site
-from rkcompile.plan.records import frozen_dataclass
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class ConvLimits:
     """The target's largest Conv kernel, depthwise kernel and stride (its conv_window rule)."""
 
@@ -36,7 +36,7 @@ def conv_limits(site: Site) -> ConvLimits | None:
     return None if None in values else ConvLimits(*values)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class ConvGeometry:
     """A 2-D Conv's input and output shapes and its window, pads as [top, left, bottom, right]."""
 

@@ -8,14 +8,13 @@ gets a row naming why instead of numbers; the others still plan.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rkcompile.compiler.context import Options
 from rkcompile.errors import CompileError
 from rkcompile.compiler.idle_npu import refuse_idle_npu
 from rkcompile.plan.schema import Plan
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.views.summary import placed_counts
 from rkcompile.targets import all_targets, get_target
 from rkcompile.targets.model import Target
@@ -24,7 +23,7 @@ from rkcompile.targets.model import Target
 ALL = "all"
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Row:
     target: str
     npu_percent: float | None = None   # NPU ops among the placed ops, as the summary's "NPU ops" line

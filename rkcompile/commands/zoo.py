@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rkcompile.plan.records import frozen_dataclass
 
 GOLDEN_SCHEMA = "rkcompile.zoo-golden/1"
 DEFAULT_ARENA_TOLERANCE = 0.02
@@ -37,7 +36,7 @@ COSINE_DECIMALS = 6
 _SEEN = re.compile(r" \(seen: [^;]*\)")
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Job:
     model: Path
     name: str

@@ -17,7 +17,6 @@ import onnx_graphsurgeon as gs
 from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite,
     TensorPlacement)
 from rkcompile.plan.nodes import Node as PlainNode
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
 if TYPE_CHECKING:  # int8 only: a float16 plan never imports them
@@ -47,7 +46,7 @@ def settings_label(settings) -> str:
                       "equalization" if value("equalization") else "no equalization"))
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Options:
     """What the user asked of a plan: dtype, batch, core mask, input shapes, dumps, and the int8
     calibration settings."""
@@ -77,7 +76,7 @@ class Options:
     verify_passes: bool = field(default_factory=lambda: os.environ.get(VERIFY_PASSES_VARIABLE, "0") not in ("", "0"))
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Failure:
     """One rule a node broke: the rendered rule text and the value that broke it."""
 
@@ -89,7 +88,7 @@ class Failure:
         return f"{rule} (seen: {self.detail})" if self.detail else rule
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Placement:
     """Where one node runs: its device and kernel, and why when not on the NPU."""
 
@@ -98,7 +97,7 @@ class Placement:
     reason: str | None = None
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class RewriteAttempt:
     """One rewrite rule tried on a node: what `plan --explain` lists. `outcome` is 'applied', or
     why the rule declined or why its candidates could not be made legal."""

@@ -14,7 +14,7 @@ its cosine is the error the step itself adds, whatever came before it.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Mapping
 
 import numpy as np
@@ -25,12 +25,11 @@ from rkcompile.targets import get_target
 from rkcompile.emulator.closeness import agreement
 from rkcompile.emulator.executor import Execution, Executor
 from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.emulator.session import Prepared, emulate
 from rkcompile.emulator.storage import EmulationError
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class StepAccuracy:
     step: int
     device: str

@@ -5,15 +5,14 @@ Max relative error is max|a - b| / max|b|, relative to the output's range rather
 element-wise, so outputs that cross zero do not report infinities."""
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Mapping
 
 import numpy as np
 
-from rkcompile.plan.records import frozen_dataclass
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Agreement:
     output: str
     cosine: float

@@ -24,6 +24,7 @@ to the int32 range).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -31,7 +32,6 @@ import numpy as np
 from rkcompile.plan.nodes import Constant, Node, fused_body
 from rkcompile.plan.schema import Quantization
 from rkcompile.quantization.params import INT8, INT32, dequantize, quantize
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from rkcompile.emulator.fused import run_fused
@@ -42,7 +42,7 @@ from rkcompile.emulator.registry import KERNELS, Unsupported
 MULTIPLIER_BITS = 31
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class QTensor:
     values: np.ndarray
     quant: Quantization
@@ -72,7 +72,7 @@ class QTensor:
         return scales.reshape(shape)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Accumulator:
     """An exact integer result and its real scale: real = values * scale."""
 

@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import FUSED_DOMAIN, is_onnx_domain
-from rkcompile.plan.records import frozen_dataclass
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Match:
     """What a pattern bound: labelled tensors and nodes, and the member nodes, root first."""
 
@@ -83,7 +82,7 @@ class Pattern:
         return ()  # `Any` and `Const` need no member
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Any(Pattern):
     """Any tensor; with a label, bound on first match, and the same tensor after that."""
 
@@ -96,7 +95,7 @@ class Any(Pattern):
         return (found,) if bound is tensor else ()
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Const(Pattern):
     """A constant; with `value`, a single-element constant equal to it (to float16 precision,
     since exporters write e.g. 1/6 and sqrt(2) as rounded float32)."""
@@ -114,7 +113,7 @@ class Const(Pattern):
         yield from Any(self.label).match(tensor, found)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Op(Pattern):
     """A tensor written by a node of one of `ops` whose inputs match `inputs` in order (in
     either order when `commutative`)."""
@@ -165,7 +164,7 @@ class Op(Pattern):
         return _match_all(self.inputs, node.inputs, found)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Chain(Pattern):
     """`terms` combined by `op` in any order and grouping (see the module docstring). The root
     node gets `label`. A chain of n terms is n - 1 member nodes; a term may itself be a
@@ -230,7 +229,7 @@ def _match_all(patterns, tensors, found: Match) -> Iterable[Match]:
             for whole in _match_all(patterns[1:], tensors[1:], partial))
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Alt(Pattern):
     """Every match of each of `options`, in their order."""
 

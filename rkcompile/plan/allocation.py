@@ -13,16 +13,16 @@ with the planner, so a planner bug cannot hide itself.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import heapq
 import random
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from rkcompile.plan.records import frozen_dataclass
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Buffer:
     """A block of bytes live from step `first` to step `last`, both inclusive."""
 
@@ -31,7 +31,7 @@ class Buffer:
     size: int
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Allocation:
     """Arena offset per buffer, the arena's size, and the lower bound of any placement."""
 

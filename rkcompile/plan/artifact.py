@@ -29,12 +29,11 @@ import io
 import json
 import re
 import zipfile
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import Plan, write_atomically
-from rkcompile.plan.records import frozen_dataclass
 
 PLAN_MEMBER = "plan.json"
 WEIGHTS_MEMBER = "weights.bin"
@@ -53,7 +52,7 @@ CONTAINER_SLACK = 1 << 20
 WIDENING = 8
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Artifact:
     plan: Plan
     #: the weight region's bytes; None for a plan read from a plain JSON file

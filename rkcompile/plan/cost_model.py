@@ -12,8 +12,8 @@ nothing of graphs or passes; `passes/multicore.py` builds the records and the sc
 from __future__ import annotations
 
 
+from dataclasses import dataclass
 from rkcompile.errors import CompileError
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets.model import Target
 
 # --- calibrated against the rknn_model_zoo RK3588 single-core fps and the issue's multi-core
@@ -43,7 +43,7 @@ CPU_MAC_EFFICIENCY = 0.26
 CONVERSION_SHARE = 0.825
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Hardware:
     """The published figures of one SoC the model needs."""
 
@@ -96,7 +96,7 @@ def hardware_for(target: Target) -> Hardware:
                     cpu_bytes_per_second=cpu.thread_gb_per_second * 1e9)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class StepWork:
     """What one plan step does: where it runs, its MACs, and the bytes it reads and writes
     (weights apart, since a batch or a split reads them differently)."""
@@ -112,7 +112,7 @@ class StepWork:
         return self.weight_bytes + self.input_bytes + self.output_bytes
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Share:
     """One core's part of a split step: `fraction` of the outputs, reading all or `fraction`
     of the weights and inputs (what the split axis leaves whole is read whole)."""

@@ -10,13 +10,12 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import MISSING, asdict, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 from rkcompile.errors import CompileError
-from rkcompile.plan.records import frozen_dataclass
 
 
 PLAN_SCHEMA = "rkcompile.plan/2"
@@ -34,7 +33,7 @@ QUANTIZED_DTYPES = ("int8",)
 CHANNEL_ORDERS = ("RGB", "BGR")
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class TensorSpec:
     """A model input or output: its name, static shape and ONNX element type name."""
 
@@ -43,7 +42,7 @@ class TensorSpec:
     dtype: str
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class ModelInfo:
     """The planned model file: its path and sha256, ai.onnx opset, inputs and outputs."""
 
@@ -70,7 +69,7 @@ class ModelInfo:
         return max((spec.shape[0] for spec in self.inputs if spec.name in self.batch_dims and spec.shape), default=1)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class NodeEntry:
     """One node of the input model and its fate: `device` "npu", "cpu", "folded" or "removed",
     the step that runs it, and why it is not on the NPU (`reason`)."""
@@ -85,7 +84,7 @@ class NodeEntry:
     rules: tuple[str, ...] = ()
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Operation:
     """The ONNX node a step runs, as the kernel reads it: op type and domain, attributes, the
     tensors it reads ('' for an omitted optional input) with their ONNX dtypes, and those it
@@ -109,7 +108,7 @@ class Operation:
         return self.domain == FUSED_DOMAIN and "body" in self.attributes
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Step:
     """One step of the execution order: the device and kernel that run it, the model nodes it
     runs, the tensors it reads and writes, its NPU cores and partition."""
@@ -131,7 +130,7 @@ class Step:
     cpu_backend: str | None = None
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class TensorPlacement:
     """Where a tensor lives: its shape, dtype and layout as stored, its size in bytes, and its
     region (one of REGIONS) with the offset inside it."""
@@ -147,7 +146,7 @@ class TensorPlacement:
     reuses: str | None = None
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Quantization:
     """How an integer-stored tensor maps to real values: real = (q - zero_point) * scale.
 
@@ -169,7 +168,7 @@ class Quantization:
     warning: str | None = None
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Int8Technique:
     """An accuracy technique an int8 plan applied (docs/quantization.md): `name` is
     "equalization" (cross-layer, `applied` lists the Conv step pairs), "bias_correction"
@@ -186,7 +185,7 @@ class Int8Technique:
     note: str = ""
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Partition:
     """A run of consecutive steps on one device."""
 
@@ -195,7 +194,7 @@ class Partition:
     steps: tuple[int, ...]
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Memory:
     """The arena the plan needs, the lower bound any placement needs, and the weights' bytes."""
 
@@ -206,7 +205,7 @@ class Memory:
     alignment: int = 1
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class MemoryTotals:
     """What a run of the plan holds at once (rknn-toolkit2's eval_memory): the weights, shared by
     every batch context (seed 004: duplicated contexts share them); an arena per context, none
@@ -225,7 +224,7 @@ class MemoryTotals:
         return self.weight_bytes + self.arena_bytes * self.contexts + self.input_bytes + self.output_bytes
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class IoSlice:
     """Where one image of a model input or output sits in the batched buffer: the queried
     size is `batch` times one image's, and image i starts at i * size / batch (seed 004)."""
@@ -236,7 +235,7 @@ class IoSlice:
     bytes: int
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class BatchContext:
     """One inference context of a multi-batch plan (seed 004: the first plus its duplicates,
     weights shared), the core it runs on, the images it takes and where they are."""
@@ -248,7 +247,7 @@ class BatchContext:
     outputs: tuple[IoSlice, ...]
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class SplitPart:
     """One core's share [start, stop) of a step divided across cores (`StepSplit`)."""
 
@@ -259,7 +258,7 @@ class SplitPart:
     est_ms: float = 0.0
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class StepSplit:
     """A step divided across cores within one input: each core computes [start, stop) of the
     step's output along `axis` ("C" output channels, "H" rows), allowed by `kernel`."""
@@ -270,7 +269,7 @@ class StepSplit:
     parts: tuple[SplitPart, ...]
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class CoreTimeline:
     """One NPU core: the steps it runs (for every image its context takes), its estimated busy
     time and the share of the batch latency that is."""
@@ -281,7 +280,7 @@ class CoreTimeline:
     utilisation: float
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Multicore:
     """How the plan uses the NPU cores: batch contexts or steps split within one input, each
     core's timeline, and the cost model's latency, fps and speedup estimates."""
@@ -307,7 +306,7 @@ class Multicore:
         })
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Rewrite:
     """One applied legalizing rewrite: `rule` replaced the original nodes `nodes` by the nodes
     `into` (names as in --dump-after graphs) of ONNX ops `ops`; both empty for a removed relabel."""
@@ -318,7 +317,7 @@ class Rewrite:
     ops: tuple[str, ...]
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Plan:
     """The execution plan of one model for one target (docs/plan-schema.md): what each node
     became, the steps in order, every tensor's placement, the partitions, memory and cores."""

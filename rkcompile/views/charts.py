@@ -16,13 +16,13 @@ Every rectangle carries its tensor or step in `data-*` attributes and a <title> 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
 from html import escape
 
 from rkcompile.plan import cost_model
 from rkcompile.plan.allocation import live_ranges
 from rkcompile.plan.schema import Plan, Step
-from rkcompile.plan.records import frozen_dataclass
 from rkcompile.targets import get_target
 
 #: Fill colours by what a rectangle is; conversions are the host steps between devices.
@@ -38,7 +38,7 @@ TOP = 34         # room for the title
 AXIS = 30        # room for the axis below the plot
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Block:
     """One arena tensor: live over steps [start, stop) (fractions at an in-place hand-over)."""
 
@@ -50,7 +50,7 @@ class Block:
     writer: str  # the device of the step that writes it
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class Bar:
     """One interval of the estimated run on one lane; `step` None is the run's fixed cost."""
 

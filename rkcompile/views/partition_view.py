@@ -5,13 +5,13 @@ Built from the plan alone (a fresh compile, or a saved .rkplan or plan JSON file
 from __future__ import annotations
 
 
+from dataclasses import dataclass
 from rkcompile.plan.schema import NodeEntry, Plan, Step
-from rkcompile.plan.records import frozen_dataclass
 
 DEVICE_COLOURS = {"npu": "#b7e4c7", "cpu": "#ffd6a5", "host": "#dee2e6"}
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class NodeView:
     name: str
     op: str
@@ -24,7 +24,7 @@ class NodeView:
     reason: str | None
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class PartitionView:
     id: int
     device: str
@@ -32,7 +32,7 @@ class PartitionView:
     feeds: tuple[int, ...]          # partitions that read what this one writes
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class PlanView:
     model: str
     target: str
