@@ -17,7 +17,6 @@ from rkcompile.compiler.context import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.storage import EmulationError
-from rkcompile import pages
 from rkcompile.numerics.float16 import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid
@@ -470,42 +469,6 @@ def test_row_major_integer_weights_reach_kernels_as_the_weight_regions_own_bytes
     np.testing.assert_array_equal(outputs["y"], uncached["y"])
 
 
-def huge_page_advice() -> bool:
-    """numpy's current huge-page advice (its switch returns the previous value)."""
-    was = pages._set_madvise_hugepage(True)
-    pages._set_madvise_hugepage(was)
-    return was
-
-
-@pytest.mark.skipif(pages._set_madvise_hugepage is None, reason="this numpy has no huge-page switch")
-@pytest.mark.parametrize("advice", [True, False])
-def test_a_run_allocates_in_small_pages_and_leaves_numpys_advice_as_it_found_it(advice, tmp_path, monkeypatch):
-    """During a run numpy's huge-page advice is off (every step sees it off), and afterwards it
-    is what it was before, on or off."""
-    from rkcompile.emulator.registry import KERNELS
-
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
-                              [helper.make_tensor_value_info("x", 1, [1, 13, 4, 4])],
-                              [helper.make_tensor_value_info("y", 1, [1, 13, 4, 4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path = tmp_path / "relu.onnx"
-    onnx.save(model, path)
-    prepared = prepare(path, "rk3588", Options())
-    seen = []
-
-    def recording(node, inputs, opset, kernel=KERNELS["Relu"]):
-        seen.append(huge_page_advice())
-        return kernel(node, inputs, opset)
-
-    monkeypatch.setitem(KERNELS, "Relu", recording)
-    was = pages._set_madvise_hugepage(advice)
-    try:
-        emulate(prepared, make_inputs(prepared.plan, {}, seed=5))
-        assert seen == [False] and huge_page_advice() is advice
-    finally:
-        pages._set_madvise_hugepage(was)
-
-
 @pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
 def test_the_weight_region_is_the_weight_bytes_read_only_and_a_write_into_it_is_refused():
     prepared = prepare(SHARED / "zoo" / "squeezenet1_1.onnx", "rk3588", Options())
@@ -619,27 +582,3 @@ def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for
     (last,), (first,) = resize(node, [channels_last(x), *operands], 13), resize(node, [x, *operands], 13)
     assert list(last.shape) == sizes and np.moveaxis(last, 1, -1).flags.c_contiguous
     np.testing.assert_array_equal(np.ascontiguousarray(last).view(np.uint32), first.view(np.uint32))
-
-
-@pytest.mark.skipif(pages._set_madvise_hugepage is None, reason="this numpy has no huge-page switch")
-@pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
-def test_an_executor_allocates_its_regions_in_small_pages(monkeypatch):
-    """The regions (the arena among them) are allocated when the executor is made, before a run
-    starts: with numpy's huge-page advice off too, and the advice as it was afterwards."""
-    from rkcompile.emulator import executor as executor_module
-
-    seen = []
-
-    class Recording(Storage):
-        def __init__(self, *args):
-            seen.append(huge_page_advice())
-            super().__init__(*args)
-
-    prepared = prepare(SHARED / "zoo" / "squeezenet1_1.onnx", "rk3588", Options())
-    monkeypatch.setattr(executor_module, "Storage", Recording)
-    was = pages._set_madvise_hugepage(True)
-    try:
-        Executor(prepared.plan, prepared.weights, RK3588)
-        assert seen == [False] and huge_page_advice() is True
-    finally:
-        pages._set_madvise_hugepage(was)

@@ -32,7 +32,6 @@ from rkcompile.emulator.reference import CpuRuntime, run_reference
 from rkcompile.emulator.registry import IN_PLACE, KERNELS, Unsupported
 from rkcompile.numerics.float16 import cast
 from rkcompile.onnx_backends import ONNX_REFERENCE, ONNXRUNTIME
-from rkcompile.pages import small_pages
 from rkcompile.emulator.storage import EmulationError, Storage, held_by_runtime, is_float
 
 #: float dtypes a model's weight may have, which its CPU step computes in (bfloat16 and the
@@ -79,8 +78,7 @@ class Executor:
                                  "plans carried them): plan the model again")
         self.plan = plan
         self.opset = plan.model.opset
-        with small_pages():  # the regions are allocated here and first touched during runs
-            self.storage = Storage(plan, target)
+        self.storage = Storage(plan, target)
         region = self.storage.regions["weight"]
         if len(weights) != region.size:
             raise EmulationError(f"the weight region holds {len(weights)} bytes, the plan places weights in "
@@ -163,7 +161,7 @@ class Executor:
                     placement.shape)
 
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
-        with cyclic_collector_paused(), small_pages():
+        with cyclic_collector_paused():
             return self._run(inputs, observe)
 
     def _run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None) -> Execution:
