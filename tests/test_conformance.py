@@ -90,6 +90,9 @@ def test_every_node_case_is_right_or_refused(cases):
     "test_split_to_sequence_2", "test_if_seq",
     # a string tensor attribute: onnx-graphsurgeon writes it as raw data, which onnx refuses
     "test_ai_onnx_ml_label_encoder_tensor_mapping",
+    # MaxUnpool with an output_shape: onnxruntime read the indices as positions in the larger
+    # output, against the spec's expected output; compared with onnxruntime, it passed unnoticed
+    "test_maxunpool_export_with_output_shape",
 ])
 def test_cases_that_were_wrong_crashed_or_refused_now_pass(cases, name):
     result = outcome(cases, name)

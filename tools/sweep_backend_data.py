@@ -308,10 +308,6 @@ DISPUTED_EXPECTATIONS = {
     # expected [1, 3.142857] takes the fractional 4 * 0.6 = 2.4, onnxruntime and PyTorch the
     # tensor's 2 and give [1, 4]
     "test_resize_downsample_scales_linear_align_corners", "test_resize_downsample_scales_cubic_align_corners",
-    # MaxUnpool with output_shape [5, 5]: the expected output reads the indices as positions in
-    # the default [4, 4] output, onnxruntime and PyTorch's max_unpool2d as flat indices of the
-    # output, i.e. of the 5 x 5 input MaxPool saw
-    "test_maxunpool_export_with_output_shape",
 }
 
 #: ops whose outputs are random draws: only their shape and dtype can be checked
