@@ -282,16 +282,19 @@ def _paddle_nets():
             self.classes, self.reg_max = classes, reg_max
 
         def forward(self, x):
-            p3, p4, p5 = (lat(f) for lat, f in zip(self.lat, self.backbone(x)[-3:]))
-            p4 = self.td[0](paddle.concat([F.interpolate(p5, scale_factor=2, mode="nearest"), p4], axis=1))
-            p3 = self.td[1](paddle.concat([F.interpolate(p4, scale_factor=2, mode="nearest"), p3], axis=1))
+            feats = self.backbone(x)  # indexed, not zipped: paddle's dy2static rejects generator expressions
+            p3, p4, p5 = self.lat[0](feats[2]), self.lat[1](feats[3]), self.lat[2](feats[4])
+            # upsampled to the lateral's size: F.interpolate(scale_factor=2.0) stops paddle2onnx 2.1 with
+            # "the 0th elementwise MUST be ir::FloatAttribute"
+            p4 = self.td[0](paddle.concat([F.interpolate(p5, size=p4.shape[2:], mode="nearest"), p4], axis=1))
+            p3 = self.td[1](paddle.concat([F.interpolate(p4, size=p3.shape[2:], mode="nearest"), p3], axis=1))
             n4 = self.bu[0](paddle.concat([self.down[0](p3), p4], axis=1))
             n5 = self.bu[1](paddle.concat([self.down[1](n4), p5], axis=1))
             scores, boxes = [], []
-            for level, f in zip(self.head, (p3, n4, n5)):
-                f = level(f)
-                scores.append(F.sigmoid(self.cls(f)).flatten(2))
-                boxes.append(self.reg(f).flatten(2))
+            for i, feat in enumerate([p3, n4, n5]):
+                feat = self.head[i](feat)
+                scores.append(F.sigmoid(self.cls(feat)).flatten(2))
+                boxes.append(self.reg(feat).flatten(2))
             scores = paddle.concat(scores, axis=2).transpose([0, 2, 1])
             boxes = paddle.concat(boxes, axis=2).transpose([0, 2, 1])
             boxes = F.softmax(boxes.reshape([0, -1, 4, self.reg_max + 1]), axis=-1)
@@ -784,6 +787,14 @@ def _versions(python: str) -> dict[str, str]:
         return {"error": f"{type(exc).__name__}"}
 
 
+def _last_error(log: Path) -> str:
+    """': <the log's last error line>' (paddle2onnx reports a failed conversion and exits), or ''."""
+    import re
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.read_text(errors="replace").splitlines()]
+    errors = [line for line in lines if "ERROR" in line or line.startswith(("Error", "Fatal"))]
+    return f": {errors[-1][:300]}" if errors else ""
+
+
 def _load_manifest(out: Path) -> dict[str, Any]:
     path = out / "manifest.json"
     if path.is_file():
@@ -856,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
                     subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout, check=False,
                                    env=env, cwd=tmp)
                 payload = json.loads(result.read_text()) if result.is_file() else {
-                    "ok": False, "reason": f"the export process died (see {log})"}
+                    "ok": False, "reason": f"the export process died{_last_error(log)} (see {log})"}
             except subprocess.TimeoutExpired:
                 payload = {"ok": False, "reason": f"export timed out after {args.timeout} s"}
             except FileNotFoundError:
