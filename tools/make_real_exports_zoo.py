@@ -75,7 +75,7 @@ def _rng():
     return np.random.default_rng(SEED)
 
 
-def _image(shape, layout: str = "NCHW"):
+def _image(shape):
     """A seeded image batch in [0, 1), as preprocessing hands a model."""
     import numpy as np
     return _rng().random(shape, dtype=np.float32)

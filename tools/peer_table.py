@@ -7,8 +7,9 @@ and a median / worst line for the NPU-step ratio.
                                [--json ROWS.json] [--rows-from ROWS.json]
 
 Each model is planned by `PY -m rkcompile plan MODEL --target T --json PLAN --quiet` in its own
-process (PY defaults to the running python; --rkcompile-root puts a checkout first on that
-process's PYTHONPATH, so one interpreter can measure any checkout). A plan that fails or times
+process (PY defaults to the running python; --rkcompile-root CHECKOUT makes that process import
+rkcompile, its passes and targets from the checkout's folders rather than from what PY has
+installed, so one interpreter with rkcompile's dependencies can measure any checkout). A plan that fails or times
 out is a row with its error; the table goes on. PEER.json is tools/run_peer_zoo.py's output
 (tools/wide_zoo/peer_rk3588.json, tools/real_exports_zoo/peer_rk3588.json) or the shape of
 ../shared/peer/zoo_rk3588.json (a `layers` list per model instead of `compute_ops_by_target`).
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -43,16 +43,40 @@ _UNITS = {"b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2*
 
 
 # --------------------------------------------------------------------------- ours
+#: `python -c` program running `rkcompile ARGS` from the checkout in argv[1], not from whatever the
+#: interpreter has installed: rkcompile.passes and rkcompile.targets live at the checkout's top
+#: level (pyproject's package-dir), so an editable install of another checkout would otherwise
+#: supply them; they are bound to the checkout's folders before anything imports them.
+_FROM_CHECKOUT = """
+import importlib.util, sys, tomllib
+from pathlib import Path
+root = Path(sys.argv[1]).resolve()
+sys.path.insert(0, str(root))
+import rkcompile
+assert Path(rkcompile.__file__).resolve().is_relative_to(root), rkcompile.__file__
+mapping = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-dir", {})
+for name, folder in sorted(mapping.items()):
+    if name.startswith("rkcompile."):
+        spec = importlib.util.spec_from_file_location(name, root / folder / "__init__.py",
+                                                      submodule_search_locations=[str(root / folder)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        setattr(rkcompile, name.split(".", 1)[1], module)
+        spec.loader.exec_module(module)
+sys.argv = ["rkcompile"] + sys.argv[2:]
+from rkcompile.cli import console_main
+console_main()
+"""
+
+
 def plan_row(python: str, root: Path | None, model: Path, target: str, timeout: int) -> dict[str, Any]:
     """Plan `model` in a child process; the row's numbers from the plan JSON (never raises)."""
     with tempfile.TemporaryDirectory(prefix="peer_table_") as tmp:
         out = Path(tmp) / "plan.json"
-        env = dict(os.environ)
-        if root is not None:
-            env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in [env.get("PYTHONPATH")] if p])
-        command = [python, "-m", "rkcompile", "plan", str(model), "--target", target, "--json", str(out), "--quiet"]
+        cli = ["plan", str(model), "--target", target, "--json", str(out), "--quiet"]
+        command = [python, "-m", "rkcompile", *cli] if root is None else [python, "-c", _FROM_CHECKOUT, str(root), *cli]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tmp)
         except subprocess.TimeoutExpired:
             return {"error": f"timeout after {timeout} s"}
         if not out.is_file():
@@ -176,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", type=Path, required=True, help="the peer's results for the zoo (run_peer_zoo.py)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs rkcompile")
     parser.add_argument("--rkcompile-root", type=Path, default=None,
-                        help="a checkout to put first on PYTHONPATH for the planning processes")
+                        help="plan with the rkcompile of this checkout (its folders, not PY's install)")
     parser.add_argument("--target", default="rk3588")
     parser.add_argument("--only", default="", help="comma-separated model names")
     parser.add_argument("--jobs", type=int, default=1, help="plans at once")
