@@ -15,8 +15,11 @@ sha256 matches its entry is not built again unless --force.
 Per model: `built`, `error` (the step that failed and its message), `compute_layers_by_target`
 (layers of librknnc's table other than Input/OutputOperator, by NPU/CPU), `cpu_layers`
 (`OpType (FullName)` of each CPU layer), `fused_kernels` (layer op types that are not ONNX ops
-of the model: ConvRelu, exNorm, ...), `simulator_min_cosine` (with --sim), `build_seconds`,
-and the model's `sha256`; for a model the toolkit refused for its opset and built from a
+of the model: ConvRelu, exNorm, ...), `compute_ops_by_target` (those layers' op types counted per
+NPU/CPU: the layout layers Reshape, Transpose, ... among them), `memory` (librknnc's internal and
+weight memory totals as it prints them, "2000KB"), `simulator_min_cosine` (with --sim: the worst
+cosine of the simulator's outputs against onnxruntime's on the same random inputs),
+`build_seconds`, and the model's `sha256`; for a model the toolkit refused for its opset and built from a
 down-converted copy, `error_as_exported` and a `note`.
 """
 from __future__ import annotations
@@ -103,7 +106,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             error = f"the peer's worker exited with {report.get('worker_rc')}"
     cosines = [e["cosine"] for e in report.get("sim_vs_onnxruntime", []) if e.get("cosine") is not None]
     counts = report.get("counts", {})
-    return {
+    entry = {
         "built": bool(report.get("ok")),
         "error": error,
         "compute_layers_by_target": counts.get("compute_by_target", {}),
@@ -112,6 +115,16 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "simulator_min_cosine": min(cosines) if cosines else None,
         "build_seconds": report.get("build_seconds"),
     }
+    if report.get("layers"):  # per target, the layer table's op types and their counts (layout layers among them)
+        ops: dict[str, dict[str, int]] = {}
+        for layer in report["layers"]:
+            if layer.get("op_type") not in ("InputOperator", "OutputOperator"):
+                per_target = ops.setdefault(str(layer.get("target")), {})
+                per_target[layer["op_type"]] = per_target.get(layer["op_type"], 0) + 1
+        entry["compute_ops_by_target"] = {t: dict(sorted(c.items())) for t, c in sorted(ops.items())}
+    if report.get("memory"):  # librknnc's "Total Internal/Weight Memory Size" lines, as printed ("2000KB")
+        entry["memory"] = report["memory"]
+    return entry
 
 
 def _sha256(path: Path) -> str:
