@@ -20,7 +20,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.compiler.context import CHOOSE, PREFERRED_INT8, CompileContext, settings_label
+from rkcompile.compiler.context import CompileContext
+
+from rkcompile.options import CHOOSE, PREFERRED_INT8, settings_label
 from rkcompile.errors import CompileError
 from rkcompile.ir.graph import dtype_name, element_count, itemsize
 from rkcompile.ir.nodes import plain_nodes

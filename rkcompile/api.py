@@ -14,14 +14,12 @@ import dataclasses
 import io
 import re
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from rkcompile.plan import artifact
-from rkcompile.compiler.context import CompileContext, Options
-from rkcompile.compiler.idle_npu import refuse_idle_npu
+from rkcompile.options import Options
 from rkcompile.plan.cpu_partitions import cpu_partition_models
 from rkcompile.emulator.accuracy import StepAccuracy, analyse
 from rkcompile.emulator.closeness import agreement
@@ -32,14 +30,18 @@ from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from rkcompile.emulator.storage import EmulationError, Storage
 from rkcompile.errors import CompileError
-from rkcompile.ir.graph import FLOAT_DTYPES
-from rkcompile.ir.nodes import plain_nodes
-from rkcompile.plan.nodes import Constant, Node, node_inputs
+from rkcompile.numerics.dtypes import FLOAT_DTYPES
+from rkcompile.plan.nodes import Constant, Node, is_constant, node_inputs
 from rkcompile.plan.operations import rebuild
 from rkcompile.plan.schema import Plan as PlanRecord
 from rkcompile.quantization.params import quantize
 from rkcompile.targets import get_target
 from rkcompile.targets.model import Target
+
+if TYPE_CHECKING:  # planning only: loading and running a saved plan imports no compiler module
+    import onnx_graphsurgeon as gs
+
+    from rkcompile.compiler.context import CompileContext
 
 __all__ = ["Options", "Plan", "accuracy_analysis", "compile", "load", "run", "targets"]
 
@@ -130,6 +132,7 @@ def compile(model: str | Path, target: str = "rk3588", options: Options | None =
 
 def plan_model(model: str | Path, target: str, options: Options) -> Plan:
     """`compile` with its Options made, for the command line: failures name its flags."""
+    from rkcompile.compiler.idle_npu import refuse_idle_npu
     from rkcompile.compiler.pipeline import compile_model
 
     plan = plan_of(*compile_model(model, target, options, runtime=EMULATOR_RUNTIME, choose_int8=True))
@@ -204,6 +207,8 @@ def _reference_nodes(record: PlanRecord, planned: list[gs.Node], model_values: M
     """The steps as the float reference runs them: the planned nodes as plain nodes, except that
     a step reading a constant the plan changed away from the model's float semantics (a
     corrected bias) is rebuilt from its operation with the model's value."""
+    from rkcompile.ir.nodes import plain_nodes
+
     nodes = plain_nodes(planned)
     if not model_values:
         return nodes
@@ -323,7 +328,7 @@ def prepare(model: str | Path, target: str, options: Options | None = None,
 def weight_region(plan: PlanRecord, graph: gs.Graph, target: Target) -> bytes:
     """The weight region's bytes: every weight of the plan from the graph's constants, written
     at its offset in its planned layout and dtype (quantized where the plan says)."""
-    constants = {name: tensor for name, tensor in graph.tensors().items() if isinstance(tensor, gs.Constant)}
+    constants = {name: tensor for name, tensor in graph.tensors().items() if is_constant(tensor)}
     return _encode_weights(plan, constants, target)
 
 

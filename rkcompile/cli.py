@@ -15,7 +15,7 @@ from rkcompile.collector import cyclic_collector_paused
 from rkcompile.errors import CompileError
 
 if TYPE_CHECKING:
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
 
 
 def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -243,7 +243,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool =
                          target_help: str = "the SoC to plan for") -> None:
     """What every command that plans a model takes (`run` can take a saved plan instead, and
     `graph` a saved plan as MODEL)."""
-    from rkcompile.compiler.context import CHOOSE
+    from rkcompile.options import CHOOSE
     from rkcompile.plan.schema import CHANNEL_ORDERS
 
     parser.add_argument("model", type=Path, nargs="?" if model_optional else None,
@@ -382,7 +382,7 @@ def _execute(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
     from rkcompile.compiler.idle_npu import refuse_idle_npu
     from rkcompile.plan.schema import STDOUT, write_atomically
     from rkcompile.progress import quiet
@@ -529,7 +529,7 @@ def _plan_to_draw(args: argparse.Namespace):
     import zipfile
 
     from rkcompile import api
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
     from rkcompile.targets import get_target
 
     if zipfile.is_zipfile(args.model) or args.model.suffix.lower() == ".json":
@@ -562,7 +562,7 @@ def _perf(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from rkcompile.commands.compare import compare, parse_targets, render_table, to_json
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
     from rkcompile.plan.schema import STDOUT, write_atomically
 
     targets = parse_targets(args.target)
@@ -580,7 +580,7 @@ def _run(args: argparse.Namespace) -> int:
     import dataclasses
     import zipfile
 
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
     from rkcompile.commands.run import run_command
 
     from rkcompile.quantization.params import IMAGE_SUFFIXES, ImagePreprocessing
@@ -614,7 +614,7 @@ def planning_flags(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
     from rkcompile.onnx_export import ExportOptions, export
 
     inputs = None

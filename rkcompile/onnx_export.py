@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from rkcompile.api import Plan, compile
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.emulator.closeness import Agreement, agreement, onnxruntime_outputs
 from rkcompile.emulator.session import make_inputs
 from rkcompile.errors import CompileError

@@ -11,6 +11,10 @@ The NPU is 4-D: every operator in the oplist and the seeds takes [batch, channel
 width]. A tensor of lower rank is read as 4-D by prepending 1s (NumPy-style right alignment,
 the rule the seeds' broadcasting and Expand text state), so axes and perms of rank 1-3 ops are
 checked on that 4-D view. Rank 5 and above has no 4-D reading and fails `max_rank`.
+
+A check reads only what any ONNX node has (op, attrs, inputs, outputs; a tensor's name, shape,
+dtype, a constant's values), so the targets import no graph library: a saved plan runs without
+the compiler's.
 """
 from __future__ import annotations
 
@@ -18,20 +22,17 @@ import functools
 import math
 from typing import Iterable, Mapping
 
-import numpy as np
-import onnx_graphsurgeon as gs
-
-from rkcompile.ir.nodes import FLOAT_DTYPES, dtype_name, element_count, present_inputs, static_shape
-
+from rkcompile.numerics.dtypes import FLOAT_DTYPES, dtype_name, element_count
+from rkcompile.plan.nodes import constant_value, is_constant, present_inputs, static_shape
 from rkcompile.targets.model import CheckResult
 
 NPU_RANK = 4
 DIM_NAMES = ("batch", "channel", "height", "width")
 
 
-def _runtime_tensors(node: gs.Node):
+def _runtime_tensors(node):
     """Inputs computed at run time (not weights) followed by the outputs."""
-    return [t for t in present_inputs(node) if not isinstance(t, gs.Constant)] + list(node.outputs)
+    return [t for t in present_inputs(node) if not is_constant(t)] + list(node.outputs)
 
 
 def _as_4d(shape: Iterable[int]) -> tuple[int, ...]:
@@ -44,7 +45,7 @@ def _axis_4d(axis: int, rank: int) -> int:
     return (axis + rank if axis < 0 else axis) + NPU_RANK - rank
 
 
-def _input_shape(node: gs.Node, index: int = 0) -> tuple[int, ...] | None:
+def _input_shape(node, index: int = 0) -> tuple[int, ...] | None:
     inputs = node.inputs
     if index >= len(inputs) or not inputs[index].name:
         return None
@@ -64,20 +65,16 @@ def _report(problems: list[str]) -> CheckResult:
     return not problems, ", ".join(problems)
 
 
-def _constant(tensor: gs.Tensor) -> np.ndarray | None:
-    return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
-
-
 # ---- every op ------------------------------------------------------------------------------
 
-def static_shapes(node: gs.Node, target) -> CheckResult:
+def static_shapes(node, target) -> CheckResult:
     """Every tensor shape is known and static: the NPU runs statically shaped graphs
     (oplist V2.3.2, all operators; dynamic dims are fixed with --input-shape)."""
     unknown = [t.name for t in _runtime_tensors(node) if static_shape(t) is None]
     return not unknown, f"unknown shape for {', '.join(unknown)}" if unknown else ""
 
 
-def max_rank(node: gs.Node, target, limit: int) -> CheckResult:
+def max_rank(node, target, limit: int) -> CheckResult:
     """Tensors have at most {limit} dimensions: every NPU operator takes [batch, channel,
     height, width] (oplist V2.3.2 and seeds 000/001, the shape of every operator). Lower ranks
     are read as 4-D with leading 1s; rank 5 and above must be reshaped to 4-D first."""
@@ -86,12 +83,12 @@ def max_rank(node: gs.Node, target, limit: int) -> CheckResult:
     return _report(over)
 
 
-def float_data(node: gs.Node, target, index_inputs: tuple[int, ...] = ()) -> CheckResult:
+def float_data(node, target, index_inputs: tuple[int, ...] = ()) -> CheckResult:
     """Data tensors are floating point, computed as int8 or float16 on the NPU; integer and bool
     tensors stay on the CPU (oplist V2.3.2, data-type constraints: T1 int8/float16)."""
     bad = []
     for position, tensor in enumerate(node.inputs):
-        if not tensor.name or isinstance(tensor, gs.Constant) or position in index_inputs:
+        if not tensor.name or is_constant(tensor) or position in index_inputs:
             continue
         name = dtype_name(tensor.dtype)
         if name not in FLOAT_DTYPES:
@@ -103,7 +100,7 @@ def float_data(node: gs.Node, target, index_inputs: tuple[int, ...] = ()) -> Che
     return _report(bad)
 
 
-def plan_dtype(node: gs.Node, target, dtypes: tuple[str, ...], source: str, plan_dtype: str = "float16") -> CheckResult:
+def plan_dtype(node, target, dtypes: tuple[str, ...], source: str, plan_dtype: str = "float16") -> CheckResult:
     """The NPU runs this operator only in {dtypes} (data-type constraint T1, {source}); the
     plan computes in another dtype."""
     return plan_dtype in dtypes, "" if plan_dtype in dtypes else f"plan dtype {plan_dtype}"
@@ -111,9 +108,9 @@ def plan_dtype(node: gs.Node, target, dtypes: tuple[str, ...], source: str, plan
 
 # ---- elementwise ---------------------------------------------------------------------------
 
-def _is_scalar_constant(tensor: gs.Tensor) -> bool:
+def _is_scalar_constant(tensor) -> bool:
     """A constant of one element, told by its shape: a weight's values would be loaded to count them."""
-    return isinstance(tensor, gs.Constant) and element_count(tensor.shape) == 1
+    return is_constant(tensor) and element_count(tensor.shape) == 1
 
 
 def _broadcast_fits(source: tuple[int, ...], result: tuple[int, ...], limit: int) -> bool:
@@ -131,7 +128,7 @@ def _broadcast_fits(source: tuple[int, ...], result: tuple[int, ...], limit: int
     return any(source == pattern and within for pattern, within in patterns)
 
 
-def expand_broadcast(node: gs.Node, target, limit: int, source: str,
+def expand_broadcast(node, target, limit: int, source: str,
                      data_inputs: tuple[int, ...] | None = None) -> CheckResult:
     """Each input reaches the output shape by one of the Expand broadcasts only:
     [b,c,1,w], [b,1,1,w] -> [b,c,h,w] with h in [1, {limit}]; [b,c,h,1], [b,1,h,1] ->
@@ -154,14 +151,14 @@ def expand_broadcast(node: gs.Node, target, limit: int, source: str,
     return _report(bad)
 
 
-def expand_target(node: gs.Node, target, limit: int, source: str) -> CheckResult:
+def expand_target(node, target, limit: int, source: str) -> CheckResult:
     """The input reaches the output by one of the Expand broadcasts only: [b,c,1,w],
     [b,1,1,w] -> [b,c,h,w] with h in [1, {limit}]; [b,c,h,1], [b,1,h,1] -> [b,c,h,w] with w in
     [1, {limit}]; [b,c,1,1] -> [b,c,h,w] with h, w in [1, {limit}] ({source})."""
     return expand_broadcast(node, target, limit, source, data_inputs=(0,))
 
 
-def channel_broadcast(node: gs.Node, target, source: str) -> CheckResult:
+def channel_broadcast(node, target, source: str) -> CheckResult:
     """Operands broadcast only as [b,c,1,1] or as a scalar ({source})."""
     output = static_shape(node.outputs[0]) if node.outputs else None
     if output is None or len(output) > NPU_RANK:
@@ -177,9 +174,9 @@ def channel_broadcast(node: gs.Node, target, source: str) -> CheckResult:
     return _report(bad)
 
 
-def pow_exponent(node: gs.Node, target, exponents: tuple[float, ...], source: str) -> CheckResult:
+def pow_exponent(node, target, exponents: tuple[float, ...], source: str) -> CheckResult:
     """The exponent Y is a constant of shape [1] with a value in {exponents} ({source})."""
-    values = _constant(node.inputs[1])
+    values = constant_value(node.inputs[1])
     if values is None:
         return False, f"exponent {node.inputs[1].name} is computed at run time"
     if values.size != 1:
@@ -189,7 +186,7 @@ def pow_exponent(node: gs.Node, target, exponents: tuple[float, ...], source: st
     return ok, "" if ok else f"exponent {value:g}"
 
 
-def hard_sigmoid_constants(node: gs.Node, target, alpha: float, beta: float, source: str) -> CheckResult:
+def hard_sigmoid_constants(node, target, alpha: float, beta: float, source: str) -> CheckResult:
     """Only y = max(0, min(1, alpha*x + beta)) with alpha = {alpha:.6g} (1/6) and beta =
     {beta:g} ({source})."""
     seen = node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)
@@ -197,7 +194,7 @@ def hard_sigmoid_constants(node: gs.Node, target, alpha: float, beta: float, sou
     return ok, "" if ok else f"alpha={seen[0]:.6g}, beta={seen[1]:.6g}"
 
 
-def elu_alpha(node: gs.Node, target, alpha: float, source: str) -> CheckResult:
+def elu_alpha(node, target, alpha: float, source: str) -> CheckResult:
     """Only alpha = {alpha:g} ({source})."""
     seen = node.attrs.get("alpha", 1.0)
     ok = math.isclose(seen, alpha, rel_tol=1e-5)
@@ -206,7 +203,7 @@ def elu_alpha(node: gs.Node, target, alpha: float, source: str) -> CheckResult:
 
 # ---- pools ---------------------------------------------------------------------------------
 
-def feature_extent(node: gs.Node, target, channel: int, height: int, width: int, spatial_floor: int,
+def feature_extent(node, target, channel: int, height: int, width: int, spatial_floor: int,
                    source: str) -> CheckResult:
     """The input has channel in (0, {channel}], height in ({spatial_floor}, {height}] and width
     in ({spatial_floor}, {width}] ({source})."""
@@ -219,7 +216,7 @@ def feature_extent(node: gs.Node, target, channel: int, height: int, width: int,
                    + _out_of("width", [w], spatial_floor, width, True))
 
 
-def pool_window(node: gs.Node, target, kernel: int, stride: int, pad: int, source: str) -> CheckResult:
+def pool_window(node, target, kernel: int, stride: int, pad: int, source: str) -> CheckResult:
     """kernel_h, kernel_w in (0, {kernel}]; strides in (0, {stride}]; pads top, left, bottom,
     right in [0, {pad}] ({source})."""
     kernel_shape = _ints(node.attrs.get("kernel_shape"), 2, 1)
@@ -229,26 +226,26 @@ def pool_window(node: gs.Node, target, kernel: int, stride: int, pad: int, sourc
                    + _out_of("pad", pads, 0, pad))
 
 
-def explicit_padding(node: gs.Node, target, source: str) -> CheckResult:
+def explicit_padding(node, target, source: str) -> CheckResult:
     """auto_pad is NOTSET: only explicit pads ({source})."""
     mode = node.attrs.get("auto_pad", "NOTSET")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     return mode == "NOTSET", "" if mode == "NOTSET" else f"auto_pad={mode}"
 
 
-def floor_rounding(node: gs.Node, target, source: str) -> CheckResult:
+def floor_rounding(node, target, source: str) -> CheckResult:
     """ceil_mode is not supported: output sizes round down ({source})."""
     ceil_mode = int(node.attrs.get("ceil_mode", 0))
     return ceil_mode == 0, "" if ceil_mode == 0 else "ceil_mode=1"
 
 
-def row_major_indices(node: gs.Node, target, source: str) -> CheckResult:
+def row_major_indices(node, target, source: str) -> CheckResult:
     """storage_order is 0 ({source})."""
     order = int(node.attrs.get("storage_order", 0))
     return order == 0, "" if order == 0 else f"storage_order={order}"
 
 
-def padded_average_counts_pads(node: gs.Node, target, source: str) -> CheckResult:
+def padded_average_counts_pads(node, target, source: str) -> CheckResult:
     """count_include_pad is 1: a padded window averages over the pads too ({source}); without
     pads the setting makes no difference."""
     padded = any(int(p) for p in node.attrs.get("pads", ()) or ())
@@ -259,7 +256,7 @@ def padded_average_counts_pads(node: gs.Node, target, source: str) -> CheckResul
 
 # ---- indexing and layout -------------------------------------------------------------------
 
-def gather_indices(node: gs.Node, target, axes: tuple[int, ...], source: str) -> CheckResult:
+def gather_indices(node, target, axes: tuple[int, ...], source: str) -> CheckResult:
     """Indices have rank 1 and axis (on the 4-D view) is one of {axes} ({source})."""
     data, indices = static_shape(node.inputs[0]), static_shape(node.inputs[1])
     problems = []
@@ -284,7 +281,7 @@ def _compiled(condition: str):
     return compile(condition, "<perm condition>", "eval")
 
 
-def transpose_perm(node: gs.Node, target, table: Mapping[tuple[int, ...], tuple[str, ...]],
+def transpose_perm(node, target, table: Mapping[tuple[int, ...], tuple[str, ...]],
                    p: int, q: int, source: str) -> CheckResult:
     """perm, read on the 4-D view [n1, c1, h1, w1], is one the NPU implements, within that
     perm's float16 limits (p = {p}, q = {q}; SUPPORTED_OPS lists them) ({source}). A perm that
@@ -306,7 +303,7 @@ def transpose_perm(node: gs.Node, target, table: Mapping[tuple[int, ...], tuple[
     return not broken, detail if broken else ""
 
 
-def reduction_axis(node: gs.Node, target, axes: tuple[int, ...], source: str, opset: int = 13) -> CheckResult:
+def reduction_axis(node, target, axes: tuple[int, ...], source: str, opset: int = 13) -> CheckResult:
     """axis (on the 4-D view) is one of {axes}: channel or width ({source}). Before opset 13,
     Softmax and Hardmax reduce over every axis from `axis` on, which is one NPU axis only when
     the later dims are all 1."""
@@ -321,7 +318,7 @@ def reduction_axis(node: gs.Node, target, axes: tuple[int, ...], source: str, op
     return axis in axes, "" if axis in axes else f"axis {axis}"
 
 
-def hardmax_extent(node: gs.Node, target, limit: int, source: str, opset: int = 13) -> CheckResult:
+def hardmax_extent(node, target, limit: int, source: str, opset: int = 13) -> CheckResult:
     """With axis 1, height*width < {limit}; with axis 3 (-1), channel*height < {limit}
     ({source})."""
     shape = _input_shape(node)
@@ -335,7 +332,7 @@ def hardmax_extent(node: gs.Node, target, limit: int, source: str, opset: int = 
     return plane[1] < limit, "" if plane[1] < limit else f"{plane[0]}={plane[1]}"
 
 
-def hardmax_volume(node: gs.Node, target, volume: int, source: str, opset: int = 13) -> CheckResult:
+def hardmax_volume(node, target, volume: int, source: str, opset: int = 13) -> CheckResult:
     """channel*height*width <= {volume}, and the plane beside the axis (height*width for axis 1,
     channel*height for axis 3) is 1 or more than 8 ({source})."""
     shape = _input_shape(node)
@@ -350,7 +347,7 @@ def hardmax_volume(node: gs.Node, target, volume: int, source: str, opset: int =
     return _report(problems)
 
 
-def pad_mode(node: gs.Node, target, modes: tuple[str, ...], channel: int, height: int, width: int,
+def pad_mode(node, target, modes: tuple[str, ...], channel: int, height: int, width: int,
              source: str) -> CheckResult:
     """mode is one of {modes}; reflect needs channel in (0, {channel}], height in (0, {height}]
     and width in (0, {width}] ({source})."""
@@ -366,12 +363,12 @@ def pad_mode(node: gs.Node, target, modes: tuple[str, ...], channel: int, height
                    + _out_of("width", [w], 0, width, True))
 
 
-def unit_slice_steps(node: gs.Node, target, source: str) -> CheckResult:
+def unit_slice_steps(node, target, source: str) -> CheckResult:
     """steps are all 1 ({source}; the oplist's channel-step exception depends on an internal
     sub-channel size it does not give, so it is not claimed)."""
     if len(node.inputs) < 5 or not node.inputs[4].name:
         return True, ""
-    steps = _constant(node.inputs[4])
+    steps = constant_value(node.inputs[4])
     if steps is None:
         return False, "steps computed at run time"
     bad = [int(s) for s in steps.reshape(-1) if int(s) != 1]
@@ -380,13 +377,13 @@ def unit_slice_steps(node: gs.Node, target, source: str) -> CheckResult:
 
 # ---- convolution and matrix multiply -------------------------------------------------------
 
-def _is_depthwise(node: gs.Node) -> bool:
+def _is_depthwise(node) -> bool:
     group = int(node.attrs.get("group", 1))
     weight = static_shape(node.inputs[1]) if len(node.inputs) > 1 else None
     return group > 1 and weight is not None and weight[1] == 1 and weight[0] == group
 
 
-def conv_window(node: gs.Node, target, kernel: int, depthwise_kernel: int, stride: int, pad: int,
+def conv_window(node, target, kernel: int, depthwise_kernel: int, stride: int, pad: int,
                 dilation: int, depthwise_dilation: int, dilated_width: int, source: str) -> CheckResult:
     """kernel_h, kernel_w in [1, {kernel}] ([1, {depthwise_kernel}] depthwise); strides in
     [1, {stride}]; pads in [0, {pad}]; dilations in [1, {dilation}] ([1, {depthwise_dilation}]
@@ -408,7 +405,7 @@ def conv_window(node: gs.Node, target, kernel: int, depthwise_kernel: int, strid
     return _report(problems)
 
 
-def deconv_window(node: gs.Node, target, strides: tuple[int, ...], kernel: int, pad: int, dilation: int,
+def deconv_window(node, target, strides: tuple[int, ...], kernel: int, pad: int, dilation: int,
                   source: str) -> CheckResult:
     """strides in {strides}; kernel in [1, {kernel}]; pads in [0, {pad}]; dilations in
     [1, {dilation}], and a dilation other than 1 only with a 1x1 kernel; group 1, or one group
@@ -430,7 +427,7 @@ def deconv_window(node: gs.Node, target, strides: tuple[int, ...], kernel: int, 
     return _report(problems)
 
 
-def matmul_depth(node: gs.Node, target, limit: int, source: str) -> CheckResult:
+def matmul_depth(node, target, limit: int, source: str) -> CheckResult:
     """The reduced dimension K is in (0, {limit}] ({source}); a larger K must be split."""
     shape = _input_shape(node)
     if shape is None:
@@ -439,7 +436,7 @@ def matmul_depth(node: gs.Node, target, limit: int, source: str) -> CheckResult:
     return 0 < depth <= limit, "" if 0 < depth <= limit else f"K={depth}"
 
 
-def norm_axes(node: gs.Node, target, allowed: tuple[tuple[int, ...], ...], source: str) -> CheckResult:
+def norm_axes(node, target, allowed: tuple[tuple[int, ...], ...], source: str) -> CheckResult:
     """The normalized axes (on the 4-D view) are one of {allowed} ({source})."""
     shape = _input_shape(node)
     if shape is None or len(shape) > NPU_RANK:
@@ -449,7 +446,7 @@ def norm_axes(node: gs.Node, target, allowed: tuple[tuple[int, ...], ...], sourc
     return axes in allowed, "" if axes in allowed else f"axes {list(axes)}"
 
 
-def resize_mode(node: gs.Node, target, modes: tuple[str, ...], coordinate_modes: tuple[str, ...],
+def resize_mode(node, target, modes: tuple[str, ...], coordinate_modes: tuple[str, ...],
                 source: str) -> CheckResult:
     """mode is one of {modes} and coordinate_transformation_mode one of {coordinate_modes};
     nearest upsampling by an integer factor with asymmetric coordinates and floor rounding picks
@@ -464,7 +461,7 @@ def resize_mode(node: gs.Node, target, modes: tuple[str, ...], coordinate_modes:
     return _report(problems)
 
 
-def resize_scale(node: gs.Node, target, largest: int, source: str) -> CheckResult:
+def resize_scale(node, target, largest: int, source: str) -> CheckResult:
     """Only integer upscaling of height and width by 1 to {largest}, or [1,c,1,1] to any
     [1,c,h,w] ({source})."""
     before, after = _input_shape(node), static_shape(node.outputs[0])
@@ -486,7 +483,7 @@ def _text(value) -> str:
 
 # ---- recurrent -----------------------------------------------------------------------------
 
-def recurrent_extent(node: gs.Node, target, limit: int, batch_multiple: int, source: str) -> CheckResult:
+def recurrent_extent(node, target, limit: int, batch_multiple: int, source: str) -> CheckResult:
     """seq_length, batch_size, input_size and hidden_size are in (0, {limit}]; a batch_size
     above 1 is a multiple of {batch_multiple}; num_directions is 1 or 2 ({source})."""
     shape = _input_shape(node)
@@ -502,7 +499,7 @@ def recurrent_extent(node: gs.Node, target, limit: int, batch_multiple: int, sou
     return _report(problems)
 
 
-def lstm_variant(node: gs.Node, target, source: str) -> CheckResult:
+def lstm_variant(node, target, source: str) -> CheckResult:
     """Plain LSTM only: input_forget (CIFG) is 0 and there is no peephole input P; projection
     is not supported either ({source})."""
     problems = []

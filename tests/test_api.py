@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 import rkcompile
-from rkcompile.compiler.context import PREFERRED_INT8
+from rkcompile.options import PREFERRED_INT8
 from rkcompile.errors import CompileError
 
 TINY = REPO / "examples" / "tiny_cnn.onnx"

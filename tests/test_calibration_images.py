@@ -12,7 +12,7 @@ import pytest
 
 from rkcompile import api
 from rkcompile.cli import main
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.errors import CompileError
 from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model

@@ -13,7 +13,7 @@ import pytest
 import rkcompile.emulator.float_reference as float_reference
 from rkcompile.api import prepare
 from rkcompile.cli import main
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.emulator.accuracy import analyse
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.api import EMULATOR_RUNTIME

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rkcompile.cli import main
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import all_targets
 

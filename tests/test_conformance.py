@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from conftest import load_tool
 
 from rkcompile.api import prepare
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.session import Prepared
 from rkcompile.emulator.storage import EmulationError

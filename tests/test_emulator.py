@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from rkcompile.plan.allocation import verify_allocation
 from rkcompile.cli import main
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import EmulationError, Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS

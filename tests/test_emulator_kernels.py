@@ -15,7 +15,7 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, make_inputs
 from rkcompile.emulator.registry import KERNELS

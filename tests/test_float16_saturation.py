@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkcompile.api import prepare
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.emulator import emulate
 from rkcompile.numerics.float16 import beyond_range, saturate
 

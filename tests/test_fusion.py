@@ -20,7 +20,8 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from conftest import make_model, value_info, weight
-from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.compiler.context import CompileContext
+from rkcompile.options import Options
 from rkcompile.ir.dag import is_acyclic
 from rkcompile.ir.patterns import FUSED_DOMAIN, Match
 from rkcompile.ir.graph import dataflow_graph

@@ -210,7 +210,7 @@ def test_verify_passes_names_the_pass_that_broke_the_graph_only_when_asked(save,
     import pytest
 
     from rkcompile.compiler import pipeline
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
     from rkcompile.passes import remove_noops
 
     path = save(make_model([helper.make_node("Relu", ["x"], ["r"], name="a"), helper.make_node("Relu", ["r"], ["y"], name="b")],

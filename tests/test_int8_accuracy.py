@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 import rkcompile
 import rkcompile.errors
 from rkcompile.api import EMULATOR_RUNTIME
-from rkcompile.compiler.context import PREFERRED_INT8
+from rkcompile.options import PREFERRED_INT8
 from rkcompile.compiler.auto_float16 import STRATEGIES, Search, choose, judge_for
 from rkcompile.compiler.pipeline import finish_plan, front_half
 from rkcompile.emulator import onnxruntime_outputs

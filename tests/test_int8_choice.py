@@ -11,7 +11,7 @@ from test_int8_accuracy import _calibration, _save, _technique, chain, observed_
 
 import rkcompile
 from rkcompile.cli import main
-from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, settings_label
+from rkcompile.options import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, settings_label
 from rkcompile.emulator import agreement
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.compiler.int8_choice import candidates, choose_settings

@@ -7,14 +7,18 @@ level or inside a function, parsed with ast (nothing is imported to check).
 - The runtime (rkcompile.emulator, with the CPU backends' module rkcompile.onnx_backends) and the
   plan layer (rkcompile.plan) import no module of the IR layer, the compiler or the passes
   themselves, and not onnx_graphsurgeon: a saved plan's nodes are the plan layer's plain nodes.
-  (They still reach the IR through rkcompile.targets, whose SoC modules carry the compiler's
-  constraint checks: the emulator asks a target for its C2.)
+- The targets, which the runtime asks for a SoC's figures (its C2), import neither
+  onnx_graphsurgeon nor the IR: their constraint checks read what any node has. A saved plan
+  loads and runs in a fresh process without onnx_graphsurgeon or any compiler module.
 - Views read plans: they import nothing of the compiler either.
 - No import circles.
 """
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -139,6 +143,38 @@ def test_the_runtime_and_the_plan_layer_import_no_onnx_graphsurgeon():
 
 def test_the_runtime_and_the_plan_layer_import_no_module_of_the_ir_or_the_compiler(graph):
     assert direct_imports(graph, RUNTIME, NOT_FOR_THE_RUNTIME) == []
+
+
+TARGETS = "rkcompile.targets"
+
+
+def test_the_targets_import_no_onnx_graphsurgeon_and_no_ir(graph):
+    modules = {module: path for module, path in module_files().items() if in_layer(module, TARGETS)}
+    assert len(modules) > 10
+    assert sorted(module for module, path in modules.items() if "onnx_graphsurgeon" in outside_imports(path)) == []
+    assert direct_imports(graph, (TARGETS,), ("rkcompile.ir",)) == []
+
+
+#: A fresh process loads a saved plan and runs it, then names what it output and which modules of
+#: the compiler's side it loaded
+RUN_SAVED_PLAN = """
+import json, sys
+import rkcompile
+outputs = rkcompile.run(rkcompile.load(sys.argv[1]))
+loaded = sorted(m for m in sys.modules if m == 'onnx_graphsurgeon' or m.startswith(('onnx_graphsurgeon.', *sys.argv[2:])))
+print(json.dumps({'outputs': {name: list(value.shape) for name, value in outputs.items()}, 'loaded': loaded}))
+"""
+
+
+def test_a_saved_plan_runs_without_onnx_graphsurgeon_or_the_compiler(tmp_path):
+    import rkcompile
+
+    saved = rkcompile.compile(REPO / "examples" / "tiny_cnn.onnx", target="rk3588").save(tmp_path / "tiny.rkplan")
+    done = subprocess.run([sys.executable, "-c", RUN_SAVED_PLAN, str(saved), *NOT_FOR_THE_RUNTIME],
+                          capture_output=True, text=True, check=True, cwd=tmp_path)
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["outputs"] == {"logits": [1, 10]}
+    assert report["loaded"] == []
 
 
 def test_views_read_plans_and_import_nothing_of_the_compiler(graph):

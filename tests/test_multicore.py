@@ -12,7 +12,7 @@ from onnx import helper
 
 from rkcompile.plan import cost_model
 from rkcompile.cli import main
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.errors import CompileError
 from rkcompile.passes.multicore import split_axes
 from rkcompile.compiler.pipeline import compile_model

@@ -10,7 +10,7 @@ import pytest
 from conftest import PRIMARY_TARGETS, make_model, value_info, weight
 from onnx import TensorProto, helper
 
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.closeness import agreement, onnxruntime_outputs

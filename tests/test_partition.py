@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.ir.dag import Dag, is_acyclic
 from rkcompile.api import prepare
 from rkcompile.emulator import emulate, make_inputs

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rkcompile.compiler.context import CompileContext, Options
+from rkcompile.compiler.context import CompileContext
+
+from rkcompile.options import Options
 from rkcompile.compiler.pipeline import (CONTEXT_INPUTS, PASSES, ContractCheck, GraphDump, PassTimer,
                                          instruments, run_passes)
 from rkcompile.targets import get_target

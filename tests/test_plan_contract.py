@@ -7,7 +7,7 @@ from collections import Counter
 import onnx
 import pytest
 
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.plan.schema import Plan, contract_violations
 

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 import rkcompile
 from rkcompile.cli import main
-from rkcompile.compiler.context import PREFERRED_INT8, Options
+from rkcompile.options import PREFERRED_INT8, Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, onnxruntime_outputs
 from rkcompile.emulator.accuracy import analyse

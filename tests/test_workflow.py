@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rkcompile.cli import main
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.views.summary import render_summary
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from rkcompile.api import prepare
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.emulator import Prepared, emulate, make_inputs
 
 

@@ -882,7 +882,7 @@ def plan_settings() -> st.SearchStrategy[str]:
 
 def parse_setting(setting: str):
     """The target and the planning options a `plan_settings` string names."""
-    from rkcompile.compiler.context import Options
+    from rkcompile.options import Options
 
     target, *pairs = setting.split("@")
     values = dict(pair.split("=", 1) for pair in pairs)

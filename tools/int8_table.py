@@ -45,7 +45,7 @@ import onnx
 import rkcompile
 from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.auto_float16 import STRATEGIES, choose, judge_for
-from rkcompile.compiler.context import CHOOSE, Options
+from rkcompile.options import CHOOSE, Options
 from rkcompile.compiler.int8_choice import settle
 from rkcompile.compiler.pipeline import finish_plan, front_half
 from rkcompile.emulator import agreement, onnxruntime_outputs

@@ -51,7 +51,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.api import prepare
 from rkcompile.emulator import agreement, emulate, make_inputs, onnxruntime_outputs
 from rkcompile.commands.run import load_npz, save_npz

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.errors import CompileError
 from rkcompile.compiler.idle_npu import refuse_idle_npu
 from rkcompile.plan.schema import Plan

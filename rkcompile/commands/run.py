@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from rkcompile.api import load, prepare
-from rkcompile.compiler.context import Options
+from rkcompile.options import Options
 from rkcompile.emulator.accuracy import analyse, render
 from rkcompile.emulator.closeness import agreement, onnxruntime_outputs
 from rkcompile.emulator.session import Prepared, emulate, make_inputs

@@ -1,7 +1,7 @@
 """The compiler layer: the pass pipeline, its context and the stages around it.
 
 `pipeline` lists the passes (passes/, one per file) in order and assembles the plan from what they
-record; `context` is the CompileContext and Options they share; `int8_choice` and
+record; `context` is the CompileContext they share (with the Options, rkcompile/options.py); `int8_choice` and
 `auto_float16` choose int8 settings and float16 islands, a stage after the shared front half;
 `runtime` states what an int8 plan asks of the runtime its caller passes in (calibration, judging
 candidates); `cost_estimate` counts what a step does; `idle_npu` refuses plans that would leave

@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from rkcompile.collector import cyclic_collector_paused
-from rkcompile.compiler.context import INT8_SETTINGS, CompileContext, FloatGraph, Runtime
+from rkcompile.compiler.context import CompileContext, FloatGraph, Runtime
+from rkcompile.options import INT8_SETTINGS
 from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
 from rkcompile.passes.quantize import idle_techniques
 from rkcompile.plan.schema import Int8Technique, Plan as PlanRecord

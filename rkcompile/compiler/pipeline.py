@@ -13,7 +13,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from rkcompile.errors import CompileError
-from rkcompile.compiler.context import CHOOSE, INT8_SETTINGS, CompileContext, Options, Placement
+from rkcompile.compiler.context import CompileContext, Placement
+from rkcompile.options import CHOOSE, INT8_SETTINGS, Options
 from rkcompile.compiler.cost_estimate import node_macs
 from rkcompile.onnx_backends import cpu_backend
 from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_shape, subgraphs,

@@ -1,12 +1,11 @@
 """Facts about one ONNX tensor or node of the compiler's graph (onnx-graphsurgeon objects, with
-the subgraphs a node carries): what the passes and the targets' constraints share, and a node as
-the plan layer's plain node (`plain_nodes`), which is what the compiler hands the runtime.
+the subgraphs a node carries): what the passes share, and a node as the plan layer's plain node
+(`plain_nodes`), which is what the compiler hands the runtime.
 Nothing here looks at a whole graph; rkcompile/ir/graph.py builds the graph-level helpers on
 top. Dtype names and element counts (rkcompile/numerics/dtypes.py) and the facts that read a
 node of either kind (rkcompile/plan/nodes.py) are imported from below and passed on."""
 from __future__ import annotations
 
-import operator
 from itertools import repeat
 from typing import Iterable
 
@@ -18,29 +17,11 @@ from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.numerics.dtypes import FLOAT_DTYPES, dtype_name, element_count, itemsize  # noqa: F401  (passed on)
 from rkcompile.plan import nodes as plain
-from rkcompile.plan.nodes import is_onnx_domain, plain_attribute_key  # noqa: F401  (passed on)
+from rkcompile.plan.nodes import (constant_value, is_onnx_domain, plain_attribute_key,  # noqa: F401  (passed on)
+    present_inputs, static_shape)
 # The domain of the nodes a fusion creates (passes/fuse.py); fusion patterns match these as well
 # as ONNX ops, so a kernel fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).
 from rkcompile.plan.schema import FUSED_DOMAIN
-
-
-def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
-    """The tensor's shape when every dim is a known non-negative int, else None."""
-    shape = tensor.shape
-    if shape is None:
-        return None
-    try:
-        dims = tuple(map(operator.index, shape))  # a symbolic (str), unknown (None) or float dim raises
-    except TypeError:
-        return None
-    for dim in dims:  # a loop, not min(): asked 48,000 times over eight median models' plans
-        if dim < 0:
-            return None
-    return dims
-
-
-def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
-    return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
 
 
 class DerivedValues(gs_tensor.LazyValues):
@@ -96,11 +77,6 @@ def values_source(constant: gs.Constant):
             return values.load()
         values = values.source._values
     return values
-
-
-def present_inputs(node: gs.Node) -> list[gs.Tensor]:
-    """The node's inputs without ONNX's empty-name placeholders for omitted optionals."""
-    return [t for t in node.inputs if t.name]
 
 
 def subgraphs(node: gs.Node) -> list[gs.Graph]:
