@@ -1,18 +1,21 @@
 """Remove inference no-ops: Identity, a Cast or CastLike to the type its input already has
 (exporters keep the float32 round trips of mixed-precision code, e.g. an RMSNorm's
-`x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), and Dropout
+`x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), Dropout
 whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
-random mask: legalize keeps it on the CPU).
+random mask: legalize keeps it on the CPU), and a Mul or Div by constant ones that leave the
+shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x)): x * 1 is x, bit for bit.
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.edits import detach, replace_uses
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, is_onnx_domain, static_shape
 from rkcompile.ir.nodes import dtype_name
 
 from rkcompile.passes.legalize import training_mode
@@ -28,9 +31,10 @@ def run(ctx: CompileContext) -> None:
     graph_outputs = {t.name for t in graph.outputs}
     graph_inputs = {t.name for t in graph.inputs}
     for node in list(graph.nodes):
-        if not _is_noop(node):
+        source = _passed_through(node)
+        if source is None:
             continue
-        source, result = node.inputs[0], node.outputs[0]
+        result = node.outputs[0]
         if result.name in graph_outputs:
             if source.name in graph_inputs or source.name in graph_outputs or isinstance(source, gs.Constant):
                 continue
@@ -44,16 +48,35 @@ def run(ctx: CompileContext) -> None:
     ctx.cleanup_graph()
 
 
-def _is_noop(node: gs.Node) -> bool:
+def _passed_through(node: gs.Node) -> gs.Tensor | None:
+    """The input `node` returns unchanged, if it is a no-op."""
+    if node.op in ("Mul", "Div"):
+        return _times_one(node)
     if node.op == "Identity":
-        return True
+        return node.inputs[0]
     if node.op in ("Cast", "CastLike"):
-        return _same_type_cast(node)
+        return node.inputs[0] if _same_type_cast(node) else None
     if node.op == "Dropout":
         if training_mode(node) is not None:
-            return False
-        return len(node.outputs) < 2 or not node.outputs[1].name or not node.outputs[1].outputs
-    return False
+            return None
+        unread_mask = len(node.outputs) < 2 or not node.outputs[1].name or not node.outputs[1].outputs
+        return node.inputs[0] if unread_mask else None
+    return None
+
+
+def _times_one(node: gs.Node) -> gs.Tensor | None:
+    """x of x * 1, 1 * x or x / 1 (float, ones of any shape that do not broadcast x larger)."""
+    if len(node.inputs) != 2 or not is_onnx_domain(node):
+        return None
+    positions = (0, 1) if node.op == "Mul" else (1,)
+    for position in positions:
+        ones, x = node.inputs[position], node.inputs[1 - position]
+        values = constant_value(ones)
+        if (values is not None and values.dtype.name in FLOAT_DTYPES and np.all(values == 1)
+                and dtype_name(x.dtype) == dtype_name(node.outputs[0].dtype)
+                and static_shape(x) is not None and static_shape(x) == static_shape(node.outputs[0])):
+            return x
+    return None
 
 
 

@@ -18,7 +18,10 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
   operands) leaves the graph, and the region below it, of element-wise ops and Splits, runs on
   the layout before the move; each relabel or Transpose reading the region takes the move
-  into its own (one node for two, none when they cancel).
+  into its own (one node for two, none when they cancel). A Transpose also passes ops that
+  work along named axes (Pad, Reduce* keeping their axes: the axes are renamed) and
+  element-wise ops broadcasting an operand of its rank that the same Transpose made, directly
+  or through element-wise ops of constants (tf2onnx's squeeze-and-excite in NHWC).
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
@@ -361,7 +364,7 @@ class _Region:
         self.exits: list[gs.Node] = []
         self.shapes: dict[int, tuple[int, ...]] = {id(entry.outputs[0]): static_shape(entry.inputs[0])}
         self.constants: dict[tuple[int, int], gs.Constant] = {}  # (id(node), position) -> re-laid constant
-        self.axes: dict[int, int] = {}  # id(Split) -> its axis on the unmoved layout
+        self.attrs: dict[int, dict] = {}  # id(node) -> its attributes that name axes, for the unmoved layout
         self.classified = {id(entry)}
 
     def same_move(self, node: gs.Node, moved_shape, unmoved) -> bool:
@@ -430,13 +433,15 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     if exit_move is not None and exit_move[0] is tensor and (exit_move[2] is None) == (perm is None):
         region.exits.append(reader)
         return []
+    if perm is not None and is_onnx_domain(reader) and reader.op in AXIS_NAMING_OPS and reader.inputs[0] is tensor:
+        return _axes_renamed(reader, tensor, region)
     if reader.op == "Split" and is_onnx_domain(reader) and reader.inputs[0] is tensor:
         moved = static_shape(tensor)
         axis = int(reader.attrs.get("axis", 0)) % len(moved)
         new_axis = unmoved_axis(moved, unmoved, axis, perm)
         if new_axis is None or any(static_shape(t) is None for t in reader.outputs):
             return f"{reader.name} splits an axis the relabel does not keep"
-        region.axes[id(reader)] = new_axis
+        region.attrs[id(reader)] = {"axis": new_axis}
         region.nodes.append(reader)
         for part in reader.outputs:
             size = static_shape(part)[axis]
@@ -453,7 +458,7 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         if not operand.name:
             continue
         if id(operand) in region.shapes:
-            if static_shape(operand) != moved or region.shapes[id(operand)] != unmoved:
+            if region.shapes[id(operand)] != _unmoved_shape(static_shape(operand), moved, unmoved, perm):
                 return f"{reader.name} reads {operand.name}, laid out unlike {tensor.name}"
             continue
         if isinstance(operand, gs.Constant):
@@ -464,8 +469,18 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
                 constants[(id(reader), position)] = relaid
             continue
         twin = operand.inputs[0] if len(operand.inputs) == 1 else None
-        if twin is not None and static_shape(operand) == moved and region.same_move(twin, moved, unmoved):
+        operand_unmoved = _unmoved_shape(static_shape(operand), moved, unmoved, perm)
+        chain = _broadcast_chain(operand, operand_unmoved, region) if perm is not None else None
+        if twin is not None and operand_unmoved and region.same_move(twin, static_shape(operand), operand_unmoved):
             twins.append((twin, operand))
+        elif chain is not None:
+            chain_twin, chain_nodes, chain_constants = chain
+            twins.append((chain_twin, chain_twin.outputs[0]))
+            for node in chain_nodes:
+                region.classified.add(id(node))
+                region.nodes.append(node)
+                region.shapes[id(node.outputs[0])] = operand_unmoved
+            region.constants.update(chain_constants)
         elif twin is not None and twin.op not in LAYOUT_OPS and id(twin) not in region.classified:
             return None  # perhaps a region node the search has not reached yet
         else:
@@ -479,6 +494,96 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     region.nodes.append(reader)
     region.shapes[id(reader.outputs[0])] = tuple(unmoved)
     return [operand for _, operand in twins] + [reader.outputs[0]]
+
+
+def _unmoved_shape(shape, moved, unmoved, perm) -> tuple[int, ...] | None:
+    """The unmoved layout's shape of a region operand of `shape` beside a region tensor moved from
+    `unmoved` to `moved`: for a relabel only `moved` itself has one; for a Transpose any shape
+    of its rank does (an operand that broadcasts), its axes put back."""
+    if perm is None:
+        return tuple(unmoved) if shape == tuple(moved) else None
+    if shape is None or len(shape) != len(perm):
+        return None
+    restored = [0] * len(perm)
+    for axis, source in enumerate(perm):
+        restored[source] = shape[axis]
+    return tuple(restored)
+
+
+def _broadcast_chain(operand: gs.Tensor, unmoved, region: _Region):
+    """(Transpose, nodes, re-laid constants) when `operand` is made from a Transpose doing the
+    region's move by element-wise ops of it and constants, each tensor of `operand`'s shape and
+    read by the next alone, so the chain can run on the unmoved layout with the region; else None."""
+    shape, nodes, constants = static_shape(operand), [], {}
+    tensor = operand
+    while True:
+        maker = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+        if maker is None or id(maker) in region.classified or len(tensor.outputs) != 1:
+            return None
+        if region.same_move(maker, shape, unmoved) and nodes:
+            return maker, nodes[::-1], constants
+        if not (is_onnx_domain(maker) and maker.op in ELEMENTWISE_OPS and len(maker.outputs) == 1):
+            return None
+        variables = [t for t in maker.inputs if t.name and not isinstance(t, gs.Constant)]
+        if len(variables) != 1 or static_shape(variables[0]) != shape:
+            return None
+        for position, constant_input in enumerate(maker.inputs):
+            if isinstance(constant_input, gs.Constant):
+                relaid = _relaid_constant(constant_input, shape, unmoved, region.perm, False, region.fresh)
+                if isinstance(relaid, str):
+                    return None
+                if relaid is not constant_input:
+                    constants[(id(maker), position)] = relaid
+        nodes.append(maker)
+        tensor = variables[0]
+
+
+#: ops whose attributes or constant inputs name the axes they work along; a Transpose passes
+#: them with the axes renamed (Reduce* only when they keep the reduced axes, so ranks agree)
+AXIS_NAMING_OPS = frozenset({"Pad", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
+                             "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"})
+
+
+def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
+    """`reader` (Pad or a Reduce*) run on the unmoved layout, its axes or pads renamed: what
+    it does along moved axis a it does along the unmoved layout's perm[a]. Exact: every output
+    is computed from the same elements by the same arithmetic."""
+    perm, rank = region.perm, len(region.perm)
+    out_shape = static_shape(reader.outputs[0])
+    if out_shape is None or len(out_shape) != rank or len(reader.outputs) != 1:
+        return f"{reader.name} ({reader.op}) changes the rank or its output shape is unknown"
+    constant_inputs = {}
+    if reader.op == "Pad":
+        if reader.attrs.get("mode", "constant") not in ("constant", "reflect", "edge") or len(reader.inputs) > 3:
+            return f"{reader.name} pads with a mode or an axes input the move does not rename"
+        if len(reader.inputs) > 2 and reader.inputs[2].name and constant_value(reader.inputs[2]) is None:
+            return f"{reader.name}'s pad value is not a constant"
+        pads = reader.attrs.get("pads") if len(reader.inputs) < 2 else constant_value(reader.inputs[1])
+        if pads is None or len(pads) != 2 * rank:
+            return f"{reader.name}'s pads are not a constant of two per axis"
+        pads = np.asarray(pads, dtype=np.int64)
+        renamed = np.zeros_like(pads)
+        renamed[list(perm)], renamed[[rank + p for p in perm]] = pads[:rank], pads[rank:]
+        if len(reader.inputs) < 2:
+            region.attrs[id(reader)] = {"pads": renamed.tolist()}
+        else:
+            constant_inputs[1] = constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
+    else:
+        if not reader.attrs.get("keepdims", 1):
+            return f"{reader.name} drops the axes it reduces"
+        from_input = len(reader.inputs) > 1 and reader.inputs[1].name
+        axes = constant_value(reader.inputs[1]) if from_input else reader.attrs.get("axes")
+        if axes is None:
+            return f"{reader.name} reduces every axis or its axes are not a constant"
+        renamed = np.array(sorted(perm[int(a) % rank] for a in np.asarray(axes).reshape(-1)), dtype=np.int64)
+        if from_input:
+            constant_inputs[1] = constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
+        else:
+            region.attrs[id(reader)] = {"axes": renamed.tolist()}
+    region.constants.update({(id(reader), position): c for position, c in constant_inputs.items()})
+    region.nodes.append(reader)
+    region.shapes[id(reader.outputs[0])] = _unmoved_shape(out_shape, None, None, perm)
+    return [reader.outputs[0]]
 
 
 def _relaid_constant(operand: gs.Constant, moved, unmoved, perm, fused: bool, fresh):
@@ -526,7 +631,7 @@ def _probes(region: _Region, simplifier: _Simplifier):
 
     for node in region.nodes:
         inputs = [region.constants.get((id(node), i)) or probe_tensor(t) for i, t in enumerate(node.inputs)]
-        attrs = dict(node.attrs, axis=region.axes[id(node)]) if id(node) in region.axes else node.attrs
+        attrs = dict(node.attrs, **region.attrs.get(id(node), {}))
         probe = graph_node(node.op, node.name, node.domain, attrs, inputs, [probe_tensor(t) for t in node.outputs],
                            linked=False)
         problem = simplifier.passes_as_before(node, probe)
@@ -568,8 +673,8 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
         for (node_id, position), relaid in region.constants.items():
             if node_id == id(node):
                 set_input(node, position, relaid)
-        if id(node) in region.axes:
-            node.attrs = dict(node.attrs, axis=region.axes[id(node)])
+        if id(node) in region.attrs:
+            node.attrs = dict(node.attrs, **region.attrs[id(node)])
         for t in node.outputs:
             t.shape = list(region.shapes[id(t)])
         body = fused_body(node)

@@ -183,3 +183,16 @@ def test_the_plan_explains_why_a_fold_declined(tmp_path, shape, reason):
     _, ctx = compile_model(path, "rk3588")
     outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
     assert reason in outcomes["fold_affine_into_weighted_op"]
+
+
+def test_hard_swish_scale_before_a_conv_stays_in_the_hard_swish(tmp_path):
+    # paddle2onnx's hard swish, x * relu6(x + 3) / 6, between two Convs: the / 6 could fold into
+    # the next Conv's weights, but it completes a HardSwish the NPU runs fused with the first Conv
+    conv, inits = conv_3x3()
+    relu6 = [node("Add", ["c", "three"], "a"), node("Clip", ["a", "zero", "six"], "r")]
+    nodes = [conv, *relu6, node("Mul", ["c", "r"], "m"), node("Div", ["m", "six"], "h"),
+             node("Conv", ["h", "dw"], "y", pads=[1] * 4, group=8)]
+    extra = [scalar("three", 3.0), scalar("zero", 0.0), scalar("six", 6.0), const("dw", (8, 1, 3, 3))]
+    kernels, got, expected = planned(tmp_path, nodes, inits + extra, [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
+    assert kernels == ["ConvHardSwish", "Conv"]
+    assert_close(got, expected)

@@ -84,6 +84,28 @@ def test_cast_to_the_type_it_already_has_is_removed_and_a_real_cast_stays(save):
     assert contract_violations(plan) == []
 
 
+def test_swish_with_a_beta_of_one_loses_its_mul_and_fuses_with_the_conv(save):
+    """paddle2onnx's swish, x * sigmoid(1.0 * x), after a Conv: the Mul by one is a no-op, so
+    the Conv and the swish are one kernel; a Mul by ones that broadcasts its input larger and
+    a Div by two stay."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+             helper.make_node("Mul", ["one", "c"], ["b"], name="beta"),
+             helper.make_node("Sigmoid", ["b"], ["s"], name="sigmoid"),
+             helper.make_node("Mul", ["c", "s"], ["y"], name="swish"),
+             helper.make_node("Mul", ["y", "ones_wide"], ["wide"], name="broadcast_ones"),
+             helper.make_node("Div", ["y", "two"], ["half"], name="halve")]
+    inits = [weight("w", np.full((4, 3, 3, 3), 0.1, np.float32)), weight("one", np.array([1.0], np.float32)),
+             weight("ones_wide", np.ones((2, 4, 4, 4), np.float32)), weight("two", np.array(2.0, np.float32))]
+    model = make_model(nodes, [value_info("x", [1, 3, 4, 4])],
+                       [value_info("wide", [2, 4, 4, 4]), value_info("half", [1, 4, 4, 4])], inits)
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["beta"] == "removed"
+    assert devices["broadcast_ones"] != "removed" and devices["halve"] != "removed"
+    assert [s.kernel for s in plan.steps if s.device == "npu"][0] == "ConvExSwish"
+    assert contract_violations(plan) == []
+
+
 def test_identity_of_a_graph_input_to_an_output_stays(save):
     model = make_model([helper.make_node("Identity", ["x"], ["y"], name="copy")],
                        [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])

@@ -182,3 +182,48 @@ def test_a_region_tensor_that_is_a_graph_output_keeps_the_move(tmp_path):
     kernels, ctx = npu_kernels(model, tmp_path)
     assert kernels.count("Transpose") == 2
     assert any("graph output" in outcome for _, outcome in attempts(ctx, "t1"))
+
+
+def nhwc_conv(x: str, y: str, prefix: str, channels: int, inputs: int, kernel: int = 1, **attrs) -> tuple[list, list]:
+    """A Conv as tf2onnx exports one of an NHWC model: Transposes to NCHW and back around it."""
+    nodes = [helper.make_node("Transpose", [x], [f"{prefix}_nchw"], name=f"{prefix}_in", perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", [f"{prefix}_nchw", f"{prefix}_w"], [f"{prefix}_c"], name=prefix, **attrs),
+             helper.make_node("Transpose", [f"{prefix}_c"], [y], name=f"{prefix}_out", perm=[0, 2, 3, 1])]
+    group = attrs.get("group", 1)
+    shape = (channels, inputs // group, kernel, kernel)
+    return nodes, [weight(f"{prefix}_w", RNG.normal(0, 0.3, shape).astype(np.float32))]
+
+
+def test_nhwc_squeeze_and_excite_and_pad_run_without_transposes(tmp_path):
+    # tf2onnx's MobileNetV3 block on an NHWC tensor: a 1x1 Conv, Pad, a depthwise Conv, a batch norm as Mul
+    # and Add, squeeze-and-excite (ReduceMean over H and W, two 1x1 Convs, a hard sigmoid
+    # broadcast over the block), then the projection Conv; every Conv in Transposes
+    channels = 16
+    expand, expand_w = nhwc_conv("x", "e", "expand", channels, 4)
+    pad = [helper.make_node("Pad", ["e", "pads"], ["p"], name="pad")]
+    depthwise, dw_w = nhwc_conv("p", "d", "dw", channels, channels, kernel=3, group=channels, strides=[2, 2])
+    norm = [helper.make_node("Mul", ["d", "scale"], ["ds"], name="bn_mul"),
+            helper.make_node("Add", ["ds", "shift"], ["db"], name="bn_add"),
+            helper.make_node("Relu", ["db"], ["r"], name="relu"),
+            helper.make_node("ReduceMean", ["r"], ["mean"], name="mean", axes=[1, 2], keepdims=1)]
+    squeeze, squeeze_w = nhwc_conv("mean", "sq", "squeeze", 4, channels)
+    excite, excite_w = nhwc_conv("sq", "ex", "excite", channels, 4)
+    gate = [helper.make_node("Add", ["ex", "three"], ["e3"], name="gate_add"),
+            helper.make_node("Clip", ["e3", "zero", "six"], ["e6"], name="gate_clip"),
+            helper.make_node("Mul", ["e6", "sixth"], ["g"], name="gate_scale"),
+            helper.make_node("Mul", ["r", "g"], ["se"], name="excite_mul")]
+    project, project_w = nhwc_conv("se", "y", "project", 8, channels)
+    scalars = {"three": 3.0, "zero": 0.0, "six": 6.0, "sixth": 1 / 6}
+    model = make_model(
+        expand + pad + depthwise + norm + squeeze + excite + gate + project,
+        [value_info("x", [1, 10, 10, 4])], [value_info("y", [1, 5, 5, 8])],
+        [weight("pads", np.array([0, 0, 0, 0, 0, 1, 1, 0], np.int64)),
+         weight("scale", RNG.uniform(0.5, 2, channels).astype(np.float32)),
+         weight("shift", RNG.normal(0, 1, channels).astype(np.float32)),
+         *expand_w, *dw_w, *squeeze_w, *excite_w, *project_w,
+         *(weight(name, np.array(value, np.float32)) for name, value in scalars.items())])
+    kernels, _ = npu_kernels(model, tmp_path)
+    # only the input's move to NCHW and the output's back (on a legal view: Reshape, Transpose,
+    # Reshape) stay; the batch norm folds into the depthwise Conv, the Pad runs in NCHW
+    assert kernels.count("Transpose") == 2 and kernels[:3] == ["Transpose", "Conv", "Pad"], kernels
+    assert "Add" not in kernels and kernels[-3:] == ["Reshape", "Transpose", "Reshape"], kernels

@@ -9,7 +9,7 @@ calls for.
 """
 from __future__ import annotations
 
-from rkcompile.passes.rewrites import (affine, conv, elementwise, layout_ops as layout, masks, matmul, norm, pooling,
+from rkcompile.passes.rewrites import (affine, channels, conv, elementwise, layout_ops as layout, masks, matmul, norm, pooling,
     rank, reductions, resize)
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
@@ -28,6 +28,8 @@ FAMILIES = (
     pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
     resize,       # Resize scales the NPU's kernel lacks as constant-weight MatMuls (matmul's rules
                   # then make 1x1 Convs of them)
+    channels,     # channel shuffles as channel-picking 1x1 Convs, folded into the Convs reading them
+                  # (before rank and layout, whose rules would break the shuffle's chain apart)
     rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
                   # first, so no lone rank-5 relabel is left for layout's rules)
     layout,       # Transpose limits, Gather of one index, relabels, Conv layouts

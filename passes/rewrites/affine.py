@@ -18,7 +18,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import constant_value, static_shape
+from rkcompile.ir.patterns import matches
 
+from rkcompile.passes.fusion_table import hard_swish_relu6
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, RewriteRule, Site, producer
 
 #: ops that compute x*W (+ bias) with constant W, and the axis of their output that indexes W's
@@ -28,6 +30,9 @@ WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "Gemm": -1, "MatMul": -1}
 #: channel's, on the axis `_axis_after` finds
 RELABELS = RESHAPE_LIKE | {"Transpose"}
 AFFINE_OPS = frozenset({"Mul", "Add", "Sub", "Div", "BatchNormalization"})
+#: x * relu6(x + 3) / 6 as exporters write it: its scale by 1/6 is part of the HardSwish the NPU
+#: runs as one kernel (fused with the Conv before it), so it is not folded away from the rest
+HARD_SWISH = hard_swish_relu6()
 
 
 def batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -256,6 +261,8 @@ def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
     affine = _affine_of(node)
     if isinstance(affine, str):
         return affine
+    if next(matches(HARD_SWISH, node), None) is not None:
+        return "its scale ends a HardSwish (x * relu6(x + 3) / 6), one NPU kernel with the op before it"
     x, scale, shift = affine
     y = node.outputs[0]
     conv = y.outputs[0] if _sole_reader(y, site) else None

@@ -1,0 +1,153 @@
+"""Channel permutations as 1x1 convolutions that pick channels, and those picks folded away.
+
+A channel shuffle (ShuffleNet's Reshape [N, g, C/g, H, W] -> Transpose -> Reshape [N, C, H, W],
+in any exporter's spelling) only reorders channels, and the NPU runs a reorder of channels as
+one 1x1 Conv whose weights are one-hot rows (rknn-toolkit2 turns the shuffle into one Conv)
+where the relabels and the Transpose are three layout steps. A Split of such a pick is picks of
+the pick's input, one per part, and a Conv reading a pick reads the pick's input with its
+weight columns moved instead: the pick goes. Every output of a pick is one input times 1 and a
+moved weight column is the same weights in other places: all of it is exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, producer
+
+MOVEMENT = RESHAPE_LIKE | {"Transpose"}
+
+
+def _moved_indices(chain: list[gs.Node], shape: tuple[int, ...]) -> np.ndarray:
+    """Where each element of the chain's output comes from: the chain run on element numbers."""
+    values = np.arange(int(np.prod(shape))).reshape(shape)
+    for node in chain:
+        if node.op == "Transpose":
+            values = values.transpose([int(p) for p in node.attrs.get("perm", range(values.ndim - 1, -1, -1))])
+        else:
+            values = values.reshape(static_shape(node.outputs[0]))
+    return values
+
+
+def _movement_chain(node: gs.Node, site: Site) -> tuple[gs.Tensor, list[gs.Node]] | None:
+    """The longest run of relabels and Transposes ending at `node` that starts from a 4-D tensor
+    of `node`'s output shape, each tensor inside it read by the next node alone; None if none."""
+    shape = static_shape(node.outputs[0])
+    chain, best = [node], None
+    while True:
+        source = chain[0].inputs[0]
+        if static_shape(source) is None:
+            return best
+        if static_shape(source) == shape:
+            best = (source, list(chain))
+        earlier = producer(source)
+        if (earlier is None or earlier.op not in MOVEMENT or len(source.outputs) != 1
+                or source.name in site.graph_outputs or len(earlier.outputs) != 1):
+            return best
+        chain.insert(0, earlier)
+
+
+def _pick(builder: Builder, x: gs.Tensor, picked: np.ndarray, out: gs.Tensor | None = None) -> gs.Tensor:
+    """A 1x1 Conv whose output channel j is `x`'s channel picked[j]."""
+    shape = static_shape(x)
+    weight = np.zeros((len(picked), shape[1], 1, 1), dtype_name(x.dtype))
+    weight[np.arange(len(picked)), picked, 0, 0] = 1
+    return builder.op("Conv", [x, builder.const(weight, "channel_pick")], [shape[0], len(picked), *shape[2:]],
+                      x.dtype, out=out, kernel_shape=[1, 1])
+
+
+def channel_picks(conv: gs.Node) -> np.ndarray | None:
+    """The input channel each output channel of `conv` copies when it only picks channels (1x1,
+    one-hot weight rows, no bias, stride 1, no pads, one group), each input at most once."""
+    weight = constant_value(conv.inputs[1]) if len(conv.inputs) > 1 else None
+    bias = constant_value(conv.inputs[2]) if len(conv.inputs) > 2 else None
+    attrs = conv.attrs
+    if (weight is None or weight.ndim != 4 or weight.shape[2:] != (1, 1) or attrs.get("group", 1) != 1
+            or any(s != 1 for s in attrs.get("strides", [1, 1])) or any(attrs.get("pads", [0] * 4))
+            or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+            or (len(conv.inputs) > 2 and (bias is None or np.any(bias)))):
+        return None
+    rows = weight[:, :, 0, 0]
+    picked = rows.argmax(axis=1)
+    if not (np.array_equal(rows, np.eye(rows.shape[1], dtype=rows.dtype)[picked])
+            and len(set(picked.tolist())) == len(picked)):
+        return None
+    return picked
+
+
+def channel_shuffle_to_pick(node: gs.Node, site: Site) -> Candidates:
+    """Relabels and Transposes that take a 4-D tensor back to its own shape with only its
+    channels reordered (a channel shuffle) as one channel-picking 1x1 Conv."""
+    y = node.outputs[0]
+    shape = static_shape(y)
+    if shape is None or len(shape) != 4 or y.dtype is None or dtype_name(y.dtype) not in FLOAT_DTYPES:
+        return "not a 4-D float tensor of known shape"
+    found = _movement_chain(node, site)
+    if found is None or not any(n.op == "Transpose" for n in found[1]):
+        return "no Transpose between it and a tensor of its shape"
+    x, chain = found
+    n, c, h, w = shape
+    moved = _moved_indices(chain, tuple(shape)).reshape(n, c, h * w)
+    picked = moved[0, :, 0] // (h * w)
+    expected = np.arange(n * c * h * w).reshape(n, c, h * w)[:, picked]
+    if not np.array_equal(moved, expected):
+        return "it moves more than whole channels"
+    builder = site.builder(node)
+    _pick(builder, x, picked, out=y)
+    yield builder.finish(*chain)
+
+
+def split_of_pick(node: gs.Node, site: Site) -> Candidates:
+    """A Split along the channels of a channel pick read by nothing else as one pick per part,
+    each from the pick's input: no Split step, and each part's pick can fold into its readers."""
+    x = node.inputs[0]
+    shape = static_shape(x)
+    pick = producer(x)
+    if shape is None or len(shape) != 4 or node.attrs.get("axis", 0) not in (1, -3):
+        return "not a Split of the channels of a 4-D tensor"
+    if pick is None or pick.op != "Conv" or len(x.outputs) != 1 or x.name in site.graph_outputs:
+        return "its input is not a Conv that only it reads"
+    picked = channel_picks(pick)
+    if picked is None:
+        return f"Conv {pick.name} does more than pick channels"
+    sizes = [static_shape(part)[1] if static_shape(part) else None for part in node.outputs]
+    if None in sizes or sum(sizes) != shape[1]:
+        return "a part's size is unknown"
+    builder = site.builder(node)
+    starts = np.cumsum([0] + sizes)
+    for part, start, end in zip(node.outputs, starts, starts[1:]):
+        _pick(builder, pick.inputs[0], picked[start:end], out=part)
+    yield builder.finish(node, pick)
+
+
+def conv_of_pick(node: gs.Node, site: Site) -> Candidates:
+    """A Conv of one group reading a channel pick reads the pick's input, its weight column for
+    picked channel j moved to column picked[j] (zero columns for channels not picked); the pick
+    goes when this Conv was its only reader."""
+    x = node.inputs[0]
+    pick = producer(x)
+    if pick is None or pick.op != "Conv" or pick is node:
+        return "its input is not made by a Conv"
+    picked = channel_picks(pick)
+    if picked is None:
+        return f"Conv {pick.name} does more than pick channels"
+    weight = constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if weight is None or node.attrs.get("group", 1) != 1:
+        return "its weights are not constant or it has groups"
+    source = pick.inputs[0]
+    moved = np.zeros((weight.shape[0], static_shape(source)[1], *weight.shape[2:]), weight.dtype)
+    moved[:, picked] = weight
+    builder = site.builder(node)
+    builder.op("Conv", [source, builder.const(moved, "picked_weight"), *node.inputs[2:]], out=node.outputs[0],
+               **node.attrs)
+    only_reader = len(x.outputs) == 1 and x.name not in site.graph_outputs
+    yield builder.finish(*((node, pick) if only_reader else (node,)))
+
+
+RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(channel_shuffle_to_pick, MOVEMENT, always=True),
+    RewriteRule(split_of_pick, frozenset({"Split"}), always=True),
+    RewriteRule(conv_of_pick, frozenset({"Conv"}), always=True),
+)

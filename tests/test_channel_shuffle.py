@@ -1,0 +1,88 @@
+"""Channel shuffles as channel-picking 1x1 Convs (passes/rewrites/channels.py), in the form
+paddle2onnx and torch write ShuffleNet's: Reshape [N, g, C/g, H, W] -> Transpose [0, 2, 1, 3,
+4] -> Reshape [N, C, H, W], then a Split of the channels whose parts a Concat and a 1x1 Conv
+read. Each case asserts the plan's NPU steps and that the emulator's float16 outputs match
+onnxruntime's."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+from onnx import helper
+
+import rkcompile
+from conftest import make_model, value_info, weight
+
+RNG = np.random.default_rng(11)
+LAYOUT_KERNELS = {"Reshape", "Transpose", "Split", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+def node(op, inputs, outputs, **attrs):
+    outputs = [outputs] if isinstance(outputs, str) else outputs
+    return helper.make_node(op, inputs, outputs, name=outputs[0], **attrs)
+
+
+def shape_const(name, values):
+    return weight(name, np.array(values, dtype=np.int64))
+
+
+def shuffle(x, out, channels, size, groups=2):
+    """ShuffleNet's channel shuffle of `x` [1, channels, size, size]."""
+    return ([node("Reshape", [x, f"{out}/split_shape"], f"{out}/r"),
+             node("Transpose", [f"{out}/r"], f"{out}/t", perm=[0, 2, 1, 3, 4]),
+             node("Reshape", [f"{out}/t", f"{out}/merge_shape"], out)],
+            [shape_const(f"{out}/split_shape", [1, groups, channels // groups, size, size]),
+             shape_const(f"{out}/merge_shape", [1, channels, size, size])])
+
+
+def planned(tmp_path, nodes, inits, x_shape, y_shape):
+    model = make_model(nodes, [value_info("x", x_shape)], [value_info("y", y_shape)], inits)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan = rkcompile.compile(path, target="rk3588")
+    feeds = {"x": RNG.standard_normal(x_shape).astype(np.float32)}
+    expected = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = rkcompile.run(plan, feeds)["y"]
+    kernels = [step.kernel for step in plan.record.steps if step.device == "npu"]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=4e-3 * float(np.abs(expected).max()))
+    return kernels
+
+
+def conv_1x1(x, out, channels, inputs):
+    return (node("Conv", [x, f"{out}/w", f"{out}/b"], out),
+            [weight(f"{out}/w", RNG.uniform(-1, 1, (channels, inputs, 1, 1)).astype(np.float32)),
+             weight(f"{out}/b", RNG.uniform(-1, 1, channels).astype(np.float32))])
+
+
+def test_shuffle_then_split_becomes_a_pick_and_a_pick_folded_into_the_next_conv(tmp_path):
+    first, first_w = conv_1x1("x", "a", 8, 4)
+    second, second_w = conv_1x1("x", "b", 8, 4)
+    moves, shapes = shuffle("ab", "s", 16, 6)
+    branch, branch_w = conv_1x1("right", "branch", 8, 8)
+    nodes = [first, second, node("Concat", ["a", "b"], "ab", axis=1), *moves,
+             node("Split", ["s", "halves"], ["left", "right"], axis=1), branch,
+             node("Relu", ["branch"], "relu"), node("Concat", ["left", "relu"], "y", axis=1)]
+    inits = first_w + second_w + shapes + branch_w + [shape_const("halves", [8, 8])]
+    kernels = planned(tmp_path, nodes, inits, (1, 4, 6, 6), (1, 16, 6, 6))
+    assert not LAYOUT_KERNELS & set(kernels), kernels
+    # the two Convs, their Concat, the pick of the left half, the branch Conv (reading the
+    # Concat with its weights moved) with its Relu, the last Concat
+    assert sorted(kernels) == ["Concat", "Concat", "Conv", "Conv", "Conv", "ConvRelu"]
+
+
+def test_shuffle_read_by_a_depthwise_conv_is_one_pick(tmp_path):
+    conv, conv_w = conv_1x1("x", "c", 12, 4)
+    moves, shapes = shuffle("c", "s", 12, 5, groups=3)
+    depthwise = node("Conv", ["s", "dw"], "y", group=12, pads=[1] * 4)
+    inits = conv_w + shapes + [weight("dw", RNG.uniform(-1, 1, (12, 1, 3, 3)).astype(np.float32))]
+    kernels = planned(tmp_path, [conv, *moves, depthwise], inits, (1, 4, 5, 5), (1, 12, 5, 5))
+    assert kernels == ["Conv", "Conv", "Conv"]
+
+
+def test_a_transpose_that_moves_pixels_is_no_pick(tmp_path):
+    conv, conv_w = conv_1x1("x", "c", 4, 4)
+    # [1, 4, 6, 6] -> [1, 4, 2, 3, 6] -> rows interleaved: pixels move, not whole channels
+    moves = [node("Reshape", ["c", "rows"], "r"), node("Transpose", ["r"], "t", perm=[0, 1, 3, 2, 4]),
+             node("Reshape", ["t", "back"], "y")]
+    inits = conv_w + [shape_const("rows", [1, 4, 2, 3, 6]), shape_const("back", [1, 4, 6, 6])]
+    kernels = planned(tmp_path, [conv, *moves], inits, (1, 4, 6, 6), (1, 4, 6, 6))
+    assert "Conv" in kernels and LAYOUT_KERNELS & set(kernels), kernels
