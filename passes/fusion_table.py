@@ -261,7 +261,7 @@ def _gelu_tanh() -> Pattern:
     return _mul(x, Const(0.5), _add(Op("Tanh", inner), Const(1.0)))
 
 
-def hard_swish_relu6() -> Pattern:
+def _hard_swish_relu6() -> Pattern:
     x = Any("x")
     relu6 = Op("Clip", _add(x, Const(3.0)), Const(0.0), Const(6.0))
     return Alt(Op("Div", _mul(x, relu6), Const(6.0)),
@@ -344,7 +344,7 @@ RECOGNISERS: tuple[FusionRule, ...] = (
         Op("Softplus", Any("x")), Op("Log", _add(Op("Exp", Any("x")), Const(1.0)))))), absorbs=True),
     FusionRule("HardSwish", "HardSwish", _mul(Any("x"), Op("HardSigmoid", Any("x"), label="hard_sigmoid")),
                (hard_sigmoid_is_relu6_over_6,), absorbs=True),
-    FusionRule("HardSwish", "HardSwish", hard_swish_relu6(), absorbs=True),
+    FusionRule("HardSwish", "HardSwish", _hard_swish_relu6(), absorbs=True),
     FusionRule("exSwish", "exSwish", _mul(Any("x"), Op("Sigmoid", Any("x"))), absorbs=True),
     FusionRule("exGlu", "exGlu", _mul(Op("Split", Any("x"), label="split", output=0),
                                       Op("Sigmoid", Op("Split", Any("x"), label="split", output=1))),

@@ -21,7 +21,13 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
   into its own (one node for two, none when they cancel). A Transpose also passes ops that
   work along named axes (Pad, Reduce* keeping their axes: the axes are renamed) and
   element-wise ops broadcasting an operand of its rank that the same Transpose made, directly
-  or through element-wise ops of constants (tf2onnx's squeeze-and-excite in NHWC).
+  or through element-wise ops of constants (tf2onnx's squeeze-and-excite in NHWC). A
+  Transpose to channels-last also passes the ops that work on the channels it moved last
+  (`CHANNEL_OPS`): a LayerNormalization over them becomes the same normalization over the
+  channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing
+  axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
+  a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
+  work.
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
@@ -46,7 +52,6 @@ from rkcompile.passes.fuse import fuse_table
 from rkcompile.passes.fusion_table import KERNEL_FUSIONS
 from rkcompile.passes.legalize import check_node, compile_facts
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE
-
 
 
 class SimplifyLayout:
@@ -354,6 +359,12 @@ def _elementwise_fused(node: gs.Node) -> bool:
     return True
 
 
+#: ops `move_layout_down` passes, re-written, when a Transpose moved the channel axis of a 4-D
+#: tensor last and they work on that last axis: a Transpose to channels-last undone after them
+#: leaves a channel normalization and 1x1 Convs on the NCHW tensor the NPU keeps anyway.
+CHANNEL_OPS = frozenset({"LayerNormalization", "MatMul"})
+
+
 class _Region:
     """The nodes a layout move passes through, with the shape each of their tensors gets."""
 
@@ -365,6 +376,7 @@ class _Region:
         self.shapes: dict[int, tuple[int, ...]] = {id(entry.outputs[0]): static_shape(entry.inputs[0])}
         self.constants: dict[tuple[int, int], gs.Constant] = {}  # (id(node), position) -> re-laid constant
         self.attrs: dict[int, dict] = {}  # id(node) -> its attributes that name axes, for the unmoved layout
+        self.channel_ops: set[int] = set()  # ids of CHANNEL_OPS nodes re-written on the channel axis
         self.classified = {id(entry)}
 
     def same_move(self, node: gs.Node, moved_shape, unmoved) -> bool:
@@ -447,6 +459,8 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
             size = static_shape(part)[axis]
             region.shapes[id(part)] = tuple(size if a == new_axis else d for a, d in enumerate(unmoved))
         return list(reader.outputs)
+    if is_onnx_domain(reader) and reader.op in CHANNEL_OPS:
+        return _classify_channel_op(reader, tensor, region)
     fused = reader.domain == FUSED_DOMAIN and _elementwise_fused(reader)
     if not fused and not (is_onnx_domain(reader) and reader.op in ELEMENTWISE_OPS and len(reader.outputs) == 1):
         return f"{reader.name} ({reader.op}) is neither element-wise, a Split nor a relabel or Transpose"
@@ -586,6 +600,78 @@ def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     return [reader.outputs[0]]
 
 
+def _classify_channel_op(reader: gs.Node, tensor: gs.Tensor, region: _Region):
+    """A LayerNormalization over the last axis or a MatMul by a constant [C, D] of a 4-D tensor
+    whose last axis is the channel axis before the move: the region's tensors it adds, or why
+    the move cannot pass it."""
+    moved, unmoved = static_shape(tensor), region.shapes[id(tensor)]
+    if region.perm is None or len(moved) != 4 or region.perm[3] != 1 or reader.inputs[0] is not tensor:
+        return f"{reader.name} ({reader.op}) does not work on the channels a Transpose moved last"
+    if reader.op == "LayerNormalization":
+        if int(reader.attrs.get("axis", -1)) % 4 != 3 or any(t.name for t in reader.outputs[1:]):
+            return f"{reader.name} normalizes more than the last axis, or its statistics are read"
+        if any(t.name and not isinstance(t, gs.Constant) for t in reader.inputs[1:]):
+            return f"{reader.name}: its scale or bias is not constant"
+        out = tuple(unmoved)
+    else:
+        weights = reader.inputs[1] if len(reader.inputs) == 2 else None
+        if not isinstance(weights, gs.Constant) or len(weights.shape) != 2 or weights.shape[0] != moved[3]:
+            return f"{reader.name} does not multiply by constant weights [C, D]"
+        out = tuple(int(weights.shape[1]) if a == 1 else d for a, d in enumerate(unmoved))
+    region.channel_ops.add(id(reader))
+    region.nodes.append(reader)
+    region.shapes[id(reader.outputs[0])] = out
+    return [reader.outputs[0]]
+
+
+def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Simplifier,
+                     linked: bool) -> list[gs.Node]:
+    """The nodes computing CHANNEL_OPS `node`'s work on NCHW `x` into `y`, reducing axis 1: a
+    1x1 Conv with the MatMul's weights transposed (the same products and sums), or
+    LayerNormalization's arithmetic as ONNX defines it, mean, centred values, mean square, epsilon,
+    square root, division, then scale and bias as [C, 1, 1] constants."""
+    fresh = simplifier.fresh
+    base = node.name or y.name
+
+    def make(op, inputs, out=None, **attrs):
+        made = out or variable(fresh(f"{base}/{op.lower()}"), x.dtype, linked, list(static_shape(x)))
+        nodes.append(graph_node(op, fresh(f"{base}/{op.lower()}"), None, attrs, inputs, [made], linked=linked))
+        return made
+
+    def const(label, values):
+        return constant(fresh(f"{base}/{label}"), np.ascontiguousarray(values), linked=linked)
+
+    nodes: list[gs.Node] = []
+    if node.op == "MatMul":
+        weights = constant_value(node.inputs[1])
+        make("Conv", [x, const("weights", weights.T[:, :, None, None])], y, kernel_shape=[1, 1])
+        return nodes
+    dtype = constant_value(node.inputs[1]).dtype
+    channels = static_shape(x)[1]
+
+    def mean(value):
+        if simplifier.ctx.graph.opset >= 18:
+            made = make("ReduceMean", [value, const("axes", np.array([1], dtype=np.int64))], keepdims=1)
+        else:
+            made = make("ReduceMean", [value], axes=[1], keepdims=1)
+        made.shape = [*made.shape[:1], 1, *made.shape[2:]]
+        return made
+
+    average = mean(x)
+    centred = make("Sub", [x, average])
+    variance = mean(make("Pow", [centred, const("two", np.array(2.0, dtype))]))
+    epsilon = np.array(node.attrs.get("epsilon", 1e-5), dtype)
+    root = make("Sqrt", [make("Add", [variance, const("epsilon", epsilon)])])
+    root.shape = list(variance.shape)
+    affine = [t for t in node.inputs[1:] if t.name]
+    value = make("Div", [centred, root], None if affine else y)
+    for position, (op, param) in enumerate(zip(("Mul", "Add"), affine)):
+        last = position == len(affine) - 1
+        channel = np.broadcast_to(constant_value(param), (channels,)).reshape(channels, 1, 1)
+        value = make(op, [value, const(op.lower(), channel)], y if last else None)
+    return nodes
+
+
 def _relaid_constant(operand: gs.Constant, moved, unmoved, perm, fused: bool, fresh):
     """`operand` for the unmoved layout: itself when one value of rank the unmoved layout
     takes, a Transpose's inverse of it, or for a relabel, the same values relabelled when it
@@ -630,6 +716,13 @@ def _probes(region: _Region, simplifier: _Simplifier):
         return variable(t.name, t.dtype, linked=False, shape=list(shapes.get(id(t), static_shape(t) or [])))
 
     for node in region.nodes:
+        if id(node) in region.channel_ops:
+            for probe in _on_channel_axis(node, probe_tensor(node.inputs[0]), probe_tensor(node.outputs[0]),
+                                          simplifier, linked=False):
+                problem = simplifier.passes_as_before(node, probe)
+                if problem:
+                    return problem
+            continue
         inputs = [region.constants.get((id(node), i)) or probe_tensor(t) for i, t in enumerate(node.inputs)]
         attrs = dict(node.attrs, **region.attrs.get(id(node), {}))
         probe = graph_node(node.op, node.name, node.domain, attrs, inputs, [probe_tensor(t) for t in node.outputs],
@@ -670,6 +763,13 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
         replace_uses(entry.outputs[0], entry.inputs[0])
         detach(entry)
     for node in region.nodes:
+        if id(node) in region.channel_ops:
+            x, y = node.inputs[0], node.outputs[0]
+            y.shape = list(region.shapes[id(y)])
+            made = _on_channel_axis(node, x, y, simplifier, linked=True)
+            detach(node)
+            simplifier.replace("move_layout_down", [node], made)
+            continue
         for (node_id, position), relaid in region.constants.items():
             if node_id == id(node):
                 set_input(node, position, relaid)

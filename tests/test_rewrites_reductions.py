@@ -75,6 +75,16 @@ def test_decomposed_norm_over_trailing_axes_runs_on_the_npu(save, target, shape,
         assert any(r.rule.startswith("decomposed_norm_on_channel_view") for r in plan.record.rewrites)
 
 
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("opset", [14, 15])
+def test_a_trailing_layer_norm_below_opset_17_is_one_exnorm(save, target, opset):
+    """paddle2onnx (opset 15) and torch below 17 write LayerNorm out op by op: on a target with
+    exNorm it is one exNorm step on the [L, C, 1, 1] view, not 1x1 Convs and element-wise steps."""
+    plan, on_cpu = plan_and_compare(decomposed_layer_norm([1, 50, 96], [-1], opset), save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]
+
+
 def test_a_norm_on_exnorms_own_axes_is_left_to_the_fusion(save):
     """Axis 1 of [1, C, H, W] is exNorm's own: the rewrite declines and the fusion makes exNorm."""
     plan, on_cpu = plan_and_compare(decomposed_layer_norm([1, 16, 1, 1], [1], 14), save, "rk3588")

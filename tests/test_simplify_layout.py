@@ -227,3 +227,62 @@ def test_nhwc_squeeze_and_excite_and_pad_run_without_transposes(tmp_path):
     # Reshape) stay; the batch norm folds into the depthwise Conv, the Pad runs in NCHW
     assert kernels.count("Transpose") == 2 and kernels[:3] == ["Transpose", "Conv", "Pad"], kernels
     assert "Add" not in kernels and kernels[-3:] == ["Reshape", "Transpose", "Reshape"], kernels
+
+
+def convnext_block(opset: int):
+    """A ConvNeXt block as torch exports it: depthwise Conv, Transpose to channels-last,
+    LayerNormalization over the channels, MatMul/GELU/MatMul with biases, a layer-scale Mul,
+    Transpose back and the residual Add. GELU as the dynamo exporter writes it (opset 18:
+    x * (0.5 * (1 + erf(x / sqrt(2))))) or as the TorchScript one does (x * (1 + erf(...)) * 0.5,
+    whose 0.5 must not be folded into the next Conv's weights)."""
+    if opset >= 18:
+        gelu = [helper.make_node("Div", ["h", "sqrt2"], ["d"], name="gelu_div"),
+                helper.make_node("Erf", ["d"], ["e"], name="gelu_erf"),
+                helper.make_node("Add", ["e", "one"], ["a"], name="gelu_add"),
+                helper.make_node("Mul", ["half", "a"], ["m"], name="gelu_half"),
+                helper.make_node("Mul", ["h", "m"], ["g"], name="gelu")]
+    else:
+        gelu = gelu_nodes("h", "g", "gelu")
+    channels, hidden, size = 16, 64, 6
+    nodes = [helper.make_node("Conv", ["x", "dw", "dw_b"], ["c"], name="dwconv", group=channels,
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], name="to_last", perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "ln_s", "ln_b"], ["n"], name="norm", axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["n", "w1"], ["h0"], name="fc1"),
+             helper.make_node("Add", ["h0", "b1"], ["h"], name="fc1_bias"), *gelu,
+             helper.make_node("MatMul", ["g", "w2"], ["o0"], name="fc2"),
+             helper.make_node("Add", ["o0", "b2"], ["o1"], name="fc2_bias"),
+             helper.make_node("Mul", ["o1", "gamma"], ["o"], name="layer_scale"),
+             helper.make_node("Transpose", ["o"], ["back"], name="to_first", perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["x", "back"], ["y"], name="residual")]
+    shape = [1, channels, size, size]
+    params = {"dw": (channels, 1, 3, 3), "dw_b": (channels,), "ln_s": (channels,), "ln_b": (channels,),
+              "w1": (channels, hidden), "b1": (hidden,), "w2": (hidden, channels), "b2": (channels,),
+              "gamma": (channels,)}
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)],
+                      [weight(n, RNG.normal(0.5, 0.3, s).astype(np.float32)) for n, s in params.items()]
+                      + GELU_CONSTANTS, opset=opset)
+
+
+def test_channels_last_block_runs_on_the_channel_axis_without_transposes(tmp_path):
+    # The Transpose to channels-last passes the LayerNormalization (as channel-axis arithmetic,
+    # then exNorm) and both MatMuls (as 1x1 Convs) and cancels the Transpose back: ReduceMean takes
+    # its axes as an input from opset 18, as an attribute before
+    for opset in (17, 18):
+        kernels, ctx = npu_kernels(convnext_block(opset), tmp_path)
+        assert kernels == ["Conv", "exNorm", "ConvExGelu", "ConvAdd"], (opset, kernels)
+        assert ctx.fates["to_last"][0] == ctx.fates["to_first"][0] == "removed"
+
+
+def test_transpose_stays_before_a_norm_over_another_axis(tmp_path):
+    # a LayerNormalization over the last axis of a Transpose that did not move the channels there
+    # is not a channel normalization: the move declines with its reason
+    shape = [1, 8, 6, 5]
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="swap", perm=[0, 1, 3, 2]),
+         helper.make_node("LayerNormalization", ["t", "s"], ["n"], name="norm", axis=-1),
+         helper.make_node("Transpose", ["n"], ["y"], name="back", perm=[0, 1, 3, 2])],
+        [value_info("x", shape)], [value_info("y", shape)], [weight("s", np.ones(6, np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert ("move_layout_down", "declined: norm (LayerNormalization) does not work on the channels a "
+            "Transpose moved last") in attempts(ctx, "swap")

@@ -20,7 +20,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.graph import constant_value, static_shape
 from rkcompile.ir.patterns import matches
 
-from rkcompile.passes.fusion_table import hard_swish_relu6
+from rkcompile.passes.fusion_table import RECOGNISERS
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, RewriteRule, Site, producer
 
 #: ops that compute x*W (+ bias) with constant W, and the axis of their output that indexes W's
@@ -30,9 +30,6 @@ WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "Gemm": -1, "MatMul": -1}
 #: channel's, on the axis `_axis_after` finds
 RELABELS = RESHAPE_LIKE | {"Transpose"}
 AFFINE_OPS = frozenset({"Mul", "Add", "Sub", "Div", "BatchNormalization"})
-#: x * relu6(x + 3) / 6 as exporters write it: its scale by 1/6 is part of the HardSwish the NPU
-#: runs as one kernel (fused with the Conv before it), so it is not folded away from the rest
-HARD_SWISH = hard_swish_relu6()
 
 
 def batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -252,6 +249,20 @@ def _input_channel_vector(values: np.ndarray, x_shape: tuple[int, ...]) -> np.nd
     return _per_channel(values, len(x_shape), 1, x_shape[1])
 
 
+def _recognised_only_with(node: gs.Node, x: gs.Tensor) -> str | None:
+    """The kernel a fusion-table recogniser finds ending at `node` and not at `x`'s producer:
+    folding `node` away would leave an unrecognised remainder (GELU's x*(1+erf(...)) without its
+    0.5), while a LayerNorm's affine folds away leaving the norm exNorm still reads."""
+    made_by = x.inputs[0] if len(x.inputs) == 1 else None
+    for rule in RECOGNISERS:
+        ops = rule.pattern.root_ops()
+        if ops is not None and node.op not in ops or next(matches(rule.pattern, node), None) is None:
+            continue
+        if made_by is None or next(matches(rule.pattern, made_by), None) is None:
+            return rule.kernel
+    return None
+
+
 def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
     """scale*x + shift by constants whose result only a Conv reads (as its input), folded into
     that Conv: W'[o, i] = W[o, i]*scale[i], b' = b + sum over i and the kernel of W[o, i]*shift[i].
@@ -261,13 +272,14 @@ def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
     affine = _affine_of(node)
     if isinstance(affine, str):
         return affine
-    if next(matches(HARD_SWISH, node), None) is not None:
-        return "its scale ends a HardSwish (x * relu6(x + 3) / 6), one NPU kernel with the op before it"
     x, scale, shift = affine
     y = node.outputs[0]
     conv = y.outputs[0] if _sole_reader(y, site) else None
     if conv is None or conv.op != "Conv" or conv.inputs[0] is not y:
         return "its result is not read by one Conv alone, as that Conv's input"
+    kernel = _recognised_only_with(node, x)
+    if kernel:
+        return f"it ends a pattern the fusion table runs as {kernel}, which the fold would hide"
     shape = static_shape(x)
     if shape is None or len(shape) < 3 or static_shape(y) != shape:
         return "the constant broadcasts its input to another shape, or the shape is unknown"

@@ -5,8 +5,8 @@ four as supported).
 
 - A LayerNorm or RMSNorm written out op by op over trailing axes (exporters below opset 17) is
   done on the [L, C, 1, 1] view of its input, where exNorm's axis [1] is the normalized axis:
-  as one LayerNormalization where the opset has it, else as 1x1 convolutions for the means and
-  element-wise ops the NPU runs. Norms already on the NPU's axes are left to the fusion pass.
+  as one LayerNormalization where the opset or the target's exNorm has it, else as 1x1
+  convolutions for the means and element-wise ops the NPU runs. Norms already on the NPU's axes are left to the fusion pass.
 - InstanceNormalization normalizes each (image, channel) over its spatial axes: the same on the
   [N*C, H*W, 1, 1] view, then the per-channel scale and bias.
 - ReduceMax and ReduceMin stay on the CPU: a softmax written out with a float32 mask of
@@ -41,7 +41,9 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
     on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same reduction over
     axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv with weights -1/C,
     x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C and bias eps, its
-    Pow -0.5 and a Mul."""
+    Pow -0.5 and a Mul. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
+    only for a target with exNorm: the fusion pass makes it that kernel (one legal node, nothing
+    can stop the fusion), so no plan holds an op its opset lacks."""
     reason = "not the output of a LayerNorm or RMSNorm written out op by op"
     for kind, core in NORM_CORES:
         for match in matches(core, node):
@@ -52,12 +54,13 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
             x, trailing, epsilon = region
             shape = static_shape(x)
             rows, channels = element_count(shape[:trailing]), element_count(shape[trailing:])
-            if kind == "layer" and site.opset >= LAYER_NORMALIZATION_OPSET:
+            if kind == "layer" and (site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")):
+                affine, scale, bias = _affine_after(node, shape, trailing, site)
                 builder = site.builder(node)
                 view = builder.reshape(x, [rows, channels, 1, 1])
-                normed = _layer_normalization(builder, view, epsilon)
-                builder.reshape(normed, shape, out=node.outputs[0])
-                yield builder.finish(*match.members)
+                normed = _layer_normalization(builder, view, epsilon, scale, bias)
+                builder.reshape(normed, shape, out=(affine[-1] if affine else node).outputs[0])
+                yield builder.finish(*match.members, *affine)
             builder = site.builder(node)
             view = builder.reshape(x, [rows, channels, 1, 1])
             normed = _normalized_by_convs(builder, view, epsilon, centre=kind == "layer")
@@ -96,11 +99,37 @@ def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, in
     return x, normalized[0], float(np.asarray(match.constant("epsilon")).reshape(-1)[0])
 
 
-def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float) -> gs.Tensor:
+def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list[gs.Node], np.ndarray, np.ndarray]:
+    """The Mul by a constant scale, then the Add of a constant bias, each constant over the
+    normalized axes only, that alone read the norm's result in turn (exporters write
+    LayerNorm's affine after its core): those nodes, and the scale and bias [C, 1, 1] they
+    apply (ones and zeros for a missing one), so LayerNormalization takes them as its own."""
+    channels = element_count(shape[trailing:])
+    dtype = dtype_name(root.outputs[0].dtype)
+    params = {"Mul": np.ones((channels, 1, 1), dtype), "Add": np.zeros((channels, 1, 1), dtype)}
+    nodes, result = [], root.outputs[0]
+    for op in ("Mul", "Add"):
+        reader = result.outputs[0] if len(result.outputs) == 1 and result.name not in site.graph_outputs else None
+        if reader is None or reader.op != op or len(reader.inputs) != 2 or static_shape(reader.outputs[0]) != shape:
+            continue
+        operand = reader.inputs[1] if reader.inputs[0] is result else reader.inputs[0]
+        values = np.asarray(operand.values) if isinstance(operand, gs.Constant) else None
+        if values is None or values.ndim > len(shape) or dtype_name(values.dtype) not in FLOAT_DTYPES:
+            continue
+        aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
+        if any(d != 1 for d in aligned.shape[:trailing]):
+            continue  # it varies along an axis the norm does not normalize
+        params[op] = np.broadcast_to(aligned[(0,) * trailing], shape[trailing:]).reshape(channels, 1, 1).astype(dtype)
+        nodes.append(reader)
+        result = reader.outputs[0]
+    return nodes, params["Mul"], params["Add"]
+
+
+def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float, scale=None, bias=None) -> gs.Tensor:
     channels = static_shape(view)[1]
     dtype = dtype_name(view.dtype)
-    scale = builder.const(np.ones((channels, 1, 1), dtype), "scale")
-    bias = builder.const(np.zeros((channels, 1, 1), dtype), "bias")
+    scale = builder.const(np.ones((channels, 1, 1), dtype) if scale is None else scale, "scale")
+    bias = builder.const(np.zeros((channels, 1, 1), dtype) if bias is None else bias, "bias")
     return builder.op("LayerNormalization", [view, scale, bias], static_shape(view), view.dtype,
                       axis=1, epsilon=epsilon)
 
