@@ -2,7 +2,7 @@
 relabel, so that it follows the Conv and fuses with it (ConvExGelu, ConvRelu, ...).
 
 The rewrite pass runs a MatMul or Gemm by weights as a 1x1 Conv between two Reshapes
-(rewrites/matmul.py), so the activation the model applies to the product, GELU in a
+(rewrites/matmul_as_conv.py), so the activation the model applies to the product, GELU in a
 transformer's feed-forward block, reads a Reshape of the Conv's output and no kernel fusion
 can take it; rknn-toolkit2 runs the pair as one ConvExGelu (peer/zoo_rk3588.json,
 transformer_encoder and bert_mini). A relabel only renames elements, and an element-wise op

@@ -5,7 +5,7 @@
     plan.save("model.rkplan")
     outputs = rkcompile.run(rkcompile.load("model.rkplan"), {"images": x})
 
-A `Plan` is the plan record (`rkcompile.plan.schema.Plan`, the JSON contract) with its weight region;
+A `Plan` is the plan record (`rkcompile.plan.schema.PlanRecord`, the JSON contract) with its weight region;
 `run` executes exactly that, so a saved plan runs the same in any process without the model.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ from rkcompile.emulator.session import Prepared, check_plan, emulate, make_input
 from rkcompile.emulator.storage import EmulationError, Storage
 from rkcompile.errors import CompileError
 from rkcompile.numerics.dtypes import FLOAT_DTYPES
-from rkcompile.plan.nodes import Constant, Node, is_constant, node_inputs
+from rkcompile.plan.plain_nodes import Constant, Node, is_constant, node_inputs
 from rkcompile.plan.operations import rebuild
-from rkcompile.plan.schema import Plan as PlanRecord
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.quantization.params import quantize
 from rkcompile.targets import get_target
 from rkcompile.targets.model import Target

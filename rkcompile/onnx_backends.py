@@ -7,7 +7,7 @@ op or a type it has no kernel for, or computes against the spec: ONNXRUNTIME_DEV
 The answer comes from asking onnxruntime for a session on the node alone (`node_model`), once
 per distinct node (`anonymous`); `make_session` is the one way either side makes a session, so
 a step decided here runs on the same session options there. Imports neither side: it asks
-about the plan layer's plain nodes (rkcompile/plan/nodes.py; the compiler converts its own with
+about the plan layer's plain nodes (rkcompile/plan/plain_nodes.py; the compiler converts its own with
 rkcompile.ir.nodes.plain_node).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-from rkcompile.plan.nodes import (Constant, Node, fused_body, is_onnx_domain, node_inputs, plain_attribute_key,
+from rkcompile.plan.plain_nodes import (Constant, Node, fused_body, is_onnx_domain, node_inputs, plain_attribute_key,
     subgraphs)
 from rkcompile.plan.onnx_protos import node_proto, single_node_graph
 

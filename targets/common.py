@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 from rkcompile.targets import constraints as c
 from rkcompile.targets.model import OpRule, Performance, Rule, Target
-from rkcompile.targets.transpose import FULL_TABLE, NARROW
+from rkcompile.targets.transpose_limits import FULL_TABLE, NARROW
 
 #: ONNX op -> (oplist kernel, inputs that carry integer indices rather than data)
 ONNX_TO_KERNEL: Mapping[str, tuple[str, tuple[int, ...]]] = {

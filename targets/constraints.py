@@ -23,7 +23,7 @@ import math
 from typing import Iterable, Mapping
 
 from rkcompile.numerics.dtypes import FLOAT_DTYPES, dtype_name, element_count
-from rkcompile.plan.nodes import constant_value, is_constant, present_inputs, static_shape
+from rkcompile.plan.plain_nodes import constant_value, is_constant, present_inputs, static_shape
 from rkcompile.targets.model import CheckResult
 
 NPU_RANK = 4

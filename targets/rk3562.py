@@ -8,7 +8,7 @@ for RK3588 and RK3576 only. No SRAM size is given by the seeds.
 from rkcompile.targets.common import (CONV_TRANSPOSE_FUSIONS, SEED_000, SEED_000_KERNELS, SHARED_KERNELS,
     Figures, build_target, seeded)
 from rkcompile.targets.model import CpuFigures, Performance
-from rkcompile.targets.transpose import WIDE
+from rkcompile.targets.transpose_limits import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Hardmax", "LSTM",

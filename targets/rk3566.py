@@ -6,7 +6,7 @@ float16 4). One core: seed 003 3.1.1 and seed 004 name multi-core for RK3588 and
 """
 from rkcompile.targets.common import CONV_TRANSPOSE_FUSIONS, SHARED_KERNELS, Figures, build_target
 from rkcompile.targets.model import CpuFigures, Performance
-from rkcompile.targets.transpose import NARROW, RK3566_TABLE
+from rkcompile.targets.transpose_limits import NARROW, RK3566_TABLE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "LSTM", "Min", "Pow",

@@ -9,7 +9,7 @@ the seeds. RV1126B shares every rule here (rv1126b.py).
 from rkcompile.targets.common import (CONV_TRANSPOSE_FUSIONS, SEED_001, SEED_001_KERNELS, SHARED_KERNELS,
     Figures, build_target, seeded)
 from rkcompile.targets.model import CpuFigures, Performance
-from rkcompile.targets.transpose import WIDE
+from rkcompile.targets.transpose_limits import WIDE
 
 KERNELS = SHARED_KERNELS + CONV_TRANSPOSE_FUSIONS + (
     "AveragePool", "ConvolutionAddRelu", "GRU", "Gather", "GlobalAveragePool", "Greater", "Hardmax",

@@ -8,7 +8,7 @@ only.
 """
 from rkcompile.targets.common import SHARED_KERNELS, Figures, build_target
 from rkcompile.targets.model import CpuFigures, Performance
-from rkcompile.targets.transpose import WIDE
+from rkcompile.targets.transpose_limits import WIDE
 
 KERNELS = SHARED_KERNELS + (
     "ConvTranposeClip", "ConvTranposePRelu/LeakyRelu", "ConvTranposeRelu", "Softmax", "exSoftmax13",

@@ -16,7 +16,7 @@ from conftest import REPO, ZOO, needs_zoo, zoo_models
 import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 
 TINY = REPO / "examples" / "tiny_cnn.onnx"
 RKCOMPILE = Path(sys.executable).with_name("rkcompile")
@@ -60,7 +60,7 @@ def test_the_artifact_holds_the_plan_and_the_weight_region(tmp_path):
     with zipfile.ZipFile(path) as archive:
         data = json.loads(archive.read("plan.json"))
         weights = archive.read("weights.bin")
-    plan = Plan.from_dict(data)
+    plan = PlanRecord.from_dict(data)
     assert data["schema"] == "rkcompile.plan/2" and len(weights) == plan.memory.weight_bytes
     assert all(step.operation is not None and step.operation.outputs for step in plan.steps)
     fused = [step for step in plan.steps if "body" in step.operation.attributes]
@@ -74,7 +74,7 @@ def test_the_artifact_holds_the_plan_and_the_weight_region(tmp_path):
     assert np.isfinite(stored).all() and np.abs(stored).max() > 0
 
 
-def weight_of_first_conv(plan: Plan) -> str:
+def weight_of_first_conv(plan: PlanRecord) -> str:
     step = next(s for s in plan.steps if s.device == "npu" and len(s.operation.inputs) > 1
                 and plan.tensors[s.operation.inputs[1]].region == "weight")
     return step.operation.inputs[1]
@@ -218,7 +218,7 @@ def test_run_refuses_planning_flags_that_contradict_a_saved_artifact(tmp_path, c
     silently ignored, so they are refused in one line; restating the artifact's own is harmless."""
     artifact, calib = tmp_path / "tiny.rkplan", tmp_path / "calib.npz"
     rkcompile.compile(TINY, "rk3588").save(artifact)
-    np.savez(calib, **{spec.name: np.zeros(spec.shape, np.float32) for spec in Plan.from_dict(
+    np.savez(calib, **{spec.name: np.zeros(spec.shape, np.float32) for spec in PlanRecord.from_dict(
         json.loads(zipfile.ZipFile(artifact).read("plan.json"))).model.inputs})
     refused = [(["--dtype", "int8"], "--dtype int8 contradicts"), (["--batch", "2"], "--batch 2 contradicts"),
                (["--dtype", "int8", "--calib", str(calib)], "--dtype int8 contradicts"),

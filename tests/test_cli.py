@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from rkcompile.cli import build_parser, command_named, main
-from rkcompile.plan.schema import PLAN_SCHEMA, Plan, contract_violations
+from rkcompile.plan.schema import PLAN_SCHEMA, PlanRecord, contract_violations
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 
@@ -35,7 +35,7 @@ def test_json_plan_is_written_and_loads(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["schema"] == PLAN_SCHEMA and data["target"] == "rk3576"
     assert list(data)[:4] == ["schema", "target", "dtype", "batch"]
-    plan = Plan.from_dict(data)
+    plan = PlanRecord.from_dict(data)
     assert contract_violations(plan) == []
     folded = {n["name"] for n in data["nodes"] if n["device"] == "folded"}
     assert folded == {"shape", "gather_batch", "concat_shape"}

@@ -22,7 +22,7 @@ from rkcompile.options import Options
 from rkcompile.emulator import emulate, make_inputs
 from rkcompile.emulator.session import Prepared
 from rkcompile.emulator.storage import EmulationError
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.commands.run import load_npz
 
 sweep = load_tool("sweep_backend_data")
@@ -139,7 +139,7 @@ def test_cpu_steps_name_their_backend_and_plans_without_it_still_run(tmp_path, c
     older = json.loads(prepared.plan.to_json())
     for step in older["steps"]:
         del step["cpu_backend"]  # a plan written before the field existed
-    without = Prepared(Plan.from_dict(older), prepared.weights)
+    without = Prepared(PlanRecord.from_dict(older), prepared.weights)
     assert all(s.cpu_backend is None for s in without.plan.steps)
     again = emulate(without, inputs).outputs
     assert all(np.array_equal(fresh[name], again[name]) for name in fresh)

@@ -8,7 +8,7 @@ from conftest import make_model, value_info
 from onnx import TensorProto, helper
 
 from rkcompile import onnx_backends
-from rkcompile.plan import nodes as plain
+from rkcompile.plan import plain_nodes as plain
 from rkcompile.compiler.pipeline import compile_model
 
 

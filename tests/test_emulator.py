@@ -18,7 +18,7 @@ from rkcompile.emulator import EmulationError, Executor, Storage, emulate, make_
 from rkcompile.emulator.registry import KERNELS
 from rkcompile.ir.patterns import Pattern
 from rkcompile.passes.fusion_table import TABLES
-from rkcompile.plan.schema import Plan, TensorPlacement
+from rkcompile.plan.schema import PlanRecord, TensorPlacement
 from rkcompile.targets import get_target
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
@@ -53,9 +53,9 @@ def residual(tmp_path) -> Path:
     return path
 
 
-def one_tensor_plan(placement: TensorPlacement) -> Plan:
+def one_tensor_plan(placement: TensorPlacement) -> PlanRecord:
     """A plan skeleton holding one arena tensor, enough for Storage."""
-    empty = Plan.from_dict({
+    empty = PlanRecord.from_dict({
         "schema": "rkcompile.plan/1", "target": "rk3588", "dtype": "float16", "batch": 1,
         "model": {"path": "m", "sha256": "0", "opset": 17, "inputs": [], "outputs": []},
         "nodes": [], "steps": [], "tensors": {}, "partitions": [],

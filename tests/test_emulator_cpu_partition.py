@@ -85,7 +85,7 @@ def test_cpu_nodes_alike_but_for_their_names_share_one_session_and_values_keep_t
     attention layer) make one session; different wiring (x * x against x * y) or a different
     attribute value (ConstantOfShape's fill, which does not decide whether onnxruntime takes
     the node) makes another, and each node gets its own values."""
-    from rkcompile.plan import nodes as plain
+    from rkcompile.plan import plain_nodes as plain
 
     from rkcompile.emulator.reference import CpuRuntime
     from rkcompile.onnx_backends import ONNXRUNTIME

@@ -21,8 +21,8 @@ from rkcompile.numerics.float16 import ONNXRUNTIME_MIN_ELEMENTS, cast
 from rkcompile.emulator.kernels import conv as conv_module
 from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape
-from rkcompile.plan import nodes as plain
-from rkcompile.plan.schema import Plan, TensorPlacement
+from rkcompile.plan import plain_nodes as plain
+from rkcompile.plan.schema import PlanRecord, TensorPlacement
 from rkcompile.targets import get_target
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -122,7 +122,7 @@ def test_a_cast_of_a_strided_array_comes_back_c_contiguous_with_numpys_values(si
 def one_tensor_storage(shape, dtype, offset=6) -> Storage:
     """A Storage holding one NC1HWC2 arena tensor at `offset`."""
     size = int(np.prod(nc1hwc2_shape(as_nchw(shape), RK3588.c2_for(dtype)))) * np.dtype(dtype).itemsize
-    plan = Plan.from_dict({
+    plan = PlanRecord.from_dict({
         "schema": "rkcompile.plan/1", "target": "rk3588", "dtype": "float16", "batch": 1,
         "model": {"path": "m", "sha256": "0", "opset": 17, "inputs": [], "outputs": []},
         "nodes": [], "steps": [], "tensors": {}, "partitions": [],

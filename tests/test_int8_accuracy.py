@@ -22,7 +22,7 @@ from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.emulator.kernels.conv import convolve
 from rkcompile.passes.int8_accuracy import WeightErrorMeans, corrected_bias, weight_error
-from rkcompile.plan.nodes import Constant
+from rkcompile.plan.plain_nodes import Constant
 
 rng = np.random.default_rng(19)
 

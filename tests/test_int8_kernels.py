@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 
 from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table,
     requantize, run_int8)
-from rkcompile.plan import nodes as plain
+from rkcompile.plan import plain_nodes as plain
 from rkcompile.plan.schema import Quantization
 from rkcompile.quantization.params import (activation_params, bias_params, dequantize, is_movement, quantize,
     weight_params)

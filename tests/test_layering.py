@@ -30,7 +30,7 @@ PACKAGES = {"rkcompile": REPO / "rkcompile", "rkcompile.passes": REPO / "passes"
 
 #: The plan-data layer: the contract and what reading, checking and laying out a plan needs.
 PLAN_DATA = ("rkcompile.plan.schema", "rkcompile.plan.artifact", "rkcompile.plan.allocation", "rkcompile.numerics",
-             "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.plan.nodes",
+             "rkcompile.quantization.params", "rkcompile.errors", "rkcompile.plan.operations", "rkcompile.plan.plain_nodes",
              "rkcompile.plan.onnx_protos", "rkcompile.plan.cpu_partitions")
 EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
@@ -220,6 +220,6 @@ def test_a_compiler_import_of_the_emulator_is_caught(graph):
     """Through another module too: a pass importing a neutral module that imports the emulator."""
     broken = graph.copy()
     broken.add_edge("rkcompile.onnx_backends", "rkcompile.emulator.reference")
-    assert "rkcompile.passes.rewrites.resize -> rkcompile.onnx_backends -> rkcompile.emulator.reference" in \
-        forbidden_paths(broken, ["rkcompile.passes.rewrites.resize"], (EMULATOR,))
-    assert forbidden_paths(graph, ["rkcompile.passes.rewrites.resize"], (EMULATOR,)) == []
+    assert "rkcompile.passes.rewrites.resize_as_matmul -> rkcompile.onnx_backends -> rkcompile.emulator.reference" in \
+        forbidden_paths(broken, ["rkcompile.passes.rewrites.resize_as_matmul"], (EMULATOR,))
+    assert forbidden_paths(graph, ["rkcompile.passes.rewrites.resize_as_matmul"], (EMULATOR,)) == []

@@ -16,7 +16,7 @@ from onnx import helper
 from rkcompile.plan.allocation import (Buffer, conflicts, live_ranges, lower_bound, plan_arena,
     verify_allocation)
 from rkcompile.compiler.pipeline import compile_model
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 
 
 def buffers_of(tuples):
@@ -255,13 +255,13 @@ def test_in_place_reuse_is_stated_and_sound(save):
 
 def test_plan_json_keeps_reuses_and_alignment_and_old_plans_load(save):
     plan, _ = compile_model(save(_elementwise_model()), "rk3588")
-    again = Plan.from_dict(json.loads(plan.to_json()))
+    again = PlanRecord.from_dict(json.loads(plan.to_json()))
     assert again == plan
     data = json.loads(plan.to_json())
     del data["memory"]["alignment"]
     for tensor in data["tensors"].values():
         del tensor["reuses"]
-    older = Plan.from_dict(data)
+    older = PlanRecord.from_dict(data)
     assert older.memory.alignment == 1 and all(t.reuses is None for t in older.tensors.values())
 
 

@@ -16,7 +16,7 @@ from rkcompile.options import Options
 from rkcompile.errors import CompileError
 from rkcompile.passes.multicore import split_axes
 from rkcompile.compiler.pipeline import compile_model
-from rkcompile.plan.schema import Plan, contract_violations
+from rkcompile.plan.schema import PlanRecord, contract_violations
 from rkcompile.views.summary import render_summary
 from rkcompile.targets import get_target
 
@@ -146,13 +146,13 @@ def test_core_mask_splits_only_multi_core_kernels_along_allowed_axes(two_convs, 
 def test_plan_json_round_trips_contexts_and_splits(two_convs):
     for plan in (_plan(two_convs, "rk3588", 4), _plan(two_convs, "rk3576", 1, "0_1")):
         data = json.loads(plan.to_json())
-        assert Plan.from_dict(data) == plan
+        assert PlanRecord.from_dict(data) == plan
         assert set(data["multicore"]) >= {"cores", "batch", "contexts", "core_mask", "per_core", "est_latency_ms",
                                           "est_fps", "speedup", "splits"}
         assert set(data["multicore"]["per_core"][0]) >= {"core", "steps", "est_ms"}
     older = json.loads(plan.to_json())
     older["multicore"] = {"cores": 1, "batch": 1}
-    assert Plan.from_dict(older).multicore.contexts == ()
+    assert PlanRecord.from_dict(older).multicore.contexts == ()
 
 
 def test_no_multi_core_kernel_means_one_core_and_no_speedup(save):

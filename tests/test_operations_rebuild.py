@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.construct import constant, graph_node, variable
 from rkcompile.ir.describe import describe
 from rkcompile.ir.nodes import node_proto, plain_nodes
-from rkcompile.plan import nodes as plain
+from rkcompile.plan import plain_nodes as plain
 from rkcompile.plan.onnx_protos import node_proto as plain_proto
 from rkcompile.plan.operations import rebuild
 

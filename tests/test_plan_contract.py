@@ -9,7 +9,7 @@ import pytest
 
 from rkcompile.options import Options
 from rkcompile.compiler.pipeline import compile_model
-from rkcompile.plan.schema import Plan, contract_violations
+from rkcompile.plan.schema import PlanRecord, contract_violations
 
 from conftest import PRIMARY_TARGETS, light_models, needs_zoo, zoo_models
 
@@ -25,7 +25,7 @@ def _check_plan(path, target):
         i.name for i in original.graph.input if i.name not in {t.name for t in original.graph.initializer}]
     assert [o.name for o in plan.model.outputs] == [o.name for o in original.graph.output]
     assert plan.memory.arena_bytes >= plan.memory.lower_bound_bytes > 0
-    assert Plan.from_dict(json.loads(plan.to_json())) == plan
+    assert PlanRecord.from_dict(json.loads(plan.to_json())) == plan
     return plan
 
 
@@ -69,7 +69,7 @@ def test_contract_violations_catch_a_broken_plan():
     data["steps"][1]["inputs"].append("not_a_tensor")
     data["nodes"][0]["device"] = "cpu"
     data["nodes"][0]["reason"] = None
-    broken = Plan.from_dict(data)
+    broken = PlanRecord.from_dict(data)
     problems = contract_violations(broken, [name for name, _ in ctx.original_nodes])
     assert any("not_a_tensor" in p for p in problems)
     assert any("without a reason" in p for p in problems)

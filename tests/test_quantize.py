@@ -24,7 +24,7 @@ from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.errors import CompileError
 from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model, finish_plan, front_half
-from rkcompile.plan.schema import Plan, TensorSpec, contract_violations
+from rkcompile.plan.schema import PlanRecord, TensorSpec, contract_violations
 from rkcompile.quantization.params import (RangeObserver, activation_params, dequantize, kl_threshold,
     load_calibration, mmse_range, quantize, random_calibration, seeded_variations, weight_params)
 
@@ -258,7 +258,7 @@ def test_int8_plan_parameters(cnn, tmp_path):
     assert tensors["scales"].dtype == "float32"  # a parameter, not data
     relu_out = quant["r1"]
     assert relu_out.zero_points == (-128,)  # ReLU output spends every step on [0, max]
-    loaded = Plan.from_dict(json.loads(plan.to_json()))
+    loaded = PlanRecord.from_dict(json.loads(plan.to_json()))
     assert loaded.quantization == plan.quantization
 
 
@@ -270,7 +270,7 @@ def test_float16_plans_have_no_quantization(cnn):
 def test_contract_catches_an_int8_tensor_without_parameters(cnn, tmp_path):
     plan, _ = compile_model(cnn, "rk3588", Options(dtype="int8", calibration=calibration_file(tmp_path)),
                             runtime=EMULATOR_RUNTIME)
-    broken = Plan.from_dict({**plan.to_dict(), "quantization": {
+    broken = PlanRecord.from_dict({**plan.to_dict(), "quantization": {
         k: v.__dict__ for k, v in plan.quantization.items() if k != "r1"}})
     assert any("r1" in problem for problem in contract_violations(broken))
 
@@ -324,7 +324,7 @@ def test_int8_run_of_a_small_cnn_matches_onnxruntime(cnn, tmp_path):
     assert agreement("y", result, onnxruntime_outputs(cnn, {"x": x})["y"]).cosine >= 0.999
 
 
-def first_conv_output(plan: Plan) -> str:
+def first_conv_output(plan: PlanRecord) -> str:
     return next(step.outputs[0] for step in plan.steps if step.device == "npu" and step.kernel.startswith("Conv"))
 
 
@@ -387,7 +387,7 @@ def test_a_concat_operand_quantized_away_is_reported_and_kept_in_float16(boxes_a
     assert main(["plan", str(boxes_and_scores), "--target", "rk3588", "--dtype", "int8", "--calib", str(calib),
                  "--json", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
-    plan = Plan.from_dict(json.loads((tmp_path / "plan.json").read_text()))
+    plan = PlanRecord.from_dict(json.loads((tmp_path / "plan.json").read_text()))
     (concat,) = [s for s in plan.steps if s.kernel == "Concat"]
     warning = plan.quantization[concat.outputs[0]].warning
     assert warning and "scores" in warning and "boxes" not in warning and f"--float16 {concat.outputs[0]}" in warning

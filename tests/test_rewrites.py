@@ -18,7 +18,7 @@ from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite
 from rkcompile.passes.legalize import check_node, evaluate_rules
 from rkcompile.passes.rewrites.pooling import pool_stage_kernels
 from rkcompile.compiler.pipeline import PASSES, assemble_plan
-from rkcompile.plan.schema import Plan, contract_violations
+from rkcompile.plan.schema import PlanRecord, contract_violations
 from rkcompile.targets import get_target
 from rkcompile.targets.model import OpRule, Rule
 
@@ -619,7 +619,7 @@ def classifier_tail():
                        weight("c", RNG.normal(size=[5]).astype(np.float32))])
 
 
-def planned(model, tmp_path, target) -> tuple[Plan, CompileContext]:
+def planned(model, tmp_path, target) -> tuple[PlanRecord, CompileContext]:
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     ctx = CompileContext(model_path=path, target=target)
@@ -651,9 +651,9 @@ def test_plan_keeps_one_entry_per_original_node_and_lists_the_rewrites(tmp_path)
 def test_plan_json_round_trips_rewrites_and_older_plans_still_load(tmp_path):
     plan, _ = planned(classifier_tail(), tmp_path, get_target("rk3588"))
     data = json.loads(plan.to_json())
-    assert Plan.from_dict(data).rewrites == plan.rewrites and plan.rewrites
+    assert PlanRecord.from_dict(data).rewrites == plan.rewrites and plan.rewrites
     del data["rewrites"]
-    assert Plan.from_dict(data).rewrites == ()
+    assert PlanRecord.from_dict(data).rewrites == ()
 
 
 @needs_zoo

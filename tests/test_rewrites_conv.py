@@ -1,4 +1,4 @@
-"""Conv rewrites (passes/rewrites/conv.py): a Conv over the target's window limits becomes
+"""Conv rewrites (passes/rewrites/conv_windows.py): a Conv over the target's window limits becomes
 convolutions within them that compute exactly what it computes, for strides, kernels, pads and
 groups other than the repros', at every primary target."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from onnx import helper
 from conftest import PRIMARY_TARGETS, make_model, value_info, weight
 from rkcompile.compiler.context import CompileContext
 from rkcompile.passes import fold_constants, import_model, remove_noops, rewrite
-from rkcompile.passes.rewrites.conv import factors_within
+from rkcompile.passes.rewrites.conv_windows import factors_within
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 

@@ -1,4 +1,4 @@
-"""Resize rewrites (passes/rewrites/resize.py): a Resize the NPU's kernel does not take becomes
+"""Resize rewrites (passes/rewrites/resize_as_matmul.py): a Resize the NPU's kernel does not take becomes
 two MatMuls by constant interpolation matrices that compute what onnxruntime computes, for
 modes, coordinate conventions, scales and sizes other than the wide zoo's, at every primary
 target; a Resize the kernel takes is left to it."""

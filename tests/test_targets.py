@@ -14,7 +14,7 @@ import pytest
 from rkcompile.errors import CompileError
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import TARGET_MODULES, all_targets, get_target
-from rkcompile.targets.transpose import FULL_TABLE, NARROW, RK3566_TABLE, WIDE
+from rkcompile.targets.transpose_limits import FULL_TABLE, NARROW, RK3566_TABLE, WIDE
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 OPLIST = SHARED / "oplist" / "npu_ops_by_platform_v2.3.2.json"
@@ -114,7 +114,7 @@ def _oplist_perm_table(text: str) -> tuple[dict[str, int], dict[tuple[int, ...],
 
 
 def _as_python(printed: str) -> str:
-    """An oplist condition line in the spelling of targets/transpose.py, spaces removed."""
+    """An oplist condition line in the spelling of targets/transpose_limits.py, spaces removed."""
     text = printed.replace(" ", "").replace("，", ",").replace("c1*h1*w1p", "c1*h1*w1<p")  # the oplist's dropped '<'
     text = text.replace("n<8192", "n1<8192").replace("h1=w1=1,", "h1==1andw1==1and").replace("n1=h1=1,", "n1==1andh1==1and")
     return re.sub(r"%(\d+)=0", r"%\1==0", text)

@@ -9,8 +9,8 @@ calls for.
 """
 from __future__ import annotations
 
-from rkcompile.passes.rewrites import (affine, channels, conv, elementwise, layout_ops as layout, masks, matmul, norm, pooling,
-    rank, reductions, resize)
+from rkcompile.passes.rewrites import (affine, channels, conv_windows, elementwise, layout_ops, masks,
+    matmul_as_conv, norm, pooling, rank, reductions, resize_as_matmul)
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
@@ -22,17 +22,17 @@ FAMILIES = (
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
-    matmul,       # Gemm/MatMul by weights as 1x1 Conv, K splits
-    conv,         # Conv strides and kernels over the window limits (space-to-depth, kernel tiles);
-                  # after matmul, whose Convs it may have to legalize
+    matmul_as_conv,  # Gemm/MatMul by weights as 1x1 Conv, K splits
+    conv_windows,    # Conv strides and kernels over the window limits (space-to-depth, kernel tiles);
+                     # after matmul_as_conv, whose Convs it may have to legalize
     pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
-    resize,       # Resize scales the NPU's kernel lacks as constant-weight MatMuls (matmul's rules
-                  # then make 1x1 Convs of them)
+    resize_as_matmul,  # Resize scales the NPU's kernel lacks as constant-weight MatMuls
+                       # (matmul_as_conv's rules then make 1x1 Convs of them)
     channels,     # channel shuffles as channel-picking 1x1 Convs, folded into the Convs reading them
                   # (before rank and layout, whose rules would break the shuffle's chain apart)
     rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
                   # first, so no lone rank-5 relabel is left for layout's rules)
-    layout,       # Transpose limits, Gather of one index, relabels, Conv layouts
+    layout_ops,   # Transpose limits, Gather of one index, relabels, Conv layouts
 )
 
 RULES: tuple[RewriteRule, ...] = tuple(rule for family in FAMILIES for rule in family.RULES)

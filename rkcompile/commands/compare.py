@@ -14,7 +14,7 @@ from pathlib import Path
 from rkcompile.options import Options
 from rkcompile.errors import CompileError
 from rkcompile.compiler.idle_npu import refuse_idle_npu
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.views.summary import placed_counts
 from rkcompile.targets import all_targets, get_target
 from rkcompile.targets.model import Target
@@ -53,7 +53,7 @@ def parse_targets(text: str) -> list[Target]:
     return list(chosen.values())
 
 
-def row_of(plan: Plan) -> Row:
+def row_of(plan: PlanRecord) -> Row:
     npu, cpu = placed_counts(plan)
     return Row(target=plan.target, npu_percent=round(100 * npu / max(npu + cpu, 1), 1), npu_ops=npu, cpu_ops=cpu,
                steps=len(plan.steps), arena_bytes=plan.memory.arena_bytes, weight_bytes=plan.memory.weight_bytes,

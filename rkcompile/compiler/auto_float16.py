@@ -37,7 +37,7 @@ from rkcompile.compiler.context import CompileContext, FloatGraph, Runtime
 from rkcompile.options import INT8_SETTINGS
 from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
 from rkcompile.passes.quantize import idle_techniques
-from rkcompile.plan.schema import Int8Technique, Plan as PlanRecord
+from rkcompile.plan.schema import Int8Technique, PlanRecord
 from rkcompile.quantization.params import dequantize, quantize, samples_for
 from rkcompile.targets import get_target
 

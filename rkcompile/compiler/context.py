@@ -17,11 +17,11 @@ import onnx_graphsurgeon as gs
 from rkcompile.options import Options
 from rkcompile.plan.schema import (Int8Technique, Memory, ModelInfo, Multicore, Quantization, Rewrite,
     TensorPlacement)
-from rkcompile.plan.nodes import Node as PlainNode
+from rkcompile.plan.plain_nodes import Node as PlainNode
 from rkcompile.targets.model import Target
 
 if TYPE_CHECKING:  # int8 only: a float16 plan never imports them
-    from rkcompile.plan.schema import Plan as PlanRecord
+    from rkcompile.plan.schema import PlanRecord
     from rkcompile.quantization.params import RangeObserver
 
 

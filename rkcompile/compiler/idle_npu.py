@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from rkcompile.errors import CompileError
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.targets import get_target
 
 #: The kernel every RKNPU2 is built around: a target whose Conv takes another dtype than the
@@ -10,7 +10,7 @@ from rkcompile.targets import get_target
 CORE_KERNEL = "Conv"
 
 
-def refuse_idle_npu(plan: Plan) -> None:
+def refuse_idle_npu(plan: PlanRecord) -> None:
     """Refuse a plan that puts nothing on the NPU because the NPU's kernels do not compute in the
     plan's dtype (a float16 plan on an SoC whose convolutions take int8 only, say rv1106: oplist
     V2.3.2 data-type constraint T1), naming the dtypes the SoC runs (issue 17: rknn-toolkit2 refuses

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from rkcompile.compiler.context import CompileContext
 
 from rkcompile.options import CHOOSE, INT8_SETTINGS, Options, settings_label
-from rkcompile.plan.schema import Int8Technique, Plan as PlanRecord
+from rkcompile.plan.schema import Int8Technique, PlanRecord
 from rkcompile.progress import bar
 from rkcompile.compiler.auto_float16 import Finish, Judge, Planner, choose, judge_for
 

@@ -23,7 +23,7 @@ from rkcompile.ir.describe import describe
 from rkcompile.ir.nodes import plain_node
 from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
     legalize, memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
-from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, Plan, Step
+from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, PlanRecord, Step
 from rkcompile.targets import get_target
 
 log = logging.getLogger("rkcompile")
@@ -84,7 +84,7 @@ CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext))
 
 
 def compile_model(model_path: str | Path, target: str, options: Options | None = None, *,
-                  cpu_backends: bool = True, runtime=None, choose_int8: bool = False) -> tuple[Plan, CompileContext]:
+                  cpu_backends: bool = True, runtime=None, choose_int8: bool = False) -> tuple[PlanRecord, CompileContext]:
     """The plan and its compile context. `cpu_backends=False` leaves every step's `cpu_backend`
     unset (see `assemble_plan`), for a plan that is neither written nor run (an int8 plan whose
     settings are chosen decides them: its candidates run). `runtime`: what an int8 plan
@@ -119,7 +119,7 @@ def front_half(model_path: str | Path, target: str, options: Options, runtime=No
     return ctx
 
 
-def finish_plan(ctx: CompileContext) -> Plan:
+def finish_plan(ctx: CompileContext) -> PlanRecord:
     """The back half on `ctx`, a context after the front half, and its plan: each int8 candidate's."""
     run_passes(ctx, PASSES[QUANTIZE_AT:])
     return assemble_plan(ctx)
@@ -385,7 +385,7 @@ def dump_graph(ctx: CompileContext, pass_name: str) -> Path:
     return path
 
 
-def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
+def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> PlanRecord:
     """The plan of the passes' results. Each CPU step's `cpu_backend` is decided by asking
     onnxruntime for a session on the node (`onnx_backends.cpu_backend`): importing
     onnxruntime alone takes about 20 ms. With `cpu_backends=False` it stays None, as in a plan
@@ -423,7 +423,7 @@ def assemble_plan(ctx: CompileContext, cpu_backends: bool = True) -> Plan:
             entries.append(NodeEntry(original, op, fate, None, reason))
     partitions = tuple(Partition(pid, device, tuple(step_of[n] for n in members))
                        for pid, (device, members) in enumerate(ctx.partitions))
-    return Plan(
+    return PlanRecord(
         target=ctx.target.name, dtype=ctx.options.dtype, batch=ctx.options.batch, model=ctx.model_info,
         nodes=tuple(entries), steps=tuple(steps), tensors=dict(ctx.tensors), partitions=partitions,
         memory=ctx.memory, multicore=ctx.multicore,

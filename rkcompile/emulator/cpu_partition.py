@@ -27,7 +27,7 @@ from rkcompile.onnx_backends import NODE_MODEL_IR_VERSION, make_session
 from rkcompile.emulator.reference import runtime_value, session_for_feeds
 from rkcompile.emulator.storage import held_by_runtime
 from rkcompile.numerics.dtypes import dtype_name
-from rkcompile.plan.nodes import Node, Tensor, expanded_members, node_inputs, subgraphs
+from rkcompile.plan.plain_nodes import Node, Tensor, expanded_members, node_inputs, subgraphs
 from rkcompile.plan.onnx_protos import node_proto
 
 #: the fewest steps worth a session of their own: a single step keeps its per-node session

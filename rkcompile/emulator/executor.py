@@ -18,9 +18,9 @@ import numpy as np
 
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.numerics.dtypes import dtype_name, element_count
-from rkcompile.plan.nodes import Constant, Node, Tensor, fused_body, node_operands
+from rkcompile.plan.plain_nodes import Constant, Node, Tensor, fused_body, node_operands
 from rkcompile.plan.operations import rebuild
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.quantization.params import dequantize, is_movement, quantize
 from rkcompile.targets.model import Target
 
@@ -71,7 +71,7 @@ class WeightCache:
 
 
 class Executor:
-    def __init__(self, plan: Plan, weights: bytes, target: Target, weight_cache: WeightCache | None = None):
+    def __init__(self, plan: PlanRecord, weights: bytes, target: Target, weight_cache: WeightCache | None = None):
         without = [step.id for step in plan.steps if step.operation is None]
         if without:
             raise EmulationError(f"step {without[0]} has no operation (a {plan.schema} plan written before "

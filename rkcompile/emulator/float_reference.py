@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from rkcompile.plan.nodes import Constant, Node, expanded_members, fused_body, node_operands
+from rkcompile.plan.plain_nodes import Constant, Node, expanded_members, fused_body, node_operands
 from rkcompile.plan.onnx_protos import node_proto, tensor_proto
 
 from rkcompile.emulator import kernels  # noqa: F401  (registers the kernels)

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 from rkcompile.emulator.storage import EmulationError
-from rkcompile.plan.nodes import Constant, Graph, Node
+from rkcompile.plan.plain_nodes import Constant, Graph, Node
 
 RunNode = Callable[[Node, Sequence["np.ndarray | None"]], list]
 #: in_place(member, operands, spent) -> the member's outputs computed into one of the operands

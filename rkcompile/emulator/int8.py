@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rkcompile.plan.nodes import Constant, Node, fused_body
+from rkcompile.plan.plain_nodes import Constant, Node, fused_body
 from rkcompile.plan.schema import Quantization
 from rkcompile.quantization.params import INT8, INT32, dequantize, quantize
 from rkcompile.targets.common import ONNX_TO_KERNEL

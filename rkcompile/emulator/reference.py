@@ -21,7 +21,7 @@ import numpy as np
 from rkcompile.emulator.storage import EmulationError
 from rkcompile.onnx_backends import (ONNXRUNTIME, anonymous, anonymous_key, anonymous_names, cpu_backend,
     make_session, node_model, reference_has)
-from rkcompile.plan.nodes import Node, node_operands, subgraphs
+from rkcompile.plan.plain_nodes import Node, node_operands, subgraphs
 from rkcompile.plan.onnx_protos import single_node_graph
 
 

@@ -2,7 +2,7 @@
 registers the ONNX ops it computes, and the executor looks a node's op up here.
 
 A kernel is `kernel(node, inputs, opset) -> outputs`: `node` is the step's plain node
-(rkcompile/plan/nodes.py; its `attrs` hold the ONNX attributes), `inputs` the node's inputs in order as float32 arrays (index
+(rkcompile/plan/plain_nodes.py; its `attrs` hold the ONNX attributes), `inputs` the node's inputs in order as float32 arrays (index
 and shape tensors keep their integer dtype; an omitted optional input is None), and it returns
 one array per node output, computed in float32. Rounding to the stored dtype happens once, when
 the executor stores the result, so a fused chain is rounded once however many ops it has.
@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rkcompile.plan.nodes import Node
+from rkcompile.plan.plain_nodes import Node
 
 Kernel = Callable[[Node, Sequence["np.ndarray | None"], int], Sequence[np.ndarray]]
 

@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rkcompile.plan.allocation import verify_allocation
-from rkcompile.plan.nodes import Node
-from rkcompile.plan.schema import Plan, contract_violations
+from rkcompile.plan.plain_nodes import Node
+from rkcompile.plan.schema import PlanRecord, contract_violations
 from rkcompile.targets import get_target
 
 from rkcompile.emulator.executor import Execution, Executor, Observe, WeightCache
@@ -30,20 +30,20 @@ class Prepared:
     """A plan ready to execute: the plan, its weight region's bytes and, when it was planned in
     this process, the planned graph's step nodes with the model's own weights, which accuracy
     analysis runs in float32 as its reference."""
-    plan: Plan
+    plan: PlanRecord
     weights: bytes
     reference_nodes: Sequence[Node] | None = None
     weight_cache: WeightCache = dataclasses.field(default_factory=WeightCache, repr=False)
 
 
-def check_plan(plan: Plan) -> None:
+def check_plan(plan: PlanRecord) -> None:
     """Refuse a plan that breaks its contract or whose allocation is unsound."""
     problems = contract_violations(plan) + verify_allocation(plan)
     if problems:
         raise EmulationError(f"the plan is unsound: {problems[0]}")
 
 
-def plan_mismatch(saved: Plan, fresh: Plan) -> str | None:
+def plan_mismatch(saved: PlanRecord, fresh: PlanRecord) -> str | None:
     """The first way `saved` describes a different execution than `fresh`, else None."""
     if saved.model.sha256 != fresh.model.sha256:
         return "the model's sha256 differs"
@@ -60,7 +60,7 @@ def plan_mismatch(saved: Plan, fresh: Plan) -> str | None:
     return None
 
 
-def make_inputs(plan: Plan, given: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+def make_inputs(plan: PlanRecord, given: Mapping[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
     """The given arrays for the inputs they name; seeded random values for the rest (standard
     normal floats, integers in [0, 100), random booleans)."""
     rng = np.random.default_rng(seed)

@@ -21,7 +21,7 @@ import numpy as np
 
 from rkcompile.errors import CompileError
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape
-from rkcompile.plan.schema import Plan, TensorPlacement
+from rkcompile.plan.schema import PlanRecord, TensorPlacement
 from rkcompile.targets.model import Target
 
 from rkcompile.numerics.float16 import cast
@@ -32,7 +32,7 @@ class EmulationError(CompileError):
 
 
 class Storage:
-    def __init__(self, plan: Plan, target: Target):
+    def __init__(self, plan: PlanRecord, target: Target):
         self.tensors = plan.tensors
         self.target = target
         sizes = {"arena": plan.memory.arena_bytes, "weight": plan.memory.weight_bytes, "input": 0, "output": 0}

@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
 # What one node or tensor says about itself lives in rkcompile.ir.nodes (and, where it reads only
-# what any node has, in rkcompile.plan.nodes, which the targets' constraints use too); passes keep
+# what any node has, in rkcompile.plan.plain_nodes, which the targets' constraints use too); passes keep
 # importing it from here.
 from rkcompile.ir.dag import Dag, find_cycle
 from rkcompile.ir.nodes import (FLOAT_DTYPES, FUSED_DOMAIN, constant_value, dtype_name, element_count,

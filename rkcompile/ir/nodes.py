@@ -3,7 +3,7 @@ the subgraphs a node carries): what the passes share, and a node as the plan lay
 (`plain_nodes`), which is what the compiler hands the runtime.
 Nothing here looks at a whole graph; rkcompile/ir/graph.py builds the graph-level helpers on
 top. Dtype names and element counts (rkcompile/numerics/dtypes.py) and the facts that read a
-node of either kind (rkcompile/plan/nodes.py) are imported from below and passed on."""
+node of either kind (rkcompile/plan/plain_nodes.py) are imported from below and passed on."""
 from __future__ import annotations
 
 from itertools import repeat
@@ -16,8 +16,8 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.numerics.dtypes import FLOAT_DTYPES, dtype_name, element_count, itemsize  # noqa: F401  (passed on)
-from rkcompile.plan import nodes as plain
-from rkcompile.plan.nodes import (constant_value, is_onnx_domain, plain_attribute_key,  # noqa: F401  (passed on)
+from rkcompile.plan import plain_nodes as plain
+from rkcompile.plan.plain_nodes import (constant_value, is_onnx_domain, plain_attribute_key,  # noqa: F401  (passed on)
     present_inputs, static_shape)
 # The domain of the nodes a fusion creates (passes/fuse.py); fusion patterns match these as well
 # as ONNX ops, so a kernel fusion can take a recognised activation (Conv + exSwish -> ConvExSwish).

@@ -332,7 +332,7 @@ def _replace_after_move(placement: _Placement, moved: int, low: int, high: int, 
 
 
 def verify_allocation(plan) -> list[str]:
-    """Every way the arena placement of `plan` (a `rkcompile.plan.schema.Plan`) is wrong; empty when sound.
+    """Every way the arena placement of `plan` (a `rkcompile.plan.schema.PlanRecord`) is wrong; empty when sound.
 
     Rebuilds each arena tensor's live range from the steps, then checks: offsets are aligned
     and in bounds, `arena_bytes` covers every tensor, live tensors never share a byte (except

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rkcompile.errors import CompileError
-from rkcompile.plan.schema import Plan, write_atomically
+from rkcompile.plan.schema import PlanRecord, write_atomically
 
 PLAN_MEMBER = "plan.json"
 WEIGHTS_MEMBER = "weights.bin"
@@ -54,7 +54,7 @@ WIDENING = 8
 
 @dataclass(frozen=True)
 class Artifact:
-    plan: Plan
+    plan: PlanRecord
     #: the weight region's bytes; None for a plan read from a plain JSON file
     weights: bytes | None
     #: partition id -> the serialized ONNX model of that CPU partition
@@ -88,7 +88,7 @@ def load(path: str | Path) -> Artifact:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
                 return _load_archive(path, archive)
-        return Artifact(Plan.from_dict(json.loads(path.read_text(encoding="utf-8"))), None)
+        return Artifact(PlanRecord.from_dict(json.loads(path.read_text(encoding="utf-8"))), None)
     except FileNotFoundError:
         raise CompileError(f"{path} does not exist") from None
     except CompileError:
@@ -135,7 +135,7 @@ def _load_archive(path: Path, archive: zipfile.ZipFile) -> Artifact:
         return data
 
     text = checked(PLAN_MEMBER, read(PLAN_MEMBER, PLAN_JSON_LIMIT))
-    plan = Plan.from_dict(json.loads(text.decode("utf-8")))
+    plan = PlanRecord.from_dict(json.loads(text.decode("utf-8")))
     weight_bytes = plan.memory.weight_bytes
     weights = checked(WEIGHTS_MEMBER, read(WEIGHTS_MEMBER, weight_bytes, exact=True))
     # a member holding weights holds at most each in the model's own, widest dtype, and its container

@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from rkcompile.plan.nodes import Constant, Node, expanded_members, node_operands
+from rkcompile.plan.plain_nodes import Constant, Node, expanded_members, node_operands
 from rkcompile.plan.onnx_protos import node_proto, tensor_proto
-from rkcompile.plan.schema import Plan, Step
+from rkcompile.plan.schema import PlanRecord, Step
 
 
-def cpu_partition_models(plan: Plan, nodes: Sequence[Node]) -> dict[int, onnx.ModelProto]:
+def cpu_partition_models(plan: PlanRecord, nodes: Sequence[Node]) -> dict[int, onnx.ModelProto]:
     """partition id -> its model; `nodes` are the plan's step nodes rebuilt over its weight
     region (the emulator's `Executor.step_nodes`)."""
     models = {}
@@ -31,7 +31,7 @@ def cpu_partition_models(plan: Plan, nodes: Sequence[Node]) -> dict[int, onnx.Mo
     return models
 
 
-def _partition_model(plan: Plan, steps: list[Step], nodes: list[Node], name: str) -> onnx.ModelProto:
+def _partition_model(plan: PlanRecord, steps: list[Step], nodes: list[Node], name: str) -> onnx.ModelProto:
     members = [member for node in nodes for member in expanded_members(node)]
     written = {t.name for member in members for t in member.outputs if t.name}
     inside = {step.id for step in steps}
@@ -53,7 +53,7 @@ def _partition_model(plan: Plan, steps: list[Step], nodes: list[Node], name: str
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", plan.model.opset)])
 
 
-def _value_info(plan: Plan, name: str, dtype) -> onnx.ValueInfoProto:
+def _value_info(plan: PlanRecord, name: str, dtype) -> onnx.ValueInfoProto:
     placed = plan.tensors.get(name)
     shape = list(placed.shape) if placed is not None and placed.shape is not None else None
     element = dtype if dtype else placed.dtype if placed is not None else None

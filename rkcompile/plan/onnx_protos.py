@@ -1,4 +1,4 @@
-"""Plain nodes (rkcompile/plan/nodes.py) as ONNX protos: the one converter behind every ONNX
+"""Plain nodes (rkcompile/plan/plain_nodes.py) as ONNX protos: the one converter behind every ONNX
 model the runtime and the plan layer build (one-node models for onnxruntime and onnx.reference,
 the CPU partitions' sessions and artifact models, the partitioned-graph view).
 
@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.plan.nodes import Constant, Graph, Node, Variable, node_inputs
+from rkcompile.plan.plain_nodes import Constant, Graph, Node, Variable, node_inputs
 
 
 def node_proto(node: Node) -> onnx.NodeProto:

@@ -1,7 +1,7 @@
 """A step's ONNX node as plan data (`plan.Operation`) and back.
 
 The compiler writes the record (rkcompile/ir/describe.py `describe`); `rebuild` turns it back
-into the plain node (rkcompile/plan/nodes.py) the emulator's kernels take, whose weight inputs
+into the plain node (rkcompile/plan/plain_nodes.py) the emulator's kernels take, whose weight inputs
 are constants holding the values read from the plan's weight region, so what executes is what
 the plan says. The encoding of attribute values is documented on `plan.Operation` and in
 docs/plan-schema.md.
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rkcompile.plan.nodes import Constant, Graph, Node, Tensor, Variable
+from rkcompile.plan.plain_nodes import Constant, Graph, Node, Tensor, Variable
 from rkcompile.plan.schema import Operation
 
 #: weight(name) -> a constant holding the weight's value; None when `name` is no weight

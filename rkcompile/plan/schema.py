@@ -318,7 +318,7 @@ class Rewrite:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlanRecord:
     """The execution plan of one model for one target (docs/plan-schema.md): what each node
     became, the steps in order, every tensor's placement, the partitions, memory and cores."""
 
@@ -456,7 +456,7 @@ def _umask() -> int:
     return mask
 
 
-def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> list[str]:
+def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = None) -> list[str]:
     """Every way `plan` breaks the contract in docs/plan-schema.md; empty when it holds.
 
     `original_nodes`, when given, are the node names of the input ONNX graph, which `nodes`
@@ -535,7 +535,7 @@ def contract_violations(plan: Plan, original_nodes: list[str] | None = None) -> 
     return problems + _multicore_violations(plan, steps_by_id)
 
 
-def _multicore_violations(plan: Plan, steps_by_id: dict[int, Step]) -> list[str]:
+def _multicore_violations(plan: PlanRecord, steps_by_id: dict[int, Step]) -> list[str]:
     """The per-core lists, splits and contexts agree with the steps and the batch."""
     multicore = plan.multicore
     problems = []

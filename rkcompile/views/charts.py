@@ -22,7 +22,7 @@ from html import escape
 
 from rkcompile.plan import cost_model
 from rkcompile.plan.allocation import live_ranges
-from rkcompile.plan.schema import Plan, Step
+from rkcompile.plan.schema import PlanRecord, Step
 from rkcompile.targets import get_target
 
 #: Fill colours by what a rectangle is; conversions are the host steps between devices.
@@ -62,7 +62,7 @@ class Bar:
     kind: str  # "npu", "cpu", "host" or "run"
 
 
-def arena_blocks(plan: Plan) -> list[Block]:
+def arena_blocks(plan: PlanRecord) -> list[Block]:
     arena = {name: t for name, t in plan.tensors.items() if t.region == "arena" and t.bytes > 0}
     ranges = live_ranges([(step.inputs, step.outputs) for step in plan.steps], arena)
     first = {name: start for name, (start, _) in ranges.items()}
@@ -81,7 +81,7 @@ def arena_blocks(plan: Plan) -> list[Block]:
     return blocks
 
 
-def step_works(plan: Plan) -> list[cost_model.StepWork]:
+def step_works(plan: PlanRecord) -> list[cost_model.StepWork]:
     """What the cost model needs of each step, from the plan: its MACs and the bytes of the
     tensors it reads (weights apart) and writes, as the plan stores them."""
     def total(names, weights: bool | None = None) -> int:
@@ -92,7 +92,7 @@ def step_works(plan: Plan) -> list[cost_model.StepWork]:
                                 total(step.outputs)) for step in plan.steps]
 
 
-def one_image_seconds(plan: Plan, works: list[cost_model.StepWork]) -> list[float]:
+def one_image_seconds(plan: PlanRecord, works: list[cost_model.StepWork]) -> list[float]:
     """Each step's estimated time for one image, as the multicore pass timed it: a split step's
     slowest part (its recorded `est_ms`) and the split's cost, any other step whole on one core."""
     hardware = cost_model.hardware_for(get_target(plan.target))
@@ -102,7 +102,7 @@ def one_image_seconds(plan: Plan, works: list[cost_model.StepWork]) -> list[floa
             for step, work in zip(plan.steps, works)]
 
 
-def timeline_bars(plan: Plan) -> list[Bar]:
+def timeline_bars(plan: PlanRecord) -> list[Bar]:
     """One estimated run of the plan: every step of every image on the lane that runs it."""
     hardware = cost_model.hardware_for(get_target(plan.target))
     works = step_works(plan)
@@ -147,7 +147,7 @@ def _core_of(step: Step, default: int) -> int:
     return step.cores[0] if step.cores else default
 
 
-def memory_svg(plan: Plan) -> str:
+def memory_svg(plan: PlanRecord) -> str:
     blocks = arena_blocks(plan)
     memory = plan.memory
     steps = max(len(plan.steps), 1)
@@ -186,7 +186,7 @@ def memory_svg(plan: Plan) -> str:
     return _svg(parts, TOP + height + AXIS + 24, "memory")
 
 
-def timeline_svg(plan: Plan) -> str:
+def timeline_svg(plan: PlanRecord) -> str:
     bars = timeline_bars(plan)
     lanes = sorted({bar.lane for bar in bars}, key=lambda lane: (lane.startswith("CPU"), lane))
     end_ms = max((bar.stop_ms for bar in bars), default=0.0) or 1.0
@@ -256,7 +256,7 @@ def _svg(parts: list[str], height: float, kind: str) -> str:
             f'height="{height:.0f}" viewBox="0 0 {width} {height:.0f}">' + "".join(parts) + "</svg>\n")
 
 
-def _model_name(plan: Plan) -> str:
+def _model_name(plan: PlanRecord) -> str:
     return plan.model.path.rsplit("/", 1)[-1]
 
 

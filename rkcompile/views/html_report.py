@@ -13,7 +13,7 @@ from html import escape
 
 from rkcompile.views.charts import memory_svg, timeline_svg
 from rkcompile.views.partition_view import DEVICE_COLOURS, NodeView, PartitionView, PlanView
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 
 OPEN_LIMIT = 12
 
@@ -67,7 +67,7 @@ def _partition_html(partition: PartitionView) -> str:
             f'<div class="nodes">{"".join(_node_html(n) for n in partition.nodes)}</div></details>')
 
 
-def to_html(view: PlanView, summary: str, plan: Plan) -> str:
+def to_html(view: PlanView, summary: str, plan: PlanRecord) -> str:
     total = sum(len(p.nodes) for p in view.partitions) or 1
     strip = "".join(
         f'<a href="#partition-{p.id}" title="partition {p.id}: {p.device} ({len(p.nodes)})" '

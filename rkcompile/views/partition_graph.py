@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.views.perf import step_perf
 
 if TYPE_CHECKING:
     import networkx
 
 
-def partition_graph(plan: Plan) -> "networkx.DiGraph":
+def partition_graph(plan: PlanRecord) -> "networkx.DiGraph":
     import networkx
 
     graph = networkx.DiGraph(model=plan.model.path, target=plan.target, dtype=plan.dtype, batch=plan.batch)

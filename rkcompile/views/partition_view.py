@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 from dataclasses import dataclass
-from rkcompile.plan.schema import NodeEntry, Plan, Step
+from rkcompile.plan.schema import NodeEntry, PlanRecord, Step
 
 DEVICE_COLOURS = {"npu": "#b7e4c7", "cpu": "#ffd6a5", "host": "#dee2e6"}
 
@@ -40,7 +40,7 @@ class PlanView:
     edges: tuple[tuple[str, str, str], ...]   # (producer node, consumer node, tensor)
 
 
-def _shape_text(plan: Plan, tensor: str) -> str:
+def _shape_text(plan: PlanRecord, tensor: str) -> str:
     placed = plan.tensors.get(tensor)
     if placed is None or placed.shape is None:
         return "?"
@@ -55,7 +55,7 @@ def step_name(step: Step) -> str:
     return step.nodes[0] if step.nodes else f"step_{step.id}"
 
 
-def build_view(plan: Plan) -> PlanView:
+def build_view(plan: PlanRecord) -> PlanView:
     names = [step_name(step) for step in plan.steps]
     made_by = {tensor: step.id for step in plan.steps for tensor in step.outputs}
     step_edges = [(made_by[tensor], step.id, tensor) for step in plan.steps for tensor in step.inputs

@@ -18,15 +18,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from rkcompile.plan.nodes import Constant, Node, expanded_members, node_operands
+from rkcompile.plan.plain_nodes import Constant, Node, expanded_members, node_operands
 from rkcompile.plan.onnx_protos import node_proto, tensor_proto
-from rkcompile.plan.schema import FUSED_DOMAIN, Plan
+from rkcompile.plan.schema import FUSED_DOMAIN, PlanRecord
 
 OP = "NpuPartition"
 MIN_IR_VERSION = 10
 
 
-def partitioned_model(plan: Plan, nodes: Sequence[Node]) -> onnx.ModelProto:
+def partitioned_model(plan: PlanRecord, nodes: Sequence[Node]) -> onnx.ModelProto:
     """`nodes` are the plan's step nodes, in step order: with the model's own weights
     (`rkcompile.api.Plan.reference_nodes`) or as the weight region holds them (`step_nodes()`)."""
     members, weights = plain_steps(plan, nodes)
@@ -55,7 +55,7 @@ def partitioned_model(plan: Plan, nodes: Sequence[Node]) -> onnx.ModelProto:
     return model
 
 
-def plain_steps(plan: Plan,
+def plain_steps(plan: PlanRecord,
                 nodes: Sequence[Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
     """Each step but the host conversions as plain ONNX nodes (a fused kernel as its members),
     by step id, and the constants they read, by name (`host_renames` applied)."""
@@ -92,7 +92,7 @@ def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
             for graph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
 
 
-def host_renames(plan: Plan) -> dict[str, str]:
+def host_renames(plan: PlanRecord) -> dict[str, str]:
     """Tensor renames that drop the host conversion steps: readers of a converted tensor read its
     source, except for a model output, whose name the source takes."""
     outputs = {spec.name for spec in plan.model.outputs}
@@ -107,7 +107,7 @@ def host_renames(plan: Plan) -> dict[str, str]:
     return renames
 
 
-def _partition_function(plan: Plan, partition: int, body: list[onnx.NodeProto], kernels: list[str],
+def _partition_function(plan: PlanRecord, partition: int, body: list[onnx.NodeProto], kernels: list[str],
                         others: list[onnx.NodeProto], model_outputs: set[str], weights: dict[str, onnx.TensorProto],
                         opsets: list[onnx.OperatorSetIdProto]) -> tuple[onnx.NodeProto, onnx.FunctionProto]:
     produced = [name for node in body for name in node.output if name]

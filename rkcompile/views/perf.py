@@ -16,7 +16,7 @@ import io
 from dataclasses import dataclass
 
 from rkcompile.plan import cost_model
-from rkcompile.plan.schema import Plan
+from rkcompile.plan.schema import PlanRecord
 from rkcompile.views.charts import one_image_seconds, step_works
 
 
@@ -34,7 +34,7 @@ class StepPerf:
     seconds: float
 
 
-def step_perf(plan: Plan) -> list[StepPerf]:
+def step_perf(plan: PlanRecord) -> list[StepPerf]:
     """Every step's row, in execution order, timed as the timeline chart times it."""
     works = step_works(plan)
     return [StepPerf(step.id, step.device, step.kernel, step.nodes, step.macs, work.weight_bytes + work.input_bytes,
@@ -47,7 +47,7 @@ def run_seconds(rows: list[StepPerf]) -> float:
     return cost_model.RUN_SECONDS + sum(row.seconds for row in rows)
 
 
-def render_perf(plan: Plan) -> str:
+def render_perf(plan: PlanRecord) -> str:
     """The eval_perf table: a row per step, the run's fixed cost, and the totals, which are the
     summary's estimate."""
     rows = step_perf(plan)
@@ -83,7 +83,7 @@ CSV_COLUMNS = ("Step", "Device", "Kernel", "Nodes", "MAC Count", "Bytes Read", "
                "Network%", "Name")
 
 
-def perf_csv(plan: Plan) -> str:
+def perf_csv(plan: PlanRecord) -> str:
     """The rows of `render_perf` as CSV (`perf --csv`)."""
     rows = step_perf(plan)
     total = run_seconds(rows)
@@ -99,7 +99,7 @@ def perf_csv(plan: Plan) -> str:
     return buffer.getvalue()
 
 
-def summary_csv(plan: Plan) -> str:
+def summary_csv(plan: PlanRecord) -> str:
     """The summary's figures as CSV, a header and one row (`plan --csv`), as vela writes its
     summary CSV: what a script comparing plans reads without parsing the summary's text."""
     from rkcompile.views.summary import placed_counts

@@ -18,8 +18,8 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from rkcompile.errors import CompileError
-from rkcompile.plan.nodes import Node, fused_body
-from rkcompile.plan.schema import Plan, TensorSpec
+from rkcompile.plan.plain_nodes import Node, fused_body
+from rkcompile.plan.schema import PlanRecord, TensorSpec
 from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 
 #: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
@@ -29,7 +29,7 @@ MAX_OPSET = 19
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
-def standard_model(plan: Plan, nodes: Sequence[Node],
+def standard_model(plan: PlanRecord, nodes: Sequence[Node],
                    max_opset: int = MAX_OPSET) -> tuple[onnx.ModelProto, dict[str, int]]:
     """The plan's graph as a standard ONNX model, and how many nodes each reshaping for
     rknn-toolkit2 changed (TOOLKIT_SHAPINGS, each exact); `nodes` are the plan's step nodes in
@@ -81,7 +81,7 @@ def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
                                          list(spec.shape))
 
 
-def export_summary(plan: Plan, nodes: Sequence[Node], model: onnx.ModelProto) -> dict:
+def export_summary(plan: PlanRecord, nodes: Sequence[Node], model: onnx.ModelProto) -> dict:
     """What the export report says of the graph: the rewrites the plan applied, the fused kernels
     written back as their members, the nodes the plan runs on the CPU and why, the opsets, and
     the op counts of the file."""

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from rkcompile.plan.schema import QUANTIZED_DTYPES, Plan
+from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord
 
 
 #: The value a rule saw, which the reason text carries as " (seen: ...)".
@@ -27,7 +27,7 @@ def _kib(size: int) -> str:
     return f"{size / 1024:,.1f} KiB"
 
 
-def _padding_line(plan: Plan) -> str:
+def _padding_line(plan: PlanRecord) -> str:
     """The bytes NC1HWC2 spends on padding channels, against the same tensors stored dense."""
     stored = [t for t in plan.tensors.values() if t.layout == "NC1HWC2"]
     dense = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in stored)
@@ -35,7 +35,7 @@ def _padding_line(plan: Plan) -> str:
     return f"  NC1HWC2 padding             {_kib(padding)} (+{100 * padding / max(dense, 1):.1f}% over dense)"
 
 
-def _partition_lines(plan: Plan) -> list[str]:
+def _partition_lines(plan: PlanRecord) -> list[str]:
     """Partition sizes, the host conversions between them, and a verdict in the spirit of
     onnxruntime's usability checker, from the share of estimated MACs the NPU runs."""
     by_device = {device: [len(p.steps) for p in plan.partitions if p.device == device] for device in ("npu", "cpu")}
@@ -61,7 +61,7 @@ def _partition_lines(plan: Plan) -> list[str]:
     ]
 
 
-def _fusion_lines(plan: Plan) -> list[str]:
+def _fusion_lines(plan: PlanRecord) -> list[str]:
     """Fused steps counted per kernel, and the candidates that were not fused, grouped by why."""
     fused = [s for s in plan.steps if s.operation is not None and s.operation.fused]
     kernels = Counter(s.kernel for s in fused)
@@ -75,12 +75,12 @@ def _fusion_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def _rule_counts(plan: Plan) -> str:
+def _rule_counts(plan: PlanRecord) -> str:
     counts = Counter(r.rule for r in plan.rewrites)
     return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _multicore_lines(plan: Plan) -> list[str]:
+def _multicore_lines(plan: PlanRecord) -> list[str]:
     """Cores, contexts and splits, the cost model's estimate, and a per-core timeline."""
     multicore = plan.multicore
     axes = Counter(split.axis for split in multicore.splits)
@@ -109,7 +109,7 @@ def _multicore_lines(plan: Plan) -> list[str]:
 SMALL_SPEEDUP = 1.05
 
 
-def _split_limits(plan: Plan) -> list[str]:
+def _split_limits(plan: PlanRecord) -> list[str]:
     """Why splitting one input across cores buys little, from the plan's own figures: how long the
     busiest core waits for CPU steps, conversions and the other cores (no split shortens the first
     two), and
@@ -135,7 +135,7 @@ def _most_common(counts: Counter, shown: int = 3) -> str:
     return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
 
 
-def _memory_total_line(plan: Plan) -> str:
+def _memory_total_line(plan: PlanRecord) -> str:
     """Everything a run holds at once, region by region (eval_memory)."""
     totals = plan.memory_totals()
     contexts = (f" x {totals.contexts} contexts (each its own; the weights shared)" if totals.contexts > 1 else "")
@@ -145,7 +145,7 @@ def _memory_total_line(plan: Plan) -> str:
             f"{_kib(totals.output_bytes)}{cpu})")
 
 
-def _batch_text(plan: Plan) -> str:
+def _batch_text(plan: PlanRecord) -> str:
     """The batch in images, and how the plan takes them when the model's batch dim is symbolic:
     contexts (--batch) of runs of the graph, its dim 0 planned as given (--input-shape) or 1."""
     if not plan.model.batch_dims:
@@ -157,13 +157,13 @@ def _batch_text(plan: Plan) -> str:
     return f"batch {plan.images}: {contexts} of {per_run} image{'s' if per_run > 1 else ''}, {dims} planned as {per_run}"
 
 
-def placed_counts(plan: Plan) -> tuple[int, int]:
+def placed_counts(plan: PlanRecord) -> tuple[int, int]:
     """The original nodes that run on the NPU and on the CPU (folded and removed ones run nowhere)."""
     devices = Counter(n.device for n in plan.nodes)
     return devices["npu"], devices["cpu"]
 
 
-def render_summary(plan: Plan) -> str:
+def render_summary(plan: PlanRecord) -> str:
     model_name = plan.model.path.rsplit("/", 1)[-1]
     counted = [n for n in plan.nodes if n.device in ("npu", "cpu")]
     npu, cpu = placed_counts(plan)
