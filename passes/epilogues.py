@@ -23,7 +23,6 @@ from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.edits import replace_uses, set_input, set_output
 from rkcompile.ir.graph import constant_value, is_onnx_domain, static_shape
 from rkcompile.ir.patterns import matches
-from rkcompile.ir.construct import variable
 from rkcompile.targets.model import Target
 
 from rkcompile.passes.fusion_table import CONV, RECOGNISERS
@@ -138,7 +137,7 @@ def move_after(graph: gs.Graph, relabel: gs.Node, region: list[gs.Node], names: 
     for node in region:
         if node is not last:
             node.outputs[0].shape = list(shape)
-    set_output(last, 0, variable(name, result.dtype, shape=shape))
+    set_output(last, 0, gs.Variable(name, result.dtype, shape))
     set_input(relabel, 0, last.outputs[0])
     set_output(relabel, 0, result)
     nodes = [node for node in graph.nodes if node is not relabel]

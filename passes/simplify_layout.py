@@ -40,12 +40,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
-from rkcompile.ir.edits import detach, set_input, replace_uses
+from rkcompile.ir.edits import detach, replace_uses, set_input, unlinked_node
 from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
     topological_nodes)
 from rkcompile.ir.nodes import itemsize
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
-from rkcompile.ir.construct import constant, graph_node, variable
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
 from rkcompile.passes.fuse import fuse_table
@@ -322,16 +321,16 @@ def slices_as_split(node: gs.Node, simplifier: _Simplifier):
     outputs = [s.outputs[0] for s in slices]
     name = simplifier.fresh(f"{slices[0].name}/split")
     if simplifier.ctx.graph.opset >= 13:
-        inputs, attrs = [x, constant(simplifier.fresh(f"{name}/sizes"), sizes)], {"axis": axis}
+        inputs, attrs = [x, gs.Constant(simplifier.fresh(f"{name}/sizes"), sizes)], {"axis": axis}
     else:
         inputs, attrs = [x], {"axis": axis, "split": sizes.tolist()}
-    probe = graph_node("Split", name, None, attrs, inputs, outputs, linked=False)
+    probe = unlinked_node(op="Split", name=name, attrs=attrs, inputs=inputs, outputs=outputs)
     problem = simplifier.failures(probe)
     if problem:
         return f"the Split would break: {problem[0]}"
     for s in slices:
         detach(s)
-    split = graph_node("Split", name, None, attrs, inputs, outputs)
+    split = gs.Node(op="Split", name=name, attrs=attrs, inputs=inputs, outputs=outputs)
     simplifier.replace("slices_as_split", slices, [split])
     return True
 
@@ -581,7 +580,7 @@ def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         if len(reader.inputs) < 2:
             region.attrs[id(reader)] = {"pads": renamed.tolist()}
         else:
-            constant_inputs[1] = constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
+            constant_inputs[1] = gs.Constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
     else:
         if not reader.attrs.get("keepdims", 1):
             return f"{reader.name} drops the axes it reduces"
@@ -591,7 +590,7 @@ def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
             return f"{reader.name} reduces every axis or its axes are not a constant"
         renamed = np.array(sorted(perm[int(a) % rank] for a in np.asarray(axes).reshape(-1)), dtype=np.int64)
         if from_input:
-            constant_inputs[1] = constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
+            constant_inputs[1] = gs.Constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
         else:
             region.attrs[id(reader)] = {"axes": renamed.tolist()}
     region.constants.update({(id(reader), position): c for position, c in constant_inputs.items()})
@@ -633,13 +632,15 @@ def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Sim
     fresh = simplifier.fresh
     base = node.name or y.name
 
+    new_node = gs.Node if linked else unlinked_node
+
     def make(op, inputs, out=None, **attrs):
-        made = out or variable(fresh(f"{base}/{op.lower()}"), x.dtype, linked, list(static_shape(x)))
-        nodes.append(graph_node(op, fresh(f"{base}/{op.lower()}"), None, attrs, inputs, [made], linked=linked))
+        made = out or gs.Variable(fresh(f"{base}/{op.lower()}"), x.dtype, list(static_shape(x)))
+        nodes.append(new_node(op=op, name=fresh(f"{base}/{op.lower()}"), attrs=attrs, inputs=inputs, outputs=[made]))
         return made
 
     def const(label, values):
-        return constant(fresh(f"{base}/{label}"), np.ascontiguousarray(values), linked=linked)
+        return gs.Constant(fresh(f"{base}/{label}"), np.ascontiguousarray(values))
 
     nodes: list[gs.Node] = []
     if node.op == "MatMul":
@@ -684,9 +685,9 @@ def _relaid_constant(operand: gs.Constant, moved, unmoved, perm, fused: bool, fr
     values = constant_value(operand)
     if perm is not None and len(shape) <= len(moved):
         aligned = values.reshape((1,) * (len(moved) - len(shape)) + shape)
-        return constant(fresh(f"{operand.name}/unmoved"), np.ascontiguousarray(aligned.transpose(np.argsort(perm))))
+        return gs.Constant(fresh(f"{operand.name}/unmoved"), np.ascontiguousarray(aligned.transpose(np.argsort(perm))))
     if perm is None and shape == tuple(moved):
-        return constant(fresh(f"{operand.name}/unmoved"), np.ascontiguousarray(values.reshape(unmoved)))
+        return gs.Constant(fresh(f"{operand.name}/unmoved"), np.ascontiguousarray(values.reshape(unmoved)))
     return f"constant {operand.name} {list(shape)} cannot follow the move"
 
 
@@ -713,7 +714,7 @@ def _probes(region: _Region, simplifier: _Simplifier):
     def probe_tensor(t):
         if isinstance(t, gs.Constant) or not t.name:
             return t
-        return variable(t.name, t.dtype, linked=False, shape=list(shapes.get(id(t), static_shape(t) or [])))
+        return gs.Variable(t.name, t.dtype, list(shapes.get(id(t), static_shape(t) or [])))
 
     for node in region.nodes:
         if id(node) in region.channel_ops:
@@ -725,8 +726,8 @@ def _probes(region: _Region, simplifier: _Simplifier):
             continue
         inputs = [region.constants.get((id(node), i)) or probe_tensor(t) for i, t in enumerate(node.inputs)]
         attrs = dict(node.attrs, **region.attrs.get(id(node), {}))
-        probe = graph_node(node.op, node.name, node.domain, attrs, inputs, [probe_tensor(t) for t in node.outputs],
-                           linked=False)
+        probe = unlinked_node(op=node.op, name=node.name, attrs=attrs, inputs=inputs,
+                              outputs=[probe_tensor(t) for t in node.outputs], domain=node.domain)
         problem = simplifier.passes_as_before(node, probe)
         if problem:
             return problem
@@ -739,15 +740,15 @@ def _probes(region: _Region, simplifier: _Simplifier):
         if cancels and out.name not in simplifier.graph_outputs:
             exits.append(None)
             continue
-        reshaped = variable(read.name, read.dtype, linked=False, shape=list(unmoved))
+        reshaped = gs.Variable(read.name, read.dtype, list(unmoved))
         if perm is None:
-            shape_input = constant(simplifier.fresh(f"{exit_node.name}/shape"),
+            shape_input = gs.Constant(simplifier.fresh(f"{exit_node.name}/shape"),
                                    np.array(static_shape(out), dtype=np.int64))
-            made = graph_node("Reshape", simplifier.fresh(f"{exit_node.name}/moved"), None, {},
-                              [reshaped, shape_input], [out], linked=False)
+            made = unlinked_node(op="Reshape", name=simplifier.fresh(f"{exit_node.name}/moved"),
+                                 inputs=[reshaped, shape_input], outputs=[out])
         else:
-            made = graph_node("Transpose", simplifier.fresh(f"{exit_node.name}/moved"), None, {"perm": list(perm)},
-                              [reshaped], [out], linked=False)
+            made = unlinked_node(op="Transpose", name=simplifier.fresh(f"{exit_node.name}/moved"),
+                                 attrs={"perm": list(perm)}, inputs=[reshaped], outputs=[out])
         problem = simplifier.passes_as_before(exit_node, made)
         if problem:
             return problem
@@ -789,7 +790,7 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
             replace_uses(out, read)
             simplifier.drop(exit_node, "move_layout_down")
         else:
-            node = graph_node(made.op, made.name, None, made.attrs, [read, *made.inputs[1:]], [out])
+            node = gs.Node(op=made.op, name=made.name, attrs=made.attrs, inputs=[read, *made.inputs[1:]], outputs=[out])
             simplifier.replace("move_layout_down", [exit_node], [node])
     for entry in region.entries:
         simplifier.drop(entry, "move_layout_down")

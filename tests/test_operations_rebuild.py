@@ -1,5 +1,5 @@
-"""The compiler's fast constructors (rkcompile/ir/construct.py) make the objects onnx-graphsurgeon's
-constructors make, attribute by attribute, linked alike. A compiler node described into a plan
+"""A probe node (rkcompile/ir/edits.py unlinked_node) is onnx-graphsurgeon's node that no tensor
+lists. A compiler node described into a plan
 and rebuilt as a plain node (rkcompile/plan/operations.py), or converted to one
 (rkcompile/ir/nodes.py plain_nodes), exports the ONNX onnx-graphsurgeon exports for it."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir.construct import constant, graph_node, variable
+from rkcompile.ir.edits import unlinked_node
 from rkcompile.ir.describe import describe
 from rkcompile.ir.nodes import node_proto, plain_nodes
 from rkcompile.plan import plain_nodes as plain
@@ -15,48 +15,16 @@ from rkcompile.plan.onnx_protos import node_proto as plain_proto
 from rkcompile.plan.operations import rebuild
 
 
-def fields(obj) -> dict:
-    """An object's attributes, a linked list as the ids of what it holds (its own identity and
-    the object it belongs to differ between two objects made alike)."""
-    return {key: [id(item) for item in value] if isinstance(value, list) else value
-            for key, value in vars(obj).items()}
-
-
-def test_variable_and_constant_match_the_library_constructors():
-    assert fields(variable("x", "float32")) == fields(gs.Variable("x", dtype="float32"))
-    shape = [1, "n", 3]
-    assert fields(variable("x", "float32", shape=shape)) == fields(gs.Variable("x", dtype="float32", shape=shape))
-    assert fields(variable("")) == fields(gs.Variable.empty())
-    values = np.arange(6, dtype=np.float32).reshape(2, 3)
-    made, expected = constant("w", values), gs.Constant("w", values)
-    assert fields(made) == fields(expected)
-    assert made.values is values and made.shape == (2, 3) and made.dtype == np.float32
-
-
-def test_graph_node_links_its_tensors_as_gs_node_does():
-    x, w, y = variable("x", "float32"), constant("w", np.ones((4, 3, 1, 1), np.float32)), variable("y")
-    node = graph_node("Conv", "conv", None, {"group": 1}, [x, w], [y])
-    library = gs.Node(op="Conv", name="conv", attrs={"group": 1}, inputs=[gs.Variable("a"), gs.Variable("b")],
-                      outputs=[gs.Variable("c")])
-    assert set(vars(node)) == set(vars(library))
-    assert type(node.inputs) is type(library.inputs) and type(node.outputs) is type(library.outputs)
+def test_an_unlinked_node_is_the_library_node_that_no_tensor_lists():
+    """unlinked_node (a probe a pass evaluates and drops): the node gs.Node makes, and no tensor
+    records it as producer or consumer."""
+    x, y = gs.Variable("x", "float32"), gs.Variable("y")
+    w = gs.Constant("w", np.ones(3, np.float32))
+    node = unlinked_node(op="Mul", name="mul", inputs=[x, w], outputs=[y])
+    assert node_proto(node) == node_proto(gs.Node(op="Mul", name="mul", inputs=[gs.Variable("x"), gs.Variable("w")],
+                                                  outputs=[gs.Variable("y")]))
     assert list(node.inputs) == [x, w] and list(node.outputs) == [y]
-    assert list(x.outputs) == [node] and list(w.outputs) == [node] and list(y.inputs) == [node]
-    # the list stays synchronized as onnx-graphsurgeon's own does
-    node.inputs.pop()
-    assert list(w.outputs) == []
-
-
-def test_unlinked_objects_hold_plain_lists_and_no_tensor_lists_the_node():
-    """linked=False (a probe a pass evaluates and drops): the same node, its lists plain, and no
-    tensor records it as producer or consumer."""
-    x, y = variable("x", "float32", linked=False), variable("y", linked=False)
-    w = constant("w", np.ones(3, np.float32), linked=False)
-    node = graph_node("Mul", "mul", None, {}, [x, w], [y], linked=False)
-    assert node_proto(node) == node_proto(graph_node("Mul", "mul", None, {}, [variable("x"), variable("w")],
-                                                     [variable("y")]))
-    assert type(node.inputs) is list and type(node.outputs) is list and node.inputs == [x, w]
-    assert all(type(t.inputs) is list and not t.inputs and not t.outputs for t in (x, w, y))
+    assert all(not t.inputs and not t.outputs for t in (x, w, y))
 
 
 def fused_relu_clip(*more_inputs: gs.Tensor) -> gs.Node:

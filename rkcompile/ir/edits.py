@@ -38,6 +38,17 @@ def set_output(node: gs.Node, index: int, tensor: gs.Tensor) -> None:
     list.append(tensor.inputs, node)
 
 
+def unlinked_node(op: str, name: str | None = None, attrs: dict | None = None, inputs=(), outputs=(),
+                  domain: str | None = None) -> gs.Node:
+    """gs.Node(op, name, attrs, inputs, outputs, domain) that no tensor lists as its producer or
+    reader: a probe a pass checks against the target's rules and drops, which no graph walk may
+    meet. Its lists are filled as the edits above fill them, without telling the tensors."""
+    node = gs.Node(op=op, name=name, attrs=attrs, domain=domain)
+    list.extend(node.inputs, inputs)
+    list.extend(node.outputs, outputs)
+    return node
+
+
 def detach(node: gs.Node) -> None:
     """Disconnect `node` from every tensor it reads and writes; it reads and makes nothing after."""
     for tensor in node.inputs:
