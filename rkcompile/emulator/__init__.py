@@ -3,8 +3,8 @@ fused kernels as one, CPU steps on onnxruntime or onnx.reference) so its outputs
 onnxruntime. It reads plans and their weight regions, never models or the compiler.
 docs/emulator.md describes the choices.
 
-The names below load on first use (PEP 562): planning imports `emulator.reference` to name each
-CPU step's backend, and must not pay for the executor and every kernel (0.1 s of a plan process).
+The names below load on first use (PEP 562): a module that needs one of them (the accuracy
+check, the closeness of outputs) pays for the executor and every kernel only then.
 """
 from __future__ import annotations
 
