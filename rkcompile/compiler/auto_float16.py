@@ -1,6 +1,6 @@
 """--auto-float16 COSINE: the fewest NPU steps to compute in float16 so that an int8 plan's
 outputs reach COSINE against the planned graph in float32 (accuracy analysis's reference) on
-every calibration sample; or the all-float16 plan's cosine when that is lower (float16 has its
+every calibration sample (every --val sample when given); or the all-float16 plan's cosine when that is lower (float16 has its
 own rounding: a random-weight network can be ill-conditioned enough to miss 0.999 in float16).
 
 Candidates are the int8 tensors `--float16` accepts: every int8 output of an NPU step and every
@@ -136,13 +136,21 @@ class Judge:
     the same, and the cosine it keeps is then that sample's, an upper bound of the worst (the
     samples go worst first, in the order of the first plan's cosines)."""
 
-    def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]]):
-        self.planner, self.runtime, self.samples = planner, runtime, samples
+    def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]],
+                 judged_on: str = "calibration"):
+        self.planner, self.runtime, self.samples, self.judged_on = planner, runtime, samples, judged_on
         self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
         self.plans_judged = 0
         self.cosines: dict[tuple, tuple[float, bool]] = {}  # plan's key -> cosine, whether every sample ran
         self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.expected: list[dict[str, np.ndarray]] | None = None
+
+    def on(self, validation: list[dict[str, np.ndarray]]) -> "Judge":
+        """A Judge of the same planner's plans on the --val samples instead (the plans still
+        calibrate on the calibration samples), starting from this one's latest plan."""
+        judge = Judge(self.planner, self.runtime, validation, judged_on="validation")
+        judge.latest = self.latest
+        return judge
 
     def planned(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple[Any, CompileContext]:
         """The plan (rkcompile.api.Plan) with `tensors` in float16 under `settings`, and its compile context."""
@@ -237,7 +245,7 @@ def choose(judge: Judge, wanted: float, strategy: str = "sensitivity",
     plan, ctx = judge.planned(chosen)
     search = Search(tuple(chosen), plan, judge(chosen), wanted, goal, all_float16, judge.plans_judged,
                     start_cosine=start, context=ctx)
-    search.technique = report(search, int8.record)
+    search.technique = report(search, int8.record, judge.judged_on)
     return search
 
 
@@ -282,15 +290,15 @@ def _shown(cosine: float, goal: float) -> str:
     return f"{cosine:.6f}" if cosine >= goal else f"{cosine:.6f} (a sample below the target; judging stopped there)"
 
 
-def report(search: Search, int8: PlanRecord) -> Int8Technique:
+def report(search: Search, int8: PlanRecord, judged_on: str = "calibration") -> Int8Technique:
     """The `auto_float16` entry of the chosen plan: each tensor with its step's extra time under
-    the cost model, float16 against int8."""
+    the cost model, float16 against int8; its cosines are over the `judged_on` samples."""
     costs = step_costs(int8, search.plan.record, search.chosen)
     applied = tuple(f"{name} (+{costs[name] * 1e3:.4f} ms)" for name in search.chosen)
     reached = "reached" if search.cosine >= search.target else "missed"
     lowered = (f": {search.wanted} asked, the all-float16 plan reaches only {search.all_float16_cosine:.6f}"
                if search.target < search.wanted else "")
-    note = (f"{len(search.chosen)} of {len(candidates(int8))} int8 tensors in float16, worst calibration "
+    note = (f"{len(search.chosen)} of {len(candidates(int8))} int8 tensors in float16, worst {judged_on} "
             f"cosine {search.start_cosine:.6f} -> {search.cosine:.6f} ({reached} target {search.target:.6f}{lowered}), "
             f"+{sum(costs.values()) * 1e3:.4f} ms estimated; {search.plans_judged} plans judged")
     return Int8Technique("auto_float16", applied, (), note)
