@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # planning only: loading and running a saved plan imports no 
 
     from rkcompile.compiler.context import CompileContext
 
-__all__ = ["Options", "Plan", "accuracy_analysis", "compile", "load", "run", "targets"]
+__all__ = ["Options", "Plan", "Runtime", "accuracy_analysis", "compile", "load", "run", "targets"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -238,6 +238,22 @@ def run(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 
     random (`seed`)."""
     prepared = plan.prepared()
     return emulate(prepared, _inputs(plan.record, inputs, seed)).outputs
+
+
+class Runtime:
+    """A plan made ready to execute once and run many times (rknn-toolkit2's `init_runtime`, then
+    `inference`): construction decodes the weights and rebuilds the step nodes, the first run makes
+    the CPU steps' onnxruntime sessions, and every run reuses them (they are the plan's: see
+    `Plan.prepared`, which `rkcompile.run` uses too). Safe to share between threads: the runs of
+    one plan take turns."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        plan.step_nodes()
+
+    def run(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+        """The outputs by name, as `rkcompile.run(plan, inputs, seed)` gives them."""
+        return run(self.plan, inputs, seed)
 
 
 def accuracy_analysis(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> list[StepAccuracy]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def test_the_readme_examples_run(tmp_path):
 
 
 def test_the_package_exports_the_api():
-    assert {"compile", "load", "run", "accuracy_analysis", "targets", "Plan", "Options"} <= set(dir(rkcompile))
+    assert {"compile", "load", "run", "Runtime", "accuracy_analysis", "targets", "Plan", "Options"} <= set(dir(rkcompile))
     assert "rk3588" in [t.name for t in rkcompile.targets()]
 
 
@@ -62,6 +63,38 @@ def test_run_on_a_compiled_plan_equals_run_on_its_saved_copy(tmp_path):
     assert direct.keys() == loaded.keys()
     for name in direct:
         np.testing.assert_array_equal(direct[name], loaded[name])
+
+
+def test_a_runtime_runs_as_run_does_and_keeps_what_the_plan_prepared(tmp_path):
+    saved = rkcompile.compile(TINY, "rk3588").save(tmp_path / "p.rkplan")
+    plan = rkcompile.load(saved)
+    runtime = rkcompile.Runtime(plan)
+    cache = plan.prepared().weight_cache
+    nodes = cache.nodes
+    assert nodes is not None  # made when the runtime was
+    xs = [{"image": np.random.default_rng(seed).standard_normal((1, 3, 64, 64)).astype(np.float32)} for seed in range(3)]
+    for x in xs:
+        expected = rkcompile.run(rkcompile.load(saved), x)  # a fresh plan each time
+        for _ in range(2):
+            outputs = runtime.run(x)
+            assert outputs.keys() == expected.keys()
+            for name in expected:
+                np.testing.assert_array_equal(outputs[name], expected[name])
+    assert cache.nodes is nodes and plan.prepared().weight_cache is cache and cache.cpu is not None
+
+
+def test_a_runtime_shared_between_threads_gives_each_run_its_own_outputs(tmp_path):
+    """Runs of one plan from several threads take turns; the float16 conversions each thread
+    makes are its own, so two plans may run at once."""
+    saved = rkcompile.compile(TINY, "rk3588").save(tmp_path / "p.rkplan")
+    shared, other = rkcompile.Runtime(rkcompile.load(saved)), rkcompile.Runtime(rkcompile.load(saved))
+    xs = [{"image": np.random.default_rng(seed).standard_normal((1, 3, 64, 64)).astype(np.float32)} for seed in range(8)]
+    expected = [rkcompile.run(rkcompile.load(saved), x) for x in xs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(lambda job: (shared if job[0] % 2 else other).run(job[1]), enumerate(xs * 3)))
+    for outputs, wanted in zip(got, expected * 3):
+        for name in wanted:
+            np.testing.assert_array_equal(outputs[name], wanted[name])
 
 
 def test_accuracy_analysis_of_an_int8_plan_lists_every_step_output():

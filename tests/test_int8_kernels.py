@@ -12,7 +12,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table,
-    requantize, run_int8)
+    requantize, rounding_shift, run_int8)
 from rkcompile.plan import plain_nodes as plain
 from rkcompile.plan.schema import Quantization
 from rkcompile.quantization.params import (activation_params, bias_params, dequantize, is_movement, quantize,
@@ -246,3 +246,26 @@ def test_a_move_quantizes_a_data_input_the_plan_holds_as_float():
                          [plain.Variable("y")])
     (actual,) = run_int8(slice_node, [x, starts, ends, axes], [out], OPSET, is_movement)
     assert np.array_equal(actual, quantize(x[:, :1], out))
+
+
+def test_rounding_shift_rounds_half_to_even_as_exact_arithmetic_does():
+    """Products near and at every half, and the extremes, against Python's exact integers."""
+    rng = np.random.default_rng(3)
+    shifts = rng.integers(-2, 66, 64)
+    bounded = np.clip(shifts, 1, 62)
+    floors = rng.integers(0, 2 ** 20, 64)
+    products = np.concatenate([
+        np.minimum((floors << bounded) + (np.int64(1) << (bounded - 1)) + offset, (1 << 62) - 1)
+        for offset in (-1, 0, 1)] + [rng.integers(0, 1 << 62, 64), np.full(64, (1 << 62) - 1)])
+    shifts = np.tile(shifts, 5)
+    got = rounding_shift(products, shifts)
+    for product, shift, value in zip(products.tolist(), shifts.tolist(), got.tolist()):
+        if shift > 62:
+            expected = 0
+        elif shift < 1:
+            expected = product
+        else:
+            floor, remainder = divmod(product, 1 << shift)
+            half = 1 << (shift - 1)
+            expected = floor + (remainder > half or (remainder == half and floor % 2 == 1))
+        assert value == expected, (product, shift)

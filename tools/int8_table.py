@@ -135,7 +135,8 @@ def measure(model: Path, options: Options, args, folder: Path) -> str:
                             progress=lambda text: print(f"{name} {strategy}: {text}", file=sys.stderr, flush=True))
             cells.append(f"{len(search.chosen)} | {search.cosine:.5f} | "
                          f"{worst_cosine(search.plan, model, {input_name: x}):.5f} | {search.plans_judged}")
-        target = f"{search.target:.5f}" + (" (all-float16)" if search.target < args.auto_float16 else "")
+        lowered = sum(target < args.auto_float16 for target in search.targets)  # samples held to all-float16's
+        target = f"{args.auto_float16:.5f}" + (f" (all-float16 on {lowered} samples)" if lowered else "")
         return f"| {name} | {search.start_cosine:.5f} | {target} | " + " | ".join(cells) + " |"
     with (jittered_ranges(args.range_jitter, args.seed) if args.range_jitter else contextlib.nullcontext()):
         plan = rkcompile.compile(model, "rk3588", options)

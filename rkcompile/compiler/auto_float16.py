@@ -1,7 +1,10 @@
 """--auto-float16 COSINE: the fewest NPU steps to compute in float16 so that an int8 plan's
 outputs reach COSINE against the planned graph in float32 (accuracy analysis's reference) on
-every calibration sample (every --val sample when given); or the all-float16 plan's cosine when that is lower (float16 has its
-own rounding: a random-weight network can be ill-conditioned enough to miss 0.999 in float16).
+every calibration sample (every --val sample when given: rkcompile/compiler/validation.py); on
+a sample where the all-float16 plan's cosine is lower, that cosine (float16 has its own
+rounding: a random-weight network, or one odd sample, can be ill-conditioned enough to miss
+0.999 in float16). Each sample keeps its own target: one sample float16 itself cannot bring to
+COSINE lowers the bar for that sample only, not for the others.
 
 Candidates are the int8 tensors `--float16` accepts: every int8 output of an NPU step and every
 model input's NPU copy. Two searches (docs/quantization.md compares them):
@@ -15,7 +18,7 @@ model input's NPU copy. Two searches (docs/quantization.md compares them):
 - **worst_drop** (the simple baseline): accuracy analysis, float16 for the step with the
   largest drop (the cosine the step itself loses), plan again, repeat until the target holds.
 
-Every candidate set is judged by planning it and running it on all calibration samples (on the
+Every candidate set is judged by planning it and running it on the calibration samples (on the
 runtime the compile was given: rkcompile/compiler/context.py). The passes before quantize (the
 pipeline's front half, run once by `pipeline.compile_model`), the calibration run, the float32
 reference outputs and the sensitivity ranking are computed once per search and shared by every
@@ -53,13 +56,16 @@ PRUNE_TRIES = 24
 @dataclass
 class Search:
     """What a search found: the chosen tensors, the plan with them in float16 (and its compile
-    context), its worst calibration cosine, the target it met, and how many plans it judged."""
+    context), its worst calibration cosine, and how many plans it judged. Per calibration
+    sample, in the calibration set's order: the chosen plan's cosine, the all-float16 plan's,
+    and the target, min(wanted, the all-float16 plan's)."""
     chosen: tuple[str, ...]
     plan: Any  # rkcompile.api.Plan
     cosine: float
     wanted: float
-    target: float
-    all_float16_cosine: float
+    cosines: tuple[float, ...]
+    targets: tuple[float, ...]
+    all_float16_cosines: tuple[float, ...]
     plans_judged: int = 0
     start_cosine: float = 1.0
     technique: Int8Technique | None = None
@@ -132,16 +138,19 @@ class Judge:
     (computed once: neither float16 choices nor int8 settings change it). Keeps each plan's
     cosine and only the latest plan (a plan holds the model's weights).
 
-    Asked whether a set reaches a `goal`, it stops at the first sample below it: the answer is
-    the same, and the cosine it keeps is then that sample's, an upper bound of the worst (the
-    samples go worst first, in the order of the first plan's cosines)."""
+    Asked whether a set reaches a `goal` (one for all samples, or one per sample: `reaches`), it
+    stops at the first sample below its goal: the answer is the same, and the cosine it keeps is
+    then that sample's, an upper bound of the worst (the samples go worst first, in the order of
+    the first plan's cosines)."""
 
     def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]],
                  judged_on: str = "calibration"):
         self.planner, self.runtime, self.samples, self.judged_on = planner, runtime, samples, judged_on
         self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
+        self.order = list(range(len(samples)))  # each of `samples` by its index in `given_samples`
         self.plans_judged = 0
         self.cosines: dict[tuple, tuple[float, bool]] = {}  # plan's key -> cosine, whether every sample ran
+        self.sample_cosines: dict[tuple, dict[int, float]] = {}  # plan's key -> given index -> cosine, of those run
         self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.expected: list[dict[str, np.ndarray]] | None = None
 
@@ -167,23 +176,48 @@ class Judge:
         known, complete = self.cosines.get(key, (None, False))
         if known is not None and (complete or (goal is not None and known < goal)):
             return known
+        self._judge(tensors, settings, lambda index, cosine: goal is not None and cosine < goal)
+        return self.cosines[key][0]
+
+    def reaches(self, tensors: Sequence[str], goals: Sequence[float]) -> bool:
+        """Whether the plan's cosine reaches each sample's own goal (`goals` in the calibration
+        set's order) on every sample."""
+        known = self.sample_cosines.get(self.key(tensors), {})
+        if any(cosine < goals[index] for index, cosine in known.items()):
+            return False
+        if len(known) < len(self.order):
+            self._judge(tensors, None, lambda index, cosine: cosine < goals[index])
+            known = self.sample_cosines[self.key(tensors)]
+        return len(known) == len(self.order) and all(cosine >= goals[index] for index, cosine in known.items())
+
+    def per_sample(self, tensors: Sequence[str]) -> tuple[float, ...]:
+        """The plan's cosine on each sample, in the calibration set's order."""
+        self(tensors)
+        known = self.sample_cosines[self.key(tensors)]
+        return tuple(known[index] for index in range(len(self.order)))
+
+    def _judge(self, tensors: Sequence[str], settings: Mapping[str, Any] | None,
+               below: Callable[[int, float], bool]) -> None:
+        """Plan and run the set on the samples in turn, until `below(given index, cosine)`."""
+        key = self.key(tensors, settings)
         plan, _ = self.planned(tensors, settings)
         self.plans_judged += 1
         if self.expected is None:
             reference = float_reference(plan, self.runtime)
             self.expected = [reference.run(sample) for sample in self.samples]
-        per_sample = []
-        for sample, expected in zip(self.samples, self.expected):
+        per_sample: dict[int, float] = {}
+        for index, sample, expected in zip(self.order, self.samples, self.expected):
             outputs = self.runtime.run(plan, sample)
-            per_sample.append(min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items()))
-            if goal is not None and per_sample[-1] < goal:
+            per_sample[index] = min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items())
+            if below(index, per_sample[index]):
                 break
         complete = len(per_sample) == len(self.samples)
         if complete and not self.cosines:  # the first plan: from now on, its worst samples first
-            order = np.argsort(per_sample, kind="stable")
+            order = np.argsort(list(per_sample.values()), kind="stable")
             self.samples, self.expected = [self.samples[i] for i in order], [self.expected[i] for i in order]
-        self.cosines[key] = (min(per_sample), complete)
-        return min(per_sample)
+            self.order = [self.order[i] for i in order]
+        self.cosines[key] = (min(per_sample.values()), complete)
+        self.sample_cosines[key] = per_sample
 
     def key(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple:
         """A plan's key: its float16 tensors and the int8 settings it is planned with (`settings`
@@ -236,41 +270,41 @@ def choose(judge: Judge, wanted: float, strategy: str = "sensitivity",
     start = judge(())
     int8, _ = judge.planned(())
     pool = candidates(int8.record)
-    all_float16 = judge(pool)
-    goal = min(wanted, all_float16)
-    say(f"int8 cosine {start:.6f}, all {len(pool)} candidates in float16 {all_float16:.6f}: target {goal:.6f}")
+    all_float16 = judge.per_sample(pool)
+    goals = tuple(min(wanted, cosine) for cosine in all_float16)
+    say(f"int8 cosine {start:.6f}, all {len(pool)} candidates in float16 {min(all_float16):.6f}: "
+        f"{targets_note(wanted, goals)}")
     chosen: list[str] = []
-    if start < goal:
-        chosen = (_by_sensitivity if strategy == "sensitivity" else _by_worst_drop)(judge, int8, pool, goal, samples, say)
+    if not judge.reaches((), goals):
+        chosen = (_by_sensitivity if strategy == "sensitivity" else _by_worst_drop)(judge, int8, pool, goals, samples, say)
     plan, ctx = judge.planned(chosen)
-    search = Search(tuple(chosen), plan, judge(chosen), wanted, goal, all_float16, judge.plans_judged,
-                    start_cosine=start, context=ctx)
+    search = Search(tuple(chosen), plan, judge(chosen), wanted, judge.per_sample(chosen), goals, all_float16,
+                    judge.plans_judged, start_cosine=start, context=ctx)
     search.technique = report(search, int8.record, judge.judged_on)
     return search
 
 
-def _by_sensitivity(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
+def _by_sensitivity(judge: Judge, plan, pool: list[str], goals: Sequence[float], samples, say) -> list[str]:
     losses = sensitivities(plan, pool, samples[0], judge.runtime)
     ranked = sorted(pool, key=lambda name: -losses[name])
-    low, high = 0, len(ranked)  # ranked[:low] misses the goal (or low is 0); ranked[:high] meets it
+    low, high = 0, len(ranked)  # ranked[:low] misses the goals (or low is 0); ranked[:high] meets them
     while high - low > 1:
         middle = (low + high) // 2
-        cosine = judge(ranked[:middle], goal)
-        say(f"  first {middle} by sensitivity: {_shown(cosine, goal)}")
-        low, high = (low, middle) if cosine >= goal else (middle, high)
+        reached = judge.reaches(ranked[:middle], goals)
+        say(f"  first {middle} by sensitivity: {_shown(judge, ranked[:middle], reached)}")
+        low, high = (low, middle) if reached else (middle, high)
     chosen = ranked[:high]
     for name in sorted(chosen, key=lambda name: losses[name])[:PRUNE_TRIES]:
         if len(chosen) == 1:
             break
         without = [other for other in chosen if other != name]
-        cosine = judge(without, goal)
-        if cosine >= goal:
-            say(f"  without {name}: {cosine:.6f}, dropped")
+        if judge.reaches(without, goals):
+            say(f"  without {name}: {_shown(judge, without, True)}, dropped")
             chosen = without
     return chosen
 
 
-def _by_worst_drop(judge: Judge, plan, pool: list[str], goal: float, samples, say) -> list[str]:
+def _by_worst_drop(judge: Judge, plan, pool: list[str], goals: Sequence[float], samples, say) -> list[str]:
     chosen: list[str] = []
     while len(chosen) < len(pool):
         drops = {name: drop for name, drop in judge.runtime.step_drops(plan, samples[0]).items()
@@ -278,16 +312,28 @@ def _by_worst_drop(judge: Judge, plan, pool: list[str], goal: float, samples, sa
         if not drops:
             break
         chosen.append(max(drops, key=drops.get))
-        cosine = judge(chosen, goal)
+        reached = judge.reaches(chosen, goals)
         plan, _ = judge.planned(chosen)
-        say(f"  + {chosen[-1]} (drop {drops[chosen[-1]]:.6f}): {_shown(cosine, goal)}")
-        if cosine >= goal:
+        say(f"  + {chosen[-1]} (drop {drops[chosen[-1]]:.6f}): {_shown(judge, chosen, reached)}")
+        if reached:
             break
     return chosen
 
 
-def _shown(cosine: float, goal: float) -> str:
-    return f"{cosine:.6f}" if cosine >= goal else f"{cosine:.6f} (a sample below the target; judging stopped there)"
+def _shown(judge: Judge, tensors: Sequence[str], reached: bool) -> str:
+    cosine = judge.cosines[judge.key(tensors)][0]
+    return f"{cosine:.6f}" if reached else f"{cosine:.6f} (a sample below its target; judging stopped there)"
+
+
+def targets_note(wanted: float, goals: Sequence[float]) -> str:
+    """Which target holds on which calibration samples (1-based, in the calibration set's
+    order): `wanted`, or, where it is lower, the all-float16 plan's cosine, with each such
+    sample's."""
+    lowered = [f"sample {index + 1} {goal:.6f}" for index, goal in enumerate(goals) if goal < wanted]
+    if not lowered:
+        return f"target {wanted:.6f} on all {len(goals)} samples"
+    return (f"target {wanted:.6f} on {len(goals) - len(lowered)} of {len(goals)} samples, the all-float16 plan's "
+            f"cosine on the rest: {', '.join(lowered)}")
 
 
 def report(search: Search, int8: PlanRecord, judged_on: str = "calibration") -> Int8Technique:
@@ -295,11 +341,12 @@ def report(search: Search, int8: PlanRecord, judged_on: str = "calibration") -> 
     the cost model, float16 against int8; its cosines are over the `judged_on` samples."""
     costs = step_costs(int8, search.plan.record, search.chosen)
     applied = tuple(f"{name} (+{costs[name] * 1e3:.4f} ms)" for name in search.chosen)
-    reached = "reached" if search.cosine >= search.target else "missed"
-    lowered = (f": {search.wanted} asked, the all-float16 plan reaches only {search.all_float16_cosine:.6f}"
-               if search.target < search.wanted else "")
+    missed = [str(index + 1) for index, (cosine, goal) in enumerate(zip(search.cosines, search.targets))
+              if cosine < goal]
+    reached = (f"missed {targets_note(search.wanted, search.targets)}; below its target: sample "
+               f"{', '.join(missed)}" if missed else f"reached {targets_note(search.wanted, search.targets)}")
     note = (f"{len(search.chosen)} of {len(candidates(int8))} int8 tensors in float16, worst {judged_on} "
-            f"cosine {search.start_cosine:.6f} -> {search.cosine:.6f} ({reached} target {search.target:.6f}{lowered}), "
+            f"cosine {search.start_cosine:.6f} -> {search.cosine:.6f} ({reached}), "
             f"+{sum(costs.values()) * 1e3:.4f} ms estimated; {search.plans_judged} plans judged")
     return Int8Technique("auto_float16", applied, (), note)
 

@@ -129,11 +129,11 @@ def rounding_shift(product: np.ndarray, shift: np.ndarray) -> np.ndarray:
     product at 2^30 or more, which saturates every int8 result, so the product stands for it.
     Both were clipped into [1, 62] before, which scaled such results by a power of two."""
     bounded = np.clip(shift, 1, WIDEST_SHIFT)
-    floor = product >> bounded
-    remainder = product - (floor << bounded)
-    half = np.int64(1) << (bounded - 1)
-    up = (remainder > half) | ((remainder == half) & (floor % 2 == 1))
-    return np.where(shift > WIDEST_SHIFT, 0, np.where(shift < 1, product, floor + up))
+    # half to even in one shift: half - 1, plus 1 when the floor is odd, carries into the floor
+    # exactly when the remainder is above half, or is half and the floor odd (the sum stays
+    # below 2^63); a third of the whole-array operations of comparing the remainder with half
+    rounded = (product + ((np.int64(1) << (bounded - 1)) - 1) + ((product >> bounded) & 1)) >> bounded
+    return np.where(shift > WIDEST_SHIFT, 0, np.where(shift < 1, product, rounded))
 
 
 def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: int = INT8[1]) -> np.ndarray:

@@ -7,6 +7,7 @@ come from the plan alone (docs/emulator.md).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -29,11 +30,13 @@ RANDOM_INT_HIGH = 100
 class Prepared:
     """A plan ready to execute: the plan, its weight region's bytes and, when it was planned in
     this process, the planned graph's step nodes with the model's own weights, which accuracy
-    analysis runs in float32 as its reference."""
+    analysis runs in float32 as its reference. Its runs take turns (`lock`): they fill the weight
+    cache on first use, and its CPU steps' onnxruntime sessions run through one IO binding each."""
     plan: PlanRecord
     weights: bytes
     reference_nodes: Sequence[Node] | None = None
     weight_cache: WeightCache = dataclasses.field(default_factory=WeightCache, repr=False)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 def check_plan(plan: PlanRecord) -> None:
@@ -101,4 +104,5 @@ def as_input_dtype(name: str, value: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
     target = get_target(prepared.plan.target)
-    return Executor(prepared.plan, prepared.weights, target, prepared.weight_cache).run(inputs, observe)
+    with prepared.lock:
+        return Executor(prepared.plan, prepared.weights, target, prepared.weight_cache).run(inputs, observe)

@@ -12,6 +12,7 @@ are the one thing the two may convert differently; neither numpy nor ONNX define
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -32,7 +33,9 @@ ONNXRUNTIME_MIN_ELEMENTS = {(np.dtype(np.float32), np.dtype(np.float16)): 4096,
 #: 27.2; 16,384: 31.6 against 46.7, 20.4 against 32.4; 65,536: 92.6 against 92.3, 31.8
 #: against 27.8, where the copies have caught up
 SCRATCH_ELEMENTS = 1 << 15
-_converters: dict = {"pid": None}
+#: each thread's conversions by dtype, with the process they were made in: a conversion's scratch
+#: arrays and IO bindings serve one call at a time, so threads (and forked workers) make their own
+_per_thread = threading.local()
 
 
 def cast(values: np.ndarray, dtype, out: np.ndarray | None = None) -> np.ndarray:
@@ -123,19 +126,19 @@ class _OnnxruntimeCast:
 
 
 def _converter(dtype: np.dtype) -> _OnnxruntimeCast | None:
-    """The conversion to `dtype`, made once per process (a forked worker makes its own), or None
+    """The conversion to `dtype`, made once per thread (a forked worker makes its own), or None
     without onnxruntime."""
-    if _converters["pid"] != os.getpid():
-        _converters.clear()
-        _converters["pid"] = os.getpid()
-    if dtype not in _converters:
+    converters = getattr(_per_thread, "converters", None)
+    if converters is None or converters["pid"] != os.getpid():
+        converters = _per_thread.converters = {"pid": os.getpid()}
+    if dtype not in converters:
         try:
             import onnxruntime
         except ImportError:
-            _converters[dtype] = None
+            converters[dtype] = None
         else:
-            _converters[dtype] = _OnnxruntimeCast(onnxruntime, dtype)
-    return _converters[dtype]
+            converters[dtype] = _OnnxruntimeCast(onnxruntime, dtype)
+    return converters[dtype]
 
 
 def beyond_range(values: np.ndarray, dtype) -> np.ndarray:
