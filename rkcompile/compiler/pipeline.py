@@ -120,7 +120,7 @@ def compile_model(model_path: str | Path, target: str, options: Options | None =
 
 def _validation_samples(ctx: CompileContext) -> list | None:
     """The --val inputs of an int8 plan, read before it calibrates (a bad path fails at once);
-    None without --val. --val is an int8 option (`_chooses_int8` says so of --auto-float16)."""
+    None without --val, which only an int8 plan takes."""
     if ctx.options.validation is None:
         return None
     if ctx.options.dtype not in QUANTIZED_DTYPES:

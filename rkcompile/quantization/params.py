@@ -149,7 +149,8 @@ def load_calibration(path: Path, specs: Sequence[TensorSpec],
     than the default with no image to apply it to is refused rather than ignored.
     """
     images = images or ImagePreprocessing()
-    samples, reader = _read_samples(Path(path), specs, _Reader(images))
+    reader = _Reader(images)
+    samples = _read_samples(Path(path), specs, reader)
     if not reader.images_read and not images.is_default:
         raise CompileError(f"--calib: {path} holds no image, and --mean-values, --std-values and --channel-order "
                            f"apply to images only (.npy/.npz inputs are taken as the model reads them)")
@@ -163,16 +164,15 @@ def validation_samples(options, specs: Sequence[TensorSpec]) -> list[dict[str, n
     """--val's samples (`Options.validation`, read as --calib is, images preprocessed alike):
     inputs an int8 plan is judged on but not calibrated on."""
     images = ImagePreprocessing(options.mean_values, options.std_values, options.channel_order)
-    samples, _ = _read_samples(Path(options.validation), specs, _Reader(images, "--val"))
-    return samples
+    return _read_samples(Path(options.validation), specs, _Reader(images, "--val"))
 
 
-def _read_samples(path: Path, specs: Sequence[TensorSpec], reader: "_Reader") -> tuple[list[dict], "_Reader"]:
-    """The samples at `path` (`load_calibration`'s formats) and the reader that read them."""
+def _read_samples(path: Path, specs: Sequence[TensorSpec], reader: "_Reader") -> list[dict[str, np.ndarray]]:
+    """The samples at `path` in `load_calibration`'s formats, read by `reader`."""
     if path.is_file() and path.suffix.lower() == ".txt":
-        return _samples_listed(path, specs, reader), reader
+        return _samples_listed(path, specs, reader)
     return [sample for file in _calibration_files(path, reader.flag)
-            for sample in _samples_of(file, reader.arrays(file, specs, str(file)), specs, reader.flag)], reader
+            for sample in _samples_of(file, reader.arrays(file, specs, str(file)), specs, reader.flag)]
 
 
 def _calibration_files(path: Path, flag: str) -> list[Path]:
@@ -219,7 +219,8 @@ def _samples_listed(listing: Path, specs: Sequence[TensorSpec], reader: "_Reader
 
 
 class _Reader:
-    """Reads calibration files, counting the images it decoded."""
+    """Reads calibration (or --val) files, counting the images it decoded; a failure names
+    `flag`, the option that named them."""
 
     def __init__(self, images: ImagePreprocessing, flag: str = "--calib"):
         self.images, self.flag, self.images_read = images, flag, 0
