@@ -374,19 +374,49 @@ def _infer_shapes(source: bytes, opset: int, given: str = "") -> onnx.ModelProto
     bodies of ONNX ops (onnx's own definition of the op: MeanVarianceNormalization-13's body
     builds its axes with a Constant whose value is an attribute reference, which inference
     does not resolve), the model is inferred again non-strictly: those nodes' outputs keep the
-    shapes the model declares, and a node reading an unknown shape stays on the CPU. `given`
-    shows the input shapes given, which a failure names: they are its likeliest cause."""
-    def infer(strict: bool) -> onnx.ModelProto:
-        return shape_inference.infer_shapes(source, check_type=True, strict_mode=strict, data_prop=True)
+    shapes the model declares, and a node reading an unknown shape stays on the CPU. The output
+    of an op of SHAPE_KEEPING_FUNCTIONS left without a shape takes its input's, and inference
+    goes on from there (`_shaped_through_shape_keeping`). `given` shows the input shapes
+    given, which a failure names: they are its likeliest cause."""
+    def infer(model: bytes, strict: bool) -> onnx.ModelProto:
+        return shape_inference.infer_shapes(model, check_type=True, strict_mode=strict, data_prop=True)
 
     try:
-        return infer(strict=True)
+        inferred, strict = infer(source, strict=True), True
     except (shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         failing = re.findall(r"\(op_type:(\w+), node name: [^)]*\)", str(exc))
         if not failing or not all(_has_function_body(op, opset) for op in failing):
             cause = f" with input shape {given}" if given else ""
             raise CompileError(f"shape inference failed{cause}: {_first_line(exc)}") from None
-        return infer(strict=False)
+        inferred, strict = infer(source, strict=False), False
+    while _shaped_through_shape_keeping(inferred):
+        inferred = infer(inferred.SerializeToString(), strict)
+    return inferred
+
+
+#: ONNX ops defined by a function body whose output has their input 0's type and shape, which
+#: onnx's inference can leave without a shape (GroupNormalization-21: the type only; it fails
+#: inside MeanVarianceNormalization-13's body): without it, every node after one (a UNet's
+#: whole decoder) would read an unknown shape and stay on the CPU
+SHAPE_KEEPING_FUNCTIONS = frozenset({"GroupNormalization", "MeanVarianceNormalization"})
+
+
+def _shaped_through_shape_keeping(model: onnx.ModelProto) -> bool:
+    """Give each main-graph output of a SHAPE_KEEPING_FUNCTIONS node that inference left
+    without a shape the type and shape of its input 0, when that has one (as a value_info,
+    which inference then reads); whether any was given."""
+    graph = model.graph
+    shaped = {value.name: value.type for value in (*graph.input, *graph.value_info, *graph.output)
+              if value.type.tensor_type.elem_type and value.type.tensor_type.HasField("shape")}
+    wanting = {node.output[0]: shaped[node.input[0]] for node in graph.node
+               if node.op_type in SHAPE_KEEPING_FUNCTIONS and node.input[0] in shaped and node.output[0] not in shaped}
+    if not wanting:
+        return False
+    kept = [value for value in graph.value_info if value.name not in wanting]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    graph.value_info.extend(onnx.helper.make_value_info(name, value_type) for name, value_type in wanting.items())
+    return True
 
 
 def _without_large_weights(model: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -142,7 +142,8 @@ def plan_model(model: str | Path, target: str, options: Options) -> Plan:
 
 #: the command line's planning flags and the API parameter each sets
 FLAG_PARAMETERS = {"--target": "target", "--dtype": "dtype", "--batch": "batch", "--core-mask": "core_mask",
-                   "--input-shape": "input_shapes", "--calib": "calibration", "--calib-method": "calibration_method",
+                   "--input-shape": "input_shapes", "--calib": "calibration", "--val": "validation",
+                   "--calib-method": "calibration_method",
                    "--mean-values": "mean_values", "--std-values": "std_values", "--channel-order": "channel_order",
                    "--float16": "float16_tensors", "--auto-float16": "auto_float16", "--equalization": "equalization",
                    "--bias-correction": "bias_correction", "--dump-after": "dump_after", "--dump-dir": "dump_dir",
@@ -288,7 +289,7 @@ def _options(options: Options | None, overrides: Mapping[str, Any]) -> Options:
                 if unknown[0] in RKNN_KEYWORDS else "")
         raise CompileError(f"unknown option {unknown[0]!r}{hint} (options: {', '.join(sorted(known))})")
     converted = dict(overrides)
-    for name in ("calibration", "dump_dir"):
+    for name in ("calibration", "validation", "dump_dir"):
         if converted.get(name) is not None:
             converted[name] = Path(converted[name])
     if "input_shapes" in converted:

@@ -259,6 +259,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool =
                              "with Pillow), one such file (an .npz keyed by input name), or a dataset.txt listing "
                              "one sample a line (its .npy or image files, one per input, in input order) "
                              "(default: a few seeded random inputs, with a warning)")
+    parser.add_argument("--val", type=Path, metavar="PATH",
+                        help="int8: inputs kept out of --calib, in its formats, to judge the plan on: the summary's "
+                             "validation cosine per output (the worst over them; the plan JSON's `validation`), and "
+                             "the samples --auto-float16 meets its target on")
     parser.add_argument("--mean-values", type=_numbers, metavar="M[,M,M]",
                         help="calibration images: subtract these per channel, in --channel-order, before dividing "
                              "by --std-values (rknn-toolkit2's mean_values, e.g. 123.675,116.28,103.53; default 0)")
@@ -331,7 +335,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser
 
 
 def calibration_options(args: argparse.Namespace) -> dict:
-    """The Options fields of --calib, --calib-method, --float16 and the int8 techniques, which
+    """The Options fields of --calib, --val, --calib-method, --float16 and the int8 techniques, which
     only an int8 plan uses, and of --verify-passes (not given: Options' default, from the
     environment)."""
     techniques = {name: value for name, value in (("equalization", args.equalization),
@@ -341,11 +345,11 @@ def calibration_options(args: argparse.Namespace) -> dict:
     images = {name: value for name, value in (("mean_values", args.mean_values), ("std_values", args.std_values),
                                               ("channel_order", args.channel_order)) if value is not None}
     # --calib-method minmax was the default once: a float16 plan still takes it
-    if args.dtype != "int8" and (args.calib is not None or args.calib_method not in (None, "minmax") or args.float16
-                                 or techniques or images):
-        raise CompileError("--calib, --calib-method, --mean-values, --std-values, --channel-order, --float16, "
+    if args.dtype != "int8" and (args.calib is not None or args.val is not None
+                                 or args.calib_method not in (None, "minmax") or args.float16 or techniques or images):
+        raise CompileError("--calib, --val, --calib-method, --mean-values, --std-values, --channel-order, --float16, "
                            "--auto-float16, --equalization and --bias-correction apply to int8 plans; add --dtype int8")
-    return {"calibration": args.calib,
+    return {"calibration": args.calib, "validation": args.val,
             "float16_tensors": tuple(args.float16), **method, **techniques, **images,
             **({"verify_passes": True} if args.verify_passes else {})}
 
@@ -604,7 +608,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def planning_flags(args: argparse.Namespace) -> dict[str, object]:
     """The planning flags `run` was given, by flag: a saved artifact was planned with its own."""
-    given = {"--dtype": args.dtype, "--batch": args.batch, "--calib": args.calib,
+    given = {"--dtype": args.dtype, "--batch": args.batch, "--calib": args.calib, "--val": args.val,
              "--calib-method": args.calib_method,
              "--float16": args.float16 or None, "--input-shape": args.input_shape or None,
              "--equalization": args.equalization, "--bias-correction": args.bias_correction,

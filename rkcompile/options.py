@@ -43,6 +43,9 @@ class Options:
     dump_after: tuple[str, ...] = ()
     dump_dir: Path = Path(".")
     calibration: Path | None = None  # int8: .npy/.npz/image files, a folder of them, or a dataset.txt (rkcompile/quantization/params.py)
+    # int8: inputs in calibration's formats that the plan is judged on, not calibrated on (--val;
+    # rkcompile/compiler/validation.py); --auto-float16 then meets its target on them
+    validation: Path | None = None
     # int8 calibration images (rknn-toolkit2's config): (x - mean) / std per channel, after the channels are
     # put in channel_order ("RGB" or "BGR"); one value serves every channel; quantize.ImagePreprocessing
     mean_values: tuple[float, ...] = (0.0,)

@@ -1,9 +1,10 @@
 """--auto-float16 COSINE: the fewest NPU steps to compute in float16 so that an int8 plan's
 outputs reach COSINE against the planned graph in float32 (accuracy analysis's reference) on
-every calibration sample; on a sample where the all-float16 plan's cosine is lower, that cosine
-(float16 has its own rounding: a random-weight network, or one odd sample, can be ill-conditioned
-enough to miss 0.999 in float16). Each sample keeps its own target: one sample float16 itself
-cannot bring to COSINE lowers the bar for that sample only, not for the others.
+every calibration sample (every --val sample when given: rkcompile/compiler/validation.py); on
+a sample where the all-float16 plan's cosine is lower, that cosine (float16 has its own
+rounding: a random-weight network, or one odd sample, can be ill-conditioned enough to miss
+0.999 in float16). Each sample keeps its own target: one sample float16 itself cannot bring to
+COSINE lowers the bar for that sample only, not for the others.
 
 Candidates are the int8 tensors `--float16` accepts: every int8 output of an NPU step and every
 model input's NPU copy. Two searches (docs/quantization.md compares them):
@@ -142,8 +143,9 @@ class Judge:
     then that sample's, an upper bound of the worst (the samples go worst first, in the order of
     the first plan's cosines)."""
 
-    def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]]):
-        self.planner, self.runtime, self.samples = planner, runtime, samples
+    def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]],
+                 judged_on: str = "calibration"):
+        self.planner, self.runtime, self.samples, self.judged_on = planner, runtime, samples, judged_on
         self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
         self.order = list(range(len(samples)))  # each of `samples` by its index in `given_samples`
         self.plans_judged = 0
@@ -151,6 +153,13 @@ class Judge:
         self.sample_cosines: dict[tuple, dict[int, float]] = {}  # plan's key -> given index -> cosine, of those run
         self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.expected: list[dict[str, np.ndarray]] | None = None
+
+    def on(self, validation: list[dict[str, np.ndarray]]) -> "Judge":
+        """A Judge of the same planner's plans on the --val samples instead (the plans still
+        calibrate on the calibration samples), starting from this one's latest plan."""
+        judge = Judge(self.planner, self.runtime, validation, judged_on="validation")
+        judge.latest = self.latest
+        return judge
 
     def planned(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple[Any, CompileContext]:
         """The plan (rkcompile.api.Plan) with `tensors` in float16 under `settings`, and its compile context."""
@@ -271,7 +280,7 @@ def choose(judge: Judge, wanted: float, strategy: str = "sensitivity",
     plan, ctx = judge.planned(chosen)
     search = Search(tuple(chosen), plan, judge(chosen), wanted, judge.per_sample(chosen), goals, all_float16,
                     judge.plans_judged, start_cosine=start, context=ctx)
-    search.technique = report(search, int8.record)
+    search.technique = report(search, int8.record, judge.judged_on)
     return search
 
 
@@ -327,16 +336,16 @@ def targets_note(wanted: float, goals: Sequence[float]) -> str:
             f"cosine on the rest: {', '.join(lowered)}")
 
 
-def report(search: Search, int8: PlanRecord) -> Int8Technique:
+def report(search: Search, int8: PlanRecord, judged_on: str = "calibration") -> Int8Technique:
     """The `auto_float16` entry of the chosen plan: each tensor with its step's extra time under
-    the cost model, float16 against int8."""
+    the cost model, float16 against int8; its cosines are over the `judged_on` samples."""
     costs = step_costs(int8, search.plan.record, search.chosen)
     applied = tuple(f"{name} (+{costs[name] * 1e3:.4f} ms)" for name in search.chosen)
     missed = [str(index + 1) for index, (cosine, goal) in enumerate(zip(search.cosines, search.targets))
               if cosine < goal]
     reached = (f"missed {targets_note(search.wanted, search.targets)}; below its target: sample "
                f"{', '.join(missed)}" if missed else f"reached {targets_note(search.wanted, search.targets)}")
-    note = (f"{len(search.chosen)} of {len(candidates(int8))} int8 tensors in float16, worst calibration "
+    note = (f"{len(search.chosen)} of {len(candidates(int8))} int8 tensors in float16, worst {judged_on} "
             f"cosine {search.start_cosine:.6f} -> {search.cosine:.6f} ({reached}), "
             f"+{sum(costs.values()) * 1e3:.4f} ms estimated; {search.plans_judged} plans judged")
     return Int8Technique("auto_float16", applied, (), note)

@@ -30,6 +30,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from rkcompile.compiler.context import CompileContext
 
 from rkcompile.options import CHOOSE, INT8_SETTINGS, Options, settings_label
@@ -99,9 +101,11 @@ def report(best: Judged, judged: list[Judged], found: list[dict[str, Any]]) -> I
     return Int8Technique("int8_settings", (settings_label(best.settings),), declined, note)
 
 
-def int8_stage(before_quantize: CompileContext, finish: Finish) -> tuple[PlanRecord, CompileContext]:
+def int8_stage(before_quantize: CompileContext, finish: Finish,
+               validation: list[dict[str, np.ndarray]] | None = None) -> tuple[PlanRecord, CompileContext]:
     """The stage: the int8 settings left to choose chosen, then --auto-float16 resolved on top of
-    them, each candidate planned by `finish` from `before_quantize` (the context after the
+    them (its target met on the `validation` samples when given, else on the calibration
+    samples), each candidate planned by `finish` from `before_quantize` (the context after the
     pipeline's front half); the chosen plan with both reported in its `int8_techniques`."""
     options = before_quantize.options
     judge = judge_for(before_quantize, finish)
@@ -110,6 +114,8 @@ def int8_stage(before_quantize: CompileContext, finish: Finish) -> tuple[PlanRec
         plan, ctx = judge.planned(())
         techniques = [chosen, *ctx.int8_techniques]
     else:
+        if validation is not None:
+            judge = judge.on(validation)
         search = choose(judge, options.auto_float16)
         plan, ctx = search.plan, search.context
         techniques = [*([chosen] if chosen is not None else []), *ctx.int8_techniques, search.technique]

@@ -94,21 +94,40 @@ def compile_model(model_path: str | Path, target: str, options: Options | None =
     through that stage (rkcompile/compiler/int8_choice.py), which plans candidates from there;
     every other plan runs the back half once (int8 settings left to choose at their preferred
     values: passes/quantize.py). The plan's int8 warnings are logged here, once: the quantize
-    pass only records them, once per candidate."""
+    pass only records them, once per candidate. With --val (`Options.validation`), the plan is
+    then judged on those inputs (rkcompile/compiler/validation.py), and --auto-float16 meets its
+    target on them."""
     options = options or Options()
     choosing = _chooses_int8(options) and choose_int8
     ctx = front_half(model_path, target, options, runtime)
+    validation = _validation_samples(ctx)
     if choosing:
         from rkcompile.compiler.int8_choice import int8_stage  # int8 plans only
 
-        record, ctx = int8_stage(ctx, finish_plan)
+        record, ctx = int8_stage(ctx, finish_plan, validation)
     else:
         run_passes(ctx, PASSES[QUANTIZE_AT:])
         record = assemble_plan(ctx, cpu_backends)
+    if validation is not None:
+        from rkcompile.compiler.validation import validated
+
+        record = validated(record, ctx, validation)
     for quant in record.quantization.values():
         if quant.warning:
             log.warning("int8: %s", quant.warning)
     return record, ctx
+
+
+def _validation_samples(ctx: CompileContext) -> list | None:
+    """The --val inputs of an int8 plan, read before it calibrates (a bad path fails at once);
+    None without --val, which only an int8 plan takes."""
+    if ctx.options.validation is None:
+        return None
+    if ctx.options.dtype not in QUANTIZED_DTYPES:
+        raise CompileError("--val judges an int8 plan on inputs it was not calibrated on; add --dtype int8")
+    from rkcompile.quantization.params import validation_samples
+
+    return validation_samples(ctx.options, ctx.model_info.inputs)
 
 
 def front_half(model_path: str | Path, target: str, options: Options, runtime=None) -> CompileContext:

@@ -186,6 +186,20 @@ class Int8Technique:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """An int8 plan judged on inputs it was not calibrated on (--val): how many samples `path`
+    held, and per model output its worst cosine over them against the planned graph in float32."""
+
+    path: str
+    samples: int
+    cosines: dict[str, float]
+
+    @property
+    def worst(self) -> float:
+        return min(self.cosines.values())
+
+
+@dataclass(frozen=True)
 class Partition:
     """A run of consecutive steps on one device."""
 
@@ -338,6 +352,8 @@ class PlanRecord:
     quantization: dict[str, Quantization] = field(default_factory=dict)
     #: What the int8 plan did beyond calibrating (equalization, bias correction, auto float16).
     int8_techniques: tuple[Int8Technique, ...] = ()
+    #: int8 with --val: the plan's cosines on the validation inputs; None (and absent from the JSON) otherwise
+    validation: Validation | None = None
 
     def memory_totals(self) -> MemoryTotals:
         """The plan's memory, region by region (`MemoryTotals`)."""
@@ -363,6 +379,8 @@ class PlanRecord:
         # is byte for byte what it was
         if not body["model"]["batch_dims"]:
             del body["model"]["batch_dims"]
+        if body["validation"] is None:
+            del body["validation"]
         # derived from the rest, for readers of the JSON: `from_dict` leaves it out, so a plan
         # written before it loads alike
         body["memory"]["total_bytes"] = self.memory_totals().total_bytes
@@ -396,6 +414,7 @@ class PlanRecord:
             rewrites=tuple(_build(Rewrite, r) for r in data.get("rewrites", ())),
             quantization={name: _build(Quantization, q) for name, q in data.get("quantization", {}).items()},
             int8_techniques=tuple(_build(Int8Technique, t) for t in data.get("int8_techniques", ())),
+            validation=_build(Validation, data["validation"]) if data.get("validation") is not None else None,
         )
 
 

@@ -61,6 +61,8 @@ def is_movement(node) -> bool:
 
 #: Random calibration inputs used when no --calib is given (a warning says so).
 RANDOM_SAMPLES = 4
+#: Fewer --calib samples than this, with no --val to judge the plan on, get a warning
+FEW_CALIBRATION_SAMPLES = 32
 #: Values kept per tensor and sample for the percentile and KL observers.
 KEPT_VALUES = 1 << 14
 KL_BINS = 2048
@@ -123,9 +125,15 @@ def calibration_samples(path: Path | None, specs: Sequence[TensorSpec],
 
 def samples_for(options, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
     """`calibration_samples` as the plan's options ask for them (`Options.calibration` and its
-    image preprocessing): the one reading the quantize pass and an int8 Planner share."""
-    return calibration_samples(options.calibration, specs, ImagePreprocessing(
+    image preprocessing): the one reading the quantize pass and an int8 Planner share. Fewer
+    than FEW_CALIBRATION_SAMPLES given with no --val to judge the plan on are warned about."""
+    samples = calibration_samples(options.calibration, specs, ImagePreprocessing(
         options.mean_values, options.std_values, options.channel_order))
+    if options.calibration is not None and options.validation is None and len(samples) < FEW_CALIBRATION_SAMPLES:
+        log.warning("int8 calibration: %d samples; ranges fitted on fewer than %d may not hold for other inputs, "
+                    "and nothing shows whether they do: pass --val PATH (inputs kept out of --calib) to judge the "
+                    "plan on", len(samples), FEW_CALIBRATION_SAMPLES)
+    return samples
 
 
 def load_calibration(path: Path, specs: Sequence[TensorSpec],
@@ -140,14 +148,9 @@ def load_calibration(path: Path, specs: Sequence[TensorSpec],
     axis is a stack of samples. Images follow `images` (ImagePreprocessing); preprocessing other
     than the default with no image to apply it to is refused rather than ignored.
     """
-    path = Path(path)
     images = images or ImagePreprocessing()
     reader = _Reader(images)
-    if path.is_file() and path.suffix.lower() == ".txt":
-        samples = _samples_listed(path, specs, reader)
-    else:
-        samples = [sample for file in _calibration_files(path)
-                   for sample in _samples_of(file, reader.arrays(file, specs, str(file)), specs)]
+    samples = _read_samples(Path(path), specs, reader)
     if not reader.images_read and not images.is_default:
         raise CompileError(f"--calib: {path} holds no image, and --mean-values, --std-values and --channel-order "
                            f"apply to images only (.npy/.npz inputs are taken as the model reads them)")
@@ -157,15 +160,30 @@ def load_calibration(path: Path, specs: Sequence[TensorSpec],
     return samples
 
 
-def _calibration_files(path: Path) -> list[Path]:
+def validation_samples(options, specs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+    """--val's samples (`Options.validation`, read as --calib is, images preprocessed alike):
+    inputs an int8 plan is judged on but not calibrated on."""
+    images = ImagePreprocessing(options.mean_values, options.std_values, options.channel_order)
+    return _read_samples(Path(options.validation), specs, _Reader(images, "--val"))
+
+
+def _read_samples(path: Path, specs: Sequence[TensorSpec], reader: "_Reader") -> list[dict[str, np.ndarray]]:
+    """The samples at `path` in `load_calibration`'s formats, read by `reader`."""
+    if path.is_file() and path.suffix.lower() == ".txt":
+        return _samples_listed(path, specs, reader)
+    return [sample for file in _calibration_files(path, reader.flag)
+            for sample in _samples_of(file, reader.arrays(file, specs, str(file)), specs, reader.flag)]
+
+
+def _calibration_files(path: Path, flag: str) -> list[Path]:
     """The files of a --calib folder (.npy, .npz and images, in name order), or the one file."""
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise CompileError(f"--calib: {path} does not exist")
+        raise CompileError(f"{flag}: {path} does not exist")
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz") + IMAGE_SUFFIXES)
     if not files:
-        raise CompileError(f"--calib: folder {path} holds no .npy, .npz or image ({', '.join(IMAGE_SUFFIXES)}) file")
+        raise CompileError(f"{flag}: folder {path} holds no .npy, .npz or image ({', '.join(IMAGE_SUFFIXES)}) file")
     return files
 
 
@@ -175,7 +193,7 @@ def _samples_listed(listing: Path, specs: Sequence[TensorSpec], reader: "_Reader
     try:
         lines = listing.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise CompileError(f"--calib: cannot read {listing} ({exc})") from None
+        raise CompileError(f"{reader.flag}: cannot read {listing} ({exc})") from None
     samples: list[dict[str, np.ndarray]] = []
     for number, line in enumerate(lines, 1):
         paths = line.split()
@@ -183,37 +201,38 @@ def _samples_listed(listing: Path, specs: Sequence[TensorSpec], reader: "_Reader
             continue
         where = f"{listing} line {number}"
         if len(paths) != len(specs):
-            raise CompileError(f"--calib: {where} names {len(paths)} files, the model has {len(specs)} inputs "
+            raise CompileError(f"{reader.flag}: {where} names {len(paths)} files, the model has {len(specs)} inputs "
                                f"({', '.join(spec.name for spec in specs)})")
         arrays = {}
         for spec, text in zip(specs, paths):
             file = listing.parent / text
             if file.suffix.lower() not in (".npy",) + IMAGE_SUFFIXES:
-                raise CompileError(f"--calib: {where}: {text} is neither a .npy array nor an image "
+                raise CompileError(f"{reader.flag}: {where}: {text} is neither a .npy array nor an image "
                                    f"({', '.join(IMAGE_SUFFIXES)})")
             if not file.is_file():
-                raise CompileError(f"--calib: {where}: {file} does not exist")
+                raise CompileError(f"{reader.flag}: {where}: {file} does not exist")
             arrays[spec.name] = reader.arrays(file, [spec], where)[spec.name]
-        samples += _samples_of(Path(where), arrays, specs)
+        samples += _samples_of(Path(where), arrays, specs, reader.flag)
     if not samples:
-        raise CompileError(f"--calib: {listing} lists no sample")
+        raise CompileError(f"{reader.flag}: {listing} lists no sample")
     return samples
 
 
 class _Reader:
-    """Reads calibration files, counting the images it decoded."""
+    """Reads calibration (or --val) files, counting the images it decoded; a failure names
+    `flag`, the option that named them."""
 
-    def __init__(self, images: ImagePreprocessing):
-        self.images, self.images_read = images, 0
+    def __init__(self, images: ImagePreprocessing, flag: str = "--calib"):
+        self.images, self.flag, self.images_read = images, flag, 0
 
     def arrays(self, file: Path, specs: Sequence[TensorSpec], where: str) -> dict[str, np.ndarray]:
         if file.suffix.lower() not in IMAGE_SUFFIXES:
-            return _read_arrays(file, specs)
+            return _read_arrays(file, specs, self.flag)
         if len(specs) != 1:
-            raise CompileError(f"--calib: {file} is an image but the model has {len(specs)} inputs; list each "
+            raise CompileError(f"{self.flag}: {file} is an image but the model has {len(specs)} inputs; list each "
                                f"sample's files, one per input, in a dataset.txt")
         self.images_read += 1
-        return {specs[0].name: read_image(file, specs[0], self.images, where)}
+        return {specs[0].name: read_image(file, specs[0], self.images, where, self.flag)}
 
 
 def read_image(file: Path, spec: TensorSpec, how: ImagePreprocessing, where: str, flag: str = "--calib") -> np.ndarray:
@@ -269,23 +288,23 @@ def _per_channel(values: tuple[float, ...], channels: int, flag: str) -> np.ndar
     return np.asarray(values, np.float64)
 
 
-def _read_arrays(file: Path, specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+def _read_arrays(file: Path, specs: Sequence[TensorSpec], flag: str) -> dict[str, np.ndarray]:
     try:
         if file.suffix.lower() == ".npy":
             if len(specs) != 1:
-                raise CompileError(f"--calib: {file} is a .npy but the model has {len(specs)} inputs; "
+                raise CompileError(f"{flag}: {file} is a .npy but the model has {len(specs)} inputs; "
                                    f"use .npz files keyed by input name")
             return {specs[0].name: np.load(file, allow_pickle=False)}
         with np.load(file, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
     except (OSError, ValueError) as exc:
-        raise CompileError(f"--calib: {file} is not a readable .npy/.npz ({exc})") from None
+        raise CompileError(f"{flag}: {file} is not a readable .npy/.npz ({exc})") from None
 
 
-def _samples_of(file: Path, arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> list[dict]:
+def _samples_of(file: Path, arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], flag: str) -> list[dict]:
     missing = [spec.name for spec in specs if spec.name not in arrays]
     if missing:
-        raise CompileError(f"--calib: {file} has no array for input {', '.join(missing)}")
+        raise CompileError(f"{flag}: {file} has no array for input {', '.join(missing)}")
     counts = set()
     stacks = {}
     for spec in specs:
@@ -294,12 +313,12 @@ def _samples_of(file: Path, arrays: Mapping[str, np.ndarray], specs: Sequence[Te
         if array.shape == shape:
             array = array[None]
         elif array.shape[1:] != shape:
-            raise CompileError(f"--calib: {file} input {spec.name} has shape {list(array.shape)}, "
+            raise CompileError(f"{flag}: {file} input {spec.name} has shape {list(array.shape)}, "
                                f"the model takes {list(shape)}")
         stacks[spec.name] = array.astype(spec.dtype, copy=False)
         counts.add(len(array))
     if len(counts) != 1:
-        raise CompileError(f"--calib: {file} holds different numbers of samples per input")
+        raise CompileError(f"{flag}: {file} holds different numbers of samples per input")
     return [{name: stack[i] for name, stack in stacks.items()} for i in range(counts.pop())]
 
 

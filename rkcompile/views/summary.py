@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord
+from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, Validation
 
 
 #: The value a rule saw, which the reason text carries as " (seen: ...)".
@@ -210,8 +210,16 @@ def render_summary(plan: PlanRecord) -> str:
         for technique in plan.int8_techniques:
             if technique.name == "auto_float16" and technique.applied:
                 lines.append(f"    float16: {', '.join(technique.applied)}")
+        if plan.validation is not None:
+            lines.append(f"  validation cosine           {validation_line(plan.validation)}")
     warnings = [q.warning for q in plan.quantization.values() if q.warning]
     if warnings:
         lines.append("  int8 warnings:")
         lines += [f"    {warning}" for warning in warnings]
     return "\n".join(lines)
+
+
+def validation_line(validation: Validation) -> str:
+    """The summary's "validation cosine" line: per output its worst over the --val samples."""
+    per_output = ", ".join(f"{name} {cosine:.6f}" for name, cosine in validation.cosines.items())
+    return f"{per_output} (worst over {validation.samples} samples of {validation.path})"
