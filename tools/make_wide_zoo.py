@@ -27,19 +27,15 @@ onnxslim, onnxruntime); rkcompile itself never imports this file.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
-import hashlib
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo_export  # noqa: E402
 
 SEED = 1234
 TORCHSCRIPT = "torchscript"
@@ -543,52 +539,14 @@ def _export_ultralytics(spec: Spec, path: Path) -> dict[str, Any]:
 
 def _describe(spec: Spec, onnx_path: Path, npz_path: Path, arrays: dict[str, Any], seconds: float) -> dict[str, Any]:
     """The model's manifest entry, in the shape of ../shared/zoo/manifest.json."""
-    from collections import Counter
-
-    import numpy as np
-    import onnx
-    import onnxruntime
     import torch
-    model = onnx.load(str(onnx_path))
-    try:
-        onnx.checker.check_model(model, full_check=True)
-        checker = "check_model(full_check=True) passed"
-    except Exception as exc:  # recorded, not fatal: planning such a model is part of the measure
-        checker = f"check_model(full_check=True) failed: {' '.join(str(exc).split())[:300]}"
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-        shape_inference = f"infer_shapes(strict_mode=True) passed; value_info entries: {len(inferred.graph.value_info)}"
-    except Exception as exc:
-        shape_inference = f"infer_shapes(strict_mode=True) failed: {' '.join(str(exc).split())[:300]}"
-
-    def count(graph) -> int:
-        return sum(1 + sum(count(a.g) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
-                   + sum(count(g) for a in n.attribute for g in a.graphs) for n in graph.node)
-
-    initializers = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in initializers]
-
-    def spec_of(vi):
-        t = vi.type.tensor_type
-        return {"name": vi.name, "dtype": str(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)),
-                "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim]}
-
-    outputs = [o.name for o in model.graph.output]
-    agreement = {}
-    for name, want in arrays["torch_outputs"].items():
-        got = arrays["ort_outputs"].get(name)
-        if got is not None and got.shape == want.shape and want.dtype.kind == "f":
-            agreement[name] = {"max_abs_diff": float(np.max(np.abs(got - want), initial=0.0)),
-                               "max_abs_ref": float(np.max(np.abs(want), initial=0.0))}
-        elif got is not None:
-            agreement[name] = {"equal": bool(got.shape == want.shape and np.array_equal(got, want))}
     exporter = {
         TORCHSCRIPT: f"torch.onnx.export(dynamo=False, TorchScript exporter) torch {torch.__version__}",
         DYNAMO: f"torch.onnx.export(dynamo=True) torch {torch.__version__}",
         ULTRALYTICS: f"ultralytics YOLO.export(format='onnx', opset={spec.opset}, simplify=True) "
                      f"-> torch.onnx.export(dynamo=False) torch {torch.__version__} + onnxslim",
     }[spec.exporter]
-    return {
+    head = {
         "name": spec.name,
         "set": "wide",
         "family": spec.family,
@@ -599,84 +557,29 @@ def _describe(spec: Spec, onnx_path: Path, npz_path: Path, arrays: dict[str, Any
         "weights": (f"ultralytics' own random init (torch seed {SEED})" if spec.exporter == ULTRALYTICS else
                     f"the library's random init (torch seed {SEED}), all-zero matrices re-drawn, BatchNorm "
                     f"statistics from {CALIBRATION_BATCHES} seeded batches (exercise_random_weights)"),
-        "opset": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
-        "ir_version": model.ir_version,
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "inputs": [spec_of(i) for i in inputs],
-        "outputs": [spec_of(o) for o in model.graph.output],
-        "outputs_ort_shapes": {n: {"shape": list(a.shape), "dtype": str(a.dtype)}
-                               for n, a in arrays["ort_outputs"].items()},
-        "node_count": len(model.graph.node),
-        "node_count_incl_subgraphs": count(model.graph),
-        "op_histogram": dict(Counter(n.op_type for n in model.graph.node).most_common()),
-        "initializer_count": len(model.graph.initializer),
-        "parameters": int(sum(np.prod(i.dims, dtype=np.int64) for i in model.graph.initializer)),
-        "file_size_bytes": onnx_path.stat().st_size,
-        "file_size_mb": round(onnx_path.stat().st_size / 2**20, 2),
-        "sha256": _sha256(onnx_path),
-        "onnx_checker": checker,
-        "shape_inference": shape_inference,
-        "reference": {
-            "file": npz_path.name,
-            "sha256": _sha256(npz_path),
-            "keys_inputs": [i.name for i in inputs],
-            "keys_outputs": outputs,
-            "input_generation": f"seed {SEED}: float inputs standard normal (images in [0, 1) for ultralytics), "
-                                "token ids uniform over the vocabulary, attention masks with 4 padded positions",
-            "onnxruntime_version": onnxruntime.__version__,
-            "onnxruntime_settings": "CPUExecutionProvider, default graph_optimization_level (ORT_ENABLE_ALL), "
-                                    "intra/inter_op_num_threads=1",
-            "torch_vs_onnxruntime": agreement or "not compared (the exporter ran its own copy of the model)",
-        },
-        "build_seconds": round(seconds, 1),
     }
 
+    def compare(outputs: list[str]) -> tuple[str, Any]:
+        agreement = zoo_export.agreement(arrays["torch_outputs"].items(), arrays["ort_outputs"])
+        return "torch_vs_onnxruntime", agreement or "not compared (the exporter ran its own copy of the model)"
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return zoo_export.describe(
+        onnx_path, npz_path, arrays["ort_outputs"], seconds, head,
+        f"seed {SEED}: float inputs standard normal (images in [0, 1) for ultralytics), "
+        "token ids uniform over the vocabulary, attention masks with 4 padded positions", compare)
 
 
 def export_one(spec: Spec, out: Path) -> dict[str, Any]:
     """Export, run onnxruntime, write NAME.onnx + NAME.npz atomically; the manifest entry."""
-    import numpy as np
-    import onnxruntime
-    started = time.perf_counter()
-    staging = Path(tempfile.mkdtemp(prefix=f"wide_zoo_{spec.name}_", dir=out.parent))  # same disk, not under OUT
-    try:
-        onnx_tmp = staging / f"{spec.name}.onnx"
-        export = _export_ultralytics if spec.exporter == ULTRALYTICS else _export_torch
-        arrays = export(spec, onnx_tmp)
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(str(onnx_tmp), options, providers=["CPUExecutionProvider"])
-        feed = {i.name: arrays["inputs"][i.name] for i in session.get_inputs()}
-        values = session.run(None, feed)
-        arrays["ort_outputs"] = {o.name: v for o, v in zip(session.get_outputs(), values)}
-        npz_tmp = staging / f"{spec.name}.npz"
-        with open(npz_tmp, "wb") as f:
-            np.savez(f, **feed, **arrays["ort_outputs"])
-        entry = _describe(spec, onnx_tmp, npz_tmp, arrays, time.perf_counter() - started)
-        npz_tmp.replace(out / npz_tmp.name)
-        onnx_tmp.replace(out / onnx_tmp.name)  # the .onnx last: a model in the folder always has its npz
-        return entry
-    finally:
-        for leftover in sorted(staging.rglob("*"), reverse=True):
-            leftover.unlink() if leftover.is_file() else leftover.rmdir()
-        staging.rmdir()
+    export = _export_ultralytics if spec.exporter == ULTRALYTICS else _export_torch
+    return zoo_export.export_one(spec.name, out, "wide_zoo_", lambda path: export(spec, path),
+                                 lambda onnx_path, npz_path, arrays, seconds:
+                                 _describe(spec, onnx_path, npz_path, arrays, seconds))
 
 
 def _child(name: str, out: Path, result: Path) -> int:
     spec = next(s for s in SPECS if s.name == name)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # exporters chat on stdout
-            entry = export_one(spec, out)
-        payload = {"ok": True, "entry": entry}
-    except Exception as exc:
-        traceback.print_exc()
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        payload = {"ok": False, "reason": f"{type(exc).__name__}: {text[:400]}"}
-    result.write_text(json.dumps(payload))
-    return 0
+    return zoo_export.child(lambda: export_one(spec, out), result)
 
 
 # --------------------------------------------------------------------------- parent
@@ -692,25 +595,9 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _load_manifest(out: Path) -> dict[str, Any]:
-    path = out / "manifest.json"
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            pass
-    return {}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, nargs="?", help="folder to write NAME.onnx + NAME.npz into (outside git)")
-    parser.add_argument("--only", default="", help="comma-separated model names (default: all)")
-    parser.add_argument("--force", action="store_true", help="re-export models already in OUT")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per model export")
-    parser.add_argument("--list", action="store_true", help="list the models and exit")
-    parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--_result", type=Path, default=None, help=argparse.SUPPRESS)
+    zoo_export.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.list:
         for spec in SPECS:
@@ -721,73 +608,21 @@ def main(argv: list[str] | None = None) -> int:
     if args._child:
         return _child(args._child, args.out, args._result)
 
-    known = {s.name for s in SPECS}
-    wanted = [n for n in args.only.split(",") if n]
-    unknown = sorted(set(wanted) - known)
-    if unknown:
-        print(f"error: unknown model(s): {', '.join(unknown)} (see --list)", file=sys.stderr)
+    wanted = zoo_export.wanted_names(args.only, SPECS)
+    if wanted is None:
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    previous = _load_manifest(args.out)
-    entries = {m["name"]: m for m in previous.get("models", []) if m.get("name") in known}
-    failures = {f["name"]: f for f in previous.get("failures_last_run", []) if f.get("name") in known}
-    selected = [s for s in SPECS if not wanted or s.name in wanted]
-    for index, spec in enumerate(selected, 1):
-        present = (args.out / f"{spec.name}.onnx").is_file() and (args.out / f"{spec.name}.npz").is_file()
-        if present and spec.name in entries and not args.force:
-            print(f"[{index}/{len(selected)}] {spec.name}: kept (use --force to re-export)")
-            continue
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="wide_zoo_") as tmp:
-            result = Path(tmp) / "result.json"
-            log = args.out / "logs" / f"{spec.name}.log"
-            log.parent.mkdir(exist_ok=True)
-            command = [sys.executable, os.path.abspath(__file__), str(args.out), "--_child", spec.name,
-                       "--_result", str(result)]
-            try:
-                with open(log, "w") as f:
-                    subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
-                payload = json.loads(result.read_text()) if result.is_file() else {
-                    "ok": False, "reason": f"the export process died (see {log})"}
-            except subprocess.TimeoutExpired:
-                payload = {"ok": False, "reason": f"export timed out after {args.timeout} s"}
-        seconds = time.perf_counter() - started
-        if payload["ok"]:
-            entries[spec.name] = payload["entry"]
-            failures.pop(spec.name, None)
-            print(f"[{index}/{len(selected)}] {spec.name}: exported ({spec.exporter}, opset {spec.opset}, "
-                  f"{payload['entry']['node_count']} nodes, {seconds:.0f} s)")
-        else:
-            entries.pop(spec.name, None)
-            for stale in (args.out / f"{spec.name}.onnx", args.out / f"{spec.name}.npz"):
-                stale.unlink(missing_ok=True)
-            failures[spec.name] = {"name": spec.name, "exporter": spec.exporter, "opset": spec.opset,
-                                   "reason": payload["reason"]}
-            print(f"[{index}/{len(selected)}] {spec.name}: SKIPPED: {payload['reason']}")
-        _write_manifest(args.out, entries, failures)
-    print(f"{len(entries)} models in {args.out}, {len(failures)} failed to export")
-    return 0
+    return zoo_export.run_children(
+        args, SPECS, wanted, __file__, "wide_zoo_", python=lambda spec: sys.executable,
+        kind=lambda spec: spec.exporter, summary=lambda spec: f"{spec.exporter}, opset {spec.opset}, ",
+        write_manifest=lambda entries, failures: _write_manifest(args.out, entries, failures))
 
 
 def _write_manifest(out: Path, entries: dict[str, Any], failures: dict[str, Any]) -> None:
-    order = [s.name for s in SPECS]
-    models = sorted(entries.values(), key=lambda m: order.index(m["name"]))
-    manifest = {
-        "set": "wide",
-        "description": "Architectures rkcompile was not tuned on, exported by torchvision, timm, transformers, "
-                       "torch and ultralytics with seeded random weights (tools/make_wide_zoo.py); each with a "
-                       "reference input and onnxruntime output in NAME.npz",
-        "generated_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "environment": _environment(),
-        "npz_format": "np.savez; keys = graph input names (seeded random inputs) + graph output names "
-                      "(onnxruntime outputs)",
-        "total_onnx_bytes": sum(m["file_size_bytes"] for m in models),
-        "models": models,
-        "failures_last_run": sorted(failures.values(), key=lambda f: order.index(f["name"])),
-    }
-    staged = out / "manifest.json.tmp"
-    staged.write_text(json.dumps(manifest, indent=1) + "\n")
-    staged.replace(out / "manifest.json")
+    zoo_export.write_manifest(
+        out, SPECS, entries, failures, "wide",
+        "Architectures rkcompile was not tuned on, exported by torchvision, timm, transformers, "
+        "torch and ultralytics with seeded random weights (tools/make_wide_zoo.py); each with a "
+        "reference input and onnxruntime output in NAME.npz", _environment())
 
 
 if __name__ == "__main__":
