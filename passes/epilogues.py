@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.edits import replace_uses, set_input, set_output
-from rkcompile.ir.graph import constant_value, is_onnx_domain, static_shape
+from rkcompile.ir.graph import constant_value, is_onnx_domain, static_shape, unique_name
 from rkcompile.ir.patterns import matches
 from rkcompile.targets.model import Target
 
@@ -128,10 +128,7 @@ def move_after(graph: gs.Graph, relabel: gs.Node, region: list[gs.Node], names: 
     last = next(node for node in region if node.outputs[0].name in graph_outputs
                 or any(id(reader) not in members for reader in node.outputs[0].outputs))
     result = last.outputs[0]
-    name, index = f"{result.name}/before_relabel", 0
-    while name in names:
-        index += 1
-        name = f"{result.name}/before_relabel_{index}"
+    name = unique_name(f"{result.name}/before_relabel", names)
     names.add(name)
     replace_uses(relabelled, made)
     for node in region:

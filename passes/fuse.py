@@ -34,7 +34,7 @@ from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.dag import Dag, descendants
 from rkcompile.ir.patterns import FUSED_DOMAIN, Match, matches
 from rkcompile.ir.edits import detach
-from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes
+from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes, unique_name
 from rkcompile.targets.model import Rule
 
 from rkcompile.passes.fusion_table import TABLES, FusionRule
@@ -190,10 +190,8 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: 
     outputs = list(root.outputs)
     origins = sorted({o for node in members for o in ctx.origins.get(node.name, (node.name,))},
                      key=lambda name: original_position.get(name, len(original_position)))
-    name = base = f"{rule.kernel}:{origins[0]}"
-    suffix = 1
-    while name in ctx.origins:  # every current node has an entry; a rewrite may have split one original
-        name, suffix = f"{base}_{suffix}", suffix + 1
+    # every current node has an entry in origins; a rewrite may have split one original
+    name = unique_name(f"{rule.kernel}:{origins[0]}", ctx.origins)
     attrs = {"members": [node.op for node in members], **rule.attributes(match),
              "body": body_graph(name, members, inputs, outputs, ctx.graph.opset)}
     for node in members:

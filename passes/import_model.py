@@ -17,7 +17,7 @@ from onnx import external_data_helper, shape_inference
 
 from rkcompile.compiler.context import CompileContext
 from rkcompile.errors import CompileError
-from rkcompile.ir.graph import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count
+from rkcompile.ir.graph import SHAPE_DATA_MAX_ELEMENTS, dtype_name, element_count, unique_name
 from rkcompile.plan.schema import ModelInfo, TensorSpec
 
 NAME = "import"
@@ -157,10 +157,7 @@ def _name_nodes(graph: onnx.GraphProto) -> bool:
     seen: set[str] = set()
     changed = False
     for index, node in enumerate(graph.node):
-        base = node.name or f"{node.op_type}_{index}"
-        name, suffix = base, 1
-        while name in seen:
-            name, suffix = f"{base}_{suffix}", suffix + 1
+        name = unique_name(node.name or f"{node.op_type}_{index}", seen)
         if node.name != name:
             node.name, changed = name, True
         seen.add(name)

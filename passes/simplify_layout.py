@@ -42,7 +42,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
 from rkcompile.ir.edits import detach, replace_uses, set_input, unlinked_node
 from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
-    topological_nodes)
+    topological_nodes, unique_name)
 from rkcompile.ir.nodes import itemsize
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
@@ -161,10 +161,7 @@ class _Simplifier:
     # bookkeeping shared by the rules
 
     def fresh(self, base: str) -> str:
-        name, index = base, 0
-        while name in self.taken:
-            index += 1
-            name = f"{base}_{index}"
+        name = unique_name(base, self.taken)
         self.taken.add(name)
         return name
 

@@ -19,7 +19,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.ir.edits import detach
-from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape, unique_name
 from rkcompile.ir.nodes import DerivedValues
 from rkcompile.targets.model import Target
 
@@ -73,10 +73,7 @@ class Site:
         return len(self._taken)
 
     def fresh(self, base: str) -> str:
-        name, index = base, 0
-        while name in self._taken:
-            index += 1
-            name = f"{base}_{index}"
+        name = unique_name(base, self._taken)
         self._taken.add(name)
         return name
 

@@ -7,6 +7,7 @@ computed on plain lists instead.
 from __future__ import annotations
 
 import heapq
+from typing import Container
 
 import numpy as np
 import onnx
@@ -136,3 +137,11 @@ def _shape_only_model(nodes: list[onnx.NodeProto], name: str, inputs, tensors, o
     opsets = [onnx.helper.make_opsetid(d.domain, d.version) for d in import_domains or []
               if d.domain not in ("", "ai.onnx")]
     return onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid("", opset)] + opsets)
+
+
+def unique_name(base: str, taken: Container[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... the first that `taken` does not hold."""
+    name, suffix = base, 1
+    while name in taken:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    return name
