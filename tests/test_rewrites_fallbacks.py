@@ -1,0 +1,47 @@
+"""Rewrites of ops the targets would otherwise run on the CPU, where rknn-toolkit2 runs them on
+the NPU: DepthToSpace/SpaceToDepth (passes/rewrites/layout_ops.py) and pools with auto_pad or
+kernels over the window limit (passes/rewrites/pooling.py), each exact: 0 CPU nodes, the
+rewritten graph agrees with the original in onnxruntime, and the emulated plan with both."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from conftest import PRIMARY_TARGETS, make_model, value_info
+from rkcompile.cli import main
+from rkcompile.compiler.pipeline import compile_model
+from test_rewrites_conv import RNG, assert_rewrite_exact, rewritten
+
+
+def assert_npu_only_and_exact(model, tmp_path, target, rule):
+    ctx = rewritten(model, tmp_path, target)
+    assert rule in [r.rule.split(" > ")[0] for r in ctx.rewrites]
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal(shape).astype(np.float32)})
+    plan, _ = compile_model(tmp_path / "model.onnx", target)
+    assert not [n.op for n in plan.nodes if n.device == "cpu"]
+    report = tmp_path / "run.json"
+    assert main(["run", str(tmp_path / "model.onnx"), "--target", target, "--check", "--json", str(report)]) == 0
+    result = json.loads(report.read_text())
+    assert result["passed"] and min(a["cosine"] for a in result["agreement"]) >= 0.9999
+
+
+BLOCK_CASES = {
+    "depth_to_space_dcr": ("DepthToSpace", dict(mode="DCR"), (1, 16, 5, 6), (1, 4, 10, 12)),
+    "depth_to_space_crd": ("DepthToSpace", dict(mode="CRD"), (1, 16, 5, 6), (1, 4, 10, 12)),
+    "pixel_shuffle_3": ("DepthToSpace", dict(mode="CRD", blocksize=3), (1, 18, 4, 4), (1, 2, 12, 12)),
+    "space_to_depth": ("SpaceToDepth", {}, (1, 3, 8, 10), (1, 12, 4, 5)),
+}
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("name", sorted(BLOCK_CASES))
+def test_block_rearrangements_become_npu_transposes_computing_the_same(tmp_path, name, target):
+    op, attrs, shape, out = BLOCK_CASES[name]
+    node = helper.make_node(op, ["x"], ["y"], name="blocks", **{"blocksize": 2, **attrs})
+    model = make_model([node], [value_info("x", list(shape))], [value_info("y", list(out))], [])
+    assert_npu_only_and_exact(model, tmp_path, target, "block_rearrangement_as_transpose")
