@@ -45,3 +45,27 @@ def test_block_rearrangements_become_npu_transposes_computing_the_same(tmp_path,
     node = helper.make_node(op, ["x"], ["y"], name="blocks", **{"blocksize": 2, **attrs})
     model = make_model([node], [value_info("x", list(shape))], [value_info("y", list(out))], [])
     assert_npu_only_and_exact(model, tmp_path, target, "block_rearrangement_as_transpose")
+
+
+def pool_model(op, shape, kernel, out_size, **attrs):
+    node = helper.make_node(op, ["x"], ["y"], name="pool", kernel_shape=list(kernel), **attrs)
+    return make_model([node], [value_info("x", list(shape))], [value_info("y", [*shape[:2], *out_size])], [])
+
+
+AUTO_PAD_CASES = {
+    "maxpool_same_upper_stride_2": ("MaxPool", (1, 4, 9, 10), (3, 3), (5, 5), dict(auto_pad="SAME_UPPER", strides=[2, 2])),
+    "maxpool_same_lower_even_kernel": ("MaxPool", (1, 3, 8, 7), (2, 4), (8, 7), dict(auto_pad="SAME_LOWER")),
+    "average_same_upper_excluding_pads": ("AveragePool", (1, 3, 9, 9), (3, 3), (5, 5),
+                                          dict(auto_pad="SAME_UPPER", strides=[2, 2])),
+    "average_same_lower_including_pads": ("AveragePool", (1, 3, 8, 8), (4, 4), (8, 8),
+                                          dict(auto_pad="SAME_LOWER", count_include_pad=1)),
+    "average_valid": ("AveragePool", (1, 2, 9, 9), (3, 3), (4, 4), dict(auto_pad="VALID", strides=[2, 2])),
+}
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("name", sorted(AUTO_PAD_CASES))
+def test_auto_pad_pools_become_explicitly_padded_pools_computing_the_same(tmp_path, name, target):
+    op, shape, kernel, out_size, attrs = AUTO_PAD_CASES[name]
+    assert_npu_only_and_exact(pool_model(op, shape, kernel, out_size, **attrs), tmp_path, target,
+                              "pool_auto_pad_to_pads")

@@ -1,4 +1,4 @@
-"""Pooling rewrites: ceil mode and excluded pads as the NPU's floor-mode pools, global pools
+"""Pooling rewrites: auto_pad, ceil mode and excluded pads as the NPU's floor-mode pools, global pools
 over the window limit as staged pools, and ReduceMean over the spatial axes as global pooling."""
 from __future__ import annotations
 
@@ -11,6 +11,41 @@ from rkcompile.ir.graph import constant_value, dtype_name, static_shape
 from rkcompile.plan.schema import QUANTIZED_DTYPES
 
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, scalar
+
+
+def pool_auto_pad_to_pads(node: gs.Node, site: Site) -> Candidates:
+    """MaxPool/AveragePool with auto_pad as the same pool with the explicit pads ONNX defines for
+    it: per axis, total = max(0, (ceil(in / stride) - 1) * stride + (kernel - 1) * dilation + 1 - in),
+    the odd one at the end for SAME_UPPER, at the start for SAME_LOWER, none for VALID. Exact: the
+    window positions are the same, and count_include_pad applies to the pads however they were
+    given (ONNX AveragePool), so an AveragePool keeps its own. The NPU takes only explicit pads
+    (oplist V2.3.2, Pooling), where a pad over its limit or an excluded pad is left to the rules
+    that legalize those."""
+    mode = node.attrs.get("auto_pad", "NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "NOTSET":
+        return "auto_pad is NOTSET"
+    if len([t for t in node.outputs if t.name]) != 1:
+        return "its Indices output is read"
+    shape = static_shape(node.inputs[0])
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", ())]
+    if shape is None or len(shape) != len(kernel) + 2:
+        return "the input's shape is unknown"
+    if int(node.attrs.get("ceil_mode", 0)):
+        return "ceil_mode is set too: with explicit pads it could round the output size up"
+    spatial = len(kernel)
+    strides = [int(v) for v in node.attrs.get("strides", [1] * spatial)]
+    dilations = [int(v) for v in node.attrs.get("dilations", [1] * spatial)]
+    begins, ends = [], []
+    for size, k, stride, dilation in zip(shape[2:], kernel, strides, dilations):
+        total = 0 if mode == "VALID" else max(0, (-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size)
+        begins.append(total - total // 2 if mode == "SAME_LOWER" else total // 2)
+        ends.append(total - begins[-1])
+    attrs = {**node.attrs, "pads": begins + ends}
+    del attrs["auto_pad"]
+    builder = site.builder(node)
+    builder.op(node.op, list(node.inputs), out=node.outputs[0], **attrs)
+    yield builder.finish()
 
 
 def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
@@ -165,6 +200,7 @@ def reducemean_to_global_pool(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(pool_auto_pad_to_pads, frozenset({"MaxPool", "AveragePool"})),
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
     RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
