@@ -69,3 +69,19 @@ def test_auto_pad_pools_become_explicitly_padded_pools_computing_the_same(tmp_pa
     op, shape, kernel, out_size, attrs = AUTO_PAD_CASES[name]
     assert_npu_only_and_exact(pool_model(op, shape, kernel, out_size, **attrs), tmp_path, target,
                               "pool_auto_pad_to_pads")
+
+
+CASCADE_CASES = {
+    "spp_9": ((1, 4, 20, 20), (9, 9), (20, 20), dict(pads=[4, 4, 4, 4])),
+    "spp_13": ((1, 4, 20, 20), (13, 13), (20, 20), dict(pads=[6, 6, 6, 6])),
+    "rectangular_unpadded": ((1, 2, 30, 12), (17, 3), (14, 10), {}),
+    "asymmetric_pads_stride_2": ((1, 3, 21, 21), (11, 11), (8, 7), dict(pads=[0, 2, 5, 1], strides=[2, 2])),
+}
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("name", sorted(CASCADE_CASES))
+def test_maxpool_kernels_over_the_limit_become_cascades_computing_the_same(tmp_path, name, target):
+    shape, kernel, out_size, attrs = CASCADE_CASES[name]
+    assert_npu_only_and_exact(pool_model("MaxPool", shape, kernel, out_size, **attrs), tmp_path, target,
+                              "maxpool_kernel_to_cascade")
