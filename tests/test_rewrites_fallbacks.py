@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from conftest import PRIMARY_TARGETS, make_model, value_info
+from conftest import PRIMARY_TARGETS, make_model, value_info, weight
 from rkcompile.cli import main
 from rkcompile.compiler.pipeline import compile_model
 from test_rewrites_conv import RNG, assert_rewrite_exact, rewritten
@@ -85,3 +85,23 @@ def test_maxpool_kernels_over_the_limit_become_cascades_computing_the_same(tmp_p
     shape, kernel, out_size, attrs = CASCADE_CASES[name]
     assert_npu_only_and_exact(pool_model("MaxPool", shape, kernel, out_size, **attrs), tmp_path, target,
                               "maxpool_kernel_to_cascade")
+
+
+PADDED_CONV_CASES = {
+    "dilated_1d_pads_24": ((1, 4, 60), [3], dict(dilations=[24], pads=[24, 24])),
+    "dilated_1d_causal_pads_20": ((1, 4, 50), [2], dict(dilations=[20], pads=[20, 0])),
+    "2d_pads_over_the_limit": ((1, 3, 10, 12), [3, 3], dict(pads=[18, 1, 16, 17])),
+}
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("name", sorted(PADDED_CONV_CASES))
+def test_conv_pads_over_the_limit_become_a_pad_computing_the_same(tmp_path, name, target):
+    shape, kernel, attrs = PADDED_CONV_CASES[name]
+    w = RNG.standard_normal((5, shape[1], *kernel)).astype(np.float32)
+    pads, dilations = attrs["pads"], attrs.get("dilations", [1] * len(kernel))
+    out = [(s + b + e - (k - 1) * d - 1) + 1 for s, b, e, k, d in
+           zip(shape[2:], pads[:len(kernel)], pads[len(kernel):], kernel, dilations)]
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=kernel, **attrs)
+    model = make_model([node], [value_info("x", list(shape))], [value_info("y", [1, 5, *out])], [weight("w", w)])
+    assert_npu_only_and_exact(model, tmp_path, target, "conv_pads_to_pad")
