@@ -1,5 +1,6 @@
-"""Layout rewrites: DepthToSpace and SpaceToDepth as Transposes, Transposes of rank above 4 or over their perm's limits, Gathers of one
-index, relabels (Reshape, Flatten, Squeeze, Unsqueeze) and the ops done in a Conv's own layout."""
+"""Layout rewrites: DepthToSpace and SpaceToDepth as Transposes, Transposes of rank above 4 or
+over their perm's limits, Gathers of one index, relabels (Reshape, Flatten, Squeeze, Unsqueeze)
+and the ops done in a Conv's own layout."""
 from __future__ import annotations
 
 import functools
