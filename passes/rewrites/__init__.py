@@ -23,16 +23,19 @@ FAMILIES = (
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
     matmul_as_conv,  # Gemm/MatMul by weights as 1x1 Conv, K splits
-    conv_windows,    # Conv strides and kernels over the window limits (space-to-depth, kernel tiles);
+    conv_windows,    # Conv strides, kernels and pads over the window limits (space-to-depth, kernel
+                     # tiles, Pad);
                      # after matmul_as_conv, whose Convs it may have to legalize
-    pooling,      # ceil mode, excluded pads, staged global pools, ReduceMean as pooling
+    pooling,      # auto_pad, ceil mode, MaxPool cascades, excluded pads, staged global pools,
+                  # ReduceMean as pooling
     resize_as_matmul,  # Resize scales the NPU's kernel lacks as constant-weight MatMuls
                        # (matmul_as_conv's rules then make 1x1 Convs of them)
     channels,     # channel shuffles as channel-picking 1x1 Convs, folded into the Convs reading them
                   # (before rank and layout, whose rules would break the shuffle's chain apart)
     rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
                   # first, so no lone rank-5 relabel is left for layout's rules)
-    layout_ops,   # Transpose limits, Gather of one index, relabels, Conv layouts
+    layout_ops,   # DepthToSpace/SpaceToDepth as Transposes, Transpose limits, Gather of one index,
+                  # relabels, Conv layouts
 )
 
 RULES: tuple[RewriteRule, ...] = tuple(rule for family in FAMILIES for rule in family.RULES)

@@ -1,5 +1,5 @@
-"""Convolution rewrites: a Conv whose stride or kernel is over the target's window limits as
-convolutions within them, exactly, and a Slice with steps over 1 as the 1x1 convolutions that
+"""Convolution rewrites: a Conv whose stride, kernel or pads are over the target's window limits
+as convolutions within them (pads: after a zero Pad), exactly, and a Slice with steps over 1 as the 1x1 convolutions that
 pick its rows, columns and channels.
 
 Space-to-depth is the common tool. A one-hot grouped convolution with kernel = stride = f moves
@@ -372,9 +372,40 @@ def conv_padding_only_taps_dropped(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def conv_pads_to_pad(node: gs.Node, site: Site) -> Candidates:
+    """A Conv whose pads are over the target's limit (a dilated 1-D convolution of a speech or
+    time-series model, pads = dilation > 15) as a zero Pad of the excess and then the Conv with
+    pads within the limit: zero padding is zero padding whether the Pad or the Conv adds it, so
+    every window reads the same values. Only where the target runs a constant Pad on the NPU."""
+    x, shape = node.inputs[0], static_shape(node.inputs[0])
+    if shape is None or len(shape) < 3:
+        return "the input's shape is unknown"
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return "auto_pad is set"
+    limit = site.target.rule_parameter("Conv", "conv_window", "pad")
+    if limit is None:
+        return f"{site.target.name} has no convolution window rule to work to"
+    if "constant" not in (site.target.rule_parameter("Pad", "pad_mode", "modes") or ()):
+        return f"{site.target.name} runs no constant Pad on the NPU"
+    spatial = len(shape) - 2
+    pads = [int(p) for p in node.attrs.get("pads", [0] * 2 * spatial)]
+    if all(p <= limit for p in pads):
+        return "its pads are within the limit"
+    kept = [min(p, limit) for p in pads]
+    excess = [p - k for p, k in zip(pads, kept)]
+    builder = site.builder(node)
+    widths = builder.const(np.array([0, 0, *excess[:spatial], 0, 0, *excess[spatial:]], dtype=np.int64), "pads")
+    padded = builder.op("Pad", [x, widths], [*shape[:2], *(s + b + e for s, b, e in
+                                                          zip(shape[2:], excess[:spatial], excess[spatial:]))],
+                        x.dtype, mode="constant")
+    builder.op("Conv", [padded, *node.inputs[1:]], out=node.outputs[0], **{**node.attrs, "pads": kept})
+    yield builder.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(conv_padding_only_taps_dropped, frozenset({"Conv"})),
     RewriteRule(conv_stride_to_space_to_depth, frozenset({"Conv"})),
     RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
+    RewriteRule(conv_pads_to_pad, frozenset({"Conv"})),
     RewriteRule(strided_slice_to_convs, frozenset({"Slice"})),
 )

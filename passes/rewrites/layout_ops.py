@@ -1,5 +1,6 @@
-"""Layout rewrites: Transposes of rank above 4 or over their perm's limits, Gathers of one
-index, relabels (Reshape, Flatten, Squeeze, Unsqueeze) and the ops done in a Conv's own layout."""
+"""Layout rewrites: DepthToSpace and SpaceToDepth as Transposes, Transposes of rank above 4 or
+over their perm's limits, Gathers of one index, relabels (Reshape, Flatten, Squeeze, Unsqueeze)
+and the ops done in a Conv's own layout."""
 from __future__ import annotations
 
 import functools
@@ -443,7 +444,43 @@ def collapse_relabels(node: gs.Node, site: Site) -> Candidates:
         return "it neither follows a relabel nor leaves the shape as it was"
 
 
+def block_rearrangement_as_transpose(node: gs.Node, site: Site) -> Candidates:
+    """DepthToSpace (DCR or CRD mode) and SpaceToDepth as the Reshape -> Transpose -> Reshape
+    that the ONNX operator definitions give as their meaning, so exact: the targets have no
+    kernel for either op (oplist V2.3.2), while the 6-D Transpose between the relabels is left to
+    the rank and Transpose rules, which rewrite it again where it is itself illegal.
+    SpaceToDepth's 6-D Transpose has no merged 4-D form for those rules, so it is written as two
+    4-D Transposes instead: one swaps each row block's columns with its blocks, the other moves
+    the b*b block offsets ahead of channel and row, the order SpaceToDepth's channels list them."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape, y_shape = static_shape(x), static_shape(y)
+    if shape is None or y_shape is None or len(shape) != 4:
+        return "not a 4-D tensor of known shape"
+    n, c, h, w = shape
+    block = int(node.attrs["blocksize"])
+    builder = site.builder(node)
+    if node.op == "SpaceToDepth":
+        rows = builder.reshape(x, [n * c * h // block, block, w // block, block])
+        offsets_last = builder.op("Transpose", [rows], [n * c * h // block, block, block, w // block], x.dtype,
+                                  perm=[0, 1, 3, 2])
+        grouped = builder.reshape(offsets_last, [n, c * h // block, block * block, w // block])
+        offsets_first = builder.op("Transpose", [grouped], [n, block * block, c * h // block, w // block], x.dtype,
+                                   perm=[0, 2, 1, 3])
+        builder.reshape(offsets_first, y_shape, out=y)
+        yield builder.finish()
+        return
+    if node.attrs.get("mode", "DCR") == "CRD":
+        split, perm = [n, c // block ** 2, block, block, h, w], [0, 1, 4, 2, 5, 3]
+    else:
+        split, perm = [n, block, block, c // block ** 2, h, w], [0, 3, 4, 1, 5, 2]
+    blocks = builder.reshape(x, split)
+    moved = builder.op("Transpose", [blocks], [split[p] for p in perm], x.dtype, perm=perm)
+    builder.reshape(moved, y_shape, out=y)
+    yield builder.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(block_rearrangement_as_transpose, frozenset({"DepthToSpace", "SpaceToDepth"})),
     RewriteRule(transpose_as_legal_view, frozenset({"Transpose"})),
     RewriteRule(transpose_small_axis_as_concat, frozenset({"Transpose"})),
     RewriteRule(gather_scalar_to_slice, frozenset({"Gather"})),

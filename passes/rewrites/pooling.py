@@ -1,4 +1,5 @@
-"""Pooling rewrites: ceil mode and excluded pads as the NPU's floor-mode pools, global pools
+"""Pooling rewrites: auto_pad, ceil mode and excluded pads as the NPU's floor-mode pools, MaxPool
+kernels over the window limit as cascades of smaller MaxPools, global pools
 over the window limit as staged pools, and ReduceMean over the spatial axes as global pooling."""
 from __future__ import annotations
 
@@ -11,6 +12,41 @@ from rkcompile.ir.graph import constant_value, dtype_name, static_shape
 from rkcompile.plan.schema import QUANTIZED_DTYPES
 
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, scalar
+
+
+def pool_auto_pad_to_pads(node: gs.Node, site: Site) -> Candidates:
+    """MaxPool/AveragePool with auto_pad as the same pool with the explicit pads ONNX defines for
+    it: per axis, total = max(0, (ceil(in / stride) - 1) * stride + (kernel - 1) * dilation + 1 - in),
+    the odd one at the end for SAME_UPPER, at the start for SAME_LOWER, none for VALID. Exact: the
+    window positions are the same, and count_include_pad applies to the pads however they were
+    given (ONNX AveragePool), so an AveragePool keeps its own. The NPU takes only explicit pads
+    (oplist V2.3.2, Pooling), where a pad over its limit or an excluded pad is left to the rules
+    that legalize those."""
+    mode = node.attrs.get("auto_pad", "NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "NOTSET":
+        return "auto_pad is NOTSET"
+    if len([t for t in node.outputs if t.name]) != 1:
+        return "its Indices output is read"
+    shape = static_shape(node.inputs[0])
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", ())]
+    if shape is None or len(shape) != len(kernel) + 2:
+        return "the input's shape is unknown"
+    if int(node.attrs.get("ceil_mode", 0)):
+        return "ceil_mode is set too: with explicit pads it could round the output size up"
+    spatial = len(kernel)
+    strides = [int(v) for v in node.attrs.get("strides", [1] * spatial)]
+    dilations = [int(v) for v in node.attrs.get("dilations", [1] * spatial)]
+    begins, ends = [], []
+    for size, k, stride, dilation in zip(shape[2:], kernel, strides, dilations):
+        total = 0 if mode == "VALID" else max(0, (-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size)
+        begins.append(total - total // 2 if mode == "SAME_LOWER" else total // 2)
+        ends.append(total - begins[-1])
+    attrs = {**node.attrs, "pads": begins + ends}
+    del attrs["auto_pad"]
+    builder = site.builder(node)
+    builder.op(node.op, list(node.inputs), out=node.outputs[0], **attrs)
+    yield builder.finish()
 
 
 def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
@@ -34,6 +70,62 @@ def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
         pads[axis + spatial] += max(0, missing)
     builder = site.builder(node)
     builder.op("MaxPool", list(node.inputs), out=node.outputs[0], **{**node.attrs, "ceil_mode": 0, "pads": pads})
+    yield builder.finish()
+
+
+def maxpool_kernel_to_cascade(node: gs.Node, site: Site) -> Candidates:
+    """A MaxPool whose kernel is over the target's limit (YOLO's SPP: 9x9, 13x13, stride 1) as a
+    cascade of MaxPools within it, the first ones of stride 1 and the last of the pool's stride:
+    a max over k = k1 + k2 - 1 neighbours is the max over k2 neighbouring maxes over k1 (max is
+    associative, and a window of k2 windows of k1 spans k1 + k2 - 1). The pads are shared out
+    over the stages, none over its stage's kernel - 1, so every stage's window keeps an element
+    of the input and padding, never a max, only removes windows off the edge: exact."""
+    if len([t for t in node.outputs if t.name]) != 1:
+        return "its Indices output is read"
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET" or int(node.attrs.get("ceil_mode", 0)):
+        return "auto_pad or ceil_mode is set"
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", ())]
+    spatial = len(kernel)
+    if any(int(d) != 1 for d in node.attrs.get("dilations", [1] * spatial)):
+        return "dilations are set"
+    shape = static_shape(node.inputs[0])
+    if shape is None:
+        return "the input's shape is unknown"
+    limit = site.target.rule_parameter("MaxPool", "pool_window", "kernel")
+    pad_limit = site.target.rule_parameter("MaxPool", "pool_window", "pad")
+    if limit is None or pad_limit is None or limit < 2:
+        return f"{site.target.name} has no MaxPool window to cascade with"
+    if all(k <= limit for k in kernel):
+        return "its kernel is within the limit"
+    pads = [int(p) for p in node.attrs.get("pads", [0] * 2 * spatial)]
+    count = max(-(-(k - 1) // (limit - 1)) for k in kernel)
+    # per axis, the stages' kernels (as even as can be) and their start and end pads
+    stage_kernels, stage_pads = [], []
+    for axis, k in enumerate(kernel):
+        steps = [(k - 1) // count + (stage < (k - 1) % count) for stage in range(count)]
+        stage_kernels.append([step + 1 for step in steps])
+        shares = []
+        for total in (pads[axis], pads[axis + spatial]):
+            share = []
+            for step in steps:
+                share.append(min(step, pad_limit, total - sum(share)))
+            if sum(share) != total:
+                return f"pads {pads} do not share out over stages of kernels {stage_kernels[-1]}"
+            shares.append(share)
+        stage_pads.append(shares)
+    strides = list(node.attrs.get("strides", [1] * spatial))
+    builder = site.builder(node)
+    current = node.inputs[0]
+    for stage in range(count):
+        last = stage == count - 1
+        stage_kernel = [stage_kernels[axis][stage] for axis in range(spatial)]
+        stage_strides = strides if last else [1] * spatial
+        begins = [stage_pads[axis][0][stage] for axis in range(spatial)]
+        ends = [stage_pads[axis][1][stage] for axis in range(spatial)]
+        if not last:
+            shape = [*shape[:2], *(size + b + e - k + 1 for size, b, e, k in zip(shape[2:], begins, ends, stage_kernel))]
+        current = builder.op("MaxPool", [current], shape, node.inputs[0].dtype, out=node.outputs[0] if last else None,
+                             kernel_shape=stage_kernel, strides=stage_strides, pads=begins + ends)
     yield builder.finish()
 
 
@@ -165,7 +257,9 @@ def reducemean_to_global_pool(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(pool_auto_pad_to_pads, frozenset({"MaxPool", "AveragePool"})),
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
+    RewriteRule(maxpool_kernel_to_cascade, frozenset({"MaxPool"})),
     RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
     RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
