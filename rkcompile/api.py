@@ -10,7 +10,9 @@ A `Plan` is the plan record (`rkcompile.plan.schema.PlanRecord`, the JSON contra
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
 import io
 import re
 from pathlib import Path
@@ -225,12 +227,30 @@ def load(path: str | Path) -> Plan:
     saved = artifact.load(path)
     if saved.weights is not None:
         check_plan(saved.plan)
-    reference = None
-    if saved.reference_weights is not None:
-        with np.load(io.BytesIO(saved.reference_weights), allow_pickle=False) as stored:
-            constants = {name: Constant(name, stored[name]) for name in stored.files}
-        reference = [rebuild(step.operation, constants.get) for step in saved.plan.steps]
+    reference = None if saved.reference_weights is None else SavedReference(saved.plan, saved.reference_weights)
     return Plan(saved.plan, saved.weights, reference)
+
+
+class SavedReference(collections.abc.Sequence):
+    """A loaded plan's `reference_nodes`, rebuilt from the steps' operations and the artifact's
+    reference_weights.npz on first use: accuracy analysis needs them, running never does, and
+    reading them was most of the time `load` took."""
+
+    def __init__(self, record: PlanRecord, weights: bytes | artifact.DeferredMember):
+        self.record, self.weights = record, weights
+
+    @functools.cached_property
+    def nodes(self) -> list[Node]:
+        weights = self.weights.read() if isinstance(self.weights, artifact.DeferredMember) else self.weights
+        with np.load(io.BytesIO(weights), allow_pickle=False) as stored:
+            constants = {name: Constant(name, stored[name]) for name in stored.files}
+        return [rebuild(step.operation, constants.get) for step in self.record.steps]
+
+    def __getitem__(self, index):
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return len(self.record.steps)
 
 
 def run(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:

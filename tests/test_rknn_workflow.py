@@ -231,6 +231,43 @@ def test_a_weights_member_inflating_past_its_plan_is_refused_without_reading_it(
     assert seconds < 2 and peak < 32 << 20
 
 
+def test_the_weight_members_are_stored_and_a_deflated_artifact_loads_alike(saved_tiny, tmp_path):
+    """Weights do not deflate, and inflating them was most of a load: both weight members are
+    stored as they are; an artifact that deflated them (as older ones did) loads and analyses the same."""
+    import zipfile
+
+    with zipfile.ZipFile(saved_tiny) as archive:
+        methods = {info.filename: info.compress_type for info in archive.infolist()}
+    assert methods["weights.bin"] == methods["reference_weights.npz"] == zipfile.ZIP_STORED
+    assert methods["plan.json"] == zipfile.ZIP_DEFLATED
+    deflated = tmp_path / "deflated.rkplan"
+    _rewrite_artifact(saved_tiny, deflated, lambda name, data: data)
+    with zipfile.ZipFile(deflated) as archive:
+        assert archive.getinfo("weights.bin").compress_type == zipfile.ZIP_DEFLATED
+    stored, older = rkcompile.load(saved_tiny), rkcompile.load(deflated)
+    inputs = {spec.name: np.ones(spec.shape, np.float32) for spec in stored.record.model.inputs}
+    assert older.weights == stored.weights
+    assert rkcompile.accuracy_analysis(older, inputs) == rkcompile.accuracy_analysis(stored, inputs)
+
+
+def test_the_reference_weights_are_read_on_first_analysis_and_checked_then(saved_tiny, tmp_path):
+    """Running a loaded plan needs no reference weights: load reads them only when accuracy
+    analysis asks, and then refuses them if the file no longer holds what it held at load time."""
+    changed = tmp_path / "changed.rkplan"
+    changed.write_bytes(saved_tiny.read_bytes())
+    plan = rkcompile.load(changed)
+    inputs = {spec.name: np.ones(spec.shape, np.float32) for spec in plan.record.model.inputs}
+    assert "nodes" not in vars(plan.reference_nodes)  # not read yet
+    rkcompile.run(plan, inputs)
+    assert "nodes" not in vars(plan.reference_nodes)
+    _rewrite_artifact(saved_tiny, changed, lambda name, data: bytes([data[0] ^ 1]) + data[1:]
+                      if name == "reference_weights.npz" else data)
+    with pytest.raises(CompileError, match="reference_weights.npz changed since the plan was loaded"):
+        rkcompile.accuracy_analysis(plan, inputs)
+    with pytest.raises(CompileError, match="reference_weights.npz does not match its sha256"):
+        rkcompile.accuracy_analysis(rkcompile.load(changed), inputs)
+
+
 def test_an_unknown_member_is_refused(saved_tiny, tmp_path):
     extra = tmp_path / "extra.rkplan"
     _rewrite_artifact(saved_tiny, extra, lambda name, data: data)

@@ -7,13 +7,16 @@
   (rkcompile/plan/cpu_partitions.py); the emulator runs the CPU steps from plan.json like the others;
 - `reference_weights.npz` (optional): each weight's value in the model's own dtype, before the
   planned encoding (float16 rounding, int8 quantization), which accuracy analysis of a loaded plan
-  runs its float reference with; written when the plan was compiled in the saving process.
+  runs its float reference with; written when the plan was compiled in the saving process. `load`
+  checks its declared size but reads it only when asked (`DeferredMember`): running needs none of it.
 
 - `digests.json`: the sha256 of every other member, which `load` checks (artifacts written
   before it existed load unchecked).
 
 docs/plan-schema.md documents the format. This module reads and writes bytes only; a plain
-plan JSON file (plan/1 or plan/2) loads too, with no weight region.
+plan JSON file (plan/1 or plan/2) loads too, with no weight region. The two weight members are
+stored uncompressed: weights do not deflate (8% smaller at most, the zoo's), and inflating them
+was most of the time a load took; `load` reads deflated members of older artifacts alike.
 
 `load` trusts nothing in the file: before a member is decompressed its size, as the zip
 declares it, is bounded by what the plan declares (the weight region's size, exactly; the
@@ -47,6 +50,8 @@ PLAN_JSON_LIMIT = 64 << 20
 DIGESTS_LIMIT = 1 << 20
 #: what an ONNX model or an .npz adds to the tensors it holds (names, headers, graph), at most
 CONTAINER_SLACK = 1 << 20
+#: members written uncompressed (ZIP_STORED; the others are deflated): see the module's docstring
+STORED_MEMBERS = frozenset({WEIGHTS_MEMBER, REFERENCE_MEMBER})
 #: the largest element of a model weight's dtype (float64, int64) over the smallest a plan stores
 #: (int8): how much larger the model's value of a weight may be than its planned bytes
 WIDENING = 8
@@ -59,8 +64,41 @@ class Artifact:
     weights: bytes | None
     #: partition id -> the serialized ONNX model of that CPU partition
     cpu_partitions: dict[int, bytes] = field(default_factory=dict)
-    #: an .npz of each weight's model value (accuracy analysis's float reference), when saved
-    reference_weights: bytes | None = None
+    #: an .npz of each weight's model value (accuracy analysis's float reference), when saved;
+    #: a loaded artifact's is read on demand
+    reference_weights: bytes | DeferredMember | None = None
+
+
+@dataclass(frozen=True)
+class DeferredMember:
+    """A loaded artifact's member read only when `read` is called, from the file again: it must
+    still hold what it held at load time (the zip's CRC-32 of the member then, and its sha256 in
+    digests.json when listed), within the size bound load checked."""
+    path: Path
+    name: str
+    limit: int
+    crc: int
+    sha256: str | None
+
+    def read(self) -> bytes:
+        try:
+            with zipfile.ZipFile(self.path) as archive:
+                info = archive.getinfo(self.name)
+                if info.CRC != self.crc or info.file_size > self.limit:
+                    raise CompileError(f"{self.path}: member {self.name} changed since the plan was loaded")
+                data = archive.read(info)
+        except (OSError, KeyError, zipfile.BadZipFile) as exc:
+            raise CompileError(f"{self.path}: member {self.name} can no longer be read "
+                               f"({type(exc).__name__}: {exc})") from None
+        return _checked(self.path, self.name, data, self.sha256)
+
+
+def _checked(path: Path, name: str, data: bytes, sha256: str | None) -> bytes:
+    """`data`, if it matches `sha256` (None: the artifact lists no digests)."""
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise CompileError(f"{path}: member {name} does not match its sha256 in {DIGESTS_MEMBER} "
+                           f"(the artifact was changed or damaged)")
+    return data
 
 
 def save(artifact: Artifact, path: str | Path) -> None:
@@ -70,14 +108,15 @@ def save(artifact: Artifact, path: str | Path) -> None:
     members = {PLAN_MEMBER: artifact.plan.to_json().encode("utf-8"), WEIGHTS_MEMBER: artifact.weights}
     members.update((f"{CPU_FOLDER}partition_{partition}.onnx", model)
                    for partition, model in sorted(artifact.cpu_partitions.items()))
-    if artifact.reference_weights is not None:
-        members[REFERENCE_MEMBER] = artifact.reference_weights
+    reference = artifact.reference_weights
+    if reference is not None:
+        members[REFERENCE_MEMBER] = reference.read() if isinstance(reference, DeferredMember) else reference
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
     members[DIGESTS_MEMBER] = (json.dumps({"sha256": digests}, indent=1) + "\n").encode("utf-8")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for name, data in members.items():
-            archive.writestr(name, data)
+            archive.writestr(name, data, zipfile.ZIP_STORED if name in STORED_MEMBERS else zipfile.ZIP_DEFLATED)
     write_atomically(path, buffer.getvalue())
 
 
@@ -112,11 +151,15 @@ def _load_archive(path: Path, archive: zipfile.ZipFile) -> Artifact:
         raise CompileError(f"{path}: unknown member {unknown[0]!r} (an artifact holds {PLAN_MEMBER}, {WEIGHTS_MEMBER}, "
                            f"{CPU_FOLDER}partition_<id>.onnx, {REFERENCE_MEMBER} and {DIGESTS_MEMBER})")
 
-    def read(name: str, limit: int, exact: bool = False) -> bytes:
+    def bounded(name: str, limit: int, exact: bool = False) -> int:
         declared = infos[name].file_size
         if declared > limit or (exact and declared != limit):
             raise CompileError(f"{path}: member {name} is {declared} bytes, but its plan allows "
                                f"{'exactly ' if exact else 'at most '}{limit}")
+        return limit
+
+    def read(name: str, limit: int, exact: bool = False) -> bytes:
+        bounded(name, limit, exact)
         return archive.read(name)
 
     digests = None
@@ -129,10 +172,7 @@ def _load_archive(path: Path, archive: zipfile.ZipFile) -> Artifact:
                                f"{DIGESTS_MEMBER}")
 
     def checked(name: str, data: bytes) -> bytes:
-        if digests is not None and hashlib.sha256(data).hexdigest() != digests[name]:
-            raise CompileError(f"{path}: member {name} does not match its sha256 in {DIGESTS_MEMBER} "
-                               f"(the artifact was changed or damaged)")
-        return data
+        return _checked(path, name, data, None if digests is None else digests[name])
 
     text = checked(PLAN_MEMBER, read(PLAN_MEMBER, PLAN_JSON_LIMIT))
     plan = PlanRecord.from_dict(json.loads(text.decode("utf-8")))
@@ -148,5 +188,8 @@ def _load_archive(path: Path, archive: zipfile.ZipFile) -> Artifact:
             if int(match[1]) not in cpu_ids:
                 raise CompileError(f"{path}: member {name} names no CPU partition of the plan")
             cpu[int(match[1])] = checked(name, read(name, held))
-    reference = checked(REFERENCE_MEMBER, read(REFERENCE_MEMBER, held)) if REFERENCE_MEMBER in infos else None
+    reference = None
+    if REFERENCE_MEMBER in infos:
+        reference = DeferredMember(path.absolute(), REFERENCE_MEMBER, bounded(REFERENCE_MEMBER, held),
+                                   infos[REFERENCE_MEMBER].CRC, None if digests is None else digests[REFERENCE_MEMBER])
     return Artifact(plan, weights, cpu, reference)
