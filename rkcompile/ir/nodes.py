@@ -80,70 +80,25 @@ def values_source(constant: gs.Constant):
 
 
 def subgraphs(node: gs.Node) -> list[gs.Graph]:
-    """The graphs `node` carries as attributes: If's branches, Loop's and Scan's bodies (a
-    GRAPHS attribute gives a list of them), a fused kernel's body (passes/fuse.py)."""
-    found = []
-    for value in node.attrs.values():
-        if isinstance(value, gs.Graph):
-            found.append(value)
-        elif isinstance(value, (list, tuple)) and any(map(isinstance, value, repeat(gs.Graph))):
-            # tested in C first: nearly every list attribute holds ints (kernel_shape, pads, ...)
-            found.extend(item for item in value if isinstance(item, gs.Graph))
-    return found
+    """`plain.subgraphs` of a node of the compiler's graph."""
+    return plain.subgraphs(node, gs.Graph)
 
 
 def outer_scope_reads(node: gs.Node) -> list[gs.Variable]:
-    """The tensors `node`'s subgraphs read from the scope around `node` without listing them as
-    inputs: ONNX lets an If branch or a Loop/Scan body name any tensor visible where the node
-    stands (onnx IR spec, "Names Within a Graph": outer-scope references), at any depth of
-    nesting. They are as much the node's inputs as its listed ones: it cannot run before their
-    producers, and they must stay alive until it has. Constants are left out: they are values,
-    exported inside the subgraph with it, not dataflow.
-
-    A fused kernel's members list only the body's inputs, each other's results and constants
-    (passes/fuse.py builds the body so), so only a member carrying subgraphs of its own can read
-    further out: the members' listed inputs are not looked at. Most nodes of a plan are fused
-    kernels, asked about thousands of times."""
-    graphs = subgraphs(node)
-    if not graphs:
-        return []
-    found: dict[str, gs.Variable] = {}
-    body = fused_body(node)
-    for graph in graphs:
-        if graph is body:
-            reads = [t for inner in graph.nodes if inner.attrs for t in outer_scope_reads(inner)]
-        else:
-            reads = [t for inner in graph.nodes for t in node_inputs(inner)]
-        if not reads:
-            continue
-        local = {t.name for t in graph.inputs} | {t.name for inner in graph.nodes for t in inner.outputs}
-        for tensor in reads:
-            if tensor.name not in local and not isinstance(tensor, gs.Constant):
-                found.setdefault(tensor.name, tensor)
-    return list(found.values())
+    """`plain.outer_scope_reads` (what a node's subgraphs read from around it) of a node of the
+    compiler's graph."""
+    return plain.outer_scope_reads(node, gs.Graph)
 
 
 def node_inputs(node: gs.Node) -> list[gs.Tensor]:
-    """Every tensor `node` reads: its present inputs in order, then its outer-scope reads.
-
-    The one answer to "what does this node read" for dataflow, ordering, placement, boundary
-    conversions, lifetimes and execution, so no pass misses an If that reads a tensor only
-    from inside a branch."""
-    explicit = present_inputs(node)
-    if not node.attrs:
-        return explicit
-    implicit = outer_scope_reads(node)
-    if not implicit:
-        return explicit
-    listed = {t.name for t in explicit}
-    return explicit + [t for t in implicit if t.name not in listed]
+    """`plain.node_inputs` (its present inputs, then its outer-scope reads) of a node of the
+    compiler's graph."""
+    return plain.node_inputs(node, gs.Graph)
 
 
 def fused_body(node: gs.Node) -> gs.Graph | None:
-    """The members of a fused kernel, as the subgraph passes/fuse.py stores in its `body`; None
-    for every other node, Loop and Scan included, whose `body` is a loop body, not members."""
-    body = node.attrs.get("body")
-    return body if node.domain == FUSED_DOMAIN and isinstance(body, gs.Graph) else None
+    """`plain.fused_body` (a fused kernel's members) of a node of the compiler's graph."""
+    return plain.fused_body(node, gs.Graph)
 
 
 def node_proto(node: gs.Node) -> onnx.NodeProto:

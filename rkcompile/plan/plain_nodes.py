@@ -94,46 +94,58 @@ def plain_attribute_key(name: str, value) -> tuple | None:
     return None
 
 
-def subgraphs(node: Node) -> list[Graph]:
+# The structural facts below hold for any node with op, domain, attrs, inputs and outputs: the
+# plain ones here and the compiler's onnx-graphsurgeon ones (rkcompile/ir/nodes.py passes its
+# graph class as `graph_type`), so there is one copy of each for both.
+
+
+def subgraphs(node: Node, graph_type: type = Graph) -> list[Graph]:
     """The graphs `node` carries as attributes: If's branches, Loop's and Scan's bodies (a
     GRAPHS attribute gives a list of them), a fused kernel's body."""
     found = []
     for value in node.attrs.values():
-        if isinstance(value, Graph):
+        if isinstance(value, graph_type):
             found.append(value)
-        elif isinstance(value, (list, tuple)) and any(map(isinstance, value, repeat(Graph))):
-            found.extend(item for item in value if isinstance(item, Graph))
+        elif isinstance(value, (list, tuple)) and any(map(isinstance, value, repeat(graph_type))):
+            # tested in C first: nearly every list attribute holds ints (kernel_shape, pads, ...)
+            found.extend(item for item in value if isinstance(item, graph_type))
     return found
 
 
-def fused_body(node: Node) -> Graph | None:
-    """The members of a fused kernel, as the subgraph fusion stores in its `body`; None for
-    every other node, Loop and Scan included, whose `body` is a loop body, not members."""
+def fused_body(node: Node, graph_type: type = Graph) -> Graph | None:
+    """The members of a fused kernel, as the subgraph fusion (passes/fuse.py) stores in its
+    `body`; None for every other node, Loop and Scan included, whose `body` is a loop body."""
     body = node.attrs.get("body")
-    return body if node.domain == FUSED_DOMAIN and isinstance(body, Graph) else None
+    return body if node.domain == FUSED_DOMAIN and isinstance(body, graph_type) else None
 
 
-def outer_scope_reads(node: Node) -> list[Variable]:
+def outer_scope_reads(node: Node, graph_type: type = Graph) -> list[Variable]:
     """The tensors `node`'s subgraphs read from the scope around `node` without listing them as
-    inputs (onnx IR spec, "Names Within a Graph"), at any depth of nesting; constants are left
-    out, being values exported with the subgraph. A fused kernel's members list only the
-    body's inputs, each other's results and constants, so only a member carrying subgraphs of
-    its own can read further out (rkcompile/ir/nodes.py `outer_scope_reads` says more)."""
-    graphs = subgraphs(node)
+    inputs: ONNX lets an If branch or a Loop/Scan body name any tensor visible where the node
+    stands (onnx IR spec, "Names Within a Graph": outer-scope references), at any depth of
+    nesting. They are as much the node's inputs as its listed ones: it cannot run before their
+    producers, and they must stay alive until it has. Constants are left out: they are values,
+    exported inside the subgraph with it, not dataflow.
+
+    A fused kernel's members list only the body's inputs, each other's results and constants
+    (passes/fuse.py builds the body so), so only a member carrying subgraphs of its own can read
+    further out: the members' listed inputs are not looked at. Most nodes of a plan are fused
+    kernels, asked about thousands of times."""
+    graphs = subgraphs(node, graph_type)
     if not graphs:
         return []
     found: dict[str, Variable] = {}
-    body = fused_body(node)
+    body = fused_body(node, graph_type)
     for graph in graphs:
         if graph is body:
-            reads = [t for inner in graph.nodes if inner.attrs for t in outer_scope_reads(inner)]
+            reads = [t for inner in graph.nodes if inner.attrs for t in outer_scope_reads(inner, graph_type)]
         else:
-            reads = [t for inner in graph.nodes for t in node_inputs(inner)]
+            reads = [t for inner in graph.nodes for t in node_inputs(inner, graph_type)]
         if not reads:
             continue
         local = {t.name for t in graph.inputs} | {t.name for inner in graph.nodes for t in inner.outputs}
         for tensor in reads:
-            if tensor.name not in local and not isinstance(tensor, Constant):
+            if tensor.name not in local and not is_constant(tensor):
                 found.setdefault(tensor.name, tensor)
     return list(found.values())
 
@@ -175,12 +187,16 @@ def present_inputs(node) -> list[Tensor]:
     return [t for t in node.inputs if t.name]
 
 
-def node_inputs(node: Node) -> list[Tensor]:
-    """Every tensor `node` reads: its present inputs in order, then its outer-scope reads."""
+def node_inputs(node: Node, graph_type: type = Graph) -> list[Tensor]:
+    """Every tensor `node` reads: its present inputs in order, then its outer-scope reads.
+
+    The one answer to "what does this node read" for dataflow, ordering, placement, boundary
+    conversions, lifetimes and execution, so no pass misses an If that reads a tensor only
+    from inside a branch."""
     explicit = present_inputs(node)
     if not node.attrs:
         return explicit
-    implicit = outer_scope_reads(node)
+    implicit = outer_scope_reads(node, graph_type)
     if not implicit:
         return explicit
     listed = {t.name for t in explicit}
