@@ -36,7 +36,8 @@ from onnx import shape_inference
 from rkcompile.compiler.context import CompileContext
 from rkcompile.errors import CompileError
 from rkcompile.ir.edits import detach
-from rkcompile.ir.graph import (SHAPE_DATA_MAX_ELEMENTS, element_count, is_onnx_domain, node_proto,
+from rkcompile.ir.graph import (FLOAT_DTYPES, SHAPE_DATA_MAX_ELEMENTS, constant_value, dtype_name,
+    element_count, is_onnx_domain, node_proto, stored_elements,
     node_shape_model, present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
     topological_nodes)
 from rkcompile.ir.nodes import plain_attribute_key
@@ -158,7 +159,7 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
         return [np.array(shape[start:end], dtype=np.int64)]
     inputs = present_inputs(node)
     if not all(isinstance(t, gs.Constant) for t in inputs):
-        return None
+        return _product_by_zeros(node)
     known = [static_shape(t) for t in node.outputs]
     if any(s is not None and element_count(s) > MAX_FOLDED_ELEMENTS for s in known):
         if node.op != "ConstantOfShape":
@@ -183,6 +184,46 @@ def _evaluate(node: gs.Node, opset: int) -> list[np.ndarray] | None:
                     node.op, node.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return None
     return [np.asarray(r) for r in results]
+
+
+#: products whose result a constant operand of zeros decides, with the positions of the operands
+#: that may be that constant (a Conv's or Gemm's weight; either side of a MatMul or Mul)
+ZERO_DECIDED = {"Conv": (1,), "ConvTranspose": (1,), "Gemm": (0, 1), "MatMul": (0, 1), "Mul": (0, 1)}
+
+
+def _product_by_zeros(node: gs.Node) -> list[np.ndarray] | None:
+    """The output of a product by an all-zero constant, known without its computed operand: a
+    Conv or ConvTranspose whose weights are zero writes its bias on every position, a Gemm
+    beta*C, a MatMul or Mul zeros. Random-init exports are full of these: timm and torchvision
+    zero-initialise the last norm of each residual branch, so the branch adds zeros, and
+    rknn-toolkit2 folds it away (efficientvit_m0: 28 NPU layers). Exact for every finite
+    input; an inf or NaN input, which would have made NaNs, gives the same values as a finite
+    one. A broadcast view, so a large output allocates nothing; None when the node is no such
+    product or its output shape is not static."""
+    positions = ZERO_DECIDED.get(node.op)
+    shape = static_shape(node.outputs[0]) if positions and len(node.outputs) == 1 else None
+    if shape is None or not is_onnx_domain(node) or len(node.inputs) < 2:
+        return None
+    dtype = dtype_name(node.outputs[0].dtype)
+    zero_operands = [p for p in positions if _all_zeros(node.inputs[p])]
+    if dtype not in FLOAT_DTYPES or not zero_operands:
+        return None
+    result = np.zeros((), dtype=dtype)
+    offset = constant_value(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
+    if node.op in ("Conv", "ConvTranspose") and offset is not None:
+        result = offset.astype(dtype).reshape((-1,) + (1,) * (len(shape) - 2))
+    elif node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2].name:
+        if offset is None:
+            return None
+        result = (offset * np.asarray(node.attrs.get("beta", 1.0), dtype=offset.dtype)).astype(dtype)
+    elif len(node.inputs) > 2 and node.inputs[2].name:
+        return None  # a bias that is computed: its values are not known
+    return [np.broadcast_to(result, tuple(shape))]
+
+
+def _all_zeros(tensor: gs.Tensor) -> bool:
+    values = constant_value(tensor) if isinstance(tensor, gs.Constant) else None
+    return values is not None and values.dtype.kind == "f" and values.size > 0 and not stored_elements(values).any()
 
 
 def _gather_elements(node: gs.Node, data: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:

@@ -239,6 +239,7 @@ def _estimate(ctx: CompileContext, works: list[StepWork], dtype: str, *, spent: 
         cores=len(per_core) or 1, batch=batch, core_mask=ctx.options.core_mask, contexts=contexts,
         per_core=per_core, splits=splits, est_latency_ms=_ms(spent), est_fps=round(images / spent, 2),
         est_one_core_ms=_ms(one_core), speedup=round(batch * one_core / spent, 3),
+        dram_bytes_per_image=round(sum(work.bytes for work in works)),
     )
 
 

@@ -2,8 +2,9 @@
 (exporters keep the float32 round trips of mixed-precision code, e.g. an RMSNorm's
 `x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), Dropout
 whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
-random mask: legalize keeps it on the CPU), and a Mul or Div by constant ones that leave the
-shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x)): x * 1 is x, bit for bit.
+random mask: legalize keeps it on the CPU), and a Mul or Div by constant ones, an Add or Sub of
+constant zeros, that leave the shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x);
+a residual branch whose weights are zero folds to x + 0): x * 1 is x, bit for bit.
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
@@ -15,7 +16,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.edits import detach, replace_uses
-from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, is_onnx_domain, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, is_onnx_domain, static_shape, stored_elements
 from rkcompile.ir.nodes import dtype_name
 
 from rkcompile.passes.legalize import training_mode
@@ -50,8 +51,8 @@ def run(ctx: CompileContext) -> None:
 
 def _passed_through(node: gs.Node) -> gs.Tensor | None:
     """The input `node` returns unchanged, if it is a no-op."""
-    if node.op in ("Mul", "Div"):
-        return _times_one(node)
+    if node.op in IDENTITY_OPERANDS:
+        return _identity_operand(node)
     if node.op == "Identity":
         return node.inputs[0]
     if node.op in ("Cast", "CastLike"):
@@ -64,20 +65,25 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
     return None
 
 
-def _times_one(node: gs.Node) -> gs.Tensor | None:
-    """x of x * 1, 1 * x or x / 1 (float, ones of any shape that do not broadcast x larger)."""
+#: binary ops that return x when the other operand is all this constant, and the positions that
+#: operand may take (x - 0 and x / 1, never 0 - x or 1 / x)
+IDENTITY_OPERANDS = {"Mul": (1, (0, 1)), "Div": (1, (1,)), "Add": (0, (0, 1)), "Sub": (0, (1,))}
+
+
+def _identity_operand(node: gs.Node) -> gs.Tensor | None:
+    """x of x * 1, x / 1, x + 0 or x - 0 (either side where the op commutes): float constants of
+    any shape that do not broadcast x larger. Bit for bit, save x + 0 turning a -0 into +0."""
     if len(node.inputs) != 2 or not is_onnx_domain(node):
         return None
-    positions = (0, 1) if node.op == "Mul" else (1,)
+    identity, positions = IDENTITY_OPERANDS[node.op]
     for position in positions:
-        ones, x = node.inputs[position], node.inputs[1 - position]
-        values = constant_value(ones)
-        if (values is not None and values.dtype.name in FLOAT_DTYPES and np.all(values == 1)
+        constant, x = node.inputs[position], node.inputs[1 - position]
+        values = constant_value(constant)
+        if (values is not None and values.dtype.name in FLOAT_DTYPES and np.all(stored_elements(values) == identity)
                 and dtype_name(x.dtype) == dtype_name(node.outputs[0].dtype)
                 and static_shape(x) is not None and static_shape(x) == static_shape(node.outputs[0])):
             return x
     return None
-
 
 
 def _same_type_cast(node: gs.Node) -> bool:

@@ -196,3 +196,43 @@ def test_hard_swish_scale_before_a_conv_stays_in_the_hard_swish(tmp_path):
     kernels, got, expected = planned(tmp_path, nodes, inits + extra, [("x", (1, 4, 8, 8))], (1, 8, 8, 8))
     assert kernels == ["ConvHardSwish", "Conv"]
     assert_close(got, expected)
+
+
+def test_residual_branch_with_zero_weights_folds_away(tmp_path):
+    """A zero-initialised last layer of a residual branch (timm's and torchvision's random-init
+    exports): the branch computes its bias alone, so it folds to a constant and x + 0 to x; with
+    a bias, the branch folds to that bias and one Add stays. The branch's first Conv then feeds
+    nothing and leaves the plan."""
+    for bias, expected_kernels in ((0.0, ["Relu"]), (0.25, ["AddRelu"])):
+        conv, inits = conv_3x3(out="c", channels=4)
+        nodes = [conv, node("Relu", ["c"], "r"),
+                 node("Conv", ["r", "zero_w", "zero_b"], "branch", pads=[1] * 4),
+                 node("Add", ["x", "branch"], "s"), node("Relu", ["s"], "y")]
+        inits += [weight("zero_w", np.zeros((4, 4, 3, 3), np.float32)),
+                  weight("zero_b", np.full(4, bias, np.float32))]
+        kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 4, 8, 8))], (1, 4, 8, 8))
+        assert kernels == expected_kernels
+        assert_close(got, expected)
+
+
+@pytest.mark.parametrize("op, operands, x_shape, zeros_shape, out_shape", [
+    ("MatMul", ["x", "zeros"], (4, 6), (6, 5), (4, 5)),
+    ("MatMul", ["zeros", "x"], (6, 5), (4, 6), (4, 5)),
+    ("Mul", ["x", "zeros"], (4, 6), (1, 6), (4, 6)),
+    ("Gemm", ["x", "zeros", "c"], (4, 6), (6, 5), (4, 5)),
+])
+def test_products_by_zeros_fold_to_their_constant(tmp_path, op, operands, x_shape, zeros_shape, out_shape):
+    """MatMul, Mul and Gemm by an all-zero constant are known without their computed operand;
+    Gemm keeps beta * C."""
+    inits = [weight("zeros", np.zeros(zeros_shape, np.float32)), const("c", (5,))]
+    attrs = {"beta": 0.5} if op == "Gemm" else {}
+    nodes = [node(op, operands, "p", **attrs), node("Relu", ["p"], "y")]
+    model = make_model(nodes, [value_info("x", x_shape)], [value_info("y", out_shape)],
+                       inits if op == "Gemm" else inits[:1])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan = rkcompile.compile(path, target="rk3588")
+    assert {n.name: n.device for n in plan.record.nodes}["p"] == "folded"
+    feeds = {"x": RNG.standard_normal(x_shape).astype(np.float32)}
+    expected = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(rkcompile.run(plan, feeds)["y"], expected, rtol=1e-3, atol=1e-3)

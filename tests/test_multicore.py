@@ -216,3 +216,24 @@ def test_rk3562_always_reports_one_core():
         plan = _plan(ZOO / "squeezenet1_1.onnx", "rk3562", batch)
         assert plan.multicore.cores == 1 and len(plan.multicore.per_core) == 1
         assert all(step.cores == (0,) for step in plan.steps if step.device == "npu")
+
+
+def test_a_fused_activation_saves_its_dram_round_trip_and_time(tmp_path):
+    """Conv then Relu run as one ConvRelu: the Conv's output never goes to DRAM, so the plan's
+    DRAM traffic is one read and one write of that tensor below the same graph whose Conv
+    output is also a graph output (so the two cannot fuse), and the estimate is faster."""
+    plans = []
+    for conv_output_too in (False, True):
+        model = _two_convs()
+        if conv_output_too:
+            model.graph.output.append(value_info("c1", [1, CHANNELS, SIDE, SIDE]))
+        path = tmp_path / f"exposed_{conv_output_too}.onnx"
+        onnx.save(model, str(path))
+        plans.append(_plan(path, "rk3588"))
+    fused, unfused = plans
+    assert len(unfused.steps) > len(fused.steps)
+    c1 = unfused.tensors["c1"].bytes
+    assert unfused.multicore.dram_bytes_per_image - fused.multicore.dram_bytes_per_image >= 2 * c1
+    assert unfused.multicore.est_latency_ms > fused.multicore.est_latency_ms
+    assert "layout steps                0" in render_summary(fused)
+    assert "DRAM traffic" in render_summary(fused)

@@ -139,6 +139,13 @@ def _shape_only_model(nodes: list[onnx.NodeProto], name: str, inputs, tensors, o
     return onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid("", opset)] + opsets)
 
 
+def stored_elements(values: np.ndarray) -> np.ndarray:
+    """The elements `values` holds in memory: a broadcast view (a folded ConstantOfShape, a bias
+    spread over a feature map) cut to one along each axis it repeats, so a test of every value
+    reads what is stored, never the view's possibly huge extent."""
+    return values[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in values.strides)]
+
+
 def unique_name(base: str, taken: Container[str]) -> str:
     """`base`, or `base_1`, `base_2`, ... the first that `taken` does not hold."""
     name, suffix = base, 1

@@ -309,6 +309,9 @@ class Multicore:
     est_fps: float = 0.0
     est_one_core_ms: float = 0.0  # one image, one run, one core: what `speedup` is against
     speedup: float = 1.0  # images per second against one image at a time on one core
+    #: bytes one image's steps read and write in DRAM (inputs, outputs and weights of every
+    #: step: a fused kernel's inner tensors never leave the NPU); 0 in older plans
+    dram_bytes_per_image: int = 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Multicore":

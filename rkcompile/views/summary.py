@@ -80,6 +80,22 @@ def _rule_counts(plan: PlanRecord) -> str:
     return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+#: step kernels that only move or relabel elements: each is one more pass through DRAM that a
+#: leaner plan (or rknn-toolkit2's, whose layer table counts these the same way) may not have
+LAYOUT_KERNELS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def _layout_lines(plan: PlanRecord) -> list[str]:
+    """How many steps are layout steps (by kernel), and what one image's steps move in DRAM."""
+    kernels = Counter(step.kernel for step in plan.steps if step.kernel in LAYOUT_KERNELS)
+    detail = f" ({', '.join(f'{k} {n}' for k, n in kernels.most_common())})" if kernels else ""
+    lines = [f"  layout steps                {sum(kernels.values())}{detail}"]
+    if plan.multicore.dram_bytes_per_image:
+        lines.append(f"  DRAM traffic                {_kib(plan.multicore.dram_bytes_per_image)} per image "
+                     f"(every step's inputs, outputs and weights)")
+    return lines
+
+
 def _multicore_lines(plan: PlanRecord) -> list[str]:
     """Cores, contexts and splits, the cost model's estimate, and a per-core timeline."""
     multicore = plan.multicore
@@ -191,6 +207,7 @@ def render_summary(plan: PlanRecord) -> str:
             lines.append(f"           nodes: {_evidence(nodes)}")
     lines += [
         f"  steps                       {len(plan.steps)}",
+        *_layout_lines(plan),
         *_fusion_lines(plan),
         *_partition_lines(plan),
         f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
