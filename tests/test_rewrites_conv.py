@@ -90,6 +90,25 @@ def test_conv_over_the_window_limits_becomes_legal_convs_computing_the_same(tmp_
     assert not [n.op for n in plan.nodes if n.device == "cpu"]
 
 
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("kernel, stride, pads, group", [(256, 128, (0, 0), 1), (40, 1, (20, 19), 2)])
+def test_a_1d_conv_over_the_limits_is_lifted_to_2d_and_legalized(tmp_path, target, kernel, stride, pads, group):
+    """An STFT front end's 1-D Conv (kernel 256, stride 128) and a long grouped 1-D kernel: the
+    2-D view of each is legalized by the 2-D rules, and every step runs on the NPU."""
+    channels, length = 2, 832
+    w = RNG.standard_normal((6, channels // group, kernel)).astype(np.float32) * 0.05
+    out = (length + sum(pads) - kernel) // stride + 1
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", kernel_shape=[kernel], strides=[stride],
+                            pads=list(pads), group=group)
+    model = make_model([node], [value_info("x", [1, channels, length])], [value_info("y", [1, 6, out])],
+                       [weight("w", w)])
+    ctx = rewritten(model, tmp_path, target)
+    assert len(ctx.rewrites) == 1 and "conv_1d_as_2d" in ctx.rewrites[0].rule.split(" > ")
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, channels, length)).astype(np.float32)})
+    plan, _ = compile_model(tmp_path / "model.onnx", target)
+    assert not [n.op for n in plan.nodes if n.device == "cpu"]
+
+
 def test_a_stride_with_a_prime_factor_over_the_limit_stays_and_says_why(tmp_path):
     model = conv_model(channels=2, out_channels=2, size=44, kernel=11, strides=11)
     ctx = rewritten(model, tmp_path, "rk3588")

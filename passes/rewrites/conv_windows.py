@@ -402,10 +402,36 @@ def conv_pads_to_pad(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def conv_1d_as_2d(node: gs.Node, site: Site) -> Candidates:
+    """A 1-D Conv ([N, C, L] input) over the window limits as the 2-D Conv of kernel [1, k] on
+    the input viewed as [N, C, 1, L], between two Reshapes: the same windows over the same
+    values, so exact. The 2-D Conv is then legalized as any other (space-to-depth for a large
+    stride, kernel tiles, a Pad): an STFT front end's kernel 256, stride 128 becomes NPU work."""
+    x_shape, y_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    if x_shape is None or y_shape is None or len(x_shape) != 3 or constant_value(weight) is None:
+        return "not a 1-D convolution of known shapes with constant weights"
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return "auto_pad is set"
+    builder = site.builder(node)
+    begin, end = (int(p) for p in node.attrs.get("pads", [0, 0]))
+    lifted = builder.derived(weight, lambda w: w[:, :, None, :], [*weight.shape[:2], 1, weight.shape[2]],
+                             "weight_2d", keeps_values=True)
+    attrs = {"kernel_shape": [1, int(weight.shape[2])], "pads": [0, begin, 0, end],
+             "strides": [1, int(node.attrs.get("strides", [1])[0])],
+             "dilations": [1, int(node.attrs.get("dilations", [1])[0])], "group": int(node.attrs.get("group", 1))}
+    x4 = builder.reshape(node.inputs[0], [x_shape[0], x_shape[1], 1, x_shape[2]])
+    y4 = builder.op("Conv", [x4, lifted, *node.inputs[2:]], [y_shape[0], y_shape[1], 1, y_shape[2]],
+                    node.outputs[0].dtype, **attrs)
+    builder.reshape(y4, list(y_shape), out=node.outputs[0])
+    yield builder.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(conv_padding_only_taps_dropped, frozenset({"Conv"})),
     RewriteRule(conv_stride_to_space_to_depth, frozenset({"Conv"})),
     RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
     RewriteRule(conv_pads_to_pad, frozenset({"Conv"})),
+    RewriteRule(conv_1d_as_2d, frozenset({"Conv"})),
     RewriteRule(strided_slice_to_convs, frozenset({"Slice"})),
 )
