@@ -40,7 +40,7 @@ from rkcompile.ir.graph import (FLOAT_DTYPES, SHAPE_DATA_MAX_ELEMENTS, constant_
     element_count, is_onnx_domain, node_proto, stored_elements,
     node_shape_model, present_inputs, shape_only_model, single_node_graph, static_shape, subgraphs,
     topological_nodes)
-from rkcompile.ir.nodes import plain_attribute_key
+from rkcompile.ir.nodes import peeked_values, plain_attribute_key
 
 NAME = "fold-constants"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
@@ -222,7 +222,9 @@ def _product_by_zeros(node: gs.Node) -> list[np.ndarray] | None:
 
 
 def _all_zeros(tensor: gs.Tensor) -> bool:
-    values = constant_value(tensor) if isinstance(tensor, gs.Constant) else None
+    """Whether `tensor` is a float constant of zeros only; read without keeping a copy (a float16
+    plan never reads most weights again)."""
+    values = peeked_values(tensor) if isinstance(tensor, gs.Constant) else None
     return values is not None and values.dtype.kind == "f" and values.size > 0 and not stored_elements(values).any()
 
 

@@ -16,15 +16,13 @@ import logging
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx import numpy_helper
-from onnx_graphsurgeon.ir import tensor as gs_tensor
 
 from rkcompile.compiler.context import CompileContext
 from rkcompile.numerics import float16 as half
 from rkcompile.ir.graph import (FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs,
     present_inputs, static_shape)
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
-from rkcompile.ir.nodes import values_source
+from rkcompile.ir.nodes import peeked_values
 from rkcompile.plan.schema import TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -97,15 +95,11 @@ def _within(constant: gs.Constant, limit: float) -> bool:
     """True when every value of the float constant lies in [-limit, limit]: its minimum and
     maximum, two passes that allocate nothing, settle it for nearly every weight (a NaN or an
     infinity answers False, and half.beyond_range looks closer). A weight onnx-graphsurgeon has
-    not read yet is read from its TensorProto and dropped after: gs would keep a second,
-    writable copy of every weight of the model (numpy_helper.to_array's array copied again).
-    A broadcast view (a folded ConstantOfShape) is left to half.beyond_range, which looks at
-    each stored element once instead of every element of the view."""
-    lazy = values_source(constant)  # gs keeps a weight it has not read as LazyValues until `values` is read
-    if isinstance(lazy, gs_tensor.SparseValues):
-        return False
-    values = numpy_helper.to_array(lazy.tensor) if isinstance(lazy, gs_tensor.LazyValues) else np.asarray(lazy)
-    if values.dtype.kind != "f" or not values.size or 0 in values.strides:
+    not read yet is read and dropped after (`peeked_values`). A broadcast view (a folded
+    ConstantOfShape) is left to half.beyond_range, which looks at each stored element once
+    instead of every element of the view."""
+    values = peeked_values(constant)
+    if values is None or values.dtype.kind != "f" or not values.size or 0 in values.strides:
         return False
     return bool(-limit <= values.min() and values.max() <= limit)
 

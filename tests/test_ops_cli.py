@@ -72,7 +72,7 @@ def test_targets_lists_every_target_with_its_figures(capsys):
 def _model(tmp_path, kernel: int):
     """A Conv of kernel = stride that is legal (7) or not (11) on every target: 11 is a prime over
     the stride limit, so no space-to-depth decomposes it either (rewrites/conv_windows.py)."""
-    weight = numpy_helper.from_array(np.zeros((2, 2, kernel, kernel), np.float32), "w")
+    weight = numpy_helper.from_array(np.ones((2, 2, kernel, kernel), np.float32), "w")
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", strides=[kernel, kernel])
     size = 40 // kernel
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 40, 40])],

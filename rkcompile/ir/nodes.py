@@ -12,6 +12,7 @@ from typing import Iterable
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx import numpy_helper
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
 from onnx_graphsurgeon.ir import tensor as gs_tensor
 
@@ -77,6 +78,18 @@ def values_source(constant: gs.Constant):
             return values.load()
         values = values.source._values
     return values
+
+
+def peeked_values(constant: gs.Constant) -> np.ndarray | None:
+    """`constant`'s values (or, for values only moved from another constant, that constant's),
+    read without onnx-graphsurgeon keeping them: a weight it has not read is read from its
+    TensorProto and dropped after, where reading `values` would have gs keep a second, writable
+    copy of every weight of the model (numpy_helper.to_array's array copied again). None for
+    sparse values. For questions about the set of values (their range, whether all are zero)."""
+    source = values_source(constant)
+    if isinstance(source, gs_tensor.SparseValues):
+        return None
+    return numpy_helper.to_array(source.tensor) if isinstance(source, gs_tensor.LazyValues) else np.asarray(source)
 
 
 def subgraphs(node: gs.Node) -> list[gs.Graph]:
