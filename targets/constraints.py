@@ -462,8 +462,9 @@ def resize_mode(node, target, modes: tuple[str, ...], coordinate_modes: tuple[st
 
 
 def resize_scale(node, target, largest: int, source: str) -> CheckResult:
-    """Only integer upscaling of height and width by 1 to {largest}, or [1,c,1,1] to any
-    [1,c,h,w] ({source})."""
+    """Only integer upscaling of height and width, by 1 or by an integer multiple of 2 to
+    {largest} (16 = 2 x 8 is one, 11 is not), or [1,c,1,1] to any [1,c,h,w] ({source}: "缩放倍数为
+    2-8 的整数倍"; rknn-toolkit2 2.5.0 builds bilinear x16 and x32 as one NPU Resize)."""
     before, after = _input_shape(node), static_shape(node.outputs[0])
     if before is None or after is None or len(before) > NPU_RANK:
         return True, ""
@@ -473,8 +474,13 @@ def resize_scale(node, target, largest: int, source: str) -> CheckResult:
     if h == w == 1:
         return True, ""
     bad = [f"{name} {a} -> {b}" for name, a, b in (("height", h, h2), ("width", w, w2))
-           if b % a or not 1 <= b // a <= largest]
+           if b % a or not _multiple_of_one_of(b // a, range(2, largest + 1))]
     return _report(bad)
+
+
+def _multiple_of_one_of(factor: int, divisors: range) -> bool:
+    """1 (no scaling), or a multiple of one of `divisors`."""
+    return factor == 1 or any(factor % d == 0 for d in divisors)
 
 
 def _text(value) -> str:

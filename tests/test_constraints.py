@@ -399,7 +399,8 @@ def test_resize_mode(tmp_path, attrs, check, ok, detail):
     assert_verdict(tmp_path, resize(**attrs), "rk3588", "Resize", check, ok, detail)
 
 
-@pytest.mark.parametrize("scale, ok, detail", [(2.0, True, ""), (8.0, True, ""), (9.0, False, "height 4 -> 36"),
+@pytest.mark.parametrize("scale, ok, detail", [(2.0, True, ""), (8.0, True, ""), (9.0, True, ""), (16.0, True, ""),
+                                               (32.0, True, ""), (11.0, False, "height 4 -> 44"),
                                                (1.5, False, "height 4 -> 6"), (0.5, False, "height 4 -> 2")])
 def test_resize_scale(tmp_path, scale, ok, detail):
     assert_verdict(tmp_path, resize(scale), "rk3588", "Resize", "resize_scale", ok, detail)

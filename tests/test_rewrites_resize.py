@@ -35,14 +35,14 @@ def resize_model(shape, out_hw, *, scales=None, opset=17, **attrs):
 
 
 CASES = {
-    # torchvision's FCN head: bilinear 7 -> 224 (32x, over the kernel's limit), sizes, half_pixel
-    "bilinear_32x_sizes": dict(shape=(1, 5, 7, 7), out_hw=(224, 224), mode="linear"),
+    # bilinear 7 -> 77 (11x: no multiple of 2 to 8, outside the kernel), sizes, half_pixel
+    "bilinear_11x_sizes": dict(shape=(1, 5, 7, 7), out_hw=(77, 77), mode="linear"),
     "bilinear_non_integer_scales": dict(shape=(1, 3, 6, 10), out_hw=(15, 25), scales=(2.5, 2.5), mode="linear",
                                         coordinate_transformation_mode="pytorch_half_pixel"),
     "bilinear_align_corners_rectangular": dict(shape=(2, 3, 5, 9), out_hw=(13, 11), mode="linear",
                                                coordinate_transformation_mode="align_corners"),
     "linear_downscale": dict(shape=(1, 4, 16, 12), out_hw=(5, 7), mode="linear"),
-    "nearest_16x_asymmetric": dict(shape=(1, 2, 3, 4), out_hw=(48, 64), scales=(16.0, 16.0), mode="nearest",
+    "nearest_13x_asymmetric": dict(shape=(1, 2, 3, 4), out_hw=(39, 52), scales=(13.0, 13.0), mode="nearest",
                                    coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
     "cubic_3x": dict(shape=(1, 2, 6, 6), out_hw=(18, 18), scales=(3.0, 3.0), mode="cubic"),
     "width_only_rank3": dict(shape=(4, 6, 10), out_hw=(6, 35), mode="linear"),
