@@ -30,6 +30,7 @@ from rkcompile.emulator.fused import run_fused
 from rkcompile.emulator.int8 import QTensor, run_int8
 from rkcompile.emulator.reference import CpuRuntime, run_reference
 from rkcompile.emulator.registry import IN_PLACE, KERNELS, Unsupported
+from rkcompile.numerics import float16 as half
 from rkcompile.numerics.float16 import cast
 from rkcompile.onnx_backends import ONNX_REFERENCE, ONNXRUNTIME
 from rkcompile.emulator.storage import EmulationError, Storage, held_by_runtime, is_float
@@ -53,6 +54,14 @@ class Execution:
     fallbacks: list[str] = field(default_factory=list)
     #: CPU tensors of unknown shape held outside the regions (see storage.py)
     dynamic_tensors: int = 0
+    #: "step N KERNEL -> TENSOR: ..." for each step whose result, finite as computed (in float32),
+    #: held values that became infinities when stored in the tensor's float16 (`overflow_note`)
+    overflows: list[str] = field(default_factory=list)
+
+
+def overflow_note(step: int, kernel: str, tensor: str, dtype: str, count: int, peak: float) -> str:
+    return (f"step {step} {kernel} -> {tensor}: {count} value{'s' * (count != 1)} beyond {dtype}'s range "
+            f"became infinities (largest magnitude {peak:.4g}, finite as computed)")
 
 
 @dataclass
@@ -90,6 +99,7 @@ class Executor:
         region.flags.writeable = False
         self.storage.regions["weight"] = region
         self.fallbacks: list[str] = []
+        self.overflows: list[str] = []
         self._step = -1
         self.quantization = plan.quantization  # int8 plans; empty for float16
         self.weight_cache = WeightCache() if weight_cache is None else weight_cache
@@ -184,7 +194,7 @@ class Executor:
             self._run_step(self.plan.steps[index], nodes[index], observe)
             index += 1
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
-        return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
+        return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic), list(self.overflows))
 
     def _run_step(self, step, node: Node, observe: Observe | None) -> None:
         self._step = step.id
@@ -207,7 +217,7 @@ class Executor:
                 self._cpu_node(node, values, self._cpu_backend(step, node))
             for tensor, value in zip(node.outputs, results):
                 if tensor.name:
-                    self.storage.write(tensor.name, value)
+                    self._write(tensor.name, value)
         if observe is not None:
             observe(step.id, {name: self._real(name) for name in step.outputs})
 
@@ -293,7 +303,7 @@ class Executor:
         for step in partition.steps:
             self._step = step.id
             for name in step.outputs:
-                self.storage.write(name, results[name])
+                self._write(name, results[name])
             if observe is not None:
                 observe(step.id, {name: self._real(name) for name in step.outputs})
         return True
@@ -301,7 +311,20 @@ class Executor:
     def _store(self, name: str, real: np.ndarray) -> None:
         """Write a real value, quantized first when the plan stores the tensor as integers."""
         quant = self.quantization.get(name)
-        self.storage.write(name, quantize(real, quant) if quant is not None else real)
+        self._write(name, quantize(real, quant) if quant is not None else real)
+
+    def _write(self, name: str, value) -> None:
+        """Store a step's result, noting the step when float16 storage turns finite values into
+        infinities: the float32 model has numbers there and the plan's answer silently has
+        infinities (or the NaN they make further on). rknn-toolkit2's simulator warns the same way
+        ("The range [...] of 'y' is out of the float16!"); the NPU stores infinities too."""
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            dtype = self.storage.placement(name).dtype
+            found = half.overflow(value, dtype) if is_float(dtype) else None
+            if found is not None:
+                step = self.plan.steps[self._step]
+                self.overflows.append(overflow_note(step.id, step.kernel, name, dtype, *found))
+        self.storage.write(name, value)
 
     def _real(self, name: str) -> np.ndarray:
         """A tensor's real value: dequantized when it is stored as integers."""
