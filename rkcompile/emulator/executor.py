@@ -227,7 +227,8 @@ class Executor:
         stores integers, rounded to the stored float dtype otherwise; weights come from the
         weight region. The step's outputs as real values, nothing written to storage; None for
         a step that is not an NPU step or reads an activation `real` lacks (rknn-toolkit2
-        accuracy_analysis's "single": the error one step adds, apart from everything before it)."""
+        accuracy_analysis's "single": the error one step adds, its result's rounding to the
+        stored dtype included, apart from everything before it)."""
         step, node = self.plan.steps[index], self.step_nodes()[index]
         if step.device != "npu":
             return None
@@ -241,8 +242,11 @@ class Executor:
             else:
                 operands.append(self._stored_form(tensor.name, real[tensor.name]))
         results = self._npu_node(node, operands)
-        return {tensor.name: self._real_of(tensor.name, value) for tensor, value in zip(node.outputs, results)
-                if tensor.name}
+        # as stored: an int8 kernel's result is already on its grid, a float one is rounded to
+        # the tensor's dtype here, as writing it would (else "single" misses the step's rounding)
+        return {tensor.name: self._real_of(tensor.name, value if tensor.name in self.quantization
+                                           else self._stored_form(tensor.name, value))
+                for tensor, value in zip(node.outputs, results) if tensor.name}
 
     def _stored_form(self, name: str, real: np.ndarray):
         """An NPU operand as a read of `real` stored in the tensor's planned dtype would give it."""
