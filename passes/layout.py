@@ -26,6 +26,7 @@ from rkcompile.ir.graph import (FLOAT_DTYPES, dtype_name, element_count, itemsiz
     present_inputs, static_shape)
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.ir.nodes import fused_body, values_source
+from rkcompile.plan.plain_nodes import accumulator_stages
 from rkcompile.plan.schema import TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -77,30 +78,25 @@ def run(ctx: CompileContext) -> None:
     ctx.tensors = tensors
 
 
-#: ops whose third input is a bias the NPU adds to its accumulator, and that accumulator's dtype
-#: in a float16 plan. rknn-toolkit2 2.5.0's simulator adds a float16 Conv's bias unrounded: on a
-#: 3x3 Conv of 64 channels with biases drawn from N(0, 1), its outputs equal float32 bias added
-#: before the one float16 rounding at 99.8% of positions, and a float16-rounded bias at 87.5%.
-ACCUMULATOR_BIAS_OPS = frozenset({"Conv", "ConvTranspose", "Gemm"})
+#: the dtype a float16 plan stores accumulator biases in. rknn-toolkit2 2.5.0's simulator adds
+#: them unrounded: on a 3x3 Conv of 64 channels with biases drawn from N(0, 1), its outputs equal
+#: the float16 rounding of the products' sum plus the float32 bias at 99.8% of positions, plus a
+#: float16-rounded bias at 87.5%; a MatMul followed by a constant Add the same (99.9% against 72%).
 ACCUMULATOR_DTYPE = "float32"
 
 
 def accumulator_biases(npu_nodes) -> set[str]:
-    """The constants NPU steps add to a float accumulator as a bias: input 2 of a Conv,
-    ConvTranspose or Gemm, also as a member of a fused step. Stored float32, they are added as
-    the model wrote them, before the result's one rounding to float16."""
+    """The constants NPU steps add to their accumulator as a bias (plain_nodes.accumulator_stages:
+    a Conv's, ConvTranspose's or Gemm's input 2, a MatMul's constant Add), a lone op or a fused
+    step's member. Stored float32, they are added as the model wrote them, before the result's
+    one rounding to float16."""
     found: set[str] = set()
     for node in npu_nodes:
-        for member in _members(node):
-            if member.op in ACCUMULATOR_BIAS_OPS and len(member.inputs) > 2 \
-                    and isinstance(member.inputs[2], gs.Constant):
-                found.add(member.inputs[2].name)
+        body = fused_body(node)
+        members, outputs = (body.nodes, body.outputs) if body is not None else ([node], node.outputs)
+        for stage in accumulator_stages(members, outputs):
+            found.update(stage.biases)
     return found
-
-
-def _members(node: gs.Node) -> list[gs.Node]:
-    body = fused_body(node)
-    return [inner for member in body.nodes for inner in _members(member)] if body is not None else [node]
 
 
 def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:
