@@ -119,3 +119,24 @@ def test_a_step_overflowing_float16_is_named_by_run_and_the_api(tmp_path, capsys
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rkcompile.run(plan, small)
+
+
+def test_an_accumulator_overflowing_inside_a_fused_step_is_named(tmp_path):
+    """Conv -> Sigmoid runs as one ConvSigmoid whose conv result leaves the accumulator as
+    float16: past 65520 it is an infinity the Sigmoid turns back into a finite 1, so nothing
+    stored shows it; the run names the step."""
+    import rkcompile
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["y"])], "conv_sigmoid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [numpy_helper.from_array(np.full((2, 4, 1, 1), 30000, np.float32), "w")])
+    model = tmp_path / "conv_sigmoid.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), model)
+    plan = rkcompile.compile(model, target="rk3588")
+    (step,) = [s for s in plan.record.steps if s.device == "npu"]
+    assert step.kernel == "ConvSigmoid"
+    with pytest.warns(RuntimeWarning, match=f"step {step.id} ConvSigmoid -> its accumulator result: 32 values"):
+        y = rkcompile.run(plan, {"x": np.ones((1, 4, 4, 4), np.float32)})["y"]
+    assert np.all(y == 1)

@@ -403,14 +403,18 @@ class Executor:
         return cached
 
     def _npu_node(self, node: Node, values: Sequence[np.ndarray | None]) -> list:
-        if self.quantization:
-            out_quants = [self.quantization.get(t.name) for t in node.outputs]
-            return run_int8(node, values, out_quants, self.opset, is_movement)
         body = fused_body(node)
+        rounding = ((), None)
+        # a fused step's stored dtype; a member fused within a member writes a body tensor, not
+        # a planned one, and its own members are no accumulator stage of the step
+        stored = self.plan.tensors.get(node.outputs[0].name) if body is not None and node.outputs else None
+        if stored is not None:
+            rounding = (leaving_accumulator(body, stored.dtype), lambda value: self._leaving(value, stored.dtype))
+        if self.quantization:  # a float16 step of an int8 plan rounds as a float16 plan's does
+            out_quants = [self.quantization.get(t.name) for t in node.outputs]
+            return run_int8(node, values, out_quants, self.opset, is_movement, rounding)
         if body is not None:
-            dtype = self.storage.placement(node.outputs[0].name).dtype if node.outputs else None
-            return run_fused(node, values, self._npu_node, self._npu_in_place, leaving_accumulator(body, dtype),
-                             lambda value: rounded_in_its_order(value, dtype))
+            return run_fused(node, values, self._npu_node, self._npu_in_place, *rounding)
         kernel = KERNELS.get(node.op)
         if kernel is None:
             raise EmulationError(f"step {self._step}: no emulator kernel for NPU op {node.op}")
@@ -419,6 +423,15 @@ class Executor:
         except Unsupported as exc:
             self.fallbacks.append(f"step {self._step} {node.op}: {exc}")
             return run_reference(node, values, self.opset)
+
+    def _leaving(self, value: np.ndarray, dtype: str) -> np.ndarray:
+        """An accumulator result inside a fused step, rounded to `dtype` as it leaves the core;
+        an overflow there is noted as one of the step's outputs would be."""
+        found = half.overflow(value, dtype)
+        if found is not None:
+            step = self.plan.steps[self._step]
+            self.overflows.append(overflow_note(step.id, step.kernel, "its accumulator result", dtype, *found))
+        return rounded_in_its_order(value, dtype)
 
     def _npu_in_place(self, member: Node, operands: Sequence[np.ndarray | None], spent: Sequence[int]):
         """A fused NPU member's result written into one of its spent operands (registry.IN_PLACE),
