@@ -7,7 +7,8 @@ the 4-D feature map `as_nchw` gives them (docs/memory.md). Tensors the CPU write
 ONNX dtype, row-major (NCHW for rank 4, ND otherwise). A `host` step converts between the
 two, so its outputs take the layout of the device that reads them. Model inputs and outputs
 keep their declared dtype and layout; constants go to the `weight` region in the dtype their
-first reader computes in. Sizes are Python-int arithmetic, so huge shapes never allocate.
+first reader computes in, except a float16 plan's accumulator biases (`accumulator_biases`),
+which stay float32. Sizes are Python-int arithmetic, so huge shapes never allocate.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from rkcompile.numerics import float16 as half
 from rkcompile.ir.graph import (FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs,
     present_inputs, static_shape)
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
-from rkcompile.ir.nodes import peeked_values
+from rkcompile.ir.nodes import fused_body, peeked_values
+from rkcompile.plan.plain_nodes import accumulator_stages
 from rkcompile.plan.schema import TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -44,9 +46,12 @@ def run(ctx: CompileContext) -> None:
         for tensor in node_inputs(nodes[name]):
             readers.setdefault(tensor.name, []).append(ctx.placement[name].device)
     tensors: dict[str, TensorPlacement] = {}
+    biases = accumulator_biases(nodes[name] for name in ctx.order if ctx.placement[name].device == "npu") \
+        if ctx.options.dtype == "float16" else set()
 
     def place(tensor: gs.Tensor, region: str, device: str) -> None:
-        tensors[tensor.name] = placement(tensor, region, device, ctx.target, ctx.options.dtype)
+        npu_dtype = ACCUMULATOR_DTYPE if region == "weight" and tensor.name in biases else ctx.options.dtype
+        tensors[tensor.name] = placement(tensor, region, device, ctx.target, npu_dtype)
 
     for tensor in graph.inputs:
         place(tensor, "input", "cpu")
@@ -69,6 +74,27 @@ def run(ctx: CompileContext) -> None:
         if tensor.name not in tensors:
             place(tensor, "weight" if isinstance(tensor, gs.Constant) else "output", "cpu")
     ctx.tensors = tensors
+
+
+#: the dtype a float16 plan stores accumulator biases in. rknn-toolkit2 2.5.0's simulator adds
+#: them unrounded: on a 3x3 Conv of 64 channels with biases drawn from N(0, 1), its outputs equal
+#: the float16 rounding of the products' sum plus the float32 bias at 99.8% of positions, plus a
+#: float16-rounded bias at 87.5%; a MatMul followed by a constant Add the same (99.9% against 72%).
+ACCUMULATOR_DTYPE = "float32"
+
+
+def accumulator_biases(npu_nodes) -> set[str]:
+    """The constants NPU steps add to their accumulator as a bias (plain_nodes.accumulator_stages:
+    a Conv's, ConvTranspose's or Gemm's input 2, a MatMul's constant Add), a lone op or a fused
+    step's member. Stored float32, they are added as the model wrote them, before the result's
+    one rounding to float16."""
+    found: set[str] = set()
+    for node in npu_nodes:
+        body = fused_body(node)
+        members, outputs = (body.nodes, body.outputs) if body is not None else ([node], node.outputs)
+        for stage in accumulator_stages(members, outputs):
+            found.update(stage.biases)
+    return found
 
 
 def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import io
 import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
@@ -255,9 +256,13 @@ class SavedReference(collections.abc.Sequence):
 
 def run(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """Execute `plan` on the emulator: the outputs by name. Inputs it does not name are seeded
-    random (`seed`)."""
+    random (`seed`). A step whose float16 result overflowed to infinities is a RuntimeWarning
+    naming the step."""
     prepared = plan.prepared()
-    return emulate(prepared, _inputs(plan.record, inputs, seed)).outputs
+    execution = emulate(prepared, _inputs(plan.record, inputs, seed))
+    for note in execution.overflows:
+        warnings.warn(f"float16 overflow at {note}", RuntimeWarning, stacklevel=2)
+    return execution.outputs
 
 
 class Runtime:

@@ -1,7 +1,9 @@
 """Constants beyond float16's range, stored for an NPU step: saturated, with a warning naming them."""
 from __future__ import annotations
 
+import json
 import logging
+import warnings
 
 import numpy as np
 import onnx
@@ -11,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rkcompile.api import prepare
 from rkcompile.options import Options
 from rkcompile.emulator import emulate
-from rkcompile.numerics.float16 import beyond_range, saturate
+from rkcompile.numerics.float16 import beyond_range, overflow, saturate
 
 FLOAT32_LOWEST = float(np.finfo(np.float32).min)  # torch.finfo(torch.float32).min, the usual mask fill
 
@@ -73,3 +75,68 @@ def test_a_broadcast_constant_is_inspected_and_saturated_without_expanding_it():
     assert beyond_range(huge, "float16").tolist() == [FLOAT32_LOWEST]
     out = saturate(huge, "float16")
     assert out.shape == huge.shape and out[5, 7].tolist() == [-65504.0, 1.0]
+
+
+def _variance_model(path):
+    """A written-out LayerNorm's variance: (x - mean)^2 averaged. Its squares of values in the
+    hundreds pass float16's range although x itself and float32's answer do not."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+             helper.make_node("Sub", ["x", "mean"], ["centered"]),
+             helper.make_node("Mul", ["centered", "centered"], ["squares"]),
+             helper.make_node("ReduceMean", ["squares"], ["variance"], axes=[-1])]
+    graph = helper.make_graph(nodes, "variance", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64])],
+                              [helper.make_tensor_value_info("variance", TensorProto.FLOAT, [1, 8, 1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    return path
+
+
+def test_overflow_counts_the_values_float16_turns_into_infinities():
+    values = np.array([1.0, 65504, 65519.99, 65520, -7e4, np.inf, np.nan], np.float32)
+    assert overflow(values, "float16") == (2, 7e4)  # 65519.99 still rounds to 65504
+    assert overflow(values[:3], "float16") is None
+    assert overflow(np.array([np.nan, 1.0], np.float32), "float16") is None
+    assert overflow(values, "float32") is None
+
+
+def test_a_step_overflowing_float16_is_named_by_run_and_the_api(tmp_path, capsys):
+    import rkcompile
+    from rkcompile.cli import main
+
+    model = _variance_model(tmp_path / "variance.onnx")
+    x = np.random.default_rng(0).uniform(-900, 900, (1, 8, 64)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    report = tmp_path / "report.json"
+    main(["run", str(model), "--target", "rk3588", "--inputs", str(tmp_path / "x.npz"), "--json", str(report)])
+    plan = rkcompile.compile(model, target="rk3588")
+    squares = next(step for step in plan.record.steps if "squares" in step.outputs)
+    assert plan.record.tensors["squares"].dtype == "float16"  # the step this test is about
+    warned = [line for line in capsys.readouterr().err.splitlines() if "float16 overflow" in line]
+    assert len(warned) == 1 and f"step {squares.id} " in warned[0] and "squares" in warned[0]
+    assert json.loads(report.read_text())["float16_overflows"] == [warned[0].split(" at ", 1)[1]]
+    with pytest.warns(RuntimeWarning, match=f"step {squares.id} .*squares"):
+        rkcompile.run(plan, {"x": x})
+    small = {"x": x / 100}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rkcompile.run(plan, small)
+
+
+def test_an_accumulator_overflowing_inside_a_fused_step_is_named(tmp_path):
+    """Conv -> Sigmoid runs as one ConvSigmoid whose conv result leaves the accumulator as
+    float16: past 65520 it is an infinity the Sigmoid turns back into a finite 1, so nothing
+    stored shows it; the run names the step."""
+    import rkcompile
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["y"])], "conv_sigmoid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [numpy_helper.from_array(np.full((2, 4, 1, 1), 30000, np.float32), "w")])
+    model = tmp_path / "conv_sigmoid.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), model)
+    plan = rkcompile.compile(model, target="rk3588")
+    (step,) = [s for s in plan.record.steps if s.device == "npu"]
+    assert step.kernel == "ConvSigmoid"
+    with pytest.warns(RuntimeWarning, match=f"step {step.id} ConvSigmoid -> its accumulator result: 32 values"):
+        y = rkcompile.run(plan, {"x": np.ones((1, 4, 4, 4), np.float32)})["y"]
+    assert np.all(y == 1)

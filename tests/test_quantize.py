@@ -645,6 +645,15 @@ def test_a_step_run_alone_starts_from_its_inputs_stored_as_planned(cnn, tmp_path
     assert [dataclasses.replace(row, single=None) for row in rows] == entire_only
 
 
+def test_a_float16_step_run_alone_includes_its_result_rounding(cnn):
+    """The same for a float16 plan: the first NPU step alone, on the input rounded as planned,
+    rounds its result to float16 as the whole run stores it, so single and entire agree."""
+    plan = rkcompile.compile(cnn, "rk3588")
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    npu = [row for row in rkcompile.accuracy_analysis(plan, x) if row.device == "npu"]
+    assert npu[0].single == npu[0].cosine < 1
+
+
 # ---- the zoo CNNs ---------------------------------------------------------------------------
 
 CNNS = ["resnet18_halfwidth", "squeezenet1_1", "lraspp_mobilenet_v3_large", "yolov8n",

@@ -146,3 +146,47 @@ def test_random_weights_are_exercised_zero_heads_redrawn_and_batchnorm_calibrate
     assert torch.equal(pooled[1].running_var, torch.ones(3))
     with torch.no_grad():
         assert model(x).abs().max() > 1e-3
+
+
+def test_peer_inputs_are_the_peer_simulators_draws_and_the_cosine_column_flags_a_lower_one(tmp_path, capsys):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    peer_table = load_tool("peer_table")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["ids"], ["ids_float"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["x", "bias"], ["sum"]), helper.make_node("Mul", ["sum", "ids_float"], ["y"])],
+        "two_inputs",
+        [helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 4]),  # an initializer listed as input
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.full((1, 4), 0.5, np.float32), "bias")])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), model)
+    inputs = peer_table.peer_inputs(model)
+    rng = np.random.default_rng(0)  # rknn_peer.py's gen(): per input in order, dynamic dims as 1
+    assert list(inputs) == ["x", "ids"]
+    np.testing.assert_array_equal(inputs["x"], (rng.random([1, 4]) * 2 - 1).astype(np.float32))
+    np.testing.assert_array_equal(inputs["ids"], rng.integers(0, 4, [1, 4]).astype(np.int64))
+    assert peer_table.peer_cosine([1.0, 2.0], [2.0, 4.0]) == pytest.approx(1.0)
+    assert peer_table.peer_cosine([0.0], [1.0]) is None
+    assert np.isnan(peer_table.peer_cosine([np.nan, 1.0], [1.0, 1.0]))
+
+    def row(ours, theirs):
+        return {"model": "m", "ours": {"error": None, "npu_steps": 1, "layout_steps": 0, "arena_bytes": 64,
+                                      "cpu_nodes": 0},
+                "cosine": {"error": None, "min_cosine": ours, "cosines": {"y": ours}},
+                "peer": {"built": True, "npu_layers": 1, "cpu_layers": 0, "layout_layers": 0,
+                         "internal_bytes": 64, "simulator_min_cosine": theirs}}
+    assert "LOW" not in peer_table.render([row(0.999995, 0.999999)])
+    low = peer_table.render([row(0.99998, 0.999999)])
+    assert "0.99998000 / 0.99999900 LOW" in low and "below the peer's simulator - 1e-05 on 1 of 1 models" in low
+    assert "LOW" in peer_table.render([row(float("nan"), 0.999999)])
+
+
+def test_cosine_row_runs_our_plan_on_the_peer_inputs_against_onnxruntime():
+    peer_table = load_tool("peer_table")
+    row = peer_table.cosine_row(sys.executable, None, REPO / "examples" / "tiny_cnn.onnx", "rk3588", 600)
+    assert row["error"] is None and set(row["cosines"]) and 0.9999 < row["min_cosine"] <= 1.0 + 1e-12

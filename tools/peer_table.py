@@ -4,7 +4,7 @@ and a median / worst line for the NPU-step ratio.
 
     python tools/peer_table.py ZOO_DIR --peer PEER.json [--python PY] [--rkcompile-root CHECKOUT]
                                [--target rk3588] [--only NAME,...] [--jobs 1] [--timeout 600]
-                               [--json ROWS.json] [--rows-from ROWS.json]
+                               [--cosine] [--json ROWS.json] [--rows-from ROWS.json]
 
 Each model is planned by `PY -m rkcompile plan MODEL --target T --json PLAN --quiet` in its own
 process (PY defaults to the running python; --rkcompile-root CHECKOUT makes that process import
@@ -21,13 +21,21 @@ Columns (ours / the peer's):
   layout      our steps, on any device, whose op is Transpose, Reshape, Flatten, Squeeze or
               Unsqueeze / the peer's compute layers of those op types;
   arena       our plan's memory arena / the peer's "Total Internal Memory Size";
-  CPU         our plan's nodes placed on the CPU / the peer's CPU compute layers.
+  CPU         our plan's nodes placed on the CPU / the peer's CPU compute layers;
+  cosine      (with --cosine) our float16 plan run on the emulator / the peer's simulator, each
+              against onnxruntime float32 with graph optimizations off, on the inputs the peer's
+              --sim makes (`peer_inputs`): the worst over the float outputs of the float64
+              cosine of the flattened arrays (`peer_cosine`, rknn_peer.py's formula); `LOW`
+              marks ours below theirs - 1e-5 and the models below the bar are listed. The run
+              is `PY -m rkcompile run MODEL --target T --inputs X.npz --outputs Y.npz` in its
+              own process, as the plan is.
 A peer entry that did not build shows `fails`; a model the peer has no entry for shows `-`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -69,20 +77,127 @@ console_main()
 """
 
 
+def rkcompile_command(python: str, root: Path | None, cli: list[str]) -> list[str]:
+    """The child command running `rkcompile CLI` with `python`, from the checkout `root` if given."""
+    return [python, "-m", "rkcompile", *cli] if root is None else [python, "-c", _FROM_CHECKOUT, str(root), *cli]
+
+
+def run_child(command: list[str], timeout: int, cwd: str, made: Path) -> str | None:
+    """Run `command`; None when it wrote `made`, else the row's error (never raises)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return f"timeout after {timeout} s"
+    if made.is_file():
+        return None
+    lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+    return f"exit {done.returncode}: {lines[-1].strip()[:200] if lines else 'no output'}"
+
+
 def plan_row(python: str, root: Path | None, model: Path, target: str, timeout: int) -> dict[str, Any]:
     """Plan `model` in a child process; the row's numbers from the plan JSON (never raises)."""
     with tempfile.TemporaryDirectory(prefix="peer_table_") as tmp:
         out = Path(tmp) / "plan.json"
         cli = ["plan", str(model), "--target", target, "--json", str(out), "--quiet"]
-        command = [python, "-m", "rkcompile", *cli] if root is None else [python, "-c", _FROM_CHECKOUT, str(root), *cli]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timeout after {timeout} s"}
-        if not out.is_file():
-            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-            return {"error": f"exit {done.returncode}: {lines[-1].strip()[:200] if lines else 'no output'}"}
-        return summarize_plan(json.loads(out.read_text()))
+        error = run_child(rkcompile_command(python, root, cli), timeout, tmp, out)
+        return {"error": error} if error else summarize_plan(json.loads(out.read_text()))
+
+
+# --------------------------------------------------------------------------- cosine
+def peer_inputs(model: Path, seed: int = 0) -> dict[str, Any]:
+    """The inputs rknn_peer.py's --sim gives the toolkit's simulator and onnxruntime, value for
+    value: one numpy Generator seeded `seed`, drawn per graph input in order (initializers that
+    are also listed as inputs are skipped; a dimension without a positive size is 1): floats
+    uniform in [-1, 1) as `random() * 2 - 1` cast to the input's type, integers (and booleans)
+    `integers(0, 4)` cast."""
+    import numpy as np
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for info in graph.input:
+        if info.name in initializers:
+            continue
+        tensor = info.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tensor.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        inputs[info.name] = ((rng.random(shape) * 2 - 1).astype(dtype) if np.issubdtype(dtype, np.floating)
+                             else rng.integers(0, 4, shape).astype(dtype))
+    return inputs
+
+
+def onnxruntime_reference(model: Path, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The model's outputs by name from onnxruntime float32 with graph optimizations off, the
+    peer's reference (its fusions would round differently from the graph as written)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs)))
+
+
+def peer_cosine(actual: Any, expected: Any) -> float | None:
+    """rknn_peer.py's cosine: both flattened in float64, dot over the product of the norms;
+    None when a norm is zero."""
+    import numpy as np
+
+    a = np.asarray(actual, np.float64).reshape(-1)
+    b = np.asarray(expected, np.float64).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        norms = np.linalg.norm(a) * np.linalg.norm(b)
+        return float(a @ b / norms) if not norms <= 0 else None  # NaN or inf in an output: NaN
+
+
+def cosine_row(python: str, root: Path | None, model: Path, target: str, timeout: int) -> dict[str, Any]:
+    """Our float16 plan of `model` run on the emulator (a child process) against onnxruntime,
+    on the peer's inputs: the cosine per float output and the worst (never raises)."""
+    import numpy as np
+
+    try:
+        inputs = peer_inputs(model)
+        reference = onnxruntime_reference(model, inputs)
+    except Exception as exc:  # a model onnxruntime cannot run has no reference to compare with
+        return {"error": f"onnxruntime: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
+    with tempfile.TemporaryDirectory(prefix="peer_table_") as tmp:
+        given, out = Path(tmp) / "inputs.npz", Path(tmp) / "outputs.npz"
+        np.savez(given, **inputs)
+        cli = ["run", str(model), "--target", target, "--inputs", str(given), "--outputs", str(out)]
+        error = run_child(rkcompile_command(python, root, cli), timeout, tmp, out)
+        if error:
+            return {"error": error}
+        with np.load(out) as outputs:
+            ours = dict(outputs)
+    cosines: dict[str, float | None] = {}
+    for name, expected in reference.items():
+        if np.asarray(expected).dtype.kind != "f":  # the peer compares integer outputs for equality only
+            continue
+        if name not in ours or ours[name].size != np.asarray(expected).size:
+            return {"error": f"output {name}: {'missing' if name not in ours else 'size differs'}"}
+        cosines[name] = peer_cosine(ours[name], expected)
+    known = [c for c in cosines.values() if c is not None]
+    worst = None if not known else math.nan if any(math.isnan(c) for c in known) else min(known)
+    return {"error": None, "min_cosine": worst, "cosines": cosines}
+
+
+#: how far below the peer's simulator our cosine may be (issue 36's bar)
+COSINE_SLACK = 1e-5
+
+
+def cosine_low(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> bool:
+    """True when our worst cosine is below the peer's minus COSINE_SLACK (a NaN is below)."""
+    if not ours or ours.get("error") or not theirs or theirs.get("simulator_min_cosine") is None:
+        return False
+    return not (ours["min_cosine"] is not None and ours["min_cosine"] >= theirs["simulator_min_cosine"] - COSINE_SLACK)
+
+
+def cosine_cell(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
+    mine = "err" if ours is None or ours.get("error") else ("-" if ours["min_cosine"] is None else f"{ours['min_cosine']:.8f}")
+    peer = "-" if theirs is None or theirs.get("simulator_min_cosine") is None else f"{theirs['simulator_min_cosine']:.8f}"
+    return f"{mine} / {peer}" + (" LOW" if cosine_low(ours, theirs) else "")
 
 
 def summarize_plan(plan: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +265,8 @@ def pair(ours: Any, theirs: Any) -> str:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = ["model", "NPU steps", "ratio", "layout", "arena", "CPU"]
+    with_cosine = any("cosine" in row for row in rows)
+    head = ["model", "NPU steps", "ratio", "layout", "arena", "CPU"] + (["cosine"] if with_cosine else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     ratios = []
     for row in rows:
@@ -175,6 +291,8 @@ def render(rows: list[dict[str, Any]]) -> str:
                      pair(ours["layout_steps"], theirs_cells["layout"]),
                      pair(human(ours["arena_bytes"]), theirs_cells["mem"]),
                      pair(ours["cpu_nodes"], theirs_cells["cpu"])]
+        if with_cosine:
+            cells.append(cosine_cell(row.get("cosine"), theirs if theirs and theirs["built"] else None))
         lines.append("| " + " | ".join([row["model"]] + [str(c) for c in cells]) + " |")
     lines.append("")
     if ratios:
@@ -191,6 +309,15 @@ def render(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         if row["ours"].get("error"):
             lines.append(f"  {row['model']}: {row['ours']['error']}")
+    if with_cosine:
+        low = [r["model"] for r in rows if cosine_low(r.get("cosine"), r["peer"])]
+        compared = [r for r in rows if r.get("cosine") and not r["cosine"].get("error")
+                    and r["peer"] and r["peer"].get("simulator_min_cosine") is not None]
+        lines.append(f"cosine: ours below the peer's simulator - {COSINE_SLACK:g} on {len(low)} of {len(compared)} "
+                     "models both ran" + (f" ({', '.join(low)})" if low else ""))
+        for row in rows:
+            if row.get("cosine") and row["cosine"].get("error"):
+                lines.append(f"  {row['model']} (cosine): {row['cosine']['error']}")
     return "\n".join(lines)
 
 
@@ -205,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated model names")
     parser.add_argument("--jobs", type=int, default=1, help="plans at once")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per plan")
+    parser.add_argument("--cosine", action="store_true",
+                        help="also run each plan on the peer's inputs: cosine against onnxruntime, ours / the peer's")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     parser.add_argument("--rows-from", type=Path, default=None, help="render an earlier --json's rows, no planning")
     args = parser.parse_args(argv)
@@ -225,15 +354,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     wanted = {n for n in args.only.split(",") if n}
     models = [p for p in sorted(args.zoo.glob("*.onnx")) if not wanted or p.stem in wanted]
-    ours: dict[str, dict[str, Any]] = {}
+    measures = [("ours", plan_row)] + ([("cosine", cosine_row)] if args.cosine else [])
+    found: dict[tuple[str, str], dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(plan_row, args.python, args.rkcompile_root, p, args.target, args.timeout): p
-                   for p in models}
+        futures = {pool.submit(measure, args.python, args.rkcompile_root, p, args.target, args.timeout): (p, key)
+                   for p in models for key, measure in measures}
         for future in as_completed(futures):
-            path = futures[future]
-            ours[path.stem] = future.result()
-            print(f"planned {path.stem}: {ours[path.stem].get('error') or 'ok'}", file=sys.stderr, flush=True)
-    rows = [{"model": p.stem, "ours": ours[p.stem], "peer": peer_numbers(models_peer.get(p.stem))} for p in models]
+            path, key = futures[future]
+            found[path.stem, key] = row = future.result()
+            shown = row.get("error") or ("ok" if key == "ours" else f"cosine {row['min_cosine']}")
+            print(f"{'planned' if key == 'ours' else 'ran'} {path.stem}: {shown}", file=sys.stderr, flush=True)
+    rows = [{"model": p.stem, **{key: found[p.stem, key] for key, _ in measures},
+             "peer": peer_numbers(models_peer.get(p.stem))} for p in models]
     if args.json:
         args.json.write_text(json.dumps({"target": args.target, "python": args.python,
                                          "rkcompile_root": str(args.rkcompile_root or ""), "rows": rows},

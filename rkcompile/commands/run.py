@@ -65,7 +65,7 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
     report = {"model": str(args.model if args.model is not None else prepared.plan.model.path), "target": prepared.plan.target, "dtype": prepared.plan.dtype,
               "steps": len(prepared.plan.steps), "arena_bytes": prepared.plan.memory.arena_bytes,
               "seconds": round(seconds, 4), "fallbacks": execution.fallbacks,
-              "dynamic_tensors": execution.dynamic_tensors,
+              "dynamic_tensors": execution.dynamic_tensors, "float16_overflows": execution.overflows,
               "random_inputs": sorted(set(inputs) - set(given))}
     if steps is not None:
         report["accuracy_analysis"] = [row.to_dict() for row in steps]
@@ -92,6 +92,8 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
               + ", ".join(f"{n} {shape_text(v)}" for n, v in execution.outputs.items()), file=text)
     for fallback in execution.fallbacks:
         print(f"note: onnx.reference computed {fallback}", file=text)
+    for overflow in execution.overflows:
+        print(f"warning: float16 overflow at {overflow}", file=sys.stderr)
     if args.json is not None:
         write_atomically(args.json, json.dumps(report, indent=1) + "\n")
     return status

@@ -18,7 +18,8 @@ import numpy as np
 
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.numerics.dtypes import dtype_name, element_count
-from rkcompile.plan.plain_nodes import Constant, Node, Tensor, fused_body, node_operands
+from rkcompile.plan.plain_nodes import (ACCUMULATING_OPS, Constant, Node, Tensor, accumulator_stages, fused_body,
+    node_operands)
 from rkcompile.plan.operations import rebuild
 from rkcompile.plan.schema import PlanRecord
 from rkcompile.quantization.params import dequantize, is_movement, quantize
@@ -30,6 +31,7 @@ from rkcompile.emulator.fused import run_fused
 from rkcompile.emulator.int8 import QTensor, run_int8
 from rkcompile.emulator.reference import CpuRuntime, run_reference
 from rkcompile.emulator.registry import IN_PLACE, KERNELS, Unsupported
+from rkcompile.numerics import float16 as half
 from rkcompile.numerics.float16 import cast
 from rkcompile.onnx_backends import ONNX_REFERENCE, ONNXRUNTIME
 from rkcompile.emulator.storage import EmulationError, Storage, held_by_runtime, is_float
@@ -53,6 +55,46 @@ class Execution:
     fallbacks: list[str] = field(default_factory=list)
     #: CPU tensors of unknown shape held outside the regions (see storage.py)
     dynamic_tensors: int = 0
+    #: "step N KERNEL -> TENSOR: ..." for each step whose result, finite as computed (in float32),
+    #: held values that became infinities when stored in the tensor's float16 (`overflow_note`)
+    overflows: list[str] = field(default_factory=list)
+
+
+#: ops that give each value an input of theirs or a constant bound: rounding before or after them
+#: stores the same float16 values
+ROUNDING_COMMUTES = frozenset({"Relu", "Clip"})
+
+
+def leaving_accumulator(body, dtype: str | None) -> frozenset[str]:
+    """The intermediates of a fused NPU kernel that leave the convolution core's accumulator,
+    rounded to the stored float `dtype` before the rest of the kernel computes with them.
+    rknn-toolkit2 2.5.0's simulator does so in every fused form it was given: a Conv followed by
+    Add (another tensor), Relu+Add, LeakyRelu, Sigmoid, Swish or HardSwish matches the rest
+    computed on the float16-rounded conv result at 99.3-99.95% of positions, on the unrounded
+    one at 61-87%; MatMul followed by Add or Sigmoid, Gemm followed by Sigmoid the same. Biases
+    are inside the stage (`plain_nodes.accumulator_stages`). Empty when nothing after the stage
+    can tell (Relu, Clip) or the kernel stores no narrower float."""
+    if dtype not in ("float16", "bfloat16"):
+        return frozenset()
+    stages = accumulator_stages(body.nodes, body.outputs)
+    outputs = {t.name for t in body.outputs}
+    inside = frozenset(stage.output for stage in stages if stage.output not in outputs)
+    staged = {stage.output for stage in stages}
+    rest = [m for m in body.nodes if m.op not in ACCUMULATING_OPS and not staged & {t.name for t in m.outputs}]
+    return inside if inside and any(m.op not in ROUNDING_COMMUTES for m in rest) else frozenset()
+
+
+def rounded_in_its_order(value: np.ndarray, dtype: str) -> np.ndarray:
+    """`value` rounded to `dtype` and back to float32, its axes kept in their memory order (a
+    Conv's result is channels-last in memory, which the write to NC1HWC2 then reads in order)."""
+    order = np.argsort(value.strides, kind="stable")[::-1]
+    rounded = cast(cast(value.transpose(order), dtype), np.float32)
+    return rounded.transpose(np.argsort(order))
+
+
+def overflow_note(step: int, kernel: str, tensor: str, dtype: str, count: int, peak: float) -> str:
+    return (f"step {step} {kernel} -> {tensor}: {count} value{'s' * (count != 1)} beyond {dtype}'s range "
+            f"became infinities (largest magnitude {peak:.4g}, finite as computed)")
 
 
 @dataclass
@@ -90,6 +132,7 @@ class Executor:
         region.flags.writeable = False
         self.storage.regions["weight"] = region
         self.fallbacks: list[str] = []
+        self.overflows: list[str] = []
         self._step = -1
         self.quantization = plan.quantization  # int8 plans; empty for float16
         self.weight_cache = WeightCache() if weight_cache is None else weight_cache
@@ -184,7 +227,7 @@ class Executor:
             self._run_step(self.plan.steps[index], nodes[index], observe)
             index += 1
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
-        return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic))
+        return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic), list(self.overflows))
 
     def _run_step(self, step, node: Node, observe: Observe | None) -> None:
         self._step = step.id
@@ -207,7 +250,7 @@ class Executor:
                 self._cpu_node(node, values, self._cpu_backend(step, node))
             for tensor, value in zip(node.outputs, results):
                 if tensor.name:
-                    self.storage.write(tensor.name, value)
+                    self._write(tensor.name, value)
         if observe is not None:
             observe(step.id, {name: self._real(name) for name in step.outputs})
 
@@ -217,7 +260,8 @@ class Executor:
         stores integers, rounded to the stored float dtype otherwise; weights come from the
         weight region. The step's outputs as real values, nothing written to storage; None for
         a step that is not an NPU step or reads an activation `real` lacks (rknn-toolkit2
-        accuracy_analysis's "single": the error one step adds, apart from everything before it)."""
+        accuracy_analysis's "single": the error one step adds, its result's rounding to the
+        stored dtype included, apart from everything before it)."""
         step, node = self.plan.steps[index], self.step_nodes()[index]
         if step.device != "npu":
             return None
@@ -231,8 +275,11 @@ class Executor:
             else:
                 operands.append(self._stored_form(tensor.name, real[tensor.name]))
         results = self._npu_node(node, operands)
-        return {tensor.name: self._real_of(tensor.name, value) for tensor, value in zip(node.outputs, results)
-                if tensor.name}
+        # as stored: an int8 kernel's result is already on its grid, a float one is rounded to
+        # the tensor's dtype here, as writing it would (else "single" misses the step's rounding)
+        return {tensor.name: self._real_of(tensor.name, value if tensor.name in self.quantization
+                                           else self._stored_form(tensor.name, value))
+                for tensor, value in zip(node.outputs, results) if tensor.name}
 
     def _stored_form(self, name: str, real: np.ndarray):
         """An NPU operand as a read of `real` stored in the tensor's planned dtype would give it."""
@@ -293,7 +340,7 @@ class Executor:
         for step in partition.steps:
             self._step = step.id
             for name in step.outputs:
-                self.storage.write(name, results[name])
+                self._write(name, results[name])
             if observe is not None:
                 observe(step.id, {name: self._real(name) for name in step.outputs})
         return True
@@ -301,7 +348,20 @@ class Executor:
     def _store(self, name: str, real: np.ndarray) -> None:
         """Write a real value, quantized first when the plan stores the tensor as integers."""
         quant = self.quantization.get(name)
-        self.storage.write(name, quantize(real, quant) if quant is not None else real)
+        self._write(name, quantize(real, quant) if quant is not None else real)
+
+    def _write(self, name: str, value) -> None:
+        """Store a step's result, noting the step when float16 storage turns finite values into
+        infinities: the float32 model has numbers there and the plan's answer silently has
+        infinities (or the NaN they make further on). rknn-toolkit2's simulator warns the same way
+        ("The range [...] of 'y' is out of the float16!"); the NPU stores infinities too."""
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            dtype = self.storage.placement(name).dtype
+            found = half.overflow(value, dtype) if is_float(dtype) else None
+            if found is not None:
+                step = self.plan.steps[self._step]
+                self.overflows.append(overflow_note(step.id, step.kernel, name, dtype, *found))
+        self.storage.write(name, value)
 
     def _real(self, name: str) -> np.ndarray:
         """A tensor's real value: dequantized when it is stored as integers."""
@@ -343,11 +403,18 @@ class Executor:
         return cached
 
     def _npu_node(self, node: Node, values: Sequence[np.ndarray | None]) -> list:
-        if self.quantization:
+        body = fused_body(node)
+        rounding = ((), None)
+        # a fused step's stored dtype; a member fused within a member writes a body tensor, not
+        # a planned one, and its own members are no accumulator stage of the step
+        stored = self.plan.tensors.get(node.outputs[0].name) if body is not None and node.outputs else None
+        if stored is not None:
+            rounding = (leaving_accumulator(body, stored.dtype), lambda value: self._leaving(value, stored.dtype))
+        if self.quantization:  # a float16 step of an int8 plan rounds as a float16 plan's does
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
-            return run_int8(node, values, out_quants, self.opset, is_movement)
-        if fused_body(node) is not None:
-            return run_fused(node, values, self._npu_node, self._npu_in_place)
+            return run_int8(node, values, out_quants, self.opset, is_movement, rounding)
+        if body is not None:
+            return run_fused(node, values, self._npu_node, self._npu_in_place, *rounding)
         kernel = KERNELS.get(node.op)
         if kernel is None:
             raise EmulationError(f"step {self._step}: no emulator kernel for NPU op {node.op}")
@@ -356,6 +423,15 @@ class Executor:
         except Unsupported as exc:
             self.fallbacks.append(f"step {self._step} {node.op}: {exc}")
             return run_reference(node, values, self.opset)
+
+    def _leaving(self, value: np.ndarray, dtype: str) -> np.ndarray:
+        """An accumulator result inside a fused step, rounded to `dtype` as it leaves the core;
+        an overflow there is noted as one of the step's outputs would be."""
+        found = half.overflow(value, dtype)
+        if found is not None:
+            step = self.plan.steps[self._step]
+            self.overflows.append(overflow_note(step.id, step.kernel, "its accumulator result", dtype, *found))
+        return rounded_in_its_order(value, dtype)
 
     def _npu_in_place(self, member: Node, operands: Sequence[np.ndarray | None], spent: Sequence[int]):
         """A fused NPU member's result written into one of its spent operands (registry.IN_PLACE),

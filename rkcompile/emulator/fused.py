@@ -2,7 +2,7 @@
 shared by the executor, the int8 path and the float32 reference."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 from rkcompile.emulator.storage import EmulationError
@@ -15,7 +15,8 @@ InPlace = Callable[[Node, Sequence["np.ndarray | None"], Sequence[int]], "list |
 
 
 def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNode,
-              in_place: InPlace | None = None) -> list:
+              in_place: InPlace | None = None, rounded: Collection[str] = (),
+              round_value: Callable[[np.ndarray], np.ndarray] | None = None) -> list:
     """A fused node as one kernel: its `body` members run in order on unrounded intermediate
     values, so only the fused node's outputs are rounded, when they are stored.
 
@@ -26,7 +27,10 @@ def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNo
     With `in_place`, a member may write its result into an operand that an earlier member
     computed, when no later member and no output of the body reads it and its memory is no
     other live intermediate's (a view of one, a Reshape's, is not): the values are the same,
-    without a new array per member."""
+    without a new array per member.
+
+    The intermediates named in `rounded` are passed through `round_value` as they are made (the
+    executor's accumulator results, which leave the NPU's convolution core rounded)."""
     body: Graph = node.attrs["body"]
     env: dict[str, np.ndarray] = {}
     variables = [(t, v) for t, v in zip(node.inputs, values) if t.name and not isinstance(t, Constant)]
@@ -49,6 +53,8 @@ def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNo
                 results = in_place(member, operands, spent)
         if results is None:
             results = run_member(member, operands)
+        if rounded:
+            results = [round_value(v) if t.name in rounded else v for t, v in zip(member.outputs, results)]
         env.update((t.name, v) for t, v in zip(member.outputs, results) if t.name)
         produced.update(t.name for t in member.outputs if t.name)
     return [env[t.name] for t in body.outputs]

@@ -25,7 +25,7 @@ to the int32 range).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -166,8 +166,11 @@ CLAMP_OPS = frozenset({"Relu", "Clip"})
 
 
 def run_int8(node: Node, operands: Sequence["QTensor | np.ndarray | None"],
-             out_quants: Sequence[Quantization | None], opset: int, is_movement: Callable[[Node], bool]) -> list:
-    """The step's outputs: int8 arrays for quantized outputs, as computed arrays otherwise."""
+             out_quants: Sequence[Quantization | None], opset: int, is_movement: Callable[[Node], bool],
+             rounding: "tuple[Collection[str], Callable] | None" = None) -> list:
+    """The step's outputs: int8 arrays for quantized outputs, as computed arrays otherwise.
+    `rounding`: the intermediates of a fused float16 step rounded as they are made and how
+    (run_fused's `rounded` and `round_value`)."""
     quant = out_quants[0] if len(out_quants) == 1 else None
     if quant is not None:
         chain = list(node.attrs["body"].nodes) if fused_body(node) is not None else [node]
@@ -187,7 +190,7 @@ def run_int8(node: Node, operands: Sequence["QTensor | np.ndarray | None"],
                                                                                 - INT8[0]]]
     if (is_movement(node) or node.op == "Concat") and all(q is not None for q in out_quants):
         return move(node, operands, out_quants, opset)
-    results = run_real(node, operands, opset)
+    results = run_real(node, operands, opset, rounding)
     return [quantize(value, q) if q is not None else value for value, q in zip(results, out_quants)]
 
 
@@ -265,11 +268,14 @@ def move(node: Node, operands: Sequence, out_quants: Sequence[Quantization], ops
     return [np.rint(value).astype(np.int8) for value in run_float(node, moved, opset)]
 
 
-def run_real(node: Node, operands: Sequence, opset: int) -> list:
+def run_real(node: Node, operands: Sequence, opset: int,
+             rounding: "tuple[Collection[str], Callable] | None" = None) -> list:
     """Exact dequantization, float32 kernels; a fused body's accumulating head keeps its int32
     arithmetic and is dequantized exactly after it."""
     if fused_body(node) is not None:
-        return run_fused(node, list(operands), lambda member, values: _member_real(member, values, opset))
+        rounded, round_value = rounding or ((), None)
+        return run_fused(node, list(operands), lambda member, values: _member_real(member, values, opset),
+                         rounded=rounded, round_value=round_value)
     return run_float(node, [v.real() if isinstance(v, QTensor) else v for v in operands], opset)
 
 

@@ -61,8 +61,10 @@ def cast(values: np.ndarray, dtype, out: np.ndarray | None = None) -> np.ndarray
         # C order, as the onnxruntime paths give: a write's channels-last view of an NCHW value
         # is converted and made contiguous in one pass, not converted in its memory order and
         # then copied
-        return values.astype(dtype, order="C")
-    out[...] = values
+        with np.errstate(over="ignore"):  # an overflow is the executor's to report, naming the step
+            return values.astype(dtype, order="C")
+    with np.errstate(over="ignore"):
+        out[...] = values
     return out
 
 
@@ -151,6 +153,34 @@ def beyond_range(values: np.ndarray, dtype) -> np.ndarray:
     stored = _stored_elements(values)
     finite = stored[np.isfinite(stored)]
     return finite[np.abs(finite) > limit]
+
+
+def overflow(values: np.ndarray, dtype) -> tuple[int, float] | None:
+    """How many finite values of `values` become infinities when stored as `dtype` (a float
+    dtype narrower than theirs: those at or past its rounding edge, 65520 for float16), and the
+    largest magnitude among them; None when none does. Two reductions without a copy answer
+    the usual case, a map that fits."""
+    values = np.asarray(values)
+    if values.dtype.kind != "f" or not values.size or largest(values.dtype) <= largest(dtype):
+        return None
+    edge = rounding_edge(dtype)
+    high, low = float(values.max()), float(values.min())
+    if -edge < low and high < edge:  # also False for a NaN, which max and min pass on
+        return None
+    magnitudes = np.abs(values[np.isfinite(values)])
+    beyond = magnitudes[magnitudes >= edge]
+    return (int(beyond.size), float(beyond.max())) if beyond.size else None
+
+
+def rounding_edge(dtype) -> float:
+    """The smallest magnitude that rounds to infinity in a float dtype: its largest finite value
+    plus half the step below it (round to nearest even rounds the tie up, as the largest value's
+    last mantissa bit is odd)."""
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(getattr(ml_dtypes, str(dtype), dtype))
+    top = float(info.max)
+    return top + (top - float(np.nextafter(info.dtype.type(top), info.dtype.type(0)))) / 2
 
 
 def saturate(values: np.ndarray, dtype) -> np.ndarray:

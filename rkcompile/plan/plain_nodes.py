@@ -235,3 +235,50 @@ def expanded_members(node: Node) -> list[Node]:
                     [outer(t) for t in member.outputs], member.domain)
         members += expanded_members(copy)
     return members
+
+
+#: ops that sum products in the NPU's wide accumulator (its convolution core): their bias is
+#: added there, and their result leaves it rounded to the stored float dtype
+ACCUMULATING_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+#: ops whose input is their bias (input 2), added in the accumulator
+_BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+#: ops whose output channels are its last axis: a constant Add along it is a bias
+_CHANNELS_LAST = frozenset({"Gemm", "MatMul"})
+
+
+@dataclass(frozen=True)
+class AccumulatorStage:
+    """One accumulating member of a fused kernel with the bias it adds in the accumulator: its
+    bias input, or (a MatMul's or Gemm's) a constant Add along the output's last axis that alone
+    reads its result (exMatMul's `c`). `biases` names those constants; `output` is the stage's
+    result, the accumulator's value as it leaves the convolution core."""
+    biases: tuple[str, ...]
+    output: str
+
+
+def accumulator_stages(members, outputs) -> list[AccumulatorStage]:
+    """The accumulator stages among `members` (a fused kernel's body nodes, or one node alone)
+    whose results leave as `outputs`, for nodes of both kinds."""
+    readers: dict[str, list] = {}
+    for member in members:
+        for tensor in member.inputs:
+            if tensor.name:
+                readers.setdefault(tensor.name, []).append(member)
+    body_outputs = {t.name for t in outputs}
+    stages = []
+    for member in members:
+        if member.op not in ACCUMULATING_OPS or not member.outputs:
+            continue
+        biases, output = [], member.outputs[0]
+        position = _BIAS_INPUT.get(member.op)
+        if position is not None and len(member.inputs) > position and is_constant(member.inputs[position]):
+            biases.append(member.inputs[position].name)
+        following = readers.get(output.name, [])
+        if (member.op in _CHANNELS_LAST and len(following) == 1 and following[0].op == "Add"
+                and output.name not in body_outputs):
+            other = [t for t in following[0].inputs if t.name != output.name]
+            if len(other) == 1 and is_constant(other[0]) and all(size == 1 for size in tuple(other[0].shape)[:-1]):
+                biases.append(other[0].name)
+                output = following[0].outputs[0]
+        stages.append(AccumulatorStage(tuple(biases), output.name))
+    return stages
