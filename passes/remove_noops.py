@@ -3,7 +3,8 @@
 `x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), Dropout
 whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
 random mask: legalize keeps it on the CPU), and a Mul or Div by constant ones that leave the
-shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x)): x * 1 is x, bit for bit.
+shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x)): x * 1 is x, bit for bit;
+and an Expand or Tile to the shape its input has.
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
@@ -56,6 +57,10 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
         return node.inputs[0]
     if node.op in ("Cast", "CastLike"):
         return node.inputs[0] if _same_type_cast(node) else None
+    if node.op in ("Expand", "Tile") and is_onnx_domain(node):
+        # to the shape it has already (jax2tf writes BroadcastTo so): every element once, in place
+        shape = static_shape(node.inputs[0])
+        return node.inputs[0] if shape is not None and shape == static_shape(node.outputs[0]) else None
     if node.op == "Dropout":
         if training_mode(node) is not None:
             return None
