@@ -27,7 +27,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext, Placement
 from rkcompile.ir.graph import node_inputs, readers, replace_reads
-from rkcompile.passes.layout import placement
+from rkcompile.passes.layout import placement, reads_as_image
 
 NAME = "boundaries"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
@@ -47,10 +47,11 @@ class TensorFormat(NamedTuple):
         return f"{self.layout} {self.dtype}"
 
 
-def tensor_format(tensor: gs.Tensor, device: str, ctx: CompileContext) -> TensorFormat | None:
-    """How `device` stores `tensor` as an intermediate result; None when its shape or dtype is
-    unknown. The user's side of model inputs and outputs is the CPU's format."""
-    stored = placement(tensor, "arena", device, ctx.target, ctx.options.dtype)
+def tensor_format(tensor: gs.Tensor, device: str, ctx: CompileContext, as_image: bool = False) -> TensorFormat | None:
+    """How `device` stores `tensor` as an intermediate result (`as_image`: a model input's NPU
+    copy that `layout.reads_as_image`); None when its shape or dtype is unknown. The user's side
+    of model inputs and outputs is the CPU's format."""
+    stored = placement(tensor, "arena", device, ctx.target, ctx.options.dtype, as_image)
     if stored.layout == "unknown":
         return None
     return TensorFormat(stored.layout, stored.dtype, stored.bytes)
@@ -72,6 +73,7 @@ def crossings(ctx: CompileContext, reading: dict[str, list[gs.Node]]) -> list[Cr
     device_of = {name: placed.device for name, placed in ctx.placement.items()}
     nodes = {node.name: node for node in ctx.graph.nodes}
     outputs = {t.name for t in ctx.graph.outputs}
+    model_inputs = {t.name for t in ctx.graph.inputs}
     produced = [(t, "cpu") for t in ctx.graph.inputs]
     produced += [(t, device_of[name]) for name in ctx.order for t in nodes[name].outputs if t.name]
     found = []
@@ -83,7 +85,8 @@ def crossings(ctx: CompileContext, reading: dict[str, list[gs.Node]]) -> list[Cr
             by_device.setdefault("cpu", [])
         source = tensor_format(tensor, producer_device, ctx)
         for device, consumers in by_device.items():
-            target = tensor_format(tensor, device, ctx)
+            as_image = device == "npu" and tensor.name in model_inputs and reads_as_image(tensor, consumers, ctx.target)
+            target = tensor_format(tensor, device, ctx, as_image)
             if device != producer_device and source is not None and target is not None and source != target:
                 found.append(Crossing(tensor, source, target, device, tuple(consumers)))
     return found

@@ -5,7 +5,9 @@ NC1HWC2 (seed 003, 3.1.2 and table 3-1): C1 = ceil(C / C2), C2 from the target's
 stored dtype, and the padding channels are real bytes. Tensors of rank below 4 are stored as
 the 4-D feature map `as_nchw` gives them (docs/memory.md). Tensors the CPU writes stay in their
 ONNX dtype, row-major (NCHW for rank 4, ND otherwise). A `host` step converts between the
-two, so its outputs take the layout of the device that reads them. Model inputs and outputs
+two, so its outputs take the layout of the device that reads them; the NPU copy of a model
+input of 1, 3 or 4 channels that only ungrouped Convs read is dense NHWC, the form those Convs
+read it in (`reads_as_image`). Model inputs and outputs
 keep their declared dtype and layout; constants go to the `weight` region in the dtype their
 first reader computes in, except a float16 plan's accumulator biases (`accumulator_biases`),
 which stay float32. Sizes are Python-int arithmetic, so huge shapes never allocate.
@@ -20,10 +22,10 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext
 from rkcompile.numerics import float16 as half
-from rkcompile.ir.graph import (FLOAT_DTYPES, dtype_name, element_count, itemsize, node_inputs,
-    present_inputs, static_shape)
+from rkcompile.ir.graph import (FLOAT_DTYPES, dtype_name, element_count, fused_body, is_onnx_domain, itemsize,
+    node_inputs, present_inputs, readers, static_shape)
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
-from rkcompile.ir.nodes import fused_body, peeked_values
+from rkcompile.ir.nodes import peeked_values
 from rkcompile.plan.plain_nodes import accumulator_stages
 from rkcompile.plan.schema import TensorPlacement
 from rkcompile.targets.model import Target
@@ -41,17 +43,14 @@ def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in graph.nodes}
     inputs = {t.name for t in graph.inputs}
     outputs = {t.name for t in graph.outputs}
-    readers: dict[str, list[str]] = {}
-    for name in ctx.order:
-        for tensor in node_inputs(nodes[name]):
-            readers.setdefault(tensor.name, []).append(ctx.placement[name].device)
+    reading = readers(graph)
     tensors: dict[str, TensorPlacement] = {}
     biases = accumulator_biases(nodes[name] for name in ctx.order if ctx.placement[name].device == "npu") \
         if ctx.options.dtype == "float16" else set()
 
-    def place(tensor: gs.Tensor, region: str, device: str) -> None:
+    def place(tensor: gs.Tensor, region: str, device: str, as_image: bool = False) -> None:
         npu_dtype = ACCUMULATOR_DTYPE if region == "weight" and tensor.name in biases else ctx.options.dtype
-        tensors[tensor.name] = placement(tensor, region, device, ctx.target, npu_dtype)
+        tensors[tensor.name] = placement(tensor, region, device, ctx.target, npu_dtype, as_image)
 
     for tensor in graph.inputs:
         place(tensor, "input", "cpu")
@@ -66,10 +65,13 @@ def run(ctx: CompileContext) -> None:
             if tensor.name in outputs:
                 place(tensor, "output", "cpu")
             elif tensor.name and tensor.name not in inputs:
-                stored_on = device
+                stored_on, as_image = device, False
                 if device == "host":
-                    stored_on = "npu" if "npu" in readers.get(tensor.name, ()) else "cpu"
-                place(tensor, "arena", stored_on)
+                    consumers = reading.get(tensor.name, ())
+                    stored_on = "npu" if any(ctx.placement[c.name].device == "npu" for c in consumers) else "cpu"
+                    as_image = (stored_on == "npu" and node.inputs[0].name in inputs
+                                and reads_as_image(tensor, consumers, ctx.target))
+                place(tensor, "arena", stored_on, as_image)
     for tensor in graph.outputs:
         if tensor.name not in tensors:
             place(tensor, "weight" if isinstance(tensor, gs.Constant) else "output", "cpu")
@@ -130,8 +132,38 @@ def _within(constant: gs.Constant, limit: float) -> bool:
     return bool(-limit <= values.min() and values.max() <= limit)
 
 
-def placement(tensor: gs.Tensor, region: str, device: str, target: Target, npu_dtype: str) -> TensorPlacement:
-    """How `tensor` is stored when `device` holds it in `region`."""
+def reads_as_image(tensor: gs.Tensor, consumers, target: Target) -> bool:
+    """Whether the NPU keeps `tensor`, a model input, as the dense NHWC image its Convs read
+    directly (`Target.image_input_channels`): it is 4-D with such a channel count, and every
+    one of `consumers` (its NPU readers) is an ungrouped Conv reading it as its data input,
+    alone or first in a fused kernel, and reads it nowhere else."""
+    shape = static_shape(tensor)
+    if shape is None or len(shape) != 4 or shape[1] not in target.image_input_channels:
+        return False
+    return bool(consumers) and all(_reads_as_conv_data(consumer, tensor.name) for consumer in consumers)
+
+
+def _reads_as_conv_data(node: gs.Node, name: str) -> bool:
+    body = fused_body(node)
+    if body is not None:
+        # the body's inputs are the fused node's runtime inputs in order, under the names they
+        # had when it was fused (a conversion inserted later renamed the outer one)
+        runtime = [t.name for t in node.inputs if not isinstance(t, gs.Constant)]
+        if runtime.count(name) != 1:
+            return False
+        inner_name = body.inputs[runtime.index(name)].name
+        if any(t.name == inner_name for t in body.outputs):
+            return False
+        inner = [member for member in body.nodes if any(t.name == inner_name for t in node_inputs(member))]
+        return bool(inner) and all(_reads_as_conv_data(member, inner_name) for member in inner)
+    return (is_onnx_domain(node) and node.op == "Conv" and node.attrs.get("group", 1) == 1
+            and [t.name for t in node_inputs(node)].count(name) == 1 and node.inputs[0].name == name)
+
+
+def placement(tensor: gs.Tensor, region: str, device: str, target: Target, npu_dtype: str,
+              as_image: bool = False) -> TensorPlacement:
+    """How `tensor` is stored when `device` holds it in `region`; `as_image`: an NPU copy of a
+    model input that `reads_as_image`, stored dense NHWC."""
     shape = static_shape(tensor)
     dtype = dtype_name(tensor.dtype) or "unknown"
     if device == "npu" and dtype in FLOAT_DTYPES:
@@ -140,6 +172,9 @@ def placement(tensor: gs.Tensor, region: str, device: str, target: Target, npu_d
         # Only CPU tensors can get here (verify() demands static NPU shapes); the CPU runtime
         # sizes them when it runs, so the plan cannot reserve bytes for them.
         return TensorPlacement(shape=shape, dtype=dtype, layout="unknown", bytes=0, region=region, offset=0)
+    if device == "npu" and region == "arena" and as_image and target.supports_dtype(dtype):
+        return TensorPlacement(shape=shape, dtype=dtype, layout="NHWC", bytes=element_count(shape) * itemsize(dtype),
+                               region=region, offset=0)
     if device == "npu" and region == "arena" and len(shape) <= 4 and target.supports_dtype(dtype):
         size = nc1hwc2_bytes(as_nchw(shape), target.c2_for(dtype), itemsize(dtype))
         return TensorPlacement(shape=shape, dtype=dtype, layout="NC1HWC2", bytes=size, region=region, offset=0)

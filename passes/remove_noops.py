@@ -2,9 +2,10 @@
 (exporters keep the float32 round trips of mixed-precision code, e.g. an RMSNorm's
 `x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), Dropout
 whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
-random mask: legalize keeps it on the CPU), and a Mul or Div by constant ones, an Add or Sub of
+random mask: legalize keeps it on the CPU), a Mul or Div by constant ones, an Add or Sub of
 constant zeros, that leave the shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x);
-a residual branch whose weights are zero folds to x + 0): x * 1 is x, bit for bit.
+a residual branch whose weights are zero folds to x + 0): x * 1 is x, bit for bit; and an
+Expand or Tile to the shape its input has.
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
@@ -57,6 +58,10 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
         return node.inputs[0]
     if node.op in ("Cast", "CastLike"):
         return node.inputs[0] if _same_type_cast(node) else None
+    if node.op in ("Expand", "Tile") and is_onnx_domain(node):
+        # to the shape it has already (jax2tf writes BroadcastTo so): every element once, in place
+        shape = static_shape(node.inputs[0])
+        return node.inputs[0] if shape is not None and shape == static_shape(node.outputs[0]) else None
     if node.op == "Dropout":
         if training_mode(node) is not None:
             return None

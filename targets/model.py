@@ -129,6 +129,12 @@ class Target:
     description: str = ""
     oplist_platform: str = ""
     performance: Performance | None = None
+    #: Channel counts of a model input that an ungrouped Conv reads as it is, dense NHWC, rather
+    #: than as C2-padded NC1HWC2 blocks: RKNN's native input layout for 1, 3 and 4 channels.
+    #: rknn-toolkit2 2.5.0's internal memory shows it on rk3588, rk3576, rk3568 and rk3562 (a
+    #: (1,C,64,64) float16 input into a Conv costs C x 8 KiB for C = 1, 3, 4 and the 8-channel
+    #: 64 KiB for C = 2, 5); a grouped Conv or another reader gets a converting layer first.
+    image_input_channels: frozenset[int] = frozenset({1, 3, 4})
 
     def has_kernel(self, kernel: str) -> bool:
         """Whether the oplist names `kernel` (fused ones included, e.g. ConvolutionRelu) here."""

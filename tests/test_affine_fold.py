@@ -236,3 +236,23 @@ def test_products_by_zeros_fold_to_their_constant(tmp_path, op, operands, x_shap
     feeds = {"x": RNG.standard_normal(x_shape).astype(np.float32)}
     expected = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(rkcompile.run(plan, feeds)["y"], expected, rtol=1e-3, atol=1e-3)
+
+
+def test_a_written_out_mean_of_squares_scales_its_sum_in_the_conv_and_stays_in_float16_range(tmp_path):
+    """jax2tf's LayerNorm variance: ReduceSum(x*x) * (1/n). ReduceSum becomes a Conv of ones only
+    after fusion (a late rewrite); the scale then folds into its weights, so the float16 Conv
+    stores the mean of squares (here ~900) rather than their sum (~460,000, past float16's 65504)."""
+    nodes = [node("Mul", ["x", "x"], "square"), node("ReduceSum", ["square", "axes"], "sum", keepdims=0),
+             node("Mul", ["sum", "inverse"], "y")]
+    inits = [weight("axes", np.array([1], np.int64)), scalar("inverse", 1 / 512)]
+    model = make_model(nodes, [value_info("x", [1, 512, 8])], [value_info("y", [1, 8])], inits)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan = rkcompile.compile(path, target="rk3588")
+    kernels = [step.kernel for step in plan.record.steps if step.device == "npu"]
+    assert kernels.count("Mul") == 1 and "Conv" in kernels  # the square; the scale is in the Conv
+    feeds = {"x": (30 * RNG.standard_normal((1, 512, 8))).astype(np.float32)}
+    expected = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = rkcompile.run(plan, feeds)["y"]
+    assert np.all(np.isfinite(got)) and expected.max() * 512 > 65504
+    assert_close(got, expected)

@@ -106,6 +106,22 @@ def test_swish_with_a_beta_of_one_loses_its_mul_and_fuses_with_the_conv(save):
     assert contract_violations(plan) == []
 
 
+def test_an_expand_or_tile_to_the_shape_it_has_is_removed(save):
+    """jax2tf writes BroadcastTo to the shape a tensor has already: every element once, as it was."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Expand", ["r", "same"], ["e"], name="expand_same"),
+             helper.make_node("Tile", ["e", "ones"], ["t"], name="tile_once"),
+             helper.make_node("Expand", ["t", "wider"], ["y"], name="expand_wider")]
+    inits = [weight("same", np.array([1, 4, 4, 4], np.int64)), weight("ones", np.ones(4, np.int64)),
+             weight("wider", np.array([2, 4, 4, 4], np.int64))]
+    model = make_model(nodes, [value_info("x", [1, 4, 4, 4])], [value_info("y", [2, 4, 4, 4])], inits)
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["expand_same"] == devices["tile_once"] == "removed"
+    assert devices["expand_wider"] != "removed"
+    assert contract_violations(plan) == []
+
+
 def test_identity_of_a_graph_input_to_an_output_stays(save):
     model = make_model([helper.make_node("Identity", ["x"], ["y"], name="copy")],
                        [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])

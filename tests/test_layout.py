@@ -9,9 +9,12 @@ import pytest
 from conftest import make_model, value_info, weight
 from onnx import helper
 
+from rkcompile.api import prepare
+from rkcompile.emulator import emulate, onnxruntime_outputs
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes, nc1hwc2_shape
 from rkcompile.compiler.pipeline import compile_model
-from rkcompile.targets import all_targets
+from rkcompile.plan.allocation import Buffer, lower_bound
+from rkcompile.targets import all_targets, get_target
 
 #: Seed 003, table 3-1: C2 per platform column and dtype ('/' cells left out).
 SEED_C2 = {
@@ -147,3 +150,51 @@ def test_weights_beyond_float16_are_named_and_a_weight_no_pass_reads_stays_unrea
     assert plan.tensors["w"].dtype == "float16"
     weights = {t.name: t for node in ctx.graph.nodes for t in node.inputs if t.name == "w"}
     assert isinstance(weights["w"]._values, LazyValues)
+
+
+def _image_input_model(channels: int, readers: str):
+    """x (1, channels, 16, 16) read by `readers`: "conv" (Conv + Relu, fused), "grouped" (a
+    Conv of one group per channel) or "conv+relu" (a Conv and a Relu of its own)."""
+    group = channels if readers == "grouped" else 1
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], group=group),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    outputs = [value_info("y", [1, 8, 16, 16])]
+    if readers == "conv+relu":
+        nodes.append(helper.make_node("Relu", ["x"], ["r"], name="relu_x"))
+        outputs.append(value_info("r", [1, channels, 16, 16]))
+    w = np.random.default_rng(0).standard_normal((8, channels // group, 3, 3)).astype(np.float32)
+    return make_model(nodes, [value_info("x", [1, channels, 16, 16])], outputs, [weight("w", w)])
+
+
+@pytest.mark.parametrize("channels,readers,image", [
+    (1, "conv", True), (3, "conv", True), (4, "conv", True), (2, "conv", False), (5, "conv", False),
+    (3, "grouped", False), (3, "conv+relu", False)])
+def test_a_model_input_only_ungrouped_convs_read_is_a_dense_nhwc_image(save, channels, readers, image):
+    """RKNN's Convs read a 1, 3 or 4 channel model input as it is (Target.image_input_channels):
+    the NPU copy is dense NHWC, and the arena's lower bound is below the one the same plan
+    has with that copy padded to C2 blocks. Any other channel count or reader keeps NC1HWC2.
+    The emulator runs the NHWC copy to the same result as onnxruntime."""
+    path = save(_image_input_model(channels, readers))
+    prepared = prepare(path, "rk3588")
+    plan = prepared.plan
+    stored = plan.tensors["x@npu"]
+    c2 = get_target("rk3588").c2_for(plan.dtype)
+    padded = nc1hwc2_bytes(as_nchw(stored.shape), c2, 2)
+    if not image:
+        assert stored.layout == "NC1HWC2" and stored.bytes == padded
+        return
+    assert stored.layout == "NHWC" and stored.bytes == channels * 16 * 16 * 2 < padded
+    spans: dict[str, list[int]] = {}
+    for step in plan.steps:
+        for name in (*step.inputs, *step.outputs):
+            if plan.tensors[name].region == "arena":
+                spans.setdefault(name, [step.id, step.id])[1] = step.id
+    as_blocks = [Buffer(first, last, padded if name == "x@npu" else plan.tensors[name].bytes)
+                 for name, (first, last) in spans.items()]
+    assert plan.memory.lower_bound_bytes < lower_bound(as_blocks)
+    x = np.random.default_rng(1).standard_normal((1, channels, 16, 16)).astype(np.float32)
+    seen = {}
+    got = emulate(prepared, {"x": x}, observe=lambda step, values: seen.update(values)).outputs["y"]
+    assert np.array_equal(seen["x@npu"], x.astype(np.float16).astype(np.float32))
+    want = onnxruntime_outputs(path, {"x": x})["y"]
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()

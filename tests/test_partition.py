@@ -286,14 +286,15 @@ def _edges(ctx):
 
 @pytest.mark.parametrize("target", ("rk3588", "rk3576", "rk3562"))
 def test_elementwise_op_whose_two_computed_operands_both_broadcast_plans_and_runs(tmp_path, target):
-    """Sub of [1,128] and [10,1]: the broadcast rewrite builds a Concat for the first operand,
-    then declines on the second (128 copies); the Concat it left wired to the first operand
-    used to reach partition as a reader no placement knew (KeyError)."""
+    """Sub of [1,1,128] and [1,10,1]: the broadcast rewrite builds a Concat for the first operand,
+    then declines on the second (128 copies, along an axis other than the channels, which a Conv
+    of ones repeats); the Concat it left wired to the first operand used to reach partition as a
+    reader no placement knew (KeyError)."""
     nodes = [helper.make_node("Relu", ["p"], ["a"], name="relu_a"), helper.make_node("Relu", ["q"], ["b"], name="relu_b"),
              helper.make_node("Sub", ["a", "b"], ["d"], name="sub"), helper.make_node("Sigmoid", ["d"], ["y"], name="sig")]
-    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 128]),
-                                   helper.make_tensor_value_info("q", TensorProto.FLOAT, [10, 1])],
-                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10, 128])], [], "sub_both_broadcast")
+    path = _save(tmp_path, nodes, [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 1, 128]),
+                                   helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 10, 1])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10, 128])], [], "sub_both_broadcast")
     prepared = prepare(path, target, Options())
     assert _entry(prepared.plan, "sub").device == "cpu"
     inputs = make_inputs(prepared.plan, {})

@@ -225,15 +225,27 @@ def test_pool_stage_kernels_use_the_fewest_stages_of_at_most_7(size, kernels):
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
-@pytest.mark.parametrize("height, width", [(13, 13), (40, 20), (9, 3)])
-def test_big_global_pools_become_tiling_pools(tmp_path, op, height, width):
-    model = unary_model(op, [1, 3, height, width])
-    model.graph.output[0].CopyFrom(value_info("y", [1, 3, 1, 1]))
+@pytest.mark.parametrize("spatial", [(13, 13), (40, 20), (9, 3), (508,), (13,)])
+def test_big_global_pools_become_tiling_pools(tmp_path, op, spatial):
+    """Over a 2-D map, or over a sequence's (N, C, L) (1-D pools along L)."""
+    model = unary_model(op, [1, 3, *spatial])
+    model.graph.output[0].CopyFrom(value_info("y", [1, 3] + [1] * len(spatial)))
     refused = with_refusals(**{op: lambda n: max(shape_of(n)[2:]) > 7})
     ctx = rewritten(model, tmp_path, refused)
     pools = [n for n in ctx.graph.nodes if n.op in ("AveragePool", "MaxPool")]
-    assert pools and all(max(n.attrs["kernel_shape"]) <= 7 and max(n.attrs["pads"]) <= 6 for n in pools)
-    assert_same_outputs(model, ctx, {"x": feed([1, 3, height, width])})
+    assert pools and all(len(n.attrs["kernel_shape"]) == len(spatial) for n in pools)
+    assert all(max(n.attrs["kernel_shape"]) <= 7 and max(n.attrs["pads"]) <= 6 for n in pools)
+    x = feed([1, 3, *spatial])
+    if len(spatial) == 2:
+        assert_same_outputs(model, ctx, {"x": x})
+        return
+    # onnx's ReferenceEvaluator pools a 1-D global pool's input to (N, 1): numpy says what it is
+    after = gs.export_onnx(ctx.graph, do_type_check=False)
+    del after.opset_import[:]
+    after.opset_import.extend(model.opset_import)
+    (got,) = ReferenceEvaluator(after).run(None, {"x": x})
+    reduce = np.mean if op == "GlobalAveragePool" else np.max
+    np.testing.assert_allclose(got, reduce(x, axis=2, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("opset, keepdims", [(13, 1), (18, 1), (18, 0)])
@@ -540,6 +552,25 @@ def test_unlisted_broadcast_repeats_the_computed_operand_by_concat(tmp_path):
     assert rules_fired(ctx) == ["broadcast_by_concat"]
     assert ops_of(ctx) == ["Concat", "Add"]
     assert_same_outputs(model, ctx, {"scores": feed([1, 4, 8, 8]), "mask": feed([1, 1, 8, 8])})
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_a_broadcast_to_many_channels_repeats_the_operand_by_a_conv_of_ones(tmp_path, rank):
+    """A LayerNorm written out by jax2tf subtracts its [1, 1, 256] mean from [1, 512, 256]: too
+    many copies for a Concat, so a 1x1 Conv of ones makes the 512 channels, exactly."""
+    spatial = [4, 64] if rank == 4 else [256]
+    model = make_model([helper.make_node("Sub", ["x", "mean"], ["y"], name="sub")],
+                       [value_info("x", [1, 512, *spatial]), value_info("mean", [1, 1, *spatial])],
+                       [value_info("y", [1, 512, *spatial])])
+    target = get_target("rk3588")
+    ctx = rewritten(model, tmp_path, target)
+    rewrite_late.run(ctx)
+    assert "broadcast_by_concat" in rules_fired(ctx)
+    (conv,) = [n for n in ctx.graph.nodes if n.op == "Conv"]
+    assert shape_of(conv)[1] == 1 and static_shape(conv.outputs[0])[1] == 512
+    assert all(not check_node(n, target, plan_dtype="float16", opset=17) for n in ctx.graph.nodes)
+    assert_same_outputs(model, ctx, {"x": feed([1, 512, *spatial]), "mean": feed([1, 1, *spatial])},
+                        rtol=0, atol=0)
 
 
 def test_transpose_moving_only_unit_axes_is_a_reshape(tmp_path):

@@ -88,6 +88,10 @@ def test_conv_over_the_window_limits_becomes_legal_convs_computing_the_same(tmp_
     assert_rewrite_exact(model, ctx, feeds)
     plan, _ = compile_model(tmp_path / "model.onnx", target)
     assert not [n.op for n in plan.nodes if n.device == "cpu"]
+    # an ungrouped Conv on a 1, 3 or 4 channel model input still reads it as an image after the
+    # space-to-depth (its first stage is ungrouped); the other inputs stay C2-padded blocks
+    image = CASES[name].get("group", 1) == 1 and shape[1] in limits.image_input_channels
+    assert plan.tensors["x@npu"].layout == ("NHWC" if image else "NC1HWC2")
 
 
 @pytest.mark.parametrize("target", PRIMARY_TARGETS)

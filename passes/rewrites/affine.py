@@ -316,4 +316,9 @@ def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True),
     RewriteRule(fold_affine_into_next_conv, AFFINE_OPS, always=True),
+    # again after fusion, for the weighted ops late rules make: a ReduceSum becomes a Conv of
+    # ones only then (passes/rewrites/reductions.py), and the 1/n a written-out mean or variance
+    # scales it by folds into its weights, so the float16 Conv stores the mean, not a sum of
+    # squares that overflows float16 where the mean does not (a LayerNorm's variance over 512 values)
+    RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True, late=True),
 )

@@ -118,21 +118,25 @@ def block_factor(stride: int, kernel: int, limits: ConvLimits, kernel_limit: int
 
 
 def space_to_depth(builder: Builder, x: gs.Tensor, shape: list[int], stages: list[tuple[int, int]],
-                   pads: list[int]) -> tuple[gs.Tensor, list[int], np.ndarray]:
+                   pads: list[int], ungrouped_first: bool = False) -> tuple[gs.Tensor, list[int], np.ndarray]:
     """Blocks of `x` moved into channels by one-hot grouped convolutions, one per stage
     (kernel = stride = the stage's factors; `pads` on the first). Returns the result, its
     shape and, per result channel, (source channel, row offset, column offset): result channel
     ch at block (I, J) holds x[source, A_h*I + row, A_w*J + column] of the padded input, with
-    A the product of the stages' factors. Channels stay source-major, so groups stay contiguous."""
+    A the product of the stages' factors. Channels stay source-major, so groups stay contiguous.
+    `ungrouped_first`: the first stage is one ungrouped convolution whose weight is zero across
+    channels (the same sums, channels times the MACs), for an input the NPU reads as an image
+    only into an ungrouped Conv (`Target.image_input_channels`)."""
     mapping = np.array([(c, 0, 0) for c in range(shape[1])], dtype=np.int64)
     reach = [1, 1]
     current, (n, channels, height, width) = x, shape
     height, width = height + pads[0] + pads[2], width + pads[1] + pads[3]
     for index, (fh, fw) in enumerate(stages):
-        one_hot = np.zeros((channels * fh * fw, 1, fh, fw), dtype=dtype_name(x.dtype) or "float32")
+        dense = ungrouped_first and index == 0
+        one_hot = np.zeros((channels * fh * fw, channels if dense else 1, fh, fw), dtype=dtype_name(x.dtype) or "float32")
         blocks = np.arange(fh * fw)
         for c in range(channels):
-            one_hot[c * fh * fw + blocks, 0, blocks // fw, blocks % fw] = 1
+            one_hot[c * fh * fw + blocks, c if dense else 0, blocks // fw, blocks % fw] = 1
         rows, columns = np.divmod(blocks, fw)
         mapping = np.concatenate([
             np.stack([np.full(fh * fw, source), row + reach[0] * rows, column + reach[1] * columns], axis=1)
@@ -140,7 +144,8 @@ def space_to_depth(builder: Builder, x: gs.Tensor, shape: list[int], stages: lis
         reach = [reach[0] * fh, reach[1] * fw]
         channels, height, width = channels * fh * fw, height // fh, width // fw
         current = builder.op("Conv", [current, builder.const(one_hot, "space_to_depth")], [n, channels, height, width],
-                             x.dtype, kernel_shape=[fh, fw], strides=[fh, fw], group=channels // (fh * fw),
+                             x.dtype, kernel_shape=[fh, fw], strides=[fh, fw],
+                             group=1 if dense else channels // (fh * fw),
                              pads=list(pads) if index == 0 else [0, 0, 0, 0])
     return current, [n, channels, height, width], mapping
 
@@ -176,8 +181,13 @@ def conv_stride_to_space_to_depth(node: gs.Node, site: Site) -> Candidates:
     begin = conv.pads[:2]
     end = [max(0, cover - size - start) for cover, size, start in zip(covered, conv.x_shape[2:], begin)]
     builder = site.builder(node)
+    # a model input the NPU reads as an image (passes/layout.py, reads_as_image) stays one when
+    # the first stage reads it ungrouped, as the original ungrouped Conv did (which mixes the
+    # channels anyway, so a NaN in one reaches the same outputs)
+    as_image = (conv.group == 1 and conv.x_shape[1] in site.target.image_input_channels
+                and any(node.inputs[0] is t for t in site.graph.inputs))
     blocked, blocked_shape, mapping = space_to_depth(builder, node.inputs[0], list(conv.x_shape), stages,
-                                                     [*begin, *end])
+                                                     [*begin, *end], ungrouped_first=as_image)
     out_channels, in_per_group = conv.weight.shape[:2]
     padded = np.zeros((out_channels, in_per_group, blocks[0] * taps[0], blocks[1] * taps[1]), conv.weight.dtype)
     padded[:, :, :conv.kernel[0], :conv.kernel[1]] = conv.weight

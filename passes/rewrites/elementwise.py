@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, clip, float_constant, scalar
+from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, clip, conv_1x1, float_constant, scalar
 
 
 ELEMENTWISE = frozenset({
@@ -230,7 +230,10 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
     """A binary element-wise op whose broadcast is none of the NPU's Expand patterns (oplist
     V2.3.2, Expand; Add/Mul/Div/Max inherit them), with both operands made full-sized first: a
     constant operand is stored broadcast, a computed one is repeated by a Concat along each
-    broadcast axis (as many copies as that axis has, at most 64). Equal shapes need no broadcast."""
+    broadcast axis (as many copies as that axis has, at most 64), or, to more channels than that
+    along the channel axis of a float operand of rank 2 to 4, by a 1x1 Conv of ones from its one
+    channel to all of them (x * 1, exact; rknn-toolkit2 broadcasts a LayerNorm's mean over 512
+    channels so). Equal shapes need no broadcast."""
     out_shape = static_shape(node.outputs[0])
     operands = [t for t in node.inputs if t.name]
     if out_shape is None or len(operands) != 2 or any(static_shape(t) is None for t in operands):
@@ -248,6 +251,11 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
         for axis, (have, want) in enumerate(zip(shape, out_shape)):
             if have == want:
                 continue
+            if (axis == 1 and have == 1 and want > BROADCAST_COPIES and 2 <= len(shape) <= 4
+                    and dtype_name(operand.dtype) in FLOAT_DTYPES):
+                shape[axis] = want
+                tensor = _channels_by_conv(builder, tensor, list(shape))
+                continue
             if have != 1 or want > BROADCAST_COPIES:
                 return f"operand {operand.name} broadcasts axis {axis} from {have} to {want}: not from 1, or over {BROADCAST_COPIES} copies"
             shape[axis] = want
@@ -255,6 +263,16 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
         full.append(tensor)
     builder.op(node.op, full, out=node.outputs[0], **node.attrs)
     yield builder.finish()
+
+
+def _channels_by_conv(builder, x: gs.Tensor, shape: list[int]) -> gs.Tensor:
+    """`x`, of one channel, repeated to `shape`'s channels by a 1x1 Conv of ones on its 4-D view
+    (N, 1, H, W); a tensor of rank 2 or 3 is viewed and relabelled back as the NPU stores it."""
+    spatial = shape[2:] + [1] * (4 - len(shape))
+    view = x if len(shape) == 4 else builder.reshape(x, [shape[0], 1, *spatial])
+    ones = np.ones((shape[1], 1), dtype_name(x.dtype))
+    repeated = conv_1x1(builder, view, ones, None, [shape[0], shape[1], *spatial])
+    return repeated if len(shape) == 4 else builder.reshape(repeated, shape)
 
 
 RULES: tuple[RewriteRule, ...] = (

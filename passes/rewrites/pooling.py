@@ -177,7 +177,8 @@ def pool_stage_kernels(size: int, limit: int) -> list[int]:
 
 def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     """GlobalAveragePool/GlobalMaxPool over more than 7x7 (seed 000: height, width ∈ (0,7]) as
-    pools with kernel = stride <= 7 that tile the map. Averages pad with zeros and count them
+    pools with kernel = stride <= 7 that tile the map (of a 2-D map, or of a 1-D one: a
+    sequence's (N, C, L), pooled along L). Averages pad with zeros and count them
     (count_include_pad = 1, seed 000), so a final Mul rescales by padded area / true area.
 
     In an int8 plan every stage's output is rounded to its 256 levels, and a stage's rounding
@@ -192,33 +193,34 @@ def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     stores the smallest intermediate, as float16 plans do (their stages round at 2^-11)."""
     x = node.inputs[0]
     shape = static_shape(x)
-    if shape is None or len(shape) != 4:
-        return "the input is not 4-D of known shape"
+    if shape is None or len(shape) not in (3, 4):
+        return "the input is not 3-D or 4-D of known shape"
     average = node.op == "GlobalAveragePool"
     limit = site.target.rule_parameter("AveragePool" if average else "MaxPool", "pool_window", "kernel")
     if limit is None:
         return f"{site.target.name} has no {'AveragePool' if average else 'MaxPool'} kernel to stage with"
-    stages_h, stages_w = pool_stage_kernels(shape[2], limit), pool_stage_kernels(shape[3], limit)
-    count = max(len(stages_h), len(stages_w))
+    spatial = shape[2:]
+    per_axis = [pool_stage_kernels(size, limit) for size in spatial]
+    count = max(len(stages) for stages in per_axis)
     if count == 0:
         return "the input is already 1x1"
-    stages_h += [1] * (count - len(stages_h))
-    stages_w += [1] * (count - len(stages_w))
+    per_axis = [stages + [1] * (count - len(stages)) for stages in per_axis]
     if average and site.facts.get("plan_dtype") in QUANTIZED_DTYPES and _reaches_only_outputs(node.outputs[0], site):
-        stages_h, stages_w = sorted(stages_h), sorted(stages_w)
-    correction = math.prod(stages_h) * math.prod(stages_w) / (shape[2] * shape[3])
+        per_axis = [sorted(stages) for stages in per_axis]
+    correction = math.prod(math.prod(stages) for stages in per_axis) / math.prod(spatial)
     builder = site.builder(node)
-    current, (height, width) = x, shape[2:]
-    for index, kernel in enumerate(zip(stages_h, stages_w)):
-        out_h, out_w = -(-height // kernel[0]), -(-width // kernel[1])
-        pads = [0, 0, out_h * kernel[0] - height, out_w * kernel[1] - width]
+    current, sizes = x, list(spatial)
+    for index in range(count):
+        kernel = [stages[index] for stages in per_axis]
+        out = [-(-size // k) for size, k in zip(sizes, kernel)]
+        pads = [0] * len(kernel) + [o * k - size for o, k, size in zip(out, kernel, sizes)]
         last = index == count - 1 and (not average or correction == 1)
-        attrs = {"kernel_shape": list(kernel), "strides": list(kernel), "pads": pads}
+        attrs = {"kernel_shape": kernel, "strides": kernel, "pads": pads}
         if average:
             attrs["count_include_pad"] = 1
-        current = builder.op("AveragePool" if average else "MaxPool", [current], [*shape[:2], out_h, out_w],
+        current = builder.op("AveragePool" if average else "MaxPool", [current], [*shape[:2], *out],
                              x.dtype, out=node.outputs[0] if last else None, **attrs)
-        height, width = out_h, out_w
+        sizes = out
     if average and correction != 1:
         builder.op("Mul", [current, scalar(builder, correction, x)], out=node.outputs[0])
     yield builder.finish()

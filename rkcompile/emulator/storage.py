@@ -3,7 +3,7 @@
 The arena is exactly `memory.arena_bytes` long; the weight, input and output regions are as
 long as their last tensor's end. Every tensor is a typed numpy view at its planned offset, in
 its planned dtype and layout: NC1HWC2 views are (N, C1, H, W, C2) with the padding channels
-present (and written as zeros), other layouts are the ONNX shape row-major. Reading decodes a
+present (and written as zeros), NHWC views (N, H, W, C), other layouts are the ONNX shape row-major. Reading decodes a
 working copy for one step; writing encodes into the view, rounding to the stored dtype. So two
 tensors that the plan places on the same bytes really do overwrite each other.
 
@@ -82,6 +82,9 @@ class Storage:
     def stored_shape(self, tensor: TensorPlacement) -> tuple[int, ...]:
         if tensor.layout == "NC1HWC2":
             return nc1hwc2_shape(as_nchw(tensor.shape), self.target.c2_for(tensor.dtype))
+        if tensor.layout == "NHWC":
+            n, c, h, w = tensor.shape
+            return n, h, w, c
         return tuple(tensor.shape)
 
     def read(self, name: str, dtype: np.dtype | None = None) -> np.ndarray:
@@ -101,6 +104,8 @@ class Storage:
             stored = self._stored_of(name)
         view = stored.view
         dtype = view.dtype if dtype is None else np.dtype(dtype)
+        if stored.tensor.layout == "NHWC":
+            return cast(view, dtype).transpose(0, 3, 1, 2)
         if stored.nchw is None:
             return cast(view, dtype)
         blocks = stored.blocks_channels_last
@@ -128,6 +133,8 @@ class Storage:
         if not view.flags.writeable:
             raise EmulationError(f"tensor {name} is written, but the plan places it in the {tensor.region} region, "
                                  f"which holds constants")
+        if tensor.layout == "NHWC":
+            value = value.transpose(0, 2, 3, 1)
         if stored.nchw is None:
             view[...] = cast(value, view.dtype) if value.dtype != view.dtype else value
             return
