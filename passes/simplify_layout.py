@@ -47,7 +47,8 @@ from rkcompile.ir.nodes import itemsize
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
-from rkcompile.passes.fuse import fuse_table
+from rkcompile.passes.fold_constants import evaluate_on
+from rkcompile.passes.fuse import body_graph, fuse_table
 from rkcompile.passes.fusion_table import KERNEL_FUSIONS
 from rkcompile.passes.legalize import check_node, compile_facts
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE
@@ -91,6 +92,7 @@ REMOVED_BECAUSE = {
     "identity_layout": "it moves no element",
     "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
     "slices_as_split": "one Split cuts the tensor it sliced",
+    "attention_operands": "the attention kernel reads or writes its operand in that layout",
 }
 
 
@@ -144,7 +146,7 @@ class _Simplifier:
             for node in topological_nodes(self.ctx.graph):
                 if id(node) in self.removed:
                     continue  # replaced earlier in this round; its replacements wait for the next
-                for rule in (identity_layout, slices_as_split, move_layout_down):
+                for rule in (identity_layout, slices_as_split, move_layout_down, attention_operands):
                     outcome = rule(node, self)
                     if outcome is True:
                         progress = True
@@ -791,3 +793,217 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
             simplifier.replace("move_layout_down", [exit_node], [node])
     for entry in region.entries:
         simplifier.drop(entry, "move_layout_down")
+
+
+# --- attention_operands -----------------------------------------------------------------------
+
+#: The fused attention kernel whose operands `attention_operands` lays out.
+ATTENTION = "exSDPAttention"
+#: Ops every output element of which is one element of their first input, in an order fixed by
+#: constant operands: the head merge after attention is made of these.
+RELABELLING = frozenset({"Flatten", "Identity", "Reshape", "Squeeze", "Transpose", "Unsqueeze"})
+#: ... and those that also leave elements out: the q/k/v split before it is made of these too.
+SELECTING = RELABELLING | {"Gather", "Slice", "Split"}
+
+
+def attention_operands(node: gs.Node, simplifier: _Simplifier):
+    """An exSDPAttention reads its query, keys and values straight from the projections that
+    make them, and writes its result straight into the layout the next projection reads: the
+    head split (Reshape [.., S, H*D] -> [.., S, H, D], Transpose to [.., H, S, D]; the keys to
+    [.., H, D, S]), the q/k/v split of one projection (Split, Slice, Gather) and the head merge
+    after it (Transpose, Reshape) become members of the kernel, which reads and writes the
+    projection's tensors whole. rknn-toolkit2 runs the same attention between a Reshape (and a
+    Split) before and a Reshape after it; its exSDPAttention reads heads along the batch axis
+    of the projection's NCHW layout, this kernel along its rows.
+
+    A member may only choose where the kernel reads or writes, never what it computes, so the
+    rule absorbs only ops that select or place elements, and only when each operand is then a
+    strided view of one tensor read as whole rows of the head dimension D: D runs contiguously
+    (along the last axis of the query, values and result, the second last of the transposed
+    keys), within the tensor's innermost axis, every row starting on a multiple of D. The
+    emulator runs the members, so the values are those of the ops absorbed (exact)."""
+    if node.domain != FUSED_DOMAIN or node.op != ATTENTION:
+        return None
+    body = fused_body(node)
+    roles = None if body is None else _operand_roles(body)
+    if roles is None:
+        return None
+    outer = dict(zip((t.name for t in body.inputs),
+                     (t for t in node.inputs if t.name and not isinstance(t, gs.Constant))))
+    opset = simplifier.ctx.graph.opset
+    reads = _absorbable_reads(node, [outer[name] for name, _ in roles], simplifier)
+    why = _read_problem(reads, [(outer[name], axis) for name, axis in roles], opset) if reads else None
+    if why:
+        reads = []
+    after = writes = _absorbable_writes(node, simplifier)
+    while writes and _write_problem(node.outputs[0], writes, opset):
+        writes = writes[:-1]
+    if not reads and not writes:
+        return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after[:1], opset)}"
+                       if after else None)
+    _absorb(node, body, reads, writes, simplifier)
+    return True
+
+
+def _operand_roles(body: gs.Graph) -> list[tuple[str, int]] | None:
+    """(body input, the axis its head dimension runs along) for the query, the transposed keys
+    and the values, each traced through the constant scalings the pattern allows."""
+    made = {t.name: member for member in body.nodes for t in member.outputs if t.name}
+    inputs = {t.name for t in body.inputs}
+
+    def source(tensor: gs.Tensor) -> str | None:
+        name = tensor.name
+        while name in made and made[name].op == "Mul":
+            variables = [t for t in made[name].inputs if not isinstance(t, gs.Constant)]
+            if len(variables) != 1:
+                return None
+            name = variables[0].name
+        return name if name in inputs else None
+
+    matmuls = [member for member in body.nodes if member.op == "MatMul"]
+    values = [m for m in matmuls if m.inputs[0].name in made and made[m.inputs[0].name].op == "Softmax"]
+    scores = [m for m in matmuls if m not in values]
+    if len(values) != 1 or len(scores) != 1:
+        return None
+    roles = [(source(scores[0].inputs[0]), -1), (source(scores[0].inputs[1]), -2), (source(values[0].inputs[1]), -1)]
+    return None if any(name is None for name, _ in roles) else roles
+
+
+def _selects(node: gs.Node, ops: frozenset[str]) -> bool:
+    """`node` is one of `ops` on a computed tensor of known shape, its other operands constant."""
+    return (is_onnx_domain(node) and node.op in ops and bool(node.inputs)
+            and not isinstance(node.inputs[0], gs.Constant) and static_shape(node.inputs[0]) is not None
+            and all(isinstance(t, gs.Constant) or not t.name for t in node.inputs[1:])
+            and all(static_shape(t) is not None for t in node.outputs if t.name))
+
+
+def _absorbable_reads(node: gs.Node, operands: list[gs.Tensor], simplifier: _Simplifier) -> list[gs.Node]:
+    """The selecting ops between the operands and whatever computes them, each with all its
+    results read by the kernel or by another of them, in an order that runs them."""
+    inside: dict[int, gs.Node] = {}
+
+    def read_inside(tensor: gs.Tensor) -> bool:
+        return tensor.name not in simplifier.graph_outputs and all(
+            reader is node or id(reader) in inside for reader in tensor.outputs)
+
+    grown = True
+    while grown:
+        grown = False
+        for tensor in [*operands, *(member.inputs[0] for member in inside.values())]:
+            producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+            if (producer is not None and id(producer) not in inside and _selects(producer, SELECTING)
+                    and all(read_inside(t) for t in producer.outputs if t.name)):
+                inside[id(producer)] = producer
+                grown = True
+    ordered, made = [], set()
+    pending = list(inside.values())
+    produced_inside = {id(t) for member in pending for t in member.outputs}
+    while pending:  # one data input each: a member runs once the member making it has
+        ready = [m for m in pending if id(m.inputs[0]) not in produced_inside or id(m.inputs[0]) in made]
+        ordered += ready
+        made.update(id(t) for m in ready for t in m.outputs)
+        pending = [m for m in pending if all(m is not r for r in ready)]
+    return ordered
+
+
+def _absorbable_writes(node: gs.Node, simplifier: _Simplifier) -> list[gs.Node]:
+    """The relabelling ops after the kernel, each the only reader of the result before it."""
+    chain, tensor = [], node.outputs[0]
+    while tensor.name not in simplifier.graph_outputs and len(tensor.outputs) == 1:
+        reader = tensor.outputs[0]
+        if not _selects(reader, RELABELLING) or len(reader.outputs) != 1:
+            break
+        chain.append(reader)
+        tensor = reader.outputs[0]
+    return chain
+
+
+def _element_indices(members: list[gs.Node], opset: int) -> tuple[dict[str, np.ndarray], list]:
+    """Each tensor of `members` (run in order) as the global index of the element it holds of
+    the tensors they read, numbered one after another; and those tensors with their first index."""
+    values: dict[str, np.ndarray] = {}
+    sources = []
+    made = {t.name for member in members for t in member.outputs}
+    start = 0
+    for member in members:
+        source = member.inputs[0]
+        if source.name not in made and source.name not in values:
+            shape = static_shape(source)
+            values[source.name] = np.arange(start, start + element_count(shape), dtype=np.int64).reshape(shape)
+            sources.append((source, start))
+            start += element_count(shape)
+        operands = [values[t.name] if t.name in values else (constant_value(t) if t.name else None)
+                    for t in member.inputs]
+        results = evaluate_on(member, operands, opset)
+        if results is None:
+            raise ValueError(f"onnx.reference cannot run {member.op} on its own")
+        values.update(zip((t.name for t in member.outputs if t.name), results))
+    return values, sources
+
+
+def _row_problem(offsets: np.ndarray, row_axis: int, shape: tuple[int, ...], what: str) -> str | None:
+    """Why element offsets into a tensor of `shape` are no strided view of whole rows along
+    `row_axis` (see attention_operands); None when they are."""
+    rank, base = offsets.ndim, int(offsets.flat[0])
+    strides = [int(offsets[tuple(1 if a == axis else 0 for a in range(rank))]) - base if extent > 1 else 0
+               for axis, extent in enumerate(offsets.shape)]
+    grid = np.indices(offsets.shape, dtype=np.int64) if rank else np.zeros((0,), dtype=np.int64)
+    if rank and not np.array_equal(offsets, base + np.tensordot(np.array(strides), grid, axes=1)):
+        return f"{what} is not a strided view"
+    row = offsets.shape[row_axis] if rank else 1
+    innermost = next((extent for extent in reversed(shape) if extent != 1), 1)
+    aligned = [s for axis, s in enumerate(strides) if axis != row_axis % max(rank, 1)] + [base, innermost]
+    if row > 1 and strides[row_axis] != 1 or any(value % row for value in aligned):
+        return f"{what} is not whole rows of its {row} head channels"
+    return None
+
+
+def _read_problem(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], opset: int) -> str | None:
+    """Why the kernel cannot read its operands through `reads` (None when it can)."""
+    values, sources = _element_indices(reads, opset)
+    for tensor, row_axis in operands:
+        indices = values.get(tensor.name)
+        if indices is None:
+            continue  # made outside: read as it is
+        first = int(indices.flat[0])
+        source, start = next((s, begin) for s, begin in reversed(sources) if begin <= first)
+        offsets = indices - start
+        if offsets.min() < 0 or offsets.max() >= element_count(static_shape(source)):
+            return f"{tensor.name} reads more than one tensor"
+        problem = _row_problem(offsets, row_axis, static_shape(source), f"{tensor.name} in {source.name}")
+        if problem:
+            return problem
+    return None
+
+
+def _write_problem(result: gs.Tensor, writes: list[gs.Node], opset: int) -> str | None:
+    """Why the kernel cannot write `result` through `writes` (None when it can)."""
+    values, _ = _element_indices(writes, opset)
+    placed = values[writes[-1].outputs[0].name].reshape(-1)
+    offsets = np.empty(placed.size, dtype=np.int64)
+    offsets[placed] = np.arange(placed.size)
+    shape = static_shape(result)
+    return _row_problem(offsets.reshape(shape), -1, static_shape(writes[-1].outputs[0]),
+                        f"{result.name} in {writes[-1].outputs[0].name}")
+
+
+def _absorb(node: gs.Node, body: gs.Graph, reads: list[gs.Node], writes: list[gs.Node],
+            simplifier: _Simplifier) -> None:
+    """One kernel of the same name in place of `node` and the ops it absorbs."""
+    outer = {inner.name: t for inner, t in zip(body.inputs, (t for t in node.inputs if t.name and not isinstance(t, gs.Constant)))}
+    outer.update((t.name, t) for t in node.inputs if isinstance(t, gs.Constant))
+    members = [*reads, *body.nodes, *writes]
+    made = {t.name for member in members for t in member.outputs if t.name}
+    inputs: dict[str, gs.Tensor] = {}
+    for member in reads:
+        inputs.update((t.name, t) for t in member.inputs if t.name and t.name not in made)
+    for member in [*body.nodes, *writes]:
+        inputs.update((t.name, outer.get(t.name, t)) for t in member.inputs if t.name and t.name not in made)
+    outputs = [writes[-1].outputs[0]] if writes else list(node.outputs)
+    attrs = dict(node.attrs, members=[member.op for member in members],
+                 body=body_graph(node.name, members, list(inputs.values()), outputs, simplifier.ctx.graph.opset))
+    for old in [node, *reads, *writes]:
+        detach(old)
+    fused = gs.Node(op=node.op, name=node.name, domain=node.domain, attrs=attrs,
+                    inputs=list(inputs.values()), outputs=outputs)
+    simplifier.replace("attention_operands", [node, *reads, *writes], [fused])
