@@ -69,9 +69,12 @@ class SimplifyLayout:
                                   | ({"notes"} if fused else set()))
 
     def run(self, ctx: CompileContext) -> None:
-        if _Simplifier(ctx, self.fused).run() and self.fused:
+        if _Simplifier(ctx, self.fused, RULES).run() and self.fused:
             # A Conv and the activation a relabel pair kept apart may now be one kernel.
             fuse_table(ctx, KERNEL_FUSIONS)
+        if self.fused:
+            # after the kernel fusions, so an exMatMul takes its MatMul and the Add after it first
+            _Simplifier(ctx, self.fused, (matmul_operands,)).run()
 
 
 EARLY = SimplifyLayout("simplify-layout-early", fused=False)
@@ -93,6 +96,8 @@ REMOVED_BECAUSE = {
     "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
     "slices_as_split": "one Split cuts the tensor it sliced",
     "attention_operands": "the attention kernel reads or writes its operand in that layout",
+    "matmul_operands": "the matrix multiply reads or writes its operand in that layout",
+    "shared_layout": "another node lays out the same tensor the same way",
 }
 
 
@@ -128,8 +133,8 @@ def unmoved_axis(old: tuple[int, ...], new: tuple[int, ...], axis: int, perm) ->
 class _Simplifier:
     """One run of the rules over a graph, with the records a replacement keeps current."""
 
-    def __init__(self, ctx: CompileContext, fused: bool):
-        self.ctx, self.facts = ctx, compile_facts(ctx)
+    def __init__(self, ctx: CompileContext, fused: bool, rules: tuple):
+        self.ctx, self.facts, self.rules = ctx, compile_facts(ctx), rules
         #: after fusion: the fuse pass's notes name nodes, which a removed node takes with it
         self.fused = fused
         self.graph_outputs = {t.name for t in ctx.graph.outputs}
@@ -146,7 +151,7 @@ class _Simplifier:
             for node in topological_nodes(self.ctx.graph):
                 if id(node) in self.removed:
                     continue  # replaced earlier in this round; its replacements wait for the next
-                for rule in (identity_layout, slices_as_split, move_layout_down, attention_operands):
+                for rule in self.rules:
                     outcome = rule(node, self)
                     if outcome is True:
                         progress = True
@@ -261,6 +266,47 @@ def identity_layout(node: gs.Node, simplifier: _Simplifier):
         replace_uses(result, source)
         detach(node)
     simplifier.drop(node, "identity_layout")
+    return True
+
+
+# --- shared_layout ----------------------------------------------------------------------------
+
+
+def _same_layout(one: gs.Node, other: gs.Node) -> bool:
+    """Both lay out the same tensor by the same op, attributes and constant operands."""
+    if (other.op != one.op or other.domain != one.domain or other.attrs != one.attrs
+            or len(other.inputs) != len(one.inputs) or len(other.outputs) != 1
+            or static_shape(other.outputs[0]) != static_shape(one.outputs[0])):
+        return False
+    for mine, theirs in zip(one.inputs[1:], other.inputs[1:]):
+        if mine is theirs:
+            continue
+        values, others = constant_value(mine), constant_value(theirs)
+        if values is None or others is None or not np.array_equal(values, others) or values.shape != others.shape:
+            return False
+    return one.inputs[0] is other.inputs[0]
+
+
+def shared_layout(node: gs.Node, simplifier: _Simplifier):
+    """Relabels or Transposes of one tensor that make the same result are one node, read by
+    the readers of all of them: a tensor read by two linear layers (the residual and the
+    projection, or the q, k and v projections) is relabelled into the 1x1 Conv layout once."""
+    if layout_move(node) is None:
+        return None
+    twins = [reader for reader in node.inputs[0].outputs
+             if reader is not node and id(reader) not in simplifier.removed and _same_layout(node, reader)]
+    twins = [twin for twin in twins if twin.outputs[0].name not in simplifier.graph_outputs]
+    if not twins:
+        return None
+    inputs, result = list(node.inputs), node.outputs[0]
+    for old in (node, *twins):
+        made = old.outputs[0]
+        detach(old)
+        if made is not result:
+            replace_uses(made, result)
+    kept = gs.Node(op=node.op, name=node.name, domain=node.domain, attrs=dict(node.attrs), inputs=inputs,
+                   outputs=[result])
+    simplifier.replace("shared_layout", [node, *twins], [kept])
     return True
 
 
@@ -795,10 +841,10 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
         simplifier.drop(entry, "move_layout_down")
 
 
-# --- attention_operands -----------------------------------------------------------------------
+# --- matmul_operands --------------------------------------------------------------------------
 
-#: The fused attention kernel whose operands `attention_operands` lays out.
-ATTENTION = "exSDPAttention"
+#: The fused attention kernel, and the matrix multiply every ONNX MatMul runs as (targets/common.py).
+ATTENTION, MATMUL = "exSDPAttention", "exMatMul"
 #: Ops every output element of which is one element of their first input, in an order fixed by
 #: constant operands: the head merge after attention is made of these.
 RELABELLING = frozenset({"Flatten", "Identity", "Reshape", "Squeeze", "Transpose", "Unsqueeze"})
@@ -814,42 +860,78 @@ def attention_operands(node: gs.Node, simplifier: _Simplifier):
     after it (Transpose, Reshape) become members of the kernel, which reads and writes the
     projection's tensors whole. rknn-toolkit2 runs the same attention between a Reshape (and a
     Split) before and a Reshape after it; its exSDPAttention reads heads along the batch axis
-    of the projection's NCHW layout, this kernel along its rows.
+    of the projection's NCHW layout, this kernel along its rows. Where the attention is not
+    one kernel (a NaN guard after its Softmax), each matrix multiply of two computed tensors
+    (exMatMul, alone or fused with its mask) reads its operands the same way.
 
     A member may only choose where the kernel reads or writes, never what it computes, so the
     rule absorbs only ops that select or place elements, and only when each operand is then a
-    strided view of one tensor read as whole rows of the head dimension D: D runs contiguously
-    (along the last axis of the query, values and result, the second last of the transposed
-    keys), within the tensor's innermost axis, every row starting on a multiple of D. The
+    strided view of one tensor read as whole rows of the channels the kernel reads together:
+    they run contiguously, within the tensor's innermost axis, every row starting on a
+    multiple of their count. For exSDPAttention those are the head dimension D (seed 001: query,
+    key, value and output all carry D as their channels): the last axis of the query, values
+    and result, the second last of the transposed keys. For exMatMul they are the reduced axis
+    K of both operands and the rows n of the result (seed 001, exMatMul: A [b,k,1,n],
+    B [b,k,1,m], Y [b,n,1,m]): the last axis of A, the second last of B and of the result. The
     emulator runs the members, so the values are those of the ops absorbed (exact)."""
-    if node.domain != FUSED_DOMAIN or node.op != ATTENTION:
+    return _absorb_operands(node, simplifier, (ATTENTION,))
+
+
+def matmul_operands(node: gs.Node, simplifier: _Simplifier):
+    """A matrix multiply of two computed tensors, fused or not, reads and writes its operands
+    as `attention_operands` describes; it runs after the kernel fusions (SimplifyLayout.run)."""
+    return _absorb_operands(node, simplifier, (MATMUL, "MatMul"))
+
+
+def _absorb_operands(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str, ...]):
+    core = _kernel_core(node, simplifier, kernels)
+    if core is None:
         return None
-    body = fused_body(node)
-    roles = None if body is None else _operand_roles(body)
-    if roles is None:
-        return None
-    outer = dict(zip((t.name for t in body.inputs),
-                     (t for t in node.inputs if t.name and not isinstance(t, gs.Constant))))
+    kernel, members, outer, operands, result_axis = core
     opset = simplifier.ctx.graph.opset
-    reads = _absorbable_reads(node, [outer[name] for name, _ in roles], simplifier)
-    why = _read_problem(reads, [(outer[name], axis) for name, axis in roles], opset) if reads else None
+    reads = _absorbable_reads(node, [tensor for tensor, _ in operands], simplifier)
+    why = _read_problem(reads, operands, opset) if reads else None
     if why:
         reads = []
     after = writes = _absorbable_writes(node, simplifier)
-    while writes and _write_problem(node.outputs[0], writes, opset):
+    while writes and _write_problem(node.outputs[0], writes, result_axis, opset):
         writes = writes[:-1]
     if not reads and not writes:
-        return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after[:1], opset)}"
+        return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after[:1], result_axis, opset)}"
                        if after else None)
-    _absorb(node, body, reads, writes, simplifier)
+    _absorb(node, kernel, members, outer, reads, writes, simplifier)
     return True
 
 
-def _operand_roles(body: gs.Graph) -> list[tuple[str, int]] | None:
-    """(body input, the axis its head dimension runs along) for the query, the transposed keys
-    and the values, each traced through the constant scalings the pattern allows."""
-    made = {t.name: member for member in body.nodes for t in member.outputs if t.name}
-    inputs = {t.name for t in body.inputs}
+def _kernel_core(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str, ...]):
+    """(kernel, its members, the outer tensor of each member's input by name, the operands with
+    the axis their channels run along, the result's) for an exSDPAttention, an exMatMul, or a
+    MatMul of two computed tensors on the NPU; None for any other node."""
+    body = fused_body(node)
+    if body is not None and node.domain == FUSED_DOMAIN and node.op in kernels:
+        members = list(body.nodes)
+        outer = dict(zip((t.name for t in body.inputs),
+                         (t for t in node.inputs if t.name and not isinstance(t, gs.Constant))))
+        outer.update((t.name, t) for t in node.inputs if isinstance(t, gs.Constant))
+    elif (is_onnx_domain(node) and node.op in kernels and simplifier.ctx.target.has_kernel(MATMUL)
+          and not simplifier.ctx.failures.get(node.name)):
+        members, outer = [node], {t.name: t for t in node.inputs}
+    else:
+        return None
+    roles = _operand_roles(members, {name for name, t in outer.items() if not isinstance(t, gs.Constant)},
+                           node.op == ATTENTION)
+    if not roles:
+        return None
+    operands = [(outer[name], axis) for name, axis in roles]
+    return (ATTENTION if node.op == ATTENTION else MATMUL), members, outer, operands, -1 if node.op == ATTENTION else -2
+
+
+def _operand_roles(members: list[gs.Node], computed: set[str], attention: bool) -> list[tuple[str, int]] | None:
+    """(input name, the axis its channels run along) for the query, the transposed keys and the
+    values of an attention, each traced through the constant scalings its pattern allows; or
+    for both operands of a matrix multiply of two computed tensors (None when one is constant:
+    weights are read as the kernel stores them)."""
+    made = {t.name: member for member in members for t in member.outputs if t.name}
 
     def source(tensor: gs.Tensor) -> str | None:
         name = tensor.name
@@ -858,9 +940,12 @@ def _operand_roles(body: gs.Graph) -> list[tuple[str, int]] | None:
             if len(variables) != 1:
                 return None
             name = variables[0].name
-        return name if name in inputs else None
+        return name if name in computed else None
 
-    matmuls = [member for member in body.nodes if member.op == "MatMul"]
+    matmuls = [member for member in members if member.op == "MatMul"]
+    if not attention:
+        both = len(matmuls) == 1 and all(t.name in computed for t in matmuls[0].inputs)
+        return [(matmuls[0].inputs[0].name, -1), (matmuls[0].inputs[1].name, -2)] if both else None
     values = [m for m in matmuls if m.inputs[0].name in made and made[m.inputs[0].name].op == "Softmax"]
     scores = [m for m in matmuls if m not in values]
     if len(values) != 1 or len(scores) != 1:
@@ -943,7 +1028,7 @@ def _element_indices(members: list[gs.Node], opset: int) -> tuple[dict[str, np.n
 
 def _row_problem(offsets: np.ndarray, row_axis: int, shape: tuple[int, ...], what: str) -> str | None:
     """Why element offsets into a tensor of `shape` are no strided view of whole rows along
-    `row_axis` (see attention_operands); None when they are."""
+    `row_axis` (see matmul_operands); None when they are."""
     rank, base = offsets.ndim, int(offsets.flat[0])
     strides = [int(offsets[tuple(1 if a == axis else 0 for a in range(rank))]) - base if extent > 1 else 0
                for axis, extent in enumerate(offsets.shape)]
@@ -976,34 +1061,36 @@ def _read_problem(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], o
     return None
 
 
-def _write_problem(result: gs.Tensor, writes: list[gs.Node], opset: int) -> str | None:
+def _write_problem(result: gs.Tensor, writes: list[gs.Node], row_axis: int, opset: int) -> str | None:
     """Why the kernel cannot write `result` through `writes` (None when it can)."""
     values, _ = _element_indices(writes, opset)
     placed = values[writes[-1].outputs[0].name].reshape(-1)
     offsets = np.empty(placed.size, dtype=np.int64)
     offsets[placed] = np.arange(placed.size)
     shape = static_shape(result)
-    return _row_problem(offsets.reshape(shape), -1, static_shape(writes[-1].outputs[0]),
+    return _row_problem(offsets.reshape(shape), row_axis, static_shape(writes[-1].outputs[0]),
                         f"{result.name} in {writes[-1].outputs[0].name}")
 
 
-def _absorb(node: gs.Node, body: gs.Graph, reads: list[gs.Node], writes: list[gs.Node],
-            simplifier: _Simplifier) -> None:
-    """One kernel of the same name in place of `node` and the ops it absorbs."""
-    outer = {inner.name: t for inner, t in zip(body.inputs, (t for t in node.inputs if t.name and not isinstance(t, gs.Constant)))}
-    outer.update((t.name, t) for t in node.inputs if isinstance(t, gs.Constant))
-    members = [*reads, *body.nodes, *writes]
+def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs.Tensor], reads: list[gs.Node],
+            writes: list[gs.Node], simplifier: _Simplifier) -> None:
+    """One `kernel` node in place of `node` (whose members are `core`) and the ops it absorbs;
+    a fused node keeps its name and attributes."""
+    members = [*reads, *core, *writes]
     made = {t.name for member in members for t in member.outputs if t.name}
     inputs: dict[str, gs.Tensor] = {}
-    for member in reads:
-        inputs.update((t.name, t) for t in member.inputs if t.name and t.name not in made)
-    for member in [*body.nodes, *writes]:
+    for member in members:
         inputs.update((t.name, outer.get(t.name, t)) for t in member.inputs if t.name and t.name not in made)
     outputs = [writes[-1].outputs[0]] if writes else list(node.outputs)
-    attrs = dict(node.attrs, members=[member.op for member in members],
-                 body=body_graph(node.name, members, list(inputs.values()), outputs, simplifier.ctx.graph.opset))
+    fused = node.domain == FUSED_DOMAIN
+    name = node.name if fused else simplifier.fresh(f"{kernel}:{node.name}")
+    attrs = dict(node.attrs if fused else {}, members=[member.op for member in members],
+                 body=body_graph(name, members, list(inputs.values()), outputs, simplifier.ctx.graph.opset))
     for old in [node, *reads, *writes]:
         detach(old)
-    fused = gs.Node(op=node.op, name=node.name, domain=node.domain, attrs=attrs,
-                    inputs=list(inputs.values()), outputs=outputs)
-    simplifier.replace("attention_operands", [node, *reads, *writes], [fused])
+    made = gs.Node(op=kernel, name=name, domain=FUSED_DOMAIN, attrs=attrs, inputs=list(inputs.values()), outputs=outputs)
+    simplifier.replace("attention_operands" if kernel == ATTENTION else "matmul_operands", [node, *reads, *writes], [made])
+
+
+#: The rules, in the order each node tries them; matmul_operands runs after the kernel fusions.
+RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, attention_operands)

@@ -133,3 +133,73 @@ def test_a_head_split_that_does_not_read_whole_rows_stays(tmp_path):
     assert "exSDPAttention" in kernels and "Transpose" in kernels, kernels
     outcomes = [outcome for rule, outcome in attempts(ctx, "softmax") if rule == "attention_operands"]
     assert any("is not whole rows of its 16 head channels" in o for o in outcomes), outcomes
+
+
+def guarded_attention(scaled_after_split: bool) -> object:
+    """torch.onnx dynamo's form of HF attention: a mask added to the scores, and a NaN guard
+    after the Softmax (Where(IsNaN(p), 0, p)) that keeps it from being one attention kernel.
+    With `scaled_after_split`, GPT-2's form: one projection Split into q/k/v, q and the
+    transposed keys each scaled by a scalar after their head split."""
+    split, weights = [], [ints("heads_shape", [1, TOKENS, HEADS, HEAD]), weight("zero", np.array(0.0, np.float32)),
+                          weight("root_scale", np.array(HEAD ** -0.25, np.float32)),
+                          weight("mask", np.where(RNG.random((1, 1, 1, TOKENS)) < 0.2, -1e4, 0).astype(np.float32))]
+    if scaled_after_split:
+        projections, made = linear("x", "qkv", "qkv_proj", 3 * WIDTH)
+        weights += [*made, ints("thirds", [WIDTH] * 3)]
+        projections.append(helper.make_node("Split", ["qkv", "thirds"], ["q_p", "kt_p", "v_p"], name="qkv_split", axis=-1))
+    else:
+        projections = []
+        for name in ("q", "kt", "v"):
+            nodes, made = linear("x", f"{name}_p", f"{name}_proj", WIDTH)
+            projections += nodes
+            weights += made
+    for name, perm in (("q", [0, 2, 1, 3]), ("kt", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        head = f"{name}_s" if scaled_after_split and name != "v" else name
+        split += [helper.make_node("Reshape", [f"{name}_p", "heads_shape"], [f"{name}_h"], name=f"{name}_heads"),
+                  helper.make_node("Transpose", [f"{name}_h"], [head], name=f"{name}_t", perm=perm)]
+        if head != name:
+            split.append(helper.make_node("Mul", [head, "root_scale"], [name], name=f"{name}_scale"))
+    body = [helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+            helper.make_node("Add", ["scores", "mask"], ["masked"], name="masking"),
+            helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+            helper.make_node("IsNaN", ["probs"], ["nan"], name="nan"),
+            helper.make_node("Where", ["nan", "zero", "probs"], ["guarded"], name="guard"),
+            helper.make_node("MatMul", ["guarded", "v"], ["context"], name="context"),
+            helper.make_node("Transpose", ["context"], ["merged_t"], name="merge_t", perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", ["merged_t", "merged_shape"], ["merged"], name="merge")]
+    out, out_weights = linear("merged", "y", "out", WIDTH)
+    return make_model([*projections, *split, *body, *out], [value_info("x", [1, TOKENS, WIDTH])],
+                      [value_info("y", [1, TOKENS, WIDTH])],
+                      [*weights, ints("merged_shape", [1, TOKENS, WIDTH]), *out_weights])
+
+
+def test_matrix_multiplies_of_an_unfused_attention_read_the_projections(tmp_path):
+    kernels, ctx = npu_kernels(guarded_attention(scaled_after_split=False), tmp_path)
+    scores = next(n for n in ctx.graph.nodes if "scores" in ctx.origins.get(n.name, ()))
+    assert scores.op == "exMatMul" and {"q_heads", "q_t", "kt_heads", "kt_t", "masking"} <= set(ctx.origins[scores.name])
+    # the values' reduced axis (the tokens) runs across rows of their projection: their head
+    # split stays, and the merge after the second product too
+    outcomes = [outcome for rule, outcome in attempts(ctx, "context") if rule == "matmul_operands"]
+    assert any("is not whole rows" in outcome for outcome in outcomes), outcomes
+    assert kernels.count("Transpose") == 2, kernels
+
+
+def test_scalings_after_one_projections_split_fold_into_its_weights(tmp_path):
+    # GPT-2: the scalar scalings of q and k fold into their thirds of the projection (passes/
+    # rewrites/affine.py, through the Split), then the product reads the Split's parts
+    kernels, ctx = npu_kernels(guarded_attention(scaled_after_split=True), tmp_path)
+    assert "Mul" not in kernels, kernels
+    scores = next(n for n in ctx.graph.nodes if "scores" in ctx.origins.get(n.name, ()))
+    assert scores.op == "exMatMul" and "q_t" in ctx.origins[scores.name]
+
+
+def test_one_tensor_relabelled_for_two_linear_layers_is_relabelled_once(tmp_path):
+    # the residual and the projection both read x in the 1x1 Conv layout: one relabel serves both
+    first, first_weights = linear("x", "h", "fc", WIDTH)
+    model = make_model([*first, helper.make_node("MatMul", ["x", "skip_w"], ["s"], name="skip"),
+                        helper.make_node("Add", ["h", "s"], ["y"], name="residual")],
+                       [value_info("x", [1, TOKENS, WIDTH])], [value_info("y", [1, TOKENS, WIDTH])],
+                       [*first_weights, weight("skip_w", RNG.normal(0, 0.2, (WIDTH, WIDTH)).astype(np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels.count("Reshape") == 2, kernels  # into the Convs' layout once, and out
+    assert "shared_layout" in {r.rule for r in ctx.rewrites}
