@@ -31,6 +31,13 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
+- `shared_layout`: relabels or Transposes of one tensor making the same result are one node.
+- `attention_operands`, and after the kernel fusions `matmul_operands`: the head split and
+  q/k/v split before an exSDPAttention or a matrix multiply of two computed tensors, and the
+  head merge after it, become members of the kernel, which reads its operands from the
+  projections and writes its result in the next projection's layout, where each is then a
+  strided view read as whole rows of the channels the kernel reads together. The members
+  only choose where elements are read and written; the emulator runs them.
 """
 from __future__ import annotations
 
@@ -894,10 +901,10 @@ def _absorb_operands(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str,
     if why:
         reads = []
     after = writes = _absorbable_writes(node, simplifier)
-    while writes and _write_problem(node.outputs[0], writes, result_axis, opset):
+    while writes and _write_problem(node.outputs[0], writes, result_axis, simplifier):
         writes = writes[:-1]
     if not reads and not writes:
-        return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after[:1], result_axis, opset)}"
+        return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after, result_axis, simplifier)}"
                        if after else None)
     _absorb(node, kernel, members, outer, reads, writes, simplifier)
     return True
@@ -955,11 +962,29 @@ def _operand_roles(members: list[gs.Node], computed: set[str], attention: bool) 
 
 
 def _selects(node: gs.Node, ops: frozenset[str]) -> bool:
-    """`node` is one of `ops` on a computed tensor of known shape, its other operands constant."""
+    """`node` is one of `ops` on computed tensors of known shape (a Concat's operands, any
+    other op's first), its other operands constant."""
+    data = len(node.inputs) if node.op == "Concat" else 1
     return (is_onnx_domain(node) and node.op in ops and bool(node.inputs)
-            and not isinstance(node.inputs[0], gs.Constant) and static_shape(node.inputs[0]) is not None
-            and all(isinstance(t, gs.Constant) or not t.name for t in node.inputs[1:])
+            and all(not isinstance(t, gs.Constant) and static_shape(t) is not None for t in node.inputs[:data])
+            and all(isinstance(t, gs.Constant) or not t.name for t in node.inputs[data:])
             and all(static_shape(t) is not None for t in node.outputs if t.name))
+
+
+def _computed_inputs(node: gs.Node) -> list[gs.Tensor]:
+    return [t for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
+
+
+def _in_order(members: list[gs.Node]) -> list[gs.Node]:
+    """`members` in an order that runs them: each after the members making its inputs."""
+    ordered, made, pending = [], set(), list(members)
+    produced = {id(t) for member in members for t in member.outputs}
+    while pending:
+        ready = [m for m in pending if all(id(t) not in produced or id(t) in made for t in _computed_inputs(m))]
+        ordered += ready
+        made.update(id(t) for m in ready for t in m.outputs)
+        pending = [m for m in pending if all(m is not r for r in ready)]
+    return ordered
 
 
 def _absorbable_reads(node: gs.Node, operands: list[gs.Tensor], simplifier: _Simplifier) -> list[gs.Node]:
@@ -974,33 +999,42 @@ def _absorbable_reads(node: gs.Node, operands: list[gs.Tensor], simplifier: _Sim
     grown = True
     while grown:
         grown = False
-        for tensor in [*operands, *(member.inputs[0] for member in inside.values())]:
+        for tensor in [*operands, *(t for member in list(inside.values()) for t in _computed_inputs(member))]:
             producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
-            if (producer is not None and id(producer) not in inside and _selects(producer, SELECTING)
+            if (producer is not None and id(producer) not in inside and _selects(producer, SELECTING | {"Concat"})
                     and all(read_inside(t) for t in producer.outputs if t.name)):
                 inside[id(producer)] = producer
                 grown = True
-    ordered, made = [], set()
-    pending = list(inside.values())
-    produced_inside = {id(t) for member in pending for t in member.outputs}
-    while pending:  # one data input each: a member runs once the member making it has
-        ready = [m for m in pending if id(m.inputs[0]) not in produced_inside or id(m.inputs[0]) in made]
-        ordered += ready
-        made.update(id(t) for m in ready for t in m.outputs)
-        pending = [m for m in pending if all(m is not r for r in ready)]
-    return ordered
+    return _in_order(list(inside.values()))
 
 
 def _absorbable_writes(node: gs.Node, simplifier: _Simplifier) -> list[gs.Node]:
-    """The relabelling ops after the kernel, each the only reader of the result before it."""
-    chain, tensor = [], node.outputs[0]
-    while tensor.name not in simplifier.graph_outputs and len(tensor.outputs) == 1:
-        reader = tensor.outputs[0]
-        if not _selects(reader, RELABELLING) or len(reader.outputs) != 1:
-            break
-        chain.append(reader)
-        tensor = reader.outputs[0]
-    return chain
+    """The placing ops after the kernel (relabels, Splits and the Concats joining their parts)
+    reading only its result or what another of them made, in an order that runs them."""
+    inside: list[gs.Node] = []
+    available = {id(node.outputs[0])}
+    grown = True
+    while grown:
+        grown = False
+        for tensor in [node.outputs[0], *(t for member in inside for t in member.outputs)]:
+            for reader in tensor.outputs:
+                if (all(reader is not member for member in inside)
+                        and _selects(reader, RELABELLING | {"Concat", "Split"})
+                        and all(id(t) in available for t in _computed_inputs(reader))):
+                    inside.append(reader)
+                    available.update(id(t) for t in reader.outputs)
+                    grown = True
+    return inside
+
+
+def _written(result: gs.Tensor, writes: list[gs.Node], graph_outputs: set[str]) -> gs.Tensor | None:
+    """The one tensor `writes` (run after the kernel making `result`) leave for other readers,
+    when every other tensor they read or make is theirs alone; else None."""
+    members = {id(member) for member in writes}
+    tensors = [result, *(t for member in writes for t in member.outputs if t.name)]
+    leaving = [t for t in tensors if t.name in graph_outputs or any(id(r) not in members for r in t.outputs)
+               or not t.outputs]
+    return leaving[0] if len(leaving) == 1 else None
 
 
 def _element_indices(members: list[gs.Node], opset: int) -> tuple[dict[str, np.ndarray], list]:
@@ -1011,12 +1045,12 @@ def _element_indices(members: list[gs.Node], opset: int) -> tuple[dict[str, np.n
     made = {t.name for member in members for t in member.outputs}
     start = 0
     for member in members:
-        source = member.inputs[0]
-        if source.name not in made and source.name not in values:
-            shape = static_shape(source)
-            values[source.name] = np.arange(start, start + element_count(shape), dtype=np.int64).reshape(shape)
-            sources.append((source, start))
-            start += element_count(shape)
+        for source in _computed_inputs(member):
+            if source.name not in made and source.name not in values:
+                shape = static_shape(source)
+                values[source.name] = np.arange(start, start + element_count(shape), dtype=np.int64).reshape(shape)
+                sources.append((source, start))
+                start += element_count(shape)
         operands = [values[t.name] if t.name in values else (constant_value(t) if t.name else None)
                     for t in member.inputs]
         results = evaluate_on(member, operands, opset)
@@ -1028,7 +1062,12 @@ def _element_indices(members: list[gs.Node], opset: int) -> tuple[dict[str, np.n
 
 def _row_problem(offsets: np.ndarray, row_axis: int, shape: tuple[int, ...], what: str) -> str | None:
     """Why element offsets into a tensor of `shape` are no strided view of whole rows along
-    `row_axis` (see matmul_operands); None when they are."""
+    `row_axis` (see matmul_operands); None when they are. A row runs along one axis of the
+    tensor's stored 4-D view (numerics.nc1hwc2.as_nchw): its channels, each row starting on a
+    multiple of its length (a [tokens, H*D, 1, 1] projection's heads; a feature map's channels
+    in conv attention), or its spatial plane, within one plane."""
+    if len(shape) > 4:
+        return f"{what} is read from a tensor of rank {len(shape)}, which the NPU does not store"
     rank, base = offsets.ndim, int(offsets.flat[0])
     strides = [int(offsets[tuple(1 if a == axis else 0 for a in range(rank))]) - base if extent > 1 else 0
                for axis, extent in enumerate(offsets.shape)]
@@ -1036,11 +1075,16 @@ def _row_problem(offsets: np.ndarray, row_axis: int, shape: tuple[int, ...], wha
     if rank and not np.array_equal(offsets, base + np.tensordot(np.array(strides), grid, axes=1)):
         return f"{what} is not a strided view"
     row = offsets.shape[row_axis] if rank else 1
-    innermost = next((extent for extent in reversed(shape) if extent != 1), 1)
-    aligned = [s for axis, s in enumerate(strides) if axis != row_axis % max(rank, 1)] + [base, innermost]
-    if row > 1 and strides[row_axis] != 1 or any(value % row for value in aligned):
-        return f"{what} is not whole rows of its {row} head channels"
-    return None
+    if row == 1:
+        return None
+    _, channels, height, width = as_nchw(tuple(shape))
+    plane = height * width
+    starts = np.take(offsets, 0, axis=row_axis)
+    if strides[row_axis] == plane and channels % row == 0 and not np.any((starts // plane) % channels % row):
+        return None  # whole runs of channels (on a [L, C, 1, 1] tensor, plane 1: its rows)
+    if strides[row_axis] == 1 and not np.any(starts % plane + row > plane):
+        return None  # runs within one spatial plane
+    return f"{what} is not whole rows of its {row} head channels"
 
 
 def _read_problem(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], opset: int) -> str | None:
@@ -1061,15 +1105,20 @@ def _read_problem(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], o
     return None
 
 
-def _write_problem(result: gs.Tensor, writes: list[gs.Node], row_axis: int, opset: int) -> str | None:
+def _write_problem(result: gs.Tensor, writes: list[gs.Node], row_axis: int, simplifier: _Simplifier) -> str | None:
     """Why the kernel cannot write `result` through `writes` (None when it can)."""
-    values, _ = _element_indices(writes, opset)
-    placed = values[writes[-1].outputs[0].name].reshape(-1)
-    offsets = np.empty(placed.size, dtype=np.int64)
-    offsets[placed] = np.arange(placed.size)
-    shape = static_shape(result)
-    return _row_problem(offsets.reshape(shape), row_axis, static_shape(writes[-1].outputs[0]),
-                        f"{result.name} in {writes[-1].outputs[0].name}")
+    written = _written(result, writes, simplifier.graph_outputs)
+    if written is None:
+        return "the ops after it leave more than one tensor, or share one"
+    values, _ = _element_indices(writes, simplifier.ctx.graph.opset)
+    placed = values[written.name].reshape(-1)
+    size = element_count(static_shape(result))
+    if placed.size != size or np.unique(placed).size != size:
+        return f"{written.name} does not hold each element of {result.name} once"
+    offsets = np.empty(size, dtype=np.int64)
+    offsets[placed] = np.arange(size)
+    return _row_problem(offsets.reshape(static_shape(result)), row_axis, static_shape(written),
+                        f"{result.name} in {written.name}")
 
 
 def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs.Tensor], reads: list[gs.Node],
@@ -1081,7 +1130,7 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
     inputs: dict[str, gs.Tensor] = {}
     for member in members:
         inputs.update((t.name, outer.get(t.name, t)) for t in member.inputs if t.name and t.name not in made)
-    outputs = [writes[-1].outputs[0]] if writes else list(node.outputs)
+    outputs = [_written(node.outputs[0], writes, simplifier.graph_outputs)] if writes else list(node.outputs)
     fused = node.domain == FUSED_DOMAIN
     name = node.name if fused else simplifier.fresh(f"{kernel}:{node.name}")
     attrs = dict(node.attrs if fused else {}, members=[member.op for member in members],

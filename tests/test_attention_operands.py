@@ -178,10 +178,13 @@ def test_matrix_multiplies_of_an_unfused_attention_read_the_projections(tmp_path
     scores = next(n for n in ctx.graph.nodes if "scores" in ctx.origins.get(n.name, ()))
     assert scores.op == "exMatMul" and {"q_heads", "q_t", "kt_heads", "kt_t", "masking"} <= set(ctx.origins[scores.name])
     # the values' reduced axis (the tokens) runs across rows of their projection: their head
-    # split stays, and the merge after the second product too
+    # split stays; the product writes the merge's Transpose ([1, S, H, D] stores the tokens as
+    # channels, the result's rows n)
     outcomes = [outcome for rule, outcome in attempts(ctx, "context") if rule == "matmul_operands"]
     assert any("is not whole rows" in outcome for outcome in outcomes), outcomes
-    assert kernels.count("Transpose") == 2, kernels
+    context = next(n for n in ctx.graph.nodes if "context" in ctx.origins.get(n.name, ()))
+    assert "merge_t" in ctx.origins[context.name] and "v_t" not in ctx.origins[context.name]
+    assert kernels.count("Transpose") == 1, kernels
 
 
 def test_scalings_after_one_projections_split_fold_into_its_weights(tmp_path):
@@ -203,3 +206,26 @@ def test_one_tensor_relabelled_for_two_linear_layers_is_relabelled_once(tmp_path
     kernels, ctx = npu_kernels(model, tmp_path)
     assert kernels.count("Reshape") == 2, kernels  # into the Convs' layout once, and out
     assert "shared_layout" in {r.rule for r in ctx.rewrites}
+
+
+def test_conv_attention_reads_heads_along_the_feature_maps_channels(tmp_path):
+    # EfficientViT's cascaded group attention on a [B, D, H, W] feature map: q, k, v are channel
+    # groups of a 1x1 Conv, flattened to [B, D, H*W]; q is transposed to [B, H*W, D]. The head
+    # dimension D is the feature map's channel axis, which its stored NC1HWC2 view keeps whole
+    side, channels = 4, 16
+    tokens = side * side
+    model = make_model(
+        [helper.make_node("Conv", ["x", "qkv_w"], ["qkv"], name="qkv"),
+         helper.make_node("Split", ["qkv", "thirds"], ["q4", "k4", "v4"], name="split", axis=1),
+         *[helper.make_node("Reshape", [f"{n}4", "flat"], [n], name=f"{n}_flat") for n in ("q", "k", "v")],
+         helper.make_node("Transpose", ["q"], ["qt"], name="q_t", perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["qt", "k"], ["scores"], name="scores"),
+         helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+         helper.make_node("Transpose", ["probs"], ["probs_t"], name="probs_t", perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["v", "probs_t"], ["context"], name="context"),
+         helper.make_node("Reshape", ["context", "map"], ["y"], name="unflat")],
+        [value_info("x", [1, channels, side, side])], [value_info("y", [1, channels, side, side])],
+        [weight("qkv_w", RNG.normal(0, 0.3, (3 * channels, channels, 1, 1)).astype(np.float32)),
+         ints("thirds", [channels] * 3), ints("flat", [1, channels, tokens]), ints("map", [1, channels, side, side])])
+    kernels, _ = npu_kernels(model, tmp_path)
+    assert kernels == ["Conv", "Split", "exMatMul", "Softmax", "exMatMul"], kernels
