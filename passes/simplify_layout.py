@@ -896,10 +896,15 @@ def _absorb_operands(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str,
         return None
     kernel, members, outer, operands, result_axis = core
     opset = simplifier.ctx.graph.opset
-    reads = _absorbable_reads(node, [tensor for tensor, _ in operands], simplifier)
-    why = _read_problem(reads, operands, opset) if reads else None
-    if why:
-        reads = []
+    kept: list[gs.Tensor] = []  # operands read as they are: no view of their source is rows
+    why = None
+    while True:  # each round keeps one more operand as it is, or absorbs
+        reads = _absorbable_reads(node, [t for t, _ in operands if all(t is not k for k in kept)], kept, simplifier)
+        problems = _read_problems(reads, operands, opset) if reads else []
+        if not problems:
+            break
+        why = why or problems[0][1]
+        kept += [tensor for tensor, _ in problems]
     after = writes = _absorbable_writes(node, simplifier)
     while writes and _write_problem(node.outputs[0], writes, result_axis, simplifier):
         writes = writes[:-1]
@@ -936,8 +941,8 @@ def _kernel_core(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str, ...
 def _operand_roles(members: list[gs.Node], computed: set[str], attention: bool) -> list[tuple[str, int]] | None:
     """(input name, the axis its channels run along) for the query, the transposed keys and the
     values of an attention, each traced through the constant scalings its pattern allows; or
-    for both operands of a matrix multiply of two computed tensors (None when one is constant:
-    weights are read as the kernel stores them)."""
+    for the operands of a matrix multiply of two computed tensors (None when one is constant:
+    weights are read as the kernel stores them). Only operands the kernel reads from outside."""
     made = {t.name: member for member in members for t in member.outputs if t.name}
 
     def source(tensor: gs.Tensor) -> str | None:
@@ -951,14 +956,19 @@ def _operand_roles(members: list[gs.Node], computed: set[str], attention: bool) 
 
     matmuls = [member for member in members if member.op == "MatMul"]
     if not attention:
-        both = len(matmuls) == 1 and all(t.name in computed for t in matmuls[0].inputs)
-        return [(matmuls[0].inputs[0].name, -1), (matmuls[0].inputs[1].name, -2)] if both else None
-    values = [m for m in matmuls if m.inputs[0].name in made and made[m.inputs[0].name].op == "Softmax"]
-    scores = [m for m in matmuls if m not in values]
-    if len(values) != 1 or len(scores) != 1:
-        return None
-    roles = [(source(scores[0].inputs[0]), -1), (source(scores[0].inputs[1]), -2), (source(values[0].inputs[1]), -1)]
-    return None if any(name is None for name, _ in roles) else roles
+        if len(matmuls) != 1 or any(isinstance(t, gs.Constant) or t.name not in computed | set(made)
+                                    for t in matmuls[0].inputs):
+            return None
+        roles = [(matmuls[0].inputs[0].name, -1), (matmuls[0].inputs[1].name, -2)]
+    else:
+        values = [m for m in matmuls if m.inputs[0].name in made and made[m.inputs[0].name].op == "Softmax"]
+        scores = [m for m in matmuls if m not in values]
+        if len(values) != 1 or len(scores) != 1:
+            return None
+        roles = [(source(scores[0].inputs[0]), -1), (source(scores[0].inputs[1]), -2), (source(values[0].inputs[1]), -1)]
+    # an operand a member makes was absorbed already (an earlier application), or is computed
+    # inside the kernel: nothing more to read for it
+    return [(name, axis) for name, axis in roles if name in computed]
 
 
 def _selects(node: gs.Node, ops: frozenset[str]) -> bool:
@@ -987,13 +997,15 @@ def _in_order(members: list[gs.Node]) -> list[gs.Node]:
     return ordered
 
 
-def _absorbable_reads(node: gs.Node, operands: list[gs.Tensor], simplifier: _Simplifier) -> list[gs.Node]:
+def _absorbable_reads(node: gs.Node, operands: list[gs.Tensor], kept: list[gs.Tensor],
+                      simplifier: _Simplifier) -> list[gs.Node]:
     """The selecting ops between the operands and whatever computes them, each with all its
-    results read by the kernel or by another of them, in an order that runs them."""
+    results read by the kernel or by another of them (none of them an operand `kept` as it
+    is), in an order that runs them."""
     inside: dict[int, gs.Node] = {}
 
     def read_inside(tensor: gs.Tensor) -> bool:
-        return tensor.name not in simplifier.graph_outputs and all(
+        return tensor.name not in simplifier.graph_outputs and all(tensor is not k for k in kept) and all(
             reader is node or id(reader) in inside for reader in tensor.outputs)
 
     grown = True
@@ -1087,9 +1099,10 @@ def _row_problem(offsets: np.ndarray, row_axis: int, shape: tuple[int, ...], wha
     return f"{what} is not whole rows of its {row} head channels"
 
 
-def _read_problem(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], opset: int) -> str | None:
-    """Why the kernel cannot read its operands through `reads` (None when it can)."""
+def _read_problems(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], opset: int) -> list[tuple[gs.Tensor, str]]:
+    """Each operand the kernel cannot read through `reads`, with why."""
     values, sources = _element_indices(reads, opset)
+    problems = []
     for tensor, row_axis in operands:
         indices = values.get(tensor.name)
         if indices is None:
@@ -1098,11 +1111,12 @@ def _read_problem(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], o
         source, start = next((s, begin) for s, begin in reversed(sources) if begin <= first)
         offsets = indices - start
         if offsets.min() < 0 or offsets.max() >= element_count(static_shape(source)):
-            return f"{tensor.name} reads more than one tensor"
+            problems.append((tensor, f"{tensor.name} reads more than one tensor"))
+            continue
         problem = _row_problem(offsets, row_axis, static_shape(source), f"{tensor.name} in {source.name}")
         if problem:
-            return problem
-    return None
+            problems.append((tensor, problem))
+    return problems
 
 
 def _write_problem(result: gs.Tensor, writes: list[gs.Node], row_axis: int, simplifier: _Simplifier) -> str | None:
