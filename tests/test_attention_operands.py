@@ -229,3 +229,32 @@ def test_conv_attention_reads_heads_along_the_feature_maps_channels(tmp_path):
          ints("thirds", [channels] * 3), ints("flat", [1, channels, tokens]), ints("map", [1, channels, side, side])])
     kernels, _ = npu_kernels(model, tmp_path)
     assert kernels == ["Conv", "Split", "exMatMul", "Softmax", "exMatMul"], kernels
+
+
+def test_heads_unbound_and_stacked_feed_and_leave_the_kernel(tmp_path):
+    # the head split as separate heads stacked again (Split, Reshape per head, Concat), the
+    # form the rewrite pass gives a Transpose the NPU cannot run, and the same for the merge
+    model = separate_projections([0, 2, 3, 1])
+    graph = model.graph
+    q_t = next(n for n in graph.node if n.name == "q_t")
+    graph.node.remove(q_t)
+    heads = [f"q_head{h}" for h in range(HEADS)]
+    stacked = [helper.make_node("Split", ["q_h", "ones"], [f"{h}_s" for h in heads], name="q_unbind", axis=2),
+               *[helper.make_node("Reshape", [f"{h}_s", "head_shape"], [h], name=f"{h}_r") for h in heads],
+               helper.make_node("Concat", heads, ["q"], name="q_stack", axis=1)]
+    merge_t = next(n for n in graph.node if n.name == "merge_t")
+    graph.node.remove(merge_t)
+    parts = [f"c_head{h}" for h in range(HEADS)]
+    merged = [helper.make_node("Split", ["context", "ones"], [f"{p}_s" for p in parts], name="c_unbind", axis=1),
+              *[helper.make_node("Reshape", [f"{p}_s", "token_shape"], [p], name=f"{p}_r") for p in parts],
+              helper.make_node("Concat", parts, ["merged_t"], name="c_stack", axis=2)]
+    for before, made in (("scores", stacked), ("merge", merged)):
+        at = list(graph.node).index(next(n for n in graph.node if n.name == before))
+        for offset, node in enumerate(made):
+            graph.node.insert(at + offset, node)
+    graph.initializer.extend([ints("ones", [1] * HEADS), ints("head_shape", [1, 1, TOKENS, HEAD]),
+                              ints("token_shape", [1, TOKENS, 1, HEAD])])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    attention = next(n for n in ctx.graph.nodes if n.op == "exSDPAttention")
+    assert {"q_unbind", "q_stack", "c_unbind", "c_stack"} <= set(ctx.origins[attention.name])
+    assert not {"Split", "Concat", "Transpose"} & set(kernels), kernels
