@@ -259,16 +259,28 @@ def _reference_outputs(node: gs.Node, opset: int) -> list:
     known = _trivial_outputs(node)
     if known is not None:
         return known
-    implementation = _implementation(node.op, opset)
-    if implementation is not None:
-        instance = implementation(node_proto(node), _run_parameters(opset))
-        if not instance.need_context():
-            values = instance.run(*(np.asarray(t.values) if t.name else None for t in node.inputs))
-            return [value for tensor, value in zip(node.outputs, values) if tensor.name]
+    values = evaluate_on(node, [np.asarray(t.values) if t.name else None for t in node.inputs], opset)
+    if values is not None:
+        return values
     from onnx.reference import ReferenceEvaluator
 
     feeds = {t.name: np.asarray(t.values) for t in present_inputs(node)}
     return ReferenceEvaluator(single_node_graph(node), opsets={"": opset}).run(None, feeds)
+
+
+def evaluate_on(node: gs.Node, values: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    """onnx.reference's values of `node`'s named outputs on `values` (one per input, None for an
+    omitted one) rather than on its inputs' own, or None when its op's implementation needs the
+    evaluator's context. The attention rule of passes/simplify_layout.py runs layout ops on
+    arrays of element indices with it, to see where each element comes from."""
+    implementation = _implementation(node.op, opset)
+    if implementation is None:
+        return None
+    instance = implementation(node_proto(node), _run_parameters(opset))
+    if instance.need_context():
+        return None
+    results = instance.run(*values)
+    return [np.asarray(value) for tensor, value in zip(node.outputs, results) if tensor.name]
 
 
 #: Constant attributes holding a list or scalar, and the dtype onnx.reference's Constant gives them

@@ -182,7 +182,8 @@ def test_no_zoo_node_is_on_the_cpu_without_a_cited_reason(zoo_plans):
 def test_rk3588_and_rk3576_plans_differ_where_the_sources_do(zoo_plans):
     """transformer_encoder's [1,4,64,32] Transpose with perm [2,0,1,3] needs n1*c1*h1*w1 < p:
     8192 fails RK3588's p = 8192 and fits RK3576's p = 268435456 (oplist V2.3.2 Transpose). On
-    rk3588 the rewrite pass therefore runs it on another view or in slices; on rk3576 it runs as it is."""
+    rk3588 the rewrite pass therefore runs it on another view or in slices; on rk3576 it runs as it
+    is: the head merge the attention kernel writes through (simplify_layout.attention_operands)."""
     plan3588, _ = zoo_plans["transformer_encoder", "rk3588"]
     plan3576, _ = zoo_plans["transformer_encoder", "rk3576"]
     def rewritten(plan):
@@ -190,8 +191,11 @@ def test_rk3588_and_rk3576_plans_differ_where_the_sources_do(zoo_plans):
 
     sliced = rewritten(plan3588) - rewritten(plan3576)
     assert sliced
-    kernels_3576 = {n.name: plan3576.steps[n.step].kernel for n in plan3576.nodes if n.name in sliced}
-    assert set(kernels_3576.values()) == {"Transpose"}
+    steps_3576 = {n.name: plan3576.steps[n.step] for n in plan3576.nodes if n.name in sliced}
+    assert {step.kernel for step in steps_3576.values()} == {"exSDPAttention"}
+    for name, step in steps_3576.items():
+        members = step.operation.attributes["body"]["graph"]["nodes"]
+        assert [m["op"] for m in members if m["name"] == name] == ["Transpose"]
 
 
 def test_rules_of_one_check_read_its_signature_and_docstring_once(monkeypatch):

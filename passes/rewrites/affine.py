@@ -125,10 +125,12 @@ def _sole_reader(tensor: gs.Tensor, site: Site) -> bool:
     return len(tensor.outputs) == 1 and tensor.name not in site.graph_outputs
 
 
-def _weighted_producer(x: gs.Tensor, site: Site) -> tuple[gs.Node, list[gs.Node], int | None] | str:
-    """The weighted op whose output reaches `x` through relabels only, each read by the next
-    alone; the relabels, in order; and where its channel axis is in `x`. Else why not."""
-    relabels = []
+def _weighted_producer(x: gs.Tensor, site: Site) -> tuple[gs.Node, list[gs.Node], int | None, tuple[int, int] | None] | str:
+    """The weighted op whose output reaches `x` through relabels, and at most one Split along
+    its channel axis, each read by the next alone (a Split's other parts may go anywhere); those
+    nodes, in order; where the channel axis is in `x`; and (first channel, channels) of the
+    part `x` is, None without a Split. Else why not."""
+    chain = []
     tensor = x
     while True:
         node = producer(tensor)
@@ -138,16 +140,28 @@ def _weighted_producer(x: gs.Tensor, site: Site) -> tuple[gs.Node, list[gs.Node]
             return f"{tensor.name} is read by other nodes too, or is a graph output"
         if node.op in WEIGHTED:
             break
-        if node.op not in RELABELS:
-            return f"its input comes from a {node.op}, not a weighted op or a relabel of one"
-        relabels.append(node)
+        splits_again = node.op == "Split" and any(link.op == "Split" for link in chain)
+        if node.op not in RELABELS | {"Split"} or splits_again:
+            return f"its input comes from a {node.op}, not a weighted op, a relabel or one Split of one"
+        chain.append(node)
         tensor = node.inputs[0]
-    relabels.reverse()
+    chain.reverse()
     made = static_shape(node.outputs[0])
     axis = None if made is None else WEIGHTED[node.op] % len(made)
-    for relabel in relabels:
-        axis = _axis_after(relabel, axis)
-    return node, relabels, axis
+    part = None
+    for link, read in zip(chain, [*chain[1:], None]):
+        if link.op != "Split":
+            axis = _axis_after(link, axis)
+            continue
+        shape, path = static_shape(link.inputs[0]), next(t for t in link.outputs if t is (read.inputs[0] if read else x))
+        if axis is None or shape is None or int(link.attrs.get("axis", 0)) % len(shape) != axis:
+            return "its input is one part of a Split along an axis other than the weighted op's channels"
+        sizes = [static_shape(t) for t in link.outputs]
+        if any(size is None for size in sizes):
+            return "a part of the Split has an unknown shape"
+        index = list(link.outputs).index(path)
+        part = (sum(size[axis] for size in sizes[:index]), sizes[index][axis])
+    return node, chain, axis, part
 
 
 def _weights(node: gs.Node) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -215,7 +229,9 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     into that op's weights and bias: W' = W*scale per output channel, b' = b*scale + shift.
     The constant is one value, or one per output channel on the axis that indexes them; a
     scalar also crosses relabels (Reshape, Transpose, ...) between the two, as a per-channel
-    constant does where the relabel keeps the channel axis whole. One kernel instead of two
+    constant does where the relabel keeps the channel axis whole, and a Split along the output
+    channels (the part's channels alone take it: GPT-2's q and k scalings after its one
+    projection's Split). One kernel instead of two
     passes over the feature map, as rknn-toolkit2 does. Within one rounding of the weight's
     dtype (module docstring); a chain folds one op at a time, each into the op the last made."""
     affine = _affine_of(node)
@@ -225,24 +241,35 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     found = _weighted_producer(x, site)
     if isinstance(found, str):
         return found
-    weighted, relabels, axis = found
+    weighted, chain, axis, part = found
     shape, made = static_shape(x), static_shape(weighted.outputs[0])
     if shape is None or made is None or static_shape(node.outputs[0]) != shape:
         return "the constant broadcasts its input to another shape, or a shape is unknown"
     channels = made[WEIGHTED[weighted.op]]
-    scale, shift = (_per_channel(v, len(shape), axis, channels) for v in (scale, shift))
+    scale, shift = (_per_channel(v, len(shape), axis, channels if part is None else part[1]) for v in (scale, shift))
     if scale is None or shift is None:
         return f"the constant varies on an axis other than the {weighted.op}'s output channels"
+    if part is not None:  # the other parts' channels are scaled by 1 and shifted by 0: unchanged
+        first, count = part
+        scale = np.concatenate([np.ones(first), scale, np.ones(channels - first - count)])
+        shift = np.concatenate([np.zeros(first), shift, np.zeros(channels - first - count)])
     builder = site.builder(node)
-    tensor = scaled_weighted_op(builder, weighted, scale, shift, None if relabels else node.outputs[0])
+    tensor = scaled_weighted_op(builder, weighted, scale, shift, None if chain else node.outputs[0])
     if isinstance(tensor, str):
         return tensor
-    for index, relabel in enumerate(relabels):
-        out = node.outputs[0] if index == len(relabels) - 1 else None
-        was = relabel.outputs[0]
-        tensor = builder.op(relabel.op, [tensor, *relabel.inputs[1:]], static_shape(was), was.dtype, out=out,
-                            **relabel.attrs)
-    yield builder.finish(weighted, *relabels, node)
+    for index, link in enumerate(chain):
+        out = node.outputs[0] if index == len(chain) - 1 else None
+        read = chain[index + 1].inputs[0] if index + 1 < len(chain) else x
+        if link.op == "Split":  # the same Split of the scaled output: its other parts keep their tensors
+            path = out or gs.Variable(site.fresh(f"{node.name}/part"), read.dtype, static_shape(read))
+            outputs = [path if t is read else t for t in link.outputs]
+            builder.nodes.append(gs.Node("Split", site.fresh(f"{node.name}/split"), attrs=dict(link.attrs),
+                                         inputs=[tensor, *link.inputs[1:]], outputs=outputs))
+            tensor = path
+            continue
+        was = link.outputs[0]
+        tensor = builder.op(link.op, [tensor, *link.inputs[1:]], static_shape(was), was.dtype, out=out, **link.attrs)
+    yield builder.finish(weighted, *chain, node)
 
 
 def _input_channel_vector(values: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray | None:
