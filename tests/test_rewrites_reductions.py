@@ -141,3 +141,42 @@ def test_sqrt_runs_as_pow(save, target):
                        [value_info("x", [1, 4, 6, 6])], [value_info("y", [1, 4, 6, 6])])
     plan, on_cpu = plan_and_compare(model, save, target)
     assert not [n for n in on_cpu if n[1] == "Sqrt"]
+
+
+def single_group_norm(shape, opset, affine=True):
+    """torch's GroupNorm(1, C) (PoolFormer): Reshape to [N, 1, -1], InstanceNormalization with a
+    scale and bias of ones and zeros, Reshape back, the per-channel affine as Mul and Add."""
+    channels = shape[1]
+    per_channel = [channels] + [1] * (len(shape) - 2)
+    nodes = [helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]),
+             helper.make_node("InstanceNormalization", ["grouped", "ones", "zeros"], ["normed"], epsilon=1e-5),
+             helper.make_node("Reshape", ["normed", "x_shape"], ["y" if not affine else "restored"])]
+    consts = [weight("grouped_shape", np.array([shape[0], 1, -1], np.int64)), weight("x_shape", np.array(shape, np.int64)),
+              _constant("ones", [1.0]), _constant("zeros", [0.0])]
+    if affine:
+        nodes += [helper.make_node("Mul", ["restored", "gamma"], ["scaled"]), helper.make_node("Add", ["scaled", "beta"], ["y"])]
+        consts += [_constant("gamma", RNG.uniform(0.5, 2, per_channel)), _constant("beta", RNG.uniform(-1, 1, per_channel))]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts, opset=opset)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("shape, opset, affine", [
+    ([1, 16, 14, 14], 17, True), ([2, 8, 6, 10], 19, True), ([1, 8, 30], 17, True), ([1, 16, 7, 7], 14, False)])
+def test_group_norm_with_one_group_is_one_exnorm(save, target, shape, opset, affine):
+    """Reshape, InstanceNormalization, Reshape, Mul, Add: one exNorm over axes [1, 2, 3], no
+    relabel or element-wise step left (a rank-3 input takes a relabel each way)."""
+    plan, on_cpu = plan_and_compare(single_group_norm(shape, opset, affine), save, target)
+    assert on_cpu == []
+    kernels = [s.kernel for s in plan.record.steps if s.device == "npu"]
+    assert kernels == (["exNorm"] if len(shape) == 4 else ["Reshape", "exNorm", "Reshape"])
+
+
+def test_group_norm_whose_grouped_input_is_read_elsewhere_declines(save, capsys):
+    from rkcompile.cli import main
+
+    model = single_group_norm([1, 8, 5, 5], 17)
+    model.graph.node[1].name = "norm"
+    model.graph.output.append(value_info("grouped", [1, 1, 200]))
+    assert main(["plan", str(save(model, "shared.onnx")), "--target", "rk3588", "--explain", "norm"]) == 0
+    assert "single_group_norm_as_layer_norm on norm: declined: the relabelled input is read outside the norm" \
+        in capsys.readouterr().out

@@ -25,10 +25,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.patterns import Match, matches
-from rkcompile.ir.graph import FLOAT_DTYPES, dtype_name, element_count, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
 from rkcompile.passes.fusion_table import layer_norm_core, reduction_axes, rms_norm_core
-from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site, conv_1x1, scalar
+from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1, producer,
+                                            scalar)
 
 #: First opset with LayerNormalization.
 LAYER_NORMALIZATION_OPSET = 17
@@ -54,11 +55,12 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
             x, trailing, epsilon = region
             shape = static_shape(x)
             rows, channels = element_count(shape[:trailing]), element_count(shape[trailing:])
-            if kind == "layer" and (site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")):
+            if kind == "layer" and _layer_normalization_allowed(site):
                 affine, scale, bias = _affine_after(node, shape, trailing, site)
                 builder = site.builder(node)
                 view = builder.reshape(x, [rows, channels, 1, 1])
-                normed = _layer_normalization(builder, view, epsilon, scale, bias)
+                normed = _layer_normalization(builder, view, epsilon, *(
+                    np.broadcast_to(p, shape[trailing:]).reshape(channels, 1, 1) for p in (scale, bias)))
                 builder.reshape(normed, shape, out=(affine[-1] if affine else node).outputs[0])
                 yield builder.finish(*match.members, *affine)
             builder = site.builder(node)
@@ -99,14 +101,21 @@ def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, in
     return x, normalized[0], float(np.asarray(match.constant("epsilon")).reshape(-1)[0])
 
 
+def _layer_normalization_allowed(site: Site) -> bool:
+    """Below opset 17 (paddle2onnx writes 15) a LayerNormalization is made only for a target
+    with exNorm: the fusion pass makes it that kernel, so no plan holds an op its opset lacks."""
+    return site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")
+
+
 def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list[gs.Node], np.ndarray, np.ndarray]:
     """The Mul by a constant scale, then the Add of a constant bias, each constant over the
     normalized axes only, that alone read the norm's result in turn (exporters write
-    LayerNorm's affine after its core): those nodes, and the scale and bias [C, 1, 1] they
-    apply (ones and zeros for a missing one), so LayerNormalization takes them as its own."""
-    channels = element_count(shape[trailing:])
+    LayerNorm's affine after its core): those nodes, and the scale and bias they apply, of
+    shape[trailing:]'s rank with 1s where they do not vary (a 1 and a 0 for a missing one), so
+    LayerNormalization takes them as its own."""
     dtype = dtype_name(root.outputs[0].dtype)
-    params = {"Mul": np.ones((channels, 1, 1), dtype), "Add": np.zeros((channels, 1, 1), dtype)}
+    unit = (1,) * (len(shape) - trailing)
+    params = {"Mul": np.ones(unit, dtype), "Add": np.zeros(unit, dtype)}
     nodes, result = [], root.outputs[0]
     for op in ("Mul", "Add"):
         reader = result.outputs[0] if len(result.outputs) == 1 and result.name not in site.graph_outputs else None
@@ -119,18 +128,19 @@ def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list
         aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
         if any(d != 1 for d in aligned.shape[:trailing]):
             continue  # it varies along an axis the norm does not normalize
-        params[op] = np.broadcast_to(aligned[(0,) * trailing], shape[trailing:]).reshape(channels, 1, 1).astype(dtype)
+        params[op] = aligned[(0,) * trailing].astype(dtype)
         nodes.append(reader)
         result = reader.outputs[0]
     return nodes, params["Mul"], params["Add"]
 
 
-def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float, scale=None, bias=None) -> gs.Tensor:
+def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float, scale=None, bias=None,
+                         out: gs.Tensor | None = None) -> gs.Tensor:
     channels = static_shape(view)[1]
     dtype = dtype_name(view.dtype)
     scale = builder.const(np.ones((channels, 1, 1), dtype) if scale is None else scale, "scale")
     bias = builder.const(np.zeros((channels, 1, 1), dtype) if bias is None else bias, "bias")
-    return builder.op("LayerNormalization", [view, scale, bias], static_shape(view), view.dtype,
+    return builder.op("LayerNormalization", [view, scale, bias], static_shape(view), view.dtype, out,
                       axis=1, epsilon=epsilon)
 
 
@@ -148,6 +158,56 @@ def _normalized_by_convs(builder: Builder, view: gs.Tensor, epsilon: float, cent
                       np.array([epsilon], dtype), per_row)
     inverse = builder.op("Pow", [spread, scalar(builder, -0.5, view)], per_row, view.dtype)
     return builder.op("Mul", [view, inverse], static_shape(view), view.dtype)
+
+
+def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
+    """GroupNorm with one group as torch exports it (PoolFormer's GroupNorm(1), ConvNeXt-style
+    "LayerNorm over channels" of NCHW): x [N, C, spatial...] reshaped to [N, 1, C*S],
+    InstanceNormalization, reshaped back to x's shape, then the per-channel affine as Mul and
+    Add of constants. Normalizing the one group is normalizing axes [1, ...] of x, so the whole
+    is one LayerNormalization on x [N, C, H, W] (on [N, C, S, 1] for other ranks), exNorm's axes
+    [1, 2, 3] (seed 001, exNorm): no relabel steps, and the InstanceNormalization's scale and
+    bias with the affine after it as its [C, 1, 1] scale and bias (exact: the same statistics
+    and the same products, regrouped)."""
+    reshape_in = producer(node.inputs[0])
+    grouped = static_shape(node.inputs[0])
+    if reshape_in is None or reshape_in.op not in RESHAPE_LIKE or grouped is None or len(grouped) != 3 or grouped[1] != 1:
+        return "its input is not a relabel to [N, 1, C*S] (GroupNorm with one group)"
+    x = reshape_in.inputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) < 3 or shape[0] != grouped[0] or dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return "the relabelled tensor is not a float [N, C, spatial...] of known shape"
+    readers = node.outputs[0].outputs
+    reshape_out = readers[0] if len(readers) == 1 else None
+    if (reshape_out is None or reshape_out.op not in RESHAPE_LIKE or static_shape(reshape_out.outputs[0]) != shape
+            or node.outputs[0].name in site.graph_outputs):
+        return "its result is not relabelled back to the shape of its input alone"
+    if reshape_in.outputs[0].name in site.graph_outputs or len(reshape_in.outputs[0].outputs) != 1:
+        return "the relabelled input is read outside the norm"
+    group_scale, group_bias = (constant_value(t) for t in node.inputs[1:3])
+    if group_scale is None or group_bias is None:
+        return "its scale or bias is not constant"
+    if not _layer_normalization_allowed(site):
+        return f"opset {site.opset} has no LayerNormalization and {site.target.name} no exNorm"
+    affine, scale, bias = _affine_after(reshape_out, shape, 1, site)
+    group_scale, group_bias = (float(np.asarray(v).reshape(-1)[0]) for v in (group_scale, group_bias))
+    scale, bias = scale * group_scale, scale * group_bias + bias
+    spatial = element_count(shape[2:])
+
+    def on_view(param: np.ndarray) -> np.ndarray:
+        if all(d == 1 for d in param.shape[1:]):
+            return param.reshape(param.shape[0], 1, 1)
+        return np.broadcast_to(param, shape[1:]).reshape(shape[1], spatial, 1)
+
+    builder = site.builder(node)
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    result = (affine[-1] if affine else reshape_out).outputs[0]
+    if len(shape) == 4:
+        _layer_normalization(builder, x, epsilon, scale, bias, out=result)
+    else:
+        view = builder.reshape(x, [shape[0], shape[1], spatial, 1])
+        builder.reshape(_layer_normalization(builder, view, epsilon, on_view(scale), on_view(bias)), shape, out=result)
+    yield builder.finish(reshape_in, node, reshape_out, *affine)
 
 
 def instance_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
@@ -236,6 +296,7 @@ def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul"}), always=True),
+    RewriteRule(single_group_norm_as_layer_norm, frozenset({"InstanceNormalization"})),
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
     RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
                 late=True),
