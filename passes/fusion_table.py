@@ -270,10 +270,11 @@ def _hard_swish_relu6() -> Pattern:
 
 
 def _normalized_by(value: Pattern, mean_square_plus_epsilon: Pattern) -> Pattern:
-    """value / sqrt(s), value * (1 / sqrt(s)) or value * s^-0.5 (tf's rsqrt), s the mean square
-    plus epsilon."""
+    """value / sqrt(s), value * (1 / sqrt(s)) with 1 / as Reciprocal (torch.onnx dynamo's rsqrt)
+    or as Div of 1 (TorchScript's rsqrt: T5's and LLaMA's RMSNorm), or value * s^-0.5 (tf's
+    rsqrt), s the mean square plus epsilon."""
     root = Op("Sqrt", mean_square_plus_epsilon)
-    return Alt(Op("Div", value, root), _mul(value, Op("Reciprocal", root)),
+    return Alt(Op("Div", value, root), _mul(value, Op("Reciprocal", root)), _mul(value, Op("Div", Const(1.0), root)),
                _mul(value, Op("Pow", mean_square_plus_epsilon, Const(-0.5))))
 
 

@@ -20,7 +20,8 @@ def _constant(name, value):
 
 
 def decomposed_layer_norm(shape, axes, opset, reciprocal=False, rms=False):
-    """LayerNorm (or RMSNorm) over `axes` as torch exports it below opset 17."""
+    """LayerNorm (or RMSNorm) over `axes` as torch exports it below opset 17; `reciprocal` writes
+    1 / std as Reciprocal (dynamo), or with "div" as Div(1, std) (TorchScript's rsqrt)."""
     axes_kw = {"axes": axes} if opset < 18 else {}
     axes_in = ["axes"] if opset >= 18 else []
     nodes, consts = [], [_constant("two", 2.0), _constant("eps", 1e-5), _constant("w", RNG.uniform(0.5, 2, shape[-1])),
@@ -36,7 +37,10 @@ def decomposed_layer_norm(shape, axes, opset, reciprocal=False, rms=False):
               helper.make_node("ReduceMean", ["square", *axes_in], ["var"], **axes_kw),
               helper.make_node("Add", ["var", "eps"], ["var_eps"]),
               helper.make_node("Sqrt", ["var_eps"], ["std"])]
-    if reciprocal:
+    if reciprocal == "div":
+        consts.append(_constant("one", 1.0))
+        nodes += [helper.make_node("Div", ["one", "std"], ["inv"]), helper.make_node("Mul", [source, "inv"], ["normed"])]
+    elif reciprocal:
         nodes += [helper.make_node("Reciprocal", ["std"], ["inv"]), helper.make_node("Mul", ["inv", source], ["normed"])]
     else:
         nodes.append(helper.make_node("Div", [source, "std"], ["normed"]))
@@ -66,6 +70,7 @@ def plan_and_compare(model, save, target, name="model.onnx"):
     ([2, 7, 9, 40], [-1], 13, True, False),     # rank 4, the Reciprocal form
     ([1, 6, 4, 5], [2, 3], 14, False, False),    # two trailing axes
     ([1, 20, 64], [-1], 14, False, True),       # RMSNorm (llama)
+    ([1, 20, 64], [-1], 15, "div", True),       # RMSNorm as TorchScript writes rsqrt (T5, LLaMA)
     ([1, 20, 64], [-1], 18, False, False),      # axes as an input
 ])
 def test_decomposed_norm_over_trailing_axes_runs_on_the_npu(save, target, shape, axes, opset, reciprocal, rms):
