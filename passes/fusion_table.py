@@ -117,14 +117,27 @@ def reduction_axes(node) -> list[int] | None:
     return None
 
 
-def _normalized_axes(node, rank: int) -> list[int] | None:
-    if node.op == "LayerNormalization":
-        axis = int(node.attrs.get("axis", -1)) % rank
-        return list(range(axis, rank))
+#: ops taking a norm's means: ReduceMean, or GlobalAveragePool over every axis after the
+#: first two (tf2onnx writes a mean over the last axis of [N, L, C] as one)
+MEAN_OPS = ("ReduceMean", "GlobalAveragePool")
+
+
+def mean_axes(node, rank: int) -> list[int] | None:
+    """The axes a MEAN_OPS node averages, keeping them, sorted; None when they are not known or
+    not kept."""
+    if node.op == "GlobalAveragePool":
+        return list(range(2, rank))
     if not node.attrs.get("keepdims", 1):
         return None
     axes = reduction_axes(node)
     return None if axes is None else sorted(a % rank for a in axes)
+
+
+def _normalized_axes(node, rank: int) -> list[int] | None:
+    if node.op == "LayerNormalization":
+        axis = int(node.attrs.get("axis", -1)) % rank
+        return list(range(axis, rank))
+    return mean_axes(node, rank)
 
 
 def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
@@ -134,7 +147,7 @@ def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
     if rank is None or rank > 4:
         return False, f"rank {rank}"
     seen = {label: _normalized_axes(node, rank) for label, node in match.nodes.items()
-            if node.op in ("ReduceMean", "LayerNormalization")}
+            if node.op in (*MEAN_OPS, "LayerNormalization")}
     viewed = {label: None if axes is None else [a + 4 - rank for a in axes] for label, axes in seen.items()}
     return all(axes in ([1], [1, 2, 3]) for axes in viewed.values()), f"axes {viewed}"
 
@@ -210,7 +223,7 @@ def norm_attributes(mode: str) -> Callable[[Match], dict]:
             epsilon = _scalar_value(match, "epsilon")
         rank = _rank(match.tensors["x"]) or 1
         axes = next(_normalized_axes(node, rank) for node in match.nodes.values()
-                    if node.op in ("ReduceMean", "LayerNormalization"))
+                    if node.op in (*MEAN_OPS, "LayerNormalization"))
         return {"mode": mode, "epsilon": epsilon, "axes": axes}
     return attributes
 
@@ -291,6 +304,31 @@ def layer_norm_core() -> Pattern:
     return _normalized_by(centred, _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
 
 
+def _mean(of: Pattern, label: str) -> Alt:
+    return Alt(Op("ReduceMean", of, label=label), Op("GlobalAveragePool", of, label=label))
+
+
+def moments_layer_norm() -> Pattern:
+    """LayerNorm as tf2onnx writes Keras' (tf.nn.moments, then batch_normalization's algebra):
+    the mean and the variance of (x - mean)^2 by ReduceMean or by GlobalAveragePool over the
+    last axis of [N, L, C], m = rsqrt(variance + epsilon) [* gamma], and the result
+    x * m + (-mean) * m, or x * m + (beta - mean * m) with a centre; -mean as Neg or as a Mul
+    by -1."""
+    x = Any("x")
+    mean = _mean(x, "mean")
+    deviation = Op("Sub", x, mean, label="deviation")
+    square = Alt(Op("Pow", deviation, Const(2.0)), Op("Mul", deviation, deviation))
+    spread = _add(_mean(square, "variance"), Const(label="epsilon"))
+    root = Op("Sqrt", spread)
+    inverse = Alt(Op("Reciprocal", root, label="m"), Op("Div", Const(1.0), root, label="m"),
+                  Op("Pow", spread, Const(-0.5), label="m"))
+    inverse_root = Alt(Op("Reciprocal", root), Op("Div", Const(1.0), root), Op("Pow", spread, Const(-0.5)))
+    factor = Alt(_mul(inverse_root, Const(label="scale"), label="m"), inverse)
+    negated_mean = Alt(Op("Neg", mean), _mul(mean, Const(-1.0)))  # the rewrite pass makes a Neg a Mul by -1
+    return _add(_mul(x, factor), Alt(_mul(negated_mean, factor),
+                                     Op("Sub", Const(label="bias"), _mul(mean, factor))))
+
+
 def rms_norm_core() -> Pattern:
     """x / sqrt(mean(x^2) + epsilon) as exporters write it out, without the scale."""
     x = Any("x")
@@ -336,6 +374,7 @@ RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exSDPAttention", "exSDPAttention", _attention(),
                (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes, absorbs=True),
     FusionRule("exNorm", "exNorm", _affine(layer_norm_core()), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
+    FusionRule("exNorm", "exNorm", moments_layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
                (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),

@@ -185,3 +185,35 @@ def test_group_norm_whose_grouped_input_is_read_elsewhere_declines(save, capsys)
     assert main(["plan", str(save(model, "shared.onnx")), "--target", "rk3588", "--explain", "norm"]) == 0
     assert "single_group_norm_as_layer_norm on norm: declined: the relabelled input is read outside the norm" \
         in capsys.readouterr().out
+
+
+def moments_layer_norm(shape, centred):
+    """Keras' LayerNormalization as tf2onnx writes it (tf.nn.moments, then batch_normalization's
+    algebra): GlobalAveragePool for the means over the last axis of [N, L, C], the variance of
+    (x - mean)^2, m = gamma * 1 / sqrt(variance + eps), then x * m + (-mean) * m, or
+    x * m + (beta - mean * m) with a centre."""
+    channels = shape[-1]
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["mean"]), helper.make_node("Sub", ["x", "mean"], ["dev"]),
+             helper.make_node("Mul", ["dev", "dev"], ["square"]), helper.make_node("GlobalAveragePool", ["square"], ["var"]),
+             helper.make_node("Add", ["var", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["std"]),
+             helper.make_node("Reciprocal", ["std"], ["inv"]), helper.make_node("Mul", ["inv", "gamma"], ["m"]),
+             helper.make_node("Mul", ["x", "m"], ["xm"])]
+    if centred:
+        nodes += [helper.make_node("Mul", ["mean", "m"], ["mean_m"]), helper.make_node("Sub", ["beta", "mean_m"], ["shift"]),
+                  helper.make_node("Add", ["xm", "shift"], ["y"])]
+    else:
+        nodes += [helper.make_node("Neg", ["mean"], ["neg"]), helper.make_node("Mul", ["neg", "m"], ["shift"]),
+                  helper.make_node("Add", ["xm", "shift"], ["y"])]
+    consts = [_constant("eps", 1e-3), _constant("gamma", RNG.uniform(0.5, 2, (1, 1, channels))),
+              _constant("beta", RNG.uniform(-1, 1, (1, 1, channels)))]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts[:3 if centred else 2], opset=15)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("centred", [False, True])
+def test_a_tf2onnx_moments_layer_norm_is_one_exnorm(save, target, centred):
+    """tf2onnx's LayerNorm over the last axis of [1, L, C] (means by GlobalAveragePool, no NPU
+    kernel at these sizes) runs as one exNorm on the [L, C, 1, 1] view, nothing on the CPU."""
+    plan, on_cpu = plan_and_compare(moments_layer_norm([1, 144, 64], centred), save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]

@@ -27,22 +27,25 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.patterns import Match, matches
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
-from rkcompile.passes.fusion_table import layer_norm_core, reduction_axes, rms_norm_core
+from rkcompile.passes.fusion_table import (MEAN_OPS, layer_norm_core, mean_axes, moments_layer_norm, reduction_axes,
+                                           rms_norm_core)
 from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1, producer,
                                             scalar)
 
 #: First opset with LayerNormalization.
 LAYER_NORMALIZATION_OPSET = 17
-NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()))
+NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()), ("moments", moments_layer_norm()))
 
 
 def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
     """A LayerNorm (x - mean) / sqrt(var + eps) or RMSNorm x / sqrt(mean(x^2) + eps) written out
-    op by op over the trailing axes of x [..., C], whose axes are not exNorm's [1] or [1,2,3]
-    on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same reduction over
-    axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv with weights -1/C,
-    x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C and bias eps, its
-    Pow -0.5 and a Mul. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
+    op by op over the trailing axes of x [..., C] (a LayerNorm also in tf2onnx's moments form,
+    its scale and centre inside: fusion_table.moments_layer_norm), whose axes are not exNorm's
+    [1] or [1,2,3] on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same
+    reduction over axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv
+    with weights -1/C, x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C
+    and bias eps, its Pow -0.5 and a Mul (then the moments form's scale and centre as a Mul and
+    an Add of [C, 1, 1] constants). Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
     only for a target with exNorm: the fusion pass makes it that kernel (one legal node, nothing
     can stop the fusion), so no plan holds an op its opset lacks."""
     reason = "not the output of a LayerNorm or RMSNorm written out op by op"
@@ -55,17 +58,28 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
             x, trailing, epsilon = region
             shape = static_shape(x)
             rows, channels = element_count(shape[:trailing]), element_count(shape[trailing:])
-            if kind == "layer" and _layer_normalization_allowed(site):
+            inner = _inner_affine(match, shape, trailing)
+            if isinstance(inner, str):
+                reason = inner
+                continue
+
+            def on_view(param: np.ndarray) -> np.ndarray:
+                return np.broadcast_to(param, shape[trailing:]).reshape(channels, 1, 1)
+
+            if kind != "rms" and _layer_normalization_allowed(site):
                 affine, scale, bias = _affine_after(node, shape, trailing, site)
                 builder = site.builder(node)
                 view = builder.reshape(x, [rows, channels, 1, 1])
-                normed = _layer_normalization(builder, view, epsilon, *(
-                    np.broadcast_to(p, shape[trailing:]).reshape(channels, 1, 1) for p in (scale, bias)))
+                normed = _layer_normalization(builder, view, epsilon, on_view(inner[0] * scale),
+                                              on_view(inner[1] * scale + bias))
                 builder.reshape(normed, shape, out=(affine[-1] if affine else node).outputs[0])
                 yield builder.finish(*match.members, *affine)
             builder = site.builder(node)
             view = builder.reshape(x, [rows, channels, 1, 1])
-            normed = _normalized_by_convs(builder, view, epsilon, centre=kind == "layer")
+            normed = _normalized_by_convs(builder, view, epsilon, centre=kind != "rms")
+            if kind == "moments":
+                normed = builder.op("Mul", [normed, builder.const(on_view(inner[0]), "scale")], static_shape(view), x.dtype)
+                normed = builder.op("Add", [normed, builder.const(on_view(inner[1]), "bias")], static_shape(view), x.dtype)
             builder.reshape(normed, shape, out=node.outputs[0])
             yield builder.finish(*match.members)
             return
@@ -80,9 +94,8 @@ def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, in
     if shape is None or dtype_name(x.dtype) not in FLOAT_DTYPES:
         return "its input is not a float tensor of known shape"
     rank = len(shape)
-    reductions = [n for n in match.members if n.op == "ReduceMean"]
-    axes = {tuple(sorted(a % rank for a in (reduction_axes(n) or ()))) for n in reductions}
-    if len(axes) != 1 or any(not n.attrs.get("keepdims", 1) for n in reductions):
+    axes = {tuple(mean_axes(n, rank) or ()) for n in match.members if n.op in MEAN_OPS}
+    if len(axes) != 1 or () in axes:
         return "its means do not share one set of axes, kept"
     normalized = list(next(iter(axes)))
     if not normalized or normalized != list(range(normalized[0], rank)):
@@ -107,6 +120,32 @@ def _layer_normalization_allowed(site: Site) -> bool:
     return site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")
 
 
+def _over_normalized_axes(values: np.ndarray, shape, trailing: int, dtype: str) -> np.ndarray | None:
+    """A constant applied to a tensor of `shape` as the values it takes along the normalized
+    axes shape[trailing:] (1s where it does not vary), or None when it varies along another axis."""
+    if values.ndim > len(shape) or dtype_name(values.dtype) not in FLOAT_DTYPES:
+        return None
+    aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
+    if any(d != 1 for d in aligned.shape[:trailing]):
+        return None
+    return aligned[(0,) * trailing].astype(dtype)
+
+
+def _inner_affine(match: Match, shape, trailing: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """The scale and centre a matched norm applies inside its own pattern (the moments form's
+    gamma and beta; 1 and 0 for others), over the normalized axes, or why they cannot be moved."""
+    dtype = dtype_name(match.tensors["x"].dtype)
+    unit = (1,) * (len(shape) - trailing)
+    params = [np.ones(unit, dtype), np.zeros(unit, dtype)]
+    for position, label in enumerate(("scale", "bias")):
+        if label in match.tensors:
+            values = _over_normalized_axes(np.asarray(match.constant(label)), shape, trailing, dtype)
+            if values is None:
+                return f"its {label} varies along an axis it does not normalize"
+            params[position] = values
+    return params[0], params[1]
+
+
 def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list[gs.Node], np.ndarray, np.ndarray]:
     """The Mul by a constant scale, then the Add of a constant bias, each constant over the
     normalized axes only, that alone read the norm's result in turn (exporters write
@@ -123,12 +162,10 @@ def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list
             continue
         operand = reader.inputs[1] if reader.inputs[0] is result else reader.inputs[0]
         values = np.asarray(operand.values) if isinstance(operand, gs.Constant) else None
-        if values is None or values.ndim > len(shape) or dtype_name(values.dtype) not in FLOAT_DTYPES:
-            continue
-        aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
-        if any(d != 1 for d in aligned.shape[:trailing]):
-            continue  # it varies along an axis the norm does not normalize
-        params[op] = aligned[(0,) * trailing].astype(dtype)
+        values = None if values is None else _over_normalized_axes(values, shape, trailing, dtype)
+        if values is None:
+            continue  # not a constant, or it varies along an axis the norm does not normalize
+        params[op] = values
         nodes.append(reader)
         result = reader.outputs[0]
     return nodes, params["Mul"], params["Add"]
@@ -295,7 +332,7 @@ def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
-    RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul"}), always=True),
+    RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul", "Add"}), always=True),
     RewriteRule(single_group_norm_as_layer_norm, frozenset({"InstanceNormalization"})),
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
     RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
