@@ -122,6 +122,10 @@ def reduction_axes(node) -> list[int] | None:
 MEAN_OPS = ("ReduceMean", "GlobalAveragePool")
 
 
+#: the ops of a norm's match whose axes are the normalized ones
+NORMALIZING_OPS = (*MEAN_OPS, "LayerNormalization", "Conv")
+
+
 def mean_axes(node, rank: int) -> list[int] | None:
     """The axes a MEAN_OPS node averages, keeping them, sorted; None when they are not known or
     not kept."""
@@ -134,6 +138,8 @@ def mean_axes(node, rank: int) -> list[int] | None:
 
 
 def _normalized_axes(node, rank: int) -> list[int] | None:
+    if node.op == "Conv":  # a mean over the channels (channel_mean_convolution)
+        return [1]
     if node.op == "LayerNormalization":
         axis = int(node.attrs.get("axis", -1)) % rank
         return list(range(axis, rank))
@@ -147,9 +153,24 @@ def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
     if rank is None or rank > 4:
         return False, f"rank {rank}"
     seen = {label: _normalized_axes(node, rank) for label, node in match.nodes.items()
-            if node.op in (*MEAN_OPS, "LayerNormalization")}
+            if node.op in NORMALIZING_OPS}
     viewed = {label: None if axes is None else [a + 4 - rank for a in axes] for label, axes in seen.items()}
     return all(axes in ([1], [1, 2, 3]) for axes in viewed.values()), f"axes {viewed}"
+
+
+def channel_mean_convolution(match: Match) -> tuple[bool, str]:
+    """The Conv is a mean over the channels: one 1x1 output channel of uniform weights 1/C over
+    the C input channels, group 1, no stride, pad or dilation, one bias value (the epsilon), so
+    the pattern is an RMSNorm over axis 1, exNorm's axes [1] (seed 001, exNorm)."""
+    conv, weights = match.nodes["mean_square"], match.constant("mean_weights")
+    shape = static_shape(match.tensors["x"])
+    channels = None if shape is None or len(shape) != 4 else shape[1]
+    plain = (int(conv.attrs.get("group", 1)) == 1 and all(int(v) == 1 for key in ("strides", "dilations")
+             for v in conv.attrs.get(key, [1, 1])) and not any(conv.attrs.get("pads", [0] * 4))
+             and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
+    uniform = (channels is not None and weights.shape == (1, channels, 1, 1)
+               and bool(np.allclose(weights, 1 / channels, rtol=1e-6, atol=0)))
+    return plain and uniform and _scalar(match.constant("epsilon")), f"weights {weights.shape} on {shape}"
 
 
 def layer_norm_output_only(match: Match) -> tuple[bool, str]:
@@ -223,7 +244,7 @@ def norm_attributes(mode: str) -> Callable[[Match], dict]:
             epsilon = _scalar_value(match, "epsilon")
         rank = _rank(match.tensors["x"]) or 1
         axes = next(_normalized_axes(node, rank) for node in match.nodes.values()
-                    if node.op in (*MEAN_OPS, "LayerNormalization"))
+                    if node.op in NORMALIZING_OPS)
         return {"mode": mode, "epsilon": epsilon, "axes": axes}
     return attributes
 
@@ -336,6 +357,16 @@ def rms_norm_core() -> Pattern:
     return _normalized_by(x, _add(Op("ReduceMean", square, label="mean_square"), Const(label="epsilon")))
 
 
+def rms_norm_by_channel_conv() -> Pattern:
+    """x * (mean(x^2) + epsilon)^-0.5 with the mean over the channels taken by a 1x1 Conv of
+    weights 1/C and bias epsilon: an RMSNorm over trailing axes as rewrites.reductions writes it
+    on the [L, C, 1, 1] view, in ops the NPU runs one by one where a target has no exNorm."""
+    x = Any("x")
+    square = Alt(Op("Mul", x, x), Op("Pow", x, Const(2.0)))
+    spread = Op("Conv", square, Const(label="mean_weights"), Const(label="epsilon"), label="mean_square")
+    return _mul(x, Op("Pow", spread, Const(-0.5)))
+
+
 def _scaled(normalized: Pattern) -> Pattern:
     return optional(lambda inner: _mul(inner, Const()), normalized)
 
@@ -376,6 +407,8 @@ RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exNorm", "exNorm", _affine(layer_norm_core()), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", moments_layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
+    FusionRule("exNorm", "exNorm", _scaled(rms_norm_by_channel_conv()), (normalizes_supported_axes, channel_mean_convolution),
+               norm_attributes("rms"), absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
                (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),
     FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}, absorbs=True),

@@ -217,3 +217,21 @@ def test_a_tf2onnx_moments_layer_norm_is_one_exnorm(save, target, centred):
     plan, on_cpu = plan_and_compare(moments_layer_norm([1, 144, 64], centred), save, target)
     assert on_cpu == []
     assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_an_rms_norm_over_values_whose_squares_overflow_float16_stays_finite(save, target):
+    """T5's RMSNorm over [1, L, C] with outliers of 1000 (squares of 1e6, far above float16's
+    65504): one exNorm step (then the affine on x's shape), whose statistics are float32, so the
+    plan agrees with onnxruntime where squaring step by step in float16 overflows."""
+    model = decomposed_layer_norm([1, 20, 64], [-1], 15, "div", True)
+    path = save(model, "rms.onnx")
+    plan = rkcompile.compile(path, target)
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm", "Mul", "Add"]
+    x = RNG.standard_normal((1, 20, 64)).astype(np.float32)
+    x[0, :, 5] = 1000.0
+    got = rkcompile.run(plan, {"x": x})["y"].astype(np.float64).ravel()
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    want = want.astype(np.float64).ravel()
+    assert np.isfinite(got).all()
+    assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.9999

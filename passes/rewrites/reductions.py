@@ -45,7 +45,9 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
     reduction over axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv
     with weights -1/C, x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C
     and bias eps, its Pow -0.5 and a Mul (then the moments form's scale and centre as a Mul and
-    an Add of [C, 1, 1] constants). Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
+    an Add on x's shape): an RMSNorm so written is exNorm where the target has it
+    (fusion_table.rms_norm_by_channel_conv), whose float32 statistics cannot overflow as float16
+    squares can. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
     only for a target with exNorm: the fusion pass makes it that kernel (one legal node, nothing
     can stop the fusion), so no plan holds an op its opset lacks."""
     reason = "not the output of a LayerNorm or RMSNorm written out op by op"
@@ -77,10 +79,11 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
             builder = site.builder(node)
             view = builder.reshape(x, [rows, channels, 1, 1])
             normed = _normalized_by_convs(builder, view, epsilon, centre=kind != "rms")
-            if kind == "moments":
-                normed = builder.op("Mul", [normed, builder.const(on_view(inner[0]), "scale")], static_shape(view), x.dtype)
-                normed = builder.op("Add", [normed, builder.const(on_view(inner[1]), "bias")], static_shape(view), x.dtype)
-            builder.reshape(normed, shape, out=node.outputs[0])
+            if kind == "moments":  # on x's own shape: on the view a [C, 1, 1] constant would broadcast over rows
+                normed = builder.op("Mul", [builder.reshape(normed, shape), builder.const(inner[0], "scale")], shape, x.dtype)
+                builder.op("Add", [normed, builder.const(inner[1], "bias")], out=node.outputs[0])
+            else:
+                builder.reshape(normed, shape, out=node.outputs[0])
             yield builder.finish(*match.members)
             return
     return reason
