@@ -159,9 +159,10 @@ def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
 
 
 def channel_mean_convolution(match: Match) -> tuple[bool, str]:
-    """The Conv is a mean over the channels: one 1x1 output channel of uniform weights 1/C over
-    the C input channels, group 1, no stride, pad or dilation, one bias value (the epsilon), so
-    the pattern is an RMSNorm over axis 1, exNorm's axes [1] (seed 001, exNorm)."""
+    """The Conv sums the channels evenly: one 1x1 output channel of one positive weight w for
+    each of the C input channels, group 1, no stride, pad or dilation, one bias value b, so
+    x * (w * sum(x^2) + b)^-0.5 is (w*C)^-0.5 times an RMSNorm over axis 1 with epsilon
+    b / (w*C), exNorm's axes [1] (seed 001, exNorm: RMSNormalization)."""
     conv, weights = match.nodes["mean_square"], match.constant("mean_weights")
     shape = static_shape(match.tensors["x"])
     channels = None if shape is None or len(shape) != 4 else shape[1]
@@ -169,7 +170,7 @@ def channel_mean_convolution(match: Match) -> tuple[bool, str]:
              for v in conv.attrs.get(key, [1, 1])) and not any(conv.attrs.get("pads", [0] * 4))
              and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
     uniform = (channels is not None and weights.shape == (1, channels, 1, 1)
-               and bool(np.allclose(weights, 1 / channels, rtol=1e-6, atol=0)))
+               and bool(np.all(weights == weights.reshape(-1)[0])) and float(weights.reshape(-1)[0]) > 0)
     return plain and uniform and _scalar(match.constant("epsilon")), f"weights {weights.shape} on {shape}"
 
 
@@ -247,6 +248,13 @@ def norm_attributes(mode: str) -> Callable[[Match], dict]:
                     if node.op in NORMALIZING_OPS)
         return {"mode": mode, "epsilon": epsilon, "axes": axes}
     return attributes
+
+
+def channel_conv_rms_attributes(match: Match) -> dict:
+    """exNorm's attributes for x * (w * sum(x^2) + b)^-0.5 over C channels: epsilon b / (w*C)."""
+    channels = static_shape(match.tensors["x"])[1]
+    weight = float(match.constant("mean_weights").reshape(-1)[0])
+    return {"mode": "rms", "epsilon": _scalar_value(match, "epsilon") / (weight * channels), "axes": [1]}
 
 
 def sdpa_attributes(match: Match) -> dict:
@@ -358,9 +366,10 @@ def rms_norm_core() -> Pattern:
 
 
 def rms_norm_by_channel_conv() -> Pattern:
-    """x * (mean(x^2) + epsilon)^-0.5 with the mean over the channels taken by a 1x1 Conv of
-    weights 1/C and bias epsilon: an RMSNorm over trailing axes as rewrites.reductions writes it
-    on the [L, C, 1, 1] view, in ops the NPU runs one by one where a target has no exNorm."""
+    """x * (w * sum(x^2) + b)^-0.5 with the sum over the channels taken by a 1x1 Conv of uniform
+    weights w and bias b: an RMSNorm (w = 1/C, b its epsilon) or an L2 normalization over
+    trailing axes as rewrites.reductions writes them on the [L, C, 1, 1] view, in ops the NPU
+    runs one by one where a target has no exNorm."""
     x = Any("x")
     square = Alt(Op("Mul", x, x), Op("Pow", x, Const(2.0)))
     spread = Op("Conv", square, Const(label="mean_weights"), Const(label="epsilon"), label="mean_square")
@@ -408,7 +417,7 @@ RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exNorm", "exNorm", moments_layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_by_channel_conv()), (normalizes_supported_axes, channel_mean_convolution),
-               norm_attributes("rms"), absorbs=True),
+               channel_conv_rms_attributes, absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
                (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),
     FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}, absorbs=True),

@@ -235,3 +235,39 @@ def test_an_rms_norm_over_values_whose_squares_overflow_float16_stays_finite(sav
     want = want.astype(np.float64).ravel()
     assert np.isfinite(got).all()
     assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.9999
+
+
+def l2_normalize(shape, floor_op="Clip"):
+    """torch's F.normalize(x, dim=-1) as TorchScript exports it: ReduceL2 keeping dims, Clip at
+    1e-12 (or Max), Expand to x's shape, Div."""
+    floor = (helper.make_node("Clip", ["norm", "eps"], ["floored"]) if floor_op == "Clip"
+             else helper.make_node("Max", ["norm", "eps"], ["floored"]))
+    nodes = [helper.make_node("ReduceL2", ["x"], ["norm"], axes=[-1], keepdims=1), floor,
+             helper.make_node("Shape", ["x"], ["x_shape"]), helper.make_node("Expand", ["floored", "x_shape"], ["wide"]),
+             helper.make_node("Div", ["x", "wide"], ["y"], name="normalize")]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], [_constant("eps", 1e-12)], opset=14)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("floor_op", ["Clip", "Max"])
+def test_an_l2_normalize_over_the_last_axis_is_one_exnorm(save, target, floor_op):
+    """EdgeNeXt's normalized queries: one exNorm on the [L, H, 1, 1] view, and a row of zeros
+    stays zeros (its statistics are float32, where eps^2 / H is not 0)."""
+    model = l2_normalize([1, 4, 12, 256], floor_op)
+    plan, on_cpu = plan_and_compare(model, save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]
+    x = RNG.standard_normal((1, 4, 12, 256)).astype(np.float32)
+    x[0, 1, 3] = 0.0
+    got = rkcompile.run(plan, {"x": x})["y"]
+    assert np.isfinite(got).all() and not got[0, 1, 3].any()
+
+
+def test_an_l2_normalize_whose_norm_is_read_elsewhere_declines(save, capsys):
+    from rkcompile.cli import main
+
+    model = l2_normalize([1, 4, 12, 32])
+    model.graph.output.append(value_info("norm", [1, 4, 12, 1]))
+    assert main(["plan", str(save(model, "shared_norm.onnx")), "--target", "rk3588", "--explain", "normalize"]) == 0
+    assert "l2_normalize_on_channel_view on normalize: declined: norm is read outside the normalization" \
+        in capsys.readouterr().out

@@ -280,6 +280,72 @@ def _per_channel(values: np.ndarray, shape: list[int], dtype: str) -> np.ndarray
     return np.ascontiguousarray(np.broadcast_to(values.reshape(1, -1, *[1] * (len(shape) - 2)), shape).astype(dtype))
 
 
+#: The sum of squares an L2 normalization takes is scaled by 2^15 (the largest power of two a
+#: float16 weight holds), so its epsilon, stored as a float16 bias, is at least float16's
+#: smallest value 2^-24 yet only 2^-39 against the unscaled sum.
+L2_SUM_SCALE = 2.0 ** 15
+
+
+def l2_normalize_on_channel_view(node: gs.Node, site: Site) -> Candidates:
+    """x / max(||x||, eps) over trailing axes of x [..., H] (torch's F.normalize: ReduceL2
+    keeping dims, Clip or Max at eps, an Expand to x's shape maybe, Div) on the [L, H, 1, 1]
+    view as x * (s * sum(x^2) + b)^-0.5 * s^0.5 with the sum by a 1x1 Conv of weights s = 2^15
+    and bias b = max(s * eps^2, 2^-24): an RMSNorm, times a constant, that the fusion table makes
+    one exNorm (seed 001, exNorm: RMSNormalization; rknn-toolkit2 2.5.0 plans EdgeNeXt's
+    normalized queries and keys as exNorm, tools/wide_zoo/peer_rk3588.json). It is
+    x / sqrt(||x||^2 + b / s): within float16 rounding (2^-11) of F.normalize for every row of
+    norm at least 2^-14.5 (b / s is 2^-39 for eps up to 2^-20, torch's 1e-12 among them; a
+    larger eps declines), and a row of smaller norm has every value among float16's
+    subnormals; a row of zeros stays zeros.
+    Only on a target with exNorm: its statistics are float32, so s * sum(x^2) cannot overflow
+    as a float16 step would."""
+    x = node.inputs[0]
+    shape = static_shape(x)
+    if shape is None or dtype_name(x.dtype) not in FLOAT_DTYPES or static_shape(node.outputs[0]) != shape:
+        return "not a float tensor of known shape divided without broadcasting it"
+    chain, divisor, epsilon = [], producer(node.inputs[1]), 0.0
+    if divisor is not None and divisor.op == "Expand":
+        chain.append(divisor)
+        divisor = producer(divisor.inputs[0])
+    if divisor is not None and divisor.op in ("Clip", "Max"):
+        bounds = [t for t in divisor.inputs[1:] if t.name]
+        floor = constant_value(bounds[0]) if len(bounds) == 1 and divisor.inputs[1] is bounds[0] else None
+        if floor is None or floor.size != 1 or (divisor.op == "Clip" and len(divisor.inputs) != 2 and divisor.inputs[2].name):
+            return f"{divisor.name} is not a floor at one constant"
+        chain.append(divisor)
+        epsilon = max(float(np.asarray(floor).reshape(-1)[0]), 0.0)
+        divisor = producer(divisor.inputs[0])
+    if epsilon > 2.0 ** -20:
+        return f"its floor {epsilon:g} is above 2^-20: sqrt(||x||^2 + eps^2) would not stand for max(||x||, eps)"
+    if divisor is None or divisor.op != "ReduceL2" or divisor.inputs[0] is not x:
+        return "not x divided by its own ReduceL2 (floored, expanded)"
+    block = _reduced_block(divisor)
+    if isinstance(block, str):
+        return block
+    _, first, count = block
+    if first + count != len(shape) or not divisor.attrs.get("keepdims", 1):
+        return "its norm is not over trailing axes, kept"
+    chain.append(divisor)
+    for member in chain:
+        if member.outputs[0].name in site.graph_outputs or len(member.outputs[0].outputs) != 1:
+            return f"{member.outputs[0].name} is read outside the normalization"
+    if not site.target.has_kernel("exNorm"):
+        return f"{site.target.name} has no exNorm to take its statistics in float32"
+    rows, depth = element_count(shape[:first]), element_count(shape[first:])
+    dtype = dtype_name(x.dtype)
+    floor = max(L2_SUM_SCALE * epsilon ** 2, 2.0 ** -24)
+    builder = site.builder(node)
+    view = builder.reshape(x, [rows, depth, 1, 1])
+    square = builder.op("Mul", [view, view], [rows, depth, 1, 1], x.dtype)
+    spread = conv_1x1(builder, square, np.full((1, depth), L2_SUM_SCALE, dtype), np.array([floor], dtype),
+                      [rows, 1, 1, 1])
+    inverse = builder.op("Pow", [spread, scalar(builder, -0.5, x)], [rows, 1, 1, 1], x.dtype)
+    normed = builder.op("Mul", [view, inverse], [rows, depth, 1, 1], x.dtype)
+    scaled = builder.op("Mul", [normed, scalar(builder, L2_SUM_SCALE ** 0.5, x)], [rows, depth, 1, 1], x.dtype)
+    builder.reshape(scaled, shape, out=node.outputs[0])
+    yield builder.finish(node, *chain)
+
+
 def _reduced_block(node: gs.Node) -> tuple[tuple[int, ...], int, int] | str:
     """(input shape, first reduced axis, number of reduced axes) of a reduction over one block
     of neighbouring axes, or why it is not one."""
@@ -336,6 +402,7 @@ def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul", "Add"}), always=True),
+    RewriteRule(l2_normalize_on_channel_view, frozenset({"Div"}), always=True),
     RewriteRule(single_group_norm_as_layer_norm, frozenset({"InstanceNormalization"})),
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
     RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
