@@ -117,14 +117,33 @@ def reduction_axes(node) -> list[int] | None:
     return None
 
 
-def _normalized_axes(node, rank: int) -> list[int] | None:
-    if node.op == "LayerNormalization":
-        axis = int(node.attrs.get("axis", -1)) % rank
-        return list(range(axis, rank))
+#: ops taking a norm's means: ReduceMean, or GlobalAveragePool over every axis after the
+#: first two (tf2onnx writes a mean over the last axis of [N, L, C] as one)
+MEAN_OPS = ("ReduceMean", "GlobalAveragePool")
+
+
+#: the ops of a norm's match whose axes are the normalized ones
+NORMALIZING_OPS = (*MEAN_OPS, "LayerNormalization", "Conv")
+
+
+def mean_axes(node, rank: int) -> list[int] | None:
+    """The axes a MEAN_OPS node averages, keeping them, sorted; None when they are not known or
+    not kept."""
+    if node.op == "GlobalAveragePool":
+        return list(range(2, rank))
     if not node.attrs.get("keepdims", 1):
         return None
     axes = reduction_axes(node)
     return None if axes is None else sorted(a % rank for a in axes)
+
+
+def _normalized_axes(node, rank: int) -> list[int] | None:
+    if node.op == "Conv":  # a mean over the channels (channel_mean_convolution)
+        return [1]
+    if node.op == "LayerNormalization":
+        axis = int(node.attrs.get("axis", -1)) % rank
+        return list(range(axis, rank))
+    return mean_axes(node, rank)
 
 
 def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
@@ -134,9 +153,25 @@ def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
     if rank is None or rank > 4:
         return False, f"rank {rank}"
     seen = {label: _normalized_axes(node, rank) for label, node in match.nodes.items()
-            if node.op in ("ReduceMean", "LayerNormalization")}
+            if node.op in NORMALIZING_OPS}
     viewed = {label: None if axes is None else [a + 4 - rank for a in axes] for label, axes in seen.items()}
     return all(axes in ([1], [1, 2, 3]) for axes in viewed.values()), f"axes {viewed}"
+
+
+def channel_mean_convolution(match: Match) -> tuple[bool, str]:
+    """The Conv sums the channels evenly: one 1x1 output channel of one positive weight w for
+    each of the C input channels, group 1, no stride, pad or dilation, one bias value b, so
+    x * (w * sum(x^2) + b)^-0.5 is (w*C)^-0.5 times an RMSNorm over axis 1 with epsilon
+    b / (w*C), exNorm's axes [1] (seed 001, exNorm: RMSNormalization)."""
+    conv, weights = match.nodes["mean_square"], match.constant("mean_weights")
+    shape = static_shape(match.tensors["x"])
+    channels = None if shape is None or len(shape) != 4 else shape[1]
+    plain = (int(conv.attrs.get("group", 1)) == 1 and all(int(v) == 1 for key in ("strides", "dilations")
+             for v in conv.attrs.get(key, [1, 1])) and not any(conv.attrs.get("pads", [0] * 4))
+             and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
+    uniform = (channels is not None and weights.shape == (1, channels, 1, 1)
+               and bool(np.all(weights == weights.reshape(-1)[0])) and float(weights.reshape(-1)[0]) > 0)
+    return plain and uniform and _scalar(match.constant("epsilon")), f"weights {weights.shape} on {shape}"
 
 
 def layer_norm_output_only(match: Match) -> tuple[bool, str]:
@@ -210,9 +245,16 @@ def norm_attributes(mode: str) -> Callable[[Match], dict]:
             epsilon = _scalar_value(match, "epsilon")
         rank = _rank(match.tensors["x"]) or 1
         axes = next(_normalized_axes(node, rank) for node in match.nodes.values()
-                    if node.op in ("ReduceMean", "LayerNormalization"))
+                    if node.op in NORMALIZING_OPS)
         return {"mode": mode, "epsilon": epsilon, "axes": axes}
     return attributes
+
+
+def channel_conv_rms_attributes(match: Match) -> dict:
+    """exNorm's attributes for x * (w * sum(x^2) + b)^-0.5 over C channels: epsilon b / (w*C)."""
+    channels = static_shape(match.tensors["x"])[1]
+    weight = float(match.constant("mean_weights").reshape(-1)[0])
+    return {"mode": "rms", "epsilon": _scalar_value(match, "epsilon") / (weight * channels), "axes": [1]}
 
 
 def sdpa_attributes(match: Match) -> dict:
@@ -270,10 +312,11 @@ def _hard_swish_relu6() -> Pattern:
 
 
 def _normalized_by(value: Pattern, mean_square_plus_epsilon: Pattern) -> Pattern:
-    """value / sqrt(s), value * (1 / sqrt(s)) or value * s^-0.5 (tf's rsqrt), s the mean square
-    plus epsilon."""
+    """value / sqrt(s), value * (1 / sqrt(s)) with 1 / as Reciprocal (torch.onnx dynamo's rsqrt)
+    or as Div of 1 (TorchScript's rsqrt: T5's and LLaMA's RMSNorm), or value * s^-0.5 (tf's
+    rsqrt), s the mean square plus epsilon."""
     root = Op("Sqrt", mean_square_plus_epsilon)
-    return Alt(Op("Div", value, root), _mul(value, Op("Reciprocal", root)),
+    return Alt(Op("Div", value, root), _mul(value, Op("Reciprocal", root)), _mul(value, Op("Div", Const(1.0), root)),
                _mul(value, Op("Pow", mean_square_plus_epsilon, Const(-0.5))))
 
 
@@ -290,11 +333,47 @@ def layer_norm_core() -> Pattern:
     return _normalized_by(centred, _add(Op("ReduceMean", square, label="variance"), Const(label="epsilon")))
 
 
+def _mean(of: Pattern, label: str) -> Alt:
+    return Alt(Op("ReduceMean", of, label=label), Op("GlobalAveragePool", of, label=label))
+
+
+def moments_layer_norm() -> Pattern:
+    """LayerNorm as tf2onnx writes Keras' (tf.nn.moments, then batch_normalization's algebra):
+    the mean and the variance of (x - mean)^2 by ReduceMean or by GlobalAveragePool over the
+    last axis of [N, L, C], m = rsqrt(variance + epsilon) [* gamma], and the result
+    x * m + (-mean) * m, or x * m + (beta - mean * m) with a centre; -mean as Neg or as a Mul
+    by -1."""
+    x = Any("x")
+    mean = _mean(x, "mean")
+    deviation = Op("Sub", x, mean, label="deviation")
+    square = Alt(Op("Pow", deviation, Const(2.0)), Op("Mul", deviation, deviation))
+    spread = _add(_mean(square, "variance"), Const(label="epsilon"))
+    root = Op("Sqrt", spread)
+    inverse = Alt(Op("Reciprocal", root, label="m"), Op("Div", Const(1.0), root, label="m"),
+                  Op("Pow", spread, Const(-0.5), label="m"))
+    inverse_root = Alt(Op("Reciprocal", root), Op("Div", Const(1.0), root), Op("Pow", spread, Const(-0.5)))
+    factor = Alt(_mul(inverse_root, Const(label="scale"), label="m"), inverse)
+    negated_mean = Alt(Op("Neg", mean), _mul(mean, Const(-1.0)))  # the rewrite pass makes a Neg a Mul by -1
+    return _add(_mul(x, factor), Alt(_mul(negated_mean, factor),
+                                     Op("Sub", Const(label="bias"), _mul(mean, factor))))
+
+
 def rms_norm_core() -> Pattern:
     """x / sqrt(mean(x^2) + epsilon) as exporters write it out, without the scale."""
     x = Any("x")
     square = Alt(Op("Pow", x, Const(2.0)), Op("Mul", x, x))
     return _normalized_by(x, _add(Op("ReduceMean", square, label="mean_square"), Const(label="epsilon")))
+
+
+def rms_norm_by_channel_conv() -> Pattern:
+    """x * (w * sum(x^2) + b)^-0.5 with the sum over the channels taken by a 1x1 Conv of uniform
+    weights w and bias b: an RMSNorm (w = 1/C, b its epsilon) or an L2 normalization over
+    trailing axes as rewrites.reductions writes them on the [L, C, 1, 1] view, in ops the NPU
+    runs one by one where a target has no exNorm."""
+    x = Any("x")
+    square = Alt(Op("Mul", x, x), Op("Pow", x, Const(2.0)))
+    spread = Op("Conv", square, Const(label="mean_weights"), Const(label="epsilon"), label="mean_square")
+    return _mul(x, Op("Pow", spread, Const(-0.5)))
 
 
 def _scaled(normalized: Pattern) -> Pattern:
@@ -335,7 +414,10 @@ RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exSDPAttention", "exSDPAttention", _attention(),
                (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes, absorbs=True),
     FusionRule("exNorm", "exNorm", _affine(layer_norm_core()), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
+    FusionRule("exNorm", "exNorm", moments_layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
+    FusionRule("exNorm", "exNorm", _scaled(rms_norm_by_channel_conv()), (normalizes_supported_axes, channel_mean_convolution),
+               channel_conv_rms_attributes, absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),
                (normalizes_supported_axes, layer_norm_output_only), norm_attributes("layer")),
     FusionRule("exGelu", "exGelu", _gelu_erf(), attributes=lambda m: {"approximate": "none"}, absorbs=True),

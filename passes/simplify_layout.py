@@ -51,12 +51,13 @@ from rkcompile.ir.edits import detach, replace_uses, set_input, unlinked_node
 from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
     topological_nodes, unique_name)
 from rkcompile.ir.nodes import itemsize
+from rkcompile.ir.patterns import matches
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
 from rkcompile.passes.fold_constants import evaluate_on
 from rkcompile.passes.fuse import body_graph, fuse_table
-from rkcompile.passes.fusion_table import KERNEL_FUSIONS
+from rkcompile.passes.fusion_table import KERNEL_FUSIONS, layer_norm_core, rms_norm_core
 from rkcompile.passes.legalize import check_node, compile_facts
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE
 
@@ -517,7 +518,11 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         return f"{reader.name} ({reader.op}) is neither element-wise, a Split nor a relabel or Transpose"
     moved = static_shape(reader.outputs[0])
     if moved != static_shape(tensor):
-        return f"{reader.name} broadcasts {tensor.name} to {moved}"
+        # A Transpose moves an operand that broadcasts (a LayerNorm's mean) as it moves the
+        # result: the output's unmoved shape is its own axes put back, each operand checked below.
+        if perm is None or moved is None:
+            return f"{reader.name} broadcasts {tensor.name} to {moved}"
+        unmoved = _unmoved_shape(moved, None, None, perm)
     constants, twins = {}, []
     for position, operand in enumerate(reader.inputs):
         if not operand.name:
@@ -751,17 +756,59 @@ def _composed(exit_node: gs.Node, region: _Region) -> tuple[int, ...] | None:
     return tuple(region.perm[q] for q in own)
 
 
+#: a LayerNorm and an RMSNorm as exporters write them out (fusion_table's exNorm rows)
+NORM_CORES = (layer_norm_core(), rms_norm_core())
+
+
+def _channel_norm_members(region: _Region, simplifier: _Simplifier) -> set[int]:
+    """Ids of the region's nodes that, moved, are a LayerNorm or RMSNorm written out over the
+    channel axis alone, on a target with exNorm: the fusion table's exNorm rows absorb them
+    (their own rules, such as Div's broadcast of [1, 1, H, W], then do not apply; the rows'
+    predicate checks the axes), as it absorbs the arithmetic `_on_channel_axis` writes for a
+    LayerNormalization."""
+    if not simplifier.ctx.target.has_kernel("exNorm"):
+        return set()
+    in_region = {id(n) for n in region.nodes}
+    members: set[int] = set()
+    for root in region.nodes:
+        if root.op not in ("Div", "Mul") or id(root) in members:
+            continue
+        for match in (m for core in NORM_CORES for m in matches(core, root)):
+            reductions = [n for n in match.members if n.op == "ReduceMean"]
+            if (id(match.tensors["x"]) in region.shapes and all(id(n) in in_region for n in match.members)
+                    and all(_unmoved_axes(n, region) == [1] for n in reductions)):
+                members.update(id(n) for n in match.members)
+                break
+    return members
+
+
+def _unmoved_axes(reduction: gs.Node, region: _Region) -> list[int] | None:
+    """The axes a region's Reduce* reduces on the unmoved layout (`_axes_renamed`)."""
+    renamed = region.attrs.get(id(reduction), {}).get("axes")
+    if renamed is None and (id(reduction), 1) in region.constants:
+        renamed = constant_value(region.constants[(id(reduction), 1)])
+    return None if renamed is None else [int(a) for a in np.asarray(renamed).reshape(-1)]
+
+
 def _probes(region: _Region, simplifier: _Simplifier):
     """Unlinked copies of the region's nodes and exits as they will be, each checked against
-    the target; why not when one passes fewer rules than before, or a region tensor would take
-    more bytes in the NPU's NC1HWC2 layout (fewer channels padded to C2: a move is not worth
-    a larger arena)."""
+    the target; why not when one passes fewer rules than before, or the move stores more in
+    the NPU's NC1HWC2 layout (fewer channels padded to C2: a move is not worth a larger arena):
+    a tensor of the entry's size in more bytes, or the smaller ones (one value per position,
+    padded from one channel to C2) in more bytes than the entries' and the cancelled exits'
+    tensors that leave with the move. A norm's statistics that exNorm absorbs are never stored."""
     shapes = region.shapes
+    full_size = element_count(static_shape(region.entries[0].outputs[0]))
+    absorbed = _channel_norm_members(region, simplifier)
+    growth = 0.0
     for node in region.nodes:
+        if id(node) in absorbed and element_count(static_shape(node.outputs[0])) < full_size:
+            continue
         for t in node.outputs:
             before, after = simplifier.stored_bytes(static_shape(t)), simplifier.stored_bytes(shapes[id(t)])
-            if after > before:
+            if after > before and element_count(static_shape(t)) >= full_size:
                 return f"{t.name} would take {after} bytes on the NPU instead of {before}"
+            growth += after - before
 
     def probe_tensor(t):
         if isinstance(t, gs.Constant) or not t.name:
@@ -769,6 +816,8 @@ def _probes(region: _Region, simplifier: _Simplifier):
         return gs.Variable(t.name, t.dtype, list(shapes.get(id(t), static_shape(t) or [])))
 
     for node in region.nodes:
+        if id(node) in absorbed:
+            continue
         if id(node) in region.channel_ops:
             for probe in _on_channel_axis(node, probe_tensor(node.inputs[0]), probe_tensor(node.outputs[0]),
                                           simplifier, linked=False):
@@ -790,6 +839,7 @@ def _probes(region: _Region, simplifier: _Simplifier):
         perm = _composed(exit_node, region)
         cancels = (list(perm) == sorted(perm)) if perm is not None else tuple(unmoved) == static_shape(out)
         if cancels and out.name not in simplifier.graph_outputs:
+            growth -= simplifier.stored_bytes(static_shape(out))
             exits.append(None)
             continue
         reshaped = gs.Variable(read.name, read.dtype, list(unmoved))
@@ -805,6 +855,9 @@ def _probes(region: _Region, simplifier: _Simplifier):
         if problem:
             return problem
         exits.append(made)
+    growth -= sum(simplifier.stored_bytes(static_shape(entry.outputs[0])) for entry in region.entries)
+    if growth > 0:
+        return f"the tensors it passes would take {growth:g} bytes more on the NPU than the moves it removes"
     return exits
 
 

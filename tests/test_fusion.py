@@ -93,6 +93,30 @@ def _rms_norm():
                 [("x", (1, 16, 4, 4))])
 
 
+def _rms_norm_by_channel_conv():
+    """RMSNorm on the [L, C, 1, 1] view as rewrites.reductions writes it: the mean square by a 1x1
+    Conv of weights 1/C and bias epsilon, Pow -0.5, the product, then the scale."""
+    return case([node("Mul", ["x", "x"], "sq"), node("Conv", ["sq", "w", "eps"], "ms"),
+                 node("Pow", ["ms", "minus_half"], "inv"), node("Mul", ["x", "inv"], "n"),
+                 node("Mul", ["n", "gamma"], "y")],
+                [const("w", np.full((1, 16, 1, 1), 1 / 16)), const("eps", [1e-6]), const("minus_half", -0.5),
+                 const("gamma", RNG.standard_normal((16, 1, 1)))], [("x", (6, 16, 1, 1))])
+
+
+def _moments_layer_norm(centred: bool):
+    """LayerNorm as tf2onnx writes Keras': x * m + (-mean) * m with m = gamma / sqrt(var + eps),
+    or x * m + (beta - mean * m) with a centre."""
+    nodes = [node("ReduceMean", ["x"], "m", axes=[1]), node("Sub", ["x", "m"], "d"), node("Mul", ["d", "d"], "sq"),
+             node("ReduceMean", ["sq"], "v", axes=[1]), node("Add", ["v", "eps"], "ve"), node("Sqrt", ["ve"], "s"),
+             node("Reciprocal", ["s"], "r"), node("Mul", ["r", "gamma"], "k"), node("Mul", ["x", "k"], "a")]
+    if centred:
+        nodes += [node("Mul", ["m", "k"], "b"), node("Sub", ["beta", "b"], "c"), node("Add", ["a", "c"], "y")]
+    else:
+        nodes += [node("Neg", ["m"], "nm"), node("Mul", ["nm", "k"], "b"), node("Add", ["a", "b"], "y")]
+    return case(nodes, [const("eps", 1e-3), const("gamma", RNG.standard_normal((16, 1, 1))),
+                        const("beta", RNG.standard_normal((16, 1, 1)))][:3 if centred else 2], [("x", (1, 16, 4, 4))])
+
+
 def _attention(mask: bool):
     nodes = [node("Mul", ["q", "qs"], "qq"), node("Mul", ["kt", "ks"], "kk"), node("MatMul", ["qq", "kk"], "s")]
     scores = "s"
@@ -153,6 +177,9 @@ POSITIVE = {
                             node("Mul", ["a", "s"], "y")], [weight("halves", np.array([2, 2], dtype=np.int64))]), 3),
     "exNorm": (_layer_norm, 9),
     "exNorm/rms": (_rms_norm, 6),
+    "exNorm/rms_conv": (_rms_norm_by_channel_conv, 5),
+    "exNorm/moments": (lambda: _moments_layer_norm(centred=False), 12),
+    "exNorm/moments_centred": (lambda: _moments_layer_norm(centred=True), 12),
     "exNorm/op": (lambda: case([node("LayerNormalization", ["x", "gamma", "beta"], "y", axis=1)],
                                [const("gamma", RNG.standard_normal((16, 4, 4))), const("beta", np.zeros((16, 4, 4)))],
                                [("x", (1, 16, 4, 4))]), 1),

@@ -20,7 +20,8 @@ def _constant(name, value):
 
 
 def decomposed_layer_norm(shape, axes, opset, reciprocal=False, rms=False):
-    """LayerNorm (or RMSNorm) over `axes` as torch exports it below opset 17."""
+    """LayerNorm (or RMSNorm) over `axes` as torch exports it below opset 17; `reciprocal` writes
+    1 / std as Reciprocal (dynamo), or with "div" as Div(1, std) (TorchScript's rsqrt)."""
     axes_kw = {"axes": axes} if opset < 18 else {}
     axes_in = ["axes"] if opset >= 18 else []
     nodes, consts = [], [_constant("two", 2.0), _constant("eps", 1e-5), _constant("w", RNG.uniform(0.5, 2, shape[-1])),
@@ -36,7 +37,10 @@ def decomposed_layer_norm(shape, axes, opset, reciprocal=False, rms=False):
               helper.make_node("ReduceMean", ["square", *axes_in], ["var"], **axes_kw),
               helper.make_node("Add", ["var", "eps"], ["var_eps"]),
               helper.make_node("Sqrt", ["var_eps"], ["std"])]
-    if reciprocal:
+    if reciprocal == "div":
+        consts.append(_constant("one", 1.0))
+        nodes += [helper.make_node("Div", ["one", "std"], ["inv"]), helper.make_node("Mul", [source, "inv"], ["normed"])]
+    elif reciprocal:
         nodes += [helper.make_node("Reciprocal", ["std"], ["inv"]), helper.make_node("Mul", ["inv", source], ["normed"])]
     else:
         nodes.append(helper.make_node("Div", [source, "std"], ["normed"]))
@@ -66,6 +70,7 @@ def plan_and_compare(model, save, target, name="model.onnx"):
     ([2, 7, 9, 40], [-1], 13, True, False),     # rank 4, the Reciprocal form
     ([1, 6, 4, 5], [2, 3], 14, False, False),    # two trailing axes
     ([1, 20, 64], [-1], 14, False, True),       # RMSNorm (llama)
+    ([1, 20, 64], [-1], 15, "div", True),       # RMSNorm as TorchScript writes rsqrt (T5, LLaMA)
     ([1, 20, 64], [-1], 18, False, False),      # axes as an input
 ])
 def test_decomposed_norm_over_trailing_axes_runs_on_the_npu(save, target, shape, axes, opset, reciprocal, rms):
@@ -141,3 +146,128 @@ def test_sqrt_runs_as_pow(save, target):
                        [value_info("x", [1, 4, 6, 6])], [value_info("y", [1, 4, 6, 6])])
     plan, on_cpu = plan_and_compare(model, save, target)
     assert not [n for n in on_cpu if n[1] == "Sqrt"]
+
+
+def single_group_norm(shape, opset, affine=True):
+    """torch's GroupNorm(1, C) (PoolFormer): Reshape to [N, 1, -1], InstanceNormalization with a
+    scale and bias of ones and zeros, Reshape back, the per-channel affine as Mul and Add."""
+    channels = shape[1]
+    per_channel = [channels] + [1] * (len(shape) - 2)
+    nodes = [helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]),
+             helper.make_node("InstanceNormalization", ["grouped", "ones", "zeros"], ["normed"], epsilon=1e-5),
+             helper.make_node("Reshape", ["normed", "x_shape"], ["y" if not affine else "restored"])]
+    consts = [weight("grouped_shape", np.array([shape[0], 1, -1], np.int64)), weight("x_shape", np.array(shape, np.int64)),
+              _constant("ones", [1.0]), _constant("zeros", [0.0])]
+    if affine:
+        nodes += [helper.make_node("Mul", ["restored", "gamma"], ["scaled"]), helper.make_node("Add", ["scaled", "beta"], ["y"])]
+        consts += [_constant("gamma", RNG.uniform(0.5, 2, per_channel)), _constant("beta", RNG.uniform(-1, 1, per_channel))]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts, opset=opset)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("shape, opset, affine", [
+    ([1, 16, 14, 14], 17, True), ([2, 8, 6, 10], 19, True), ([1, 8, 30], 17, True), ([1, 16, 7, 7], 14, False)])
+def test_group_norm_with_one_group_is_one_exnorm(save, target, shape, opset, affine):
+    """Reshape, InstanceNormalization, Reshape, Mul, Add: one exNorm over axes [1, 2, 3], no
+    relabel or element-wise step left (a rank-3 input takes a relabel each way)."""
+    plan, on_cpu = plan_and_compare(single_group_norm(shape, opset, affine), save, target)
+    assert on_cpu == []
+    kernels = [s.kernel for s in plan.record.steps if s.device == "npu"]
+    assert kernels == (["exNorm"] if len(shape) == 4 else ["Reshape", "exNorm", "Reshape"])
+
+
+def test_group_norm_whose_grouped_input_is_read_elsewhere_declines(save, capsys):
+    from rkcompile.cli import main
+
+    model = single_group_norm([1, 8, 5, 5], 17)
+    model.graph.node[1].name = "norm"
+    model.graph.output.append(value_info("grouped", [1, 1, 200]))
+    assert main(["plan", str(save(model, "shared.onnx")), "--target", "rk3588", "--explain", "norm"]) == 0
+    assert "single_group_norm_as_layer_norm on norm: declined: the relabelled input is read outside the norm" \
+        in capsys.readouterr().out
+
+
+def moments_layer_norm(shape, centred):
+    """Keras' LayerNormalization as tf2onnx writes it (tf.nn.moments, then batch_normalization's
+    algebra): GlobalAveragePool for the means over the last axis of [N, L, C], the variance of
+    (x - mean)^2, m = gamma * 1 / sqrt(variance + eps), then x * m + (-mean) * m, or
+    x * m + (beta - mean * m) with a centre."""
+    channels = shape[-1]
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["mean"]), helper.make_node("Sub", ["x", "mean"], ["dev"]),
+             helper.make_node("Mul", ["dev", "dev"], ["square"]), helper.make_node("GlobalAveragePool", ["square"], ["var"]),
+             helper.make_node("Add", ["var", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["std"]),
+             helper.make_node("Reciprocal", ["std"], ["inv"]), helper.make_node("Mul", ["inv", "gamma"], ["m"]),
+             helper.make_node("Mul", ["x", "m"], ["xm"])]
+    if centred:
+        nodes += [helper.make_node("Mul", ["mean", "m"], ["mean_m"]), helper.make_node("Sub", ["beta", "mean_m"], ["shift"]),
+                  helper.make_node("Add", ["xm", "shift"], ["y"])]
+    else:
+        nodes += [helper.make_node("Neg", ["mean"], ["neg"]), helper.make_node("Mul", ["neg", "m"], ["shift"]),
+                  helper.make_node("Add", ["xm", "shift"], ["y"])]
+    consts = [_constant("eps", 1e-3), _constant("gamma", RNG.uniform(0.5, 2, (1, 1, channels))),
+              _constant("beta", RNG.uniform(-1, 1, (1, 1, channels)))]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts[:3 if centred else 2], opset=15)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("centred", [False, True])
+def test_a_tf2onnx_moments_layer_norm_is_one_exnorm(save, target, centred):
+    """tf2onnx's LayerNorm over the last axis of [1, L, C] (means by GlobalAveragePool, no NPU
+    kernel at these sizes) runs as one exNorm on the [L, C, 1, 1] view, nothing on the CPU."""
+    plan, on_cpu = plan_and_compare(moments_layer_norm([1, 144, 64], centred), save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_an_rms_norm_over_values_whose_squares_overflow_float16_stays_finite(save, target):
+    """T5's RMSNorm over [1, L, C] with outliers of 1000 (squares of 1e6, far above float16's
+    65504): one exNorm step (then the affine on x's shape), whose statistics are float32, so the
+    plan agrees with onnxruntime where squaring step by step in float16 overflows."""
+    model = decomposed_layer_norm([1, 20, 64], [-1], 15, "div", True)
+    path = save(model, "rms.onnx")
+    plan = rkcompile.compile(path, target)
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm", "Mul", "Add"]
+    x = RNG.standard_normal((1, 20, 64)).astype(np.float32)
+    x[0, :, 5] = 1000.0
+    got = rkcompile.run(plan, {"x": x})["y"].astype(np.float64).ravel()
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    want = want.astype(np.float64).ravel()
+    assert np.isfinite(got).all()
+    assert got @ want / (np.linalg.norm(got) * np.linalg.norm(want)) >= 0.9999
+
+
+def l2_normalize(shape, floor_op="Clip"):
+    """torch's F.normalize(x, dim=-1) as TorchScript exports it: ReduceL2 keeping dims, Clip at
+    1e-12 (or Max), Expand to x's shape, Div."""
+    floor = (helper.make_node("Clip", ["norm", "eps"], ["floored"]) if floor_op == "Clip"
+             else helper.make_node("Max", ["norm", "eps"], ["floored"]))
+    nodes = [helper.make_node("ReduceL2", ["x"], ["norm"], axes=[-1], keepdims=1), floor,
+             helper.make_node("Shape", ["x"], ["x_shape"]), helper.make_node("Expand", ["floored", "x_shape"], ["wide"]),
+             helper.make_node("Div", ["x", "wide"], ["y"], name="normalize")]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], [_constant("eps", 1e-12)], opset=14)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("floor_op", ["Clip", "Max"])
+def test_an_l2_normalize_over_the_last_axis_is_one_exnorm(save, target, floor_op):
+    """EdgeNeXt's normalized queries: one exNorm on the [L, H, 1, 1] view, and a row of zeros
+    stays zeros (its statistics are float32, where eps^2 / H is not 0)."""
+    model = l2_normalize([1, 4, 12, 256], floor_op)
+    plan, on_cpu = plan_and_compare(model, save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]
+    x = RNG.standard_normal((1, 4, 12, 256)).astype(np.float32)
+    x[0, 1, 3] = 0.0
+    got = rkcompile.run(plan, {"x": x})["y"]
+    assert np.isfinite(got).all() and not got[0, 1, 3].any()
+
+
+def test_an_l2_normalize_whose_norm_is_read_elsewhere_declines(save, capsys):
+    from rkcompile.cli import main
+
+    model = l2_normalize([1, 4, 12, 32])
+    model.graph.output.append(value_info("norm", [1, 4, 12, 1]))
+    assert main(["plan", str(save(model, "shared_norm.onnx")), "--target", "rk3588", "--explain", "normalize"]) == 0
+    assert "l2_normalize_on_channel_view on normalize: declined: norm is read outside the normalization" \
+        in capsys.readouterr().out

@@ -286,3 +286,33 @@ def test_transpose_stays_before_a_norm_over_another_axis(tmp_path):
     kernels, ctx = npu_kernels(model, tmp_path)
     assert ("move_layout_down", "declined: norm (LayerNormalization) does not work on the channels a "
             "Transpose moved last") in attempts(ctx, "swap")
+
+
+def test_a_written_out_layer_norm_between_channels_last_transposes_runs_on_nchw(tmp_path):
+    # timm's EdgeNeXt/ConvNeXt block below opset 17: permute to NHWC, LayerNorm written out as
+    # ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div with its affine, a Linear, permute back. The
+    # norm's mean broadcasts over the moved channels; moved, it is exNorm over axis 1 of NCHW
+    # and the Linear a 1x1 Conv, with no Transpose or relabel left.
+    channels, hidden = 24, 48
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
+             helper.make_node("ReduceMean", ["t"], ["mean"], axes=[-1]),
+             helper.make_node("Sub", ["t", "mean"], ["centred"]),
+             helper.make_node("Pow", ["centred", "two"], ["square"]),
+             helper.make_node("ReduceMean", ["square"], ["var"], axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+             helper.make_node("Sqrt", ["var_eps"], ["std"]),
+             helper.make_node("Div", ["centred", "std"], ["normed"]),
+             helper.make_node("Mul", ["normed", "gamma"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "beta"], ["norm_out"]),
+             helper.make_node("MatMul", ["norm_out", "w"], ["fc"]),
+             helper.make_node("Add", ["fc_bias", "fc"], ["fc_out"]),
+             helper.make_node("Transpose", ["fc_out"], ["y"], name="to_nchw", perm=[0, 3, 1, 2])]
+    model = make_model(nodes, [value_info("x", [1, channels, 16, 16])], [value_info("y", [1, hidden, 16, 16])],
+                       [weight("two", np.array(2.0, np.float32)), weight("eps", np.array(1e-6, np.float32)),
+                        weight("gamma", RNG.uniform(0.5, 2, channels).astype(np.float32)),
+                        weight("beta", RNG.uniform(-1, 1, channels).astype(np.float32)),
+                        weight("w", RNG.normal(0, 0.2, (channels, hidden)).astype(np.float32)),
+                        weight("fc_bias", RNG.uniform(-1, 1, hidden).astype(np.float32))], opset=14)
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["exNorm", "Conv"]
+    assert ctx.fates["to_nhwc"][0] == ctx.fates["to_nchw"][0] == "removed"

@@ -25,23 +25,29 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.patterns import Match, matches
-from rkcompile.ir.graph import FLOAT_DTYPES, dtype_name, element_count, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
-from rkcompile.passes.fusion_table import layer_norm_core, reduction_axes, rms_norm_core
-from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site, conv_1x1, scalar
+from rkcompile.passes.fusion_table import (MEAN_OPS, layer_norm_core, mean_axes, moments_layer_norm, reduction_axes,
+                                           rms_norm_core)
+from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1, producer,
+                                            scalar)
 
 #: First opset with LayerNormalization.
 LAYER_NORMALIZATION_OPSET = 17
-NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()))
+NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()), ("moments", moments_layer_norm()))
 
 
 def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
     """A LayerNorm (x - mean) / sqrt(var + eps) or RMSNorm x / sqrt(mean(x^2) + eps) written out
-    op by op over the trailing axes of x [..., C], whose axes are not exNorm's [1] or [1,2,3]
-    on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same reduction over
-    axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv with weights -1/C,
-    x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C and bias eps, its
-    Pow -0.5 and a Mul. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
+    op by op over the trailing axes of x [..., C] (a LayerNorm also in tf2onnx's moments form,
+    its scale and centre inside: fusion_table.moments_layer_norm), whose axes are not exNorm's
+    [1] or [1,2,3] on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same
+    reduction over axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv
+    with weights -1/C, x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C
+    and bias eps, its Pow -0.5 and a Mul (then the moments form's scale and centre as a Mul and
+    an Add on x's shape): an RMSNorm so written is exNorm where the target has it
+    (fusion_table.rms_norm_by_channel_conv), whose float32 statistics cannot overflow as float16
+    squares can. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
     only for a target with exNorm: the fusion pass makes it that kernel (one legal node, nothing
     can stop the fusion), so no plan holds an op its opset lacks."""
     reason = "not the output of a LayerNorm or RMSNorm written out op by op"
@@ -54,17 +60,30 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
             x, trailing, epsilon = region
             shape = static_shape(x)
             rows, channels = element_count(shape[:trailing]), element_count(shape[trailing:])
-            if kind == "layer" and (site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")):
+            inner = _inner_affine(match, shape, trailing)
+            if isinstance(inner, str):
+                reason = inner
+                continue
+
+            def on_view(param: np.ndarray) -> np.ndarray:
+                return np.broadcast_to(param, shape[trailing:]).reshape(channels, 1, 1)
+
+            if kind != "rms" and _layer_normalization_allowed(site):
                 affine, scale, bias = _affine_after(node, shape, trailing, site)
                 builder = site.builder(node)
                 view = builder.reshape(x, [rows, channels, 1, 1])
-                normed = _layer_normalization(builder, view, epsilon, scale, bias)
+                normed = _layer_normalization(builder, view, epsilon, on_view(inner[0] * scale),
+                                              on_view(inner[1] * scale + bias))
                 builder.reshape(normed, shape, out=(affine[-1] if affine else node).outputs[0])
                 yield builder.finish(*match.members, *affine)
             builder = site.builder(node)
             view = builder.reshape(x, [rows, channels, 1, 1])
-            normed = _normalized_by_convs(builder, view, epsilon, centre=kind == "layer")
-            builder.reshape(normed, shape, out=node.outputs[0])
+            normed = _normalized_by_convs(builder, view, epsilon, centre=kind != "rms")
+            if kind == "moments":  # on x's own shape: on the view a [C, 1, 1] constant would broadcast over rows
+                normed = builder.op("Mul", [builder.reshape(normed, shape), builder.const(inner[0], "scale")], shape, x.dtype)
+                builder.op("Add", [normed, builder.const(inner[1], "bias")], out=node.outputs[0])
+            else:
+                builder.reshape(normed, shape, out=node.outputs[0])
             yield builder.finish(*match.members)
             return
     return reason
@@ -78,9 +97,8 @@ def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, in
     if shape is None or dtype_name(x.dtype) not in FLOAT_DTYPES:
         return "its input is not a float tensor of known shape"
     rank = len(shape)
-    reductions = [n for n in match.members if n.op == "ReduceMean"]
-    axes = {tuple(sorted(a % rank for a in (reduction_axes(n) or ()))) for n in reductions}
-    if len(axes) != 1 or any(not n.attrs.get("keepdims", 1) for n in reductions):
+    axes = {tuple(mean_axes(n, rank) or ()) for n in match.members if n.op in MEAN_OPS}
+    if len(axes) != 1 or () in axes:
         return "its means do not share one set of axes, kept"
     normalized = list(next(iter(axes)))
     if not normalized or normalized != list(range(normalized[0], rank)):
@@ -99,14 +117,47 @@ def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, in
     return x, normalized[0], float(np.asarray(match.constant("epsilon")).reshape(-1)[0])
 
 
+def _layer_normalization_allowed(site: Site) -> bool:
+    """Below opset 17 (paddle2onnx writes 15) a LayerNormalization is made only for a target
+    with exNorm: the fusion pass makes it that kernel, so no plan holds an op its opset lacks."""
+    return site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")
+
+
+def _over_normalized_axes(values: np.ndarray, shape, trailing: int, dtype: str) -> np.ndarray | None:
+    """A constant applied to a tensor of `shape` as the values it takes along the normalized
+    axes shape[trailing:] (1s where it does not vary), or None when it varies along another axis."""
+    if values.ndim > len(shape) or dtype_name(values.dtype) not in FLOAT_DTYPES:
+        return None
+    aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
+    if any(d != 1 for d in aligned.shape[:trailing]):
+        return None
+    return aligned[(0,) * trailing].astype(dtype)
+
+
+def _inner_affine(match: Match, shape, trailing: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """The scale and centre a matched norm applies inside its own pattern (the moments form's
+    gamma and beta; 1 and 0 for others), over the normalized axes, or why they cannot be moved."""
+    dtype = dtype_name(match.tensors["x"].dtype)
+    unit = (1,) * (len(shape) - trailing)
+    params = [np.ones(unit, dtype), np.zeros(unit, dtype)]
+    for position, label in enumerate(("scale", "bias")):
+        if label in match.tensors:
+            values = _over_normalized_axes(np.asarray(match.constant(label)), shape, trailing, dtype)
+            if values is None:
+                return f"its {label} varies along an axis it does not normalize"
+            params[position] = values
+    return params[0], params[1]
+
+
 def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list[gs.Node], np.ndarray, np.ndarray]:
     """The Mul by a constant scale, then the Add of a constant bias, each constant over the
     normalized axes only, that alone read the norm's result in turn (exporters write
-    LayerNorm's affine after its core): those nodes, and the scale and bias [C, 1, 1] they
-    apply (ones and zeros for a missing one), so LayerNormalization takes them as its own."""
-    channels = element_count(shape[trailing:])
+    LayerNorm's affine after its core): those nodes, and the scale and bias they apply, of
+    shape[trailing:]'s rank with 1s where they do not vary (a 1 and a 0 for a missing one), so
+    LayerNormalization takes them as its own."""
     dtype = dtype_name(root.outputs[0].dtype)
-    params = {"Mul": np.ones((channels, 1, 1), dtype), "Add": np.zeros((channels, 1, 1), dtype)}
+    unit = (1,) * (len(shape) - trailing)
+    params = {"Mul": np.ones(unit, dtype), "Add": np.zeros(unit, dtype)}
     nodes, result = [], root.outputs[0]
     for op in ("Mul", "Add"):
         reader = result.outputs[0] if len(result.outputs) == 1 and result.name not in site.graph_outputs else None
@@ -114,23 +165,22 @@ def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list
             continue
         operand = reader.inputs[1] if reader.inputs[0] is result else reader.inputs[0]
         values = np.asarray(operand.values) if isinstance(operand, gs.Constant) else None
-        if values is None or values.ndim > len(shape) or dtype_name(values.dtype) not in FLOAT_DTYPES:
-            continue
-        aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
-        if any(d != 1 for d in aligned.shape[:trailing]):
-            continue  # it varies along an axis the norm does not normalize
-        params[op] = np.broadcast_to(aligned[(0,) * trailing], shape[trailing:]).reshape(channels, 1, 1).astype(dtype)
+        values = None if values is None else _over_normalized_axes(values, shape, trailing, dtype)
+        if values is None:
+            continue  # not a constant, or it varies along an axis the norm does not normalize
+        params[op] = values
         nodes.append(reader)
         result = reader.outputs[0]
     return nodes, params["Mul"], params["Add"]
 
 
-def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float, scale=None, bias=None) -> gs.Tensor:
+def _layer_normalization(builder: Builder, view: gs.Tensor, epsilon: float, scale=None, bias=None,
+                         out: gs.Tensor | None = None) -> gs.Tensor:
     channels = static_shape(view)[1]
     dtype = dtype_name(view.dtype)
     scale = builder.const(np.ones((channels, 1, 1), dtype) if scale is None else scale, "scale")
     bias = builder.const(np.zeros((channels, 1, 1), dtype) if bias is None else bias, "bias")
-    return builder.op("LayerNormalization", [view, scale, bias], static_shape(view), view.dtype,
+    return builder.op("LayerNormalization", [view, scale, bias], static_shape(view), view.dtype, out,
                       axis=1, epsilon=epsilon)
 
 
@@ -148,6 +198,56 @@ def _normalized_by_convs(builder: Builder, view: gs.Tensor, epsilon: float, cent
                       np.array([epsilon], dtype), per_row)
     inverse = builder.op("Pow", [spread, scalar(builder, -0.5, view)], per_row, view.dtype)
     return builder.op("Mul", [view, inverse], static_shape(view), view.dtype)
+
+
+def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
+    """GroupNorm with one group as torch exports it (PoolFormer's GroupNorm(1), ConvNeXt-style
+    "LayerNorm over channels" of NCHW): x [N, C, spatial...] reshaped to [N, 1, C*S],
+    InstanceNormalization, reshaped back to x's shape, then the per-channel affine as Mul and
+    Add of constants. Normalizing the one group is normalizing axes [1, ...] of x, so the whole
+    is one LayerNormalization on x [N, C, H, W] (on [N, C, S, 1] for other ranks), exNorm's axes
+    [1, 2, 3] (seed 001, exNorm): no relabel steps, and the InstanceNormalization's scale and
+    bias with the affine after it as its [C, 1, 1] scale and bias (exact: the same statistics
+    and the same products, regrouped)."""
+    reshape_in = producer(node.inputs[0])
+    grouped = static_shape(node.inputs[0])
+    if reshape_in is None or reshape_in.op not in RESHAPE_LIKE or grouped is None or len(grouped) != 3 or grouped[1] != 1:
+        return "its input is not a relabel to [N, 1, C*S] (GroupNorm with one group)"
+    x = reshape_in.inputs[0]
+    shape = static_shape(x)
+    if shape is None or len(shape) < 3 or shape[0] != grouped[0] or dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return "the relabelled tensor is not a float [N, C, spatial...] of known shape"
+    readers = node.outputs[0].outputs
+    reshape_out = readers[0] if len(readers) == 1 else None
+    if (reshape_out is None or reshape_out.op not in RESHAPE_LIKE or static_shape(reshape_out.outputs[0]) != shape
+            or node.outputs[0].name in site.graph_outputs):
+        return "its result is not relabelled back to the shape of its input alone"
+    if reshape_in.outputs[0].name in site.graph_outputs or len(reshape_in.outputs[0].outputs) != 1:
+        return "the relabelled input is read outside the norm"
+    group_scale, group_bias = (constant_value(t) for t in node.inputs[1:3])
+    if group_scale is None or group_bias is None:
+        return "its scale or bias is not constant"
+    if not _layer_normalization_allowed(site):
+        return f"opset {site.opset} has no LayerNormalization and {site.target.name} no exNorm"
+    affine, scale, bias = _affine_after(reshape_out, shape, 1, site)
+    group_scale, group_bias = (float(np.asarray(v).reshape(-1)[0]) for v in (group_scale, group_bias))
+    scale, bias = scale * group_scale, scale * group_bias + bias
+    spatial = element_count(shape[2:])
+
+    def on_view(param: np.ndarray) -> np.ndarray:
+        if all(d == 1 for d in param.shape[1:]):
+            return param.reshape(param.shape[0], 1, 1)
+        return np.broadcast_to(param, shape[1:]).reshape(shape[1], spatial, 1)
+
+    builder = site.builder(node)
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    result = (affine[-1] if affine else reshape_out).outputs[0]
+    if len(shape) == 4:
+        _layer_normalization(builder, x, epsilon, scale, bias, out=result)
+    else:
+        view = builder.reshape(x, [shape[0], shape[1], spatial, 1])
+        builder.reshape(_layer_normalization(builder, view, epsilon, on_view(scale), on_view(bias)), shape, out=result)
+    yield builder.finish(reshape_in, node, reshape_out, *affine)
 
 
 def instance_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
@@ -178,6 +278,72 @@ def instance_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
 
 def _per_channel(values: np.ndarray, shape: list[int], dtype: str) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(values.reshape(1, -1, *[1] * (len(shape) - 2)), shape).astype(dtype))
+
+
+#: The sum of squares an L2 normalization takes is scaled by 2^15 (the largest power of two a
+#: float16 weight holds), so its epsilon, stored as a float16 bias, is at least float16's
+#: smallest value 2^-24 yet only 2^-39 against the unscaled sum.
+L2_SUM_SCALE = 2.0 ** 15
+
+
+def l2_normalize_on_channel_view(node: gs.Node, site: Site) -> Candidates:
+    """x / max(||x||, eps) over trailing axes of x [..., H] (torch's F.normalize: ReduceL2
+    keeping dims, Clip or Max at eps, an Expand to x's shape maybe, Div) on the [L, H, 1, 1]
+    view as x * (s * sum(x^2) + b)^-0.5 * s^0.5 with the sum by a 1x1 Conv of weights s = 2^15
+    and bias b = max(s * eps^2, 2^-24): an RMSNorm, times a constant, that the fusion table makes
+    one exNorm (seed 001, exNorm: RMSNormalization; rknn-toolkit2 2.5.0 plans EdgeNeXt's
+    normalized queries and keys as exNorm, tools/wide_zoo/peer_rk3588.json). It is
+    x / sqrt(||x||^2 + b / s): within float16 rounding (2^-11) of F.normalize for every row of
+    norm at least 2^-14.5 (b / s is 2^-39 for eps up to 2^-20, torch's 1e-12 among them; a
+    larger eps declines), and a row of smaller norm has every value among float16's
+    subnormals; a row of zeros stays zeros.
+    Only on a target with exNorm: its statistics are float32, so s * sum(x^2) cannot overflow
+    as a float16 step would."""
+    x = node.inputs[0]
+    shape = static_shape(x)
+    if shape is None or dtype_name(x.dtype) not in FLOAT_DTYPES or static_shape(node.outputs[0]) != shape:
+        return "not a float tensor of known shape divided without broadcasting it"
+    chain, divisor, epsilon = [], producer(node.inputs[1]), 0.0
+    if divisor is not None and divisor.op == "Expand":
+        chain.append(divisor)
+        divisor = producer(divisor.inputs[0])
+    if divisor is not None and divisor.op in ("Clip", "Max"):
+        bounds = [t for t in divisor.inputs[1:] if t.name]
+        floor = constant_value(bounds[0]) if len(bounds) == 1 and divisor.inputs[1] is bounds[0] else None
+        if floor is None or floor.size != 1 or (divisor.op == "Clip" and len(divisor.inputs) != 2 and divisor.inputs[2].name):
+            return f"{divisor.name} is not a floor at one constant"
+        chain.append(divisor)
+        epsilon = max(float(np.asarray(floor).reshape(-1)[0]), 0.0)
+        divisor = producer(divisor.inputs[0])
+    if epsilon > 2.0 ** -20:
+        return f"its floor {epsilon:g} is above 2^-20: sqrt(||x||^2 + eps^2) would not stand for max(||x||, eps)"
+    if divisor is None or divisor.op != "ReduceL2" or divisor.inputs[0] is not x:
+        return "not x divided by its own ReduceL2 (floored, expanded)"
+    block = _reduced_block(divisor)
+    if isinstance(block, str):
+        return block
+    _, first, count = block
+    if first + count != len(shape) or not divisor.attrs.get("keepdims", 1):
+        return "its norm is not over trailing axes, kept"
+    chain.append(divisor)
+    for member in chain:
+        if member.outputs[0].name in site.graph_outputs or len(member.outputs[0].outputs) != 1:
+            return f"{member.outputs[0].name} is read outside the normalization"
+    if not site.target.has_kernel("exNorm"):
+        return f"{site.target.name} has no exNorm to take its statistics in float32"
+    rows, depth = element_count(shape[:first]), element_count(shape[first:])
+    dtype = dtype_name(x.dtype)
+    floor = max(L2_SUM_SCALE * epsilon ** 2, 2.0 ** -24)
+    builder = site.builder(node)
+    view = builder.reshape(x, [rows, depth, 1, 1])
+    square = builder.op("Mul", [view, view], [rows, depth, 1, 1], x.dtype)
+    spread = conv_1x1(builder, square, np.full((1, depth), L2_SUM_SCALE, dtype), np.array([floor], dtype),
+                      [rows, 1, 1, 1])
+    inverse = builder.op("Pow", [spread, scalar(builder, -0.5, x)], [rows, 1, 1, 1], x.dtype)
+    normed = builder.op("Mul", [view, inverse], [rows, depth, 1, 1], x.dtype)
+    scaled = builder.op("Mul", [normed, scalar(builder, L2_SUM_SCALE ** 0.5, x)], [rows, depth, 1, 1], x.dtype)
+    builder.reshape(scaled, shape, out=node.outputs[0])
+    yield builder.finish(node, *chain)
 
 
 def _reduced_block(node: gs.Node) -> tuple[tuple[int, ...], int, int] | str:
@@ -235,7 +401,9 @@ def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
-    RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul"}), always=True),
+    RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul", "Add"}), always=True),
+    RewriteRule(l2_normalize_on_channel_view, frozenset({"Div"}), always=True),
+    RewriteRule(single_group_norm_as_layer_norm, frozenset({"InstanceNormalization"})),
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
     RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
                 late=True),
