@@ -95,7 +95,13 @@ def _body(*members):
 
 def test_only_what_follows_the_accumulator_and_can_tell_rounds_it():
     matmul_bias_sigmoid = _body(("MatMul", ["x", "kw"], ["t"]), ("Add", ["t", "kc"], ["u"]), ("Sigmoid", ["u"], ["y"]))
-    assert leaving_accumulator(matmul_bias_sigmoid, "float16") == {"u"}  # after the bias, not before
-    assert leaving_accumulator(matmul_bias_sigmoid, "float32") == frozenset()
-    assert leaving_accumulator(_body(("Conv", ["x", "kw", "kb"], ["t"]), ("Relu", ["t"], ["y"])), "float16") == frozenset()
-    assert leaving_accumulator(_body(("Conv", ["x", "kw"], ["t"]), ("Add", ["t", "r"], ["y"])), "float16") == {"t"}
+    assert leaving_accumulator("exMatMulSigmoid", matmul_bias_sigmoid, "float16") == {"u"}  # after the bias
+    assert leaving_accumulator("exMatMulSigmoid", matmul_bias_sigmoid, "float32") == frozenset()
+    assert leaving_accumulator("ConvRelu", _body(("Conv", ["x", "kw", "kb"], ["t"]), ("Relu", ["t"], ["y"])),
+                               "float16") == frozenset()
+    conv_add = _body(("Conv", ["x", "kw"], ["t"]), ("Add", ["t", "r"], ["y"]))
+    assert leaving_accumulator("ConvAdd", conv_add, "float16") == {"t"}
+    # an RMSNorm written with a 1x1 Conv of its mean square: exNorm's statistics stay float32
+    rms = _body(("Mul", ["x", "x"], ["sq"]), ("Conv", ["sq", "kw", "kb"], ["ms"]), ("Pow", ["ms", "kp"], ["r"]),
+                ("Mul", ["x", "r"], ["y"]))
+    assert leaving_accumulator("exNorm", rms, "float16") == frozenset()

@@ -227,11 +227,16 @@ def test_pool_stage_kernels_use_the_fewest_stages_of_at_most_7(size, kernels):
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
 @pytest.mark.parametrize("spatial", [(13, 13), (40, 20), (9, 3), (508,), (13,)])
 def test_big_global_pools_become_tiling_pools(tmp_path, op, spatial):
-    """Over a 2-D map, or over a sequence's (N, C, L) (1-D pools along L)."""
+    """Over a 2-D map, or over a sequence's (N, C, L) (1-D pools along L, staged after fusion:
+    a late rule, so a norm's mean stays whole for the norm rewrites)."""
     model = unary_model(op, [1, 3, *spatial])
     model.graph.output[0].CopyFrom(value_info("y", [1, 3] + [1] * len(spatial)))
     refused = with_refusals(**{op: lambda n: max(shape_of(n)[2:]) > 7})
     ctx = rewritten(model, tmp_path, refused)
+    if len(spatial) == 1:
+        assert rules_fired(ctx) == []
+        rewrite_late.run(ctx)
+        assert rules_fired(ctx) == ["sequence_pool_to_stages"]
     pools = [n for n in ctx.graph.nodes if n.op in ("AveragePool", "MaxPool")]
     assert pools and all(len(n.attrs["kernel_shape"]) == len(spatial) for n in pools)
     assert all(max(n.attrs["kernel_shape"]) <= 7 and max(n.attrs["pads"]) <= 6 for n in pools)

@@ -177,8 +177,7 @@ def pool_stage_kernels(size: int, limit: int) -> list[int]:
 
 def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     """GlobalAveragePool/GlobalMaxPool over more than 7x7 (seed 000: height, width ∈ (0,7]) as
-    pools with kernel = stride <= 7 that tile the map (of a 2-D map, or of a 1-D one: a
-    sequence's (N, C, L), pooled along L). Averages pad with zeros and count them
+    pools with kernel = stride <= 7 that tile the map. Averages pad with zeros and count them
     (count_include_pad = 1, seed 000), so a final Mul rescales by padded area / true area.
 
     In an int8 plan every stage's output is rounded to its 256 levels, and a stage's rounding
@@ -190,11 +189,30 @@ def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     int8 steps read the mean (a squeeze-excitation block's scale), the 15 zoo CNNs with such
     pools answered the other order with output cosine changes of up to +-0.007 in both
     directions (noise the network amplifies, docs/quantization.md), so they keep the order that
-    stores the smallest intermediate, as float16 plans do (their stages round at 2^-11)."""
+    stores the smallest intermediate, as float16 plans do (their stages round at 2^-11).
+
+    A pool over a sequence is staged after fusion (`sequence_pool_to_stages`): tf2onnx writes a
+    LayerNorm's means over [N, L, C] as GlobalAveragePools, which the norm rewrites take whole."""
+    shape = static_shape(node.inputs[0])
+    if shape is None or len(shape) != 4:
+        return ("a pool over a sequence is staged after fusion" if shape is not None and len(shape) == 3
+                else "the input is not 4-D of known shape")
+    return (yield from _pool_stages(node, site, shape))
+
+
+def sequence_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
+    """A global pool over a sequence's (N, C, L), left as it is by the norm rewrites and fusion,
+    as 1-D pools along L (`global_pool_to_stages`), as rknn-toolkit2 runs magika's GlobalMaxPool
+    over 508 positions in four MaxPool layers."""
+    shape = static_shape(node.inputs[0])
+    if shape is None or len(shape) != 3:
+        return "the input is not a sequence (N, C, L) of known shape"
+    return (yield from _pool_stages(node, site, shape))
+
+
+def _pool_stages(node: gs.Node, site: Site, shape: list[int]) -> Candidates:
+    """The staged pools of `global_pool_to_stages`, for a 2-D or 1-D map."""
     x = node.inputs[0]
-    shape = static_shape(x)
-    if shape is None or len(shape) not in (3, 4):
-        return "the input is not 3-D or 4-D of known shape"
     average = node.op == "GlobalAveragePool"
     limit = site.target.rule_parameter("AveragePool" if average else "MaxPool", "pool_window", "kernel")
     if limit is None:
@@ -264,5 +282,6 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(maxpool_kernel_to_cascade, frozenset({"MaxPool"})),
     RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
+    RewriteRule(sequence_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"}), late=True),
     RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
 )

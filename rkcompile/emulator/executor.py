@@ -65,7 +65,13 @@ class Execution:
 ROUNDING_COMMUTES = frozenset({"Relu", "Clip"})
 
 
-def leaving_accumulator(body, dtype: str | None) -> frozenset[str]:
+#: fused kernels that keep every intermediate in float32 (a norm's statistics: an RMSNorm or
+#: L2 normalization written with a 1x1 Conv of its mean square is exNorm, kernels/layernorm.py),
+#: so no member's result leaves an accumulator rounded
+FLOAT32_WITHIN = frozenset({"exNorm"})
+
+
+def leaving_accumulator(kernel: str, body, dtype: str | None) -> frozenset[str]:
     """The intermediates of a fused NPU kernel that leave the convolution core's accumulator,
     rounded to the stored float `dtype` before the rest of the kernel computes with them.
     rknn-toolkit2 2.5.0's simulator does so in every fused form it was given: a Conv followed by
@@ -74,7 +80,7 @@ def leaving_accumulator(body, dtype: str | None) -> frozenset[str]:
     one at 61-87%; MatMul followed by Add or Sigmoid, Gemm followed by Sigmoid the same. Biases
     are inside the stage (`plain_nodes.accumulator_stages`). Empty when nothing after the stage
     can tell (Relu, Clip) or the kernel stores no narrower float."""
-    if dtype not in ("float16", "bfloat16"):
+    if dtype not in ("float16", "bfloat16") or kernel in FLOAT32_WITHIN:
         return frozenset()
     stages = accumulator_stages(body.nodes, body.outputs)
     outputs = {t.name for t in body.outputs}
@@ -409,7 +415,7 @@ class Executor:
         # a planned one, and its own members are no accumulator stage of the step
         stored = self.plan.tensors.get(node.outputs[0].name) if body is not None and node.outputs else None
         if stored is not None:
-            rounding = (leaving_accumulator(body, stored.dtype), lambda value: self._leaving(value, stored.dtype))
+            rounding = (leaving_accumulator(node.op, body, stored.dtype), lambda value: self._leaving(value, stored.dtype))
         if self.quantization:  # a float16 step of an int8 plan rounds as a float16 plan's does
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
             return run_int8(node, values, out_quants, self.opset, is_movement, rounding)
