@@ -188,6 +188,77 @@ def test_gelu_keeps_its_division_before_erf(save, tmp_path):
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
 
 
+def test_an_attention_scale_moves_onto_its_scores(save, tmp_path):
+    """softmax((s*q)^T k) v^T, yolo11's attention that rknn-toolkit2 2.5.0 fails on, is written
+    softmax(s*(q^T k)) v^T: the Mul reads the score MatMul, the Softmax reads the Mul."""
+    nodes = [helper.make_node("Mul", ["q", "scale"], ["scaled"], name="mul"),
+             helper.make_node("Transpose", ["scaled"], ["qt"], name="transpose", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qt", "k"], ["scores"], name="scores"),
+             helper.make_node("Softmax", ["scores"], ["attention"], name="softmax", axis=-1),
+             helper.make_node("Transpose", ["attention"], ["at"], name="transpose_1", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["v", "at"], ["y"], name="values")]
+    original = save(make_model(nodes, [value_info(n, [1, 2, 16, 32]) for n in "qkv"], [value_info("y", [1, 2, 16, 32])],
+                               [weight("scale", np.float32(0.25))]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node for node in exported.graph.node for out in node.output}
+    softmax = next(n for n in exported.graph.node if n.op_type == "Softmax")
+    assert made_by[softmax.input[0]].op_type == "Mul"
+    assert made_by[made_by[softmax.input[0]].input[0]].op_type == "MatMul"
+    assert written.report["toolkit_shapings"]["scale_after_scores"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
+
+
+def test_a_zero_pad_folds_into_its_conv(save, tmp_path):
+    """tf2onnx's "same" padding of a strided Conv, Pad(0, 1) -> Conv, is written as the Conv
+    with those pads (rknn-toolkit2 2.5.0 fails folding a Pad whose pads are an initializer)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Pad", ["x", "pads", "zero"], ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w"], ["y"], name="conv", strides=[2, 2], group=8)]
+    original = save(make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 8, 8])],
+                               [weight("pads", np.array([0, 0, 0, 0, 0, 0, 1, 1])), weight("zero", np.float32(0)),
+                                weight("w", rng.standard_normal((8, 1, 3, 3)).astype(np.float32))], opset=13))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert [n.op_type for n in exported.graph.node] == ["Conv"]
+    conv = exported.graph.node[0]
+    assert helper.get_attribute_value(next(a for a in conv.attribute if a.name == "pads")) == [0, 0, 1, 1]
+    assert written.report["toolkit_shapings"]["pads_into_convs"] == 1
+    x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_gelu_of_opset_20_is_written_in_older_ops(save, tmp_path):
+    """onnx's converter knows no Gelu before opset 20; the export writes it as Div -> Erf (the
+    form rknn-toolkit2 fuses) before converting down to 19, both approximations."""
+    for approximate, core in (("none", "Erf"), ("tanh", "Tanh")):
+        nodes = [helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate=approximate)]
+        original = save(make_model(nodes, [value_info("x", [1, 16, 8, 8])], [value_info("y", [1, 16, 8, 8])],
+                                   opset=20), f"{approximate}.onnx")
+        written = rkcompile.export(original, tmp_path / f"{approximate}_out.onnx", "rk3588")
+        exported = onnx.load(str(written.path))
+        ops = [n.op_type for n in exported.graph.node]
+        assert "Gelu" not in ops and core in ops and exported.opset_import[0].version == 19
+        assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_the_export_imports_ai_onnx_first_and_no_unused_domain(save, tmp_path):
+    """tf2onnx lists ai.onnx.ml first; rknn-toolkit2 takes the first import for the model's opset."""
+    model = conv_relu_erf()
+    model.opset_import.insert(0, helper.make_opsetid("ai.onnx.ml", 2))
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert [(o.domain, o.version) for o in exported.opset_import] == [("", 17)]
+
+
+def test_an_output_with_a_symbolic_batch_is_written_static(save, tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    original = save(make_model(nodes, [value_info("x", [1, 8, 4, 4])], [value_info("y", ["batch", 8, 4, 4])]))
+    exported = onnx.load(str(rkcompile.export(original, tmp_path / "out.onnx", "rk3588").path))
+    assert [d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim] == [1, 8, 4, 4]
+
+
 def test_an_export_that_disagrees_is_not_written(save, tmp_path):
     with pytest.raises(CompileError, match="disagrees .* nothing written"):
         rkcompile.export(save(conv_relu_erf()), tmp_path / "out.onnx", "rk3588", tolerance=-1.0)

@@ -10,6 +10,7 @@ not model) are left out, and an opset above what the toolkit reads is converted 
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Sequence
 
@@ -41,13 +42,20 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node],
     read = {name for proto in protos for name in proto.input}
     graph = helper.make_graph(
         protos, plan.model.path.rsplit("/", 1)[-1].removesuffix(".onnx"),
-        [_value_info(spec) for spec in plan.model.inputs], [_value_info(spec) for spec in plan.model.outputs],
+        [_value_info(spec) for spec in plan.model.inputs],
+        [_value_info(_planned_shape(spec, plan)) for spec in plan.model.outputs],
         [tensor for name, tensor in weights.items() if name in read])
-    opsets = [helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()
-              if domain in STANDARD_DOMAINS]
+    # ai.onnx first, and only the domains the nodes use: rknn-toolkit2 takes the first opset
+    # import for the model's opset (an unused ai.onnx.ml 2 first, from tf2onnx, has it convert
+    # the graph "to opset 2" and fail: `No Adapter To Version $12 for Reshape`)
+    used = {node.domain or "ai.onnx" for node in _all_nodes(graph)} | {"ai.onnx"}
+    opsets = sorted((helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()
+                     if domain in STANDARD_DOMAINS and (domain or "ai.onnx") in used),
+                    key=lambda opset: opset.domain not in ("", "ai.onnx"))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="rkcompile export")
     model.ir_version = helper.find_min_ir_version_for(opsets)
     if plan.model.opset > max_opset:
+        _write_older_forms(model.graph, max_opset)
         try:
             model = version_converter.convert_version(model, max_opset)
         except Exception as exc:  # noqa: BLE001  (the converter raises RuntimeError, ValueError, its own)
@@ -62,6 +70,56 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node],
     return model, shaped
 
 
+def _gelu_older_form(node: onnx.NodeProto) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """Gelu (opset 20) as the nodes it stands for: x/2 * (1 + erf(x / sqrt(2))), the scaling a
+    Div (the form rknn-toolkit2 fuses into its GELU), or with approximate="tanh"
+    x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
+    prefix, x = node.name or node.output[0], node.input[0]
+    approximate = next((a.s.decode() for a in node.attribute if a.name == "approximate"), "none")
+    constants = {what: numpy_helper.from_array(np.array(value, np.float32), f"{prefix}/{what}")
+                 for what, value in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5),
+                                     ("cubic", 0.044715), ("sqrt_2_over_pi", np.sqrt(2.0 / np.pi)))}
+    name = {what: tensor.name for what, tensor in constants.items()}
+    if approximate == "tanh":
+        nodes = [helper.make_node("Mul", [x, x], [f"{prefix}/square"], f"{prefix}/square"),
+                 helper.make_node("Mul", [f"{prefix}/square", x], [f"{prefix}/cube"], f"{prefix}/cube"),
+                 helper.make_node("Mul", [f"{prefix}/cube", name["cubic"]], [f"{prefix}/cubic_term"],
+                                  f"{prefix}/cubic_term"),
+                 helper.make_node("Add", [x, f"{prefix}/cubic_term"], [f"{prefix}/inner"], f"{prefix}/inner"),
+                 helper.make_node("Mul", [f"{prefix}/inner", name["sqrt_2_over_pi"]], [f"{prefix}/scaled"],
+                                  f"{prefix}/scaled"),
+                 helper.make_node("Tanh", [f"{prefix}/scaled"], [f"{prefix}/curve"], f"{prefix}/tanh")]
+    else:
+        nodes = [helper.make_node("Div", [x, name["sqrt2"]], [f"{prefix}/scaled"], f"{prefix}/scaled"),
+                 helper.make_node("Erf", [f"{prefix}/scaled"], [f"{prefix}/curve"], f"{prefix}/erf")]
+    nodes += [helper.make_node("Add", [f"{prefix}/curve", name["one"]], [f"{prefix}/gate"], f"{prefix}/gate"),
+              helper.make_node("Mul", [x, f"{prefix}/gate"], [f"{prefix}/gated"], f"{prefix}/gated"),
+              helper.make_node("Mul", [f"{prefix}/gated", name["half"]], [node.output[0]], f"{prefix}/half")]
+    read = {name for new in nodes for name in new.input}
+    return [tensor for tensor in constants.values() if tensor.name in read], nodes
+
+
+#: ops a newer opset introduced, which onnx's version converter cannot take down (it knows no
+#: previous version), by the opset that introduced them, and their form in older ops
+OLDER_FORMS = {"Gelu": (20, _gelu_older_form)}
+
+
+def _write_older_forms(graph: onnx.GraphProto, opset: int) -> None:
+    """Replace each node of `graph` whose op is newer than `opset` and in OLDER_FORMS by its
+    older form, for the version converter to take the rest down."""
+    nodes = []
+    for node in graph.node:
+        since, older_form = OLDER_FORMS.get(node.op_type, (0, None))
+        if older_form is None or node.domain not in ("", "ai.onnx") or since <= opset:
+            nodes.append(node)
+            continue
+        constants, replacement = older_form(node)
+        graph.initializer.extend(constants)
+        nodes.extend(replacement)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def _refuse_custom_domain(node: onnx.NodeProto) -> None:
     """A node of a domain other than ONNX's, at any depth of its subgraphs, cannot be written as
     standard ONNX (the toolkit knows no custom op)."""
@@ -71,6 +129,16 @@ def _refuse_custom_domain(node: onnx.NodeProto) -> None:
     for graph in proto_subgraphs(node):
         for inner in graph.node:
             _refuse_custom_domain(inner)
+
+
+def _planned_shape(spec: TensorSpec, plan: PlanRecord) -> TensorSpec:
+    """An output declared with a dynamic dim (a symbolic batch left by the exporter) as the shape
+    the plan computed for it from the static inputs: rknn-toolkit2 needs every output static."""
+    placement = plan.tensors.get(spec.name)
+    if placement is None or placement.shape is None or any(d < 0 for d in placement.shape) \
+            or len(placement.shape) != len(spec.shape):
+        return spec
+    return dataclasses.replace(spec, shape=tuple(placement.shape))
 
 
 def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
@@ -112,10 +180,7 @@ def slices_before_reshapes(model: onnx.ModelProto) -> int:
     opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     graph_outputs = {output.name for output in graph.output}
     replaced: dict[str, list[onnx.NodeProto]] = {}   # a Reshape's name -> the nodes written in its place
     dropped: set[str] = set()
@@ -142,10 +207,7 @@ def erf_of_a_quotient(model: onnx.ModelProto) -> int:
     Returns how many Muls it wrote back."""
     graph = model.graph
     constants = {tensor.name: tensor for tensor in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     changed = 0
     for node in graph.node:
         if node.op_type != "Mul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Erf"]:
@@ -162,6 +224,112 @@ def erf_of_a_quotient(model: onnx.ModelProto) -> int:
         node.input[:] = [variable, divisor.name]
         changed += 1
     return changed
+
+
+def scale_after_scores(model: onnx.ModelProto) -> int:
+    """Move a Mul by a constant scalar on one operand of an attention's score MatMul (one whose
+    only reader is a Softmax), through the Transposes between them, onto the MatMul's result:
+    softmax((s*q)^T k) becomes softmax(s*(q^T k)), the form the toolkit's attention fusion is
+    written for. rknn-toolkit2 2.5.0 matches MatMul -> Softmax -> MatMul with the scale on q in
+    its rule `fuse_exmatmul_add_mul_exsoftmax13_exmatmul_to_sdpa` and fails in it (IndexError:
+    list index out of range, yolo11n's C2PSA attention). The values differ by float32 rounding.
+    Returns how many Muls moved."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    moved: dict[int, onnx.NodeProto] = {}   # id(score MatMul) -> the Mul now on its result
+    removed = set()
+    for node in graph.node:
+        if node.op_type != "MatMul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Softmax"]:
+            continue
+        for operand in node.input:
+            path, source = [], made_by.get(operand)
+            while source is not None and source.op_type == "Transpose" and len(readers[source.output[0]]) == 1:
+                path.append(source)
+                source = made_by.get(source.input[0])
+            if source is None or source.op_type != "Mul" or len(readers[source.output[0]]) != 1:
+                continue
+            scalars = [name for name in source.input
+                       if name in constants and int(np.prod(constants[name].dims)) == 1]
+            if len(scalars) != 1 or source.input[0] == source.input[1]:
+                continue
+            first = path[-1] if path else node
+            first.input[list(first.input).index(source.output[0])] = next(n for n in source.input if n != scalars[0])
+            scores = node.output[0]
+            node.output[0] = f"{scores}/unscaled"
+            moved[id(node)] = helper.make_node("Mul", [node.output[0], scalars[0]], [scores], f"{source.name}/on_scores")
+            removed.add(id(source))
+            break
+    nodes = [new for node in graph.node if id(node) not in removed
+             for new in ([node, moved[id(node)]] if id(node) in moved else [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(moved)
+
+
+def pads_into_convs(model: onnx.ModelProto) -> int:
+    """Fold a zero constant Pad of the spatial axes whose only reader is a Conv (explicit pads)
+    into that Conv's pads: the same values. rknn-toolkit2 2.5.0 tries that itself (its rule
+    `fuse_pad_into_conv`) and fails on a Pad whose pads are an initializer (ValueError:
+    assignment destination is read-only; tf2onnx's "same" padding of a strided Conv). Returns
+    how many Pads it folded."""
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = _readers(graph)
+    graph_outputs = {output.name for output in graph.output}
+    folded = set()
+    for node in graph.node:
+        conv = readers.get(node.output[0], []) if node.op_type == "Pad" else []
+        if len(conv) != 1 or conv[0].op_type != "Conv" or conv[0].input[0] != node.output[0] \
+                or node.output[0] in graph_outputs:
+            continue
+        pads = _zero_constant_pads(node, constants)
+        attributes = {a.name: a for a in conv[0].attribute}
+        rank = len(pads) // 2 if pads is not None else 0
+        if pads is None or any(pads[:2]) or any(pads[rank:rank + 2]) or any(p < 0 for p in pads) \
+                or attributes.get("auto_pad", helper.make_attribute("auto_pad", b"NOTSET")).s not in (b"NOTSET", b""):
+            continue
+        spatial = rank - 2
+        old = list(attributes["pads"].ints) if "pads" in attributes else [0] * (2 * spatial)
+        new = [a + b for a, b in zip(old, [*pads[2:rank], *pads[rank + 2:]])]
+        if "pads" in attributes:
+            conv[0].attribute.remove(attributes["pads"])
+        conv[0].attribute.append(helper.make_attribute("pads", new))
+        conv[0].input[0] = node.input[0]
+        folded.add(id(node))
+    nodes = [node for node in graph.node if id(node) not in folded]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(folded)
+
+
+def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
+    """The pads of `pad`, a Pad node, when it pads every axis (no `axes`) with a constant zero;
+    else None. The attribute form (opset < 11) and the input form both."""
+    attributes = {a.name: helper.get_attribute_value(a) for a in pad.attribute}
+    if attributes.get("mode", b"constant") != b"constant":
+        return None
+    if len(pad.input) == 1:
+        value, pads = attributes.get("value", 0.0), attributes.get("pads")
+    else:
+        if len(pad.input) > 3 and pad.input[3] or pad.input[1] not in constants:
+            return None
+        given = len(pad.input) > 2 and pad.input[2]
+        if given and pad.input[2] not in constants:
+            return None
+        value = constants[pad.input[2]].reshape(-1)[0] if given else 0.0
+        pads = constants[pad.input[1]].reshape(-1).tolist()
+    return [int(p) for p in pads] if pads is not None and value == 0 else None
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """The nodes reading each tensor name of `graph` (its top level)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
 
 
 def _cut_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str, list[int]],
@@ -221,15 +389,20 @@ def _kept_axis(source: list[int], result: list[int], axis: int) -> int | None:
                 None)
 
 
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of `graph` and of its subgraphs at any depth."""
+    nodes, pending = [], [graph]
+    while pending:
+        for node in pending.pop().node:
+            nodes.append(node)
+            pending.extend(proto_subgraphs(node))
+    return nodes
+
+
 def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
     """Remove the initializers no node reads, in `graph` or in a subgraph at any depth (which may
     name one without listing it): those a shaping left behind."""
-    read = set()
-    pending = [graph]
-    while pending:
-        for node in pending.pop().node:
-            read.update(node.input)
-            pending.extend(proto_subgraphs(node))
+    read = {name for node in _all_nodes(graph) for name in node.input}
     kept = [tensor for tensor in graph.initializer if tensor.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)
@@ -248,4 +421,4 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
-TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient)
+TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs)
