@@ -259,6 +259,48 @@ def test_an_output_with_a_symbolic_batch_is_written_static(save, tmp_path):
     assert [d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim] == [1, 8, 4, 4]
 
 
+def test_a_token_mean_reaches_the_classifier_through_a_transpose(save, tmp_path):
+    """The plan computes a mean over tokens as a one-channel Conv ([1, 1, C, 1]); the export
+    moves that vector into the channels with a Transpose, not a Reshape (rknn-toolkit2 2.5.0
+    loops forever on Conv -> Reshape -> Conv, swin_tiny's and levit's heads)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[1], keepdims=0),
+             helper.make_node("Gemm", ["mean", "w", "b"], ["y"], name="fc", transB=1)]
+    original = save(make_model(nodes, [value_info("x", [1, 49, 64])], [value_info("y", [1, 10])],
+                               [weight("w", rng.standard_normal((10, 64)).astype(np.float32)),
+                                weight("b", rng.standard_normal(10).astype(np.float32))]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    assert written.report["toolkit_shapings"]["vectors_into_channels"] == 1
+    convs = [n for n in exported.graph.node if n.op_type == "Conv"]
+    assert [n.op_type for n in exported.graph.node if made_by.get(n.input[0]) == "Conv"] == ["Transpose", "Reshape"]
+    assert made_by[convs[1].input[0]] == "Transpose"
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_two_linear_heads_added_are_written_as_one_gemm(save, tmp_path):
+    """levit's two heads, Gemms without bias added, which the plan makes Reshape -> Conv each:
+    the export writes them as one Gemm of the summed weights with a (zero) bias, then the
+    Reshape to the Conv's shape (rknn-toolkit2 2.5.0 fails fusing the two Convs, and loops on
+    Reshape -> Conv)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["a"], name="head", transB=1),
+             helper.make_node("Gemm", ["x", "w2"], ["b"], name="head_dist", transB=1),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    original = save(make_model(nodes, [value_info("x", [1, 64])], [value_info("y", [1, 10])],
+                               [weight("w1", rng.standard_normal((10, 64)).astype(np.float32)),
+                                weight("w2", rng.standard_normal((10, 64)).astype(np.float32))]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert [n.op_type for n in exported.graph.node if n.op_type not in ("Reshape", "Flatten")] == ["Gemm"]
+    gemm = next(n for n in exported.graph.node if n.op_type == "Gemm")
+    assert len(gemm.input) == 3 and gemm.input[2]
+    assert written.report["toolkit_shapings"]["added_convs_as_one"] == 1
+    assert written.report["toolkit_shapings"]["linear_layers_as_gemms"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
 def test_an_export_that_disagrees_is_not_written(save, tmp_path):
     with pytest.raises(CompileError, match="disagrees .* nothing written"):
         rkcompile.export(save(conv_relu_erf()), tmp_path / "out.onnx", "rk3588", tolerance=-1.0)

@@ -62,6 +62,7 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node],
             raise CompileError(f"cannot convert the exported graph from opset {plan.model.opset} to {max_opset}: "
                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     shaped = {shaping.__name__: shaping(model) for shaping in TOOLKIT_SHAPINGS}
+    _drop_unread_nodes(model.graph)
     _drop_unread_initializers(model.graph)
     try:
         onnx.checker.check_model(model, full_check=True)
@@ -304,6 +305,134 @@ def pads_into_convs(model: onnx.ModelProto) -> int:
     return len(folded)
 
 
+def vectors_into_channels(model: onnx.ModelProto) -> int:
+    """Write a Reshape of a one-channel Conv result holding a vector along a spatial axis
+    ([N, 1, K, 1], the plan's mean over tokens as a Conv) as a Transpose of that axis into the
+    channels, then the Reshape if the result is another shape: the same values. From Conv ->
+    Reshape -> Conv (the head after a token mean) rknn-toolkit2 2.5.0 never returns: its rule
+    `fuse_rs_conv` rewrites the pair back and forth (swin_tiny, levit). Returns how many Reshapes
+    it wrote."""
+    shapes = _static_shapes(model)
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        source, shape = made_by.get(node.input[0]) if node.op_type == "Reshape" else None, shapes.get(node.input[0])
+        if source is None or source.op_type != "Conv" or shape is None or len(shape) != 4 or shape[1] != 1:
+            continue
+        axis = next((a for a in (2, 3) if shape[a] > 1 and int(np.prod(shape[1:])) == shape[a]), None)
+        if axis is None:
+            continue
+        perm = [0, axis, *(a for a in (1, 2, 3) if a != axis)]
+        moved = [shape[a] for a in perm]
+        target = shapes.get(node.output[0])
+        if target == moved:
+            written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [node.output[0]],
+                                                  f"{node.name}/as_transpose", perm=perm)]
+        elif target is not None:
+            name = f"{node.name}/into_channels"
+            written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [name], name, perm=perm),
+                                 helper.make_node("Reshape", [name, *node.input[1:]], [node.output[0]], node.name)]
+    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def added_convs_as_one(model: onnx.ModelProto) -> int:
+    """Write the sum of two Convs of the same input with the same attributes, each read by that
+    Add alone, as one Conv with the summed weights and biases: the same values in real
+    arithmetic (float32 rounding apart). rknn-toolkit2 2.5.0 does that itself (its rule
+    `fuse_conv_conv_add`) and fails on the Convs the plan makes of Gemms (TypeError: 'NoneType'
+    object is unsliceable: levit's two heads). Returns how many Adds it wrote."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    merged: dict[int, onnx.NodeProto] = {}
+    removed = set()
+    for node in graph.node:
+        convs = [made_by.get(name) for name in node.input] if node.op_type == "Add" else []
+        if len(convs) != 2 or any(c is None or c.op_type != "Conv" or len(readers[c.output[0]]) != 1 for c in convs) \
+                or convs[0] is convs[1] or _source(convs[0].input[0], made_by, constants) is None \
+                or _source(convs[0].input[0], made_by, constants) != _source(convs[1].input[0], made_by, constants) \
+                or _conv_attributes(convs[0]) != _conv_attributes(convs[1]):
+            continue
+        if any(name not in constants for conv in convs for name in conv.input[1:] if name):
+            continue
+        weights = [numpy_helper.to_array(constants[conv.input[1]]) for conv in convs]
+        if weights[0].shape != weights[1].shape:
+            continue
+        biases = [numpy_helper.to_array(constants[conv.input[2]]) if len(conv.input) > 2 and conv.input[2]
+                  else np.zeros(weights[0].shape[0], weights[0].dtype) for conv in convs]
+        prefix = f"{node.name}/summed_conv"
+        summed = [numpy_helper.from_array(weights[0] + weights[1], f"{prefix}/weight"),
+                  numpy_helper.from_array(biases[0] + biases[1], f"{prefix}/bias")]
+        graph.initializer.extend(summed)
+        merged[id(node)] = helper.make_node("Conv", [convs[0].input[0], *(t.name for t in summed)], [node.output[0]],
+                                            prefix, **_conv_attributes(convs[0]))
+        removed.update(id(conv) for conv in convs)
+    nodes = [merged.get(id(node), node) for node in graph.node if id(node) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(merged)
+
+
+def _source(name: str, made_by: dict[str, onnx.NodeProto],
+            constants: dict[str, onnx.TensorProto]) -> tuple[str, tuple[int, ...] | None] | None:
+    """What tensor `name` is, to tell two names of the same values apart from others: (the
+    tensor a Reshape by a constant shape reads, that shape) for a Reshape's result, else
+    (name, None). The plan writes a Reshape per reader."""
+    node = made_by.get(name)
+    if node is None or node.op_type != "Reshape":
+        return name, None
+    if node.input[1] not in constants:
+        return None
+    return node.input[0], tuple(numpy_helper.to_array(constants[node.input[1]]).tolist())
+
+
+def _conv_attributes(conv: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+
+
+def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of a [N, C] matrix reshaped to [N, C, 1, 1] (the plan's Gemm as a Conv)
+    as the Gemm it was, with a zero bias if it had none, then the Reshape to the Conv's
+    result: the same values. From the plan's form rknn-toolkit2 2.5.0 never returns (its rule
+    `fuse_rs_conv` rewrites the Reshape -> Conv pair back and forth: levit's two heads), and
+    its rule `fuse_conv_conv_add` fails on two such Convs added without biases (TypeError:
+    'NoneType' object is unsliceable). Returns how many Convs it wrote."""
+    shapes = _static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
+        if reshape is None or reshape.op_type != "Reshape" or len(shapes.get(reshape.input[0], ())) != 2 \
+                or node.input[1] not in constants or node.output[0] not in shapes:
+            continue
+        weights = numpy_helper.to_array(constants[node.input[1]])
+        attributes = _conv_attributes(node)
+        if weights.shape[2:] != (1, 1) or attributes.get("group", 1) != 1 or any(attributes.get("pads", [])) \
+                or any(s != 1 for s in attributes.get("strides", [])):
+            continue
+        prefix = f"{node.name}/gemm"
+        matrix = numpy_helper.from_array(weights.reshape(weights.shape[:2]), f"{prefix}/weight")
+        shape = numpy_helper.from_array(np.array(shapes[node.output[0]], np.int64), f"{prefix}/shape")
+        bias = [] if len(node.input) > 2 and node.input[2] else \
+            [numpy_helper.from_array(np.zeros(weights.shape[0], weights.dtype), f"{prefix}/bias")]
+        graph.initializer.extend([matrix, shape, *bias])
+        inputs = [reshape.input[0], matrix.name, bias[0].name if bias else node.input[2]]
+        written[id(node)] = [helper.make_node("Gemm", inputs, [f"{prefix}/result"], prefix, transB=1),
+                             helper.make_node("Reshape", [f"{prefix}/result", shape.name], [node.output[0]],
+                                              f"{prefix}/reshape")]
+    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
 def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
     """The pads of `pad`, a Pad node, when it pads every axis (no `axes`) with a constant zero;
     else None. The attribute form (opset < 11) and the input form both."""
@@ -399,6 +528,21 @@ def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return nodes
 
 
+def _drop_unread_nodes(graph: onnx.GraphProto) -> None:
+    """Remove the nodes of `graph` whose results nothing reads (a shaping bypassed them), last
+    first, so that a chain of them goes."""
+    needed = {output.name for output in graph.output}
+    subgraph_reads = {name for node in graph.node for sub in proto_subgraphs(node) for inner in _all_nodes(sub)
+                      for name in inner.input}
+    kept = []
+    for node in reversed(graph.node):
+        if any(name in needed or name in subgraph_reads for name in node.output if name):
+            kept.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+
+
 def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
     """Remove the initializers no node reads, in `graph` or in a subgraph at any depth (which may
     name one without listing it): those a shaping left behind."""
@@ -421,4 +565,5 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
-TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs)
+TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
+                    vectors_into_channels, added_convs_as_one, linear_layers_as_gemms)
