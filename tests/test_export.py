@@ -279,6 +279,41 @@ def test_a_token_mean_reaches_the_classifier_through_a_transpose(save, tmp_path)
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 
 
+def test_a_mean_over_tokens_on_the_batch_axis_is_one_reduce_mean(save, tmp_path):
+    """After a LayerNorm the plan holds the tokens on the batch axis and takes their mean as
+    Reshape -> Conv(1/K) -> Transpose; the export writes one ReduceMean over axis 0 (the
+    toolkit runs that Reshape as a Transpose on its CPU: levit)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="norm", axis=-1),
+             helper.make_node("ReduceMean", ["n"], ["mean"], name="mean", axes=[1], keepdims=0),
+             helper.make_node("Gemm", ["mean", "w", "b"], ["y"], name="fc", transB=1)]
+    original = save(make_model(nodes, [value_info("x", [1, 49, 64])], [value_info("y", [1, 10])],
+                               [weight("gamma", np.ones(64, np.float32)), weight("beta", np.zeros(64, np.float32)),
+                                weight("w", rng.standard_normal((10, 64)).astype(np.float32)),
+                                weight("b", rng.standard_normal(10).astype(np.float32))]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    mean = next(n for n in exported.graph.node if n.op_type == "ReduceMean")
+    assert made_by[mean.input[0]] == "LayerNormalization" and helper.get_attribute_value(mean.attribute[0]) == [0]
+    assert [n.op_type for n in exported.graph.node].count("Conv") == 1
+    assert written.report["toolkit_shapings"]["token_means_as_reduce_means"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_a_gather_of_one_index_is_a_slice(save, tmp_path):
+    """tv_swin_nano's qkv split, Gathers of index [k] keeping the axis, is written as Slices."""
+    nodes = [helper.make_node("Gather", ["x", f"i{k}"], [f"g{k}"], name=f"gather_{k}", axis=1) for k in range(3)]
+    nodes.append(helper.make_node("Concat", ["g2", "g0", "g1"], ["y"], name="concat", axis=1))
+    original = save(make_model(nodes, [value_info("x", [1, 3, 8, 8])], [value_info("y", [1, 3, 8, 8])],
+                               [weight(f"i{k}", np.array([k])) for k in range(3)]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert "Gather" not in {n.op_type for n in exported.graph.node}
+    assert written.report["toolkit_shapings"]["gathers_as_slices"] == 3
+    assert written.report["check"]["outputs"][0]["max_abs"] == 0.0
+
+
 def test_two_linear_heads_added_are_written_as_one_gemm(save, tmp_path):
     """levit's two heads, Gemms without bias added, which the plan makes Reshape -> Conv each:
     the export writes them as one Gemm of the summed weights with a (zero) bias, then the

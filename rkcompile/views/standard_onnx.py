@@ -339,6 +339,78 @@ def vectors_into_channels(model: onnx.ModelProto) -> int:
     return len(written)
 
 
+def token_means_as_reduce_means(model: onnx.ModelProto) -> int:
+    """Write the plan's mean over tokens held on the batch axis, Reshape [K, ...] -> [1, K, ...]
+    then a Conv of uniform weights 1/K and no bias, and the Reshape or Transpose after it that
+    gives the mean the shape [1, ...], as one ReduceMean over axis 0: the same values up to
+    rounding. rknn-toolkit2 2.5.0 runs that first Reshape as a Transpose on its CPU (levit)
+    and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
+    shapes = _static_shapes(model)
+    graph = model.graph
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed = set()
+    for node in graph.node:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
+        after = readers.get(node.output[0], [])
+        if reshape is None or reshape.op_type != "Reshape" or len(readers[reshape.output[0]]) != 1 \
+                or len(after) != 1 or after[0].op_type not in ("Reshape", "Transpose") \
+                or node.input[1] not in constants or any(a.name in ("pads", "strides", "dilations", "group")
+                                                         and any(v != d for v in helper.get_attribute_value(a))
+                                                         for a in node.attribute
+                                                         for d in ((0,) if a.name == "pads" else (1,))):
+            continue
+        source, tokens, mean = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(after[0].output[0])
+        weights = constants[node.input[1]]
+        bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if source is None or tokens is None or len(tokens) != 4 or tokens[:2] != [1, source[0]] \
+                or mean != [1, *source[1:]] or weights.shape != (1, source[0], 1, 1) \
+                or not np.allclose(weights, 1.0 / source[0], rtol=1e-6, atol=0) \
+                or (bias is None and len(node.input) > 2 and node.input[2]) or (bias is not None and bias.any()):
+            continue
+        prefix = f"{node.name}/reduce_mean"
+        if opset >= 18:
+            axes = numpy_helper.from_array(np.array([0], np.int64), f"{prefix}/axes")
+            graph.initializer.append(axes)
+            reduce = helper.make_node("ReduceMean", [reshape.input[0], axes.name], [after[0].output[0]], prefix,
+                                      keepdims=1)
+        else:
+            reduce = helper.make_node("ReduceMean", [reshape.input[0]], [after[0].output[0]], prefix,
+                                      axes=[0], keepdims=1)
+        written[id(node)] = [reduce]
+        removed.update((id(reshape), id(after[0])))
+    nodes = [new for node in graph.node if id(node) not in removed for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def gathers_as_slices(model: onnx.ModelProto) -> int:
+    """Write a Gather of one constant non-negative index given as a 1-D array (the axis kept)
+    as the Slice of that index: the same values. rknn-toolkit2 2.5.0 runs a Reshape it adds
+    after the last of such Gathers on its CPU (tv_swin_nano's qkv split: 6 CPU layers), and
+    none after Slices. Returns how many Gathers it wrote."""
+    graph = model.graph
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    changed = 0
+    for node in graph.node:
+        index = constants.get(node.input[1]) if node.op_type == "Gather" and len(node.input) > 1 else None
+        if index is None or index.shape != (1,) or index[0] < 0 or opset < 10:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        prefix = f"{node.name}/as_slice"
+        bounds = [numpy_helper.from_array(np.array([value], np.int64), f"{prefix}/{what}")
+                  for what, value in (("starts", int(index[0])), ("ends", int(index[0]) + 1), ("axes", axis))]
+        graph.initializer.extend(bounds)
+        node.CopyFrom(helper.make_node("Slice", [node.input[0], *(b.name for b in bounds)], [node.output[0]], prefix))
+        changed += 1
+    return changed
+
+
 def added_convs_as_one(model: onnx.ModelProto) -> int:
     """Write the sum of two Convs of the same input with the same attributes, each read by that
     Add alone, as one Conv with the summed weights and biases: the same values in real
@@ -566,4 +638,5 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
-                    vectors_into_channels, added_convs_as_one, linear_layers_as_gemms)
+                    vectors_into_channels, token_means_as_reduce_means, added_convs_as_one,
+                    linear_layers_as_gemms, gathers_as_slices)
