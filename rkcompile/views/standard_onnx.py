@@ -6,7 +6,10 @@ are the graph the pipeline holds after its rewrite passes (folded, simplified, l
 `--dump-after rewrite_late` writes); the passes after those place, order and lay out the nodes
 and change none but by adding host conversions. So the file is that graph in plain ONNX: a
 fused kernel is written back as its members, the host conversions (storage changes ONNX does
-not model) are left out, and an opset above what the toolkit reads is converted down.
+not model) are left out, and an opset above what the toolkit reads is converted down (an op
+the converter cannot take down first written in older ops: OLDER_FORMS). Then
+TOOLKIT_SHAPINGS rewrite, keeping the values, the forms rknn-toolkit2 2.5.0 fails on, loops on
+or runs on its CPU into forms it builds on its NPU (docs/deploy.md lists them).
 """
 from __future__ import annotations
 
@@ -358,10 +361,7 @@ def token_means_as_reduce_means(model: onnx.ModelProto) -> int:
         after = readers.get(node.output[0], [])
         if reshape is None or reshape.op_type != "Reshape" or len(readers[reshape.output[0]]) != 1 \
                 or len(after) != 1 or after[0].op_type not in ("Reshape", "Transpose") \
-                or node.input[1] not in constants or any(a.name in ("pads", "strides", "dilations", "group")
-                                                         and any(v != d for v in helper.get_attribute_value(a))
-                                                         for a in node.attribute
-                                                         for d in ((0,) if a.name == "pads" else (1,))):
+                or node.input[1] not in constants or not _pointwise(node, constants[node.input[1]].shape):
             continue
         source, tokens, mean = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(after[0].output[0])
         weights = constants[node.input[1]]
@@ -467,6 +467,15 @@ def _conv_attributes(conv: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in conv.attribute}
 
 
+def _pointwise(conv: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:
+    """Whether `conv` (of weights of `weight_shape`) is a 1x1 Conv of one group, no padding and
+    stride 1: a matrix product over the channels at each position."""
+    attributes = _conv_attributes(conv)
+    return (tuple(weight_shape[2:]) == (1, 1) and attributes.get("group", 1) == 1
+            and not any(attributes.get("pads", ())) and all(v == 1 for v in attributes.get("strides", ()))
+            and attributes.get("auto_pad", b"NOTSET") in (b"NOTSET", b""))
+
+
 def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
     """Write a 1x1 Conv of a [N, C] matrix reshaped to [N, C, 1, 1] (the plan's Gemm as a Conv)
     as the Gemm it was, with a zero bias if it had none, then the Reshape to the Conv's
@@ -481,13 +490,12 @@ def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
     written: dict[int, list[onnx.NodeProto]] = {}
     for node in graph.node:
         reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
-        if reshape is None or reshape.op_type != "Reshape" or len(shapes.get(reshape.input[0], ())) != 2 \
+        matrix_shape = shapes.get(reshape.input[0], []) if reshape is not None and reshape.op_type == "Reshape" else []
+        if len(matrix_shape) != 2 or shapes.get(reshape.output[0]) != [*matrix_shape, 1, 1] \
                 or node.input[1] not in constants or node.output[0] not in shapes:
             continue
         weights = numpy_helper.to_array(constants[node.input[1]])
-        attributes = _conv_attributes(node)
-        if weights.shape[2:] != (1, 1) or attributes.get("group", 1) != 1 or any(attributes.get("pads", [])) \
-                or any(s != 1 for s in attributes.get("strides", [])):
+        if not _pointwise(node, weights.shape):
             continue
         prefix = f"{node.name}/gemm"
         matrix = numpy_helper.from_array(weights.reshape(weights.shape[:2]), f"{prefix}/weight")
