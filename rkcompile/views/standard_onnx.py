@@ -230,6 +230,30 @@ def erf_of_a_quotient(model: onnx.ModelProto) -> int:
     return changed
 
 
+def defaults_written(model: onnx.ModelProto) -> int:
+    """Write each attribute a node of the main graph leaves to its ONNX default (in the
+    model's opset) with that default, as exporters from PyTorch do (last, for the nodes the
+    other shapings write too): rknn-toolkit2 2.5.0 reads
+    some without a default of its own (a LayerNormalization without `epsilon`: KeyError
+    'LayerNormalization' in its rule `convert_layernorm_to_exnorm`). Returns how many nodes
+    gained an attribute."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    changed = 0
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset)
+        except onnx.defs.SchemaError:
+            continue
+        present = {attribute.name for attribute in node.attribute}
+        missing = [a.default_value for name, a in sorted(schema.attributes.items())
+                   if name not in present and a.default_value.HasField("type") and a.default_value.name]
+        node.attribute.extend(missing)
+        changed += bool(missing)
+    return changed
+
+
 def scale_after_scores(model: onnx.ModelProto) -> int:
     """Move a Mul by a constant scalar on one operand of an attention's score MatMul (one whose
     only reader is a Softmax), through the Transposes between them, onto the MatMul's result:
@@ -647,4 +671,4 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
                     vectors_into_channels, token_means_as_reduce_means, added_convs_as_one,
-                    linear_layers_as_gemms, gathers_as_slices)
+                    linear_layers_as_gemms, gathers_as_slices, defaults_written)
