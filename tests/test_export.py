@@ -226,6 +226,19 @@ def token_mean_classifier(normalized: bool) -> onnx.ModelProto:
     return make_model(nodes, [value_info("x", [1, 49, 64])], [value_info("y", [1, 16])], weights)
 
 
+def weighted_token_pooling() -> onnx.ModelProto:
+    """A weighted sum of 49 tokens, then a linear classifier: the plan makes the sum a
+    one-channel Conv of the tokens ([1, 1, C, 1])."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["pool", "x"], ["pooled"], name="pool"),
+             helper.make_node("Reshape", ["pooled", "flat"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "w", "b"], ["y"], name="fc", transB=1)]
+    return make_model(nodes, [value_info("x", [49, 64])], [value_info("y", [1, 16])],
+                      [weight("pool", rng.random((1, 49)).astype(np.float32)), weight("flat", np.array([1, 64])),
+                       weight("w", rng.standard_normal((16, 64)).astype(np.float32)),
+                       weight("b", rng.standard_normal(16).astype(np.float32))])
+
+
 def gathers_of_one_index() -> onnx.ModelProto:
     """tv_swin_nano's qkv split: Gathers of index [k], the axis kept."""
     nodes = [helper.make_node("Gather", ["x", f"i{k}"], [f"g{k}"], name=f"gather_{k}", axis=1) for k in range(3)]
@@ -312,31 +325,32 @@ def test_an_output_with_a_symbolic_batch_is_written_static(save, tmp_path):
     assert [d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim] == [1, 8, 4, 4]
 
 
-def test_a_token_mean_reaches_the_classifier_through_a_transpose(save, tmp_path):
-    """The plan computes a mean over tokens as a one-channel Conv ([1, 1, C, 1]); the export
-    moves that vector into the channels with a Transpose, not a Reshape (rknn-toolkit2 2.5.0
-    loops forever on Conv -> Reshape -> Conv, swin_tiny's and levit's heads)."""
-    written = rkcompile.export(save(token_mean_classifier(normalized=False)), tmp_path / "out.onnx", "rk3588")
+def test_a_pooled_vector_reaches_the_classifier_through_a_transpose(save, tmp_path):
+    """The plan pools tokens with a one-channel Conv ([1, 1, C, 1]); the export moves that
+    vector into the channels with a Transpose, not a Reshape (rknn-toolkit2 2.5.0 loops
+    forever on Conv -> Reshape -> Conv)."""
+    written = rkcompile.export(save(weighted_token_pooling()), tmp_path / "out.onnx", "rk3588")
     exported = onnx.load(str(written.path))
     made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
-    assert written.report["toolkit_shapings"]["vectors_into_channels"] == 1
     convs = [n for n in exported.graph.node if n.op_type == "Conv"]
     assert [n.op_type for n in exported.graph.node if made_by.get(n.input[0]) == "Conv"] == ["Transpose", "Reshape"]
     assert made_by[convs[1].input[0]] == "Transpose"
+    assert written.report["toolkit_shapings"]["vectors_into_channels"] == 1
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 
 
-def test_a_mean_over_tokens_on_the_batch_axis_is_one_reduce_mean(save, tmp_path):
-    """After a LayerNorm the plan holds the tokens on the batch axis and takes their mean as
-    Reshape -> Conv(1/K) -> Transpose; the export writes one ReduceMean over axis 0 (the
-    toolkit runs that Reshape as a Transpose on its CPU: levit)."""
-    written = rkcompile.export(save(token_mean_classifier(normalized=True)), tmp_path / "out.onnx", "rk3588")
+@pytest.mark.parametrize("normalized", [False, True], ids=["tokens", "tokens_on_the_batch_axis"])
+def test_a_mean_made_a_conv_is_written_back_as_a_reduce_mean(normalized, save, tmp_path):
+    """The plan takes a mean as Reshape -> Conv(1/K); the export writes the ReduceMean back
+    (the toolkit fuses norms from it, loops on Reshape -> Conv, and runs a Reshape of tokens
+    on the batch axis on its CPU). After a LayerNorm the tokens are on the batch axis."""
+    written = rkcompile.export(save(token_mean_classifier(normalized)), tmp_path / "out.onnx", "rk3588")
     exported = onnx.load(str(written.path))
     made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
     mean = next(n for n in exported.graph.node if n.op_type == "ReduceMean")
-    assert made_by[mean.input[0]] == "LayerNormalization" and helper.get_attribute_value(mean.attribute[0]) == [0]
+    assert made_by.get(mean.input[0]) == ("LayerNormalization" if normalized else None)  # None: the input
     assert [n.op_type for n in exported.graph.node].count("Conv") == 1
-    assert written.report["toolkit_shapings"]["token_means_as_reduce_means"] == 1
+    assert written.report["toolkit_shapings"]["means_as_reduce_means"] == 1
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 
 
@@ -404,12 +418,12 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
 
 
 @needs_peer
-@pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv,
+@pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv, weighted_token_pooling,
                                    lambda: token_mean_classifier(normalized=False),
                                    lambda: token_mean_classifier(normalized=True), gathers_of_one_index,
                                    two_linear_heads_added],
-                         ids=["attention", "same_padding", "token_mean", "token_mean_on_batch", "gathers",
-                              "two_heads"])
+                         ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch",
+                              "gathers", "two_heads"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
     builds from the export, no layer on its CPU where the plan has none, within a timeout

@@ -366,11 +366,15 @@ def vectors_into_channels(model: onnx.ModelProto) -> int:
     return len(written)
 
 
-def token_means_as_reduce_means(model: onnx.ModelProto) -> int:
-    """Write the plan's mean over tokens held on the batch axis, Reshape [K, ...] -> [1, K, ...]
-    then a Conv of uniform weights 1/K and no bias, and the Reshape or Transpose after it that
-    gives the mean the shape [1, ...], as one ReduceMean over axis 0: the same values up to
-    rounding. rknn-toolkit2 2.5.0 runs that first Reshape as a Transpose on its CPU (levit)
+def means_as_reduce_means(model: onnx.ModelProto) -> int:
+    """Write the plan's mean as a Conv, Reshape x -> [N, K, H, W] then a 1x1 Conv of uniform
+    weights 1/K, one output channel and no bias, back as the ReduceMean of x over its axes
+    that make K (those of x regroup whole into [N | K | H, W]): the same values up to
+    rounding. The Reshape or Transpose after the Conv that gives the mean the ReduceMean's
+    shape goes too; a Reshape to another shape reads the ReduceMean; else a Reshape gives it
+    the Conv's shape. rknn-toolkit2 2.5.0 fuses an RMS
+    norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
+    t5), runs the Reshape of tokens held on the batch axis as a Transpose on its CPU (levit)
     and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
     shapes = _static_shapes(model)
     graph = model.graph
@@ -382,34 +386,71 @@ def token_means_as_reduce_means(model: onnx.ModelProto) -> int:
     removed = set()
     for node in graph.node:
         reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
-        after = readers.get(node.output[0], [])
         if reshape is None or reshape.op_type != "Reshape" or len(readers[reshape.output[0]]) != 1 \
-                or len(after) != 1 or after[0].op_type not in ("Reshape", "Transpose") \
                 or node.input[1] not in constants or not _pointwise(node, constants[node.input[1]].shape):
             continue
-        source, tokens, mean = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(after[0].output[0])
+        source, grouped, result = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(node.output[0])
         weights = constants[node.input[1]]
         bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if source is None or tokens is None or len(tokens) != 4 or tokens[:2] != [1, source[0]] \
-                or mean != [1, *source[1:]] or weights.shape != (1, source[0], 1, 1) \
-                or not np.allclose(weights, 1.0 / source[0], rtol=1e-6, atol=0) \
+        if source is None or grouped is None or result is None or len(grouped) != 4 \
+                or weights.shape != (1, grouped[1], 1, 1) or grouped[1] < 2 \
+                or not np.allclose(weights, 1.0 / grouped[1], rtol=1e-6, atol=0) \
                 or (bias is None and len(node.input) > 2 and node.input[2]) or (bias is not None and bias.any()):
             continue
+        axes = _regrouped_axes(source, grouped[0], grouped[1])
+        if axes is None:
+            continue
+        mean = [1 if axis in axes else size for axis, size in enumerate(source)]
+        after = readers.get(node.output[0], [])
+        replaced = (len(after) == 1 and after[0].op_type in ("Reshape", "Transpose")
+                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in _graph_outputs(graph))
         prefix = f"{node.name}/reduce_mean"
-        if opset >= 18:
-            axes = numpy_helper.from_array(np.array([0], np.int64), f"{prefix}/axes")
-            graph.initializer.append(axes)
-            reduce = helper.make_node("ReduceMean", [reshape.input[0], axes.name], [after[0].output[0]], prefix,
-                                      keepdims=1)
+        reshaped_after = (not replaced and mean != result and len(after) == 1 and after[0].op_type == "Reshape"
+                          and node.output[0] not in _graph_outputs(graph))
+        if replaced:
+            target = after[0].output[0]
+        elif mean == result:
+            target = node.output[0]
         else:
-            reduce = helper.make_node("ReduceMean", [reshape.input[0]], [after[0].output[0]], prefix,
-                                      axes=[0], keepdims=1)
+            target = prefix
+        if opset >= 18:
+            axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{prefix}/axes")
+            graph.initializer.append(axes_tensor)
+            reduce = helper.make_node("ReduceMean", [reshape.input[0], axes_tensor.name], [target], prefix, keepdims=1)
+        else:
+            reduce = helper.make_node("ReduceMean", [reshape.input[0]], [target], prefix, axes=axes, keepdims=1)
         written[id(node)] = [reduce]
-        removed.update((id(reshape), id(after[0])))
+        if reshaped_after:  # a Reshape reads the mean in any shape of the same element order
+            after[0].input[0] = prefix
+        elif target == prefix:
+            shape = numpy_helper.from_array(np.array(result, np.int64), f"{prefix}/shape")
+            graph.initializer.append(shape)
+            written[id(node)].append(helper.make_node("Reshape", [prefix, shape.name], [node.output[0]],
+                                                      f"{prefix}/reshape"))
+        removed.add(id(reshape))
+        if replaced:
+            removed.add(id(after[0]))
     nodes = [new for node in graph.node if id(node) not in removed for new in written.get(id(node), [node])]
     del graph.node[:]
     graph.node.extend(nodes)
     return len(written)
+
+
+def _regrouped_axes(shape: list[int], outer: int, size: int) -> list[int] | None:
+    """The axes of `shape` that a Reshape to [outer, size, ...] gathers whole into its axis 1:
+    a run of axes after those whose product is `outer`, of product `size`; None when there is
+    no such run."""
+    for start in range(len(shape) + 1):
+        if int(np.prod(shape[:start])) != outer:
+            continue
+        for stop in range(start + 1, len(shape) + 1):
+            if int(np.prod(shape[start:stop])) == size:
+                return list(range(start, stop))
+    return None
+
+
+def _graph_outputs(graph: onnx.GraphProto) -> set[str]:
+    return {output.name for output in graph.output}
 
 
 def gathers_as_slices(model: onnx.ModelProto) -> int:
@@ -670,5 +711,5 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
-                    vectors_into_channels, token_means_as_reduce_means, added_convs_as_one,
+                    means_as_reduce_means, vectors_into_channels, added_convs_as_one,
                     linear_layers_as_gemms, gathers_as_slices, defaults_written)
