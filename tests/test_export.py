@@ -354,6 +354,30 @@ def test_a_mean_made_a_conv_is_written_back_as_a_reduce_mean(normalized, save, t
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 
 
+def rms_norm() -> onnx.ModelProto:
+    """T5's RMS norm: x / sqrt(mean(x^2) + eps) * gamma."""
+    nodes = [helper.make_node("Pow", ["x", "two"], ["square"], name="pow"),
+             helper.make_node("ReduceMean", ["square"], ["variance"], name="mean", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["variance", "eps"], ["shifted"], name="add"),
+             helper.make_node("Sqrt", ["shifted"], ["root"], name="sqrt"),
+             helper.make_node("Div", ["one", "root"], ["inverse"], name="div"),
+             helper.make_node("Mul", ["x", "inverse"], ["normed"], name="mul"),
+             helper.make_node("Mul", ["gamma", "normed"], ["y"], name="scale")]
+    return make_model(nodes, [value_info("x", [1, 32, 64])], [value_info("y", [1, 32, 64])],
+                      [weight("two", np.float32(2)), weight("eps", np.float32(1e-6)), weight("one", np.float32(1)),
+                       weight("gamma", np.random.default_rng(0).random(64).astype(np.float32))])
+
+
+def test_an_rms_norm_keeps_its_reduce_mean_and_sqrt(save, tmp_path):
+    """The plan makes the mean a Conv and the Sqrt a Pow; the export writes both back, the form
+    rknn-toolkit2 2.5.0 fuses into its exNorm (from the plan's form its Div runs on its CPU)."""
+    written = rkcompile.export(save(rms_norm()), tmp_path / "out.onnx", "rk3588")
+    ops = [n.op_type for n in onnx.load(str(written.path)).graph.node]
+    assert "ReduceMean" in ops and "Sqrt" in ops and "Conv" not in ops
+    assert written.report["toolkit_shapings"]["square_roots_written_back"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
 def test_a_gather_of_one_index_is_a_slice(save, tmp_path):
     written = rkcompile.export(save(gathers_of_one_index()), tmp_path / "out.onnx", "rk3588")
     exported = onnx.load(str(written.path))
@@ -420,9 +444,9 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
 @needs_peer
 @pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv, weighted_token_pooling,
                                    lambda: token_mean_classifier(normalized=False),
-                                   lambda: token_mean_classifier(normalized=True), gathers_of_one_index,
+                                   lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
                                    two_linear_heads_added],
-                         ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch",
+                         ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
                               "gathers", "two_heads"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form

@@ -453,6 +453,26 @@ def _graph_outputs(graph: onnx.GraphProto) -> set[str]:
     return {output.name for output in graph.output}
 
 
+def square_roots_written_back(model: onnx.ModelProto) -> int:
+    """Write a Pow by the constant 0.5 that only divisors read as the Sqrt it was (the
+    rewrites make Sqrt a Pow): rknn-toolkit2 2.5.0 fuses a norm, mean -> Add -> Sqrt -> Div,
+    into its exNorm only from the Sqrt (from the Pow it runs each Div on its CPU: t5); a
+    Sqrt alone it may run on its CPU, so other Pows stay. The values differ by float32
+    rounding. Returns how many Pows it wrote."""
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    readers = _readers(model.graph)
+    changed = 0
+    for node in model.graph.node:
+        exponent = constants.get(node.input[1]) if node.op_type == "Pow" else None
+        divisions = readers.get(node.output[0], [])
+        if exponent is None or exponent.size != 1 or float(exponent.reshape(-1)[0]) != 0.5 or not divisions \
+                or any(r.op_type != "Div" or list(r.input[1:]) != [node.output[0]] for r in divisions):
+            continue
+        node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+        changed += 1
+    return changed
+
+
 def gathers_as_slices(model: onnx.ModelProto) -> int:
     """Write a Gather of one constant non-negative index given as a 1-D array (the axis kept)
     as the Slice of that index: the same values. rknn-toolkit2 2.5.0 runs a Reshape it adds
@@ -712,4 +732,4 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
                     means_as_reduce_means, vectors_into_channels, added_convs_as_one,
-                    linear_layers_as_gemms, gathers_as_slices, defaults_written)
+                    linear_layers_as_gemms, square_roots_written_back, gathers_as_slices, defaults_written)
