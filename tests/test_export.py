@@ -188,6 +188,218 @@ def test_gelu_keeps_its_division_before_erf(save, tmp_path):
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
 
 
+def attention_with_scaled_q() -> onnx.ModelProto:
+    """softmax((s*q)^T k) v^T, yolo11's attention."""
+    nodes = [helper.make_node("Mul", ["q", "scale"], ["scaled"], name="mul"),
+             helper.make_node("Transpose", ["scaled"], ["qt"], name="transpose", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qt", "k"], ["scores"], name="scores"),
+             helper.make_node("Softmax", ["scores"], ["attention"], name="softmax", axis=-1),
+             helper.make_node("Transpose", ["attention"], ["at"], name="transpose_1", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["v", "at"], ["y"], name="values")]
+    return make_model(nodes, [value_info(n, [1, 2, 16, 32]) for n in "qkv"], [value_info("y", [1, 2, 16, 32])],
+                      [weight("scale", np.float32(0.25))])
+
+
+def same_padding_of_a_strided_conv() -> onnx.ModelProto:
+    """tf2onnx's "same" padding of a strided depthwise Conv: Pad(0, 1) -> Conv."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Pad", ["x", "pads", "zero"], ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w"], ["y"], name="conv", strides=[2, 2], group=8)]
+    return make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 8, 8])],
+                      [weight("pads", np.array([0, 0, 0, 0, 0, 0, 1, 1])), weight("zero", np.float32(0)),
+                       weight("w", rng.standard_normal((8, 1, 3, 3)).astype(np.float32))], opset=13)
+
+
+def token_mean_classifier(normalized: bool) -> onnx.ModelProto:
+    """The mean of 49 tokens, then a linear classifier (swin's head); after a LayerNorm without
+    its default `epsilon` when `normalized` (the plan then holds the tokens on the batch axis).
+    16 classes: the toolkit reshapes an output of 10 on its CPU."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("ReduceMean", ["n" if normalized else "x"], ["mean"], name="mean", axes=[1],
+                              keepdims=0),
+             helper.make_node("Gemm", ["mean", "w", "b"], ["y"], name="fc", transB=1)]
+    weights = [weight("w", rng.standard_normal((16, 64)).astype(np.float32)),
+               weight("b", rng.standard_normal(16).astype(np.float32))]
+    if normalized:
+        nodes.insert(0, helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="norm", axis=-1))
+        weights += [weight("gamma", np.ones(64, np.float32)), weight("beta", np.zeros(64, np.float32))]
+    return make_model(nodes, [value_info("x", [1, 49, 64])], [value_info("y", [1, 16])], weights)
+
+
+def weighted_token_pooling() -> onnx.ModelProto:
+    """A weighted sum of 49 tokens, then a linear classifier: the plan makes the sum a
+    one-channel Conv of the tokens ([1, 1, C, 1])."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["pool", "x"], ["pooled"], name="pool"),
+             helper.make_node("Reshape", ["pooled", "flat"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "w", "b"], ["y"], name="fc", transB=1)]
+    return make_model(nodes, [value_info("x", [49, 64])], [value_info("y", [1, 16])],
+                      [weight("pool", rng.random((1, 49)).astype(np.float32)), weight("flat", np.array([1, 64])),
+                       weight("w", rng.standard_normal((16, 64)).astype(np.float32)),
+                       weight("b", rng.standard_normal(16).astype(np.float32))])
+
+
+def gathers_of_one_index() -> onnx.ModelProto:
+    """tv_swin_nano's qkv split: Gathers of index [k], the axis kept."""
+    nodes = [helper.make_node("Gather", ["x", f"i{k}"], [f"g{k}"], name=f"gather_{k}", axis=1) for k in range(3)]
+    nodes.append(helper.make_node("Concat", ["g2", "g0", "g1"], ["y"], name="concat", axis=1))
+    return make_model(nodes, [value_info("x", [1, 3, 8, 8])], [value_info("y", [1, 3, 8, 8])],
+                      [weight(f"i{k}", np.array([k])) for k in range(3)])
+
+
+def two_linear_heads_added() -> onnx.ModelProto:
+    """levit's two heads: Gemms of one input, without bias, added."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["a"], name="head", transB=1),
+             helper.make_node("Gemm", ["x", "w2"], ["b"], name="head_dist", transB=1),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    return make_model(nodes, [value_info("x", [1, 64])], [value_info("y", [1, 16])],
+                      [weight("w1", rng.standard_normal((16, 64)).astype(np.float32)),
+                       weight("w2", rng.standard_normal((16, 64)).astype(np.float32))])
+
+
+def test_an_attention_scale_moves_onto_its_scores(save, tmp_path):
+    """The scale on q moves onto q^T k (rknn-toolkit2 2.5.0 fails in its SDPA fusion from the
+    form with the scale on q): the Mul reads the score MatMul, the Softmax reads the Mul."""
+    written = rkcompile.export(save(attention_with_scaled_q()), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node for node in exported.graph.node for out in node.output}
+    softmax = next(n for n in exported.graph.node if n.op_type == "Softmax")
+    assert made_by[softmax.input[0]].op_type == "Mul"
+    assert made_by[made_by[softmax.input[0]].input[0]].op_type == "MatMul"
+    assert written.report["toolkit_shapings"]["scale_after_scores"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
+
+
+def test_a_zero_pad_folds_into_its_conv(save, tmp_path):
+    """Pad(0, 1) -> Conv is written as the Conv with those pads (rknn-toolkit2 2.5.0 fails
+    folding a Pad whose pads are an initializer)."""
+    original = save(same_padding_of_a_strided_conv())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert [n.op_type for n in exported.graph.node] == ["Conv"]
+    conv = exported.graph.node[0]
+    assert helper.get_attribute_value(next(a for a in conv.attribute if a.name == "pads")) == [0, 0, 1, 1]
+    assert written.report["toolkit_shapings"]["pads_into_convs"] == 1
+    x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_gelu_of_opset_20_is_written_in_older_ops(save, tmp_path):
+    """onnx's converter knows no Gelu before opset 20; the export writes it as Div -> Erf (the
+    form rknn-toolkit2 fuses) before converting down to 19, both approximations."""
+    for approximate, core in (("none", "Erf"), ("tanh", "Tanh")):
+        nodes = [helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate=approximate)]
+        original = save(make_model(nodes, [value_info("x", [1, 16, 8, 8])], [value_info("y", [1, 16, 8, 8])],
+                                   opset=20), f"{approximate}.onnx")
+        written = rkcompile.export(original, tmp_path / f"{approximate}_out.onnx", "rk3588")
+        exported = onnx.load(str(written.path))
+        ops = [n.op_type for n in exported.graph.node]
+        assert "Gelu" not in ops and core in ops and exported.opset_import[0].version == 19
+        assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_the_export_imports_ai_onnx_first_and_no_unused_domain(save, tmp_path):
+    """tf2onnx lists ai.onnx.ml first; rknn-toolkit2 takes the first import for the model's opset."""
+    model = conv_relu_erf()
+    model.opset_import.insert(0, helper.make_opsetid("ai.onnx.ml", 2))
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert [(o.domain, o.version) for o in exported.opset_import] == [("", 17)]
+
+
+def test_attributes_left_to_their_defaults_are_written(save, tmp_path):
+    """rknn-toolkit2 2.5.0 reads LayerNormalization's `epsilon` with no default of its own."""
+    written = rkcompile.export(save(token_mean_classifier(normalized=True)), tmp_path / "out.onnx", "rk3588")
+    norm = next(n for n in onnx.load(str(written.path)).graph.node if n.op_type == "LayerNormalization")
+    attributes = {a.name: helper.get_attribute_value(a) for a in norm.attribute}
+    assert attributes["epsilon"] == pytest.approx(1e-5) and attributes["stash_type"] == 1
+    assert written.report["toolkit_shapings"]["defaults_written"] >= 1
+
+
+def test_an_output_with_a_symbolic_batch_is_written_static(save, tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    original = save(make_model(nodes, [value_info("x", [1, 8, 4, 4])], [value_info("y", ["batch", 8, 4, 4])]))
+    exported = onnx.load(str(rkcompile.export(original, tmp_path / "out.onnx", "rk3588").path))
+    assert [d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim] == [1, 8, 4, 4]
+
+
+def test_a_pooled_vector_reaches_the_classifier_through_a_transpose(save, tmp_path):
+    """The plan pools tokens with a one-channel Conv ([1, 1, C, 1]); the export moves that
+    vector into the channels with a Transpose, not a Reshape (rknn-toolkit2 2.5.0 loops
+    forever on Conv -> Reshape -> Conv)."""
+    written = rkcompile.export(save(weighted_token_pooling()), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    convs = [n for n in exported.graph.node if n.op_type == "Conv"]
+    assert [n.op_type for n in exported.graph.node if made_by.get(n.input[0]) == "Conv"] == ["Transpose", "Reshape"]
+    assert made_by[convs[1].input[0]] == "Transpose"
+    assert written.report["toolkit_shapings"]["vectors_into_channels"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+@pytest.mark.parametrize("normalized", [False, True], ids=["tokens", "tokens_on_the_batch_axis"])
+def test_a_mean_made_a_conv_is_written_back_as_a_reduce_mean(normalized, save, tmp_path):
+    """The plan takes a mean as Reshape -> Conv(1/K); the export writes the ReduceMean back
+    (the toolkit fuses norms from it, loops on Reshape -> Conv, and runs a Reshape of tokens
+    on the batch axis on its CPU). After a LayerNorm the tokens are on the batch axis."""
+    written = rkcompile.export(save(token_mean_classifier(normalized)), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    made_by = {out: node.op_type for node in exported.graph.node for out in node.output}
+    mean = next(n for n in exported.graph.node if n.op_type == "ReduceMean")
+    assert made_by.get(mean.input[0]) == ("LayerNormalization" if normalized else None)  # None: the input
+    assert [n.op_type for n in exported.graph.node].count("Conv") == 1
+    assert written.report["toolkit_shapings"]["means_as_reduce_means"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def rms_norm() -> onnx.ModelProto:
+    """T5's RMS norm: x / sqrt(mean(x^2) + eps) * gamma."""
+    nodes = [helper.make_node("Pow", ["x", "two"], ["square"], name="pow"),
+             helper.make_node("ReduceMean", ["square"], ["variance"], name="mean", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["variance", "eps"], ["shifted"], name="add"),
+             helper.make_node("Sqrt", ["shifted"], ["root"], name="sqrt"),
+             helper.make_node("Div", ["one", "root"], ["inverse"], name="div"),
+             helper.make_node("Mul", ["x", "inverse"], ["normed"], name="mul"),
+             helper.make_node("Mul", ["gamma", "normed"], ["y"], name="scale")]
+    return make_model(nodes, [value_info("x", [1, 32, 64])], [value_info("y", [1, 32, 64])],
+                      [weight("two", np.float32(2)), weight("eps", np.float32(1e-6)), weight("one", np.float32(1)),
+                       weight("gamma", np.random.default_rng(0).random(64).astype(np.float32))])
+
+
+def test_an_rms_norm_keeps_its_reduce_mean_and_sqrt(save, tmp_path):
+    """The plan makes the mean a Conv and the Sqrt a Pow; the export writes both back, the form
+    rknn-toolkit2 2.5.0 fuses into its exNorm (from the plan's form its Div runs on its CPU)."""
+    written = rkcompile.export(save(rms_norm()), tmp_path / "out.onnx", "rk3588")
+    ops = [n.op_type for n in onnx.load(str(written.path)).graph.node]
+    assert "ReduceMean" in ops and "Sqrt" in ops and "Conv" not in ops
+    assert written.report["toolkit_shapings"]["square_roots_written_back"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_a_gather_of_one_index_is_a_slice(save, tmp_path):
+    written = rkcompile.export(save(gathers_of_one_index()), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert "Gather" not in {n.op_type for n in exported.graph.node}
+    assert written.report["toolkit_shapings"]["gathers_as_slices"] == 3
+    assert written.report["check"]["outputs"][0]["max_abs"] == 0.0
+
+
+def test_two_linear_heads_added_are_written_as_one_gemm(save, tmp_path):
+    """The plan makes each head Reshape -> Conv; the export writes them as one Gemm of the
+    summed weights with a (zero) bias, then the Reshape to the Conv's shape (rknn-toolkit2
+    2.5.0 fails fusing the two Convs, and loops on Reshape -> Conv)."""
+    written = rkcompile.export(save(two_linear_heads_added()), tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert [n.op_type for n in exported.graph.node if n.op_type not in ("Reshape", "Flatten")] == ["Gemm"]
+    gemm = next(n for n in exported.graph.node if n.op_type == "Gemm")
+    assert len(gemm.input) == 3 and gemm.input[2]
+    assert written.report["toolkit_shapings"]["added_convs_as_one"] == 1
+    assert written.report["toolkit_shapings"]["linear_layers_as_gemms"] == 1
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
 def test_an_export_that_disagrees_is_not_written(save, tmp_path):
     with pytest.raises(CompileError, match="disagrees .* nothing written"):
         rkcompile.export(save(conv_relu_erf()), tmp_path / "out.onnx", "rk3588", tolerance=-1.0)
@@ -227,6 +439,25 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
     done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
                           capture_output=True, text=True, timeout=900)
     assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout[-2000:]
+
+
+@needs_peer
+@pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv, weighted_token_pooling,
+                                   lambda: token_mean_classifier(normalized=False),
+                                   lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
+                                   two_linear_heads_added],
+                         ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
+                              "gathers", "two_heads"])
+def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
+    """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
+    builds from the export, no layer on its CPU where the plan has none, within a timeout
+    (the forms it loops on never return)."""
+    written = rkcompile.export(save(model()), tmp_path / "out.onnx", "rk3588")
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588", "--timeout", "300"],
+                          capture_output=True, text=True, timeout=420)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"], result.get("errors")
+    assert result["counts"]["compute_by_target"].get("CPU", 0) <= len(written.report["cpu_nodes"])
 
 
 def test_the_table_tool_needs_the_toolkit(tmp_path):
