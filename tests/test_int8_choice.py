@@ -115,6 +115,10 @@ def test_ties_keep_the_candidate_listed_first(cosines, expected):
             return not self.stopped[(settings["calibration_method"], settings["bias_correction"],
                                      settings["equalization"])]
 
+        def probe(self, tensors, settings, count):
+            return cosines.get((settings["calibration_method"], settings["bias_correction"],
+                                settings["equalization"]), 0.5)
+
     options = Options(dtype="int8", calibration_method=CHOOSE, bias_correction=CHOOSE, equalization=CHOOSE)
     settings, entry = choose_settings(Judge(), options, lambda text: None)
     assert settings == expected and entry.applied == (settings_label(expected),)
