@@ -17,7 +17,7 @@ toolkit's, and for each rkcompile side the int8 settings it chose and the worst 
 cosine of the chosen plan (the plan's `int8_settings` entry), so a speed change shows at once
 whether it chose or measured anything differently.
 
-Every child runs in a temporary folder with the environment bench_plan.py gives its children.
+Every child runs in a temporary folder, timed as bench_plan.py times its children.
 Wall time moves with the machine's load, CPU time far less: quote both.
 """
 from __future__ import annotations
@@ -25,34 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_plan import child_environment  # noqa: E402
+from bench_plan import timed_output  # noqa: E402
 
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "peer" / "rknn_peer.py"
 COSINE = re.compile(r"worst calibration cosine ([0-9.]+)")
-
-
-def run(command: list[str], workdir: Path) -> tuple[float, float, str, str | None]:
-    """Wall and CPU seconds (user + system) of one child process, its standard output, and its
-    last stderr line when it failed."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    finished = subprocess.run(command, cwd=workdir, env=child_environment(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    failure = None
-    if finished.returncode != 0:
-        failure = (finished.stderr.strip().splitlines() or [f"exit {finished.returncode}"])[-1]
-    return seconds, cpu, finished.stdout, failure
 
 
 def chosen(plan_json: Path) -> tuple[str, str]:
@@ -89,7 +70,7 @@ def main() -> int:
             for _ in range(args.repeat):
                 for label, python in sides:
                     plan_json = workdir / f"{model.stem}_{label}.json"
-                    seconds, cpu, _, failure = run(
+                    seconds, cpu, _, failure = timed_output(
                         [python, "-m", "rkcompile", "plan", str(model.resolve()), "--target", args.target,
                          "--dtype", "int8", "--calib", str(args.calib.resolve()), "--json", str(plan_json)], workdir)
                     if failure:
@@ -99,7 +80,7 @@ def main() -> int:
                     settings, cosine = chosen(plan_json)
                     notes[label] = f"{settings}; {cosine}"
                 if args.peer_python:
-                    seconds, cpu, out, failure = run(
+                    seconds, cpu, out, failure = timed_output(
                         [args.peer_python, str(args.peer_script), str(model.resolve()), "--target", args.target,
                          "--quant", "--dataset-size", str(samples)], workdir)
                     try:
