@@ -295,3 +295,10 @@ def test_conv_sums_are_exact_whichever_float_type_serves(channels, exact):
     padded = np.pad(x.centered(), ((0, 0), (0, 0), (1, 1), (1, 1)))
     windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
     assert np.array_equal(acc.values, np.einsum("nchwij,ocij->nohw", windows, w.centered()))
+
+
+def test_requantize_of_a_rank_0_accumulator_is_a_rank_0_int8():
+    quant = activation_params(-1.0, 1.0, "minmax")
+    actual = requantize(Accumulator(np.array(1000, np.int64), np.float64(0.0003)), quant)
+    assert actual.shape == () and actual.dtype == np.int8
+    assert int(actual) == int(quantize(np.float64(0.3), quant))

@@ -162,7 +162,8 @@ def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: 
     """int8 = saturate(round(acc * scale / out_scale) + zero point) with the multiplier in fixed
     point: int32 mantissa times the int32 accumulator in 64 bits, then a rounding shift."""
     mantissa, shift = fixed_point(np.asarray(acc.scale, np.float64) / quant.scales[0])
-    scaled = rounding_shift(saturate_int32(acc.values) * mantissa, shift)
+    # an array even for a rank-0 accumulator (numpy's arithmetic on those gives scalars)
+    scaled = np.asarray(rounding_shift(saturate_int32(acc.values) * mantissa, shift))
     scaled += quant.zero_points[0]
     return np.clip(scaled, max(low, INT8[0]), min(high, INT8[1]), out=scaled).astype(np.int8)
 
