@@ -83,29 +83,6 @@ def command_named(argv: list[str]) -> str | None:
     return name if name in _SUBCOMMANDS else None
 
 
-class _ProbeParser(argparse.ArgumentParser):
-    """A parser that raises instead of exiting: it reads one option ahead of the real parser,
-    which reports the errors."""
-
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        raise ValueError(message)
-
-
-def _float_plan(argv: list[str]) -> bool:
-    """Whether `argv` is a `plan` command that does not quantize, read without importing
-    anything: `--dtype` as the plan parser reads it, False where it could not be read (the real
-    parser then reports why)."""
-    if command_named(argv) != "plan":
-        return False
-    probe = _ProbeParser(add_help=False)
-    probe.add_argument("--dtype")
-    try:
-        known, _ = probe.parse_known_args(argv)
-    except ValueError:
-        return False
-    return known.dtype != "int8"
-
-
 def _target_names() -> str:
     from rkcompile.targets import TARGET_MODULES
 
@@ -664,13 +641,17 @@ def console_main() -> NoReturn:
     mobilenet_v2 0.35 -> 0.29 s, median of 7 processes). An int8 plan plans and drops candidate
     plans, each a graph of reference cycles holding its weights, so it collects.
 
-    A float16 plan also loads numpy's OpenBLAS with one thread (OPENBLAS_NUM_THREADS=1, unless
+    A plan process also loads numpy's OpenBLAS with one thread (OPENBLAS_NUM_THREADS=1, unless
     the caller set it): OpenBLAS starts a worker per core as it loads, each spinning while it
-    waits for work, and a float16 plan multiplies no large matrices. Those workers took a fifth
-    of the same processes' CPU time (squeezenet1_1: 0.21 -> 0.27 s without the variable). It
-    must be set before numpy loads, so the dtype is read from the arguments (`_float_plan`)
-    before the parser, which imports the command's modules, exists. An int8 plan calibrates on
-    the emulator and keeps OpenBLAS's default.
+    waits for work. A float16 plan multiplies no large matrices, and those workers took a fifth
+    of its process's CPU time (squeezenet1_1: 0.21 -> 0.27 s without the variable). An int8
+    plan's matrix products (the emulator's int8 convolutions, judging candidate plans) are
+    float32 sums of a few hundred taps, a small part of its time next to the elementwise work
+    between them, during which the workers spin on the cores: on a shared 2-core machine,
+    resnet18_halfwidth's int8 plan on 8 samples took 13.0 s CPU and 52.0 s wall with them,
+    3.6 s and 13.7 s without (median of 2 processes each, in turn). It must be set before numpy
+    loads, so the command is read from the arguments before the parser, which imports the
+    command's modules, exists.
 
     Then the exit without the interpreter's teardown, which frees every object, module and
     extension table the command loaded, one by one, only to hand the memory back to the system:
@@ -680,7 +661,7 @@ def console_main() -> NoReturn:
     exit_handler = _ExitWithoutTeardown()
     atexit.register(exit_handler)  # registered first, so it runs after every other exit handler
     with cyclic_collector_paused():
-        if _float_plan(argv):
+        if command_named(argv) == "plan":
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads it (the docstring says why)
         parser = build_parser(command_named(argv))  # what imports the command's modules
         gc.freeze()

@@ -115,6 +115,29 @@ def test_ties_keep_the_candidate_listed_first(cosines, expected):
             return not self.stopped[(settings["calibration_method"], settings["bias_correction"],
                                      settings["equalization"])]
 
+        def probe(self, tensors, settings, count):
+            return cosines.get((settings["calibration_method"], settings["bias_correction"],
+                                settings["equalization"]), 0.5)
+
     options = Options(dtype="int8", calibration_method=CHOOSE, bias_correction=CHOOSE, equalization=CHOOSE)
     settings, entry = choose_settings(Judge(), options, lambda text: None)
     assert settings == expected and entry.applied == (settings_label(expected),)
+
+
+def test_a_probed_plan_resumes_judging_after_the_samples_it_ran(chain, tmp_path, monkeypatch):
+    """Judge.probe runs a plan's first samples only (its cosine a bound above the worst); judging
+    it later runs just the others, and gives the worst a judge that never probed gives."""
+    from rkcompile.compiler.auto_float16 import judge_for
+    from rkcompile.compiler.pipeline import finish_plan, front_half
+
+    options = Options(dtype="int8", calibration=_calibration(tmp_path), calibration_method="minmax",
+                      bias_correction=False, equalization=False)
+    probed, fresh = (judge_for(front_half(chain, "rk3588", options, EMULATOR_RUNTIME), finish_plan) for _ in range(2))
+    runs = []
+    run = EMULATOR_RUNTIME.run
+    monkeypatch.setattr(type(EMULATOR_RUNTIME), "run", lambda self, plan, sample: runs.append(1) or run(plan, sample))
+    bound = probed.probe((), None, 1)
+    assert len(runs) == 1 and not probed.complete(())
+    worst = probed(())
+    assert len(runs) == len(probed.samples) > 1 and probed.complete(())
+    assert worst == fresh(()) <= bound and probed.plans_judged == 1

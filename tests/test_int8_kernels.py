@@ -11,6 +11,7 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
+import rkcompile.emulator.kernels  # noqa: F401  (registers the int8 kernels in INT8_KERNELS)
 from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_point, lookup_table,
     requantize, rounding_shift, run_int8)
 from rkcompile.plan import plain_nodes as plain
@@ -269,3 +270,35 @@ def test_rounding_shift_rounds_half_to_even_as_exact_arithmetic_does():
             half = 1 << (shift - 1)
             expected = floor + (remainder > half or (remainder == half and floor % 2 == 1))
         assert value == expected, (product, shift)
+
+
+def test_rounding_shift_of_a_negative_product_is_the_negated_rounding_of_its_magnitude():
+    """Half to even is symmetric: the signed product's arithmetic shift rounds -x as x."""
+    rng = np.random.default_rng(5)
+    shifts = np.tile(rng.integers(-2, 66, 64), 4)
+    bounded = np.clip(shifts, 1, 62)
+    halves = np.minimum((rng.integers(0, 2 ** 20, 256) << bounded) + (np.int64(1) << (bounded - 1)), (1 << 62) - 1)
+    magnitudes = np.concatenate([halves[:128], rng.integers(0, 1 << 62, 128)])
+    assert np.array_equal(rounding_shift(-magnitudes, shifts), -rounding_shift(magnitudes, shifts))
+
+
+@pytest.mark.parametrize("channels, exact", [(16, np.float32), (1024, np.float64)])
+def test_conv_sums_are_exact_whichever_float_type_serves(channels, exact):
+    """float32 serves while max|x| times the largest |weight| sum of an output stays below 2^24;
+    a wider one falls back to float64: both give the exact integer sums of int64 arithmetic."""
+    from rkcompile.emulator.kernels.int8_arithmetic import exact_float
+
+    x = activation((1, channels, 6, 6))
+    w = weight(rng.standard_normal((8, channels, 3, 3)).astype(np.float32), per_channel=False)
+    assert exact_float(x.largest_centered(), np.abs(w.centered()).reshape(8, -1).sum(axis=1)) is exact
+    acc = INT8_KERNELS["Conv"](node("Conv", [x, w], pads=[1, 1, 1, 1]), [x, w], OPSET)
+    padded = np.pad(x.centered(), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    assert np.array_equal(acc.values, np.einsum("nchwij,ocij->nohw", windows, w.centered()))
+
+
+def test_requantize_of_a_rank_0_accumulator_is_a_rank_0_int8():
+    quant = activation_params(-1.0, 1.0, "minmax")
+    actual = requantize(Accumulator(np.array(1000, np.int64), np.float64(0.0003)), quant)
+    assert actual.shape == () and actual.dtype == np.int8
+    assert int(actual) == int(quantize(np.float64(0.3), quant))

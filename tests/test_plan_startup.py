@@ -15,7 +15,6 @@ import pytest
 from conftest import make_model, value_info, weight
 from onnx import TensorProto, helper
 
-from rkcompile.cli import _float_plan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 #: modules only int8 calibration, --auto-float16, the emulator or a CPU step need
@@ -212,32 +211,18 @@ cli.console_main()
 """
 
 
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
 @pytest.mark.parametrize("preset, loaded_with", [(None, "1"), ("3", "3")])
-def test_a_float16_plan_process_loads_openblas_with_one_thread(tmp_path, preset, loaded_with):
-    """OpenBLAS starts a spinning worker per core as numpy loads it, and a float16 plan
-    multiplies no large matrices: console_main sets OPENBLAS_NUM_THREADS=1 before anything
-    imports numpy, unless the caller chose a number."""
+def test_a_plan_process_loads_openblas_with_one_thread(tmp_path, preset, loaded_with, dtype):
+    """OpenBLAS starts a spinning worker per core as numpy loads it, and a plan multiplies no
+    large matrices (an int8 plan's are small float32 ones): console_main sets
+    OPENBLAS_NUM_THREADS=1 before anything imports numpy, unless the caller chose a number."""
     model = tmp_path / "tiny_cnn.onnx"
     shutil.copy(EXAMPLE, model)
     environment = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     if preset is not None:
         environment["OPENBLAS_NUM_THREADS"] = preset
-    finished = subprocess.run([sys.executable, "-c", BLAS_PROBE, "plan", str(model), "--target", "rk3588", "--quiet"],
-                              capture_output=True, text=True, env=environment)
+    finished = subprocess.run([sys.executable, "-c", BLAS_PROBE, "plan", str(model), "--target", "rk3588", "--quiet",
+                               "--dtype", dtype], capture_output=True, text=True, env=environment)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.split()[-1] == loaded_with
-
-
-@pytest.mark.parametrize("argv, float_plan", [
-    (["plan", "m.onnx"], True),
-    (["plan", "m.onnx", "--dtype", "float16"], True),
-    (["-v", "plan", "m.onnx", "--target", "rk3588"], True),
-    (["plan", "m.onnx", "--dtype", "int8"], False),
-    (["plan", "m.onnx", "--dtype=int8"], False),
-    (["plan", "m.onnx", "--dt", "int8"], False),   # argparse takes an unambiguous prefix
-    (["plan", "m.onnx", "--dtype"], False),        # unreadable: the real parser reports it
-    (["run", "m.onnx"], False),
-    ([], False),
-])
-def test_float_plan_reads_the_dtype_as_the_plan_parser_does(argv, float_plan):
-    assert _float_plan(argv) is float_plan

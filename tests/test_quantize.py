@@ -204,6 +204,28 @@ def test_mmse_search_is_the_least_squared_error_of_quantize_then_dequantize():
         assert mmse_range(values, float(values.min()), float(values.max())) == best
 
 
+def test_mmse_dismisses_deep_clips_on_the_extremes_and_finds_the_same_clip(monkeypatch):
+    """A heavy-tailed tensor: the thresholds that clip deep into the tail are dismissed on the
+    values at its ends (their error alone is above the best), so fewer than all 100 run over
+    every value, and the clip is the one the plain search over every threshold finds."""
+    from rkcompile.quantization import params
+
+    values = (rng.standard_t(3, 200_000) * 0.7).astype(np.float32)
+    low, high = float(values.min()), float(values.max())
+    best, best_error = None, np.inf
+    for threshold in max(-low, high) * np.arange(100, 0, -1) / 100:
+        candidate = (max(low, -threshold), min(high, threshold))
+        error = quantization_mse(values.astype(np.float64), *candidate)
+        if error < best_error:
+            best, best_error = candidate, error
+    full = []
+    squared_errors = params._squared_errors
+    monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: full.append(v.size == values.size)
+                        or squared_errors(v, *rest))
+    assert mmse_range(values, low, high) == best
+    assert 0 < sum(full) < 60 and best[1] < high
+
+
 def test_mmse_keeps_the_range_of_a_uniform_distribution():
     low, high = mmse_range(rng.uniform(-1, 1, 50_000), -1.0, 1.0)
     assert low <= -0.95 and high >= 0.95

@@ -108,17 +108,23 @@ def child_environment() -> dict[str, str]:
 def timed(command: list[str], workdir: Path) -> tuple[float, float, str | None]:
     """Wall time and CPU time (user + system) of one child process, and its last stderr line
     when it failed."""
+    seconds, cpu, _, failure = timed_output(command, workdir, stdout=subprocess.DEVNULL)
+    return seconds, cpu, failure
+
+
+def timed_output(command: list[str], workdir: Path, stdout=subprocess.PIPE) -> tuple[float, float, str, str | None]:
+    """`timed`, with what the child wrote to its standard output (`stdout`: where it goes)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    finished = subprocess.run(command, cwd=workdir, env=child_environment(), stdout=subprocess.DEVNULL,
+    finished = subprocess.run(command, cwd=workdir, env=child_environment(), stdout=stdout,
                               stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if finished.returncode != 0:
         lines = finished.stderr.strip().splitlines() or [f"exit {finished.returncode}"]
-        return seconds, cpu, lines[-1]
-    return seconds, cpu, None
+        return seconds, cpu, finished.stdout or "", lines[-1]
+    return seconds, cpu, finished.stdout or "", None
 
 
 def input_shape_flags(path: Path) -> list[str]:

@@ -190,6 +190,15 @@ class Judge:
             known = self.sample_cosines[self.key(tensors)]
         return len(known) == len(self.order) and all(cosine >= goals[index] for index, cosine in known.items())
 
+    def probe(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None, count: int = 1) -> float:
+        """The worst cosine over the first `count` samples (the worst first, once a plan has run
+        them all): a bound above the plan's worst, kept so that judging it later resumes
+        after them."""
+        key = self.key(tensors, settings)
+        if len(self.sample_cosines.get(key, {})) < min(count, len(self.samples)):
+            self._judge(tensors, settings, lambda index, cosine: False, count)
+        return self.cosines[key][0]
+
     def per_sample(self, tensors: Sequence[str]) -> tuple[float, ...]:
         """The plan's cosine on each sample, in the calibration set's order."""
         self(tensors)
@@ -197,23 +206,28 @@ class Judge:
         return tuple(known[index] for index in range(len(self.order)))
 
     def _judge(self, tensors: Sequence[str], settings: Mapping[str, Any] | None,
-               below: Callable[[int, float], bool]) -> None:
-        """Plan and run the set on the samples in turn, until `below(given index, cosine)`."""
+               below: Callable[[int, float], bool], count: int | None = None) -> None:
+        """Plan and run the set on the samples in turn (the first `count` of them, if given),
+        until `below(given index, cosine)`. A sample this plan already ran (`probe`) is not run
+        again: the same plan gives the same outputs."""
         key = self.key(tensors, settings)
         plan, _ = self.planned(tensors, settings)
-        self.plans_judged += 1
+        if key not in self.sample_cosines:
+            self.plans_judged += 1
         if self.expected is None:
             reference = float_reference(plan, self.runtime)
             self.expected = [reference.run(sample) for sample in self.samples]
-        per_sample: dict[int, float] = {}
-        for index, sample, expected in zip(self.order, self.samples, self.expected):
-            outputs = self.runtime.run(plan, sample)
-            per_sample[index] = min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items())
+        per_sample = dict(self.sample_cosines.get(key, {}))
+        for index, sample, expected in list(zip(self.order, self.samples, self.expected))[:count]:
+            if index not in per_sample:
+                outputs = self.runtime.run(plan, sample)
+                per_sample[index] = min(self.runtime.cosine(name, outputs[name], value)
+                                        for name, value in expected.items())
             if below(index, per_sample[index]):
                 break
         complete = len(per_sample) == len(self.samples)
         if complete and not self.cosines:  # the first plan: from now on, its worst samples first
-            order = np.argsort(list(per_sample.values()), kind="stable")
+            order = np.argsort([per_sample[index] for index in self.order], kind="stable")
             self.samples, self.expected = [self.samples[i] for i in order], [self.expected[i] for i in order]
             self.order = [self.order[i] for i in order]
         self.cosines[key] = (min(per_sample.values()), complete)

@@ -18,7 +18,10 @@ run and applied after it), and the float32 reference outputs once. Equalization 
 when it would equalize a Conv pair, bias correction only when a Conv's bias would be corrected
 (otherwise the plans are the same). A candidate is judged sample by sample, worst sample first,
 and dropped at the first sample below the best worst cosine so far (it cannot win; its recorded
-cosine is then that sample's, an upper bound, marked as such).
+cosine is then that sample's, an upper bound, marked as such). The first candidate runs every
+sample, then each other runs the worst of them, and they are judged on best first
+(`probed_order`): the winner is then usually the best so far early, and the others stop at
+their first sample.
 
 `--auto-float16` then searches float16 steps on top of the chosen settings, with the same
 planner and judge.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -38,6 +41,10 @@ from rkcompile.options import CHOOSE, INT8_SETTINGS, Options, settings_label
 from rkcompile.plan.schema import Int8Technique, PlanRecord
 from rkcompile.progress import bar
 from rkcompile.compiler.auto_float16 import Finish, Judge, Planner, choose, judge_for
+
+
+#: Samples (the first candidate's worst) every other candidate runs before any is judged on all
+PROBE_SAMPLES = 1
 
 
 @dataclass(frozen=True)
@@ -71,12 +78,27 @@ def judging_order(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                         not c["bias_correction"]))
 
 
+def probed_order(judge: Judge, ordered: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """`ordered` as `choose_settings` judges them: the first, then every other run on the
+    PROBE_SAMPLES samples the first found worst (`Judge.probe`), and judged on in the order of
+    those cosines, best first. The choice is the same in any order (a candidate stops only below
+    the best complete one, and a tie goes by `found`'s order); this order makes the likely winner
+    the best early, so that the others stop at their first sample instead of each running every
+    sample while it is the best so far."""
+    if not ordered:
+        return
+    yield ordered[0]
+    probes = {index: judge.probe((), settings, PROBE_SAMPLES) for index, settings in enumerate(ordered[1:])}
+    yield from (ordered[1 + index] for index in sorted(probes, key=lambda index: -probes[index]))
+
+
 def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) -> tuple[dict[str, Any], Int8Technique]:
     """The best candidate's settings, and the plan's `int8_settings` entry listing every candidate."""
     found = candidates(searched(options, judge.planner))
     judged: list[Judged] = []
     best: Judged | None = None
-    for settings in bar(judging_order(found), description="int8 settings: candidates judged", unit="plan"):
+    for settings in bar(probed_order(judge, judging_order(found)), total=len(found),
+                        description="int8 settings: candidates judged", unit="plan"):
         goal = None if best is None else best.cosine
         cosine = judge((), goal, settings)
         complete = judge.complete((), settings)

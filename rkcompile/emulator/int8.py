@@ -50,16 +50,27 @@ class QTensor:
     def real(self) -> np.ndarray:
         return dequantize(self.values, self.quant)
 
-    def centered(self) -> np.ndarray:
-        """q - zero point, exact, as int64."""
-        zero = np.asarray(self.quant.zero_points, np.int64)
+    def centered(self, dtype: type = np.int64) -> np.ndarray:
+        """q - zero point, exact (an int8 difference, |q - zero point| <= 255), as `dtype`."""
+        zero = np.asarray(self.quant.zero_points, dtype)
         if self.quant.axis is not None and self.values.ndim:
             shape = [1] * self.values.ndim
             shape[self.quant.axis] = -1
             zero = zero.reshape(shape)
         else:
             zero = zero.reshape(())
-        return self.values.astype(np.int64) - zero
+        centered = self.values.astype(dtype)
+        centered -= zero
+        return centered
+
+    def largest_centered(self) -> int:
+        """max |q - zero point| over the tensor (0 for an empty one), from the integers' own
+        extremes: no centered copy is made."""
+        if not self.values.size:
+            return 0
+        zero = np.asarray(self.quant.zero_points, np.int64)
+        low, high = int(self.values.min()), int(self.values.max())
+        return int(max(high - zero.min(), zero.max() - low, 0))
 
     def scales(self, ndim: int, axis: int | None = None) -> np.ndarray:
         """The scales shaped to broadcast along `axis` (default: the tensor's own axis) of a
@@ -96,7 +107,9 @@ def register_int8(*ops: str) -> Callable[[AccumulateKernel], AccumulateKernel]:
 
 
 def saturate_int32(values: np.ndarray) -> np.ndarray:
-    return np.clip(values, *INT32).astype(np.int64)
+    """`values` clipped to the int32 range, as a new int64 array (clip's own result when it is
+    int64 already: one pass, not two)."""
+    return np.clip(values, *INT32).astype(np.int64, copy=False)
 
 
 def exact_integers(values: np.ndarray) -> np.ndarray:
@@ -122,30 +135,37 @@ WIDEST_SHIFT = 62
 
 
 def rounding_shift(product: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """product / 2^shift rounded half to even, in integers, for a non-negative product below
-    2^62. A shift above WIDEST_SHIFT (a multiplier below about 2^-32: a step whose inputs are
-    ~1e-10 of its output's range, as in a random-weight network whose features collapse) rounds
-    every product to 0; a shift below 1 (a multiplier of 2^30 or more) leaves any non-zero
-    product at 2^30 or more, which saturates every int8 result, so the product stands for it.
-    Both were clipped into [1, 62] before, which scaled such results by a power of two."""
+    """product / 2^shift rounded half to even, in integers, for a product of magnitude below
+    2^62 (either sign: half to even is symmetric, so -x rounds as x does). A shift above
+    WIDEST_SHIFT (a multiplier below about 2^-32: a step whose inputs are ~1e-10 of its output's
+    range, as in a random-weight network whose features collapse) rounds every product to 0; a
+    shift below 1 (a multiplier of 2^30 or more) leaves any non-zero product at 2^30 or more,
+    which saturates every int8 result, so the product stands for it. Both were clipped into
+    [1, 62] before, which scaled such results by a power of two."""
     bounded = np.clip(shift, 1, WIDEST_SHIFT)
     # half to even in one shift: half - 1, plus 1 when the floor is odd, carries into the floor
     # exactly when the remainder is above half, or is half and the floor odd (the sum stays
-    # below 2^63); a third of the whole-array operations of comparing the remainder with half
-    rounded = (product + ((np.int64(1) << (bounded - 1)) - 1) + ((product >> bounded) & 1)) >> bounded
-    return np.where(shift > WIDEST_SHIFT, 0, np.where(shift < 1, product, rounded))
+    # below 2^63). The shift is arithmetic, a floor for either sign, so the remainder is in
+    # [0, 2^shift) for a negative product too. In place on one new array: the requantization
+    # of every accumulating step is this, over its whole output
+    odd = np.right_shift(product, bounded)
+    odd &= 1
+    rounded = product + ((np.int64(1) << (bounded - 1)) - 1)
+    rounded += odd
+    rounded >>= bounded
+    if (shift > WIDEST_SHIFT).any() or (shift < 1).any():
+        rounded = np.where(shift > WIDEST_SHIFT, 0, np.where(shift < 1, product, rounded))
+    return rounded
 
 
 def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: int = INT8[1]) -> np.ndarray:
     """int8 = saturate(round(acc * scale / out_scale) + zero point) with the multiplier in fixed
     point: int32 mantissa times the int32 accumulator in 64 bits, then a rounding shift."""
     mantissa, shift = fixed_point(np.asarray(acc.scale, np.float64) / quant.scales[0])
-    values = saturate_int32(acc.values)
-    negative = values < 0
-    # the shift rounds a magnitude, so -x rounds exactly as x does (half to even is symmetric)
-    magnitude = rounding_shift(np.abs(values) * mantissa, shift)
-    scaled = np.where(negative, -magnitude, magnitude) + quant.zero_points[0]
-    return np.clip(scaled, max(low, INT8[0]), min(high, INT8[1])).astype(np.int8)
+    # an array even for a rank-0 accumulator (numpy's arithmetic on those gives scalars)
+    scaled = np.asarray(rounding_shift(saturate_int32(acc.values) * mantissa, shift))
+    scaled += quant.zero_points[0]
+    return np.clip(scaled, max(low, INT8[0]), min(high, INT8[1]), out=scaled).astype(np.int8)
 
 
 def rescale(q: QTensor, quant: Quantization) -> np.ndarray:

@@ -1,17 +1,25 @@
 """The accumulating int8 kernels: integer operands with their zero points subtracted, exact
 integer sums, and the real scale of the result (rkcompile/emulator/int8.py requantizes it).
 
-The sums are formed with float64 BLAS on integer-valued arrays: every product of two int8
-differences is below 2^16 and every sum below 2^53, so the float64 result is the exact integer
-an int32 accumulator holds (saturated to int32 if it ever left it). Padding is real zero, which
-after the zero-point subtraction is the integer 0, so borders are exact too.
+The sums are formed with BLAS on integer-valued arrays: every product of two int8 differences
+is below 2^16, and a float type holds every integer up to 2^(its mantissa bits + 1) exactly, so
+a sum whose every partial sum stays below that is the exact integer an int32 accumulator holds
+(saturated to int32 if it ever left it), in whatever order BLAS adds. float32 (2^24) is twice
+as fast as float64 (2^53) and serves when the largest |operand| times the largest sum of
+|weights| of one output is below 2^24 (`exact_float`): the bound of every partial sum, in any
+order. Padding is real zero, which after the zero-point subtraction is the integer 0, so
+borders are exact too.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from rkcompile.emulator.int8 import Accumulator, QTensor, exact_integers, register_int8, saturate_int32
+from rkcompile.quantization.params import INT32
 from rkcompile.emulator.kernels.conv import convolve
+
+#: float32 holds every integer of magnitude up to 2^24 exactly (24-bit significand).
+FLOAT32_EXACT = 2 ** 24
 
 #: Add/Sub align both operands to a common scale of max(scale) / 2^ALIGN_BITS, integer
 #: multipliers of at most 2^16, before adding.
@@ -31,21 +39,43 @@ def _bias_integers(bias: QTensor | None, scale: np.ndarray, channels: int, ndim:
     return values.reshape((1, -1) + (1,) * (ndim - 2))
 
 
+def exact_float(largest_data: int, weight_sums: np.ndarray) -> type:
+    """The float type whose BLAS sums of products of data at most `largest_data` in magnitude
+    with weights are exact integers: float32 when that times the largest sum of |weights| one
+    output adds (`weight_sums`) bounds every partial sum below FLOAT32_EXACT, else float64
+    (exact below 2^53: int32 range sums of products below 2^16)."""
+    if not weight_sums.size:
+        return np.float64
+    return np.float32 if largest_data * float(weight_sums.max()) < FLOAT32_EXACT else np.float64
+
+
+def integer_sums(sums: np.ndarray) -> np.ndarray:
+    """A BLAS product of integers (`exact_float`) as int64: float32's are below 2^24, within
+    int32 already; float64's are saturated to int32 (`exact_integers`)."""
+    return sums.astype(np.int64) if sums.dtype == np.float32 else exact_integers(sums)
+
+
 @register_int8("Conv")
 def conv(node, inputs, opset) -> Accumulator:
     x, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    values = exact_integers(convolve(node, x.centered().astype(np.float64), weight.centered().astype(np.float64)))
+    taps = weight.centered()
+    exact = exact_float(x.largest_centered(), np.abs(taps).reshape(taps.shape[0], -1).sum(axis=1))
+    values = integer_sums(convolve(node, x.centered(exact), taps.astype(exact)))
     scale = x.quant.scales[0] * weight.scales(values.ndim, axis=1)
     if weight.quant.axis is None:
         scale = np.full((1, values.shape[1]) + (1,) * (values.ndim - 2), scale)
-    return Accumulator(saturate_int32(values + _bias_integers(bias, scale, values.shape[1], values.ndim)), scale)
+    values += _bias_integers(bias, scale, values.shape[1], values.ndim)
+    return Accumulator(np.clip(values, *INT32, out=values), scale)
 
 
 @register_int8("MatMul")
 def matmul(node, inputs, opset) -> Accumulator:
     a, b = inputs
-    values = exact_integers(a.centered().astype(np.float64) @ b.centered().astype(np.float64))
+    right = b.centered()
+    exact = exact_float(a.largest_centered(),
+                        np.abs(right).sum(axis=-2) if right.ndim > 1 else np.abs(right).sum(keepdims=True))
+    values = integer_sums(a.centered(exact) @ right.astype(exact))
     return Accumulator(values, np.float64(a.quant.scales[0] * b.quant.scales[0]))
 
 
