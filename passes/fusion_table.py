@@ -473,5 +473,18 @@ KERNEL_FUSIONS: tuple[FusionRule, ...] = (
 
 TABLES = (RECOGNISERS, KERNEL_FUSIONS)
 
+
+def conv_activation_kernels() -> dict[str, tuple[str, ...]]:
+    """Activation op -> the oplist kernels that run it fused after a convolution (the rows
+    written `_conv_then`: the activation reading the Conv's output alone)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for rule in KERNEL_FUSIONS:
+        pattern = rule.pattern
+        if (isinstance(pattern, Op) and len(pattern.inputs) >= 1 and isinstance(pattern.inputs[0], Op)
+                and pattern.inputs[0].ops == CONV):
+            for op in pattern.ops:
+                found[op] = found.get(op, ()) + (rule.requires,)
+    return found
+
 #: Every kernel name a fused step can show.
 FUSED_KERNELS = frozenset(rule.kernel for table in TABLES for rule in table)

@@ -256,3 +256,25 @@ def test_a_written_out_mean_of_squares_scales_its_sum_in_the_conv_and_stays_in_f
     got = rkcompile.run(plan, feeds)["y"]
     assert np.all(np.isfinite(got)) and expected.max() * 512 > 65504
     assert_close(got, expected)
+
+
+def test_a_batch_norm_before_a_relu_with_no_weighted_op_to_fold_into_is_one_conv_relu(tmp_path):
+    """DenseNet's pre-activation: Concat -> BatchNormalization -> Relu -> Conv. The BN has no
+    weighted op before it, and the Relu stands between it and the next Conv, so it becomes a
+    depthwise 1x1 Conv that runs fused with the Relu. Read by an Add instead, it is no such
+    Conv (nothing would fuse with it)."""
+    conv, inits = conv_3x3(x="r", out="y", channels=4, inputs=8)
+    bn_params = [const("gamma", (8,), 0.5, 2), const("beta", (8,)), const("mean", (8,)),
+                 const("var", (8,), 0.5, 2)]
+    nodes = [node("Concat", ["x", "x2"], "cat", axis=1),
+             node("BatchNormalization", ["cat", "gamma", "beta", "mean", "var"], "bn"),
+             node("Relu", ["bn"], "r"), conv]
+    kernels, got, expected = planned(tmp_path, nodes, inits + bn_params, [("x", (1, 4, 8, 8)), ("x2", (1, 4, 8, 8))],
+                                     (1, 4, 8, 8))
+    assert kernels == ["Concat", "ConvRelu", "Conv"]
+    assert_close(got, expected)
+    nodes[2] = node("Add", ["bn", "x_again"], "r")
+    kernels, got, expected = planned(tmp_path, nodes + [node("Concat", ["x", "x2"], "x_again", axis=1)],
+                                     inits + bn_params, [("x", (1, 4, 8, 8)), ("x2", (1, 4, 8, 8))], (1, 4, 8, 8))
+    assert "ConvRelu" not in kernels and kernels.count("Conv") == 1
+    assert_close(got, expected)

@@ -1,5 +1,5 @@
 """Normalization rewrites: BatchNormalization made affine where rewrites.affine cannot fold it
-into a weighted op, LRN as a band convolution, LayerNormalization and Softmax moved onto the
+into a weighted op (a depthwise Conv where an activation would fuse after it), LRN as a band convolution, LayerNormalization and Softmax moved onto the
 axes the NPU normalizes."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import constant_value, dtype_name, element_count, static_shape
 
+from rkcompile.passes.fusion_table import conv_activation_kernels
 from rkcompile.passes.rewrites.affine import batchnorm_affine
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, producer, scalar
 
@@ -26,6 +27,31 @@ def batchnorm_to_mul_add(node: gs.Node, site: Site) -> Candidates:
     builder = site.builder(node)
     scaled = builder.op("Mul", [x, builder.const(scale, "scale")], shape, x.dtype)
     builder.op("Add", [scaled, builder.const(shift, "shift")], out=node.outputs[0])
+    yield builder.finish()
+
+
+def batchnorm_before_activation_as_conv(node: gs.Node, site: Site) -> Candidates:
+    """A BatchNormalization no weighted op around it takes (DenseNet's pre-activation BN after a
+    Concat), read only by an activation the target runs fused after a convolution (Relu, Clip,
+    Sigmoid, ...), as a depthwise 1x1 Conv of weights scale and bias shift: then one Conv+Relu
+    kernel instead of two steps, as rknn-toolkit2 runs BatchNormalizationRelu. Within one
+    float16 rounding of the scale and shift, as every affine fold (rewrites.affine)."""
+    affine = batchnorm_affine(node)
+    x, y = node.inputs[0], node.outputs[0]
+    shape = static_shape(x)
+    if affine is None or shape is None or len(shape) != 4:
+        return "its statistics are not constant (or training mode), or the input is not 4-D of known shape"
+    readers = y.outputs
+    if len(readers) != 1 or y.name in site.graph_outputs:
+        return "its result is read by more than one node, or is a graph output"
+    kernels = conv_activation_kernels().get(readers[0].op, ())
+    if not any(site.target.has_kernel(kernel) for kernel in kernels):
+        return f"its reader, a {readers[0].op}, is no activation {site.target.name} runs fused after a Conv"
+    channels, dtype = shape[1], dtype_name(x.dtype)
+    scale, shift = (a.astype(dtype) for a in affine)
+    builder = site.builder(node)
+    builder.op("Conv", [x, builder.const(scale.reshape(channels, 1, 1, 1), "scale"), builder.const(shift, "shift")],
+               out=y, kernel_shape=[1, 1], group=channels)
     yield builder.finish()
 
 
@@ -116,6 +142,7 @@ def softmax_to_supported_axis(node: gs.Node, site: Site) -> Candidates:
 
 
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(batchnorm_before_activation_as_conv, frozenset({"BatchNormalization"}), always=True),
     RewriteRule(batchnorm_to_mul_add, frozenset({"BatchNormalization"})),
     RewriteRule(lrn_to_conv_and_pows, frozenset({"LRN"})),
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),

@@ -455,22 +455,83 @@ def _graph_outputs(graph: onnx.GraphProto) -> set[str]:
 
 def square_roots_written_back(model: onnx.ModelProto) -> int:
     """Write a Pow by the constant 0.5 that only divisors read as the Sqrt it was (the
-    rewrites make Sqrt a Pow): rknn-toolkit2 2.5.0 fuses a norm, mean -> Add -> Sqrt -> Div,
-    into its exNorm only from the Sqrt (from the Pow it runs each Div on its CPU: t5); a
-    Sqrt alone it may run on its CPU, so other Pows stay. The values differ by float32
-    rounding. Returns how many Pows it wrote."""
+    rewrites make Sqrt a Pow), and a Pow by -0.5 that only products read as a Sqrt they
+    divide by (x * p^-0.5 = x / sqrt(p): an RMSNorm the plan runs as exNorm from its 1x1 Conv
+    form): rknn-toolkit2 2.5.0 fuses a norm, mean -> Add -> Sqrt -> Div, into its exNorm only
+    from the Sqrt (from the Pow it runs each Div on its CPU: t5); a Sqrt alone it may run on
+    its CPU, so other Pows stay. The values differ by float32 rounding. Returns how many Pows
+    it wrote."""
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
     readers = _readers(model.graph)
     changed = 0
     for node in model.graph.node:
         exponent = constants.get(node.input[1]) if node.op_type == "Pow" else None
-        divisions = readers.get(node.output[0], [])
-        if exponent is None or exponent.size != 1 or float(exponent.reshape(-1)[0]) != 0.5 or not divisions \
-                or any(r.op_type != "Div" or list(r.input[1:]) != [node.output[0]] for r in divisions):
+        if exponent is None or exponent.size != 1:
             continue
-        node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
-        changed += 1
+        power, users = float(exponent.reshape(-1)[0]), readers.get(node.output[0], [])
+        if power == 0.5 and users and all(r.op_type == "Div" and list(r.input[1:]) == [node.output[0]] for r in users):
+            node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+            changed += 1
+        elif power == -0.5 and users and all(r.op_type == "Mul" and list(r.input).count(node.output[0]) == 1
+                                             for r in users):
+            node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+            for product in users:
+                other = next(name for name in product.input if name != node.output[0])
+                product.CopyFrom(helper.make_node("Div", [other, node.output[0]], list(product.output), product.name))
+            changed += 1
     return changed
+
+
+def squares_before_reshapes(model: onnx.ModelProto) -> int:
+    """Write the square of a reshaped tensor, Mul(r, r) with r = Reshape(x), as the Reshape of
+    Mul(x, x): the same values (the square is element by element), and the Reshape then feeds
+    the mean's Conv directly, as `means_as_reduce_means` reads it (an RMSNorm the plan runs
+    from its 1x1 Conv form). Returns how many squares it moved."""
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Mul" and len(node.input) == 2 else None
+        if reshape is None or node.input[0] != node.input[1] or reshape.op_type != "Reshape":
+            continue
+        squared = f"{node.name}/before_reshape"
+        written[id(node)] = [helper.make_node("Mul", [reshape.input[0], reshape.input[0]], [squared], squared),
+                             helper.make_node("Reshape", [squared, reshape.input[1]], list(node.output),
+                                              f"{node.name}/reshape")]
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def mean_biases_apart(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of one output channel whose bias is one value b (a mean plus an epsilon,
+    as the plan's norms compute a variance) as the Conv without bias, then an Add of b: the same
+    sum, added last; `means_as_reduce_means` then writes the Conv back as a ReduceMean, and the
+    norm reads mean -> Add -> Sqrt as rknn-toolkit2 fuses it. Returns how many it wrote."""
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        bias = constants.get(node.input[2]) if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] else None
+        weight = constants.get(node.input[1]) if bias is not None else None
+        if weight is None or bias.size != 1 or weight.shape[0] != 1 \
+                or not _pointwise(node, weight.shape) or not bias.any():
+            continue
+        summed = f"{node.name}/without_bias"
+        offset = numpy_helper.from_array(bias.reshape(()), f"{node.name}/bias_value")
+        graph.initializer.append(offset)
+        bare = onnx.NodeProto()
+        bare.CopyFrom(node)
+        del bare.input[2:]
+        bare.output[0] = summed
+        written[id(node)] = [bare, helper.make_node("Add", [summed, offset.name], [node.output[0]], f"{node.name}/add_bias")]
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
 
 
 def gathers_as_slices(model: onnx.ModelProto) -> int:
@@ -731,5 +792,5 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
-                    means_as_reduce_means, vectors_into_channels, added_convs_as_one,
+                    squares_before_reshapes, mean_biases_apart, means_as_reduce_means, vectors_into_channels, added_convs_as_one,
                     linear_layers_as_gemms, square_roots_written_back, gathers_as_slices, defaults_written)
