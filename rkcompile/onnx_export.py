@@ -20,8 +20,10 @@ import onnx
 from rkcompile.api import Plan, compile
 from rkcompile.options import Options
 from rkcompile.emulator.closeness import Agreement, agreement, onnxruntime_outputs
+from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import make_inputs
 from rkcompile.errors import CompileError
+from rkcompile.targets import get_target
 from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
 from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, standard_model
 
@@ -76,11 +78,6 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     export_options = dataclasses.replace(export_options or ExportOptions(),
                                          **{k: v for k, v in kwargs.items() if k in export_fields})
     compile_kwargs = {k: v for k, v in kwargs.items() if k not in export_fields}
-    dtype = (plan_or_model.dtype if isinstance(plan_or_model, Plan)
-             else compile_kwargs.get("dtype", (options or Options()).dtype))
-    if dtype in QUANTIZED_DTYPES:
-        raise CompileError(f"export writes the float graph; a quantized ({dtype}) export is not implemented: export "
-                           "the float16 plan and quantize it with rknn-toolkit2's build(do_quantization=True)")
     frozen: dict[str, np.ndarray] = {}
     if isinstance(plan_or_model, Plan):
         if options is not None or compile_kwargs or export_options.freeze_inputs:
@@ -100,7 +97,9 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
             if export_options.freeze_inputs:
                 planned, frozen = frozen_model(original, export_options.freeze_inputs, Path(folder))
             plan = compile(planned, target, options, **compile_kwargs)
-    model, shaped = standard_model(plan.record, plan.reference_nodes, export_options.max_opset)
+    quantized = plan.dtype in QUANTIZED_DTYPES
+    model, shaped = standard_model(plan.record, plan.reference_nodes, export_options.max_opset,
+                                   stored_weight_integers(plan) if quantized else None)
     agreements = check(original, model, plan, export_options, frozen)
     report = {
         "model": str(original), "target": plan.target, "dtype": plan.dtype, "export": str(path),
@@ -118,6 +117,14 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     write_atomically(path, model.SerializeToString())
     write_atomically(report_path(path), json.dumps(report, indent=1) + "\n")
     return ExportReport(Path(path), report_path(path), tuple(agreements), report)
+
+
+def stored_weight_integers(plan: Plan) -> dict[str, np.ndarray]:
+    """An int8 plan's quantized weights as its weight region stores them, by name: int8 weights
+    (after equalization), int32 convolution biases (after bias correction)."""
+    storage = Executor(plan.record, plan.weights, get_target(plan.target)).storage
+    return {name: storage.read(name) for name in plan.record.quantization
+            if plan.record.tensors[name].region == "weight"}
 
 
 def frozen_model(path: Path, values: Mapping[str, Any], folder: Path) -> tuple[Path, dict[str, np.ndarray]]:

@@ -49,6 +49,9 @@ def main() -> int:
     parser.add_argument("--analysis", type=Path, metavar="DIR")
     parser.add_argument("--held-out", type=Path, nargs="+", default=[], metavar="NPZ")
     parser.add_argument("--calibration-set", action="store_true")
+    parser.add_argument("--prequantized", type=Path, metavar="ORIGINAL",
+                        help="MODEL is a QDQ model of ORIGINAL (rkcompile export --dtype int8): build it without "
+                             "calibrating and compare with onnxruntime on ORIGINAL")
     args = parser.parse_args()
     import onnx
     import onnxruntime as ort
@@ -82,7 +85,8 @@ def main() -> int:
         config["disable_rules"] = args.disable_rule
     started = time.perf_counter()
     steps = [("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(built)),
-             ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing)))]
+             ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing)) if args.prequantized is None
+              else rknn.build(do_quantization=False))]
     if args.analysis is not None:
         np.save(scratch / "input.npy", x)
         steps.append(("accuracy_analysis", lambda: rknn.accuracy_analysis(
@@ -100,7 +104,7 @@ def main() -> int:
     result["build_seconds"] = round(time.perf_counter() - started, 1)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    reference = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(args.prequantized or args.model), options, providers=["CPUExecutionProvider"])
 
     def output_cosines(x: np.ndarray) -> list[float | None]:
         produced = rknn.inference(inputs=[x], data_format=["nchw"])

@@ -11,7 +11,8 @@ not model) are left out, and an opset above what the toolkit reads is converted 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from dataclasses import replace
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -19,21 +20,27 @@ from onnx import helper, numpy_helper, version_converter
 
 from rkcompile.errors import CompileError
 from rkcompile.plan.plain_nodes import Node, fused_body
-from rkcompile.plan.schema import PlanRecord, TensorSpec
-from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
+from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, Quantization, TensorSpec
+from rkcompile.views.partitioned_onnx import host_renames, plain_steps, proto_subgraphs, rename_tensors
 
 #: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
 #: a newer model is converted down
 MAX_OPSET = 19
+#: the oldest ai.onnx opset a quantized export is written in: QuantizeLinear and DequantizeLinear
+#: take a per-channel scale (`axis`) from opset 13; an older model is converted up
+MIN_QDQ_OPSET = 13
+INT32 = np.iinfo(np.int32)
 #: the domains of the ONNX standard (ai.onnx under its two names, and the ML operators)
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
-def standard_model(plan: PlanRecord, nodes: Sequence[Node],
-                   max_opset: int = MAX_OPSET) -> tuple[onnx.ModelProto, dict[str, int]]:
+def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX_OPSET,
+                   weight_integers: Mapping[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, dict[str, int]]:
     """The plan's graph as a standard ONNX model, and how many nodes each reshaping for
     rknn-toolkit2 changed (TOOLKIT_SHAPINGS, each exact); `nodes` are the plan's step nodes in
-    step order."""
+    step order. With `weight_integers` (an int8 plan's quantized weights as its weight region
+    stores them, by name) the model carries the plan's quantization as QuantizeLinear and
+    DequantizeLinear pairs (`quantize_dequantize`), in opset MIN_QDQ_OPSET at least."""
     members, weights = plain_steps(plan, nodes)
     protos = [proto for step in plan.steps for proto in members.get(step.id, ())]
     for proto in protos:
@@ -48,18 +55,143 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node],
     model = helper.make_model(graph, opset_imports=opsets, producer_name="rkcompile export")
     model.ir_version = helper.find_min_ir_version_for(opsets)
     if plan.model.opset > max_opset:
-        try:
-            model = version_converter.convert_version(model, max_opset)
-        except Exception as exc:  # noqa: BLE001  (the converter raises RuntimeError, ValueError, its own)
-            raise CompileError(f"cannot convert the exported graph from opset {plan.model.opset} to {max_opset}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        model = _converted(model, plan.model.opset, max_opset)
+    elif weight_integers is not None and plan.model.opset < MIN_QDQ_OPSET:
+        model = _converted(model, plan.model.opset, MIN_QDQ_OPSET)
     shaped = {shaping.__name__: shaping(model) for shaping in TOOLKIT_SHAPINGS}
+    if weight_integers is not None:
+        quantize_dequantize(model, plan, weight_integers)
+    return _checked(model), shaped
+
+
+def _converted(model: onnx.ModelProto, opset: int, wanted: int) -> onnx.ModelProto:
+    try:
+        return version_converter.convert_version(model, wanted)
+    except Exception as exc:  # noqa: BLE001  (the converter raises RuntimeError, ValueError, its own)
+        raise CompileError(f"cannot convert the exported graph from opset {opset} to {wanted}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integers: Mapping[str, np.ndarray]) -> None:
+    """Write the int8 plan's quantization into `model` in the QDQ form (ONNX's
+    QuantizeLinear/DequantizeLinear pairs, which rknn-toolkit2 builds without calibrating):
+
+    - each quantized weight becomes its stored integers (int8, a convolution's bias int32), read
+      through a DequantizeLinear with the plan's scales and zero points (per output channel,
+      axis 0, where the plan has one per channel), so the weights are the plan's: after
+      equalization and bias correction, rounded as the plan rounded them;
+    - each int8 activation the plan stores (a step's output, a model input's NPU copy) is written
+      as QuantizeLinear then DequantizeLinear with its scale and zero point, and every reader
+      reads the dequantized value;
+    - the tensors an int8 plan keeps in float16 (its float16 islands: --float16, --auto-float16,
+      a Softmax output) and those the CPU computes get no pair, so they stay float.
+
+    The members of a fused kernel write no pair between them, as the plan stores none: the
+    toolkit fuses them again. The tensors are renamed as the export renames them (the host
+    conversions left out, `host_renames`)."""
+    graph = model.graph
+    renames = host_renames(plan)
+    activations: dict[str, Quantization] = {}
+    for name, quant in plan.quantization.items():
+        placed = plan.tensors.get(name)
+        if placed is not None and placed.region != "weight" and quant.dtype in QUANTIZED_DTYPES:
+            activations.setdefault(renames.get(name, name), quant)
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    weights = {name: (np.asarray(integers), plan.quantization[name]) for name, integers in weight_integers.items()
+               if name in initializers}
+    weights.update(_float32_bias_scales(graph, activations, weights))
+    dequantized_weights = []
+    for name, (integers, quant) in weights.items():
+        graph.initializer.remove(initializers[name])
+        graph.initializer.append(numpy_helper.from_array(integers, f"{name}/quantized"))
+        dequantized_weights.append(_dequantize(graph, f"{name}/quantized", name, quant))
+    inputs = {value.name for value in graph.input}
+    made_by = {output: node for node in graph.node for output in node.output}
+    nodes = list(graph.node)
+    pairs: dict[int, list[onnx.NodeProto]] = {}  # after which node (-1: before all) each pair goes
+    for name, quant in activations.items():
+        if name in made_by:
+            producer = made_by[name]
+            producer.output[:] = [f"{name}/float" if output == name else output for output in producer.output]
+            pairs.setdefault(nodes.index(producer), []).extend(_quantize_dequantize(graph, f"{name}/float", name, quant))
+        elif name in inputs:
+            for node in nodes:
+                rename_tensors(node, {name: f"{name}/dequantized"})
+            pairs.setdefault(-1, []).extend(_quantize_dequantize(graph, name, f"{name}/dequantized", quant))
+    ordered = [*dequantized_weights, *pairs.get(-1, ())]
+    for index, node in enumerate(nodes):
+        ordered += [node, *pairs.get(index, ())]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _float32_bias_scales(graph: onnx.GraphProto, activations: Mapping[str, Quantization],
+                         weights: Mapping[str, tuple[np.ndarray, Quantization]]
+                         ) -> dict[str, tuple[np.ndarray, Quantization]]:
+    """Each int32 convolution bias with the scale its reader computes: input scale x weight scale
+    in float32, as the file stores them. The plan's scale is that product in float64; written
+    as such, rknn-toolkit2 2.5.0 finds it differs from its own product in the last bit and
+    requantizes the bias ("Adjust scale of bias"), which cost mobilenet_v2 0.0013 of output
+    cosine. The integers are requantized to the new scale, a relative change of about 1e-7
+    (none moves for a bias below 2^22)."""
+    rescaled = {}
+    for node in graph.node:
+        if node.op_type != "Conv" or len(node.input) < 3 or node.input[2] not in weights:
+            continue
+        data, weight, bias = node.input[:3]
+        integers, quant = weights[bias]
+        if quant.dtype != "int32" or data not in activations or weight not in weights:
+            continue
+        scales = (np.float32(activations[data].scales[0])
+                  * np.asarray(weights[weight][1].scales, np.float32)).astype(np.float32)
+        scales = np.broadcast_to(scales, (len(quant.scales),))
+        real = integers.astype(np.float64) * np.asarray(quant.scales, np.float64)
+        rescaled[bias] = (np.clip(np.rint(real / scales.astype(np.float64)), INT32.min, INT32.max).astype(np.int32),
+                          replace(quant, scales=tuple(float(s) for s in scales)))
+    return rescaled
+
+
+def _quantize_dequantize(graph: onnx.GraphProto, source: str, result: str, quant: Quantization) -> list[onnx.NodeProto]:
+    """QuantizeLinear of `source` with `quant`'s parameters, then DequantizeLinear into `result`."""
+    parameters = _parameters(graph, result, quant)
+    quantize = helper.make_node("QuantizeLinear", [source, *parameters], [f"{result}/quantized"],
+                                f"{result}/QuantizeLinear", **_axis(quant))
+    return [quantize, _dequantize(graph, f"{result}/quantized", result, quant, parameters)]
+
+
+def _dequantize(graph: onnx.GraphProto, source: str, result: str, quant: Quantization,
+                parameters: list[str] | None = None) -> onnx.NodeProto:
+    """DequantizeLinear of `source`, integers stored with `quant`'s parameters, into `result`."""
+    parameters = parameters or _parameters(graph, result, quant)
+    return helper.make_node("DequantizeLinear", [source, *parameters], [result], f"{result}/DequantizeLinear",
+                            **_axis(quant))
+
+
+def _parameters(graph: onnx.GraphProto, result: str, quant: Quantization) -> list[str]:
+    """The scale (float32) and zero point (the stored integer type) initializers of `quant`:
+    one value each for a per-layer tensor, one per channel along its axis otherwise."""
+    per_channel = quant.axis is not None and len(quant.scales) > 1
+    scales = np.asarray(quant.scales, np.float32)
+    zero_points = np.asarray(quant.zero_points, quant.dtype)
+    if not per_channel:
+        scales, zero_points = scales.reshape(-1)[0], zero_points.reshape(-1)[0]
+    names = [f"{result}/scale", f"{result}/zero_point"]
+    graph.initializer.extend([numpy_helper.from_array(np.asarray(scales), names[0]),
+                              numpy_helper.from_array(np.asarray(zero_points), names[1])])
+    return names
+
+
+def _axis(quant: Quantization) -> dict[str, int]:
+    return {"axis": quant.axis} if quant.axis is not None and len(quant.scales) > 1 else {}
+
+
+def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
     _drop_unread_initializers(model.graph)
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise CompileError(f"the exported graph is not valid ONNX: {str(exc).splitlines()[0]}") from None
-    return model, shaped
+    return model
 
 
 def _refuse_custom_domain(node: onnx.NodeProto) -> None:
