@@ -229,6 +229,21 @@ def export_summary(plan: PlanRecord, nodes: Sequence[Node], model: onnx.ModelPro
         "cpu_nodes": [{"name": entry.name, "op": entry.op, "reason": entry.reason}
                       for entry in plan.nodes if entry.device == "cpu"],
         "op_types": dict(sorted(Counter(node.op_type for node in model.graph.node).items())),
+        **({"quantization": _quantization_summary(plan, model)} if plan.dtype in QUANTIZED_DTYPES else {}),
+    }
+
+
+def _quantization_summary(plan: PlanRecord, model: onnx.ModelProto) -> dict:
+    """What an int8 export carries: the activations written as QuantizeLinear/DequantizeLinear
+    pairs, the weights read through a DequantizeLinear, and the NPU tensors the plan computes
+    in float16, left without a pair (its techniques say why: --float16, --auto-float16, a
+    Softmax output)."""
+    constants = {tensor.name for tensor in model.graph.initializer}
+    return {
+        "activations": sum(node.op_type == "QuantizeLinear" for node in model.graph.node),
+        "weights": sum(node.op_type == "DequantizeLinear" and node.input[0] in constants for node in model.graph.node),
+        "float16_tensors": sorted(name for name, tensor in plan.tensors.items()
+                                  if tensor.dtype == "float16" and tensor.region != "weight"),
     }
 
 
