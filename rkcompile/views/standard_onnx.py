@@ -81,8 +81,12 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
       axis 0, where the plan has one per channel), so the weights are the plan's: after
       equalization and bias correction, rounded as the plan rounded them;
     - each int8 activation the plan stores (a step's output, a model input's NPU copy) is written
-      as QuantizeLinear then DequantizeLinear with its scale and zero point, and every reader
-      reads the dequantized value;
+      as a QuantizeLinear with its scale and zero point, and each reader reads it through a
+      DequantizeLinear of its own. rknn-toolkit2 2.5.0 converts a dequantized tensor to float16
+      for a reader it runs in float16 (a Conv and the Add after it, which it fuses into a float16
+      ConvAdd where the file has no pair between them), and then hands that float16 tensor to
+      every reader of the same DequantizeLinear: an int8 Conv among them fails to build
+      ("Invalid w_par['dtype'] = float16", lraspp_mobilenet_v3_large);
     - the tensors an int8 plan keeps in float16 (its float16 islands: --float16, --auto-float16,
       a Softmax output) and those the CPU computes get no pair, so they stay float.
 
@@ -105,24 +109,45 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
         graph.initializer.remove(initializers[name])
         graph.initializer.append(numpy_helper.from_array(integers, f"{name}/quantized"))
         dequantized_weights.append(_dequantize(graph, f"{name}/quantized", name, quant))
-    inputs = {value.name for value in graph.input}
-    made_by = {output: node for node in graph.node for output in node.output}
+    outputs = {value.name for value in graph.output}
     nodes = list(graph.node)
-    pairs: dict[int, list[onnx.NodeProto]] = {}  # after which node (-1: before all) each pair goes
+    made_by = {output: index for index, node in enumerate(nodes) for output in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in _reads(node):
+            readers.setdefault(name, []).append(node)
+    inserted: dict[int, list[onnx.NodeProto]] = {}  # after which node (-1: before all) the pairs go
     for name, quant in activations.items():
+        if name not in made_by and name not in {value.name for value in graph.input}:
+            continue
+        parameters = _parameters(graph, name, quant)
+        source = name
         if name in made_by:
-            producer = made_by[name]
-            producer.output[:] = [f"{name}/float" if output == name else output for output in producer.output]
-            pairs.setdefault(nodes.index(producer), []).extend(_quantize_dequantize(graph, f"{name}/float", name, quant))
-        elif name in inputs:
-            for node in nodes:
-                rename_tensors(node, {name: f"{name}/dequantized"})
-            pairs.setdefault(-1, []).extend(_quantize_dequantize(graph, name, f"{name}/dequantized", quant))
-    ordered = [*dequantized_weights, *pairs.get(-1, ())]
+            source = f"{name}/float"
+            producer = nodes[made_by[name]]
+            producer.output[:] = [source if output == name else output for output in producer.output]
+        pair = [helper.make_node("QuantizeLinear", [source, *parameters], [f"{name}/quantized"],
+                                 f"{name}/QuantizeLinear", **_axis(quant))]
+        results = [name] if name in outputs else []
+        for index, reader in enumerate(readers.get(name, ())):
+            results.append(f"{name}/dequantized_{index}")
+            rename_tensors(reader, {name: results[-1]})
+        pair += [_dequantize(graph, f"{name}/quantized", result, quant, parameters) for result in results]
+        inserted.setdefault(made_by.get(name, -1), []).extend(pair)
+    ordered = [*dequantized_weights, *inserted.get(-1, ())]
     for index, node in enumerate(nodes):
-        ordered += [node, *pairs.get(index, ())]
+        ordered += [node, *inserted.get(index, ())]
     del graph.node[:]
     graph.node.extend(ordered)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The tensors `node` reads, its subgraphs' reads from the scope around them included."""
+    read = set(node.input) - {""}
+    for graph in proto_subgraphs(node):
+        for inner in graph.node:
+            read |= _reads(inner)
+    return read
 
 
 def _float32_bias_scales(graph: onnx.GraphProto, activations: Mapping[str, Quantization],
@@ -149,14 +174,6 @@ def _float32_bias_scales(graph: onnx.GraphProto, activations: Mapping[str, Quant
         rescaled[bias] = (np.clip(np.rint(real / scales.astype(np.float64)), INT32.min, INT32.max).astype(np.int32),
                           replace(quant, scales=tuple(float(s) for s in scales)))
     return rescaled
-
-
-def _quantize_dequantize(graph: onnx.GraphProto, source: str, result: str, quant: Quantization) -> list[onnx.NodeProto]:
-    """QuantizeLinear of `source` with `quant`'s parameters, then DequantizeLinear into `result`."""
-    parameters = _parameters(graph, result, quant)
-    quantize = helper.make_node("QuantizeLinear", [source, *parameters], [f"{result}/quantized"],
-                                f"{result}/QuantizeLinear", **_axis(quant))
-    return [quantize, _dequantize(graph, f"{result}/quantized", result, quant, parameters)]
 
 
 def _dequantize(graph: onnx.GraphProto, source: str, result: str, quant: Quantization,
