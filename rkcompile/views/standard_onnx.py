@@ -109,7 +109,7 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
         graph.initializer.remove(initializers[name])
         graph.initializer.append(numpy_helper.from_array(integers, f"{name}/quantized"))
         dequantized_weights.append(_dequantize(graph, f"{name}/quantized", name, quant))
-    outputs = {value.name for value in graph.output}
+    inputs, outputs = {value.name for value in graph.input}, {value.name for value in graph.output}
     nodes = list(graph.node)
     made_by = {output: index for index, node in enumerate(nodes) for output in node.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -118,7 +118,7 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
             readers.setdefault(name, []).append(node)
     inserted: dict[int, list[onnx.NodeProto]] = {}  # after which node (-1: before all) the pairs go
     for name, quant in activations.items():
-        if name not in made_by and name not in {value.name for value in graph.input}:
+        if name not in made_by and name not in inputs:
             continue
         parameters = _parameters(graph, name, quant)
         source = name
