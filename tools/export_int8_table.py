@@ -3,7 +3,7 @@ int8 export (`rkcompile export --dtype int8`, a QDQ model) built by the toolkit 
 calibrating, and what our emulator predicts for the plan; each the worst output cosine against
 onnxruntime on the original, on the model's NAME.npz input.
 
-    python tools/export_int8_table.py MODEL.onnx ... --python PEER_VENV/bin/python
+    python tools/export_int8_table.py MODEL_OR_DIR ... --python PEER_VENV/bin/python
                                       [--peer docs/int8_peer_rk3588.json] [--out DIR] [--json OUT]
 
 Both sides calibrate on the same set, tools/int8_table.py's: the npz input and its 3 seeded
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export_peer_table import collect  # noqa: E402
 from int8_table import model_input, peer_results, worst_cosine, write_calibration  # noqa: E402
 
 import rkcompile  # noqa: E402
@@ -74,7 +75,7 @@ def render(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", type=Path, nargs="+")
+    parser.add_argument("models", type=Path, nargs="+", help="ONNX files (NAME.npz beside each) or folders of them")
     parser.add_argument("--python", default=os.environ.get("RKNN_PEER_PYTHON"),
                         help="the peer venv's python (default: $RKNN_PEER_PYTHON)")
     parser.add_argument("--peer", type=Path, metavar="JSON",
@@ -87,13 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     peer = peer_results(args.peer) if args.peer is not None else {}
-    rows = []
-    for model in args.models:
-        rows.append(row(model, args.out, args.python, peer))
-        print(f"{model.stem}: done", file=sys.stderr, flush=True)
-        if args.json is not None:
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    print(render(rows))
+    print(render(collect(args.models, lambda model: row(model, args.out, args.python, peer), args.json)))
     return 0
 
 
