@@ -310,14 +310,16 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
 
 @needs_peer
 def test_the_toolkit_builds_the_int8_export_without_calibrating(save, tmp_path):
-    """rknn-toolkit2 builds the QDQ file with do_quantization=False, its Conv layers int8."""
-    _, written, _ = int8_export(save, tmp_path)
+    """rknn-toolkit2 builds the QDQ file with do_quantization=False: the int8 Convs int8, the
+    step the plan keeps in float16 (--float16) float16."""
+    _, written, _ = int8_export(save, tmp_path, float16_tensors=("s",))
     done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
                           capture_output=True, text=True, timeout=900)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["ok"], done.stdout[-2000:]
-    convs = [layer["dtype"] for layer in result["layers"] if layer["op_type"].startswith("Conv")]
-    assert convs and "INT8" in convs
+    convs = {layer["full_name"].split(":")[-1].split("_")[0]: layer["dtype"] for layer in result["layers"]
+             if layer["op_type"].startswith("Conv")}
+    assert convs == {"conv1": "INT8", "conv2": "FLOAT16", "conv3": "INT8"}
 
 
 def test_the_table_tool_needs_the_toolkit(tmp_path):
