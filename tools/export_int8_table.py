@@ -8,10 +8,8 @@ onnxruntime on the original, on the model's NAME.npz input.
 
 Both sides calibrate on the same set, tools/int8_table.py's: the npz input and its 3 seeded
 variations. The toolkit runs through tools/peer_int8.py in its own virtualenv (the recipe is at
-the top of ../shared/peer/rknn_peer.py): `--prequantized` for the export, built at
-config(optimization_level=2) as the toolkit advises for a quantized model, and at its defaults
-for its own int8 unless --peer names a file of its earlier lines (tools/int8_table.py --peer's
-format).
+the top of ../shared/peer/rknn_peer.py): `--prequantized` for the export, and for its own int8
+unless --peer names a file of its earlier lines (tools/int8_table.py --peer's format).
 """
 from __future__ import annotations
 
@@ -31,10 +29,6 @@ from int8_table import model_input, peer_results, worst_cosine, write_calibratio
 import rkcompile  # noqa: E402
 
 PEER_INT8 = Path(__file__).resolve().parent / "peer_int8.py"
-#: config(optimization_level=...) the export is built with: load_onnx warns that at its default (3)
-#: "some performance optimization passes will affect the accuracy" of a QDQ ("QAT") model and
-#: suggests 2 (timm_regnetx_002: 0.99975 at 3, 0.99989 at 2, the emulator's 0.99987)
-EXPORT_OPTIMIZATION_LEVEL = 2
 
 
 def toolkit_cosine(python: str, model: Path, calib: Path, sample: Path, original: Path | None = None,
@@ -42,7 +36,7 @@ def toolkit_cosine(python: str, model: Path, calib: Path, sample: Path, original
     """tools/peer_int8.py's JSON line for `model` (prequantized, compared with `original`, when given)."""
     command = [python, str(PEER_INT8), str(model), str(calib), str(sample)]
     if original is not None:
-        command += ["--prequantized", str(original), "--optimization-level", str(EXPORT_OPTIMIZATION_LEVEL)]
+        command += ["--prequantized", str(original)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {"error": done.stderr.strip().splitlines()[-1:] or ["no output"]}
