@@ -147,36 +147,30 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
 
 def _pools_as_convolutions(model: onnx.ModelProto, activations: Mapping[str, Quantization]
                            ) -> dict[str, tuple[np.ndarray, Quantization]]:
-    """Write each average pool with int8 input and output of different parameters, and no
-    padding, as the depthwise convolution it is (every weight 1 / the window's size, int8 127 at
-    a scale of 1/127 of it, exact to float32 rounding). rknn-toolkit2
-    2.5.0 gives an average pool's output its input's parameters (its rule `adjust_avgpool`),
-    dropping the plan's: on timm_regnetx_002's head, a 7.7 times coarser grid for the pooled
-    features, 0.00012 of output cosine; a convolution keeps its output's. The plan computes an
-    average pool exactly and rounds once, as the convolution does. The windows' weights are
-    returned by name, for `quantize_dequantize` to store."""
+    """Write each GlobalAveragePool with int8 input and output of different parameters as the
+    depthwise convolution it is (every weight 1 / the window's size, int8 127 at a scale of 1/127
+    of it, exact to float32 rounding). rknn-toolkit2 2.5.0 gives an average pool's output its
+    input's parameters (its rule `adjust_avgpool`), dropping the plan's: on timm_regnetx_002's
+    head, a 7.7 times coarser grid for the pooled features, 0.00012 of output cosine; a
+    convolution keeps its output's. The plan computes the pool exactly and rounds once, as the
+    convolution does. An AveragePool (the stages a large global pool is planned as) stays: as a
+    strided convolution the toolkit computed tv_regnet_y_400mf worse (0.98872 against 0.99015).
+    The windows' weights are returned by name, for `quantize_dequantize` to store."""
     shapes = _static_shapes(model)
     converted = {}
     for node in model.graph.node:
-        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        source, result = node.input[0], node.output[0]
-        if (node.op_type not in ("GlobalAveragePool", "AveragePool") or source not in activations
-                or result not in activations or activations[source] == activations[result]
-                or len(shapes.get(source, ())) < 3 or any(attributes.get("pads", ())) or attributes.get("ceil_mode")
-                or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID")):
+        source, result = (node.input[0], node.output[0]) if node.op_type == "GlobalAveragePool" else ("", "")
+        if (source not in activations or result not in activations or activations[source] == activations[result]
+                or len(shapes.get(source, ())) < 3):
             continue
-        channels, *spatial = shapes[source][1:]
-        window = list(attributes.get("kernel_shape", spatial))
+        channels, *window = shapes[source][1:]
         name = f"{node.name}/window"
         scale = 1.0 / float(np.prod(window)) / WEIGHT_INT8_MAX
-        integers = np.full([channels, 1, *window], WEIGHT_INT8_MAX, np.int8)
-        converted[name] = (integers, Quantization("int8", (scale,), (0,), None, "weights"))
-        del node.attribute[:]
-        node.attribute.extend([helper.make_attribute("group", channels), helper.make_attribute("kernel_shape", window),
-                               *([helper.make_attribute("strides", attributes["strides"])]
-                                 if "strides" in attributes else [])])
+        converted[name] = (np.full([channels, 1, *window], WEIGHT_INT8_MAX, np.int8),
+                           Quantization("int8", (scale,), (0,), None, "weights"))
         node.op_type = "Conv"
         node.input[:] = [source, name]
+        node.attribute.extend([helper.make_attribute("group", channels), helper.make_attribute("kernel_shape", window)])
     return converted
 
 
