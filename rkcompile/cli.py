@@ -610,9 +610,11 @@ def _export(args: argparse.Namespace) -> int:
     report = written.report
     print(f"wrote {written.path} (opset {report['opset']['export']}, {report['nodes']['export']} nodes from "
           f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
+    emulated = {found.output: found.cosine for found in written.emulated}
     for found in written.agreements:
+        prediction = f" (the emulator's for the int8 plan: {emulated[found.output]:.8f})" if emulated else ""
         print(f"  {found.output}: max abs {found.max_abs:.3g}, cosine {found.cosine:.8f} against {args.model} "
-              "on onnxruntime")
+              f"on onnxruntime{prediction}")
     return 0
 
 

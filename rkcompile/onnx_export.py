@@ -5,6 +5,9 @@ The graph is the plan's (rkcompile/views/standard_onnx.py): what the passes made
 after folding, simplifying and legalizing, which the toolkit builds where it fails on the
 original (yolov8n in the dev zoo). An input that only selects a branch can be frozen to a value
 first, so the branch folds away. Nothing is written unless the file agrees with the original.
+An int8 plan is written with its quantization as QuantizeLinear/DequantizeLinear pairs
+(`standard_onnx.quantize_dequantize`), which rknn-toolkit2 builds without calibrating; it is
+checked against the emulator's prediction for the plan instead.
 """
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-from rkcompile.api import Plan, compile
+from rkcompile.api import Plan, compile, run
 from rkcompile.options import Options
 from rkcompile.emulator.closeness import Agreement, agreement, onnxruntime_outputs
+from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import make_inputs
 from rkcompile.errors import CompileError
+from rkcompile.targets import get_target
 from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
 from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, standard_model
 
@@ -29,6 +34,11 @@ from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, standard_mo
 #: largest magnitude: float16's machine epsilon. The rewrites are exact in real arithmetic; in
 #: float32 they differ by rounding (a reduction in another order), far below it.
 FLOAT16_TOLERANCE = 2.0 ** -10
+#: an int8 export's outputs may differ from the emulator's prediction for the plan by this much of
+#: cosine against the original (each on onnxruntime): the file computes the plan's arithmetic,
+#: but onnxruntime rounds a requantization in float32 where the emulator uses the NPU's
+#: fixed-point multiplier, so a value here and there lands one int8 step apart
+INT8_COSINE_TOLERANCE = 0.002
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,24 +49,29 @@ class ExportOptions:
     folded into the graph before planning; the file no longer has that input. `inputs`: the
     arrays the check runs on (seeded random for the inputs it does not name, `seed`).
     `tolerance`: the largest difference from the original accepted, relative to each output's
-    range. `max_opset`: a model of a newer ai.onnx opset is converted down to it."""
+    range (a float plan). `int8_tolerance`: for an int8 plan, the largest difference accepted
+    between each output's cosine against the original and the emulator's for the plan.
+    `max_opset`: a model of a newer ai.onnx opset is converted down to it."""
 
     freeze_inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     inputs: Mapping[str, np.ndarray] | None = None
     seed: int = 0
     tolerance: float = FLOAT16_TOLERANCE
+    int8_tolerance: float = INT8_COSINE_TOLERANCE
     max_opset: int = MAX_OPSET
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportReport:
     """What `export` wrote: the ONNX file, its JSON report beside it (`report`), and each
-    output's agreement with the original model on onnxruntime."""
+    output's agreement with the original model on onnxruntime; for an int8 plan, `emulated`:
+    the emulator's outputs for the plan against the original, on the same inputs."""
 
     path: Path
     report_path: Path
     agreements: tuple[Agreement, ...]
     report: dict
+    emulated: tuple[Agreement, ...] = ()
 
 
 def report_path(path: str | Path) -> Path:
@@ -76,11 +91,6 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     export_options = dataclasses.replace(export_options or ExportOptions(),
                                          **{k: v for k, v in kwargs.items() if k in export_fields})
     compile_kwargs = {k: v for k, v in kwargs.items() if k not in export_fields}
-    dtype = (plan_or_model.dtype if isinstance(plan_or_model, Plan)
-             else compile_kwargs.get("dtype", (options or Options()).dtype))
-    if dtype in QUANTIZED_DTYPES:
-        raise CompileError(f"export writes the float graph; a quantized ({dtype}) export is not implemented: export "
-                           "the float16 plan and quantize it with rknn-toolkit2's build(do_quantization=True)")
     frozen: dict[str, np.ndarray] = {}
     if isinstance(plan_or_model, Plan):
         if options is not None or compile_kwargs or export_options.freeze_inputs:
@@ -100,16 +110,26 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
             if export_options.freeze_inputs:
                 planned, frozen = frozen_model(original, export_options.freeze_inputs, Path(folder))
             plan = compile(planned, target, options, **compile_kwargs)
-    model, shaped = standard_model(plan.record, plan.reference_nodes, export_options.max_opset)
-    agreements = check(original, model, plan, export_options, frozen)
+    quantized = plan.dtype in QUANTIZED_DTYPES
+    model, shaped = standard_model(plan.record, plan.reference_nodes, export_options.max_opset,
+                                   stored_weight_integers(plan) if quantized else None)
+    agreements, emulated = check(original, model, plan, export_options, frozen)
+    tolerance = {"int8_cosine": export_options.int8_tolerance} if quantized else {"tolerance": export_options.tolerance}
     report = {
         "model": str(original), "target": plan.target, "dtype": plan.dtype, "export": str(path),
         "frozen_inputs": {name: value.tolist() for name, value in frozen.items()},
         **export_summary(plan.record, plan.reference_nodes, model), "toolkit_shapings": shaped,
-        "check": {"tolerance": export_options.tolerance, "seed": export_options.seed,
-                  "outputs": [a.to_dict() for a in agreements]},
+        "check": {**tolerance, "seed": export_options.seed, "outputs": [a.to_dict() for a in agreements],
+                  **({"emulator": [a.to_dict() for a in emulated]} if quantized else {})},
     }
-    failed = [a for a in agreements if not _agrees(a, export_options.tolerance)]
+    if quantized:
+        failed = [f"{a.output} (cosine {a.cosine:.6f}, the emulator's {e.cosine:.6f})"
+                  for a, e in zip(agreements, emulated) if not abs(a.cosine - e.cosine) <= export_options.int8_tolerance]
+        if failed:
+            raise CompileError(f"the int8 export's outputs on onnxruntime are further than "
+                               f"{export_options.int8_tolerance:.3g} of cosine against {original} from what the emulator "
+                               f"computes for the plan: {', '.join(failed)}; nothing written")
+    failed = [a for a in agreements if not quantized and not _agrees(a, export_options.tolerance)]
     if failed:
         worst = ", ".join(f"{a.output} (max abs {a.max_abs:.3g}, {a.max_rel:.3g} of its range, cosine {a.cosine:.6f})"
                           for a in failed)
@@ -117,7 +137,15 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
                            f"of an output's range: {worst}; nothing written")
     write_atomically(path, model.SerializeToString())
     write_atomically(report_path(path), json.dumps(report, indent=1) + "\n")
-    return ExportReport(Path(path), report_path(path), tuple(agreements), report)
+    return ExportReport(Path(path), report_path(path), tuple(agreements), report, tuple(emulated))
+
+
+def stored_weight_integers(plan: Plan) -> dict[str, np.ndarray]:
+    """An int8 plan's quantized weights as its weight region stores them, by name: int8 weights
+    (after equalization), int32 convolution biases (after bias correction)."""
+    storage = Executor(plan.record, plan.weights, get_target(plan.target)).storage
+    return {name: storage.read(name) for name in plan.record.quantization
+            if plan.record.tensors[name].region == "weight"}
 
 
 def frozen_model(path: Path, values: Mapping[str, Any], folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
@@ -189,10 +217,11 @@ def _inline_decided_branch(model: onnx.ModelProto) -> bool:
 
 
 def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: ExportOptions,
-          frozen: Mapping[str, np.ndarray]) -> list[Agreement]:
+          frozen: Mapping[str, np.ndarray]) -> tuple[list[Agreement], list[Agreement]]:
     """Each output of `model` against `original`'s on onnxruntime, on the given inputs (seeded
     random for the rest; the arrays given for outputs or frozen inputs are not used) and the
-    frozen values."""
+    frozen values; and for an int8 plan, the emulator's outputs for the plan against the same
+    (empty for a float plan)."""
     model_io = plan.record.model
     names = [spec.name for spec in model_io.inputs]
     given = dict(export_options.inputs or {})
@@ -202,7 +231,9 @@ def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: Ex
     inputs = make_inputs(plan.record, {name: given[name] for name in names if name in given}, export_options.seed)
     expected = onnxruntime_outputs(original, {**inputs, **frozen})
     actual = onnxruntime_outputs(model.SerializeToString(), inputs)
-    return [agreement(name, actual[name], expected[name]) for name in expected]
+    emulated = run(plan, inputs) if plan.dtype in QUANTIZED_DTYPES else {}
+    return ([agreement(name, actual[name], expected[name]) for name in expected],
+            [agreement(name, emulated[name], expected[name]) for name in expected if name in emulated])
 
 
 def _agrees(found: Agreement, tolerance: float) -> bool:

@@ -415,7 +415,7 @@ def test_bad_input_is_one_error_line(save, tmp_path, capsys):
     cases = [([str(tmp_path / "missing.onnx")], "no such file"),
              ([str(original), "--freeze-input", "sample=1"], "--freeze-input sample: not an input"),
              ([str(original), "--freeze-input", "rate"], "expected NAME=VALUE"),
-             ([str(original), "--dtype", "int8"], "quantized (int8) export is not implemented")]
+             ([str(original), "--calib", str(tmp_path)], "apply to int8 plans; add --dtype int8")]
     for arguments, message in cases:
         try:
             code = main(["export", *arguments, "--target", "rk3588", "-o", str(tmp_path / "out.onnx")])
@@ -425,6 +425,106 @@ def test_bad_input_is_one_error_line(save, tmp_path, capsys):
         error = capsys.readouterr().err
         assert error.startswith("error: ") and message in error and error.count("\n") == 1
     assert list(tmp_path.glob("out*")) == []
+
+
+def residual_cnn() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv + x (a residual Add) -> Erf (the CPU on rk3588) -> Conv: int8 steps,
+    a fused kernel, and a CPU step between two NPU partitions."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "x"], ["s"], name="add"),
+             helper.make_node("Erf", ["s"], ["e"], name="erf"),
+             helper.make_node("Conv", ["e", "w3", "b3"], ["y"], name="conv3")]
+    weights = [weight(f"w{i}", rng.standard_normal((8, 8, k, k)).astype(np.float32) * 0.3)
+               for i, k in ((1, 3), (2, 3), (3, 1))]
+    biases = [weight(f"b{i}", rng.standard_normal(8).astype(np.float32) * 0.1) for i in (1, 2, 3)]
+    return make_model(nodes, [value_info("x", [1, 8, 16, 16])], [value_info("y", [1, 8, 16, 16])],
+                      weights + biases, opset=11)
+
+
+def int8_export(save, tmp_path, **options) -> tuple[rkcompile.Plan, "rkcompile.onnx_export.ExportReport", dict]:
+    """residual_cnn's int8 plan calibrated on 4 seeded inputs, its export, and the check's inputs."""
+    rng = np.random.default_rng(3)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", rng.standard_normal((1, 8, 16, 16)).astype(np.float32))
+    inputs = {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    plan = rkcompile.compile(save(residual_cnn()), "rk3588", dtype="int8", calibration=calib, **options)
+    return plan, rkcompile.export(plan, tmp_path / "out.onnx", inputs=inputs), inputs
+
+
+def test_an_int8_export_carries_the_plan_as_qdq(save, tmp_path):
+    """The file is checker-clean QDQ in opset 13 or later: each int8 weight is the plan's stored
+    integers read through a DequantizeLinear with the plan's scales (per channel for a Conv's
+    weight), each int8 activation a QuantizeLinear/DequantizeLinear pair with the plan's scale
+    and zero point; onnxruntime on it computes what the emulator computes for the plan."""
+    plan, written, inputs = int8_export(save, tmp_path)
+    exported = onnx.load(str(written.path))
+    onnx.checker.check_model(exported, full_check=True)
+    assert exported.opset_import[0].version == 13 and written.report["opset"] == {"model": 11, "export": 13}
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in exported.graph.initializer}
+    made_by = {out: node for node in exported.graph.node for out in node.output}
+    quant = plan.record.quantization
+    for conv in (n for n in exported.graph.node if n.op_type == "Conv"):
+        weight_dq, bias_dq, data_dq = (made_by[conv.input[i]] for i in (1, 2, 0))
+        assert [weight_dq.op_type, bias_dq.op_type, data_dq.op_type] == ["DequantizeLinear"] * 3
+        integers = constants[weight_dq.input[0]]
+        assert integers.dtype == np.int8 and constants[bias_dq.input[0]].dtype == np.int32
+        assert [a.i for a in weight_dq.attribute if a.name == "axis"] == [0]
+        expected = quant[conv.input[1]]
+        np.testing.assert_array_equal(constants[weight_dq.input[1]], np.float32(expected.scales))
+        np.testing.assert_array_equal(constants[weight_dq.input[2]], expected.zero_points)
+        # the bias at the scale its reader computes: input scale x weight scale, in float32
+        np.testing.assert_array_equal(constants[bias_dq.input[1]],
+                                      constants[data_dq.input[1]] * constants[weight_dq.input[1]])
+    activations = {node.input[0].removesuffix("/float"): node for node in exported.graph.node
+                   if node.op_type == "QuantizeLinear"}
+    assert "s" in activations and "r1" in activations and "c2" not in activations  # Conv + Add fused: no pair
+    summary = written.report["quantization"]
+    assert summary["activations"] == len(activations) and summary["weights"] == 6 and summary["float16_tensors"] == []
+    produced = onnxruntime_run(exported, inputs)[0]
+    emulated = rkcompile.run(plan, inputs)["y"]
+    assert written.emulated and abs(written.agreements[0].cosine - written.emulated[0].cosine) <= 0.002
+    closeness = float(np.abs(produced - emulated).max() / np.abs(emulated).max())
+    assert closeness < 0.05, closeness
+
+
+def test_an_average_pool_is_written_as_the_convolution_it_is(save, tmp_path):
+    """An int8 GlobalAveragePool whose output the plan quantizes apart from its input becomes a
+    depthwise Conv of weights 1/window (rknn-toolkit2 would give a pool's output its input's
+    parameters), and the file still computes the plan."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"], name="pool")]
+    model = make_model(nodes, [value_info("x", [1, 8, 7, 7])], [value_info("y", [1, 8, 1, 1])],
+                       [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3),
+                        weight("b", rng.standard_normal(8).astype(np.float32) * 0.1)])
+    inputs = {"x": rng.standard_normal((1, 8, 7, 7)).astype(np.float32)}
+    plan = rkcompile.compile(save(model), "rk3588", dtype="int8")
+    written = rkcompile.export(plan, tmp_path / "out.onnx", inputs=inputs)
+    exported = onnx.load(str(written.path))
+    assert "GlobalAveragePool" not in {n.op_type for n in exported.graph.node}
+    pooled = [n for n in exported.graph.node if n.op_type == "Conv" and n.output[0] == "y/float"]
+    assert [a.i for a in pooled[0].attribute if a.name == "group"] == [8]
+    assert abs(written.agreements[0].cosine - written.emulated[0].cosine) < 1e-4
+
+
+def test_float16_islands_of_an_int8_export_stay_float(save, tmp_path):
+    """A tensor the int8 plan computes in float16 (--float16) gets no QuantizeLinear, and the
+    weights only its step reads stay float."""
+    plan, written, _ = int8_export(save, tmp_path, float16_tensors=("s",))
+    exported = onnx.load(str(written.path))
+    quantized = {node.input[0].removesuffix("/float") for node in exported.graph.node if node.op_type == "QuantizeLinear"}
+    assert "s" not in quantized and "r1" in quantized
+    assert "s" in written.report["quantization"]["float16_tensors"]
+    made = {out for node in exported.graph.node for out in node.output}
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in exported.graph.initializer}
+    assert "w2" not in made and constants["w2"].dtype == np.float32  # read as it is, not dequantized
+    assert "w1" in made and constants["w1/quantized"].dtype == np.int8
 
 
 def test_the_command_writes_the_file_and_its_report(save, tmp_path, capsys):
@@ -464,7 +564,27 @@ def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     assert result["counts"]["compute_by_target"].get("CPU", 0) <= len(written.report["cpu_nodes"])
 
 
+@needs_peer
+def test_the_toolkit_builds_the_int8_export_without_calibrating(save, tmp_path):
+    """rknn-toolkit2 builds the QDQ file with do_quantization=False: the int8 Convs int8, the
+    step the plan keeps in float16 (--float16) float16."""
+    _, written, _ = int8_export(save, tmp_path, float16_tensors=("s",))
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
+                          capture_output=True, text=True, timeout=900)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"], done.stdout[-2000:]
+    convs = {layer["full_name"].split(":")[-1].split("_")[0]: layer["dtype"] for layer in result["layers"]
+             if layer["op_type"].startswith("Conv")}
+    assert convs == {"conv1": "INT8", "conv2": "FLOAT16", "conv3": "INT8"}
+
+
 def test_the_table_tool_needs_the_toolkit(tmp_path):
     done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" / "export_peer_table.py"),
+                           str(tmp_path), "--python", str(tmp_path / "none")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: ")
+
+
+def test_the_int8_table_tool_needs_the_toolkit(tmp_path):
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" / "export_int8_table.py"),
                            str(tmp_path), "--python", str(tmp_path / "none")], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("error: ")

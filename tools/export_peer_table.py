@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -101,14 +102,21 @@ def main(argv: list[str] | None = None) -> int:
               "--peer (recipe at the top of ../shared/peer/rknn_peer.py)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for model in model_paths(args.models):
-        rows.append(export_row(model, args.out, args.python, args.peer, args.target, args.timeout))
-        print(f"{model.stem}: done", file=sys.stderr, flush=True)
-        if args.json is not None:
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    print(render(rows))
+    print(render(collect(args.models, lambda model: export_row(model, args.out, args.python, args.peer, args.target,
+                                                               args.timeout), args.json)))
     return 0
+
+
+def collect(models: list[Path], make_row: Callable[[Path], dict], json_path: Path | None) -> list[dict]:
+    """One row per model of `models` (files or folders of them), saying so on stderr as each is
+    done, and the rows so far written to `json_path` (when given) after each."""
+    rows = []
+    for model in model_paths(models):
+        rows.append(make_row(model))
+        print(f"{model.stem}: done", file=sys.stderr, flush=True)
+        if json_path is not None:
+            json_path.write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

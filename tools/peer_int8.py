@@ -49,6 +49,11 @@ def main() -> int:
     parser.add_argument("--analysis", type=Path, metavar="DIR")
     parser.add_argument("--held-out", type=Path, nargs="+", default=[], metavar="NPZ")
     parser.add_argument("--calibration-set", action="store_true")
+    parser.add_argument("--optimization-level", type=int, choices=[0, 1, 2, 3],
+                        help="config(optimization_level=N) (the toolkit's default: 3)")
+    parser.add_argument("--prequantized", type=Path, metavar="ORIGINAL",
+                        help="MODEL is a QDQ model of ORIGINAL (rkcompile export --dtype int8): build it without "
+                             "calibrating and compare with onnxruntime on ORIGINAL")
     args = parser.parse_args()
     import onnx
     import onnxruntime as ort
@@ -80,9 +85,12 @@ def main() -> int:
     config = dict(target_platform=args.target, quantized_algorithm=args.algorithm, quantized_method="channel")
     if args.disable_rule:
         config["disable_rules"] = args.disable_rule
+    if args.optimization_level is not None:
+        config["optimization_level"] = args.optimization_level
     started = time.perf_counter()
     steps = [("config", lambda: rknn.config(**config)), ("load_onnx", lambda: rknn.load_onnx(built)),
-             ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing)))]
+             ("build", lambda: rknn.build(do_quantization=True, dataset=str(listing)) if args.prequantized is None
+              else rknn.build(do_quantization=False))]
     if args.analysis is not None:
         np.save(scratch / "input.npy", x)
         steps.append(("accuracy_analysis", lambda: rknn.accuracy_analysis(
@@ -100,7 +108,7 @@ def main() -> int:
     result["build_seconds"] = round(time.perf_counter() - started, 1)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    reference = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(args.prequantized or args.model), options, providers=["CPUExecutionProvider"])
 
     def output_cosines(x: np.ndarray) -> list[float | None]:
         produced = rknn.inference(inputs=[x], data_format=["nchw"])

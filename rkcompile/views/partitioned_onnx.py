@@ -12,7 +12,7 @@ and their readers read the tensor they convert.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -71,19 +71,19 @@ def plain_steps(plan: PlanRecord,
                 if isinstance(tensor, Constant) and tensor.name and tensor.name not in weights:
                     weights[tensor.name] = tensor_proto(tensor)
             proto = node_proto(member)
-            _rename(proto, renames)
+            rename_tensors(proto, renames)
             members[step.id].append(proto)
     return members, weights
 
 
-def _rename(node: onnx.NodeProto, renames: dict[str, str]) -> None:
+def rename_tensors(node: onnx.NodeProto, renames: Mapping[str, str]) -> None:
     """`renames` applied to what `node` reads and writes, and to what its subgraphs read from
     the scope around them (ONNX forbids a subgraph to shadow an outer name, so every match is one)."""
     for field in (node.input, node.output):
         field[:] = [renames.get(name, name) for name in field]
     for graph in proto_subgraphs(node):
         for inner in graph.node:
-            _rename(inner, renames)
+            rename_tensors(inner, renames)
 
 
 def proto_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
