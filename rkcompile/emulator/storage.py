@@ -46,6 +46,15 @@ class Storage:
         #: about as much as its data)
         self._stored: dict[str, _Stored] = {}
 
+    def reset(self) -> None:
+        """The regions as a new Storage holds them: each writable one zeroed (the read-only
+        weight region holds weights), no tensor held outside them; the views stay, on the same
+        bytes."""
+        for region in self.regions.values():
+            if region.flags.writeable:
+                region.fill(0)
+        self.dynamic.clear()
+
     def placement(self, name: str) -> TensorPlacement:
         try:
             return self.tensors[name]
