@@ -145,7 +145,10 @@ class Storage:
         if tensor.layout == "NHWC":
             value = value.transpose(0, 2, 3, 1)
         if stored.nchw is None:
-            view[...] = cast(value, view.dtype) if value.dtype != view.dtype else value
+            if value.dtype != view.dtype:
+                cast(value, view.dtype, out=view)  # converted straight into the region: no copy between
+            else:
+                view[...] = value
             return
         channels_last = value.reshape(stored.nchw).transpose(0, 2, 3, 1)
         if channels_last.dtype != view.dtype:
