@@ -29,7 +29,6 @@ from rkcompile.emulator.closeness import agreement
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.emulator.kernels.conv import convolve
 from rkcompile.numerics import float16 as half
-from rkcompile.emulator.executor import Executor
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from rkcompile.emulator.storage import EmulationError, Storage
 from rkcompile.errors import CompileError
@@ -111,7 +110,8 @@ class Plan:
         """Each step's node as the emulator executes it: rebuilt from its operation, weights read
         from the weight region."""
         prepared = self.prepared()
-        return Executor(self.record, self.weights, get_target(self.target), prepared.weight_cache).step_nodes()
+        with prepared.lock:
+            return prepared.executor().step_nodes()
 
     def prepared(self) -> Prepared:
         if self.weights is None:
@@ -267,14 +267,16 @@ def run(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 
 
 class Runtime:
     """A plan made ready to execute once and run many times (rknn-toolkit2's `init_runtime`, then
-    `inference`): construction decodes the weights and rebuilds the step nodes, the first run makes
-    the CPU steps' onnxruntime sessions, and every run reuses them (they are the plan's: see
-    `Plan.prepared`, which `rkcompile.run` uses too). Safe to share between threads: the runs of
-    one plan take turns."""
+    `inference`): construction decodes the weights, rebuilds the step nodes and works out what
+    each step reads and how it runs, the first run makes the CPU steps' onnxruntime sessions, and
+    every run reuses them and the plan's regions (they are the plan's: see `Plan.prepared`, which
+    `rkcompile.run` uses too). Safe to share between threads: the runs of one plan take turns."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        plan.step_nodes()
+        prepared = plan.prepared()
+        with prepared.lock:
+            prepared.executor()
 
     def run(self, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
         """The outputs by name, as `rkcompile.run(plan, inputs, seed)` gives them."""

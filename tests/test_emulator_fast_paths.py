@@ -375,6 +375,38 @@ def test_weight_cache_reuses_the_first_runs_weights_without_changing_outputs():
         np.testing.assert_array_equal(first[key], uncached[key])
 
 
+def test_runs_of_one_executor_reuse_its_regions_each_starting_from_zeros():
+    """A plan's runs go through one Executor: the same region buffers and tensor views every
+    run, each run starting from zeroed regions as a new Executor's, whatever an earlier run left."""
+    prepared = prepare(Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx", "rk3588", Options())
+    first_inputs, second_inputs = make_inputs(prepared.plan, {}, seed=1), make_inputs(prepared.plan, {}, seed=2)
+    emulate(prepared, first_inputs)
+    executor = prepared.executor()
+    regions = dict(executor.storage.regions)
+    views = {name: executor.storage.view(name) for name in executor.plan.tensors}
+    regions["arena"][...] = 0xFF  # what an earlier run may leave anywhere
+    first_step = executor.plan.steps[0]
+    written = [executor.plan.tensors[name] for name in first_step.outputs]
+    untouched = np.ones(regions["arena"].size, bool)
+    for placement in written:
+        if placement.region == "arena":
+            untouched[placement.offset:placement.offset + placement.bytes] = False
+    after_first_step = []
+
+    def observe(step: int, values: dict) -> None:
+        if step == first_step.id:
+            after_first_step.append(regions["arena"][untouched].copy())
+
+    second = emulate(prepared, second_inputs, observe).outputs
+    assert prepared.executor() is executor
+    assert all(executor.storage.regions[name] is region for name, region in regions.items())
+    assert all(executor.storage.view(name) is view for name, view in views.items())
+    assert not after_first_step[0].any()  # zeroed before the run, not only where it wrote
+    fresh = Executor(prepared.plan, prepared.weights, RK3588).run(second_inputs).outputs
+    for name in fresh:
+        np.testing.assert_array_equal(second[name], fresh[name])
+
+
 @pytest.mark.skipif(not (SHARED / "zoo" / "squeezenet1_1.onnx").exists(), reason="needs /work/shared/zoo")
 def test_weights_decoded_in_one_cast_equal_their_one_by_one_reads():
     prepared = prepare(SHARED / "zoo" / "squeezenet1_1.onnx", "rk3588", Options())

@@ -21,7 +21,7 @@ from rkcompile.numerics.dtypes import dtype_name, element_count
 from rkcompile.plan.plain_nodes import (ACCUMULATING_OPS, Constant, Node, Tensor, accumulator_stages, fused_body,
     node_operands)
 from rkcompile.plan.operations import rebuild
-from rkcompile.plan.schema import PlanRecord
+from rkcompile.plan.schema import PlanRecord, Step
 from rkcompile.quantization.params import dequantize, is_movement, quantize
 from rkcompile.targets.model import Target
 
@@ -118,7 +118,28 @@ class WeightCache:
     partitions: dict[int, CpuPartition] | None = None
 
 
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step as every run executes it, worked out once from the plan (`Executor.prepare`)."""
+    step: Step
+    node: Node
+    #: what the step reads, position by position (`node_operands`)
+    operands: tuple[Tensor, ...]
+    #: an NPU step whose kernel runs on the stored values (`Executor._moves_stored_values`)
+    moves_stored_values: bool = False
+    #: a fused NPU step's accumulator results rounded as they leave the core, and the dtype they
+    #: are rounded to (`Executor._leaving_accumulator`)
+    leaving: tuple[frozenset[str], str | None] = (frozenset(), None)
+    #: a CPU step's backend (`Executor._cpu_backend`)
+    backend: str | None = None
+
+
 class Executor:
+    """Runs one plan, as many times as asked: its regions, its tensors' views and each step's
+    decisions (`prepare`) serve every run, and each run starts from zeroed regions, as a new
+    Executor's are, so no run sees what an earlier one left there. Runs of one Executor take
+    turns (session.Prepared's lock)."""
+
     def __init__(self, plan: PlanRecord, weights: bytes, target: Target, weight_cache: WeightCache | None = None):
         without = [step.id for step in plan.steps if step.operation is None]
         if without:
@@ -145,6 +166,31 @@ class Executor:
         if self.weight_cache.cpu is None:
             self.weight_cache.cpu = CpuRuntime(self.opset, plan.model.domain_opsets)
         self.cpu = self.weight_cache.cpu
+        self._steps: list[PreparedStep] | None = None
+        self._has_run = False
+
+    def prepare(self) -> list[PreparedStep]:
+        """Every step as runs execute it, worked out on first use: the weights decoded, the step
+        nodes rebuilt, each step's operands and decisions, the runs of CPU steps one session
+        runs (their sessions are made by the first run, from the values it feeds)."""
+        if self._steps is None:
+            nodes = self.step_nodes()
+            steps = [self._prepared_step(step, node) for step, node in zip(self.plan.steps, nodes)]
+            self._cpu_partitions(nodes)
+            self._steps = steps
+        return self._steps
+
+    def _prepared_step(self, step: Step, node: Node) -> PreparedStep:
+        if tuple(t.name for t in node.outputs if t.name) != tuple(step.outputs):
+            raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its operation {node.name} "
+                                 f"writes others")
+        operands = tuple(node_operands(node))
+        if step.device == "npu":
+            return PreparedStep(step, node, operands, self._moves_stored_values(node, operands),
+                                self._leaving_accumulator(node))
+        if step.device == "cpu":
+            return PreparedStep(step, node, operands, backend=self._cpu_backend(step, node))
+        return PreparedStep(step, node, operands)
 
     def step_nodes(self) -> list[Node]:
         """Each step's node, rebuilt from its operation over the weights of this weight region."""
@@ -210,11 +256,15 @@ class Executor:
                     placement.shape)
 
     def run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
+        if self._has_run:
+            self.storage.reset()
+        self._has_run = True
+        self.fallbacks, self.overflows = [], []
         with cyclic_collector_paused():
             return self._run(inputs, observe)
 
     def _run(self, inputs: Mapping[str, np.ndarray], observe: Observe | None) -> Execution:
-        nodes = self.step_nodes()
+        steps = self.prepare()
         for spec in self.plan.model.inputs:
             if spec.name not in inputs:
                 raise EmulationError(f"no value for model input {spec.name}")
@@ -223,37 +273,34 @@ class Executor:
                 raise EmulationError(f"input {spec.name} has shape {list(value.shape)}, the plan expects "
                                      f"{list(spec.shape)}")
             self.storage.write(spec.name, value)
-        partitions = self._cpu_partitions(nodes)
+        partitions = self.weight_cache.partitions
         index = 0
-        while index < len(nodes):
+        while index < len(steps):
             partition = partitions.get(index)
             if partition is not None and self._run_partition(partition, observe):
                 index += len(partition.steps)
                 continue
-            self._run_step(self.plan.steps[index], nodes[index], observe)
+            self._run_step(steps[index], observe)
             index += 1
         outputs = {spec.name: self.storage.read(spec.name) for spec in self.plan.model.outputs}
         return Execution(outputs, list(self.fallbacks), len(self.storage.dynamic), list(self.overflows))
 
-    def _run_step(self, step, node: Node, observe: Observe | None) -> None:
+    def _run_step(self, prepared: PreparedStep, observe: Observe | None) -> None:
+        step, node = prepared.step, prepared.node
         self._step = step.id
-        if tuple(t.name for t in node.outputs if t.name) != tuple(step.outputs):
-            raise EmulationError(f"step {step.id} writes {list(step.outputs)} but its operation {node.name} "
-                                 f"writes others")
         if step.device == "host":
             (source,), (converted,) = step.inputs, step.outputs
             self._store(converted, self._real(source))
         else:
-            operands = node_operands(node)
-            if step.device == "npu" and self._moves_stored_values(node, operands):
+            if prepared.moves_stored_values:
                 # weights (a Reshape's shape) as decoded when the nodes were rebuilt: no copy
                 decoded = self.weight_cache.decoded
                 values = [None if not t.name else decoded[t.name] if t.name in decoded else self.storage.read(t.name)
-                          for t in operands]
+                          for t in prepared.operands]
             else:
-                values = [self._operand(t, step.device) if t.name else None for t in operands]
-            results = self._npu_node(node, values) if step.device == "npu" else \
-                self._cpu_node(node, values, self._cpu_backend(step, node))
+                values = [self._operand(t, step.device) if t.name else None for t in prepared.operands]
+            results = self._npu_node(node, values, prepared.leaving) if step.device == "npu" else \
+                self._cpu_node(node, values, prepared.backend)
             for tensor, value in zip(node.outputs, results):
                 if tensor.name:
                     self._write(tensor.name, value)
@@ -322,14 +369,14 @@ class Executor:
 
     def _cpu_partitions(self, nodes: Sequence[Node]) -> dict[int, CpuPartition]:
         """The runs of consecutive CPU steps onnxruntime executes, as one session each
-        (cpu_partition.py), by the index of their first step; made once per prepared plan."""
+        (cpu_partition.py), by the index of their first step; made once per prepared plan, after
+        the steps (`prepare`), which check each node writes its step's outputs."""
         if self.weight_cache.partitions is None:
             steps = self.plan.steps
 
             def eligible(index: int) -> bool:
                 step, node = steps[index], nodes[index]
                 return (step.device == "cpu" and self._cpu_backend(step, node) == ONNXRUNTIME
-                        and tuple(t.name for t in node.outputs if t.name) == tuple(step.outputs)
                         and not any(name in self.quantization for name in (*step.inputs, *step.outputs)))
 
             self.weight_cache.partitions = {
@@ -408,14 +455,12 @@ class Executor:
             self.weight_cache.decoded[name] = cached
         return cached
 
-    def _npu_node(self, node: Node, values: Sequence[np.ndarray | None]) -> list:
+    def _npu_node(self, node: Node, values: Sequence[np.ndarray | None],
+                  leaving: tuple[frozenset[str], str | None] | None = None) -> list:
+        """The node's results; `leaving` is `_leaving_accumulator(node)`, worked out here when not given."""
         body = fused_body(node)
-        rounding = ((), None)
-        # a fused step's stored dtype; a member fused within a member writes a body tensor, not
-        # a planned one, and its own members are no accumulator stage of the step
-        stored = self.plan.tensors.get(node.outputs[0].name) if body is not None and node.outputs else None
-        if stored is not None:
-            rounding = (leaving_accumulator(node.op, body, stored.dtype), lambda value: self._leaving(value, stored.dtype))
+        rounded, dtype = self._leaving_accumulator(node) if leaving is None else leaving
+        rounding = (rounded, lambda value: self._leaving(value, dtype))
         if self.quantization:  # a float16 step of an int8 plan rounds as a float16 plan's does
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
             return run_int8(node, values, out_quants, self.opset, is_movement, rounding)
@@ -429,6 +474,17 @@ class Executor:
         except Unsupported as exc:
             self.fallbacks.append(f"step {self._step} {node.op}: {exc}")
             return run_reference(node, values, self.opset)
+
+    def _leaving_accumulator(self, node: Node) -> tuple[frozenset[str], str | None]:
+        """A fused NPU node's intermediates rounded as they leave the accumulator
+        (`leaving_accumulator`) and the stored dtype they are rounded to; none for another node."""
+        body = fused_body(node)
+        # a fused step's stored dtype; a member fused within a member writes a body tensor, not
+        # a planned one, and its own members are no accumulator stage of the step
+        stored = self.plan.tensors.get(node.outputs[0].name) if body is not None and node.outputs else None
+        if stored is None:
+            return frozenset(), None
+        return leaving_accumulator(node.op, body, stored.dtype), stored.dtype
 
     def _leaving(self, value: np.ndarray, dtype: str) -> np.ndarray:
         """An accumulator result inside a fused step, rounded to `dtype` as it leaves the core;

@@ -30,13 +30,24 @@ RANDOM_INT_HIGH = 100
 class Prepared:
     """A plan ready to execute: the plan, its weight region's bytes and, when it was planned in
     this process, the planned graph's step nodes with the model's own weights, which accuracy
-    analysis runs in float32 as its reference. Its runs take turns (`lock`): they fill the weight
-    cache on first use, and its CPU steps' onnxruntime sessions run through one IO binding each."""
+    analysis runs in float32 as its reference. Its runs take turns (`lock`): they go through one
+    Executor (`executor`), whose regions they reuse, they fill the weight cache on first use,
+    and its CPU steps' onnxruntime sessions run through one IO binding each."""
     plan: PlanRecord
     weights: bytes
     reference_nodes: Sequence[Node] | None = None
     weight_cache: WeightCache = dataclasses.field(default_factory=WeightCache, repr=False)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+    _executor: Executor | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def executor(self) -> Executor:
+        """The Executor every run of the plan goes through, made and prepared on first use
+        (`Executor.prepare`); the caller holds `lock`."""
+        if self._executor is None:
+            executor = Executor(self.plan, self.weights, get_target(self.plan.target), self.weight_cache)
+            executor.prepare()
+            self._executor = executor
+        return self._executor
 
 
 def check_plan(plan: PlanRecord) -> None:
@@ -103,6 +114,5 @@ def as_input_dtype(name: str, value: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def emulate(prepared: Prepared, inputs: Mapping[str, np.ndarray], observe: Observe | None = None) -> Execution:
-    target = get_target(prepared.plan.target)
     with prepared.lock:
-        return Executor(prepared.plan, prepared.weights, target, prepared.weight_cache).run(inputs, observe)
+        return prepared.executor().run(inputs, observe)

@@ -46,6 +46,15 @@ class Storage:
         #: about as much as its data)
         self._stored: dict[str, _Stored] = {}
 
+    def reset(self) -> None:
+        """The regions as a new Storage holds them: each writable one zeroed (the read-only
+        weight region holds weights), no tensor held outside them; the views stay, on the same
+        bytes."""
+        for region in self.regions.values():
+            if region.flags.writeable:
+                region.fill(0)
+        self.dynamic.clear()
+
     def placement(self, name: str) -> TensorPlacement:
         try:
             return self.tensors[name]
@@ -136,7 +145,10 @@ class Storage:
         if tensor.layout == "NHWC":
             value = value.transpose(0, 2, 3, 1)
         if stored.nchw is None:
-            view[...] = cast(value, view.dtype) if value.dtype != view.dtype else value
+            if value.dtype != view.dtype:
+                cast(value, view.dtype, out=view)  # converted straight into the region: no copy between
+            else:
+                view[...] = value
             return
         channels_last = value.reshape(stored.nchw).transpose(0, 2, 3, 1)
         if channels_last.dtype != view.dtype:

@@ -11,6 +11,7 @@ are the one thing the two may convert differently; neither numpy nor ONNX define
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
@@ -172,10 +173,11 @@ def overflow(values: np.ndarray, dtype) -> tuple[int, float] | None:
     return (int(beyond.size), float(beyond.max())) if beyond.size else None
 
 
+@functools.lru_cache(maxsize=None)
 def rounding_edge(dtype) -> float:
     """The smallest magnitude that rounds to infinity in a float dtype: its largest finite value
     plus half the step below it (round to nearest even rounds the tie up, as the largest value's
-    last mantissa bit is odd)."""
+    last mantissa bit is odd). Worked out once per dtype, as `largest` is."""
     import ml_dtypes
 
     info = ml_dtypes.finfo(getattr(ml_dtypes, str(dtype), dtype))
@@ -212,8 +214,11 @@ def _stored_elements(values: np.ndarray) -> np.ndarray:
     return values[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in values.strides)]
 
 
+@functools.lru_cache(maxsize=None)
 def largest(dtype) -> float:
-    """The largest finite value of a float dtype, given as a numpy dtype or a plan's dtype name."""
+    """The largest finite value of a float dtype, given as a numpy dtype or a plan's dtype name;
+    worked out once per dtype (ml_dtypes.finfo took a few microseconds a call, and the emulator
+    asks on every float write: `overflow`)."""
     import ml_dtypes  # an onnx dependency; its finfo knows bfloat16 as well as numpy's floats
 
     return float(ml_dtypes.finfo(getattr(ml_dtypes, str(dtype), dtype)).max)
