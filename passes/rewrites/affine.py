@@ -272,6 +272,71 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish(weighted, *chain, node)
 
 
+def _scaled_constant_product(tensor: gs.Tensor, scale: float, builder, site: Site) -> tuple[gs.Node, gs.Tensor] | str:
+    """The Mul by a constant that makes `tensor` (read by nothing else), rebuilt with its constant
+    times `scale`: (that Mul, the tensor the new Mul writes); else why not."""
+    node = producer(tensor)
+    if node is None or node.op != "Mul" or not _sole_reader(tensor, site):
+        return f"{tensor.name} is not a Mul by a constant that the sum alone reads"
+    values = [constant_value(t) for t in node.inputs]
+    constant_at = [i for i, v in enumerate(values) if v is not None and v.dtype.kind == "f"]
+    if len(constant_at) != 1:
+        return f"{node.name} does not multiply by one floating-point constant"
+    index = constant_at[0]
+    scaled = values[index].astype(np.float64) * scale
+    if not _storable(scaled):
+        return "the scaled constant would leave float16's range"
+    inputs = list(node.inputs)
+    inputs[index] = builder.const(scaled.astype(values[index].dtype), "scaled")
+    return node, builder.op("Mul", inputs, static_shape(tensor), tensor.dtype)
+
+
+def scale_into_constant_products(node: gs.Node, site: Site) -> Candidates:
+    """A scalar scale s of a sum of two products by constants, s*(a*c1 + b*c2), moved into the
+    constants: a*(s*c1) + b*(s*c2). The scale may be applied after relabels and Expands of the
+    sum, each read by the next alone, which move its elements without changing them, so a scalar
+    crosses them unchanged. This is the attention scale that a rotary embedding
+    (x*cos + rotate_half(x)*sin, cos and sin constant for a fixed sequence) leaves between the
+    query's or key's projection and the product: with it gone, the product reads the rotary's
+    output straight away and the attention absorption can take the head split's relabels
+    (passes/simplify_layout.py), as rknn-toolkit2 runs no step for the scale. One rounding of the
+    constants' dtype instead of a rounding of the sum: within float16 rounding (exact for a
+    power-of-two scale such as a head size's 1/sqrt(sqrt(d)))."""
+    affine = _affine_of(node)
+    if isinstance(affine, str):
+        return affine
+    x, scale, shift = affine
+    if node.op not in ("Mul", "Div") or scale.size != 1 or static_shape(node.outputs[0]) != static_shape(x):
+        return "not a scale by one constant value that keeps its input's shape"
+    chain, tensor = [], x
+    while (made_by := producer(tensor)) is not None and made_by.op in RELABELS | {"Expand"}:
+        if not _sole_reader(tensor, site):
+            return f"{tensor.name} is read by other nodes too, or is a graph output"
+        chain.append(made_by)
+        tensor = made_by.inputs[0]
+    add = producer(tensor)
+    if add is None or add.op != "Add" or not _sole_reader(tensor, site):
+        return "its input is not a sum that it alone reads (through relabels and Expands)"
+    builder = site.builder(node)
+    products, terms = [], []
+    for term in add.inputs:
+        found = _scaled_constant_product(term, float(scale.reshape(-1)[0]), builder, site)
+        if isinstance(found, str):
+            return found
+        products.append(found[0])
+        terms.append(found[1])
+    if products[0] is products[1]:
+        return "the sum adds one product to itself"
+    chain.reverse()
+    tensor = builder.op("Add", terms, static_shape(add.outputs[0]), add.outputs[0].dtype,
+                        out=None if chain else node.outputs[0])
+    for index, link in enumerate(chain):
+        was = link.outputs[0]
+        out = node.outputs[0] if index == len(chain) - 1 else None
+        tensor = builder.op(link.op, [tensor, *link.inputs[1:]], static_shape(was), was.dtype, out=out, **link.attrs)
+    yield builder.finish(*products, add, *chain, node)
+
+
 def _input_channel_vector(values: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray | None:
     return _per_channel(values, len(x_shape), 1, x_shape[1])
 
@@ -348,4 +413,8 @@ RULES: tuple[RewriteRule, ...] = (
     # scales it by folds into its weights, so the float16 Conv stores the mean, not a sum of
     # squares that overflows float16 where the mean does not (a LayerNorm's variance over 512 values)
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True, late=True),
+    # late: the products a rotary embedding scales by cos and sin broadcast over the heads, which
+    # only the late broadcast_by_concat makes legal (passes/rewrites/elementwise.py); its scaled
+    # copies of them are legal then
+    RewriteRule(scale_into_constant_products, frozenset({"Mul", "Div"}), always=True, late=True),
 )
