@@ -308,8 +308,8 @@ def test_attention_scale_after_a_rotary_embedding_moves_into_cos_and_sin(tmp_pat
     nodes, inits = rotary_attention_input(scale_after_transpose)
     output_shape = (1, 2, 8, 6) if scale_after_transpose else (1, 2, 6, 8)
     kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 6, 16))], output_shape)
-    # x*cos, rotate_half's negation, rot*sin: no fourth Mul for the scale
-    assert kernels.count("Mul") == 3, kernels
+    # x*cos and rot*sin: the scale went into cos and sin, rotate_half's negation into sin
+    assert kernels.count("Mul") == 2, kernels
     assert_close(got, expected)
 
 
@@ -322,3 +322,13 @@ def test_a_scaled_sum_read_elsewhere_keeps_its_scale_and_says_why(tmp_path):
     _, ctx = compile_model(path, "rk3588")
     outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
     assert "is not a sum that it alone reads" in outcomes["scale_into_constant_products"]
+
+
+def test_scalar_factors_of_concat_parts_move_into_the_constant_after_it(tmp_path):
+    nodes = [node("Mul", ["a", "two"], "a2"), node("Mul", ["b", "minus"], "bn"),
+             node("Concat", ["a2", "bn", "c"], "j", axis=1), node("Mul", ["j", "k"], "y")]
+    inits = [scalar("two", 2.5), scalar("minus", -1.0), const("k", (1, 12, 1, 1))]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("a", (1, 4, 6, 6)), ("b", (1, 4, 6, 6)),
+                                                              ("c", (1, 4, 6, 6))], (1, 12, 6, 6))
+    assert kernels == ["Concat", "Mul"], kernels
+    assert_close(got, expected)
