@@ -1,8 +1,9 @@
 """Affine folds: a constant scale and shift applied to the output of a weighted op (Conv,
 ConvTranspose, Gemm, MatMul by weights) moved into its weights and bias, and a constant scale
-(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights; and a scalar scale moved into the constants of the products before it
-(a rotary embedding's cos and sin), so that a weighted op or the attention absorption meets no
-step between.
+(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights; and
+scalars moved into the constants of the products around them (a rotary embedding's cos and
+sin take the attention scale and rotate_half's negation), so that the attention absorption
+meets no step between the projection and the product.
 
 Exporters write a batch norm as BatchNormalization, or, once folded by hand or by a framework
 converter, as a Mul and an Add by per-channel constants (tf2onnx, paddle2onnx); attention
