@@ -310,6 +310,8 @@ def test_attention_scale_after_a_rotary_embedding_moves_into_cos_and_sin(tmp_pat
     kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 6, 16))], output_shape)
     # x*cos and rot*sin: the scale went into cos and sin, rotate_half's negation into sin
     assert kernels.count("Mul") == 2, kernels
+    # rotate_half's halves swapped by one Gather (passes/rewrites/layout_ops.py)
+    assert "Gather" in kernels and "Split" not in kernels and "Concat" not in kernels, kernels
     assert_close(got, expected)
 
 
