@@ -1,7 +1,6 @@
 """Layout rewrites: DepthToSpace and SpaceToDepth as Transposes, Transposes of rank above 4 or
 over their perm's limits, Gathers of one index, a Split's parts rejoined in another order as one
-Gather, relabels (Reshape, Flatten, Squeeze, Unsqueeze)
-and the ops done in a Conv's own layout."""
+Gather, relabels (Reshape, Flatten, Squeeze, Unsqueeze) and the ops done in a Conv's own layout."""
 from __future__ import annotations
 
 import functools
