@@ -334,3 +334,14 @@ def test_scalar_factors_of_concat_parts_move_into_the_constant_after_it(tmp_path
                                                               ("c", (1, 4, 6, 6))], (1, 12, 6, 6))
     assert kernels == ["Concat", "Mul"], kernels
     assert_close(got, expected)
+
+
+def test_scalar_factors_stay_where_folding_them_would_spread_the_constant(tmp_path):
+    nodes = [node("Mul", ["a", "two"], "a2"), node("Concat", ["a2", "b"], "j", axis=1), node("Mul", ["j", "k"], "y")]
+    model = make_model(nodes, [value_info("a", (1, 4, 6, 6)), value_info("b", (1, 4, 6, 6))],
+                       [value_info("y", (1, 8, 6, 6))], [scalar("two", 2.5), const("k", (1, 1, 6, 6))])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    _, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
+    assert "does not vary along the Concat's axis" in outcomes["scalar_factors_out_of_concat"]

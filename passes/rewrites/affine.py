@@ -358,7 +358,9 @@ def scalar_factors_out_of_concat(node: gs.Node, site: Site) -> Candidates:
     constant k: the scalars move into k, on the positions their parts fill along the Concat's
     axis: Concat(a*c, b)*k = Concat(a, b)*k' with k' = k*c over a's positions. A rotary
     embedding's rotate_half(x)*sin = Concat(-x2, x1)*sin, its negation folded into sin: one
-    step less for each query and key. Exact for c = -1 (a sign); otherwise one rounding of k's
+    step less for each query and key. k must already vary along the axis (sin does, stored
+    full-sized by broadcast_by_concat): spreading a constant to fold a scalar would trade a
+    cheap step for weight bytes. Exact for c = -1 (a sign); otherwise one rounding of k's
     dtype, within float16 rounding."""
     concat = None
     for index, tensor in enumerate(node.inputs):
@@ -375,10 +377,11 @@ def scalar_factors_out_of_concat(node: gs.Node, site: Site) -> Candidates:
     if not any(factors):
         return "no part of the Concat is scaled by a one-value constant"
     axis = int(concat.attrs["axis"]) % len(shape)
-    aligned = k.astype(np.float64).reshape((1,) * (len(shape) - k.ndim) + k.shape)
-    spread = list(aligned.shape)
-    spread[axis] = shape[axis]
-    folded = np.array(np.broadcast_to(aligned, spread))
+    folded = k.astype(np.float64).reshape((1,) * (len(shape) - k.ndim) + k.shape)
+    if folded.shape[axis] != shape[axis]:
+        # it would be stored spread along the axis: more weight bytes for one scalar Mul
+        return "the constant does not vary along the Concat's axis"
+    folded = folded.copy()
     start = 0
     for tensor, factor in zip(concat.inputs, factors):
         width = static_shape(tensor)[axis]
