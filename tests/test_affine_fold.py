@@ -339,7 +339,7 @@ def test_scalar_factors_of_concat_parts_move_into_the_constant_after_it(tmp_path
 def test_scalar_factors_stay_where_folding_them_would_spread_the_constant(tmp_path):
     nodes = [node("Mul", ["a", "two"], "a2"), node("Concat", ["a2", "b"], "j", axis=1), node("Mul", ["j", "k"], "y")]
     model = make_model(nodes, [value_info("a", (1, 4, 6, 6)), value_info("b", (1, 4, 6, 6))],
-                       [value_info("y", (1, 8, 6, 6))], [scalar("two", 2.5), const("k", (1, 1, 6, 6))])
+                       [value_info("y", (1, 8, 6, 6))], [scalar("two", 2.5), const("k", (1, 1, 1, 6))])
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
     _, ctx = compile_model(path, "rk3588")
