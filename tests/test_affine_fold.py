@@ -278,3 +278,70 @@ def test_a_batch_norm_before_a_relu_with_no_weighted_op_to_fold_into_is_one_conv
                                      inits + bn_params, [("x", (1, 4, 8, 8)), ("x2", (1, 4, 8, 8))], (1, 4, 8, 8))
     assert "ConvRelu" not in kernels and kernels.count("Conv") == 1
     assert_close(got, expected)
+
+
+def rotary_attention_input(scale_after_transpose: bool):
+    """transformers' Llama query (or key): the projection split into heads, x*cos + rotate_half(x)*sin
+    with cos and sin constant for the fixed sequence, then the attention's scalar scale, after the
+    key's transpose for k^T."""
+    halves = [weight("zero", np.array([0], dtype=np.int64)), weight("half", np.array([4], dtype=np.int64)),
+              weight("end", np.array([8], dtype=np.int64)), weight("last", np.array([3], dtype=np.int64))]
+    nodes = [node("MatMul", ["x", "w"], "p"), node("Reshape", ["p", "heads"], "r"),
+             node("Transpose", ["r"], "q", perm=[0, 2, 1, 3]),
+             node("Slice", ["q", "zero", "half", "last"], "q1"), node("Slice", ["q", "half", "end", "last"], "q2"),
+             node("Neg", ["q2"], "n"), node("Concat", ["n", "q1"], "rot", axis=-1),
+             node("Mul", ["q", "cos"], "qc"), node("Mul", ["rot", "sin"], "rs"), node("Add", ["qc", "rs"], "e")]
+    if scale_after_transpose:
+        nodes += [node("Transpose", ["e"], "kt", perm=[0, 1, 3, 2]), node("Mul", ["kt", "scale"], "y")]
+    else:
+        nodes.append(node("Mul", ["e", "scale"], "y"))
+    angles = RNG.uniform(0, 3, (1, 1, 6, 4))
+    inits = [const("w", (16, 16)), weight("heads", np.array([1, 6, 2, 8], dtype=np.int64)),
+             weight("cos", np.cos(np.concatenate([angles, angles], -1)).astype(np.float32)),
+             weight("sin", np.sin(np.concatenate([angles, angles], -1)).astype(np.float32)),
+             scalar("scale", 8 ** -0.25), *halves]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("scale_after_transpose", [False, True])
+def test_attention_scale_after_a_rotary_embedding_moves_into_cos_and_sin(tmp_path, scale_after_transpose):
+    nodes, inits = rotary_attention_input(scale_after_transpose)
+    output_shape = (1, 2, 8, 6) if scale_after_transpose else (1, 2, 6, 8)
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 6, 16))], output_shape)
+    # x*cos and rot*sin: the scale went into cos and sin, rotate_half's negation into sin
+    assert kernels.count("Mul") == 2, kernels
+    # rotate_half's halves swapped by one Gather (passes/rewrites/layout_ops.py)
+    assert "Gather" in kernels and "Split" not in kernels and "Concat" not in kernels, kernels
+    assert_close(got, expected)
+
+
+def test_a_scaled_sum_read_elsewhere_keeps_its_scale_and_says_why(tmp_path):
+    nodes, inits = rotary_attention_input(scale_after_transpose=False)
+    nodes.append(node("Add", ["e", "y"], "z"))
+    model = make_model(nodes, [value_info("x", (1, 6, 16))], [value_info("z", (1, 2, 6, 8))], inits)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    _, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
+    assert "is not a sum that it alone reads" in outcomes["scale_into_constant_products"]
+
+
+def test_scalar_factors_of_concat_parts_move_into_the_constant_after_it(tmp_path):
+    nodes = [node("Mul", ["a", "two"], "a2"), node("Mul", ["b", "minus"], "bn"),
+             node("Concat", ["a2", "bn", "c"], "j", axis=1), node("Mul", ["j", "k"], "y")]
+    inits = [scalar("two", 2.5), scalar("minus", -1.0), const("k", (1, 12, 1, 1))]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("a", (1, 4, 6, 6)), ("b", (1, 4, 6, 6)),
+                                                              ("c", (1, 4, 6, 6))], (1, 12, 6, 6))
+    assert kernels == ["Concat", "Mul"], kernels
+    assert_close(got, expected)
+
+
+def test_scalar_factors_stay_where_folding_them_would_spread_the_constant(tmp_path):
+    nodes = [node("Mul", ["a", "two"], "a2"), node("Concat", ["a2", "b"], "j", axis=1), node("Mul", ["j", "k"], "y")]
+    model = make_model(nodes, [value_info("a", (1, 4, 6, 6)), value_info("b", (1, 4, 6, 6))],
+                       [value_info("y", (1, 8, 6, 6))], [scalar("two", 2.5), const("k", (1, 1, 1, 6))])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    _, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
+    assert "does not vary along the Concat's axis" in outcomes["scalar_factors_out_of_concat"]

@@ -70,6 +70,38 @@ def test_gather_of_constant_multi_axis_indices_runs_flat_on_the_npu(tmp_path, sh
     planned_on_npu(model, tmp_path, target)
 
 
+
+# --- the parts of a Split joined in another order ----------------------------------------------
+
+def split_rejoined(order: list[int], axis: int = 3) -> onnx.ModelProto:
+    sizes = [3, 5, 8]
+    parts = [f"p{i}" for i in range(3)]
+    shape = [1, 2, 6, 16]
+    return make_model([helper.make_node("Split", ["x", "sizes"], parts, name="split", axis=axis),
+                       helper.make_node("Concat", [parts[i] for i in order], ["c"], name="concat", axis=axis),
+                       helper.make_node("Relu", ["c"], ["y"], name="relu")],
+                      [value_info("x", shape)], [value_info("y", shape)],
+                      [weight("sizes", np.array(sizes, dtype=np.int64))])
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_a_split_rejoined_in_another_order_is_one_gather(tmp_path, target):
+    """rotate_half's halves swapped, here in three parts of unequal widths."""
+    model = split_rejoined([2, 0, 1])
+    planned_on_npu(model, tmp_path, target)
+    plan, _ = compile_model(tmp_path / f"model_{target}.onnx", target)
+    assert [step.kernel for step in plan.steps if step.device == "npu"][:2] == ["Gather", "Relu"]
+
+
+def test_a_split_rejoined_in_its_own_order_is_no_gather(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(split_rejoined([0, 1, 2]), path)
+    plan, ctx = compile_model(path, "rk3588")
+    assert "Gather" not in [step.kernel for step in plan.steps]
+    outcomes = {a.rule: a.outcome for a in ctx.rewrite_attempts["concat"]}
+    assert "in their own order" in outcomes["reordered_split_as_gather"]
+
+
 # --- Transposes over their perm's limits ------------------------------------------------------
 
 @pytest.mark.parametrize("shape, perm", [

@@ -1,6 +1,9 @@
 """Affine folds: a constant scale and shift applied to the output of a weighted op (Conv,
 ConvTranspose, Gemm, MatMul by weights) moved into its weights and bias, and a constant scale
-(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights.
+(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights; and
+scalars moved into the constants of the products around them (a rotary embedding's cos and
+sin take the attention scale and rotate_half's negation), so that the attention absorption
+meets no step between the projection and the product.
 
 Exporters write a batch norm as BatchNormalization, or, once folded by hand or by a framework
 converter, as a Mul and an Add by per-channel constants (tf2onnx, paddle2onnx); attention
@@ -272,6 +275,131 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish(weighted, *chain, node)
 
 
+def _scaled_constant_product(tensor: gs.Tensor, scale: float, builder, site: Site) -> tuple[gs.Node, gs.Tensor] | str:
+    """The Mul by a constant that makes `tensor` (read by nothing else), rebuilt with its constant
+    times `scale`: (that Mul, the tensor the new Mul writes); else why not."""
+    node = producer(tensor)
+    if node is None or node.op != "Mul" or not _sole_reader(tensor, site):
+        return f"{tensor.name} is not a Mul by a constant that the sum alone reads"
+    values = [constant_value(t) for t in node.inputs]
+    constant_at = [i for i, v in enumerate(values) if v is not None and v.dtype.kind == "f"]
+    if len(constant_at) != 1:
+        return f"{node.name} does not multiply by one floating-point constant"
+    index = constant_at[0]
+    scaled = values[index].astype(np.float64) * scale
+    if not _storable(scaled):
+        return "the scaled constant would leave float16's range"
+    inputs = list(node.inputs)
+    inputs[index] = builder.const(scaled.astype(values[index].dtype), "scaled")
+    return node, builder.op("Mul", inputs, static_shape(tensor), tensor.dtype)
+
+
+def scale_into_constant_products(node: gs.Node, site: Site) -> Candidates:
+    """A scalar scale s of a sum of two products by constants, s*(a*c1 + b*c2), moved into the
+    constants: a*(s*c1) + b*(s*c2). The scale may be applied after relabels and Expands of the
+    sum, each read by the next alone, which move its elements without changing them, so a scalar
+    crosses them unchanged. This is the attention scale that a rotary embedding
+    (x*cos + rotate_half(x)*sin, cos and sin constant for a fixed sequence) leaves between the
+    query's or key's projection and the product: with it gone, the product reads the rotary's
+    output straight away and the attention absorption can take the head split's relabels
+    (passes/simplify_layout.py), as rknn-toolkit2 runs no step for the scale. One rounding of the
+    constants' dtype instead of a rounding of the sum: within float16 rounding (exact for a
+    power-of-two scale such as a head size's 1/sqrt(sqrt(d)))."""
+    affine = _affine_of(node)
+    if isinstance(affine, str):
+        return affine
+    x, scale, shift = affine
+    if node.op not in ("Mul", "Div") or scale.size != 1 or static_shape(node.outputs[0]) != static_shape(x):
+        return "not a scale by one constant value that keeps its input's shape"
+    chain, tensor = [], x
+    while (made_by := producer(tensor)) is not None and made_by.op in RELABELS | {"Expand"}:
+        if not _sole_reader(tensor, site):
+            return f"{tensor.name} is read by other nodes too, or is a graph output"
+        chain.append(made_by)
+        tensor = made_by.inputs[0]
+    add = producer(tensor)
+    if add is None or add.op != "Add" or not _sole_reader(tensor, site):
+        return "its input is not a sum that it alone reads (through relabels and Expands)"
+    builder = site.builder(node)
+    products, terms = [], []
+    for term in add.inputs:
+        found = _scaled_constant_product(term, float(scale.reshape(-1)[0]), builder, site)
+        if isinstance(found, str):
+            return found
+        products.append(found[0])
+        terms.append(found[1])
+    if products[0] is products[1]:
+        return "the sum adds one product to itself"
+    chain.reverse()
+    tensor = builder.op("Add", terms, static_shape(add.outputs[0]), add.outputs[0].dtype,
+                        out=None if chain else node.outputs[0])
+    for index, link in enumerate(chain):
+        was = link.outputs[0]
+        out = node.outputs[0] if index == len(chain) - 1 else None
+        tensor = builder.op(link.op, [tensor, *link.inputs[1:]], static_shape(was), was.dtype, out=out, **link.attrs)
+    yield builder.finish(*products, add, *chain, node)
+
+
+def _scalar_factor(tensor: gs.Tensor, site: Site) -> tuple[gs.Tensor, float] | None:
+    """(x, c) when `tensor` is x*c by a one-value floating-point constant c that only one node
+    reads; else None."""
+    node = producer(tensor)
+    if node is None or node.op != "Mul" or not _sole_reader(tensor, site):
+        return None
+    values = [constant_value(t) for t in node.inputs]
+    for index, value in enumerate(values):
+        if value is not None and value.dtype.kind == "f" and value.size == 1 and values[1 - index] is None:
+            return node.inputs[1 - index], float(value.reshape(-1)[0])
+    return None
+
+
+def scalar_factors_out_of_concat(node: gs.Node, site: Site) -> Candidates:
+    """A Concat of parts some of which are scaled by a scalar constant, then multiplied by a
+    constant k: the scalars move into k, on the positions their parts fill along the Concat's
+    axis: Concat(a*c, b)*k = Concat(a, b)*k' with k' = k*c over a's positions. A rotary
+    embedding's rotate_half(x)*sin = Concat(-x2, x1)*sin, its negation folded into sin: one
+    step less for each query and key. k must already vary along the axis (sin does, stored
+    full-sized by broadcast_by_concat): spreading a constant to fold a scalar would trade a
+    cheap step for weight bytes. Exact for c = -1 (a sign); otherwise one rounding of k's
+    dtype, within float16 rounding."""
+    concat = None
+    for index, tensor in enumerate(node.inputs):
+        value = constant_value(node.inputs[1 - index]) if len(node.inputs) == 2 else None
+        made_by = producer(tensor)
+        if value is not None and made_by is not None and made_by.op == "Concat":
+            concat, constant_index, k = made_by, 1 - index, value
+    if concat is None or not _sole_reader(concat.outputs[0], site) or k.dtype.kind != "f":
+        return "not a Mul by a floating-point constant of a Concat that it alone reads"
+    shape, out_shape = static_shape(concat.outputs[0]), static_shape(node.outputs[0])
+    if shape is None or out_shape != shape or k.ndim > len(shape):
+        return "the constant broadcasts the Concat to another shape, or a shape is unknown"
+    factors = [_scalar_factor(t, site) for t in concat.inputs]
+    if not any(factors):
+        return "no part of the Concat is scaled by a one-value constant"
+    axis = int(concat.attrs["axis"]) % len(shape)
+    folded = k.astype(np.float64).reshape((1,) * (len(shape) - k.ndim) + k.shape)
+    if folded.shape[axis] != shape[axis]:
+        # it would be stored spread along the axis: more weight bytes for one scalar Mul
+        return "the constant does not vary along the Concat's axis"
+    folded = folded.copy()
+    start = 0
+    for tensor, factor in zip(concat.inputs, factors):
+        width = static_shape(tensor)[axis]
+        if factor is not None:
+            folded[(slice(None),) * axis + (slice(start, start + width),)] *= factor[1]
+        start += width
+    if not _storable(folded):
+        return "the folded constant would leave float16's range"
+    builder = site.builder(node)
+    parts = [tensor if factor is None else factor[0] for tensor, factor in zip(concat.inputs, factors)]
+    joined = builder.op("Concat", parts, shape, concat.outputs[0].dtype, **concat.attrs)
+    inputs = list(node.inputs)
+    inputs[1 - constant_index] = joined
+    inputs[constant_index] = builder.const(folded.astype(k.dtype), "folded")
+    builder.op("Mul", inputs, out=node.outputs[0])
+    yield builder.finish(*(producer(t) for t, factor in zip(concat.inputs, factors) if factor), concat, node)
+
+
 def _input_channel_vector(values: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray | None:
     return _per_channel(values, len(x_shape), 1, x_shape[1])
 
@@ -348,4 +476,10 @@ RULES: tuple[RewriteRule, ...] = (
     # scales it by folds into its weights, so the float16 Conv stores the mean, not a sum of
     # squares that overflows float16 where the mean does not (a LayerNorm's variance over 512 values)
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True, late=True),
+    # late: the products a rotary embedding scales by cos and sin broadcast over the heads, which
+    # only the late broadcast_by_concat makes legal (passes/rewrites/elementwise.py); its scaled
+    # copies of them are legal then
+    RewriteRule(scale_into_constant_products, frozenset({"Mul", "Div"}), always=True, late=True),
+    # late for the same reason: rotate_half(x)*sin broadcasts sin over the heads
+    RewriteRule(scalar_factors_out_of_concat, frozenset({"Mul"}), always=True, late=True),
 )

@@ -1,6 +1,6 @@
 """Layout rewrites: DepthToSpace and SpaceToDepth as Transposes, Transposes of rank above 4 or
-over their perm's limits, Gathers of one index, relabels (Reshape, Flatten, Squeeze, Unsqueeze)
-and the ops done in a Conv's own layout."""
+over their perm's limits, Gathers of one index, a Split's parts rejoined in another order as one
+Gather, relabels (Reshape, Flatten, Squeeze, Unsqueeze) and the ops done in a Conv's own layout."""
 from __future__ import annotations
 
 import functools
@@ -328,6 +328,36 @@ def gather_scalar_to_slice(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def reordered_split_as_gather(node: gs.Node, site: Site) -> Candidates:
+    """A Concat of every part of one Split, along the Split's axis, in another order, is one
+    Gather of that axis's positions in the new order: a rotary embedding's rotate_half swaps the
+    halves of each head, Concat(x2, x1), once its negation has gone into sin
+    (affine.scalar_factors_out_of_concat). One step for two; rknn-toolkit2 runs such moves as
+    a Gather too. The NPU's Gather takes rank-1 indices on any axis (oplist V2.3.2, Gather)."""
+    split = producer(node.inputs[0]) if node.inputs else None
+    parts = list(split.outputs) if split is not None and split.op == "Split" else []
+    if not parts or sorted(map(id, node.inputs)) != sorted(map(id, parts)):
+        return "not every part of one Split, each once"
+    if any(len(part.outputs) != 1 or part.name in site.graph_outputs for part in parts):
+        return "a part of the Split is read elsewhere too"
+    shape = static_shape(split.inputs[0])
+    if shape is None or any(static_shape(part) is None for part in parts):
+        return "a shape is unknown"
+    axis = int(split.attrs.get("axis", 0)) % len(shape)
+    if int(node.attrs["axis"]) % len(shape) != axis:
+        return "the Concat joins another axis than the Split cut"
+    starts = np.cumsum([0] + [static_shape(part)[axis] for part in parts])
+    begins = {id(part): start for part, start in zip(parts, starts)}
+    order = [id(t) for t in node.inputs]
+    if order == [id(part) for part in parts]:
+        return "the parts are in their own order: the Concat undoes the Split"
+    indices = np.concatenate([np.arange(begins[id(t)], begins[id(t)] + static_shape(t)[axis]) for t in node.inputs])
+    builder = site.builder(node)
+    builder.op("Gather", [split.inputs[0], builder.const(indices.astype(np.int64), "indices")],
+               out=node.outputs[0], axis=axis)
+    yield builder.finish(split, node)
+
+
 def gather_indices_flattened(node: gs.Node, site: Site) -> Candidates:
     """A Gather of constant indices of rank 2 or more is a Gather of the same indices laid out
     flat (rank 1), then a relabel of its result: row-major order puts index k's slice at the
@@ -488,4 +518,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(transpose_of_unit_axes_to_reshape, frozenset({"Transpose"}), always=True),
     RewriteRule(elementwise_in_conv_layout, frozenset({"Add"}) | CONV_ACTIVATIONS, always=True),
     RewriteRule(collapse_relabels, RESHAPE_LIKE, always=True, fewer_cpu=True),
+    # late: rotate_half's Concat reads the Split's parts alone only once its negation has moved
+    # into sin, a late rule (passes/rewrites/affine.py)
+    RewriteRule(reordered_split_as_gather, frozenset({"Concat"}), always=True, late=True),
 )
