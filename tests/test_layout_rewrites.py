@@ -190,6 +190,23 @@ def test_equal_transposes_are_made_legal_alike_with_the_target_probed_once(tmp_p
     assert_same_outputs(model(2), ctx, {"x": feed(shape)})
 
 
+
+def test_a_refused_transpose_after_a_relabel_takes_the_view_the_relabel_read(tmp_path):
+    """A relabel [1, 32, 20, 98] -> [1, 640, 98] then a Transpose refused as written (a
+    recurrent layer's input made time-major): of its legal views, the one reading [1, 32, 20,
+    98] leaves the relabel before it nothing to do, one step where the first legal view took two."""
+    shape, perm = [1, 32, 20, 98], [2, 0, 1]
+    model = make_model([helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+                        helper.make_node("Transpose", ["f"], ["y"], name="t", perm=perm)],
+                       [value_info("x", shape)], [value_info("y", [98, 1, 640])],
+                       [weight("flat", np.array([1, 640, 98], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "transpose_as_legal_view" in rules_fired(ctx)
+    transposes = [n for n in ctx.graph.nodes if n.op == "Transpose"]
+    assert len(transposes) == 1 and transposes[0].inputs[0].name == "x"
+    assert [n.op for n in ctx.graph.nodes] == ["Transpose", "Reshape"]
+    assert_same_outputs(model, ctx, {"x": feed(shape)})
+
 # --- regions above rank 4 ---------------------------------------------------------------------
 
 def qkv_unbind_model(tokens, heads, dim, windows=1) -> onnx.ModelProto:
