@@ -102,6 +102,7 @@ LAYOUT_OPS = RESHAPE_LIKE | {"Transpose"}
 REMOVED_BECAUSE = {
     "identity_layout": "it moves no element",
     "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
+    "transpose_with_unit_relabel": "one Transpose makes its move and the relabel's of unit axes",
     "move_relabel_up": "the relabel is made once, on the operands of the element-wise op it was next to",
     "slices_as_split": "one Split cuts the tensor it sliced",
     "attention_operands": "the attention kernel reads or writes its operand in that layout",
@@ -1009,6 +1010,68 @@ def move_relabel_up(node: gs.Node, simplifier: _Simplifier):
     return True
 
 
+# --- transpose_with_unit_relabel --------------------------------------------------------------
+
+
+def _moves_unit_axes_only(shape: tuple[int, ...], relabelled: tuple[int, ...]) -> bool:
+    return [d for d in shape if d != 1] == [d for d in relabelled if d != 1]
+
+
+def _composed_perm(source: tuple[int, ...], order: list[int], result: tuple[int, ...]) -> list[int]:
+    """The perm of `source` making `result`, taking `source`'s axes of extent above 1 in
+    `order` and its unit axes, in turn, where `result` has one."""
+    kept, units = iter(order), iter(a for a, d in enumerate(source) if d == 1)
+    return [next(units) if d == 1 else next(kept) for d in result]
+
+
+def transpose_with_unit_relabel(node: gs.Node, simplifier: _Simplifier):
+    """A relabel that only adds, drops or moves axes of extent 1, next to a Transpose (before it
+    or after it, read by it alone), of the same rank at the two far ends: together they are one
+    Transpose, taking the axes of extent above 1 in the Transpose's order, since axes of extent 1
+    do not change where any element is. The rewrite pass leaves this form where a Transpose meets
+    the relabel into a MatMul's 1x1 Conv layout ([1, L, C, 1] -> [L, C, 1, 1])."""
+    move = layout_move(node)
+    if move is None or move[2] is not None:
+        return None
+    source, result, _ = move
+    if not _moves_unit_axes_only(static_shape(source), static_shape(result)):
+        return None
+    before = source.inputs[0] if len(source.inputs) == 1 else None
+    after = result.outputs[0] if len(result.outputs) == 1 and result.name not in simplifier.graph_outputs else None
+    for transpose, first, last in ((before, before, node), (after, node, after)):
+        transpose_move = layout_move(transpose) if transpose is not None and transpose.op == "Transpose" else None
+        if transpose_move is None or transpose_move[2] is None:
+            continue
+        between = first.outputs[0]
+        if len(between.outputs) != 1 or between.name in simplifier.graph_outputs:
+            continue
+        start, end = static_shape(first.inputs[0]), static_shape(last.outputs[0])
+        if len(start) != len(end):
+            continue
+        perm = transpose_move[2]
+        if transpose is first:
+            order = [p for p in perm if start[p] != 1]
+        else:  # the relabel first: the Transpose's axes of extent above 1 are the source's, in order
+            kept = [a for a, d in enumerate(start) if d != 1]
+            mid = static_shape(between)
+            rank_of = {a: i for i, a in enumerate(a for a, d in enumerate(mid) if d != 1)}
+            order = [kept[rank_of[p]] for p in perm if mid[p] != 1]
+        composed = _composed_perm(start, order, end)
+        probe = unlinked_node(op="Transpose", name=transpose.name, attrs={"perm": composed},
+                              inputs=[first.inputs[0]], outputs=[last.outputs[0]])
+        problem = simplifier.passes_as_before(transpose, probe)
+        if problem:
+            return problem
+        x, y = first.inputs[0], last.outputs[0]
+        detach(first)
+        detach(last)
+        joined = gs.Node(op="Transpose", name=simplifier.fresh(f"{transpose.name}/joined"),
+                         attrs={"perm": composed}, inputs=[x], outputs=[y])
+        simplifier.replace("transpose_with_unit_relabel", [first, last], [joined])
+        return True
+    return None
+
+
 # --- matmul_operands --------------------------------------------------------------------------
 
 #: The fused attention kernel, and the matrix multiply every ONNX MatMul runs as (targets/common.py).
@@ -1317,4 +1380,5 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
 
 
 #: The rules, in the order each node tries them; matmul_operands runs after the kernel fusions.
-RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, attention_operands)
+RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
+         attention_operands)

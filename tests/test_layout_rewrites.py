@@ -20,7 +20,7 @@ from onnx import helper
 from rkcompile.cli import main
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.layout_ops import (MAX_TRANSPOSE_VIEWS, SLICED_VIEWS, _placements,
-    _transpose_views, next_refinements, transpose_groups, transpose_views)
+    _stores_no_more, _transpose_views, next_refinements, transpose_groups, transpose_views)
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 
@@ -206,6 +206,17 @@ def test_a_refused_transpose_after_a_relabel_takes_the_view_the_relabel_read(tmp
     assert len(transposes) == 1 and transposes[0].inputs[0].name == "x"
     assert [n.op for n in ctx.graph.nodes] == ["Transpose", "Reshape"]
     assert_same_outputs(model, ctx, {"x": feed(shape)})
+
+
+def test_a_view_joining_a_relabel_but_storing_more_is_not_taken():
+    """[1, 256, 40] -> [40, 1, 256] after a relabel from [1, 256, 1, 40]: the view reading
+    [1, 256, 1, 40] and writing [1, 1, 40, 256] pads one channel to C2 at every position, more
+    bytes than the first legal view's two tensors; a view joining the relabel with as many
+    channels is taken."""
+    first_legal = ((1, 2, 128, 40), (0, 3, 1, 2))
+    neighbours = ((1, 256, 1, 40), None)
+    assert not _stores_no_more(((1, 256, 1, 40), (0, 2, 3, 1)), first_legal, neighbours, {8, 16})
+    assert _stores_no_more(((1, 256, 1, 40), (0, 3, 1, 2)), first_legal, neighbours, {8, 16})
 
 # --- regions above rank 4 ---------------------------------------------------------------------
 

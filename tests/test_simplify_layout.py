@@ -364,3 +364,32 @@ def test_a_relabel_after_an_op_reading_a_computed_operand_stays(tmp_path):
     _, ctx = npu_kernels(model, tmp_path)
     assert "move_relabel_up" not in {r.rule for r in ctx.rewrites}
     assert ("move_relabel_up", "declined: mul reads b, which no relabel read by it alone makes") in attempts(ctx, "relabel_out")
+
+
+def test_a_transpose_and_a_relabel_of_unit_axes_after_it_are_one_transpose(tmp_path):
+    # tokens made sequence-major ([1, C, 1, L] -> [1, L, C]) for a linear layer run as a 1x1 Conv
+    # on [L, C, 1, 1]: the Transpose and the relabel into the Conv's layout are one Transpose
+    model = make_model([helper.make_node("Transpose", ["x"], ["t"], name="tokens", perm=[0, 3, 1, 2]),
+                        helper.make_node("Reshape", ["t", "seq"], ["s"], name="squeeze"),
+                        helper.make_node("MatMul", ["s", "w"], ["y"], name="fc")],
+                       [value_info("x", [1, 120, 1, 40])], [value_info("y", [1, 40, 64])],
+                       [weight("seq", np.array([1, 40, 120], np.int64)),
+                        weight("w", RNG.normal(0, 0.1, (120, 64)).astype(np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Transpose", "Conv", "Reshape"]
+    assert "transpose_with_unit_relabel" in {r.rule for r in ctx.rewrites}
+
+
+def test_a_relabel_of_unit_axes_and_the_transpose_after_it_are_one_transpose(tmp_path):
+    model = make_model([helper.make_node("Conv", ["x", "k"], ["c"], name="conv"),
+                        helper.make_node("Reshape", ["c", "rows"], ["r"], name="unflatten"),
+                        helper.make_node("Transpose", ["r"], ["t"], name="to_nchw", perm=[0, 2, 3, 1]),
+                        helper.make_node("Conv", ["t", "k2"], ["y"], name="conv2")],
+                       [value_info("x", [40, 120, 1, 1])], [value_info("y", [1, 32, 1, 40])],
+                       [weight("rows", np.array([1, 40, 64, 1], np.int64)),
+                        weight("k", RNG.normal(0, 0.1, (64, 120, 1, 1)).astype(np.float32)),
+                        weight("k2", RNG.normal(0, 0.1, (32, 64, 1, 1)).astype(np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Conv", "Transpose", "Conv"]
+    joined = next(n for n in ctx.graph.nodes if n.op == "Transpose")
+    assert list(joined.inputs[0].shape) == [40, 64, 1, 1] and list(joined.outputs[0].shape) == [1, 64, 1, 40]

@@ -243,7 +243,7 @@ def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: g
         if found is not None and found[1] is None:
             c2s = {c2 for c2 in builder.site.target.c2.values() if c2}
             joining = next((view for view in _joining_views(shape, perm, *neighbours)
-                            if _stores_no_more(view, found[0], c2s) and probe(*view)), None)
+                            if _stores_no_more(view, found[0], neighbours, c2s) and probe(*view)), None)
             found = found if joining is None else (joining, None)
         builder.site.legal_transposes[key] = found
     found = builder.site.legal_transposes[key]
@@ -307,13 +307,19 @@ def _joining_views(shape, perm, read: tuple | None, written: tuple | None) -> li
     return sorted(views, key=lambda view: (-relabels_joined(view), view))
 
 
-def _stores_no_more(view, other, c2s) -> bool:
-    """Whether `view`'s input and output take no more bytes than `other`'s in NC1HWC2, for each
-    C2 the target stores with: a view with fewer channels pads each position to C2 (a [1, 1, L,
-    C] output takes C2 times its elements), which a relabel saved does not pay for."""
+def _stores_no_more(view, other, neighbours, c2s) -> bool:
+    """Whether the tensors `view` makes take no more bytes in NC1HWC2 than those `other` makes,
+    for each C2 the target stores with: its input when a relabel makes it (none when it is the
+    shape the relabel before read, `neighbours[0]`) and its output (none when it is the shape the
+    relabels after make, `neighbours[1]`). A view with fewer channels pads each position to C2
+    (a [1, 1, L, C] output takes C2 times its elements), which a relabel saved may not pay for."""
+    read, written = neighbours
+
     def stored(in4, perm4, c2):
-        return (nc1hwc2_bytes(tuple(in4), c2, 1), nc1hwc2_bytes(tuple(in4[p] for p in perm4), c2, 1))
-    return all(mine <= theirs for c2 in c2s for mine, theirs in zip(stored(*view, c2), stored(*other, c2)))
+        out4 = tuple(in4[p] for p in perm4)
+        return sum(nc1hwc2_bytes(tuple(shape), c2, 1) for shape, joined in ((in4, read), (out4, written))
+                   if tuple(shape) != joined)
+    return all(stored(*view, c2) <= stored(*other, c2) for c2 in c2s)
 
 
 def _legal_transpose_view(shape, perm, legal: "_TransposeProbe"):
