@@ -542,7 +542,7 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
             continue
         twin = operand.inputs[0] if len(operand.inputs) == 1 else None
         operand_unmoved = _unmoved_shape(static_shape(operand), moved, unmoved, perm)
-        chain = _broadcast_chain(operand, operand_unmoved, region) if perm is not None else None
+        chain = _broadcast_chain(operand, operand_unmoved, region) if perm is not None and operand_unmoved else None
         if twin is not None and operand_unmoved and region.same_move(twin, static_shape(operand), operand_unmoved):
             twins.append((twin, operand))
         elif chain is not None:

@@ -393,3 +393,18 @@ def test_a_relabel_of_unit_axes_and_the_transpose_after_it_are_one_transpose(tmp
     assert kernels == ["Conv", "Transpose", "Conv"]
     joined = next(n for n in ctx.graph.nodes if n.op == "Transpose")
     assert list(joined.inputs[0].shape) == [40, 64, 1, 1] and list(joined.outputs[0].shape) == [1, 64, 1, 40]
+
+
+def test_a_move_meeting_a_computed_operand_of_lower_rank_declines(tmp_path):
+    # a Transpose's region meets a Div by a computed scalar (ReduceMax dropping every axis): the
+    # operand has no unmoved shape of the Transpose's rank, the move declines and the plan is
+    # made (it once raised a TypeError)
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t", perm=[3, 2, 1, 0]),
+         helper.make_node("Abs", ["t"], ["a"], name="abs"),
+         helper.make_node("ReduceMax", ["a"], ["m"], name="max", keepdims=0),
+         helper.make_node("Div", ["m", "q"], ["s"], name="scale"),
+         helper.make_node("Div", ["t", "s"], ["y"], name="div")],
+        [value_info("x", [1, 1, 1, 1])], [value_info("y", [1, 1, 1, 1])],
+        [weight("q", np.array(127.0, np.float32))])
+    npu_kernels(model, tmp_path)
