@@ -28,6 +28,11 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
   work.
+- `move_relabel_up`: a relabel after an element-wise op whose operands are relabels read by it
+  alone is made on the operands instead (one relabel for two); an operand that broadcasts
+  follows when the relabel only adds or removes axes of extent 1.
+- `transpose_with_unit_relabel`: a relabel moving only axes of extent 1, beside a Transpose, is
+  one Transpose with it.
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
