@@ -28,6 +28,11 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
   work.
+- `move_relabel_up`: a relabel after an element-wise op whose operands are relabels read by it
+  alone is made on the operands instead (one relabel for two); an operand that broadcasts
+  follows when the relabel only adds or removes axes of extent 1.
+- `transpose_with_unit_relabel`: a relabel moving only axes of extent 1, beside a Transpose, is
+  one Transpose with it.
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
@@ -47,7 +52,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
-from rkcompile.ir.edits import detach, replace_uses, set_input, unlinked_node
+from rkcompile.ir.edits import detach, replace_uses, set_input, set_output, unlinked_node
 from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_onnx_domain, static_shape,
     topological_nodes, unique_name)
 from rkcompile.ir.nodes import itemsize
@@ -102,6 +107,8 @@ LAYOUT_OPS = RESHAPE_LIKE | {"Transpose"}
 REMOVED_BECAUSE = {
     "identity_layout": "it moves no element",
     "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
+    "transpose_with_unit_relabel": "one Transpose makes its move and the relabel's of unit axes",
+    "move_relabel_up": "the relabel is made once, on the operands of the element-wise op it was next to",
     "slices_as_split": "one Split cuts the tensor it sliced",
     "attention_operands": "the attention kernel reads or writes its operand in that layout",
     "matmul_operands": "the matrix multiply reads or writes its operand in that layout",
@@ -540,7 +547,7 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
             continue
         twin = operand.inputs[0] if len(operand.inputs) == 1 else None
         operand_unmoved = _unmoved_shape(static_shape(operand), moved, unmoved, perm)
-        chain = _broadcast_chain(operand, operand_unmoved, region) if perm is not None else None
+        chain = _broadcast_chain(operand, operand_unmoved, region) if perm is not None and operand_unmoved else None
         if twin is not None and operand_unmoved and region.same_move(twin, static_shape(operand), operand_unmoved):
             twins.append((twin, operand))
         elif chain is not None:
@@ -901,6 +908,175 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
         simplifier.drop(entry, "move_layout_down")
 
 
+# --- move_relabel_up --------------------------------------------------------------------------
+
+
+def _unit_axes_relabelled(shape: tuple[int, ...], operand: tuple[int, ...], target: tuple[int, ...]):
+    """The shape `operand` (broadcasting to `shape`) takes when `shape` is relabelled to
+    `target` by adding or removing axes of extent 1 only: each axis of `target` of extent above
+    1 is the next such axis of `shape`, and takes the operand's extent there; None when the
+    relabel moves more than unit axes."""
+    if [d for d in shape if d != 1] != [d for d in target if d != 1]:
+        return None
+    aligned = (1,) * (len(shape) - len(operand)) + tuple(operand)
+    kept = iter(a for a, d in enumerate(shape) if d != 1)
+    return tuple(aligned[next(kept)] if d != 1 else 1 for d in target)
+
+
+def move_relabel_up(node: gs.Node, simplifier: _Simplifier):
+    """A relabel after an element-wise op whose operands are relabels read by it alone (or
+    constants) can be made on the operands instead: each operand's relabel then goes straight
+    to the new layout (one node for two), and the relabel after the op leaves. An operand that
+    broadcasts follows when the relabel only adds or removes axes of extent 1. Exact: the op
+    computes the same values from the same elements. The rewrite pass leaves this form where
+    two ops it wraps in relabels meet at an element-wise op (a Softmax's attention weights
+    times a sequence, then a ReduceSum run as a Conv)."""
+    move = layout_move(node)
+    if move is None or move[2] is not None:
+        return None
+    source, result, _ = move
+    made_by = source.inputs[0] if len(source.inputs) == 1 else None
+    if (made_by is None or not is_onnx_domain(made_by) or made_by.op not in ELEMENTWISE_OPS
+            or len(made_by.outputs) != 1 or len(source.outputs) != 1 or source.name in simplifier.graph_outputs):
+        return None
+    shape, target = static_shape(source), static_shape(result)
+    plan = []  # (input position, operand, its new shape, the relabel making it or None)
+    for position, operand in enumerate(made_by.inputs):
+        if not operand.name:
+            continue
+        operand_shape = static_shape(operand)
+        if operand_shape is None or len(operand_shape) > len(shape):
+            return f"{made_by.name}'s operand {operand.name} has no known shape of its rank"
+        if tuple(operand_shape) == shape:
+            relabelled = target
+        else:
+            relabelled = _unit_axes_relabelled(shape, operand_shape, target)
+            if relabelled is None:
+                return f"{made_by.name} broadcasts {operand.name}, and the relabel moves more than unit axes"
+        if relabelled == tuple(operand_shape):
+            continue
+        if isinstance(operand, gs.Constant):
+            plan.append((position, operand, relabelled, None))
+            continue
+        maker = operand.inputs[0] if len(operand.inputs) == 1 else None
+        maker_move = layout_move(maker) if maker is not None else None
+        if (maker_move is None or maker_move[2] is not None or len(operand.outputs) != 1
+                or operand.name in simplifier.graph_outputs):
+            return f"{made_by.name} reads {operand.name}, which no relabel read by it alone makes"
+        plan.append((position, operand, relabelled, maker))
+    probe_inputs = list(made_by.inputs)
+    growth = -simplifier.stored_bytes(shape)
+    relabels = []
+    for position, operand, relabelled, maker in plan:
+        if isinstance(operand, gs.Constant):
+            probe_inputs[position] = gs.Constant(simplifier.fresh(f"{operand.name}/relabelled"),
+                                                 np.ascontiguousarray(constant_value(operand).reshape(relabelled)))
+            continue
+        probe_inputs[position] = gs.Variable(operand.name, operand.dtype, list(relabelled))
+        if maker is None:
+            continue
+        growth += simplifier.stored_bytes(relabelled) - simplifier.stored_bytes(static_shape(operand))
+        origin = maker.inputs[0]
+        if static_shape(origin) == relabelled:
+            relabels.append((position, maker, None))
+            continue
+        shape_input = gs.Constant(simplifier.fresh(f"{maker.name}/shape"), np.array(relabelled, dtype=np.int64))
+        made = unlinked_node(op="Reshape", name=simplifier.fresh(f"{maker.name}/relabelled"),
+                             inputs=[origin, shape_input], outputs=[probe_inputs[position]])
+        problem = simplifier.passes_as_before(maker, made)
+        if problem:
+            return problem
+        relabels.append((position, maker, made))
+    if growth > 0:
+        return f"its operands would take {growth:g} bytes more on the NPU than the tensor it removes"
+    probe = unlinked_node(op=made_by.op, name=made_by.name, attrs=dict(made_by.attrs), inputs=probe_inputs,
+                          outputs=[result], domain=made_by.domain)
+    problem = simplifier.passes_as_before(made_by, probe)
+    if problem:
+        return problem
+    for position, maker, made in relabels:
+        operand, origin = made_by.inputs[position], maker.inputs[0]
+        detach(maker)
+        if made is None:
+            set_input(made_by, position, origin)
+            simplifier.drop(maker, "move_relabel_up")
+            continue
+        relabelled = made.outputs[0]
+        kept = gs.Node(op="Reshape", name=made.name, inputs=[origin, made.inputs[1]], outputs=[relabelled])
+        set_input(made_by, position, relabelled)
+        simplifier.replace("move_relabel_up", [maker], [kept])
+    for position, operand in enumerate(probe_inputs):
+        if isinstance(operand, gs.Constant) and operand is not made_by.inputs[position]:
+            set_input(made_by, position, operand)
+    detach(node)
+    set_output(made_by, 0, result)
+    simplifier.ctx.failures[made_by.name] = simplifier.failures(made_by)
+    simplifier.drop(node, "move_relabel_up")
+    return True
+
+
+# --- transpose_with_unit_relabel --------------------------------------------------------------
+
+
+def _moves_unit_axes_only(shape: tuple[int, ...], relabelled: tuple[int, ...]) -> bool:
+    return [d for d in shape if d != 1] == [d for d in relabelled if d != 1]
+
+
+def _composed_perm(source: tuple[int, ...], order: list[int], result: tuple[int, ...]) -> list[int]:
+    """The perm of `source` making `result`, taking `source`'s axes of extent above 1 in
+    `order` and its unit axes, in turn, where `result` has one."""
+    kept, units = iter(order), iter(a for a, d in enumerate(source) if d == 1)
+    return [next(units) if d == 1 else next(kept) for d in result]
+
+
+def transpose_with_unit_relabel(node: gs.Node, simplifier: _Simplifier):
+    """A relabel that only adds, drops or moves axes of extent 1, next to a Transpose (before it
+    or after it, read by it alone), of the same rank at the two far ends: together they are one
+    Transpose, taking the axes of extent above 1 in the Transpose's order, since axes of extent 1
+    do not change where any element is. The rewrite pass leaves this form where a Transpose meets
+    the relabel into a MatMul's 1x1 Conv layout ([1, L, C, 1] -> [L, C, 1, 1])."""
+    move = layout_move(node)
+    if move is None or move[2] is not None:
+        return None
+    source, result, _ = move
+    if not _moves_unit_axes_only(static_shape(source), static_shape(result)):
+        return None
+    before = source.inputs[0] if len(source.inputs) == 1 else None
+    after = result.outputs[0] if len(result.outputs) == 1 and result.name not in simplifier.graph_outputs else None
+    for transpose, first, last in ((before, before, node), (after, node, after)):
+        transpose_move = layout_move(transpose) if transpose is not None and transpose.op == "Transpose" else None
+        if transpose_move is None or transpose_move[2] is None:
+            continue
+        between = first.outputs[0]
+        if len(between.outputs) != 1 or between.name in simplifier.graph_outputs:
+            continue
+        start, end = static_shape(first.inputs[0]), static_shape(last.outputs[0])
+        if len(start) != len(end):
+            continue
+        perm = transpose_move[2]
+        if transpose is first:
+            order = [p for p in perm if start[p] != 1]
+        else:  # the relabel first: the Transpose's axes of extent above 1 are the source's, in order
+            kept = [a for a, d in enumerate(start) if d != 1]
+            mid = static_shape(between)
+            rank_of = {a: i for i, a in enumerate(a for a, d in enumerate(mid) if d != 1)}
+            order = [kept[rank_of[p]] for p in perm if mid[p] != 1]
+        composed = _composed_perm(start, order, end)
+        probe = unlinked_node(op="Transpose", name=transpose.name, attrs={"perm": composed},
+                              inputs=[first.inputs[0]], outputs=[last.outputs[0]])
+        problem = simplifier.passes_as_before(transpose, probe)
+        if problem:
+            return problem
+        x, y = first.inputs[0], last.outputs[0]
+        detach(first)
+        detach(last)
+        joined = gs.Node(op="Transpose", name=simplifier.fresh(f"{transpose.name}/joined"),
+                         attrs={"perm": composed}, inputs=[x], outputs=[y])
+        simplifier.replace("transpose_with_unit_relabel", [first, last], [joined])
+        return True
+    return None
+
+
 # --- matmul_operands --------------------------------------------------------------------------
 
 #: The fused attention kernel, and the matrix multiply every ONNX MatMul runs as (targets/common.py).
@@ -1209,4 +1385,5 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
 
 
 #: The rules, in the order each node tries them; matmul_operands runs after the kernel fusions.
-RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, attention_operands)
+RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
+         attention_operands)

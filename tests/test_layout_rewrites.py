@@ -20,7 +20,7 @@ from onnx import helper
 from rkcompile.cli import main
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.layout_ops import (MAX_TRANSPOSE_VIEWS, SLICED_VIEWS, _placements,
-    _transpose_views, next_refinements, transpose_groups, transpose_views)
+    _stores_no_more, _transpose_views, next_refinements, transpose_groups, transpose_views)
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 
@@ -221,6 +221,34 @@ def test_equal_transposes_are_made_legal_alike_with_the_target_probed_once(tmp_p
     assert built[0] == built[1] and len(built[0]) > 1
     assert_same_outputs(model(2), ctx, {"x": feed(shape)})
 
+
+
+def test_a_refused_transpose_after_a_relabel_takes_the_view_the_relabel_read(tmp_path):
+    """A relabel [1, 32, 20, 98] -> [1, 640, 98] then a Transpose refused as written (a
+    recurrent layer's input made time-major): of its legal views, the one reading [1, 32, 20,
+    98] leaves the relabel before it nothing to do, one step where the first legal view took two."""
+    shape, perm = [1, 32, 20, 98], [2, 0, 1]
+    model = make_model([helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+                        helper.make_node("Transpose", ["f"], ["y"], name="t", perm=perm)],
+                       [value_info("x", shape)], [value_info("y", [98, 1, 640])],
+                       [weight("flat", np.array([1, 640, 98], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "transpose_as_legal_view" in rules_fired(ctx)
+    transposes = [n for n in ctx.graph.nodes if n.op == "Transpose"]
+    assert len(transposes) == 1 and transposes[0].inputs[0].name == "x"
+    assert [n.op for n in ctx.graph.nodes] == ["Transpose", "Reshape"]
+    assert_same_outputs(model, ctx, {"x": feed(shape)})
+
+
+def test_a_view_joining_a_relabel_but_storing_more_is_not_taken():
+    """[1, 256, 40] -> [40, 1, 256] after a relabel from [1, 256, 1, 40]: the view reading
+    [1, 256, 1, 40] and writing [1, 1, 40, 256] pads one channel to C2 at every position, more
+    bytes than the first legal view's two tensors; a view joining the relabel with as many
+    channels is taken."""
+    first_legal = ((1, 2, 128, 40), (0, 3, 1, 2))
+    neighbours = ((1, 256, 1, 40), None)
+    assert not _stores_no_more(((1, 256, 1, 40), (0, 2, 3, 1)), first_legal, neighbours, {8, 16})
+    assert _stores_no_more(((1, 256, 1, 40), (0, 3, 1, 2)), first_legal, neighbours, {8, 16})
 
 # --- regions above rank 4 ---------------------------------------------------------------------
 

@@ -316,3 +316,95 @@ def test_a_written_out_layer_norm_between_channels_last_transposes_runs_on_nchw(
     kernels, ctx = npu_kernels(model, tmp_path)
     assert kernels == ["exNorm", "Conv"]
     assert ctx.fates["to_nhwc"][0] == ctx.fates["to_nchw"][0] == "removed"
+
+
+def attention_pooling(width: int = 64, steps: int = 40):
+    """A recurrent layer's sequence [T, 1, C] pooled by attention, as a keyword spotter writes
+    it: scores by a linear layer, a Softmax over time, the sequence weighted and summed."""
+    return make_model(
+        [helper.make_node("Transpose", ["seq"], ["x"], name="to_batch_first", perm=[1, 0, 2]),
+         helper.make_node("MatMul", ["x", "w"], ["s"], name="score"),
+         helper.make_node("Softmax", ["s"], ["a"], name="softmax", axis=1),
+         helper.make_node("Mul", ["a", "x"], ["m"], name="weigh"),
+         helper.make_node("ReduceSum", ["m", "axes"], ["y"], name="pool", keepdims=0)],
+        [value_info("seq", [steps, 1, width])], [value_info("y", [1, width])],
+        [weight("w", RNG.normal(0, 0.1, (width, 1)).astype(np.float32)), weight("axes", np.array([1], np.int64))],
+        opset=13)
+
+
+def test_a_relabel_after_an_element_wise_op_moves_onto_its_relabelled_operands(tmp_path):
+    # the ReduceSum runs as a Conv on [1, T, C, 1]: the relabel to it after the Mul is made on
+    # the Mul's operands instead, each of which a relabel already makes (one node for two, none
+    # for the Softmax's, run on [1, T, 1, 1] already): 4 layout steps where there were 6
+    kernels, ctx = npu_kernels(attention_pooling(), tmp_path)
+    assert "move_relabel_up" in {r.rule for r in ctx.rewrites}
+    assert kernels.count("Reshape") + kernels.count("Transpose") == 4, kernels
+    assert kernels[kernels.index("Softmax"):kernels.index("Softmax") + 3] == ["Softmax", "Mul", "Conv"], kernels
+
+
+def test_a_softmax_moved_to_a_supported_axis_runs_on_the_layout_the_npu_stores(tmp_path):
+    # [1, T, 1] is stored as [1, T, 1, 1]: the Softmax runs there on the channel axis (axis 1),
+    # not on [1, 1, 1, T]'s width
+    model = make_model([helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1)],
+                       [value_info("x", [1, 40, 1])], [value_info("y", [1, 40, 1])], opset=13)
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Reshape", "Softmax", "Reshape"]
+    softmax = next(n for n in ctx.graph.nodes if n.op == "Softmax")
+    assert softmax.attrs["axis"] == 1 and list(softmax.inputs[0].shape) == [1, 40, 1, 1]
+
+
+def test_a_relabel_after_an_op_reading_a_computed_operand_stays(tmp_path):
+    # the Mul's second operand is the graph input itself: relabelling it would add a node
+    model = make_model(
+        [helper.make_node("Reshape", ["a", "rows"], ["r"], name="relabel_in"),
+         helper.make_node("Mul", ["r", "b"], ["m"], name="mul"),
+         helper.make_node("Reshape", ["m", "four"], ["y"], name="relabel_out")],
+        [value_info("a", [1, 1, 1, 30]), value_info("b", [1, 30, 16])], [value_info("y", [1, 30, 16, 1])],
+        [weight("rows", np.array([1, 30, 1], np.int64)), weight("four", np.array([1, 30, 16, 1], np.int64))])
+    _, ctx = npu_kernels(model, tmp_path)
+    assert "move_relabel_up" not in {r.rule for r in ctx.rewrites}
+    assert ("move_relabel_up", "declined: mul reads b, which no relabel read by it alone makes") in attempts(ctx, "relabel_out")
+
+
+def test_a_transpose_and_a_relabel_of_unit_axes_after_it_are_one_transpose(tmp_path):
+    # tokens made sequence-major ([1, C, 1, L] -> [1, L, C]) for a linear layer run as a 1x1 Conv
+    # on [L, C, 1, 1]: the Transpose and the relabel into the Conv's layout are one Transpose
+    model = make_model([helper.make_node("Transpose", ["x"], ["t"], name="tokens", perm=[0, 3, 1, 2]),
+                        helper.make_node("Reshape", ["t", "seq"], ["s"], name="squeeze"),
+                        helper.make_node("MatMul", ["s", "w"], ["y"], name="fc")],
+                       [value_info("x", [1, 120, 1, 40])], [value_info("y", [1, 40, 64])],
+                       [weight("seq", np.array([1, 40, 120], np.int64)),
+                        weight("w", RNG.normal(0, 0.1, (120, 64)).astype(np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Transpose", "Conv", "Reshape"]
+    assert "transpose_with_unit_relabel" in {r.rule for r in ctx.rewrites}
+
+
+def test_a_relabel_of_unit_axes_and_the_transpose_after_it_are_one_transpose(tmp_path):
+    model = make_model([helper.make_node("Conv", ["x", "k"], ["c"], name="conv"),
+                        helper.make_node("Reshape", ["c", "rows"], ["r"], name="unflatten"),
+                        helper.make_node("Transpose", ["r"], ["t"], name="to_nchw", perm=[0, 2, 3, 1]),
+                        helper.make_node("Conv", ["t", "k2"], ["y"], name="conv2")],
+                       [value_info("x", [40, 120, 1, 1])], [value_info("y", [1, 32, 1, 40])],
+                       [weight("rows", np.array([1, 40, 64, 1], np.int64)),
+                        weight("k", RNG.normal(0, 0.1, (64, 120, 1, 1)).astype(np.float32)),
+                        weight("k2", RNG.normal(0, 0.1, (32, 64, 1, 1)).astype(np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Conv", "Transpose", "Conv"]
+    joined = next(n for n in ctx.graph.nodes if n.op == "Transpose")
+    assert list(joined.inputs[0].shape) == [40, 64, 1, 1] and list(joined.outputs[0].shape) == [1, 64, 1, 40]
+
+
+def test_a_move_meeting_a_computed_operand_of_lower_rank_declines(tmp_path):
+    # a Transpose's region meets a Div by a computed scalar (ReduceMax dropping every axis): the
+    # operand has no unmoved shape of the Transpose's rank, the move declines and the plan is
+    # made (it once raised a TypeError)
+    model = make_model(
+        [helper.make_node("Transpose", ["x"], ["t"], name="t", perm=[3, 2, 1, 0]),
+         helper.make_node("Abs", ["t"], ["a"], name="abs"),
+         helper.make_node("ReduceMax", ["a"], ["m"], name="max", keepdims=0),
+         helper.make_node("Div", ["m", "q"], ["s"], name="scale"),
+         helper.make_node("Div", ["t", "s"], ["y"], name="div")],
+        [value_info("x", [1, 1, 1, 1])], [value_info("y", [1, 1, 1, 1])],
+        [weight("q", np.array(127.0, np.float32))])
+    npu_kernels(model, tmp_path)

@@ -10,6 +10,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import constant_value, element_count, static_shape
+from rkcompile.numerics.nc1hwc2 import nc1hwc2_bytes
 
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, producer,
@@ -234,9 +235,17 @@ def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: g
     along one of its axes; relabels move between the views. False, building nothing, when none
     passes."""
     shape = static_shape(x)
-    key = (tuple(shape), tuple(perm), x.dtype)
+    neighbours = (_relabelled_from(x), _relabelled_to(out))
+    key = (tuple(shape), tuple(perm), x.dtype, neighbours)
     if key not in builder.site.legal_transposes:
-        builder.site.legal_transposes[key] = _legal_transpose_view(shape, perm, _TransposeProbe(builder.site, x.dtype))
+        probe = _TransposeProbe(builder.site, x.dtype)
+        found = _legal_transpose_view(shape, perm, probe)
+        if found is not None and found[1] is None:
+            c2s = {c2 for c2 in builder.site.target.c2.values() if c2}
+            joining = next((view for view in _joining_views(shape, perm, *neighbours)
+                            if _stores_no_more(view, found[0], neighbours, c2s) and probe(*view)), None)
+            found = found if joining is None else (joining, None)
+        builder.site.legal_transposes[key] = found
     found = builder.site.legal_transposes[key]
     if found is None:
         return False
@@ -258,6 +267,59 @@ def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: g
     if moved_out is None:
         builder.reshape(moved, static_shape(out), out=out)
     return True
+
+
+def _relabelled_from(x: gs.Tensor) -> tuple[int, ...] | None:
+    """The 4-D shape a relabel making `x` reads, if one makes it."""
+    maker = producer(x)
+    shape = static_shape(maker.inputs[0]) if maker is not None and maker.op in RESHAPE_LIKE else None
+    return tuple(shape) if shape is not None and len(shape) == 4 else None
+
+
+def _relabelled_to(out: gs.Tensor) -> tuple[int, ...] | None:
+    """The 4-D shape every reader of `out` relabels it to, if they are all relabels to one."""
+    shapes = {tuple(static_shape(r.outputs[0]) or ()) if r.op in RESHAPE_LIKE and len(r.outputs) == 1 else None
+              for r in out.outputs}
+    shape = shapes.pop() if len(shapes) == 1 else None
+    return shape if shape is not None and len(shape) == 4 else None
+
+
+def _joining_views(shape, perm, read: tuple | None, written: tuple | None) -> list[tuple[tuple, tuple]]:
+    """4-D views of `perm` on `shape` (the same merged groups, so the same data movement) that
+    read the shape `read` a relabel before the Transpose read, or write the shape `written` the
+    relabels after it make: the relabel between them and the view collapses with that one, a
+    step fewer than a view beside it. Those joining both first. emit_legal_transpose takes the
+    first legal one that stores no more than the first legal view (`_stores_no_more`)."""
+    groups = transpose_groups(shape, perm)
+    if groups is None:
+        return []
+    views = set()
+    for perm4 in itertools.permutations(range(4)):
+        candidates = [read]
+        if written is not None:
+            candidates.append(tuple(written[perm4.index(axis)] for axis in range(4)))
+        views.update((in4, perm4) for in4 in candidates
+                     if in4 is not None and transpose_groups(in4, perm4) == groups)
+
+    def relabels_joined(view) -> int:
+        return (view[0] == read) + (tuple(view[0][p] for p in view[1]) == written)
+
+    return sorted(views, key=lambda view: (-relabels_joined(view), view))
+
+
+def _stores_no_more(view, other, neighbours, c2s) -> bool:
+    """Whether the tensors `view` makes take no more bytes in NC1HWC2 than those `other` makes,
+    for each C2 the target stores with: its input when a relabel makes it (none when it is the
+    shape the relabel before read, `neighbours[0]`) and its output (none when it is the shape the
+    relabels after make, `neighbours[1]`). A view with fewer channels pads each position to C2
+    (a [1, 1, L, C] output takes C2 times its elements), which a relabel saved may not pay for."""
+    read, written = neighbours
+
+    def stored(in4, perm4, c2):
+        out4 = tuple(in4[p] for p in perm4)
+        return sum(nc1hwc2_bytes(tuple(shape), c2, 1) for shape, joined in ((in4, read), (out4, written))
+                   if tuple(shape) != joined)
+    return all(stored(*view, c2) <= stored(*other, c2) for c2 in c2s)
 
 
 def _legal_transpose_view(shape, perm, legal: "_TransposeProbe"):

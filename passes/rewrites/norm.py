@@ -7,6 +7,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import constant_value, dtype_name, element_count, static_shape
+from rkcompile.numerics.nc1hwc2 import as_nchw
 
 from rkcompile.passes.fusion_table import conv_activation_kernels
 from rkcompile.passes.rewrites.affine import batchnorm_affine
@@ -114,7 +115,9 @@ def layernorm_to_channel_axis(node: gs.Node, site: Site) -> Candidates:
 def softmax_to_supported_axis(node: gs.Node, site: Site) -> Candidates:
     """Softmax on an axis other than 1 or 3 (oplist V2.3.2, Softmax: "axis 1, 3, channel and
     width") moved onto one: first a Transpose swapping it with axis 3 and back; else relabels
-    to [1, outer, 1, D] (axis 3) when nothing follows the axis, or to [outer, D, inner, 1] (axis 1).
+    to [1, outer, 1, D] (axis 3) when nothing follows the axis, or to [outer, D, inner, 1] (axis 1),
+    the one that is the 4-D form the NPU stores the tensor in first (rkcompile.numerics.nc1hwc2.as_nchw:
+    [1, D, 1] is [1, D, 1, 1]), where the relabels move nothing and cancel with their neighbours.
     Before opset 13 Softmax normalizes every axis from `axis` on, so D covers them all."""
     x, y = node.inputs[0], node.outputs[0]
     shape = static_shape(x)
@@ -134,6 +137,8 @@ def softmax_to_supported_axis(node: gs.Node, site: Site) -> Candidates:
         builder.op("Transpose", [normed], out=y, perm=perm)
         yield builder.finish()
     layouts = ([([1, outer, 1, depth], 3)] if inner == 1 else []) + ([] if flattening else [([outer, depth, inner, 1], 1)])
+    if len(shape) <= 4:  # the layout the NPU stores the tensor in already first: its relabels move nothing there
+        layouts.sort(key=lambda candidate: candidate[0] != list(as_nchw(shape)))
     for layout, new_axis in layouts:
         builder = site.builder(node)
         normed = builder.op("Softmax", [builder.reshape(x, layout)], layout, x.dtype, axis=new_axis)
