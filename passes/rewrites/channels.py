@@ -91,6 +91,8 @@ def channel_shuffle_to_pick(node: gs.Node, site: Site) -> Candidates:
     n, c, h, w = shape
     moved = _moved_indices(chain, tuple(shape)).reshape(n, c, h * w)
     picked = moved[0, :, 0] // (h * w)
+    if np.any(picked >= c):  # the first image's elements come from another image
+        return "it moves elements between images"
     expected = np.arange(n * c * h * w).reshape(n, c, h * w)[:, picked]
     if not np.array_equal(moved, expected):
         return "it moves more than whole channels"
