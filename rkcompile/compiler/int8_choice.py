@@ -98,7 +98,8 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
             return (np.inf, -ordered.index(settings))
         return (min(known.values()), -found.index(settings))
 
-    with bar(total=len(found) * count, description="int8 settings: candidate runs", unit="run") as progress:
+    # no total: how many runs the losers need shows only as they fall behind
+    with bar(description="int8 settings: candidate runs", unit="run") as progress:
         while True:
             leader = max(ordered, key=lead)
             known = judge.sample_cosines.get(judge.key((), leader), {})
