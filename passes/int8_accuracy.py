@@ -195,8 +195,8 @@ def equalize(found: Equalization) -> None:
 
 # ---- bias correction -----------------------------------------------------------------------
 
-#: conv node, x, weight -> the runtime's float32 convolution (rkcompile/compiler/context.py `Runtime.convolve`)
-Convolve = Callable[[gs.Node, np.ndarray, np.ndarray], np.ndarray]
+#: conv node, x, kernel shape -> the runtime's per-tap input means (rkcompile/compiler/context.py `Runtime.tap_means`)
+TapMeans = Callable[[gs.Node, np.ndarray, tuple[int, ...]], np.ndarray]
 
 
 def weight_error(weight: np.ndarray) -> np.ndarray:
@@ -207,29 +207,39 @@ def weight_error(weight: np.ndarray) -> np.ndarray:
 
 
 class WeightErrorMeans:
-    """Per Conv, the running mean over calibration inputs of conv(x, W_q - W) per output
-    channel: the shift the int8 weights add to the Conv's output. `convs` maps a key to the
-    Conv and the name of the step input it reads as data (a fused body renames it)."""
+    """Per Conv, the mean over calibration inputs x of conv(x, W_q - W) per output channel: the
+    shift the int8 weights add to the Conv's output. A convolution is linear, so that mean is
+    the error contracted with the mean input each kernel tap reads (`Runtime.tap_means`),
+    summed here sample by sample: no convolution runs. `convs` maps a key to the Conv and the
+    name of the step input it reads as data (a fused body renames it)."""
 
     def __init__(self, convs: dict[str, tuple[gs.Node, str]]):
         self.convs = {key: conv for key, (conv, _) in convs.items()}
         self.by_input: dict[str, list[tuple[str, gs.Node]]] = {}
         for key, (conv, data) in convs.items():
             self.by_input.setdefault(data, []).append((key, conv))
-        self.errors = {key: weight_error(conv.inputs[1].values).astype(np.float32) for key, (conv, _) in convs.items()}
-        self.sums: dict[str, np.ndarray] = {}
+        self.errors = {key: weight_error(conv.inputs[1].values) for key, (conv, _) in convs.items()}
+        self.sums: dict[str, np.ndarray] = {}  # key -> the sum over samples of its tap means
         self.counts: dict[str, int] = {}
 
-    def observe(self, name: str, value: np.ndarray, convolve: Convolve) -> None:
-        """`value` of tensor `name` seen by the calibration run; `convolve` is the runtime's
-        (`Runtime.convolve`), so the shift is the float run's own convolution of the error."""
+    def observe(self, name: str, value: np.ndarray, tap_means: TapMeans) -> None:
+        """`value` of tensor `name` seen by the calibration run; `tap_means` is the runtime's
+        (`Runtime.tap_means`)."""
         for key, conv in self.by_input.get(name, ()):
-            shift = convolve(conv, np.asarray(value, np.float32), self.errors[key]).astype(np.float64)
-            self.sums[key] = self.sums.get(key, 0) + shift.mean(axis=(0,) + tuple(range(2, shift.ndim)))
+            means = tap_means(conv, np.asarray(value), self.errors[key].shape[2:])
+            self.sums[key] = self.sums.get(key, 0) + means
             self.counts[key] = self.counts.get(key, 0) + 1
 
     def means(self) -> dict[str, np.ndarray]:
-        return {key: total / self.counts[key] for key, total in self.sums.items()}
+        return {key: _contracted(self.errors[key], total / self.counts[key]) for key, total in self.sums.items()}
+
+
+def _contracted(error: np.ndarray, tap_means: np.ndarray) -> np.ndarray:
+    """Per output channel of a (grouped) Conv's weight `error` (M, C/group, *kernel), its sum
+    over the channels and taps it reads, weighted by `tap_means` (C, *kernel)."""
+    groups = tap_means.shape[0] // error.shape[1]
+    per_group = error.reshape(groups, error.shape[0] // groups, -1)
+    return np.einsum("gmt,gt->gm", per_group, tap_means.reshape(groups, -1)).reshape(-1)
 
 
 def corrected_bias(bias: np.ndarray, shift: np.ndarray) -> np.ndarray:

@@ -192,7 +192,7 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
         if name in observers:
             observers[name].update(value)
         if weight_errors is not None:
-            weight_errors.observe(name, value, runtime.convolve)
+            weight_errors.observe(name, value, runtime.tap_means)
 
     runtime = ctx.runtime
     if runtime is None:

@@ -27,7 +27,7 @@ from rkcompile.plan.cpu_partitions import cpu_partition_models
 from rkcompile.emulator.accuracy import StepAccuracy, analyse
 from rkcompile.emulator.closeness import agreement
 from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.emulator.kernels.conv import convolve
+from rkcompile.emulator.kernels.conv import tap_means
 from rkcompile.numerics import float16 as half
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from rkcompile.emulator.storage import EmulationError, Storage
@@ -186,8 +186,8 @@ class EmulatorRuntime:
                     observed: Collection[str] | None = None) -> FloatReference:
         return FloatReference(nodes, devices, opset, outputs, observed)
 
-    def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return convolve(conv, x, weight)
+    def tap_means(self, conv: gs.Node, x: np.ndarray, kernel: Sequence[int]) -> np.ndarray:
+        return tap_means(conv, x, kernel)
 
     def runnable(self, record: PlanRecord, ctx: CompileContext) -> Plan:
         return plan_of(record, ctx)

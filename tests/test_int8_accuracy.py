@@ -131,7 +131,7 @@ def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
         return np.maximum(rng.standard_normal((1, 8, 12, 12)) + rng.uniform(0, 2, (1, 8, 1, 1)), 0).astype(np.float32)
     means = WeightErrorMeans({"conv": (conv, "x")})
     for _ in range(8):
-        means.observe("x", sample(), EMULATOR_RUNTIME.convolve)
+        means.observe("x", sample(), EMULATOR_RUNTIME.tap_means)
     bias = corrected_bias(np.zeros(16), means.means()["conv"])
     rounded = weight + weight_error(weight)
     held_out = np.concatenate([sample() for _ in range(8)])
@@ -139,6 +139,31 @@ def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
     error_before = (convolve(conv, held_out, rounded) - exact).mean(axis=(0, 2, 3))
     error_after = (convolve(conv, held_out, rounded) + bias.reshape(1, -1, 1, 1) - exact).mean(axis=(0, 2, 3))
     assert np.abs(error_after).mean() < 0.5 * np.abs(error_before).mean()
+
+
+@pytest.mark.parametrize("attrs, channels, weight_shape", [
+    ({"pads": [1, 1, 1, 1]}, 8, (16, 8, 3, 3)),
+    ({"strides": [2, 2], "pads": [0, 1, 2, 1]}, 8, (16, 8, 3, 3)),  # uneven pads, a stride
+    ({"dilations": [2, 1], "pads": [2, 0, 2, 0]}, 8, (6, 8, 3, 2)),
+    ({"auto_pad": "SAME_LOWER", "strides": [2, 2]}, 8, (8, 8, 4, 4)),
+    ({"group": 4, "pads": [1, 1, 1, 1]}, 8, (12, 2, 3, 3)),  # grouped
+    ({"group": 8, "pads": [1, 1, 1, 1], "strides": [2, 2]}, 8, (16, 1, 3, 3)),  # depthwise, multiplier 2
+])
+def test_bias_correction_shift_is_the_mean_of_the_error_convolution(attrs, channels, weight_shape):
+    """The shift measured from per-tap input means is the calibration inputs' mean of the
+    convolution of the weights' rounding error, whatever the Conv's geometry."""
+    conv = gs.Node("Conv", "conv", attrs=attrs,
+                   inputs=[gs.Variable("x"), gs.Constant("w", uneven(weight_shape)), gs.Constant("b", np.zeros(weight_shape[0], np.float32))],
+                   outputs=[gs.Variable("y")])
+    samples = [(rng.standard_normal((1, channels, 11, 13)) + rng.uniform(0, 2, (1, channels, 1, 1))).astype(np.float32)
+               for _ in range(3)]
+    means = WeightErrorMeans({"conv": (conv, "x")})
+    for x in samples:
+        means.observe("x", x, EMULATOR_RUNTIME.tap_means)
+    error = weight_error(conv.inputs[1].values)
+    expected = np.mean([convolve(conv, x.astype(np.float64), error).mean(axis=(0, 2, 3)) for x in samples], axis=0)
+    # the depthwise kernel sums in float32 whatever its inputs
+    np.testing.assert_allclose(means.means()["conv"], expected, rtol=1e-6, atol=1e-9)
 
 
 def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_path):

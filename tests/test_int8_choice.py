@@ -14,6 +14,7 @@ from rkcompile.cli import main
 from rkcompile.options import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, settings_label
 from rkcompile.emulator import agreement
 from rkcompile.emulator.float_reference import FloatReference
+from rkcompile.compiler.auto_float16 import Judge
 from rkcompile.compiler.int8_choice import candidates, choose_settings
 from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model
@@ -91,6 +92,34 @@ def test_a_technique_that_changes_nothing_is_not_searched_and_one_calibration_se
     assert len(observed_runs) == 3  # the 3 calibration samples once
 
 
+class MatrixJudge(Judge):
+    """A Judge whose plans are the candidates' settings and whose runs read a cosine per
+    candidate and sample from `cosine(settings, index)`; it counts the runs."""
+
+    def __init__(self, cosine, count: int):
+        options = Options(dtype="int8", calibration_method=CHOOSE, bias_correction=CHOOSE, equalization=CHOOSE)
+        runtime = SimpleNamespace(run=lambda plan, sample: {"y": cosine(plan.settings, sample["index"])},
+                                  cosine=lambda name, actual, expected: actual)
+        super().__init__(SimpleNamespace(idle_techniques=set, options=options), runtime,
+                         [{"index": index} for index in range(count)])
+        self.runs = 0
+
+    def planned(self, tensors, settings=None):
+        record = SimpleNamespace(memory=SimpleNamespace(weight_bytes=1))
+        return SimpleNamespace(settings=dict(settings), record=record), None
+
+    def expected_outputs(self, plan):
+        return [{"y": np.full(4, 1.0 + index)} for index in range(len(self.given_samples))]
+
+    def sample_cosine(self, tensors, settings, index):
+        self.runs += index not in self.sample_cosines.get(self.key(tensors, settings), {})
+        return super().sample_cosine(tensors, settings, index)
+
+
+def _label(settings) -> tuple:
+    return settings["calibration_method"], settings["bias_correction"], settings["equalization"]
+
+
 @pytest.mark.parametrize("cosines, expected", [
     ({}, PREFERRED_INT8),  # all equal: the preferred settings
     ({("mmse", False, True): 0.9, ("minmax", False, True): 0.9}, dict(calibration_method="minmax",
@@ -100,44 +129,31 @@ def test_a_technique_that_changes_nothing_is_not_searched_and_one_calibration_se
 def test_ties_keep_the_candidate_listed_first(cosines, expected):
     """Judged in an order that calibrates once per equalization, chosen by cosine, a tie going to
     the candidate INT8_SETTINGS lists first (the preferred values are the first of each)."""
-    class Judge:
-        planner = SimpleNamespace(idle_techniques=set)
-        latest = None
-        stopped: dict = {}
-
-        def __call__(self, tensors, goal, settings):
-            key = (settings["calibration_method"], settings["bias_correction"], settings["equalization"])
-            cosine = cosines.get(key, 0.5)
-            self.stopped[key] = goal is not None and cosine < goal
-            return cosine
-
-        def complete(self, tensors, settings):
-            return not self.stopped[(settings["calibration_method"], settings["bias_correction"],
-                                     settings["equalization"])]
-
-        def probe(self, tensors, settings, count):
-            return cosines.get((settings["calibration_method"], settings["bias_correction"],
-                                settings["equalization"]), 0.5)
-
-    options = Options(dtype="int8", calibration_method=CHOOSE, bias_correction=CHOOSE, equalization=CHOOSE)
-    settings, entry = choose_settings(Judge(), options, lambda text: None)
+    judge = MatrixJudge(lambda settings, index: cosines.get(_label(settings), 0.5), 3)
+    settings, entry = choose_settings(judge, judge.planner.options, lambda text: None)
     assert settings == expected and entry.applied == (settings_label(expected),)
 
 
-def test_a_probed_plan_resumes_judging_after_the_samples_it_ran(chain, tmp_path, monkeypatch):
-    """Judge.probe runs a plan's first samples only (its cosine a bound above the worst); judging
-    it later runs just the others, and gives the worst a judge that never probed gives."""
-    from rkcompile.compiler.auto_float16 import judge_for
-    from rkcompile.compiler.pipeline import finish_plan, front_half
-
-    options = Options(dtype="int8", calibration=_calibration(tmp_path), calibration_method="minmax",
-                      bias_correction=False, equalization=False)
-    probed, fresh = (judge_for(front_half(chain, "rk3588", options, EMULATOR_RUNTIME), finish_plan) for _ in range(2))
-    runs = []
-    run = EMULATOR_RUNTIME.run
-    monkeypatch.setattr(type(EMULATOR_RUNTIME), "run", lambda self, plan, sample: runs.append(1) or run(plan, sample))
-    bound = probed.probe((), None, 1)
-    assert len(runs) == 1 and not probed.complete(())
-    worst = probed(())
-    assert len(runs) == len(probed.samples) > 1 and probed.complete(())
-    assert worst == fresh(()) <= bound and probed.plans_judged == 1
+@pytest.mark.parametrize("seed", range(6))
+def test_the_choice_runs_every_sample_of_the_winner_only_and_chooses_as_judging_all(seed):
+    """Cosines per candidate and sample with the spread of real ones (a shared per-sample
+    difficulty plus each candidate's own noise): the choice is the candidate whose worst over
+    every sample is best (ties to the first listed), each other stopped below it, and far fewer
+    runs than every candidate on every sample."""
+    random = np.random.default_rng(seed)
+    count = 32
+    difficulty = random.uniform(0, 0.004, count)
+    table = {_label(settings): 0.99 - difficulty - random.uniform(0, 0.003, count) - random.uniform(0, 0.002)
+             for settings in candidates(INT8_SETTINGS)}
+    table[_label(PREFERRED_INT8)] = table[("mmse", True, False)].copy() if seed % 2 else table[_label(PREFERRED_INT8)]
+    judge = MatrixJudge(lambda settings, index: table[_label(settings)][index], count)
+    settings, entry = choose_settings(judge, judge.planner.options, lambda text: None)
+    worst = {label: float(values.min()) for label, values in table.items()}
+    best = max(candidates(INT8_SETTINGS), key=lambda c: (worst[_label(c)], -candidates(INT8_SETTINGS).index(c)))
+    assert settings == best and f"{worst[_label(best)]:.8f}" in entry.note
+    assert judge.sample_cosines[judge.key((), best)].keys() == set(range(count))
+    for other in candidates(INT8_SETTINGS):
+        if other != best:
+            cosine, complete = judge.cosines[judge.key((), other)]
+            assert cosine >= worst[_label(other)] and (complete or cosine < worst[_label(best)])
+    assert judge.runs < 0.5 * len(table) * count

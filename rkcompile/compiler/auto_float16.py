@@ -51,6 +51,9 @@ STRATEGIES = ("sensitivity", "worst_drop")
 Finish = Callable[[CompileContext], PlanRecord]
 #: Chosen tensors tried again without, at most, after the bisection (each try is one plan).
 PRUNE_TRIES = 24
+#: Weights of the plans a Judge keeps at once (`Judge.keep`): every int8 candidate of a model
+#: of up to 64 MiB of int8 weights
+KEPT_WEIGHT_BYTES = 512 << 20
 
 
 @dataclass
@@ -145,14 +148,15 @@ class Judge:
 
     def __init__(self, planner: Planner, runtime: Runtime, samples: list[dict[str, np.ndarray]],
                  judged_on: str = "calibration"):
-        self.planner, self.runtime, self.samples, self.judged_on = planner, runtime, samples, judged_on
-        self.given_samples = samples  # in the calibration set's order (`samples` goes worst first)
-        self.order = list(range(len(samples)))  # each of `samples` by its index in `given_samples`
+        self.planner, self.runtime, self.judged_on = planner, runtime, judged_on
+        self.given_samples = samples  # in the calibration set's order
+        self.order = list(range(len(samples)))  # the given indices in judging order (worst first, once known)
         self.plans_judged = 0
         self.cosines: dict[tuple, tuple[float, bool]] = {}  # plan's key -> cosine, whether every sample ran
         self.sample_cosines: dict[tuple, dict[int, float]] = {}  # plan's key -> given index -> cosine, of those run
         self.latest: tuple[tuple, Any, CompileContext] | None = None
-        self.expected: list[dict[str, np.ndarray]] | None = None
+        self.kept: dict[tuple, tuple[Any, CompileContext]] = {}  # plans `keep` asked for, by key
+        self.expected: list[dict[str, np.ndarray]] | None = None  # per given sample
 
     def on(self, validation: list[dict[str, np.ndarray]]) -> "Judge":
         """A Judge of the same planner's plans on the --val samples instead (the plans still
@@ -165,9 +169,24 @@ class Judge:
         """The plan (rkcompile.api.Plan) with `tensors` in float16 under `settings`, and its compile context."""
         key = self.key(tensors, settings)
         if self.latest is None or self.latest[0] != key:
-            record, ctx = self.planner(tensors, settings)
-            self.latest = (key, self.runtime.runnable(record, ctx), ctx)
+            if key in self.kept:
+                self.latest = (key, *self.kept[key])
+            else:
+                record, ctx = self.planner(tensors, settings)
+                self.latest = (key, self.runtime.runnable(record, ctx), ctx)
         return self.latest[1], self.latest[2]
+
+    def keep(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> None:
+        """Hold on to the plan once made, while the plans kept hold at most KEPT_WEIGHT_BYTES
+        of weights (judging that alternates between plans would otherwise plan them again at
+        each switch); `release` lets go of all."""
+        plan, ctx = self.planned(tensors, settings)
+        held = sum(kept.record.memory.weight_bytes for kept, _ in self.kept.values())
+        if held + plan.record.memory.weight_bytes <= KEPT_WEIGHT_BYTES:
+            self.kept[self.key(tensors, settings)] = (plan, ctx)
+
+    def release(self) -> None:
+        self.kept = {}
 
     def __call__(self, tensors: Sequence[str], goal: float | None = None,
                  settings: Mapping[str, Any] | None = None) -> float:
@@ -190,15 +209,6 @@ class Judge:
             known = self.sample_cosines[self.key(tensors)]
         return len(known) == len(self.order) and all(cosine >= goals[index] for index, cosine in known.items())
 
-    def probe(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None, count: int = 1) -> float:
-        """The worst cosine over the first `count` samples (the worst first, once a plan has run
-        them all): a bound above the plan's worst, kept so that judging it later resumes
-        after them."""
-        key = self.key(tensors, settings)
-        if len(self.sample_cosines.get(key, {})) < min(count, len(self.samples)):
-            self._judge(tensors, settings, lambda index, cosine: False, count)
-        return self.cosines[key][0]
-
     def per_sample(self, tensors: Sequence[str]) -> tuple[float, ...]:
         """The plan's cosine on each sample, in the calibration set's order."""
         self(tensors)
@@ -207,31 +217,40 @@ class Judge:
 
     def _judge(self, tensors: Sequence[str], settings: Mapping[str, Any] | None,
                below: Callable[[int, float], bool], count: int | None = None) -> None:
-        """Plan and run the set on the samples in turn (the first `count` of them, if given),
-        until `below(given index, cosine)`. A sample this plan already ran (`probe`) is not run
+        """Plan and run the set on the samples in judging order (the first `count` of them, if
+        given), until `below(given index, cosine)`. A sample this plan already ran is not run
         again: the same plan gives the same outputs."""
+        for index in self.order[:count]:
+            if below(index, self.sample_cosine(tensors, settings, index)):
+                break
+
+    def sample_cosine(self, tensors: Sequence[str], settings: Mapping[str, Any] | None, index: int) -> float:
+        """The plan's cosine on given sample `index`, run once. The first plan to have run every
+        sample sets the judging order from then on: its worst samples first."""
         key = self.key(tensors, settings)
-        plan, _ = self.planned(tensors, settings)
-        if key not in self.sample_cosines:
+        per_sample = self.sample_cosines.get(key)
+        if per_sample is None:
+            per_sample = self.sample_cosines[key] = {}
             self.plans_judged += 1
+        if index in per_sample:
+            return per_sample[index]
+        plan, _ = self.planned(tensors, settings)
+        expected = self.expected_outputs(plan)[index]
+        outputs = self.runtime.run(plan, self.given_samples[index])
+        per_sample[index] = min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items())
+        complete = len(per_sample) == len(self.order)
+        if complete and not any(done for _, done in self.cosines.values()):
+            self.order = sorted(self.order, key=per_sample.__getitem__)
+        self.cosines[key] = (min(per_sample.values()), complete)
+        return per_sample[index]
+
+    def expected_outputs(self, plan) -> list[dict[str, np.ndarray]]:
+        """The float32 reference outputs of every given sample (`plan`'s graph with the model's
+        constants: the same for every plan of the model), computed once."""
         if self.expected is None:
             reference = float_reference(plan, self.runtime)
-            self.expected = [reference.run(sample) for sample in self.samples]
-        per_sample = dict(self.sample_cosines.get(key, {}))
-        for index, sample, expected in list(zip(self.order, self.samples, self.expected))[:count]:
-            if index not in per_sample:
-                outputs = self.runtime.run(plan, sample)
-                per_sample[index] = min(self.runtime.cosine(name, outputs[name], value)
-                                        for name, value in expected.items())
-            if below(index, per_sample[index]):
-                break
-        complete = len(per_sample) == len(self.samples)
-        if complete and not self.cosines:  # the first plan: from now on, its worst samples first
-            order = np.argsort([per_sample[index] for index in self.order], kind="stable")
-            self.samples, self.expected = [self.samples[i] for i in order], [self.expected[i] for i in order]
-            self.order = [self.order[i] for i in order]
-        self.cosines[key] = (min(per_sample.values()), complete)
-        self.sample_cosines[key] = per_sample
+            self.expected = [reference.run(sample) for sample in self.given_samples]
+        return self.expected
 
     def key(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple:
         """A plan's key: its float16 tensors and the int8 settings it is planned with (`settings`

@@ -122,8 +122,11 @@ class Runtime(Protocol):
         device in `devices`; rkcompile.ir.nodes.plain_nodes converts the compiler's), returning
         `outputs` and visiting the `observed` tensors (None: every tensor a step writes)."""
 
-    def convolve(self, conv: gs.Node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        """`conv`'s convolution of `x` by `weight` (no bias) in float32, as the float run computes it."""
+    def tap_means(self, conv: gs.Node, x: np.ndarray, kernel: Sequence[int]) -> np.ndarray:
+        """Per channel of `x` (N, C, *spatial) and tap of a `kernel`-sized window of `conv`, the
+        mean over the batch and the convolution's output positions of the value the tap reads
+        (padding reads zero), in float64: (C, *kernel). Any convolution's mean output is these
+        contracted with its weights."""
 
     def runnable(self, record: PlanRecord, ctx: CompileContext) -> Any:
         """A compiled plan this runtime runs (`run`, `step_drops`); it has the `record` and the

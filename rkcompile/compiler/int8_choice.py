@@ -16,12 +16,12 @@ float32 calibration run, once per equalization setting (its ranges serve both me
 observer keeps the minimum and maximum too; bias correction's shifts are measured in the same
 run and applied after it), and the float32 reference outputs once. Equalization is searched only
 when it would equalize a Conv pair, bias correction only when a Conv's bias would be corrected
-(otherwise the plans are the same). A candidate is judged sample by sample, worst sample first,
-and dropped at the first sample below the best worst cosine so far (it cannot win; its recorded
-cosine is then that sample's, an upper bound, marked as such). The first candidate runs every
-sample, then each other runs the worst of them, and they are judged on best first
-(`probed_order`): the winner is then usually the best so far early, and the others stop at
-their first sample.
+(otherwise the plans are the same). Judging goes best first (`choose_settings`): the next
+run is always the leading candidate's (the best worst cosine so far, a bound above its worst),
+and the leader that has run every sample is the choice; the others stop at the sample that put
+them below it (their recorded cosine then that sample's, an upper bound, marked as such). The
+choice is the one judging every candidate on every sample makes, with only the winner running
+every sample; the candidates' plans are kept while they are judged (`Judge.keep`).
 
 `--auto-float16` then searches float16 steps on top of the chosen settings, with the same
 planner and judge.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -41,10 +41,6 @@ from rkcompile.options import CHOOSE, INT8_SETTINGS, Options, settings_label
 from rkcompile.plan.schema import Int8Technique, PlanRecord
 from rkcompile.progress import bar
 from rkcompile.compiler.auto_float16 import Finish, Judge, Planner, choose, judge_for
-
-
-#: Samples (the first candidate's worst) every other candidate runs before any is judged on all
-PROBE_SAMPLES = 1
 
 
 @dataclass(frozen=True)
@@ -78,37 +74,58 @@ def judging_order(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                         not c["bias_correction"]))
 
 
-def probed_order(judge: Judge, ordered: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """`ordered` as `choose_settings` judges them: the first, then every other run on the
-    PROBE_SAMPLES samples the first found worst (`Judge.probe`), and judged on in the order of
-    those cosines, best first. The choice is the same in any order (a candidate stops only below
-    the best complete one, and a tie goes by `found`'s order); this order makes the likely winner
-    the best early, so that the others stop at their first sample instead of each running every
-    sample while it is the best so far."""
-    if not ordered:
-        return
-    yield ordered[0]
-    probes = {index: judge.probe((), settings, PROBE_SAMPLES) for index, settings in enumerate(ordered[1:])}
-    yield from (ordered[1 + index] for index in sorted(probes, key=lambda index: -probes[index]))
-
-
 def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) -> tuple[dict[str, Any], Int8Technique]:
-    """The best candidate's settings, and the plan's `int8_settings` entry listing every candidate."""
+    """The best candidate's settings, and the plan's `int8_settings` entry listing every candidate.
+
+    Best first: the next sample run is always the leading candidate's, the one whose worst
+    cosine so far (a bound above its worst over every sample; above any cosine before it ran
+    one) is highest, a tie going to the one `found` lists first. When the leader has run every
+    sample it is the choice: every other's bound, so its worst, is no higher. That is the
+    choice judging every candidate on every sample makes, with only the winner running them
+    all; each other stops once a sample puts it below the leader (`next_sample` tries first
+    the samples any candidate found worst). Candidates no sample ran yet lead in
+    `judging_order`, so each equalization setting's first plan calibrates for the others."""
     found = candidates(searched(options, judge.planner))
-    judged: list[Judged] = []
-    best: Judged | None = None
-    for settings in bar(probed_order(judge, judging_order(found)), total=len(found),
-                        description="int8 settings: candidates judged", unit="plan"):
-        goal = None if best is None else best.cosine
-        cosine = judge((), goal, settings)
-        complete = judge.complete((), settings)
-        judged.append(Judged(settings, cosine, complete))
-        say(f"  {settings_label(settings)}: {cosine:.8f}" + ("" if complete else " (a sample below the best; stopped)"))
-        if complete and (best is None or cosine > best.cosine
-                         or (cosine == best.cosine and found.index(settings) < found.index(best.settings))):
-            best, best_plan = Judged(settings, cosine, complete), judge.latest
-    judge.latest = best_plan  # the plan to keep: not planned again
+    ordered = judging_order(found)
+    count = len(judge.given_samples)
+
+    def lead(settings: dict[str, Any]) -> tuple:
+        known = judge.sample_cosines.get(judge.key((), settings))
+        if not known:
+            return (np.inf, -ordered.index(settings))
+        return (min(known.values()), -found.index(settings))
+
+    # no total: how many runs the losers need shows only as they fall behind
+    with bar(description="int8 settings: candidate runs", unit="run") as progress:
+        while True:
+            leader = max(ordered, key=lead)
+            known = judge.sample_cosines.get(judge.key((), leader), {})
+            if len(known) == count:
+                break
+            judge.keep((), leader)
+            judge.sample_cosine((), leader, next_sample(judge, known))
+            progress.update()
+    judged = [Judged(settings, *judge.cosines[judge.key((), settings)]) for settings in ordered]
+    for entry in judged:
+        say(f"  {settings_label(entry.settings)}: {entry.cosine:.8f}"
+            + ("" if entry.complete else " (a sample below the best; stopped)"))
+    best = next(entry for entry in judged if entry.settings == leader)
+    judge.planned((), leader)  # the plan to keep: not planned again
+    judge.release()
     return best.settings, report(best, judged, found)
+
+
+def next_sample(judge: Judge, known: dict[int, float]) -> int:
+    """The sample a candidate that ran `known` runs next: the one any candidate found worst
+    (candidates share their hard samples), else the first no candidate ran. (Running first
+    the samples of least reference output energy cost more runs on yolov8n and fewer on
+    resnet18_halfwidth: no proxy of a sample's int8 difficulty held across models.)"""
+    seen: dict[int, float] = {}
+    for cosines in judge.sample_cosines.values():
+        for index, cosine in cosines.items():
+            seen[index] = min(seen.get(index, np.inf), cosine)
+    return min((index for index in range(len(judge.given_samples)) if index not in known),
+               key=lambda index: (seen.get(index, np.inf), index))
 
 
 def report(best: Judged, judged: list[Judged], found: list[dict[str, Any]]) -> Int8Technique:

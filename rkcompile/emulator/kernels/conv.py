@@ -64,6 +64,34 @@ def convolve(node, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return moveaxis(y.reshape((batch,) + tuple(out_sizes) + (out_channels,)), -1, 1)
 
 
+def tap_means(node, x: np.ndarray, kernel) -> np.ndarray:
+    """(N, C, *spatial) -> (C, *kernel) in float64: per input channel and kernel tap, the mean
+    over the batch and `node`'s output positions of the input value that tap reads (padding
+    reads zero). A convolution is linear, so the mean of its output is these means contracted
+    with its weights: a mean shift costs a few strided sums instead of a convolution. A tap's
+    window positions are a product of one range per spatial axis, so the axes are summed one
+    at a time, last first, each range once: kernel width passes over the input, not one per tap."""
+    rank = x.ndim - 2
+    kernel = list(kernel)
+    strides = list(attr(node, "strides", [1] * rank))
+    dilations = list(attr(node, "dilations", [1] * rank))
+    begin, end = spatial_pads(node, x.shape[2:], kernel, strides, dilations)
+    out_sizes = output_sizes(x.shape[2:], kernel, strides, dilations, begin, end)
+    count = x.shape[0] * int(np.prod(out_sizes))
+    sums = x
+    for axis in reversed(range(rank)):  # (N, C, *spatial[:axis + 1], *kernel[axis + 1:]) -> one axis fewer
+        place = 2 + axis
+        per_tap = []
+        for tap in range(kernel[axis]):
+            found = tap_spans([x.shape[place]], [out_sizes[axis]], [tap], [strides[axis]], [dilations[axis]],
+                              [begin[axis]])
+            taken = sums[(slice(None),) * place + (found[1][0],)] if found is not None and count else None
+            per_tap.append(taken.sum(place, np.float64) if taken is not None
+                           else np.zeros(sums.shape[:place] + sums.shape[place + 1:], np.float64))
+        sums = np.stack(per_tap, place)
+    return sums.sum(0) / max(count, 1)
+
+
 def _columns(channels_last: np.ndarray, group: int, kernel, strides, dilations, begin, end) -> np.ndarray:
     """im2col of a channels-last (N, *spatial, C) input, per group: (group, one row per output
     position, taps ordered (*kernel, C/group)), copied from the padded input's window view in
