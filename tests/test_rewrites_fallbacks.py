@@ -11,6 +11,8 @@ import onnx
 import pytest
 from onnx import helper
 
+import rkcompile
+
 from conftest import PRIMARY_TARGETS, make_model, value_info, weight
 from rkcompile.cli import main
 from rkcompile.compiler.pipeline import compile_model
@@ -36,6 +38,22 @@ BLOCK_CASES = {
     "pixel_shuffle_3": ("DepthToSpace", dict(mode="CRD", blocksize=3), (1, 18, 4, 4), (1, 2, 12, 12)),
     "space_to_depth": ("SpaceToDepth", {}, (1, 3, 8, 10), (1, 12, 4, 5)),
 }
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_lists_its_channels_in_its_mode(tmp_path, mode):
+    """Opset 28's SpaceToDepth mode: CRD lists each channel's b*b block offsets together, DCR
+    (the default) the offsets ahead of the channels. Against numpy's reading of the definition."""
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], name="blocks", blocksize=2, mode=mode)
+    model = make_model([node], [value_info("x", [2, 3, 4, 6])], [value_info("y", [2, 12, 2, 3])], [], opset=28)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    x = np.arange(2 * 3 * 4 * 6, dtype=np.float32).reshape(2, 3, 4, 6)
+    blocks = x.reshape(2, 3, 2, 2, 3, 2)  # n, c, h/b, bh, w/b, bw
+    order = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    expected = blocks.transpose(order).reshape(2, 12, 2, 3)
+    got = rkcompile.run(rkcompile.compile(path, target="rk3588"), {"x": x})["y"]
+    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("target", PRIMARY_TARGETS)

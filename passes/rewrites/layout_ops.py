@@ -537,13 +537,14 @@ def collapse_relabels(node: gs.Node, site: Site) -> Candidates:
 
 
 def block_rearrangement_as_transpose(node: gs.Node, site: Site) -> Candidates:
-    """DepthToSpace (DCR or CRD mode) and SpaceToDepth as the Reshape -> Transpose -> Reshape
+    """DepthToSpace and SpaceToDepth (DCR or CRD mode) as the Reshape -> Transpose -> Reshape
     that the ONNX operator definitions give as their meaning, so exact: the targets have no
     kernel for either op (oplist V2.3.2), while the 6-D Transpose between the relabels is left to
     the rank and Transpose rules, which rewrite it again where it is itself illegal.
     SpaceToDepth's 6-D Transpose has no merged 4-D form for those rules, so it is written as two
     4-D Transposes instead: one swaps each row block's columns with its blocks, the other moves
-    the b*b block offsets ahead of channel and row, the order SpaceToDepth's channels list them."""
+    the b*b block offsets ahead of channel and row (DCR) or of the row only (CRD), the order
+    SpaceToDepth's channels list them in."""
     x, y = node.inputs[0], node.outputs[0]
     shape, y_shape = static_shape(x), static_shape(y)
     if shape is None or y_shape is None or len(shape) != 4:
@@ -555,9 +556,11 @@ def block_rearrangement_as_transpose(node: gs.Node, site: Site) -> Candidates:
         rows = builder.reshape(x, [n * c * h // block, block, w // block, block])
         offsets_last = builder.op("Transpose", [rows], [n * c * h // block, block, block, w // block], x.dtype,
                                   perm=[0, 1, 3, 2])
-        grouped = builder.reshape(offsets_last, [n, c * h // block, block * block, w // block])
-        offsets_first = builder.op("Transpose", [grouped], [n, block * block, c * h // block, w // block], x.dtype,
-                                   perm=[0, 2, 1, 3])
+        # DCR (the default) lists the block offsets ahead of the channels, CRD (opset 28) after them
+        images = n if node.attrs.get("mode", "DCR") == "DCR" else n * c
+        grouped = builder.reshape(offsets_last, [images, n * c * h // block // images, block * block, w // block])
+        offsets_first = builder.op("Transpose", [grouped], [images, block * block, n * c * h // block // images,
+                                                            w // block], x.dtype, perm=[0, 2, 1, 3])
         builder.reshape(offsets_first, y_shape, out=y)
         yield builder.finish()
         return
