@@ -6,7 +6,7 @@ after folding, simplifying and legalizing, which the toolkit builds where it fai
 original (yolov8n in the dev zoo). An input that only selects a branch can be frozen to a value
 first, so the branch folds away. Nothing is written unless the file agrees with the original.
 An int8 plan is written with its quantization as QuantizeLinear/DequantizeLinear pairs
-(`standard_onnx.quantize_dequantize`), which rknn-toolkit2 builds without calibrating; it is
+(`views.qdq.quantize_dequantize`), which rknn-toolkit2 builds without calibrating; it is
 checked against the emulator's prediction for the plan instead.
 """
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""Whole-graph facts and clean-ups on ONNX protos that the export's writers share: every node
+with its subgraphs' (`all_nodes`), each tensor's static shape by onnx's inference
+(`static_shapes`), and the nodes and initializers nothing reads any more, dropped."""
+from __future__ import annotations
+
+import onnx
+
+from rkcompile.views.partitioned_onnx import proto_subgraphs
+
+
+def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of `graph` and of its subgraphs at any depth."""
+    nodes, pending = [], [graph]
+    while pending:
+        for node in pending.pop().node:
+            nodes.append(node)
+            pending.extend(proto_subgraphs(node))
+    return nodes
+
+
+def drop_unread_nodes(graph: onnx.GraphProto) -> None:
+    """Remove the nodes of `graph` whose results nothing reads (a shaping bypassed them), last
+    first, so that a chain of them goes."""
+    needed = {output.name for output in graph.output}
+    subgraph_reads = {name for node in graph.node for sub in proto_subgraphs(node) for inner in all_nodes(sub)
+                      for name in inner.input}
+    kept = []
+    for node in reversed(graph.node):
+        if any(name in needed or name in subgraph_reads for name in node.output if name):
+            kept.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+
+
+def drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Remove the initializers no node reads, in `graph` or in a subgraph at any depth (which may
+    name one without listing it): those a shaping left behind."""
+    read = {name for node in all_nodes(graph) for name in node.input}
+    kept = [tensor for tensor in graph.initializer if tensor.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Every tensor's shape onnx's shape inference finds static, by name."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {}
+    for value in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in dims):
+            shapes[value.name] = [d.dim_value for d in dims]
+    return shapes

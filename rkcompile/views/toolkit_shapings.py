@@ -1,0 +1,592 @@
+"""TOOLKIT_SHAPINGS: rewrites of the exported graph, each keeping the values, from the forms
+rknn-toolkit2 2.5.0 fails on, loops on or runs on its CPU into forms it builds on its NPU
+(docs/deploy.md lists them, each with the toolkit's error or placement that called for it).
+Each takes the model and returns how many places it changed."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rkcompile.views.proto_graph import static_shapes
+
+
+def slices_before_reshapes(model: onnx.ModelProto) -> int:
+    """Move each Slice or Split that reads a Reshape before it, where the Reshape keeps the cut
+    axis whole (it only regroups the axes around it): Slice(Reshape(x)) becomes
+    Reshape(Slice(x)), Split(Reshape(x)) a Split of x and a Reshape per part, the same values.
+    rknn-toolkit2 2.5.0 turns parallel Slices after a Reshape of a Conv into a Split and then
+    fails on that Conv -> Reshape -> Split (its rule `seperate_conv_rs_split`, IndexError: the
+    error it gives on yolov8n's box head), and on the Split our plan makes of such Slices.
+    Returns how many Slices and Splits moved."""
+    shapes = static_shapes(model)
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = _readers(graph)
+    graph_outputs = {output.name for output in graph.output}
+    replaced: dict[str, list[onnx.NodeProto]] = {}   # a Reshape's name -> the nodes written in its place
+    dropped: set[str] = set()
+    for node in graph.node:
+        slices = readers.get(node.output[0], []) if node.op_type == "Reshape" else []
+        if not slices or node.output[0] in graph_outputs:
+            continue
+        moves = [_cut_before(node, s, shapes, constants, opset) for s in slices]
+        if all(moves):
+            replaced[node.name] = [new for move in moves for new in move[1]]
+            graph.initializer.extend(tensor for move in moves for tensor in move[0])
+            dropped.update(s.name for s in slices)
+    nodes = [new for node in graph.node if node.name not in dropped for new in replaced.get(node.name, [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(dropped)
+
+
+def erf_of_a_quotient(model: onnx.ModelProto) -> int:
+    """Write each Mul by a constant scalar whose only reader is an Erf as the Div by its
+    reciprocal: GELU's x / sqrt(2), which the rewrites made a Mul (div_constant_to_mul).
+    rknn-toolkit2 2.5.0 fuses GELU (ConvExGelu) only in the Div form; from the Mul it leaves
+    each Erf on the CPU (bert_mini: 4 CPU layers). The values differ by float32 rounding.
+    Returns how many Muls it wrote back."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers = _readers(graph)
+    changed = 0
+    for node in graph.node:
+        if node.op_type != "Mul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Erf"]:
+            continue
+        factors = [name for name in node.input if name in constants]
+        factor = numpy_helper.to_array(constants[factors[0]]) if len(factors) == 1 else None
+        if factor is None or factor.size != 1 or factor.dtype.kind != "f" or not factor.any():
+            continue
+        divisor = numpy_helper.from_array((1.0 / factor.astype(np.float64)).astype(factor.dtype),
+                                          f"{node.name}/divisor")
+        graph.initializer.append(divisor)
+        variable = next(name for name in node.input if name != factors[0])
+        node.op_type = "Div"
+        node.input[:] = [variable, divisor.name]
+        changed += 1
+    return changed
+
+
+def defaults_written(model: onnx.ModelProto) -> int:
+    """Write each attribute a node of the main graph leaves to its ONNX default (in the
+    model's opset) with that default, as exporters from PyTorch do (last, for the nodes the
+    other shapings write too): rknn-toolkit2 2.5.0 reads
+    some without a default of its own (a LayerNormalization without `epsilon`: KeyError
+    'LayerNormalization' in its rule `convert_layernorm_to_exnorm`). Returns how many nodes
+    gained an attribute."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    changed = 0
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset)
+        except onnx.defs.SchemaError:
+            continue
+        present = {attribute.name for attribute in node.attribute}
+        missing = [a.default_value for name, a in sorted(schema.attributes.items())
+                   if name not in present and a.default_value.HasField("type") and a.default_value.name]
+        node.attribute.extend(missing)
+        changed += bool(missing)
+    return changed
+
+
+def scale_after_scores(model: onnx.ModelProto) -> int:
+    """Move a Mul by a constant scalar on one operand of an attention's score MatMul (one whose
+    only reader is a Softmax), through the Transposes between them, onto the MatMul's result:
+    softmax((s*q)^T k) becomes softmax(s*(q^T k)), the form the toolkit's attention fusion is
+    written for. rknn-toolkit2 2.5.0 matches MatMul -> Softmax -> MatMul with the scale on q in
+    its rule `fuse_exmatmul_add_mul_exsoftmax13_exmatmul_to_sdpa` and fails in it (IndexError:
+    list index out of range, yolo11n's C2PSA attention). The values differ by float32 rounding.
+    Returns how many Muls moved."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    moved: dict[int, onnx.NodeProto] = {}   # id(score MatMul) -> the Mul now on its result
+    removed = set()
+    for node in graph.node:
+        if node.op_type != "MatMul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Softmax"]:
+            continue
+        for operand in node.input:
+            path, source = [], made_by.get(operand)
+            while source is not None and source.op_type == "Transpose" and len(readers[source.output[0]]) == 1:
+                path.append(source)
+                source = made_by.get(source.input[0])
+            if source is None or source.op_type != "Mul" or len(readers[source.output[0]]) != 1:
+                continue
+            scalars = [name for name in source.input
+                       if name in constants and int(np.prod(constants[name].dims)) == 1]
+            if len(scalars) != 1 or source.input[0] == source.input[1]:
+                continue
+            first = path[-1] if path else node
+            first.input[list(first.input).index(source.output[0])] = next(n for n in source.input if n != scalars[0])
+            scores = node.output[0]
+            node.output[0] = f"{scores}/unscaled"
+            moved[id(node)] = helper.make_node("Mul", [node.output[0], scalars[0]], [scores], f"{source.name}/on_scores")
+            removed.add(id(source))
+            break
+    nodes = [new for node in graph.node if id(node) not in removed
+             for new in ([node, moved[id(node)]] if id(node) in moved else [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(moved)
+
+
+def pads_into_convs(model: onnx.ModelProto) -> int:
+    """Fold a zero constant Pad of the spatial axes whose only reader is a Conv (explicit pads)
+    into that Conv's pads: the same values. rknn-toolkit2 2.5.0 tries that itself (its rule
+    `fuse_pad_into_conv`) and fails on a Pad whose pads are an initializer (ValueError:
+    assignment destination is read-only; tf2onnx's "same" padding of a strided Conv). Returns
+    how many Pads it folded."""
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = _readers(graph)
+    graph_outputs = {output.name for output in graph.output}
+    folded = set()
+    for node in graph.node:
+        conv = readers.get(node.output[0], []) if node.op_type == "Pad" else []
+        if len(conv) != 1 or conv[0].op_type != "Conv" or conv[0].input[0] != node.output[0] \
+                or node.output[0] in graph_outputs:
+            continue
+        pads = _zero_constant_pads(node, constants)
+        attributes = {a.name: a for a in conv[0].attribute}
+        rank = len(pads) // 2 if pads is not None else 0
+        if pads is None or any(pads[:2]) or any(pads[rank:rank + 2]) or any(p < 0 for p in pads) \
+                or attributes.get("auto_pad", helper.make_attribute("auto_pad", b"NOTSET")).s not in (b"NOTSET", b""):
+            continue
+        spatial = rank - 2
+        old = list(attributes["pads"].ints) if "pads" in attributes else [0] * (2 * spatial)
+        new = [a + b for a, b in zip(old, [*pads[2:rank], *pads[rank + 2:]])]
+        if "pads" in attributes:
+            conv[0].attribute.remove(attributes["pads"])
+        conv[0].attribute.append(helper.make_attribute("pads", new))
+        conv[0].input[0] = node.input[0]
+        folded.add(id(node))
+    nodes = [node for node in graph.node if id(node) not in folded]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(folded)
+
+
+def vectors_into_channels(model: onnx.ModelProto) -> int:
+    """Write a Reshape of a one-channel Conv result holding a vector along a spatial axis
+    ([N, 1, K, 1], the plan's mean over tokens as a Conv) as a Transpose of that axis into the
+    channels, then the Reshape if the result is another shape: the same values. From Conv ->
+    Reshape -> Conv (the head after a token mean) rknn-toolkit2 2.5.0 never returns: its rule
+    `fuse_rs_conv` rewrites the pair back and forth (swin_tiny, levit). Returns how many Reshapes
+    it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        source, shape = made_by.get(node.input[0]) if node.op_type == "Reshape" else None, shapes.get(node.input[0])
+        if source is None or source.op_type != "Conv" or shape is None or len(shape) != 4 or shape[1] != 1:
+            continue
+        axis = next((a for a in (2, 3) if shape[a] > 1 and int(np.prod(shape[1:])) == shape[a]), None)
+        if axis is None:
+            continue
+        perm = [0, axis, *(a for a in (1, 2, 3) if a != axis)]
+        moved = [shape[a] for a in perm]
+        target = shapes.get(node.output[0])
+        if target == moved:
+            written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [node.output[0]],
+                                                  f"{node.name}/as_transpose", perm=perm)]
+        elif target is not None:
+            name = f"{node.name}/into_channels"
+            written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [name], name, perm=perm),
+                                 helper.make_node("Reshape", [name, *node.input[1:]], [node.output[0]], node.name)]
+    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def means_as_reduce_means(model: onnx.ModelProto) -> int:
+    """Write the plan's mean as a Conv, Reshape x -> [N, K, H, W] then a 1x1 Conv of uniform
+    weights 1/K, one output channel and no bias, back as the ReduceMean of x over its axes
+    that make K (those of x regroup whole into [N | K | H, W]): the same values up to
+    rounding. The Reshape or Transpose after the Conv that gives the mean the ReduceMean's
+    shape goes too; a Reshape to another shape reads the ReduceMean; else a Reshape gives it
+    the Conv's shape. rknn-toolkit2 2.5.0 fuses an RMS
+    norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
+    t5), runs the Reshape of tokens held on the batch axis as a Transpose on its CPU (levit)
+    and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed = set()
+    for node in graph.node:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
+        if reshape is None or reshape.op_type != "Reshape" or len(readers[reshape.output[0]]) != 1 \
+                or node.input[1] not in constants or not _pointwise(node, constants[node.input[1]].shape):
+            continue
+        source, grouped, result = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(node.output[0])
+        weights = constants[node.input[1]]
+        bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if source is None or grouped is None or result is None or len(grouped) != 4 \
+                or weights.shape != (1, grouped[1], 1, 1) or grouped[1] < 2 \
+                or not np.allclose(weights, 1.0 / grouped[1], rtol=1e-6, atol=0) \
+                or (bias is None and len(node.input) > 2 and node.input[2]) or (bias is not None and bias.any()):
+            continue
+        axes = _regrouped_axes(source, grouped[0], grouped[1])
+        if axes is None:
+            continue
+        mean = [1 if axis in axes else size for axis, size in enumerate(source)]
+        after = readers.get(node.output[0], [])
+        replaced = (len(after) == 1 and after[0].op_type in ("Reshape", "Transpose")
+                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in _graph_outputs(graph))
+        prefix = f"{node.name}/reduce_mean"
+        reshaped_after = (not replaced and mean != result and len(after) == 1 and after[0].op_type == "Reshape"
+                          and node.output[0] not in _graph_outputs(graph))
+        if replaced:
+            target = after[0].output[0]
+        elif mean == result:
+            target = node.output[0]
+        else:
+            target = prefix
+        if opset >= 18:
+            axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{prefix}/axes")
+            graph.initializer.append(axes_tensor)
+            reduce = helper.make_node("ReduceMean", [reshape.input[0], axes_tensor.name], [target], prefix, keepdims=1)
+        else:
+            reduce = helper.make_node("ReduceMean", [reshape.input[0]], [target], prefix, axes=axes, keepdims=1)
+        written[id(node)] = [reduce]
+        if reshaped_after:  # a Reshape reads the mean in any shape of the same element order
+            after[0].input[0] = prefix
+        elif target == prefix:
+            shape = numpy_helper.from_array(np.array(result, np.int64), f"{prefix}/shape")
+            graph.initializer.append(shape)
+            written[id(node)].append(helper.make_node("Reshape", [prefix, shape.name], [node.output[0]],
+                                                      f"{prefix}/reshape"))
+        removed.add(id(reshape))
+        if replaced:
+            removed.add(id(after[0]))
+    nodes = [new for node in graph.node if id(node) not in removed for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def _regrouped_axes(shape: list[int], outer: int, size: int) -> list[int] | None:
+    """The axes of `shape` that a Reshape to [outer, size, ...] gathers whole into its axis 1:
+    a run of axes after those whose product is `outer`, of product `size`; None when there is
+    no such run."""
+    for start in range(len(shape) + 1):
+        if int(np.prod(shape[:start])) != outer:
+            continue
+        for stop in range(start + 1, len(shape) + 1):
+            if int(np.prod(shape[start:stop])) == size:
+                return list(range(start, stop))
+    return None
+
+
+def _graph_outputs(graph: onnx.GraphProto) -> set[str]:
+    return {output.name for output in graph.output}
+
+
+def square_roots_written_back(model: onnx.ModelProto) -> int:
+    """Write a Pow by the constant 0.5 that only divisors read as the Sqrt it was (the
+    rewrites make Sqrt a Pow), and a Pow by -0.5 that only products read as a Sqrt they
+    divide by (x * p^-0.5 = x / sqrt(p): an RMSNorm the plan runs as exNorm from its 1x1 Conv
+    form): rknn-toolkit2 2.5.0 fuses a norm, mean -> Add -> Sqrt -> Div, into its exNorm only
+    from the Sqrt (from the Pow it runs each Div on its CPU: t5); a Sqrt alone it may run on
+    its CPU, so other Pows stay. The values differ by float32 rounding. Returns how many Pows
+    it wrote."""
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    readers = _readers(model.graph)
+    changed = 0
+    for node in model.graph.node:
+        exponent = constants.get(node.input[1]) if node.op_type == "Pow" else None
+        if exponent is None or exponent.size != 1:
+            continue
+        power, users = float(exponent.reshape(-1)[0]), readers.get(node.output[0], [])
+        if power == 0.5 and users and all(r.op_type == "Div" and list(r.input[1:]) == [node.output[0]] for r in users):
+            node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+            changed += 1
+        elif power == -0.5 and users and all(r.op_type == "Mul" and list(r.input).count(node.output[0]) == 1
+                                             for r in users):
+            node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+            for product in users:
+                other = next(name for name in product.input if name != node.output[0])
+                product.CopyFrom(helper.make_node("Div", [other, node.output[0]], list(product.output), product.name))
+            changed += 1
+    return changed
+
+
+def squares_before_reshapes(model: onnx.ModelProto) -> int:
+    """Write the square of a reshaped tensor, Mul(r, r) with r = Reshape(x), as the Reshape of
+    Mul(x, x): the same values (the square is element by element), and the Reshape then feeds
+    the mean's Conv directly, as `means_as_reduce_means` reads it (an RMSNorm the plan runs
+    from its 1x1 Conv form). Returns how many squares it moved."""
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Mul" and len(node.input) == 2 else None
+        if reshape is None or node.input[0] != node.input[1] or reshape.op_type != "Reshape":
+            continue
+        squared = f"{node.name}/before_reshape"
+        written[id(node)] = [helper.make_node("Mul", [reshape.input[0], reshape.input[0]], [squared], squared),
+                             helper.make_node("Reshape", [squared, reshape.input[1]], list(node.output),
+                                              f"{node.name}/reshape")]
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def mean_biases_apart(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of one output channel whose bias is one value b (a mean plus an epsilon,
+    as the plan's norms compute a variance) as the Conv without bias, then an Add of b: the same
+    sum, added last; `means_as_reduce_means` then writes the Conv back as a ReduceMean, and the
+    norm reads mean -> Add -> Sqrt as rknn-toolkit2 fuses it. Returns how many it wrote."""
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        bias = constants.get(node.input[2]) if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] else None
+        weight = constants.get(node.input[1]) if bias is not None else None
+        if weight is None or bias.size != 1 or weight.shape[0] != 1 \
+                or not _pointwise(node, weight.shape) or not bias.any():
+            continue
+        summed = f"{node.name}/without_bias"
+        offset = numpy_helper.from_array(bias.reshape(()), f"{node.name}/bias_value")
+        graph.initializer.append(offset)
+        bare = onnx.NodeProto()
+        bare.CopyFrom(node)
+        del bare.input[2:]
+        bare.output[0] = summed
+        written[id(node)] = [bare, helper.make_node("Add", [summed, offset.name], [node.output[0]], f"{node.name}/add_bias")]
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def gathers_as_slices(model: onnx.ModelProto) -> int:
+    """Write a Gather of one constant non-negative index given as a 1-D array (the axis kept)
+    as the Slice of that index: the same values. rknn-toolkit2 2.5.0 runs a Reshape it adds
+    after the last of such Gathers on its CPU (tv_swin_nano's qkv split: 6 CPU layers), and
+    none after Slices. Returns how many Gathers it wrote."""
+    graph = model.graph
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    changed = 0
+    for node in graph.node:
+        index = constants.get(node.input[1]) if node.op_type == "Gather" and len(node.input) > 1 else None
+        if index is None or index.shape != (1,) or index[0] < 0 or opset < 10:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        prefix = f"{node.name}/as_slice"
+        bounds = [numpy_helper.from_array(np.array([value], np.int64), f"{prefix}/{what}")
+                  for what, value in (("starts", int(index[0])), ("ends", int(index[0]) + 1), ("axes", axis))]
+        graph.initializer.extend(bounds)
+        node.CopyFrom(helper.make_node("Slice", [node.input[0], *(b.name for b in bounds)], [node.output[0]], prefix))
+        changed += 1
+    return changed
+
+
+def added_convs_as_one(model: onnx.ModelProto) -> int:
+    """Write the sum of two Convs of the same input with the same attributes, each read by that
+    Add alone, as one Conv with the summed weights and biases: the same values in real
+    arithmetic (float32 rounding apart). rknn-toolkit2 2.5.0 does that itself (its rule
+    `fuse_conv_conv_add`) and fails on the Convs the plan makes of Gemms (TypeError: 'NoneType'
+    object is unsliceable: levit's two heads). Returns how many Adds it wrote."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    merged: dict[int, onnx.NodeProto] = {}
+    removed = set()
+    for node in graph.node:
+        convs = [made_by.get(name) for name in node.input] if node.op_type == "Add" else []
+        if len(convs) != 2 or any(c is None or c.op_type != "Conv" or len(readers[c.output[0]]) != 1 for c in convs) \
+                or convs[0] is convs[1] or _source(convs[0].input[0], made_by, constants) is None \
+                or _source(convs[0].input[0], made_by, constants) != _source(convs[1].input[0], made_by, constants) \
+                or _conv_attributes(convs[0]) != _conv_attributes(convs[1]):
+            continue
+        if any(name not in constants for conv in convs for name in conv.input[1:] if name):
+            continue
+        weights = [numpy_helper.to_array(constants[conv.input[1]]) for conv in convs]
+        if weights[0].shape != weights[1].shape:
+            continue
+        biases = [numpy_helper.to_array(constants[conv.input[2]]) if len(conv.input) > 2 and conv.input[2]
+                  else np.zeros(weights[0].shape[0], weights[0].dtype) for conv in convs]
+        prefix = f"{node.name}/summed_conv"
+        summed = [numpy_helper.from_array(weights[0] + weights[1], f"{prefix}/weight"),
+                  numpy_helper.from_array(biases[0] + biases[1], f"{prefix}/bias")]
+        graph.initializer.extend(summed)
+        merged[id(node)] = helper.make_node("Conv", [convs[0].input[0], *(t.name for t in summed)], [node.output[0]],
+                                            prefix, **_conv_attributes(convs[0]))
+        removed.update(id(conv) for conv in convs)
+    nodes = [merged.get(id(node), node) for node in graph.node if id(node) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(merged)
+
+
+def _source(name: str, made_by: dict[str, onnx.NodeProto],
+            constants: dict[str, onnx.TensorProto]) -> tuple[str, tuple[int, ...] | None] | None:
+    """What tensor `name` is, to tell two names of the same values apart from others: (the
+    tensor a Reshape by a constant shape reads, that shape) for a Reshape's result, else
+    (name, None). The plan writes a Reshape per reader."""
+    node = made_by.get(name)
+    if node is None or node.op_type != "Reshape":
+        return name, None
+    if node.input[1] not in constants:
+        return None
+    return node.input[0], tuple(numpy_helper.to_array(constants[node.input[1]]).tolist())
+
+
+def _conv_attributes(conv: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+
+
+def _pointwise(conv: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:
+    """Whether `conv` (of weights of `weight_shape`) is a 1x1 Conv of one group, no padding and
+    stride 1: a matrix product over the channels at each position."""
+    attributes = _conv_attributes(conv)
+    return (tuple(weight_shape[2:]) == (1, 1) and attributes.get("group", 1) == 1
+            and not any(attributes.get("pads", ())) and all(v == 1 for v in attributes.get("strides", ()))
+            and attributes.get("auto_pad", b"NOTSET") in (b"NOTSET", b""))
+
+
+def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of a [N, C] matrix reshaped to [N, C, 1, 1] (the plan's Gemm as a Conv)
+    as the Gemm it was, with a zero bias if it had none, then the Reshape to the Conv's
+    result: the same values. From the plan's form rknn-toolkit2 2.5.0 never returns (its rule
+    `fuse_rs_conv` rewrites the Reshape -> Conv pair back and forth: levit's two heads), and
+    its rule `fuse_conv_conv_add` fails on two such Convs added without biases (TypeError:
+    'NoneType' object is unsliceable). Returns how many Convs it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
+        matrix_shape = shapes.get(reshape.input[0], []) if reshape is not None and reshape.op_type == "Reshape" else []
+        if len(matrix_shape) != 2 or shapes.get(reshape.output[0]) != [*matrix_shape, 1, 1] \
+                or node.input[1] not in constants or node.output[0] not in shapes:
+            continue
+        weights = numpy_helper.to_array(constants[node.input[1]])
+        if not _pointwise(node, weights.shape):
+            continue
+        prefix = f"{node.name}/gemm"
+        matrix = numpy_helper.from_array(weights.reshape(weights.shape[:2]), f"{prefix}/weight")
+        shape = numpy_helper.from_array(np.array(shapes[node.output[0]], np.int64), f"{prefix}/shape")
+        bias = [] if len(node.input) > 2 and node.input[2] else \
+            [numpy_helper.from_array(np.zeros(weights.shape[0], weights.dtype), f"{prefix}/bias")]
+        graph.initializer.extend([matrix, shape, *bias])
+        inputs = [reshape.input[0], matrix.name, bias[0].name if bias else node.input[2]]
+        written[id(node)] = [helper.make_node("Gemm", inputs, [f"{prefix}/result"], prefix, transB=1),
+                             helper.make_node("Reshape", [f"{prefix}/result", shape.name], [node.output[0]],
+                                              f"{prefix}/reshape")]
+    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
+    """The pads of `pad`, a Pad node, when it pads every axis (no `axes`) with a constant zero;
+    else None. The attribute form (opset < 11) and the input form both."""
+    attributes = {a.name: helper.get_attribute_value(a) for a in pad.attribute}
+    if attributes.get("mode", b"constant") != b"constant":
+        return None
+    if len(pad.input) == 1:
+        value, pads = attributes.get("value", 0.0), attributes.get("pads")
+    else:
+        if len(pad.input) > 3 and pad.input[3] or pad.input[1] not in constants:
+            return None
+        given = len(pad.input) > 2 and pad.input[2]
+        if given and pad.input[2] not in constants:
+            return None
+        value = constants[pad.input[2]].reshape(-1)[0] if given else 0.0
+        pads = constants[pad.input[1]].reshape(-1).tolist()
+    return [int(p) for p in pads] if pads is not None and value == 0 else None
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """The nodes reading each tensor name of `graph` (its top level)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def _cut_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str, list[int]],
+                constants: dict[str, np.ndarray], opset: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]] | None:
+    """The constants and nodes computing `node`, a Slice or Split of `reshape`'s result, as the
+    same cut of its input then a Reshape of each part; None when `node` is neither (a Slice of
+    one axis by constant bounds and step 1, a Split with every part's shape known), or the
+    reshape does not keep that axis whole."""
+    source, result = shapes.get(reshape.input[0]), shapes.get(reshape.output[0])
+    if source is None or result is None:
+        return None
+    prefix = f"{node.name}/before_reshape"
+    if node.op_type == "Split":
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(result)
+        parts = [shapes.get(name) for name in node.output]
+        kept = _kept_axis(source, result, axis)
+        if kept is None or any(part is None for part in parts):
+            return None
+        sizes = numpy_helper.from_array(np.array([part[axis] for part in parts], np.int64), f"{prefix}/split")
+        cut = [f"{prefix}/part_{index}" for index in range(len(parts))]
+        split = (helper.make_node("Split", [reshape.input[0], sizes.name], cut, prefix, axis=kept) if opset >= 13
+                 else helper.make_node("Split", [reshape.input[0]], cut, prefix, axis=kept,
+                                       split=[part[axis] for part in parts]))
+        tensors, nodes = ([sizes] if opset >= 13 else []), [split]
+        for index, (piece, name, part) in enumerate(zip(cut, node.output, parts)):
+            shape = numpy_helper.from_array(np.array(part, np.int64), f"{prefix}/shape_{index}")
+            tensors.append(shape)
+            nodes.append(helper.make_node("Reshape", [piece, shape.name], [name], f"{prefix}/reshape_{index}"))
+        return tensors, nodes
+    operands = [constants.get(name) for name in node.input[1:]]
+    if (node.op_type != "Slice" or len(node.input) < 4
+            or any(value is None for value in operands) or any(value.size != 1 for value in operands)):
+        return None
+    starts, ends, axes, *steps = (int(value.reshape(-1)[0]) for value in operands)
+    if steps and steps[0] != 1:
+        return None
+    axis = axes % len(result)
+    kept = _kept_axis(source, result, axis)
+    if kept is None:
+        return None
+    start, end, _ = slice(starts, ends).indices(result[axis])
+    shape = list(result)
+    shape[axis] = max(end - start, 0)
+    tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}")
+               for what, values in (("starts", [start]), ("ends", [end]), ("axes", [kept]), ("shape", shape))]
+    sliced = f"{prefix}/sliced"
+    return tensors, [
+        helper.make_node("Slice", [reshape.input[0], *(t.name for t in tensors[:3])], [sliced], prefix),
+        helper.make_node("Reshape", [sliced, tensors[3].name], [node.output[0]], f"{prefix}/reshape")]
+
+
+def _kept_axis(source: list[int], result: list[int], axis: int) -> int | None:
+    """The axis of a Reshape's input that is `axis` of its result whole (the same size, after
+    as many elements), or None when the Reshape regroups it."""
+    before = int(np.prod(result[:axis]))
+    return next((b for b in range(len(source)) if int(np.prod(source[:b])) == before and source[b] == result[axis]),
+                None)
+
+
+#: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
+#: the model in place and returns how many nodes it changed.
+TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
+                    squares_before_reshapes, mean_biases_apart, means_as_reduce_means, vectors_into_channels, added_convs_as_one,
+                    linear_layers_as_gemms, square_roots_written_back, gathers_as_slices, defaults_written)
