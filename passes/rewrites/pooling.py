@@ -8,7 +8,7 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.ir.graph import constant_value, dtype_name, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 from rkcompile.plan.schema import QUANTIZED_DTYPES
 
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, scalar
@@ -226,20 +226,33 @@ def _pool_stages(node: gs.Node, site: Site, shape: list[int]) -> Candidates:
     if average and site.facts.get("plan_dtype") in QUANTIZED_DTYPES and _reaches_only_outputs(node.outputs[0], site):
         per_axis = [sorted(stages) for stages in per_axis]
     correction = math.prod(math.prod(stages) for stages in per_axis) / math.prod(spatial)
+    depthwise_limit = site.target.rule_parameter("Conv", "conv_window", "depthwise_kernel") or 0
+    # A float plan's last stage takes the correction into its weights: one depthwise Conv of
+    # weights correction / window (the sum over the window, padding zeros counted, as the
+    # AveragePool's), instead of the pool and a Mul, as rknn-toolkit2 plans a global average
+    # pool. An int8 plan keeps the pool, whose grid the stage order above is chosen for.
+    weighted_last = (average and correction != 1 and site.facts.get("plan_dtype") in FLOAT_DTYPES
+                     and all(stages[-1] <= depthwise_limit for stages in per_axis))
     builder = site.builder(node)
     current, sizes = x, list(spatial)
     for index in range(count):
         kernel = [stages[index] for stages in per_axis]
         out = [-(-size // k) for size, k in zip(sizes, kernel)]
         pads = [0] * len(kernel) + [o * k - size for o, k, size in zip(out, kernel, sizes)]
-        last = index == count - 1 and (not average or correction == 1)
+        last = index == count - 1
         attrs = {"kernel_shape": kernel, "strides": kernel, "pads": pads}
+        if last and weighted_last:
+            weights = np.full([shape[1], 1, *kernel], correction / math.prod(kernel), dtype_name(x.dtype))
+            builder.op("Conv", [current, builder.const(weights, "pool_weights")], out=node.outputs[0],
+                       group=shape[1], **attrs)
+            break
         if average:
             attrs["count_include_pad"] = 1
         current = builder.op("AveragePool" if average else "MaxPool", [current], [*shape[:2], *out],
-                             x.dtype, out=node.outputs[0] if last else None, **attrs)
+                             x.dtype, out=node.outputs[0] if last and (not average or correction == 1) else None,
+                             **attrs)
         sizes = out
-    if average and correction != 1:
+    if average and correction != 1 and not weighted_last:
         builder.op("Mul", [current, scalar(builder, correction, x)], out=node.outputs[0])
     yield builder.finish()
 
