@@ -79,25 +79,24 @@ def test_transposes_around_an_add_of_a_constant_cancel(tmp_path):
     assert ctx.fates["t1"][0] == ctx.fates["t2"][0] == "removed"
 
 
-def test_transposes_that_do_not_cancel_become_one(tmp_path):
-    # channel counts that are multiples of C2, so the Relu's tensor takes the same bytes either way
-    model = make_model(
+def transposes_around_a_relu(x_shape, y_shape):
+    """Transpose [0, 2, 1, 3], Relu, Transpose [0, 1, 3, 2]: two Transposes that do not cancel."""
+    return make_model(
         [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1, 3]),
          helper.make_node("Relu", ["t"], ["r"], name="relu"),
          helper.make_node("Transpose", ["r"], ["y"], name="t2", perm=[0, 1, 3, 2])],
-        [value_info("x", [1, 16, 32, 8])], [value_info("y", [1, 32, 8, 16])])
-    kernels, _ = npu_kernels(model, tmp_path)
+        [value_info("x", x_shape)], [value_info("y", y_shape)])
+
+
+def test_transposes_that_do_not_cancel_become_one(tmp_path):
+    # channel counts that are multiples of C2, so the Relu's tensor takes the same bytes either way
+    kernels, _ = npu_kernels(transposes_around_a_relu([1, 16, 32, 8], [1, 32, 8, 16]), tmp_path)
     assert kernels == ["Relu", "Transpose"]
 
 
 def test_a_move_storing_a_tensor_in_more_bytes_declines(tmp_path):
     # [1, 4, 6, 8] -> [1, 6, 4, 8]: the Relu would run on 4 channels padded to C2 instead of 6
-    model = make_model(
-        [helper.make_node("Transpose", ["x"], ["t"], name="t1", perm=[0, 2, 1, 3]),
-         helper.make_node("Relu", ["t"], ["r"], name="relu"),
-         helper.make_node("Transpose", ["r"], ["y"], name="t2", perm=[0, 1, 3, 2])],
-        [value_info("x", [1, 4, 6, 8])], [value_info("y", [1, 6, 8, 4])])
-    _, ctx = npu_kernels(model, tmp_path)
+    _, ctx = npu_kernels(transposes_around_a_relu([1, 4, 6, 8], [1, 6, 8, 4]), tmp_path)
     assert ("move_layout_down", "declined: r would take 768 bytes on the NPU instead of 512") in attempts(ctx, "t1")
 
 
