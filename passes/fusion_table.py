@@ -294,11 +294,15 @@ def _gelu_erf() -> Pattern:
 
 def _gelu_tanh() -> Pattern:
     """x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), and the form that factors x out of
-    the tanh's argument: sqrt(2/pi) * x * (1 + 0.044715 x^2) (transformers' FastGELU)."""
+    the tanh's argument: sqrt(2/pi) * x * (1 + 0.044715 x^2) (transformers' FastGELU). The
+    cubic term's factors in any grouping: jax's gelu(approximate=True), through jax2tf and
+    tf2onnx, writes x * (x * (0.044715 * x))."""
     x = Any("x")
-    cube = Alt(Op("Pow", x, Const(3.0)), _mul(x, x, x), _mul(x, Op("Pow", x, Const(2.0))))
+    coefficient = Const(0.044715)
+    cubic = Alt(_mul(Op("Pow", x, Const(3.0)), coefficient), _mul(x, x, x, coefficient),
+                _mul(x, Op("Pow", x, Const(2.0)), coefficient))
     square = Alt(_mul(x, x), Op("Pow", x, Const(2.0)))
-    inner = Alt(_mul(_add(x, _mul(cube, Const(0.044715))), Const(float(np.sqrt(2 / np.pi)))),
+    inner = Alt(_mul(_add(x, cubic), Const(float(np.sqrt(2 / np.pi)))),
                 _mul(x, Const(float(np.sqrt(2 / np.pi))), _add(Const(1.0), _mul(square, Const(0.044715)))))
     return _mul(x, Const(0.5), _add(Op("Tanh", inner), Const(1.0)))
 

@@ -75,6 +75,16 @@ def _gelu_tanh():
                  const("s2pi", np.sqrt(2 / np.pi)), const("one", 1.0)])
 
 
+def _gelu_tanh_jax():
+    """jax's gelu(approximate=True) as jax2tf and tf2onnx write it (the magika model): the cubic
+    term nested as x * (x * (0.044715 * x)), constants on the left."""
+    return case([node("Mul", ["k", "x"], "kx"), node("Mul", ["x", "kx"], "kx2"), node("Mul", ["x", "kx2"], "kx3"),
+                 node("Add", ["x", "kx3"], "r"), node("Mul", ["s2pi", "r"], "s"), node("Tanh", ["s"], "t"),
+                 node("Add", ["one", "t"], "u"), node("Mul", ["half", "u"], "h"), node("Mul", ["x", "h"], "y")],
+                [const("half", 0.5), const("k", np.float32(0.044715)), const("s2pi", np.float32(np.sqrt(2 / np.pi))),
+                 const("one", 1.0)])
+
+
 def _layer_norm(axes=(1,), shape=(1, 16, 4, 4)):
     affine = (16, 1, 1) if axes == (1,) else shape[-1:]
     return case([node("ReduceMean", ["x"], "m", axes=list(axes)), node("Sub", ["x", "m"], "d"),
@@ -167,6 +177,7 @@ POSITIVE = {
                               [("x", (1, 8, 16))]), 2),
     "exGelu": (_gelu_erf, 5),
     "exGelu/tanh": (_gelu_tanh, 8),
+    "exGelu/tanh_jax": (_gelu_tanh_jax, 9),
     "exMish": (lambda: case([node("Softplus", ["x"], "sp"), node("Tanh", ["sp"], "t"), node("Mul", ["t", "x"], "y")]), 3),
     "HardSwish": (lambda: case([node("HardSigmoid", ["x"], "h", alpha=1 / 6), node("Mul", ["x", "h"], "y")]), 2),
     "HardSwish/relu6": (lambda: case([node("Add", ["x", "three"], "a"), node("Clip", ["a", "zero", "six"], "r"),
