@@ -158,6 +158,16 @@ def normalizes_supported_axes(match: Match) -> tuple[bool, str]:
     return all(axes in ([1], [1, 2, 3]) for axes in viewed.values()), f"axes {viewed}"
 
 
+def _sums_the_channels(conv, weights: np.ndarray, channels: int | None) -> bool:
+    """`conv` (of `weights`) weighs the C input channels alike into one output channel: a 1x1
+    kernel, group 1, no stride, pad or dilation."""
+    plain = (int(conv.attrs.get("group", 1)) == 1 and all(int(v) == 1 for key in ("strides", "dilations")
+             for v in conv.attrs.get(key, [1, 1])) and not any(conv.attrs.get("pads", [0] * 4))
+             and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
+    return (plain and channels is not None and weights.shape == (1, channels, 1, 1)
+            and bool(np.all(weights == weights.reshape(-1)[0])))
+
+
 def channel_mean_convolution(match: Match) -> tuple[bool, str]:
     """The Conv sums the channels evenly: one 1x1 output channel of one positive weight w for
     each of the C input channels, group 1, no stride, pad or dilation, one bias value b, so
@@ -166,12 +176,55 @@ def channel_mean_convolution(match: Match) -> tuple[bool, str]:
     conv, weights = match.nodes["mean_square"], match.constant("mean_weights")
     shape = static_shape(match.tensors["x"])
     channels = None if shape is None or len(shape) != 4 else shape[1]
-    plain = (int(conv.attrs.get("group", 1)) == 1 and all(int(v) == 1 for key in ("strides", "dilations")
-             for v in conv.attrs.get(key, [1, 1])) and not any(conv.attrs.get("pads", [0] * 4))
-             and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
-    uniform = (channels is not None and weights.shape == (1, channels, 1, 1)
-               and bool(np.all(weights == weights.reshape(-1)[0])) and float(weights.reshape(-1)[0]) > 0)
-    return plain and uniform and _scalar(match.constant("epsilon")), f"weights {weights.shape} on {shape}"
+    uniform = _sums_the_channels(conv, weights, channels) and float(weights.reshape(-1)[0]) > 0
+    return uniform and _scalar(match.constant("epsilon")), f"weights {weights.shape} on {shape}"
+
+
+def channel_mean_and_variance_convolutions(match: Match) -> tuple[bool, str]:
+    """layer_norm_by_channel_convs: the first Conv takes -mean over the C channels (weights
+    -1/C, no bias), the second the mean of the squared deviations plus epsilon (weights 1/C, one
+    bias value), so the ops are a LayerNorm over axis 1, exNorm's axes [1] (seed 001, exNorm)."""
+    shape = static_shape(match.tensors["x"])
+    channels = None if shape is None or len(shape) != 4 else shape[1]
+    centring, spread = match.nodes["negated_mean"], match.nodes["variance"]
+    negated, mean = match.constant("negated_mean_weights"), match.constant("mean_weights")
+    unbiased = len(centring.inputs) < 3 or not np.any(np.asarray(getattr(centring.inputs[2], "values", 1)))
+    ok = (channels is not None and unbiased and _scalar(match.constant("epsilon"))
+          and _sums_the_channels(centring, negated, channels) and _sums_the_channels(spread, mean, channels)
+          and np.isclose(float(negated.reshape(-1)[0]) * channels, -1.0, rtol=1e-6)
+          and np.isclose(float(mean.reshape(-1)[0]) * channels, 1.0, rtol=1e-6))
+    return ok, f"weights {negated.shape} and {mean.shape} on {shape}"
+
+
+def statistics_restate_the_input(match: Match) -> tuple[bool, str]:
+    """The mean and the mean square of statistics_layer_norm reduce the same axes of x, a
+    sum's divisor is the count of elements it sums, and what meets x again has x's rank with
+    the reduced axes kept as 1 (a Reshape puts back what keepdims 0 dropped): then the ops are
+    a LayerNorm over those axes."""
+    shape = static_shape(match.tensors["x"])
+    if shape is None:
+        return False, "x's shape is unknown"
+    axes = statistics_axes(match)
+    if axes is None:
+        return False, "its sums do not share one set of constant axes"
+    count = int(np.prod([shape[a] for a in axes]))
+    divisors = [_scalar_value(match, label) for label in ("mean_divisor", "mean_square_divisor") if label in match.tensors]
+    if any(not np.isclose(divisor * count, 1.0, rtol=1e-6) for divisor in divisors):
+        return False, f"divisors {divisors} for sums of {count} elements"
+    kept = [1 if a in axes else size for a, size in enumerate(shape)]
+    for label in ("centre", "spread"):
+        restated = static_shape(match.nodes[label].outputs[0]) if label in match.nodes else None
+        if restated is None or [1] * (len(shape) - len(restated)) + list(restated) != kept:
+            return False, f"its statistics meet x {shape} as {restated}"
+    return True, f"axes {list(axes)}"
+
+
+def statistics_axes(match: Match) -> tuple[int, ...] | None:
+    """The axes statistics_layer_norm's reductions share (sorted, non-negative), or None."""
+    rank = _rank(match.tensors["x"])
+    found = {None if axes is None or rank is None else tuple(sorted(a % rank for a in axes))
+             for axes in (reduction_axes(node) for node in match.members if node.op in ("ReduceSum", "ReduceMean"))}
+    return next(iter(found)) if len(found) == 1 else None
 
 
 def layer_norm_output_only(match: Match) -> tuple[bool, str]:
@@ -255,6 +308,11 @@ def channel_conv_rms_attributes(match: Match) -> dict:
     channels = static_shape(match.tensors["x"])[1]
     weight = float(match.constant("mean_weights").reshape(-1)[0])
     return {"mode": "rms", "epsilon": _scalar_value(match, "epsilon") / (weight * channels), "axes": [1]}
+
+
+def channel_conv_layer_attributes(match: Match) -> dict:
+    """exNorm's attributes for layer_norm_by_channel_convs: epsilon is the variance Conv's bias."""
+    return {"mode": "layer", "epsilon": _scalar_value(match, "epsilon"), "axes": [1]}
 
 
 def sdpa_attributes(match: Match) -> dict:
@@ -362,6 +420,34 @@ def moments_layer_norm() -> Pattern:
                                      Op("Sub", Const(label="bias"), _mul(mean, factor))))
 
 
+def statistics_layer_norm() -> Pattern:
+    """LayerNorm as flax.linen.LayerNorm computes it (jax's _compute_stats), through jax2tf and
+    tf2onnx: the mean and the mean square by ReduceMean, or ReduceSum times 1/count, the reduced
+    axes dropped (keepdims 0) and put back by a Reshape where x meets them again; the variance
+    max(0, E[x^2] - mean^2) (the Max may be a Relu by then); then (x - mean) times
+    rsqrt(variance + epsilon) [times scale], [plus bias]. Whether the statistics are x's own is
+    statistics_restate_the_input's to say."""
+    x = Any("x")
+
+    def mean_of(value: Pattern, label: str) -> Pattern:
+        return Alt(Op("ReduceMean", value, label=label),
+                   _mul(Op("ReduceSum", value), Const(label=f"{label}_divisor"), label=label))
+
+    def restated(value: Pattern, label: str) -> Pattern:
+        return Alt(Op("Reshape", value, label=label), value)
+
+    mean = mean_of(x, "mean")
+    mean_square = mean_of(Alt(Op("Mul", x, x), Op("Pow", x, Const(2.0))), "mean_square")
+    difference = Op("Sub", mean_square, Alt(Op("Mul", mean, mean), Op("Pow", mean, Const(2.0))))
+    variance = Alt(Op("Relu", difference), Op("Max", difference, Const(0.0), commutative=True), difference)
+    spread = _add(restated(variance, "spread"), Const(label="epsilon"))
+    inverse = Alt(Op("Reciprocal", Op("Sqrt", spread)), Op("Div", Const(1.0), Op("Sqrt", spread)),
+                  Op("Pow", spread, Const(-0.5)))
+    centred = Op("Sub", x, restated(mean, "centre"))
+    normalized = Alt(_mul(centred, inverse, Const(label="scale")), _mul(centred, inverse))
+    return optional(lambda inner: _add(inner, Const(label="bias")), normalized)
+
+
 def rms_norm_core() -> Pattern:
     """x / sqrt(mean(x^2) + epsilon) as exporters write it out, without the scale."""
     x = Any("x")
@@ -378,6 +464,18 @@ def rms_norm_by_channel_conv() -> Pattern:
     square = Alt(Op("Mul", x, x), Op("Pow", x, Const(2.0)))
     spread = Op("Conv", square, Const(label="mean_weights"), Const(label="epsilon"), label="mean_square")
     return _mul(x, Op("Pow", spread, Const(-0.5)))
+
+
+def layer_norm_by_channel_convs() -> Pattern:
+    """(x - mean) * (mean((x - mean)^2) + epsilon)^-0.5 over the channels, the means taken by
+    1x1 Convs: d = x + Conv(x) with weights -1/C, then d * Pow(Conv(d * d) with weights 1/C and
+    bias epsilon, -0.5), as rewrites.reductions writes a LayerNorm on the [outer, C, inner, 1]
+    view when LayerNormalization cannot say it (the normalized axes are not the last)."""
+    x = Any("x")
+    deviation = _add(x, Op("Conv", x, Const(label="negated_mean_weights"), label="negated_mean"), label="deviation")
+    square = Alt(Op("Mul", deviation, deviation), Op("Pow", deviation, Const(2.0)))
+    spread = Op("Conv", square, Const(label="mean_weights"), Const(label="epsilon"), label="variance")
+    return _mul(deviation, Op("Pow", spread, Const(-0.5)))
 
 
 def _scaled(normalized: Pattern) -> Pattern:
@@ -420,6 +518,9 @@ RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exNorm", "exNorm", _affine(layer_norm_core()), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", moments_layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),
+    FusionRule("exNorm", "exNorm", _affine(layer_norm_by_channel_convs()),
+               (normalizes_supported_axes, channel_mean_and_variance_convolutions), channel_conv_layer_attributes,
+               absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_by_channel_conv()), (normalizes_supported_axes, channel_mean_convolution),
                channel_conv_rms_attributes, absorbs=True),
     FusionRule("exNorm", "exNorm", Op("LayerNormalization", Any("x"), label="norm"),

@@ -271,3 +271,76 @@ def test_an_l2_normalize_whose_norm_is_read_elsewhere_declines(save, capsys):
     assert main(["plan", str(save(model, "shared_norm.onnx")), "--target", "rk3588", "--explain", "normalize"]) == 0
     assert "l2_normalize_on_channel_view on normalize: declined: norm is read outside the normalization" \
         in capsys.readouterr().out
+
+
+def statistics_layer_norm(shape, axis, divided_sum=True):
+    """flax.linen.LayerNorm over `axis` as jax2tf and tf2onnx write it (jax's _compute_stats): the
+    mean and the mean square by ReduceSum (keepdims 0) times 1/count, or ReduceMean, the variance
+    max(0, E[x^2] - mean^2), the reduced axis put back by a Reshape, then
+    (x - mean) * (1 / sqrt(variance + eps) * scale) + bias (the wh_magika model's form)."""
+    rank, count = len(shape), shape[axis]
+    kept = [1 if a == axis else size for a, size in enumerate(shape)]
+    along = [count if a == axis else 1 for a in range(rank)]
+    nodes, consts = [], [weight("axes", np.array([axis], np.int64)), weight("kept", np.array(kept, np.int64)),
+                         _constant("zero", 0.0), _constant("eps", 1e-6), _constant("scale", RNG.uniform(0.5, 2, along)),
+                         _constant("bias", RNG.uniform(-1, 1, along))]
+    nodes.append(helper.make_node("Mul", ["x", "x"], ["square"]))
+    for source, name in (("x", "mean"), ("square", "mean_square")):
+        if divided_sum:
+            consts.append(_constant(f"{name}_divisor", 1 / count))
+            nodes += [helper.make_node("ReduceSum", [source, "axes"], [f"{name}_sum"], keepdims=0),
+                      helper.make_node("Mul", [f"{name}_sum", f"{name}_divisor"], [name])]
+        else:
+            nodes.append(helper.make_node("ReduceMean", [source, "axes"], [name], keepdims=0))
+    nodes += [helper.make_node("Mul", ["mean", "mean"], ["mean_squared"]),
+              helper.make_node("Sub", ["mean_square", "mean_squared"], ["difference"]),
+              helper.make_node("Max", ["zero", "difference"], ["variance"]),
+              helper.make_node("Reshape", ["variance", "kept"], ["variance_kept"]),
+              helper.make_node("Add", ["variance_kept", "eps"], ["spread"]), helper.make_node("Sqrt", ["spread"], ["std"]),
+              helper.make_node("Reciprocal", ["std"], ["inverse"]), helper.make_node("Mul", ["inverse", "scale"], ["factor"]),
+              helper.make_node("Reshape", ["mean", "kept"], ["mean_kept"]),
+              helper.make_node("Sub", ["x", "mean_kept"], ["centred"]),
+              helper.make_node("Mul", ["centred", "factor"], ["normed"]), helper.make_node("Add", ["normed", "bias"], ["y"])]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts, opset=18)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("shape, axis, divided_sum", [
+    ([1, 64, 48], 1, True),    # wh_magika's LayerNorm over the channels of [1, C, L]
+    ([1, 24, 32], 2, True),    # over the last axis: LayerNormalization on the [L, C, 1, 1] view
+    ([1, 64, 48], 1, False),   # the means by ReduceMean
+])
+def test_a_flax_layer_norm_is_one_exnorm(save, target, shape, axis, divided_sum):
+    """flax's LayerNorm (its variance a difference of squares) over a block of axes runs as one
+    exNorm on the [outer, C, inner, 1] view, its scale and bias inside, nothing on the CPU (the
+    toolkit runs magika's op by op, with a Max and a Div on its CPU)."""
+    plan, on_cpu = plan_and_compare(statistics_layer_norm(shape, axis, divided_sum), save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm"]
+
+
+def test_a_flax_layer_norm_whose_divisor_is_not_the_count_declines(save, capsys):
+    """A sum divided by another count than the one it sums is no mean: not a LayerNorm, and
+    --explain says why."""
+    from rkcompile.cli import main
+
+    model = statistics_layer_norm([1, 64, 48], 1)
+    for tensor in model.graph.initializer:
+        if tensor.name == "mean_divisor":
+            tensor.CopyFrom(weight("mean_divisor", np.asarray(1 / 63, np.float32)))
+    for node in model.graph.node:
+        node.name = node.name or node.output[0]
+    plan, _ = plan_and_compare(model, save, "rk3588")
+    assert "exNorm" not in {s.kernel for s in plan.record.steps}
+    assert main(["plan", str(save(model, "model.onnx")), "--target", "rk3588", "--explain", "y"]) == 0
+    assert "decomposed_norm_on_channel_view on y: declined: divisors" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_a_layer_norm_over_the_middle_axis_is_one_exnorm(save, target):
+    """A norm written out over axis 1 of [1, C, L] (not the trailing axes, not exNorm's on the
+    4-D view [1, 1, C, L]) runs as one exNorm over the channels of the [1, C, L, 1] view; its
+    scale and bias vary along L, not along what it normalizes, so they stay a Mul and an Add."""
+    plan, on_cpu = plan_and_compare(decomposed_layer_norm([1, 32, 40], [1], 14), save, target)
+    assert on_cpu == []
+    assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm", "Mul", "Add"]

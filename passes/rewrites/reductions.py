@@ -28,60 +28,74 @@ from rkcompile.ir.patterns import Match, matches
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
 from rkcompile.passes.fusion_table import (MEAN_OPS, layer_norm_core, mean_axes, moments_layer_norm, reduction_axes,
-                                           rms_norm_core)
+                                           rms_norm_core, statistics_axes, statistics_layer_norm,
+                                           statistics_restate_the_input)
 from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1, producer,
                                             scalar)
 
 #: First opset with LayerNormalization.
 LAYER_NORMALIZATION_OPSET = 17
-NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()), ("moments", moments_layer_norm()))
+NORM_CORES = (("layer", layer_norm_core()), ("rms", rms_norm_core()), ("moments", moments_layer_norm()),
+              ("statistics", statistics_layer_norm()))
 
 
 def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
     """A LayerNorm (x - mean) / sqrt(var + eps) or RMSNorm x / sqrt(mean(x^2) + eps) written out
-    op by op over the trailing axes of x [..., C] (a LayerNorm also in tf2onnx's moments form,
-    its scale and centre inside: fusion_table.moments_layer_norm), whose axes are not exNorm's
-    [1] or [1,2,3] on the 4-D view (seed 001, exNorm), done on the [L, C, 1, 1] view: the same
-    reduction over axis 1. First as LayerNormalization (exNorm), else as -mean by a 1x1 Conv
-    with weights -1/C, x + (-mean), the variance (or mean square) by a 1x1 Conv with weights 1/C
-    and bias eps, its Pow -0.5 and a Mul (then the moments form's scale and centre as a Mul and
-    an Add on x's shape): an RMSNorm so written is exNorm where the target has it
-    (fusion_table.rms_norm_by_channel_conv), whose float32 statistics cannot overflow as float16
-    squares can. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made
-    only for a target with exNorm: the fusion pass makes it that kernel (one legal node, nothing
-    can stop the fusion), so no plan holds an op its opset lacks."""
+    op by op over a block of neighbouring axes of x (a LayerNorm also in tf2onnx's moments form
+    and in flax's, their scale and centre inside: fusion_table.moments_layer_norm and
+    statistics_layer_norm), whose axes are not exNorm's [1] or [1,2,3] on the 4-D view (seed
+    001, exNorm), done on the [outer, C, inner, 1] view: the same reduction over axis 1. Over
+    the trailing axes (inner 1), first as LayerNormalization (exNorm); else as -mean by a 1x1
+    Conv with weights -1/C, x + (-mean), the variance (or mean square) by a 1x1 Conv with
+    weights 1/C and bias eps, its Pow -0.5 and a Mul, then an inner scale and centre as a Mul
+    and an Add: on the view when it has one row, so that the fusion pass makes the whole an
+    exNorm where the target has it (fusion_table.layer_norm_by_channel_convs and
+    rms_norm_by_channel_conv), with float32 statistics that cannot overflow as float16 squares
+    can; on x's own shape otherwise, where a [C, 1, 1] constant would broadcast over the view's
+    rows. Below opset 17 (paddle2onnx writes 15) the LayerNormalization is made only for a
+    target with exNorm: the fusion pass makes it that kernel (one legal node, nothing can stop
+    the fusion), so no plan holds an op its opset lacks."""
     reason = "not the output of a LayerNorm or RMSNorm written out op by op"
     for kind, core in NORM_CORES:
         for match in matches(core, node):
-            region = _norm_region(match, node, site)
+            region = _norm_region(match, kind, node, site)
             if isinstance(region, str):
                 reason = region
                 continue
-            x, trailing, epsilon = region
+            x, first, end, epsilon = region
             shape = static_shape(x)
-            rows, channels = element_count(shape[:trailing]), element_count(shape[trailing:])
-            inner = _inner_affine(match, shape, trailing)
-            if isinstance(inner, str):
-                reason = inner
-                continue
+            rows, channels, inner = (element_count(shape[:first]), element_count(shape[first:end]),
+                                     element_count(shape[end:]))
+            scale, bias = _inner_affine(match, shape, first, end)  # validated by _norm_region
 
             def on_view(param: np.ndarray) -> np.ndarray:
-                return np.broadcast_to(param, shape[trailing:]).reshape(channels, 1, 1)
+                return np.broadcast_to(param, shape[first:end]).reshape(channels, 1, 1)
 
-            if kind != "rms" and _layer_normalization_allowed(site):
-                affine, scale, bias = _affine_after(node, shape, trailing, site)
+            affine, outer_scale, outer_bias = _affine_after(node, shape, first, end, site)
+            whole_scale, whole_bias = scale * outer_scale, bias * outer_scale + outer_bias
+            if kind != "rms" and inner == 1 and _layer_normalization_allowed(site):
                 builder = site.builder(node)
                 view = builder.reshape(x, [rows, channels, 1, 1])
-                normed = _layer_normalization(builder, view, epsilon, on_view(inner[0] * scale),
-                                              on_view(inner[1] * scale + bias))
+                normed = _layer_normalization(builder, view, epsilon, on_view(whole_scale), on_view(whole_bias))
                 builder.reshape(normed, shape, out=(affine[-1] if affine else node).outputs[0])
                 yield builder.finish(*match.members, *affine)
             builder = site.builder(node)
-            view = builder.reshape(x, [rows, channels, 1, 1])
-            normed = _normalized_by_convs(builder, view, epsilon, centre=kind != "rms")
-            if kind == "moments":  # on x's own shape: on the view a [C, 1, 1] constant would broadcast over rows
-                normed = builder.op("Mul", [builder.reshape(normed, shape), builder.const(inner[0], "scale")], shape, x.dtype)
-                builder.op("Add", [normed, builder.const(inner[1], "bias")], out=node.outputs[0])
+            view_shape = [rows, channels, inner, 1]
+            normed = _normalized_by_convs(builder, builder.reshape(x, view_shape), epsilon, centre=kind != "rms")
+            if rows == 1:  # the affine on the view, where it broadcasts over the channels alone
+                if np.any(whole_scale != 1):
+                    normed = builder.op("Mul", [normed, builder.const(on_view(whole_scale), "scale")], view_shape, x.dtype)
+                if np.any(whole_bias != 0):
+                    normed = builder.op("Add", [normed, builder.const(on_view(whole_bias), "bias")], view_shape, x.dtype)
+                builder.reshape(normed, shape, out=(affine[-1] if affine else node).outputs[0])
+                yield builder.finish(*match.members, *affine)
+                return
+            if kind in ("moments", "statistics"):  # the inner affine on x's own shape
+                on_input = (1,) * (len(shape) - end)
+                normed = builder.op("Mul", [builder.reshape(normed, shape),
+                                            builder.const(scale.reshape(scale.shape + on_input), "scale")], shape, x.dtype)
+                builder.op("Add", [normed, builder.const(bias.reshape(bias.shape + on_input), "bias")],
+                           out=node.outputs[0])
             else:
                 builder.reshape(normed, shape, out=node.outputs[0])
             yield builder.finish(*match.members)
@@ -89,20 +103,26 @@ def decomposed_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
     return reason
 
 
-def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, int, float] | str:
-    """(x, first normalized axis, epsilon) of a matched norm that can move to the channel view,
-    or why it cannot."""
+def _norm_region(match: Match, kind: str, root: gs.Node, site: Site) -> tuple[gs.Tensor, int, int, float] | str:
+    """(x, first and past-the-last normalized axis, epsilon) of a matched norm that can move to
+    the channel view, or why it cannot."""
     x = match.tensors["x"]
     shape = static_shape(x)
     if shape is None or dtype_name(x.dtype) not in FLOAT_DTYPES:
         return "its input is not a float tensor of known shape"
     rank = len(shape)
-    axes = {tuple(mean_axes(n, rank) or ()) for n in match.members if n.op in MEAN_OPS}
-    if len(axes) != 1 or () in axes:
-        return "its means do not share one set of axes, kept"
-    normalized = list(next(iter(axes)))
-    if not normalized or normalized != list(range(normalized[0], rank)):
-        return f"it normalizes axes {normalized}, not the trailing ones"
+    if kind == "statistics":
+        restated, why = statistics_restate_the_input(match)
+        if not restated:
+            return why
+        normalized = list(statistics_axes(match))
+    else:
+        axes = {tuple(mean_axes(n, rank) or ()) for n in match.members if n.op in MEAN_OPS}
+        if len(axes) != 1 or () in axes:
+            return "its means do not share one set of axes, kept"
+        normalized = list(next(iter(axes)))
+    if not normalized or normalized != list(range(normalized[0], normalized[-1] + 1)):
+        return f"it normalizes axes {normalized}, not one block of neighbouring axes"
     view = [a + 4 - rank for a in normalized] if rank <= 4 else None
     allowed = site.target.rule_parameter("LayerNormalization", "norm_axes", "allowed") or ()
     if view is not None and tuple(view) in {tuple(a) for a in allowed}:
@@ -114,7 +134,11 @@ def _norm_region(match: Match, root: gs.Node, site: Site) -> tuple[gs.Tensor, in
         for tensor in member.outputs:
             if tensor.name in site.graph_outputs or any(id(reader) not in members for reader in tensor.outputs):
                 return f"{tensor.name} is read outside the norm"
-    return x, normalized[0], float(np.asarray(match.constant("epsilon")).reshape(-1)[0])
+    first, end = normalized[0], normalized[-1] + 1
+    inner = _inner_affine(match, shape, first, end)
+    if isinstance(inner, str):
+        return inner
+    return x, first, end, float(np.asarray(match.constant("epsilon")).reshape(-1)[0])
 
 
 def _layer_normalization_allowed(site: Site) -> bool:
@@ -123,40 +147,42 @@ def _layer_normalization_allowed(site: Site) -> bool:
     return site.opset >= LAYER_NORMALIZATION_OPSET or site.target.has_kernel("exNorm")
 
 
-def _over_normalized_axes(values: np.ndarray, shape, trailing: int, dtype: str) -> np.ndarray | None:
+def _over_normalized_axes(values: np.ndarray, shape, first: int, end: int, dtype: str) -> np.ndarray | None:
     """A constant applied to a tensor of `shape` as the values it takes along the normalized
-    axes shape[trailing:] (1s where it does not vary), or None when it varies along another axis."""
+    axes shape[first:end] (1s where it does not vary), or None when it varies along another axis."""
     if values.ndim > len(shape) or dtype_name(values.dtype) not in FLOAT_DTYPES:
         return None
     aligned = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
-    if any(d != 1 for d in aligned.shape[:trailing]):
+    if any(d != 1 for d in (*aligned.shape[:first], *aligned.shape[end:])):
         return None
-    return aligned[(0,) * trailing].astype(dtype)
+    return aligned[(0,) * first + (slice(None),) * (end - first) + (0,) * (len(shape) - end)].astype(dtype)
 
 
-def _inner_affine(match: Match, shape, trailing: int) -> tuple[np.ndarray, np.ndarray] | str:
-    """The scale and centre a matched norm applies inside its own pattern (the moments form's
-    gamma and beta; 1 and 0 for others), over the normalized axes, or why they cannot be moved."""
+def _inner_affine(match: Match, shape, first: int, end: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """The scale and centre a matched norm applies inside its own pattern (the moments and
+    statistics forms' gamma and beta; 1 and 0 for others), over the normalized axes, or why
+    they cannot be moved."""
     dtype = dtype_name(match.tensors["x"].dtype)
-    unit = (1,) * (len(shape) - trailing)
+    unit = (1,) * (end - first)
     params = [np.ones(unit, dtype), np.zeros(unit, dtype)]
     for position, label in enumerate(("scale", "bias")):
         if label in match.tensors:
-            values = _over_normalized_axes(np.asarray(match.constant(label)), shape, trailing, dtype)
+            values = _over_normalized_axes(np.asarray(match.constant(label)), shape, first, end, dtype)
             if values is None:
                 return f"its {label} varies along an axis it does not normalize"
             params[position] = values
     return params[0], params[1]
 
 
-def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list[gs.Node], np.ndarray, np.ndarray]:
+def _affine_after(root: gs.Node, shape, first: int, end: int,
+                  site: Site) -> tuple[list[gs.Node], np.ndarray, np.ndarray]:
     """The Mul by a constant scale, then the Add of a constant bias, each constant over the
-    normalized axes only, that alone read the norm's result in turn (exporters write
-    LayerNorm's affine after its core): those nodes, and the scale and bias they apply, of
-    shape[trailing:]'s rank with 1s where they do not vary (a 1 and a 0 for a missing one), so
-    LayerNormalization takes them as its own."""
+    normalized axes shape[first:end] only, that alone read the norm's result in turn (exporters
+    write LayerNorm's affine after its core): those nodes, and the scale and bias they apply, of
+    shape[first:end]'s rank with 1s where they do not vary (a 1 and a 0 for a missing one), so
+    the norm takes them as its own."""
     dtype = dtype_name(root.outputs[0].dtype)
-    unit = (1,) * (len(shape) - trailing)
+    unit = (1,) * (end - first)
     params = {"Mul": np.ones(unit, dtype), "Add": np.zeros(unit, dtype)}
     nodes, result = [], root.outputs[0]
     for op in ("Mul", "Add"):
@@ -165,7 +191,7 @@ def _affine_after(root: gs.Node, shape, trailing: int, site: Site) -> tuple[list
             continue
         operand = reader.inputs[1] if reader.inputs[0] is result else reader.inputs[0]
         values = np.asarray(operand.values) if isinstance(operand, gs.Constant) else None
-        values = None if values is None else _over_normalized_axes(values, shape, trailing, dtype)
+        values = None if values is None else _over_normalized_axes(values, shape, first, end, dtype)
         if values is None:
             continue  # not a constant, or it varies along an axis the norm does not normalize
         params[op] = values
@@ -229,7 +255,7 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
         return "its scale or bias is not constant"
     if not _layer_normalization_allowed(site):
         return f"opset {site.opset} has no LayerNormalization and {site.target.name} no exNorm"
-    affine, scale, bias = _affine_after(reshape_out, shape, 1, site)
+    affine, scale, bias = _affine_after(reshape_out, shape, 1, len(shape), site)
     group_scale, group_bias = (float(np.asarray(v).reshape(-1)[0]) for v in (group_scale, group_bias))
     scale, bias = scale * group_scale, scale * group_bias + bias
     spatial = element_count(shape[2:])
