@@ -9,7 +9,8 @@ two, so its outputs take the layout of the device that reads them; the NPU copy 
 input of 1, 3 or 4 channels that only ungrouped Convs read is dense NHWC, the form those Convs
 read it in (`reads_as_image`). Model inputs and outputs
 keep their declared dtype and layout; constants go to the `weight` region in the dtype their
-first reader computes in, except a float16 plan's accumulator biases (`accumulator_biases`),
+first reader computes in, except a float16 plan's accumulator biases (`accumulator_biases`)
+and the weights of the 1x1 Convs that spell a norm's means inside exNorm (`norm_statistics`),
 which stay float32. Sizes are Python-int arithmetic, so huge shapes never allocate.
 """
 from __future__ import annotations
@@ -45,11 +46,11 @@ def run(ctx: CompileContext) -> None:
     outputs = {t.name for t in graph.outputs}
     reading = readers(graph)
     tensors: dict[str, TensorPlacement] = {}
-    biases = accumulator_biases(nodes[name] for name in ctx.order if ctx.placement[name].device == "npu") \
-        if ctx.options.dtype == "float16" else set()
+    npu_nodes = [nodes[name] for name in ctx.order if ctx.placement[name].device == "npu"]
+    unrounded = accumulator_biases(npu_nodes) | norm_statistics(npu_nodes) if ctx.options.dtype == "float16" else set()
 
     def place(tensor: gs.Tensor, region: str, device: str, as_image: bool = False) -> None:
-        npu_dtype = ACCUMULATOR_DTYPE if region == "weight" and tensor.name in biases else ctx.options.dtype
+        npu_dtype = ACCUMULATOR_DTYPE if region == "weight" and tensor.name in unrounded else ctx.options.dtype
         tensors[tensor.name] = placement(tensor, region, device, ctx.target, npu_dtype, as_image)
 
     for tensor in graph.inputs:
@@ -97,6 +98,15 @@ def accumulator_biases(npu_nodes) -> set[str]:
         for stage in accumulator_stages(members, outputs):
             found.update(stage.biases)
     return found
+
+
+def norm_statistics(npu_nodes) -> set[str]:
+    """The weights of the 1x1 Convs inside an exNorm step (a norm written out on the channel
+    view: rewrites.reductions): they spell the mean over C channels as weights 1/C, which the
+    kernel computes exactly in float32 (seed 001, exNorm), while float16 holds 1/1599 only to
+    within 2^-12 of itself; stored float16 they would shift the mean the emulator computes."""
+    return {member.inputs[1].name for node in npu_nodes if node.op == "exNorm" and fused_body(node) is not None
+            for member in fused_body(node).nodes if member.op == "Conv" and isinstance(member.inputs[1], gs.Constant)}
 
 
 def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:

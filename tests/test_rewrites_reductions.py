@@ -344,3 +344,8 @@ def test_a_layer_norm_over_the_middle_axis_is_one_exnorm(save, target):
     plan, on_cpu = plan_and_compare(decomposed_layer_norm([1, 32, 40], [1], 14), save, target)
     assert on_cpu == []
     assert [s.kernel for s in plan.record.steps if s.device == "npu" and s.kernel != "Reshape"] == ["exNorm", "Mul", "Add"]
+    # the means' weights 1/32 and -1/32 are exact in float16 too; 1/C in general is not, and
+    # the kernel takes its means exactly: stored float32 in a float16 plan
+    norm = next(s for s in plan.record.steps if s.kernel == "exNorm")
+    means = [plan.record.tensors[name] for name in norm.inputs if tuple(plan.record.tensors[name].shape) == (1, 32, 1, 1)]
+    assert len(means) == 2 and {t.dtype for t in means} == {"float32"}
