@@ -9,8 +9,9 @@ it convex and the contracted graph acyclic; `check_partitions_acyclic` proves it
 Placement then changes in four ways, each recorded as the node's reason in the plan:
 - shape arithmetic (nodes whose results only feed shape and index inputs) stays on the CPU, so
   it never ping-pongs between devices; `fold_constants` already folded what is static;
-- a relabel of a CPU result that no other NPU node reads runs on the CPU, where the row-major
-  tensor takes it without moving a byte; the conversion after it writes the NPU's layout;
+- a relabel the compiler wrote, of a CPU result that no other NPU node reads, runs on the CPU,
+  where the row-major tensor takes it without moving a byte; the conversion after it writes
+  the NPU's layout;
 - an NPU island (fed by and feeding CPU partitions, touching no model input or output) moves to
   the CPU when the plan's own estimate of the whole run (what passes/multicore.py reports, for
   one image on one core) says the plan gets faster without it by more than the estimate can
@@ -22,6 +23,7 @@ The estimate is `rkcompile.plan.cost_model` over `cost_estimate.step_work`; noth
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 import heapq
 from typing import Callable
@@ -40,7 +42,7 @@ from rkcompile.targets.common import ONNX_TO_KERNEL
 
 NAME = "partition"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"failures", "graph", "options", "placement", "target"})
+NEEDS = frozenset({"failures", "graph", "options", "origins", "placement", "target"})
 PROVIDES = frozenset({"order", "partitions", "placement"})
 
 Partitions = list[tuple[str, list[str]]]
@@ -132,21 +134,27 @@ def relabel_cpu_results_on_cpu(ctx: CompileContext, reading: dict[str, list[gs.N
     """An NPU relabel of a tensor a CPU node writes and no NPU node but it reads runs on the CPU:
     the tensor has to be converted to the NPU's layout anyway, and converted after the relabel
     it is never stored twice on the NPU (in the layout before the relabel and the one after),
-    nor moved by an NPU step. rknn-toolkit2 places such Reshapes on the CPU as well. A chain of
-    relabels follows, one by one."""
+    nor moved by an NPU step. A chain of relabels follows, one by one. Only a relabel the
+    compiler wrote for a node whose work stays on the NPU moves (the relabels a MatMul run as a
+    1x1 Conv reads through): the model's own nodes keep the places the rules gave them, as
+    rknn-toolkit2 keeps such a Reshape of the model's on the NPU."""
     nodes = {node.name: node for node in ctx.graph.nodes}
+    carriers = Counter(original for node in ctx.graph.nodes if ctx.placement[node.name].device == "npu"
+                       for original in ctx.origins.get(node.name, (node.name,)))
     moved = True
     while moved:
         moved = False
         for node in ctx.graph.nodes:
             if ctx.placement[node.name].device != "npu" or not is_onnx_domain(node) or node.op not in RELABELS:
                 continue
-            data = node.inputs[0]
+            data, origins = node.inputs[0], ctx.origins.get(node.name, (node.name,))
             writers = [w for w in data.inputs if w.name in nodes]
             if (len(writers) != 1 or ctx.placement[writers[0].name].device != "cpu"
+                    or any(carriers[original] < 2 for original in origins)
                     or any(ctx.placement[r.name].device == "npu" for r in reading.get(data.name, ()) if r is not node)):
                 continue
             ctx.placement[node.name] = Placement("cpu", ctx.placement[node.name].kernel, RELABELLED_ON_CPU)
+            carriers.subtract(origins)
             moved = True
 
 
