@@ -5,10 +5,10 @@ NC1HWC2 (seed 003, 3.1.2 and table 3-1): C1 = ceil(C / C2), C2 from the target's
 stored dtype, and the padding channels are real bytes. Tensors of rank below 4 are stored as
 the 4-D feature map `as_nchw` gives them (docs/memory.md). Tensors the CPU writes stay in their
 ONNX dtype, row-major (NCHW for rank 4, ND otherwise), in the `cpu` region when no NPU step
-reads them: the CPU runtime keeps them in host memory, outside the NPU's arena. A `host` step converts between the
-two, so its outputs take the layout and region of the device that reads them; the NPU copy of a model
-input of 1, 3 or 4 channels that only ungrouped Convs read is dense NHWC, the form those Convs
-read it in (`reads_as_image`). Model inputs and outputs
+reads them: the CPU runtime keeps them in host memory, outside the NPU's arena. A `host` step
+converts between the two, so its outputs take the layout and region of the device that reads
+them; the NPU copy of a model input of 1, 3 or 4 channels that only ungrouped Convs read is
+dense NHWC, the form those Convs read it in (`reads_as_image`). Model inputs and outputs
 keep their declared dtype and layout; constants go to the `weight` region in the dtype their
 first reader computes in, except a float16 plan's accumulator biases (`accumulator_biases`),
 which stay float32. Sizes are Python-int arithmetic, so huge shapes never allocate.

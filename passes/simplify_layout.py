@@ -17,11 +17,12 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
 
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
   operands) leaves the graph, and the region below it, of element-wise ops, and Splits and
-  Softmaxes along an axis the move keeps whole, runs on the layout before the move; each relabel or Transpose reading the region takes the move
-  into its own (one node for two, none when they cancel). A Transpose also passes ops that
-  work along named axes (Pad, Reduce* keeping their axes: the axes are renamed) and
-  element-wise ops broadcasting an operand of its rank that the same Transpose made, directly
-  or through element-wise ops of constants (tf2onnx's squeeze-and-excite in NHWC). A
+  Softmaxes along an axis the move keeps whole, runs on the layout before the move; each
+  relabel or Transpose reading the region takes the move into its own (one node for two, none
+  when they cancel). A Transpose also passes ops that work along named axes (Pad, Reduce*
+  keeping their axes: the axes are renamed) and element-wise ops broadcasting an operand of
+  its rank that the same Transpose made, directly or through element-wise ops of constants
+  (tf2onnx's squeeze-and-excite in NHWC). A
   Transpose to channels-last also passes the ops that work on the channels it moved last
   (`CHANNEL_OPS`): a LayerNormalization over them becomes the same normalization over the
   channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing

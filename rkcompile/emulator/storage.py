@@ -2,8 +2,8 @@
 
 The arena is exactly `memory.arena_bytes` long and the `cpu` region (the CPU steps' tensors)
 `memory.cpu_arena_bytes`; the weight, input and output regions are as long as their last
-tensor's end. Every tensor is a typed numpy view at its planned offset, in
-its planned dtype and layout: NC1HWC2 views are (N, C1, H, W, C2) with the padding channels
+tensor's end. Every tensor is a typed numpy view at its planned offset, in its planned dtype
+and layout: NC1HWC2 views are (N, C1, H, W, C2) with the padding channels
 present (and written as zeros), NHWC views (N, H, W, C), other layouts are the ONNX shape row-major. Reading decodes a
 working copy for one step; writing encodes into the view, rounding to the stored dtype. So two
 tensors that the plan places on the same bytes really do overwrite each other.
