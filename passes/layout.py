@@ -4,10 +4,11 @@ Where a tensor lives is decided by the step that writes it. NPU feature maps are
 NC1HWC2 (seed 003, 3.1.2 and table 3-1): C1 = ceil(C / C2), C2 from the target's table for the
 stored dtype, and the padding channels are real bytes. Tensors of rank below 4 are stored as
 the 4-D feature map `as_nchw` gives them (docs/memory.md). Tensors the CPU writes stay in their
-ONNX dtype, row-major (NCHW for rank 4, ND otherwise). A `host` step converts between the
-two, so its outputs take the layout of the device that reads them; the NPU copy of a model
-input of 1, 3 or 4 channels that only ungrouped Convs read is dense NHWC, the form those Convs
-read it in (`reads_as_image`). Model inputs and outputs
+ONNX dtype, row-major (NCHW for rank 4, ND otherwise), in the `cpu` region when no NPU step
+reads them: the CPU runtime keeps them in host memory, outside the NPU's arena. A `host` step
+converts between the two, so its outputs take the layout and region of the device that reads
+them; the NPU copy of a model input of 1, 3 or 4 channels that only ungrouped Convs read is
+dense NHWC, the form those Convs read it in (`reads_as_image`). Model inputs and outputs
 keep their declared dtype and layout; constants go to the `weight` region in the dtype their
 first reader computes in, except a float16 plan's accumulator biases (`accumulator_biases`)
 and the weights of the 1x1 Convs that spell a norm's means inside exNorm (`norm_statistics`),
@@ -66,13 +67,16 @@ def run(ctx: CompileContext) -> None:
             if tensor.name in outputs:
                 place(tensor, "output", "cpu")
             elif tensor.name and tensor.name not in inputs:
+                consumers = reading.get(tensor.name, ())
+                read_on_npu = any(ctx.placement[c.name].device == "npu" for c in consumers)
                 stored_on, as_image = device, False
                 if device == "host":
-                    consumers = reading.get(tensor.name, ())
-                    stored_on = "npu" if any(ctx.placement[c.name].device == "npu" for c in consumers) else "cpu"
+                    stored_on = "npu" if read_on_npu else "cpu"
                     as_image = (stored_on == "npu" and node.inputs[0].name in inputs
                                 and reads_as_image(tensor, consumers, ctx.target))
-                place(tensor, "arena", stored_on, as_image)
+                # an integer tensor the CPU writes in the form the NPU reads crosses without a
+                # conversion (passes/boundaries.py): the NPU reads it in the arena
+                place(tensor, "arena" if stored_on == "npu" or read_on_npu else "cpu", stored_on, as_image)
     for tensor in graph.outputs:
         if tensor.name not in tensors:
             place(tensor, "weight" if isinstance(tensor, gs.Constant) else "output", "cpu")

@@ -1,17 +1,19 @@
 """Memory: give every arena tensor an offset so that tensors live at the same step never share
 bytes, and lay the weight, input and output regions out one tensor after another.
 
-Live ranges come from the step order and the tensors each step lists, whatever the step is
-(NPU, CPU or host conversion), so anything a step reads or writes in the arena is sized by its
-layout and planned. An element-wise step may write its output over an input it reads for the
-last time (`reuses` in the plan); the pair becomes one buffer for the planner. Offsets are
-multiples of the target's C2 block (docs/memory.md).
+Two regions are planned so: the NPU's arena, and the `cpu` region, the host memory of the
+tensors only CPU steps and their conversions touch (passes/layout.py), which the NPU never
+reads; each is sized apart. Live ranges come from the step order and the tensors each step
+lists, whatever the step is (NPU, CPU or host conversion), so anything a step reads or writes
+in either region is sized by its layout and planned. An element-wise step may write its
+output over an input it reads for the last time (`reuses` in the plan); the pair becomes one
+buffer for the planner. Offsets are multiples of the target's C2 block (docs/memory.md).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from rkcompile.plan.allocation import Buffer, live_ranges, plan_arena
+from rkcompile.plan.allocation import Allocation, Buffer, live_ranges, plan_arena
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.graph import itemsize, node_inputs
 from rkcompile.plan.schema import Memory, TensorPlacement
@@ -31,15 +33,40 @@ STREAMING_KERNELS = frozenset({
 })
 
 
+#: the regions of intermediate tensors, each planned as one block of memory: the NPU's arena,
+#: and the host memory of the tensors only CPU steps touch (passes/layout.py)
+PLANNED_REGIONS = ("arena", "cpu")
+
+
 def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
     steps = [(ctx.placement[name].kernel, [t.name for t in node_inputs(nodes[name])],
               [t.name for t in nodes[name].outputs if t.name]) for name in ctx.order]
-    arena = {name: t for name, t in ctx.tensors.items() if t.region == "arena"}
-    ranges = live_ranges([(inputs, outputs) for _, inputs, outputs in steps], arena)
-    reuses = in_place_reuses(steps, ranges, arena)
     alignment = ctx.target.c2_for(ctx.options.dtype) * itemsize(ctx.options.dtype)
+    tensors = dict(ctx.tensors)
+    allocations = {}
+    for region in PLANNED_REGIONS:
+        members = {name: t for name, t in ctx.tensors.items() if t.region == region}
+        allocations[region] = _plan_region(steps, members, alignment, tensors)
 
+    region_ends = {"weight": 0, "input": 0, "output": 0}
+    for name, tensor in ctx.tensors.items():
+        if tensor.region in region_ends:
+            tensors[name] = replace(tensor, offset=region_ends[tensor.region])
+            region_ends[tensor.region] += _aligned(tensor.bytes, alignment)
+    ctx.tensors = tensors
+    arena = allocations["arena"]
+    ctx.memory = Memory(arena_bytes=arena.arena_bytes, lower_bound_bytes=arena.lower_bound_bytes,
+                        weight_bytes=region_ends["weight"], alignment=alignment,
+                        cpu_arena_bytes=allocations["cpu"].arena_bytes)
+
+
+def _plan_region(steps: list[tuple[str, list[str], list[str]]], members: dict[str, TensorPlacement],
+                 alignment: int, tensors: dict[str, TensorPlacement]) -> Allocation:
+    """Offsets for `members`, the tensors of one planned region, written into `tensors`: live
+    ranges from the steps, in-place pairs as one buffer, each buffer aligned."""
+    ranges = live_ranges([(inputs, outputs) for _, inputs, outputs in steps], members)
+    reuses = in_place_reuses(steps, ranges, members)
     owner = {}
     for name in ranges:
         owner[name] = owner[reuses[name]] if name in reuses else name
@@ -47,22 +74,12 @@ def run(ctx: CompileContext) -> None:
     for name, (first, last) in ranges.items():
         span = spans.setdefault(owner[name], [first, last])
         span[0], span[1] = min(span[0], first), max(span[1], last)
-    buffers = {root: Buffer(first, last, _aligned(arena[root].bytes, alignment))
+    buffers = {root: Buffer(first, last, _aligned(members[root].bytes, alignment))
                for root, (first, last) in spans.items()}
     allocation = plan_arena(buffers)
-
-    region_ends = {"weight": 0, "input": 0, "output": 0}
-    tensors: dict[str, TensorPlacement] = {}
-    for name, tensor in ctx.tensors.items():
-        if tensor.region == "arena":
-            tensors[name] = replace(tensor, offset=allocation.offsets.get(owner.get(name), 0),
-                                    reuses=reuses.get(name))
-        else:
-            tensors[name] = replace(tensor, offset=region_ends[tensor.region])
-            region_ends[tensor.region] += _aligned(tensor.bytes, alignment)
-    ctx.tensors = tensors
-    ctx.memory = Memory(arena_bytes=allocation.arena_bytes, lower_bound_bytes=allocation.lower_bound_bytes,
-                        weight_bytes=region_ends["weight"], alignment=alignment)
+    for name, tensor in members.items():
+        tensors[name] = replace(tensor, offset=allocation.offsets.get(owner.get(name), 0), reuses=reuses.get(name))
+    return allocation
 
 
 def in_place_reuses(steps: list[tuple[str, list[str], list[str]]], ranges: dict[str, tuple[int, int]],

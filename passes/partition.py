@@ -6,9 +6,12 @@ current device; when none is ready, close the partition and switch to the device
 earliest ready node. Each partition is then a contiguous run of a topological order, which makes
 it convex and the contracted graph acyclic; `check_partitions_acyclic` proves it.
 
-Placement then changes in three ways, each recorded as the node's reason in the plan:
+Placement then changes in four ways, each recorded as the node's reason in the plan:
 - shape arithmetic (nodes whose results only feed shape and index inputs) stays on the CPU, so
   it never ping-pongs between devices; `fold_constants` already folded what is static;
+- a relabel the compiler wrote, of a CPU result that no other NPU node reads, runs on the CPU,
+  where the row-major tensor takes it without moving a byte; the conversion after it writes
+  the NPU's layout;
 - an NPU island (fed by and feeding CPU partitions, touching no model input or output) moves to
   the CPU when the plan's own estimate of the whole run (what passes/multicore.py reports, for
   one image on one core) says the plan gets faster without it by more than the estimate can
@@ -20,6 +23,7 @@ The estimate is `rkcompile.plan.cost_model` over `cost_estimate.step_work`; noth
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 import heapq
 from typing import Callable
@@ -33,11 +37,12 @@ from rkcompile.compiler.cost_estimate import step_work
 from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, outer_scope_reads, readers
 from rkcompile.passes.boundaries import TensorFormat, tensor_format
 from rkcompile.passes.layout import placement
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE as RELABELS
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 NAME = "partition"
 #: the CompileContext fields this pass reads, and those it sets or changes (pipeline.check_contract)
-NEEDS = frozenset({"failures", "graph", "options", "placement", "target"})
+NEEDS = frozenset({"failures", "graph", "options", "origins", "placement", "target"})
 PROVIDES = frozenset({"order", "partitions", "placement"})
 
 Partitions = list[tuple[str, list[str]]]
@@ -53,6 +58,8 @@ MOVED_TO_CPU = ("moved to the CPU with its NPU island: the plan runs faster by t
 # on the NPU, where the board's own compiler puts it (a transformer's 58-node attention block moved
 # for 0.3% of the run).
 ISLAND_MOVE_RESOLUTION = 0.10
+RELABELLED_ON_CPU = ("a relabel of a CPU result, made on the CPU: its row-major tensor takes it without "
+                     "moving a byte, and the conversion to the NPU's layout comes after it")
 STAYS_BETWEEN_NPU = ("stays on the CPU between two NPU partitions although its conversions cost more "
                      "than its compute: no legal NPU rewrite applies")
 
@@ -63,6 +70,7 @@ def run(ctx: CompileContext) -> None:
     reading = readers(ctx.graph)
     estimate = PlacementEstimate(ctx, reading)
     keep_shape_arithmetic_on_cpu(ctx, dag, reading)
+    relabel_cpu_results_on_cpu(ctx, reading)
     partitions = wave_partitions(dag, _devices(ctx), position)
     while (move := best_island_move(estimate, dag, partitions)) is not None:
         for name in move.nodes:
@@ -120,6 +128,34 @@ def keep_shape_arithmetic_on_cpu(ctx: CompileContext, dag: Dag, reading: dict[st
     for name in shape_arithmetic(ctx.graph, dag, reading):
         if ctx.placement[name].device == "npu":
             ctx.placement[name] = Placement("cpu", ctx.placement[name].kernel, SHAPE_ARITHMETIC)
+
+
+def relabel_cpu_results_on_cpu(ctx: CompileContext, reading: dict[str, list[gs.Node]]) -> None:
+    """An NPU relabel of a tensor a CPU node writes and no NPU node but it reads runs on the CPU:
+    the tensor has to be converted to the NPU's layout anyway, and converted after the relabel
+    it is never stored twice on the NPU (in the layout before the relabel and the one after),
+    nor moved by an NPU step. A chain of relabels follows, one by one. Only a relabel the
+    compiler wrote for a node whose work stays on the NPU moves (the relabels a MatMul run as a
+    1x1 Conv reads through): the model's own nodes keep the places the rules gave them, as
+    rknn-toolkit2 keeps such a Reshape of the model's on the NPU."""
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    carriers = Counter(original for node in ctx.graph.nodes if ctx.placement[node.name].device == "npu"
+                       for original in ctx.origins.get(node.name, (node.name,)))
+    moved = True
+    while moved:
+        moved = False
+        for node in ctx.graph.nodes:
+            if ctx.placement[node.name].device != "npu" or not is_onnx_domain(node) or node.op not in RELABELS:
+                continue
+            data, origins = node.inputs[0], ctx.origins.get(node.name, (node.name,))
+            writers = [w for w in data.inputs if w.name in nodes]
+            if (len(writers) != 1 or ctx.placement[writers[0].name].device != "cpu"
+                    or any(carriers[original] < 2 for original in origins)
+                    or any(ctx.placement[r.name].device == "npu" for r in reading.get(data.name, ()) if r is not node)):
+                continue
+            ctx.placement[node.name] = Placement("cpu", ctx.placement[node.name].kernel, RELABELLED_ON_CPU)
+            carriers.subtract(origins)
+            moved = True
 
 
 #: Ops whose integer results locate or rank the values of their data input rather than compute

@@ -16,12 +16,13 @@ stored in another order. A rule applies only when every node it leaves passes th
 rules that the nodes it replaces passed, and it always leaves fewer nodes, so the pass ends.
 
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
-  operands) leaves the graph, and the region below it, of element-wise ops and Splits, runs on
-  the layout before the move; each relabel or Transpose reading the region takes the move
-  into its own (one node for two, none when they cancel). A Transpose also passes ops that
-  work along named axes (Pad, Reduce* keeping their axes: the axes are renamed) and
-  element-wise ops broadcasting an operand of its rank that the same Transpose made, directly
-  or through element-wise ops of constants (tf2onnx's squeeze-and-excite in NHWC). A
+  operands) leaves the graph, and the region below it, of element-wise ops, and Splits and
+  Softmaxes along an axis the move keeps whole, runs on the layout before the move; each
+  relabel or Transpose reading the region takes the move into its own (one node for two, none
+  when they cancel). A Transpose also passes ops that work along named axes (Pad, Reduce*
+  keeping their axes: the axes are renamed) and element-wise ops broadcasting an operand of
+  its rank that the same Transpose made, directly or through element-wise ops of constants
+  (tf2onnx's squeeze-and-excite in NHWC). A
   Transpose to channels-last also passes the ops that work on the channels it moved last
   (`CHANNEL_OPS`): a LayerNormalization over them becomes the same normalization over the
   channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing
@@ -427,8 +428,8 @@ CHANNEL_OPS = frozenset({"LayerNormalization", "MatMul"})
 class _Region:
     """The nodes a layout move passes through, with the shape each of their tensors gets."""
 
-    def __init__(self, entry: gs.Node, perm, fresh):
-        self.perm, self.fresh = perm, fresh
+    def __init__(self, entry: gs.Node, perm, fresh, opset: int):
+        self.perm, self.fresh, self.opset = perm, fresh, opset
         self.entries: list[gs.Node] = [entry]
         self.nodes: list[gs.Node] = []
         self.exits: list[gs.Node] = []
@@ -455,7 +456,7 @@ def move_layout_down(node: gs.Node, simplifier: _Simplifier):
     if move is None:
         return None
     source, result, perm = move
-    region = _Region(node, perm, simplifier.fresh)
+    region = _Region(node, perm, simplifier.fresh, simplifier.ctx.graph.opset)
     problem = _grow(region, simplifier)
     if problem:
         return problem
@@ -506,12 +507,13 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         return []
     if perm is not None and is_onnx_domain(reader) and reader.op in AXIS_NAMING_OPS and reader.inputs[0] is tensor:
         return _axes_renamed(reader, tensor, region)
-    if reader.op == "Split" and is_onnx_domain(reader) and reader.inputs[0] is tensor:
+    along = _along_one_axis(reader, tensor, region.opset)
+    if along is not None:
         moved = static_shape(tensor)
-        axis = int(reader.attrs.get("axis", 0)) % len(moved)
+        axis = along % len(moved)
         new_axis = unmoved_axis(moved, unmoved, axis, perm)
         if new_axis is None or any(static_shape(t) is None for t in reader.outputs):
-            return f"{reader.name} splits an axis the relabel does not keep"
+            return f"{reader.name} ({reader.op}) works along an axis the move does not keep"
         region.attrs[id(reader)] = {"axis": new_axis}
         region.nodes.append(reader)
         for part in reader.outputs:
@@ -522,7 +524,7 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         return _classify_channel_op(reader, tensor, region)
     fused = reader.domain == FUSED_DOMAIN and _elementwise_fused(reader)
     if not fused and not (is_onnx_domain(reader) and reader.op in ELEMENTWISE_OPS and len(reader.outputs) == 1):
-        return f"{reader.name} ({reader.op}) is neither element-wise, a Split nor a relabel or Transpose"
+        return f"{reader.name} ({reader.op}) is neither element-wise, a Split, a Softmax nor a relabel or Transpose"
     moved = static_shape(reader.outputs[0])
     if moved != static_shape(tensor):
         # A Transpose moves an operand that broadcasts (a LayerNorm's mean) as it moves the
@@ -571,6 +573,21 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     region.nodes.append(reader)
     region.shapes[id(reader.outputs[0])] = tuple(unmoved)
     return [operand for _, operand in twins] + [reader.outputs[0]]
+
+
+#: ops that compute each slice along one axis from that slice alone (opset 13 on for the
+#: Softmax family: before it they normalize every axis from `axis` on together)
+ONE_AXIS_OPS = {"Split": 0, "Softmax": -1, "LogSoftmax": -1}
+
+
+def _along_one_axis(reader: gs.Node, tensor: gs.Tensor, opset: int) -> int | None:
+    """The axis `reader`, one of ONE_AXIS_OPS reading `tensor` as its data, works along; None
+    for any other reader. A move passes it when it keeps that axis whole: each slice is then
+    the same elements in the same order, and the op computes the same values from it."""
+    if (not is_onnx_domain(reader) or reader.op not in ONE_AXIS_OPS or reader.inputs[0] is not tensor
+            or (reader.op != "Split" and (opset < 13 or len(reader.outputs) != 1))):
+        return None
+    return int(reader.attrs.get("axis", ONE_AXIS_OPS[reader.op]))
 
 
 def _unmoved_shape(shape, moved, unmoved, perm) -> tuple[int, ...] | None:

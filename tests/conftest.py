@@ -77,7 +77,7 @@ def save(tmp_path):
 @pytest.fixture(scope="session")
 def mixed_model(tmp_path_factory) -> Path:
     """Conv -> Erf (no NPU kernel) -> Conv -> Sigmoid: NPU, CPU and NPU partitions with host
-    conversions between them, an in-place hand-over in the arena (Erf over its converted input),
+    conversions between them, an in-place hand-over in the CPU region (Erf over its converted input),
     and a Conv large enough that core mask 0_1_2 splits it."""
     rng = np.random.default_rng(0)
     weights = [weight(name, rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.1) for name in ("w1", "w2")]

@@ -16,7 +16,7 @@ from onnx import helper
 from rkcompile.plan.allocation import (Buffer, conflicts, live_ranges, lower_bound, plan_arena,
     verify_allocation)
 from rkcompile.compiler.pipeline import compile_model
-from rkcompile.plan.schema import PlanRecord
+from rkcompile.plan.schema import PlanRecord, contract_violations
 
 
 def buffers_of(tuples):
@@ -311,6 +311,46 @@ def test_verify_rejects_an_unfounded_reuse(small_plan):
     tensors = dict(small_plan.tensors)
     tensors[later] = replace(tensors[later], reuses=source, offset=tensors[source].offset)
     assert any("reuses" in p for p in verify_allocation(replace(small_plan, tensors=tensors)))
+
+
+def test_cpu_step_tensors_live_in_host_memory_outside_the_arena(mixed_model):
+    # Conv -> Erf (CPU) -> Conv: the Erf's converted input and its output only the CPU side
+    # touches; they take the cpu region, planned apart, and the NPU's arena holds neither
+    plan, _ = compile_model(mixed_model, "rk3588")
+    erf = next(s for s in plan.steps if s.device == "cpu")
+    held = {*erf.inputs, *erf.outputs}
+    assert {n for n, t in plan.tensors.items() if t.region == "cpu"} == held
+    assert all(plan.tensors[n].region == "arena" for s in plan.steps if s.device == "npu"
+               for n in (*s.inputs, *s.outputs) if plan.tensors[n].region not in ("weight", "input", "output"))
+    assert plan.memory.cpu_arena_bytes == max(plan.tensors[n].offset + plan.tensors[n].bytes for n in held)
+    assert verify_allocation(plan) == [] and contract_violations(plan) == []
+    assert plan.memory_totals().total_bytes == (plan.memory.weight_bytes + plan.memory.arena_bytes
+                                                + plan.memory.cpu_arena_bytes + plan.memory_totals().input_bytes
+                                                + plan.memory_totals().output_bytes)
+
+
+def test_verify_catches_overlap_in_the_cpu_region_and_npu_steps_reading_it(mixed_model):
+    plan, _ = compile_model(mixed_model, "rk3588")
+    erf = next(s for s in plan.steps if s.device == "cpu")
+    source, result = erf.inputs[0], erf.outputs[0]
+    tensors = dict(plan.tensors)
+    if tensors[result].reuses:  # an in-place pair may share its bytes: make it claim bytes of its own
+        tensors[result] = replace(tensors[result], reuses=None)
+    tensors[result] = replace(tensors[result], offset=tensors[source].offset)
+    assert any(f"cpu tensors {source} and {result}" in p for p in verify_allocation(replace(plan, tensors=tensors)))
+    npu_read = next(n for s in plan.steps if s.device == "npu" for n in s.inputs if plan.tensors[n].region == "arena")
+    tensors = dict(plan.tensors, **{npu_read: replace(plan.tensors[npu_read], region="cpu")})
+    assert any(f"the NPU step touches {npu_read}" in p for p in contract_violations(replace(plan, tensors=tensors)))
+
+
+def test_plan_json_states_the_cpu_region_only_when_it_holds_bytes(mixed_model, small_plan):
+    mixed, _ = compile_model(mixed_model, "rk3588")
+    data = json.loads(mixed.to_json())
+    assert data["memory"]["cpu_arena_bytes"] == mixed.memory.cpu_arena_bytes > 0
+    assert PlanRecord.from_dict(data) == mixed
+    assert "cpu_arena_bytes" not in json.loads(small_plan.to_json())["memory"]
+    del data["memory"]["cpu_arena_bytes"]  # a plan written before the region existed
+    assert PlanRecord.from_dict(data).memory.cpu_arena_bytes == 0
 
 
 ALL_MODELS = [*zoo_models(), *light_models()]

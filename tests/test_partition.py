@@ -21,7 +21,7 @@ from rkcompile.emulator.closeness import agreement, onnxruntime_outputs
 from rkcompile.ir.graph import static_shape
 from rkcompile.passes import partition, rewrite
 from rkcompile.passes.rewrites import RewriteRule
-from rkcompile.passes.partition import (MOVED_TO_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU,
+from rkcompile.passes.partition import (MOVED_TO_CPU, RELABELLED_ON_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU,
     check_partitions_acyclic, contracted_graph, wave_partitions)
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.plan.schema import contract_violations
@@ -274,14 +274,65 @@ def test_zoo_partitions_hold_and_every_cpu_node_is_justified(model):
     assert is_acyclic(contracted_graph(dag, step_partitions))
     for name, placed in ctx.placement.items():
         if placed.device == "cpu":
-            assert ctx.failures.get(name) or MOVED_TO_CPU in placed.reason \
-                or SHAPE_ARITHMETIC in placed.reason, f"{name} is on the CPU without a rule or the estimate"
+            assert ctx.failures.get(name) or MOVED_TO_CPU in placed.reason or SHAPE_ARITHMETIC in placed.reason \
+                or placed.reason == RELABELLED_ON_CPU, f"{name} is on the CPU without a rule or the estimate"
 
 
 def _edges(ctx):
     made_by = {t.name: node.name for node in ctx.graph.nodes for t in node.outputs if t.name}
     return [(made_by[t.name], node.name) for node in ctx.graph.nodes for t in node.inputs
             if t.name in made_by]
+
+
+def _erf_then_linear(tmp_path: Path, npu_reads_erf_too: bool) -> Path:
+    """Erf (CPU) -> MatMul by weights [48, 16] (NPU: a 1x1 Conv on [32, 48, 1, 1], reached by a
+    relabel the rewrite writes); optionally a Sigmoid (NPU) reads the Erf's result as well."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 48])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 16])
+    nodes = [helper.make_node("Erf", ["x"], ["e"], name="erf"),
+             helper.make_node("MatMul", ["e", "w"], ["m" if npu_reads_erf_too else "y"], name="linear")]
+    inits = [_weight("w", (48, 16))]
+    if npu_reads_erf_too:
+        nodes += [helper.make_node("Sigmoid", ["e"], ["s"], name="sigmoid"),
+                  helper.make_node("ReduceMean", ["s"], ["r"], name="mean", axes=[2], keepdims=1),
+                  helper.make_node("Add", ["m", "r"], ["y"], name="add")]
+    return _save(tmp_path, nodes, [x], [y], inits, f"erf_linear_{npu_reads_erf_too}")
+
+
+def test_the_relabel_into_a_linear_layer_of_a_cpu_result_runs_on_the_cpu(tmp_path):
+    # on the NPU the relabel to the Conv's [32, 48, 1, 1] is a step moving every byte into a
+    # second copy of the tensor; on the CPU's row-major tensor it moves none, and the
+    # conversion writes the layout the Conv reads. The MatMul's work stays on the NPU.
+    path = _erf_then_linear(tmp_path, npu_reads_erf_too=False)
+    prepared = prepare(path, "rk3588", Options())
+    plan = prepared.plan
+    assert [(s.device, s.kernel) for s in plan.steps] == [
+        ("cpu", "Erf"), ("cpu", "Reshape"), ("host", "NCHW float32 -> NC1HWC2 float16"), ("npu", "Conv"),
+        ("npu", "Reshape"), ("host", "NC1HWC2 float16 -> ND float32")]
+    _, ctx = compile_model(path, "rk3588")
+    assert [p.reason for name, p in ctx.placement.items() if p.device == "cpu" and name != "erf"] == [RELABELLED_ON_CPU]
+    assert _entry(plan, "linear").device == "npu"
+    inputs = make_inputs(plan, {})
+    expected = onnxruntime_outputs(path, inputs)["y"]
+    assert agreement("y", emulate(prepared, inputs).outputs["y"], expected).passes(0.9999)
+
+
+def test_a_relabel_of_a_cpu_result_the_npu_also_reads_stays_on_the_npu(tmp_path):
+    # the Erf's result crosses to the NPU for the Sigmoid anyway: relabelled on the CPU, it would cross twice
+    plan, _ = compile_model(_erf_then_linear(tmp_path, npu_reads_erf_too=True), "rk3588")
+    assert [s.kernel for s in plan.steps if s.device == "cpu"] == ["Erf"]
+
+
+def test_a_relabel_of_the_models_own_stays_where_the_rules_put_it(tmp_path):
+    # a Reshape the model wrote, between a CPU Erf and an NPU Conv, keeps its NPU placement
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 1, 1])
+    nodes = [helper.make_node("Erf", ["x"], ["e"], name="erf"),
+             helper.make_node("Reshape", ["e", "flat"], ["r"], name="relabel"),
+             helper.make_node("Conv", ["r", "w"], ["y"], name="conv")]
+    inits = [numpy_helper.from_array(np.array([1, 1024, 1, 1], np.int64), "flat"), _weight("w", (4, 1024, 1, 1))]
+    plan, _ = compile_model(_save(tmp_path, nodes, [x], [y], inits, "erf_relabel_conv"), "rk3588")
+    assert _entry(plan, "relabel").device == "npu"
 
 
 @pytest.mark.parametrize("target", ("rk3588", "rk3576", "rk3562"))

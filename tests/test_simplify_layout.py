@@ -352,6 +352,40 @@ def test_a_softmax_moved_to_a_supported_axis_runs_on_the_layout_the_npu_stores(t
     assert softmax.attrs["axis"] == 1 and list(softmax.inputs[0].shape) == [1, 40, 1, 1]
 
 
+def heads_relabelled_around_a_softmax(relabelled: list[int]):
+    """Attention as tf2onnx writes it: the scores [heads, L, L] relabelled (to [1, heads, L, L]),
+    scaled, a Softmax over the keys, relabelled back, then times v."""
+    heads, length, depth = 2, 48, 16
+    return make_model(
+        [helper.make_node("MatMul", ["q", "k"], ["scores"], name="scores"),
+         helper.make_node("Reshape", ["scores", "relabelled"], ["r"], name="relabel_in"),
+         helper.make_node("Mul", ["r", "scale"], ["scaled"], name="scale"),
+         helper.make_node("Softmax", ["scaled"], ["weights"], name="softmax", axis=-1),
+         helper.make_node("Reshape", ["weights", "back"], ["w"], name="relabel_out"),
+         helper.make_node("MatMul", ["w", "v"], ["y"], name="values")],
+        [value_info("q", [heads, length, depth]), value_info("k", [heads, depth, length]),
+         value_info("v", [heads, length, depth])], [value_info("y", [heads, length, depth])],
+        [weight("relabelled", np.array(relabelled, np.int64)),
+         weight("back", np.array([heads, length, length], np.int64)),
+         weight("scale", np.array(0.25, np.float32))], opset=13)
+
+
+def test_relabels_of_attention_heads_pass_the_softmax_and_the_attention_is_one_kernel(tmp_path):
+    # [2, 48, 48] is stored with 48 channels, [1, 2, 48, 48] with 2 channels padded to C2: the
+    # relabel moves through the scaling and the Softmax over the last axis, which it keeps, and
+    # cancels with the one after; the attention then fuses, and no scores are stored at all
+    kernels, ctx = npu_kernels(heads_relabelled_around_a_softmax([1, 2, 48, 48]), tmp_path)
+    assert kernels == ["exSDPAttention"], kernels
+    assert ctx.fates["relabel_in"][0] == ctx.fates["relabel_out"][0] == "removed"
+
+
+def test_a_relabel_merging_the_softmax_axis_stays(tmp_path):
+    # [2, 48, 48] -> [2, 2304]: each Softmax row would be all of a head's scores, not one query's
+    _, ctx = npu_kernels(heads_relabelled_around_a_softmax([2, 48 * 48]), tmp_path)
+    assert ("move_layout_down", "declined: softmax (Softmax) works along an axis the move does not keep") \
+        in attempts(ctx, "relabel_in")
+
+
 def test_a_relabel_after_an_op_reading_a_computed_operand_stays(tmp_path):
     # the Mul's second operand is the graph input itself: relabelling it would add a node
     model = make_model(

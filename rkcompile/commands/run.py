@@ -146,12 +146,14 @@ def shape_flag(shape: tuple[str, tuple[int, ...]]) -> str:
 
 
 def refuse_arena_beyond_memory(plan, available: int | None) -> None:
-    """The emulator allocates the plan's arena whole before the first step: an arena larger than
-    the memory the process can have (a plan from elsewhere, or a hostile one) is refused in one
-    line instead of failing deep in numpy or waking the OOM killer. `available` None: unknown."""
-    arena = plan.memory.arena_bytes
-    if available is not None and arena > available:
-        raise EmulationError(f"the plan's arena is {arena} bytes ({arena / 2**20:.1f} MiB), more than the "
+    """The emulator allocates the plan's arena (with the CPU steps' region) whole before the
+    first step: an arena larger than the memory the process can have (a plan from elsewhere, or
+    a hostile one) is refused in one line instead of failing deep in numpy or waking the OOM
+    killer. `available` None: unknown."""
+    arena, cpu = plan.memory.arena_bytes, plan.memory.cpu_arena_bytes
+    if available is not None and arena + cpu > available:
+        held = f" and its CPU tensors {cpu} bytes" if cpu else ""
+        raise EmulationError(f"the plan's arena is {arena} bytes ({arena / 2**20:.1f} MiB){held}, more than the "
                              f"{available} bytes ({available / 2**20:.1f} MiB) of memory available to run it")
 
 

@@ -1,8 +1,9 @@
 """Where the emulator keeps tensors: one byte buffer per plan region, and nothing else.
 
-The arena is exactly `memory.arena_bytes` long; the weight, input and output regions are as
-long as their last tensor's end. Every tensor is a typed numpy view at its planned offset, in
-its planned dtype and layout: NC1HWC2 views are (N, C1, H, W, C2) with the padding channels
+The arena is exactly `memory.arena_bytes` long and the `cpu` region (the CPU steps' tensors)
+`memory.cpu_arena_bytes`; the weight, input and output regions are as long as their last
+tensor's end. Every tensor is a typed numpy view at its planned offset, in its planned dtype
+and layout: NC1HWC2 views are (N, C1, H, W, C2) with the padding channels
 present (and written as zeros), NHWC views (N, H, W, C), other layouts are the ONNX shape row-major. Reading decodes a
 working copy for one step; writing encodes into the view, rounding to the stored dtype. So two
 tensors that the plan places on the same bytes really do overwrite each other.
@@ -35,7 +36,8 @@ class Storage:
     def __init__(self, plan: PlanRecord, target: Target):
         self.tensors = plan.tensors
         self.target = target
-        sizes = {"arena": plan.memory.arena_bytes, "weight": plan.memory.weight_bytes, "input": 0, "output": 0}
+        sizes = {"arena": plan.memory.arena_bytes, "cpu": plan.memory.cpu_arena_bytes,
+                 "weight": plan.memory.weight_bytes, "input": 0, "output": 0}
         for tensor in plan.tensors.values():
             sizes[tensor.region] = max(sizes[tensor.region], tensor.offset + tensor.bytes)
         self.regions = {region: np.zeros(size, np.uint8) for region, size in sizes.items()}

@@ -334,51 +334,65 @@ def _replace_after_move(placement: _Placement, moved: int, low: int, high: int, 
 def verify_allocation(plan) -> list[str]:
     """Every way the arena placement of `plan` (a `rkcompile.plan.schema.PlanRecord`) is wrong; empty when sound.
 
-    Rebuilds each arena tensor's live range from the steps, then checks: offsets are aligned
-    and in bounds, `arena_bytes` covers every tensor, live tensors never share a byte (except
-    a declared in-place reuse, where the reader's last step is the writer's first and both
-    start at the same offset), and the recorded lower bound is the live-bytes peak.
+    Checks the arena and, alike, the `cpu` region (the CPU steps' tensors in host memory,
+    `memory.cpu_arena_bytes`), each on its own: every tensor's live range is rebuilt from the
+    steps, then offsets are aligned and in bounds, the region's size covers every tensor, live
+    tensors never share a byte (except a declared in-place reuse, where the reader's last step
+    is the writer's first and both start at the same offset), and the arena's recorded lower
+    bound is its live-bytes peak.
     """
     memory = plan.memory
-    alignment = memory.alignment
-    arena = {name: t for name, t in plan.tensors.items() if t.region == "arena"}
+    problems, peak = _region_problems(plan, "arena", "arena", memory.arena_bytes)
+    problems += _region_problems(plan, "cpu", "cpu region", memory.cpu_arena_bytes)[0]
+    if peak != memory.lower_bound_bytes:
+        problems.append(f"lower bound {memory.lower_bound_bytes} is not the live-bytes peak {peak}")
+    if memory.lower_bound_bytes > memory.arena_bytes:
+        problems.append("arena smaller than the lower bound")
+    return problems
+
+
+def _region_problems(plan, region: str, called: str, size: int) -> tuple[list[str], int]:
+    """What is wrong with the placement of `region`'s tensors in its `size` bytes (`called` in
+    the messages), and the most bytes its tensors hold live at one step."""
+    alignment = plan.memory.alignment
+    placed = {name: t for name, t in plan.tensors.items() if t.region == region}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for step in plan.steps:
         for name in (*step.inputs, *step.outputs):
-            if name in arena:
+            if name in placed:
                 first.setdefault(name, step.id)
                 last[name] = step.id
     problems = []
-    for name, tensor in arena.items():
-        if tensor.offset < 0 or tensor.offset + tensor.bytes > memory.arena_bytes:
-            problems.append(f"arena tensor {name} at [{tensor.offset}, {tensor.offset + tensor.bytes}) "
-                            f"is outside the {memory.arena_bytes}-byte arena")
+    for name, tensor in placed.items():
+        if tensor.offset < 0 or tensor.offset + tensor.bytes > size:
+            problems.append(f"{region} tensor {name} at [{tensor.offset}, {tensor.offset + tensor.bytes}) "
+                            f"is outside the {size}-byte {called}")
         if tensor.offset % alignment:
-            problems.append(f"arena tensor {name} offset {tensor.offset} is not {alignment}-byte aligned")
+            problems.append(f"{region} tensor {name} offset {tensor.offset} is not {alignment}-byte aligned")
         reused = tensor.reuses
         if reused is not None:
-            source = arena.get(reused)
+            source = placed.get(reused)
             if (source is None or source.offset != tensor.offset or tensor.bytes > source.bytes
                     or last.get(reused) != first.get(name)):
-                problems.append(f"arena tensor {name} reuses {reused} but does not start where and when it ends")
+                problems.append(f"{region} tensor {name} reuses {reused} but does not start where and when it ends")
     live: list[str] = []
     for name in sorted(first, key=first.get):
         live = [other for other in live if last[other] >= first[name]]
-        low, high = arena[name].offset, arena[name].offset + arena[name].bytes
+        low, high = placed[name].offset, placed[name].offset + placed[name].bytes
         for other in live:
-            if arena[other].offset < high and low < arena[other].offset + arena[other].bytes:
-                in_place = arena[name].reuses == other and last[other] == first[name]
+            if placed[other].offset < high and low < placed[other].offset + placed[other].bytes:
+                in_place = placed[name].reuses == other and last[other] == first[name]
                 if not in_place:
-                    problems.append(f"arena tensors {other} and {name} are live together and overlap")
+                    problems.append(f"{region} tensors {other} and {name} are live together and overlap")
         live.append(name)
     # An in-place pair shares its bytes at the one step where both are live: count them once.
-    padded = {name: -(-arena[name].bytes // alignment) * alignment for name in first}
+    padded = {name: -(-placed[name].bytes // alignment) * alignment for name in first}
     delta: dict[int, int] = {}
     for name in first:
         delta[first[name]] = delta.get(first[name], 0) + padded[name]
         delta[last[name] + 1] = delta.get(last[name] + 1, 0) - padded[name]
-        reused = arena[name].reuses
+        reused = placed[name].reuses
         if reused in first and last[reused] == first[name]:
             shared = min(padded[name], padded[reused])
             delta[first[name]] -= shared
@@ -387,8 +401,4 @@ def verify_allocation(plan) -> list[str]:
     for step in sorted(delta):
         running += delta[step]
         peak = max(peak, running)
-    if peak != memory.lower_bound_bytes:
-        problems.append(f"lower bound {memory.lower_bound_bytes} is not the live-bytes peak {peak}")
-    if memory.lower_bound_bytes > memory.arena_bytes:
-        problems.append("arena smaller than the lower bound")
-    return problems
+    return problems, peak

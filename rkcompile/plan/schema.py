@@ -24,7 +24,9 @@ READABLE_SCHEMAS = ("rkcompile.plan/1", PLAN_SCHEMA)
 
 DEVICES_OF_NODES = ("npu", "cpu", "folded", "removed")
 DEVICES_OF_STEPS = ("npu", "cpu", "host")
-REGIONS = ("arena", "weight", "input", "output")
+#: "arena": the NPU's intermediate tensors; "cpu": those only CPU steps (and the host conversions
+#: for them) read and write, which the CPU runtime keeps in host memory
+REGIONS = ("arena", "weight", "input", "output", "cpu")
 #: Domain of the nodes rkcompile makes: fused kernels (passes/fuse.py) and host conversions.
 FUSED_DOMAIN = "rkcompile"
 #: Plan dtypes whose NPU tensors are integers that need `Plan.quantization` to mean anything.
@@ -217,6 +219,9 @@ class Memory:
     weight_bytes: int
     #: Every arena offset is a multiple of this many bytes (docs/memory.md says why).
     alignment: int = 1
+    #: The host memory the CPU steps' tensors take (the `cpu` region, planned as the arena is);
+    #: 0 in plans written before it, which kept those tensors in the arena.
+    cpu_arena_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,8 @@ class MemoryTotals:
     """What a run of the plan holds at once (rknn-toolkit2's eval_memory): the weights, shared by
     every batch context (seed 004: duplicated contexts share them); an arena per context, none
     shared; the batched input and output buffers (`batch` times one run's); and, among the
-    weights, those the CPU partitions read."""
+    weights, those the CPU partitions read; and the CPU steps' tensors in host memory, per
+    context as the arena."""
 
     weight_bytes: int
     arena_bytes: int  # one context's
@@ -232,10 +238,12 @@ class MemoryTotals:
     input_bytes: int  # the whole batch's
     output_bytes: int
     cpu_weight_bytes: int
+    cpu_arena_bytes: int = 0  # one context's
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.arena_bytes * self.contexts + self.input_bytes + self.output_bytes
+        return (self.weight_bytes + (self.arena_bytes + self.cpu_arena_bytes) * self.contexts + self.input_bytes
+                + self.output_bytes)
 
 
 @dataclass(frozen=True)
@@ -369,7 +377,8 @@ class PlanRecord:
             contexts=len(self.multicore.contexts) or 1, input_bytes=self.batch * region("input"),
             output_bytes=self.batch * region("output"),
             cpu_weight_bytes=sum(self.tensors[name].bytes for name in cpu_reads
-                                 if self.tensors[name].region == "weight"))
+                                 if self.tensors[name].region == "weight"),
+            cpu_arena_bytes=self.memory.cpu_arena_bytes)
 
     @property
     def images(self) -> int:
@@ -384,6 +393,8 @@ class PlanRecord:
             del body["model"]["batch_dims"]
         if body["validation"] is None:
             del body["validation"]
+        if not body["memory"]["cpu_arena_bytes"]:
+            del body["memory"]["cpu_arena_bytes"]
         # derived from the rest, for readers of the JSON: `from_dict` leaves it out, so a plan
         # written before it loads alike
         body["memory"]["total_bytes"] = self.memory_totals().total_bytes
@@ -516,6 +527,8 @@ def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = Non
         for tensor in step.inputs + step.outputs:
             if tensor not in plan.tensors:
                 problems.append(f"step {step.id}: tensor {tensor} missing from tensors")
+            elif step.device == "npu" and plan.tensors[tensor].region == "cpu":
+                problems.append(f"step {step.id}: the NPU step touches {tensor}, held in the CPU's memory")
         available.update(step.outputs)
     for output in plan.model.outputs:
         if output.name not in available:
@@ -527,6 +540,8 @@ def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = Non
             problems.append(f"tensor {name}: negative bytes or offset")
         if tensor.region == "arena" and tensor.offset + tensor.bytes > plan.memory.arena_bytes:
             problems.append(f"tensor {name}: outside the arena")
+        if tensor.region == "cpu" and tensor.offset + tensor.bytes > plan.memory.cpu_arena_bytes:
+            problems.append(f"tensor {name}: outside the cpu region")
         if tensor.region == "weight" and tensor.offset + tensor.bytes > plan.memory.weight_bytes:
             problems.append(f"tensor {name}: outside the weight region")
     # the weight, input and output regions hold their tensors one after another, never shared

@@ -151,13 +151,24 @@ def _most_common(counts: Counter, shown: int = 3) -> str:
     return text + (f" +{len(ranked) - shown} more" if len(ranked) > shown else "")
 
 
+def _cpu_tensor_lines(plan: PlanRecord) -> list[str]:
+    """Where the tensors only CPU steps touch live: host memory, outside the NPU's arena."""
+    held = plan.memory.cpu_arena_bytes
+    if not held:
+        return []
+    count = sum(1 for t in plan.tensors.values() if t.region == "cpu")
+    return [f"  CPU tensors                 {_kib(held)} in host memory, outside the arena ({count} "
+            f"tensor{'s' if count != 1 else ''} only CPU steps and their conversions touch)"]
+
+
 def _memory_total_line(plan: PlanRecord) -> str:
     """Everything a run holds at once, region by region (eval_memory)."""
     totals = plan.memory_totals()
     contexts = (f" x {totals.contexts} contexts (each its own; the weights shared)" if totals.contexts > 1 else "")
     cpu = f"; the CPU partitions read {_kib(totals.cpu_weight_bytes)} of the weights" if totals.cpu_weight_bytes else ""
+    held = f", CPU tensors {_kib(totals.cpu_arena_bytes)}" if totals.cpu_arena_bytes else ""
     return (f"  memory total                {_kib(totals.total_bytes)} (weights {_kib(totals.weight_bytes)}, arena "
-            f"{_kib(totals.arena_bytes)}{contexts}, inputs {_kib(totals.input_bytes)}, outputs "
+            f"{_kib(totals.arena_bytes)}{contexts}{held}, inputs {_kib(totals.input_bytes)}, outputs "
             f"{_kib(totals.output_bytes)}{cpu})")
 
 
@@ -212,6 +223,7 @@ def render_summary(plan: PlanRecord) -> str:
         *_partition_lines(plan),
         f"  arena                       {_kib(plan.memory.arena_bytes)} (lower bound {_kib(plan.memory.lower_bound_bytes)}, "
         f"ratio {plan.memory.arena_bytes / max(plan.memory.lower_bound_bytes, 1):.3f})",
+        *_cpu_tensor_lines(plan),
         f"  weights                     {_kib(plan.memory.weight_bytes)}",
         _memory_total_line(plan),
         _padding_line(plan),
