@@ -427,6 +427,27 @@ def test_rank_above_4_regions_collapse_onto_merged_axes(tmp_path, case, target):
     planned_on_npu(model, tmp_path, target)
 
 
+@pytest.mark.parametrize("product", ["einsum", "matmul"])
+def test_a_bias_broadcast_over_windows_is_stored_whole_and_the_attention_is_one_kernel(tmp_path, product):
+    """The relative-position bias [H, N, N] added over the G windows of [1, G, H, N, N] scores:
+    [1, H, N, N] broadcast over the batch is no Expand pattern, so the bias is stored at the
+    scores' size on the grouped view rather than the scores relabelled to [G, H*N*N] and back;
+    the attention is then one exSDPAttention, without relabels around its bias."""
+    groups, heads, tokens, dim = 8, 2, 16, 8
+    model = rank5_attention_model(groups, heads, tokens, dim, product)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    add = next(n for n in ctx.graph.nodes if n.op == "Add")
+    assert [list(t.shape) for t in add.inputs] == [[groups, heads, tokens, tokens]] * 2
+    assert "Reshape" not in {r.op for r in add.outputs[0].outputs}
+    feeds = {i.name: feed([d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
+    assert_same_outputs(model, ctx, feeds)
+    path = tmp_path / "attention.onnx"
+    onnx.save(model, path)
+    plan, _ = compile_model(path, "rk3588")
+    assert [step.kernel for step in plan.steps if step.device == "npu"] == ["exSDPAttention"]
+    planned_on_npu(model, tmp_path, "rk3588")
+
+
 def test_a_region_with_an_op_it_cannot_merge_says_which(tmp_path):
     model = head_flatten_model(2, 7, 5, 3)
     model.graph.node.insert(1, helper.make_node("Hardmax", ["r5"], ["sm5"], axis=2))

@@ -506,7 +506,7 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         emit("Gather", [source, builder.const(indices, "indices")], picked, axis=group_axis)
         return
     y_shape = static_shape(y)
-    out_groups = _elementwise_groups(node, groups[id(y)], builder.site)
+    out_groups, constants_full = _elementwise_groups(node, groups[id(y)], builder.site)
 
     def on_groups(shape) -> list[int]:
         aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
@@ -517,8 +517,11 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         if not operand.name:
             operands.append(operand)
             continue
-        wanted = on_groups(static_shape(operand))
         value = constant_value(operand)
+        if constants_full and _broadcast_constant(operand, y_shape):
+            aligned = value.reshape([1] * (len(y_shape) - value.ndim) + list(value.shape))
+            value = np.ascontiguousarray(np.broadcast_to(aligned, y_shape))
+        wanted = on_groups(static_shape(operand) if value is None else value.shape)
         if value is None:
             operands.append(grouped(operand, wanted))
         elif value.size == 1 and value.ndim <= 1:
@@ -530,11 +533,16 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
     emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
 
 
-def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> list[list[int]]:
-    """The groups an element-wise op runs on: those its result shares with the region when the
-    target accepts the op on them, else the fewest its own broadcasts allow (a bias [H, I, J]
-    added to [G, H, I, J] is [1, H*I*J] added to [G, H*I*J], a broadcast the NPU's Expand
-    patterns cover where [1, H, I, J] is not), each operand relabelled to it."""
+def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> tuple[list[list[int]], bool]:
+    """The groups an element-wise op runs on, and whether its constant operands are stored at
+    the result's size: the groups its result shares with the region when the target accepts the
+    op on them; else those groups with every constant stored broadcast, as broadcast_by_concat
+    stores one (a bias [1, H, I, J] added to [G, H, I, J] over the G windows of windowed
+    attention: the weights grow by the result's size, and the relabels to and from the
+    fewer groups below, two steps that each read and write the result, are not needed); else
+    the fewest its own broadcasts allow (a bias [H, I, J] added to [G, H, I, J] is [1, H*I*J]
+    added to [G, H*I*J], a broadcast the NPU's Expand patterns cover where [1, H, I, J] is
+    not), each operand relabelled to it."""
     y_shape = static_shape(node.outputs[0])
     joinable = set(_nonunit(y_shape)[:-1])
     for operand in _operands(node):
@@ -542,12 +550,16 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> l
         aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
         joinable = {u for u in joinable if (aligned[u] == 1) == (aligned[_next_nonunit(y_shape, u)] == 1)}
     own = _groups(y_shape, joinable)
-    for candidate in (linked, own):
+    broadcast_constant = node.op != "Expand" and any(_broadcast_constant(t, y_shape) for t in _operands(node))
+    choices = [(linked, False)] + ([(linked, True)] if broadcast_constant else []) + [(own, False)]
+    for candidate, constants_full in choices:
         if len(candidate) > NPU_RANK:
             continue
         inputs = []
         for operand in node.inputs if node.op != "Expand" else node.inputs[:1]:
             shape = static_shape(operand) if operand.name else None
+            if constants_full and _broadcast_constant(operand, y_shape):
+                shape = y_shape
             aligned = None if shape is None else [1] * (len(y_shape) - len(shape)) + list(shape)
             view = None if aligned is None else [element_count(aligned[a] for a in g) for g in candidate] or [1]
             inputs.append(operand if view is None else gs.Variable("probe_in", operand.dtype, view))
@@ -558,8 +570,14 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> l
         legal = not check_node(probe, site.target, **site.facts)
         detach(probe)
         if legal:
-            return candidate
-    return linked
+            return candidate, constants_full
+    return linked, False
+
+
+def _broadcast_constant(operand: gs.Tensor, y_shape) -> bool:
+    """`operand` is a constant of several values that broadcasts to the result's shape."""
+    value = constant_value(operand) if operand.name else None
+    return value is not None and 1 < value.size < element_count(y_shape)
 
 
 def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]], grouped,
