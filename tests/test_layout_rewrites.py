@@ -432,7 +432,8 @@ def test_a_bias_broadcast_over_windows_is_stored_whole_and_the_attention_is_one_
     """The relative-position bias [H, N, N] added over the G windows of [1, G, H, N, N] scores:
     [1, H, N, N] broadcast over the batch is no Expand pattern, so the bias is stored at the
     scores' size on the grouped view rather than the scores relabelled to [G, H*N*N] and back;
-    the attention is then one exSDPAttention, without relabels around its bias."""
+    the attention is then one exSDPAttention, without relabels around its bias, which reads the
+    bias at its own size again: the kernel broadcasts its mask along any axis."""
     groups, heads, tokens, dim = 8, 2, 16, 8
     model = rank5_attention_model(groups, heads, tokens, dim, product)
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
@@ -443,8 +444,11 @@ def test_a_bias_broadcast_over_windows_is_stored_whole_and_the_attention_is_one_
     assert_same_outputs(model, ctx, feeds)
     path = tmp_path / "attention.onnx"
     onnx.save(model, path)
-    plan, _ = compile_model(path, "rk3588")
+    plan, compiled = compile_model(path, "rk3588")
     assert [step.kernel for step in plan.steps if step.device == "npu"] == ["exSDPAttention"]
+    attention = next(n for n in compiled.graph.nodes if n.op == "exSDPAttention")
+    masks = [list(t.shape) for t in attention.inputs if isinstance(t, gs.Constant) and t.values.dtype.kind == "f"]
+    assert masks == [[1, heads, tokens, tokens]]
     planned_on_npu(model, tmp_path, "rk3588")
 
 

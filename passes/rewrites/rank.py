@@ -538,11 +538,12 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> t
     the result's size: the groups its result shares with the region when the target accepts the
     op on them; else those groups with every constant stored broadcast, as broadcast_by_concat
     stores one (a bias [1, H, I, J] added to [G, H, I, J] over the G windows of windowed
-    attention: the weights grow by the result's size, and the relabels to and from the
-    fewer groups below, two steps that each read and write the result, are not needed); else
-    the fewest its own broadcasts allow (a bias [H, I, J] added to [G, H, I, J] is [1, H*I*J]
-    added to [G, H*I*J], a broadcast the NPU's Expand patterns cover where [1, H, I, J] is
-    not), each operand relabelled to it."""
+    attention: the relabels to and from the fewer groups below, two steps that each read and
+    write the result, are not needed, and the Add stays where the attention pattern reaches it;
+    the weights grow by the result's size unless a kernel that broadcasts the constant itself
+    takes it in, fuse.store_smallest); else the fewest its own broadcasts allow (a bias
+    [H, I, J] added to [G, H, I, J] is [1, H*I*J] added to [G, H*I*J], a broadcast the NPU's
+    Expand patterns cover where [1, H, I, J] is not), each operand relabelled to it."""
     y_shape = static_shape(node.outputs[0])
     joinable = set(_nonunit(y_shape)[:-1])
     for operand in _operands(node):
