@@ -427,6 +427,20 @@ def test_rank_above_4_regions_collapse_onto_merged_axes(tmp_path, case, target):
     planned_on_npu(model, tmp_path, target)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("channels, windows, size", [(64, 4, 7), (256, 2, 7), (24, 3, 4)])
+def test_a_window_partition_moves_in_two_transposes_the_target_accepts(tmp_path, channels, windows, size, reverse):
+    """Five groups [C, H/p, p, W/p, p] -> [H/p, W/p, p, p, C]: steps of 3 groups judged without
+    the target take three Transposes; searched against rk3588's perm table, two legal whole."""
+    model = window_partition_model(channels, windows, windows, size, reverse=reverse)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    transposes = [n for n in ctx.graph.nodes if n.op == "Transpose"]
+    assert len(transposes) == 2
+    assert not [n.name for n in ctx.graph.nodes if check_node(n, get_target("rk3588"))]
+    feeds = {i.name: feed([d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
+    assert_same_outputs(model, ctx, feeds)
+
+
 @pytest.mark.parametrize("product", ["einsum", "matmul"])
 def test_a_bias_broadcast_over_windows_is_stored_whole_and_the_attention_is_one_kernel(tmp_path, product):
     """The relative-position bias [H, N, N] added over the G windows of [1, G, H, N, N] scores:

@@ -22,7 +22,7 @@ from rkcompile.ir.graph import constant_value, element_count, static_shape
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
-from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose
+from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
 #: group of its own, the other axes merge as in their operands.
@@ -158,8 +158,10 @@ def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node
         if not NPU_RANK < len(runs) <= MAX_STEPPED_GROUPS:
             continue
         by_input = sorted(runs)
-        # Steps of 3 groups: the perm table's 3-group perms have the widest limits and views.
-        orders = _fewest_steps(tuple(by_input.index(run) for run in runs), STEP_RUNS)
+        goal = tuple(by_input.index(run) for run in runs)
+        dims = [element_count(shape[a] for a in run) for run in by_input]
+        # Else steps of 3 groups: the perm table's 3-group perms have the widest limits and views.
+        orders = _two_legal_steps(goal, dims, site, x.dtype) or _fewest_steps(goal, STEP_RUNS)
         units = [a for a in range(len(shape)) if shape[a] == 1]
         layouts = [list(range(len(shape)))]
         layouts += [units + [a for g in order for a in by_input[g]] for order in orders[:-1]]
@@ -177,6 +179,29 @@ def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node
                                          inputs=[out, shape_const], outputs=[source]))
         scratch.extend(templates)
         return [n for n in region if n is not transpose] + templates
+    return None
+
+
+#: Most groups _two_legal_steps searches the orders of (k! middle orders, each probed).
+MAX_SEARCHED_GROUPS = 5
+
+
+def _two_legal_steps(goal: tuple[int, ...], dims: list[int], site: Site, dtype) -> tuple[tuple[int, ...], ...] | None:
+    """A middle order of groups 0..k-1 (of sizes `dims`) from which the move from (0, ..., k-1)
+    to `goal` is two Transposes the target accepts whole, each on a 4-D view (a window
+    partition's five groups with windows of 7 move in two steps where steps of 3 groups,
+    judged without the target, take three: the perm table's limits, multiples of 8 among them,
+    rule out some steps and admit some of 4 groups); None when there is none or k is over
+    MAX_SEARCHED_GROUPS."""
+    start = tuple(range(len(goal)))
+    if len(goal) > MAX_SEARCHED_GROUPS:
+        return None
+    for middle in itertools.permutations(start):
+        if middle in (start, goal):
+            continue
+        if (legal_whole(site, dims, middle, dtype)
+                and legal_whole(site, [dims[g] for g in middle], [middle.index(g) for g in goal], dtype)):
+            return middle, goal
     return None
 
 
