@@ -454,3 +454,17 @@ def test_transposes_across_a_relabel_both_merging_and_cutting_stay_apart(tmp_pat
     _, ctx = npu_kernels(model, tmp_path)
     assert "transposes_across_relabel" not in {r.rule for r in ctx.rewrites}
     assert ("transposes_across_relabel", "declined: the relabel between the Transposes both merges and cuts axes") in attempts(ctx, "second")
+
+
+def test_transposes_across_a_relabel_whose_joined_move_the_target_refuses_stay_apart(tmp_path):
+    # [1, 8, 6, 7] -> (0, 3, 1, 2) -> [1, 7, 8, 6] merged to [1, 1, 56, 6] -> swap: both legal on
+    # rk3588, their join (0, 2, 3, 1) on [1, 8, 6, 7] is not (h1*w1 % 8 == 0)
+    model = make_model([helper.make_node("Transpose", ["x"], ["t"], name="first", perm=[0, 3, 1, 2]),
+                        helper.make_node("Reshape", ["t", "shape"], ["r"], name="merge"),
+                        helper.make_node("Transpose", ["r"], ["y"], name="second", perm=[0, 1, 3, 2])],
+                       [value_info("x", [1, 8, 6, 7])], [value_info("y", [1, 1, 6, 56])],
+                       [weight("shape", np.array([1, 1, 56, 6], np.int64))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Transpose", "Reshape", "Transpose"]
+    reasons = [outcome for rule, outcome in attempts(ctx, "second") if rule == "transposes_across_relabel"]
+    assert reasons and reasons[-1].startswith("declined: the joined Transpose would break"), reasons
