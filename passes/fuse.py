@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 from onnx_graphsurgeon.ir import tensor as gs_tensor
@@ -33,8 +34,8 @@ from onnx_graphsurgeon.ir import tensor as gs_tensor
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.dag import Dag, descendants
 from rkcompile.ir.patterns import FUSED_DOMAIN, Match, matches
-from rkcompile.ir.edits import detach
-from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, present_inputs, topological_nodes, unique_name
+from rkcompile.ir.edits import detach, set_input
+from rkcompile.ir.graph import dataflow_graph, is_onnx_domain, present_inputs, static_shape, topological_nodes, unique_name
 from rkcompile.targets.model import Rule
 
 from rkcompile.passes.fusion_table import TABLES, FusionRule
@@ -181,6 +182,8 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: 
     """The fused node, wired in place of the members; the caller puts it in the node list."""
     members = sorted(match.members, key=lambda node: position[id(node)])
     root = match.members[0]
+    for label in rule.broadcasts:
+        store_smallest(match, label)
     made_inside = {id(t) for node in members for t in node.outputs}
     inputs: list[gs.Tensor] = []
     for node in members:
@@ -204,6 +207,32 @@ def apply_fusion(ctx: CompileContext, rule: FusionRule, match: Match, position: 
     ctx.origins[name] = tuple(origins)
     ctx.failures[name] = []
     return fused
+
+
+def store_smallest(match: Match, label: str) -> None:
+    """The constant `label` binds, which the fused kernel broadcasts along any axis, read by the
+    members at its smallest shape: every axis along which all its values repeat kept at extent 1
+    (a relative-position bias stored once per window of windowed attention, rank.py, is stored
+    once). Exact: each member that reads it broadcasts it back to the shape it makes; a member
+    it would no longer make its shape leaves it as it is."""
+    tensor = match.tensors.get(label)
+    if not isinstance(tensor, gs.Constant):
+        return
+    values = np.asarray(tensor.values)
+    smallest = values
+    for axis in range(values.ndim):
+        first = np.take(smallest, [0], axis=axis)
+        if smallest.shape[axis] > 1 and np.array_equal(smallest, np.broadcast_to(first, smallest.shape)):
+            smallest = first
+    readers = [node for node in match.members if any(t is tensor for t in node.inputs)]
+    if smallest.shape == values.shape or any(
+            np.broadcast_shapes(*(smallest.shape if t is tensor else tuple(static_shape(t)) for t in present_inputs(node)))
+            != tuple(static_shape(node.outputs[0])) for node in readers):
+        return
+    replacement = gs.Constant(f"{match.members[0].name}/{label}", np.ascontiguousarray(smallest))
+    for node in readers:
+        for index in [i for i, t in enumerate(node.inputs) if t is tensor]:
+            set_input(node, index, replacement)
 
 
 def body_graph(name: str, members: list[gs.Node], inputs: list[gs.Tensor], outputs: list[gs.Tensor],

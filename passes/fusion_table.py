@@ -41,6 +41,9 @@ class FusionRule:
     predicates: tuple[Predicate, ...] = ()
     attributes: Callable[[Match], dict] = field(default=lambda match: {})
     absorbs: bool = False
+    #: labels of the kernel's inputs that it broadcasts along any axis itself (fuse.apply_fusion
+    #: stores a constant there at its smallest shape)
+    broadcasts: tuple[str, ...] = ()
 
 
 # --- predicates ---------------------------------------------------------------------------
@@ -514,7 +517,9 @@ def _conv_then(activation: str | tuple[str, ...], *inputs: Pattern, label: str |
 
 RECOGNISERS: tuple[FusionRule, ...] = (
     FusionRule("exSDPAttention", "exSDPAttention", _attention(),
-               (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes, absorbs=True),
+               (softmax_on_last_axis, scales_are_scalars, attention_channels_within_8192), sdpa_attributes, absorbs=True,
+               # oplist V2.3.2, RK3588 3.2.78 exSDPAttention, mask: 支持任意维度广播操作 (broadcast along any axis)
+               broadcasts=("mask",)),
     FusionRule("exNorm", "exNorm", _affine(layer_norm_core()), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", moments_layer_norm(), (normalizes_supported_axes,), norm_attributes("layer"), absorbs=True),
     FusionRule("exNorm", "exNorm", _scaled(rms_norm_core()), (normalizes_supported_axes,), norm_attributes("rms"), absorbs=True),

@@ -34,6 +34,10 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
   follows when the relabel only adds or removes axes of extent 1.
 - `transpose_with_unit_relabel`: a relabel moving only axes of extent 1, beside a Transpose, is
   one Transpose with it.
+- `transposes_across_relabel`: two Transposes with a relabel between them that only merges
+  axes, or only cuts them, are one Transpose (after a relabel cutting the first's input, or
+  before one to the second's result): the second moves the merged axes whole, or each cut
+  axis' pieces (maxvit's grid partition and its reverse).
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
@@ -109,6 +113,7 @@ REMOVED_BECAUSE = {
     "identity_layout": "it moves no element",
     "move_layout_down": "its move is made, or undone, by the relabel or Transpose after it",
     "transpose_with_unit_relabel": "one Transpose makes its move and the relabel's of unit axes",
+    "transposes_across_relabel": "one Transpose makes its move and the other Transpose's, across the relabel between them",
     "move_relabel_up": "the relabel is made once, on the operands of the element-wise op it was next to",
     "slices_as_split": "one Split cuts the tensor it sliced",
     "attention_operands": "the attention kernel reads or writes its operand in that layout",
@@ -1094,6 +1099,110 @@ def transpose_with_unit_relabel(node: gs.Node, simplifier: _Simplifier):
     return None
 
 
+# --- transposes_across_relabel -----------------------------------------------------------------
+
+
+def _regrouping(shape: tuple[int, ...], relabelled: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """The relabel of `shape` to `relabelled` as blocks (axes of extent above 1 it reads, those
+    it makes, of equal products), each one axis cut into several or several merged into one;
+    None when a block does neither (a [6, 4] read as [4, 6])."""
+    kept_in = [a for a, d in enumerate(shape) if d != 1]
+    kept_out = [a for a, d in enumerate(relabelled) if d != 1]
+    blocks, i, o = [], 0, 0
+    while i < len(kept_in) and o < len(kept_out):
+        ins, outs = [kept_in[i]], [kept_out[o]]
+        have, want = shape[kept_in[i]], relabelled[kept_out[o]]
+        i, o = i + 1, o + 1
+        while have != want:
+            if have < want and i < len(kept_in):
+                have *= shape[kept_in[i]]
+                ins.append(kept_in[i])
+                i += 1
+            elif want < have and o < len(kept_out):
+                want *= relabelled[kept_out[o]]
+                outs.append(kept_out[o])
+                o += 1
+            else:
+                return None
+        if len(ins) > 1 and len(outs) > 1:
+            return None
+        blocks.append((ins, outs))
+    return blocks if i == len(kept_in) and o == len(kept_out) else None
+
+
+def transposes_across_relabel(node: gs.Node, simplifier: _Simplifier):
+    """A Transpose, a relabel read by it alone and a Transpose reading that alone, where the
+    relabel only merges axes (maxvit's grid partition: a rank-6 Transpose, [1, 7, 7, 8, 8, C]
+    merged to [1, 49, 64, C], and the swap of its two middle axes) or only cuts them (the grid's
+    reverse): the second Transpose moves the merged axes whole, or the pieces of each cut one,
+    so both moves are one Transpose of the first's input (its axes cut first when the relabel
+    cuts), and a relabel to the result (none when the relabel cut). Two nodes for three, moving
+    the same elements once instead of twice. Exact: only where elements are stored changes."""
+    move = layout_move(node)
+    if move is None or move[2] is None:
+        return None
+    between, y, second_perm = move
+    relabel = between.inputs[0] if len(between.inputs) == 1 else None
+    relabel_move = layout_move(relabel) if relabel is not None else None
+    if relabel_move is None or relabel_move[2] is not None:
+        return None
+    made = relabel_move[0]
+    first = made.inputs[0] if len(made.inputs) == 1 else None
+    first_move = layout_move(first) if first is not None and first.op == "Transpose" else None
+    if first_move is None:
+        return None
+    inner = (made, between)
+    if any(len(t.outputs) != 1 or t.name in simplifier.graph_outputs for t in inner):
+        return "the tensors between the Transposes are read elsewhere"
+    blocks = _regrouping(static_shape(made), static_shape(between))
+    if blocks is None:
+        return "the relabel between the Transposes neither only merges nor only cuts axes"
+    x, first_perm = first.inputs[0], first_move[2]
+    x_shape, between_shape, y_shape = (static_shape(t) for t in (x, between, y))
+    cuts = any(len(outs) > 1 for _, outs in blocks)
+    if cuts and any(len(ins) > 1 for ins, _ in blocks):
+        return "the relabel between the Transposes both merges and cuts axes"
+    # the pieces: x's axes, or with cuts, the relabel's axes of extent above 1 in x's order
+    block_of = {o: b for b, (_, outs) in enumerate(blocks) for o in outs}
+    if cuts:
+        by_x_order = sorted(range(len(blocks)), key=lambda b: first_perm[blocks[b][0][0]])
+        pieces = [o for b in by_x_order for o in blocks[b][1]]
+        cut_shape = [1] * sum(d == 1 for d in y_shape) + [between_shape[o] for o in pieces]
+        units = len(cut_shape) - len(pieces)
+        order = [units + pieces.index(o) for o in second_perm if between_shape[o] != 1]
+        perm = _composed_perm(tuple(cut_shape), order, y_shape)
+        moved_shape = list(y_shape)
+    else:
+        order = [first_perm[a] for o in second_perm if between_shape[o] != 1 for a in blocks[block_of[o]][0]]
+        perm = [a for a, d in enumerate(x_shape) if d == 1] + order
+        moved_shape = [x_shape[a] for a in perm]
+    transpose = unlinked_node(op="Transpose", name=node.name, attrs={"perm": perm},
+                              inputs=[gs.Variable("probe_in", x.dtype, cut_shape if cuts else x_shape)],
+                              outputs=[gs.Variable("probe_out", y.dtype, moved_shape)])
+    # Before the rewrites, a joined Transpose breaking a rule one of the two broke is legalized
+    # as that one would have been (a rank-6 move in legal steps); after them, only where both broke one.
+    broke = [bool(simplifier.failures(old)) for old in (first, node)]
+    breaks = simplifier.failures(transpose)
+    if breaks and not (all(broke) if simplifier.fused else any(broke)):
+        return f"the joined Transpose would break: {breaks[0]}"
+    for old in (first, relabel, node):
+        detach(old)
+    new = []
+    source = x
+    if cuts:
+        source = gs.Variable(simplifier.fresh(f"{first.name}/cut"), x.dtype, cut_shape)
+        shape = gs.Constant(simplifier.fresh(f"{first.name}/cut_shape"), np.array(cut_shape, np.int64))
+        new.append(gs.Node(op="Reshape", name=simplifier.fresh(f"{first.name}/cut"), inputs=[x, shape], outputs=[source]))
+    moved = y if list(moved_shape) == list(y_shape) else gs.Variable(simplifier.fresh(f"{node.name}/moved"), x.dtype, moved_shape)
+    new.append(gs.Node(op="Transpose", name=simplifier.fresh(f"{node.name}/joined"), attrs={"perm": perm},
+                       inputs=[source], outputs=[moved]))
+    if moved is not y:
+        shape = gs.Constant(simplifier.fresh(f"{node.name}/shape"), np.array(y_shape, np.int64))
+        new.append(gs.Node(op="Reshape", name=simplifier.fresh(f"{node.name}/relabel"), inputs=[moved, shape], outputs=[y]))
+    simplifier.replace("transposes_across_relabel", [first, relabel, node], new)
+    return True
+
+
 # --- matmul_operands --------------------------------------------------------------------------
 
 #: The fused attention kernel, and the matrix multiply every ONNX MatMul runs as (targets/common.py).
@@ -1403,4 +1512,4 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
 
 #: The rules, in the order each node tries them; matmul_operands runs after the kernel fusions.
 RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
-         attention_operands)
+         transposes_across_relabel, attention_operands)

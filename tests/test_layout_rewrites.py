@@ -427,6 +427,45 @@ def test_rank_above_4_regions_collapse_onto_merged_axes(tmp_path, case, target):
     planned_on_npu(model, tmp_path, target)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("channels, windows, size", [(64, 4, 7), (256, 2, 7), (24, 3, 4)])
+def test_a_window_partition_moves_in_two_transposes_the_target_accepts(tmp_path, channels, windows, size, reverse):
+    """Five groups [C, H/p, p, W/p, p] -> [H/p, W/p, p, p, C]: steps of 3 groups judged without
+    the target take three Transposes; searched against rk3588's perm table, two legal whole."""
+    model = window_partition_model(channels, windows, windows, size, reverse=reverse)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    transposes = [n for n in ctx.graph.nodes if n.op == "Transpose"]
+    assert len(transposes) == 2
+    assert not [n.name for n in ctx.graph.nodes if check_node(n, get_target("rk3588"))]
+    feeds = {i.name: feed([d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
+    assert_same_outputs(model, ctx, feeds)
+
+
+@pytest.mark.parametrize("product", ["einsum", "matmul"])
+def test_a_bias_broadcast_over_windows_is_stored_whole_and_the_attention_is_one_kernel(tmp_path, product):
+    """The relative-position bias [H, N, N] added over the G windows of [1, G, H, N, N] scores:
+    [1, H, N, N] broadcast over the batch is no Expand pattern, so the bias is stored at the
+    scores' size on the grouped view rather than the scores relabelled to [G, H*N*N] and back;
+    the attention is then one exSDPAttention, without relabels around its bias, which reads the
+    bias at its own size again: the kernel broadcasts its mask along any axis."""
+    groups, heads, tokens, dim = 8, 2, 16, 8
+    model = rank5_attention_model(groups, heads, tokens, dim, product)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    add = next(n for n in ctx.graph.nodes if n.op == "Add")
+    assert [list(t.shape) for t in add.inputs] == [[groups, heads, tokens, tokens]] * 2
+    assert "Reshape" not in {r.op for r in add.outputs[0].outputs}
+    feeds = {i.name: feed([d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
+    assert_same_outputs(model, ctx, feeds)
+    path = tmp_path / "attention.onnx"
+    onnx.save(model, path)
+    plan, compiled = compile_model(path, "rk3588")
+    assert [step.kernel for step in plan.steps if step.device == "npu"] == ["exSDPAttention"]
+    attention = next(n for n in compiled.graph.nodes if n.op == "exSDPAttention")
+    masks = [list(t.shape) for t in attention.inputs if isinstance(t, gs.Constant) and t.values.dtype.kind == "f"]
+    assert masks == [[1, heads, tokens, tokens]]
+    planned_on_npu(model, tmp_path, "rk3588")
+
+
 def test_a_region_with_an_op_it_cannot_merge_says_which(tmp_path):
     model = head_flatten_model(2, 7, 5, 3)
     model.graph.node.insert(1, helper.make_node("Hardmax", ["r5"], ["sm5"], axis=2))

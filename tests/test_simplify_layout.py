@@ -441,3 +441,64 @@ def test_a_move_meeting_a_computed_operand_of_lower_rank_declines(tmp_path):
         [value_info("x", [1, 1, 1, 1])], [value_info("y", [1, 1, 1, 1])],
         [weight("q", np.array(127.0, np.float32))])
     npu_kernels(model, tmp_path)
+
+
+def grid_model(channels: int, grid: int, size: int, reverse: bool = False):
+    """maxvit's grid partition as torch exports it: [1, C, H, W] viewed [1, C, H/g, g, W/g, g],
+    perm (0, 2, 4, 3, 5, 1), viewed [1, (H/g)(W/g), g*g, C], the two middle axes swapped; with
+    reverse=True its inverse: the swap, a view cutting both axes, the rank-6 perm back."""
+    side, tokens, groups = grid * size, size * size, grid * grid
+    six = [1, channels, size, grid, size, grid]
+    moved = [1, size, size, grid, grid, channels]
+    if reverse:
+        nodes = [helper.make_node("Transpose", ["x"], ["t"], name="swap", perm=[0, 2, 1, 3]),
+                 helper.make_node("Reshape", ["t", "six"], ["r"], name="cut"),
+                 helper.make_node("Transpose", ["r"], ["p"], name="back", perm=[0, 5, 1, 3, 2, 4]),
+                 helper.make_node("Reshape", ["p", "image"], ["y"], name="image_view")]
+        return make_model(nodes, [value_info("x", [1, groups, tokens, channels])], [value_info("y", [1, channels, side, side])],
+                          [weight("six", np.array(moved, np.int64)),
+                           weight("image", np.array([1, channels, side, side], np.int64))])
+    nodes = [helper.make_node("Reshape", ["x", "six"], ["r"], name="view"),
+             helper.make_node("Transpose", ["r"], ["p"], name="permute", perm=[0, 2, 4, 3, 5, 1]),
+             helper.make_node("Reshape", ["p", "merged"], ["m"], name="merge"),
+             helper.make_node("Transpose", ["m"], ["y"], name="swap", perm=[0, 2, 1, 3])]
+    return make_model(nodes, [value_info("x", [1, channels, side, side])], [value_info("y", [1, groups, tokens, channels])],
+                      [weight("six", np.array(six, np.int64)),
+                       weight("merged", np.array([1, tokens, groups, channels], np.int64))])
+
+
+def test_transposes_across_a_merging_or_cutting_relabel_are_one(tmp_path):
+    # the grid partition's rank-6 Transpose and the swap after the merge are one Transpose, as
+    # are the swap and the rank-6 Transpose after the cut of its reverse: two legal steps for the
+    # rank-6 move, where the swap apart took two more (8 and 9 NPU steps before)
+    for reverse in (False, True):
+        model = grid_model(16, 4, 7, reverse)
+        kernels, ctx = npu_kernels(model, tmp_path)
+        assert "transposes_across_relabel" in {r.rule for r in ctx.rewrites}
+        assert kernels == ["Reshape", "Transpose", "Reshape", "Transpose", "Reshape"]
+
+
+def test_transposes_across_a_relabel_both_merging_and_cutting_stay_apart(tmp_path):
+    # [2, 6, 4] -> [12, 2, 2]: one axis merged, another cut; the Transposes keep their own moves
+    model = make_model([helper.make_node("Transpose", ["x"], ["t"], name="first", perm=[1, 0, 2]),
+                        helper.make_node("Reshape", ["t", "shape"], ["r"], name="regroup"),
+                        helper.make_node("Transpose", ["r"], ["y"], name="second", perm=[2, 1, 0])],
+                       [value_info("x", [6, 2, 4])], [value_info("y", [2, 2, 12])],
+                       [weight("shape", np.array([12, 2, 2], np.int64))])
+    _, ctx = npu_kernels(model, tmp_path)
+    assert "transposes_across_relabel" not in {r.rule for r in ctx.rewrites}
+    assert ("transposes_across_relabel", "declined: the relabel between the Transposes both merges and cuts axes") in attempts(ctx, "second")
+
+
+def test_transposes_across_a_relabel_whose_joined_move_the_target_refuses_stay_apart(tmp_path):
+    # [1, 8, 6, 7] -> (0, 3, 1, 2) -> [1, 7, 8, 6] merged to [1, 1, 56, 6] -> swap: both legal on
+    # rk3588, their join (0, 2, 3, 1) on [1, 8, 6, 7] is not (h1*w1 % 8 == 0)
+    model = make_model([helper.make_node("Transpose", ["x"], ["t"], name="first", perm=[0, 3, 1, 2]),
+                        helper.make_node("Reshape", ["t", "shape"], ["r"], name="merge"),
+                        helper.make_node("Transpose", ["r"], ["y"], name="second", perm=[0, 1, 3, 2])],
+                       [value_info("x", [1, 8, 6, 7])], [value_info("y", [1, 1, 6, 56])],
+                       [weight("shape", np.array([1, 1, 56, 6], np.int64))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["Transpose", "Reshape", "Transpose"]
+    reasons = [outcome for rule, outcome in attempts(ctx, "second") if rule == "transposes_across_relabel"]
+    assert reasons and reasons[-1].startswith("declined: the joined Transpose would break"), reasons

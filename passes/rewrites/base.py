@@ -61,9 +61,11 @@ class Site:
         #: builders of the rule applications in progress, so the rewrite pass can detach what a
         #: rule built before it declined (passes/rewrite.py)
         self.builders: list[Builder] = []
-        #: (shape, perm, dtype) -> the legal view of that Transpose layout.emit_legal_transpose
-        #: found, or None: the target and the facts its rules read are fixed for a site, and a
-        #: model's repeated blocks ask about the same Transposes (tv_maxvit_t: 242 asks, 1,834 probes)
+        #: (shape, perm, dtype, neighbours) -> the legal view of that Transpose
+        #: layout.emit_legal_transpose found, or None; ("whole", shape, perm, dtype) -> whether
+        #: one view is legal whole (layout_ops.legal_whole): the target and the facts its rules
+        #: read are fixed for a site, and a model's repeated blocks ask about the same Transposes
+        #: (tv_maxvit_t: 242 asks, 1,834 probes)
         self.legal_transposes: dict[tuple, object] = {}
 
     @property

@@ -354,6 +354,16 @@ def _slice_sizes(view, axis: int, slices: int, legal) -> tuple[int, list[int]] |
     return axis, sizes
 
 
+def legal_whole(site: Site, shape, perm, dtype) -> bool:
+    """Whether a Transpose of `shape` by `perm` has a 4-D view (transpose_views) the target
+    accepts whole, in no slices; remembered on the site beside emit_legal_transpose's views."""
+    key = ("whole", tuple(shape), tuple(perm), dtype)
+    if key not in site.legal_transposes:
+        probe = _TransposeProbe(site, dtype)
+        site.legal_transposes[key] = any(probe(*view) for view in _transpose_views(tuple(shape), tuple(perm)))
+    return site.legal_transposes[key]
+
+
 class _TransposeProbe:
     """Whether a 4-D Transpose passes the target's rules, judged on detached probe nodes (they
     touch no graph tensor) and remembered per (shape, perm)."""

@@ -22,7 +22,7 @@ from rkcompile.ir.graph import constant_value, element_count, static_shape
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
-from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose
+from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
 #: group of its own, the other axes merge as in their operands.
@@ -158,8 +158,10 @@ def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node
         if not NPU_RANK < len(runs) <= MAX_STEPPED_GROUPS:
             continue
         by_input = sorted(runs)
-        # Steps of 3 groups: the perm table's 3-group perms have the widest limits and views.
-        orders = _fewest_steps(tuple(by_input.index(run) for run in runs), STEP_RUNS)
+        goal = tuple(by_input.index(run) for run in runs)
+        dims = [element_count(shape[a] for a in run) for run in by_input]
+        # Else steps of 3 groups: the perm table's 3-group perms have the widest limits and views.
+        orders = _two_legal_steps(goal, dims, site, x.dtype) or _fewest_steps(goal, STEP_RUNS)
         units = [a for a in range(len(shape)) if shape[a] == 1]
         layouts = [list(range(len(shape)))]
         layouts += [units + [a for g in order for a in by_input[g]] for order in orders[:-1]]
@@ -177,6 +179,29 @@ def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node
                                          inputs=[out, shape_const], outputs=[source]))
         scratch.extend(templates)
         return [n for n in region if n is not transpose] + templates
+    return None
+
+
+#: Most groups _two_legal_steps searches the orders of (k! middle orders, each probed).
+MAX_SEARCHED_GROUPS = 5
+
+
+def _two_legal_steps(goal: tuple[int, ...], dims: list[int], site: Site, dtype) -> tuple[tuple[int, ...], ...] | None:
+    """A middle order of groups 0..k-1 (of sizes `dims`) from which the move from (0, ..., k-1)
+    to `goal` is two Transposes the target accepts whole, each on a 4-D view (a window
+    partition's five groups with windows of 7 move in two steps where steps of 3 groups,
+    judged without the target, take three: the perm table's limits, multiples of 8 among them,
+    rule out some steps and admit some of 4 groups); None when there is none or k is over
+    MAX_SEARCHED_GROUPS."""
+    start = tuple(range(len(goal)))
+    if len(goal) > MAX_SEARCHED_GROUPS:
+        return None
+    for middle in itertools.permutations(start):
+        if middle in (start, goal):
+            continue
+        if (legal_whole(site, dims, middle, dtype)
+                and legal_whole(site, [dims[g] for g in middle], [middle.index(g) for g in goal], dtype)):
+            return middle, goal
     return None
 
 
@@ -506,7 +531,7 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         emit("Gather", [source, builder.const(indices, "indices")], picked, axis=group_axis)
         return
     y_shape = static_shape(y)
-    out_groups = _elementwise_groups(node, groups[id(y)], builder.site)
+    out_groups, constants_full = _elementwise_groups(node, groups[id(y)], builder.site)
 
     def on_groups(shape) -> list[int]:
         aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
@@ -517,8 +542,11 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         if not operand.name:
             operands.append(operand)
             continue
-        wanted = on_groups(static_shape(operand))
         value = constant_value(operand)
+        if constants_full and _broadcast_constant(operand, y_shape):
+            aligned = value.reshape([1] * (len(y_shape) - value.ndim) + list(value.shape))
+            value = np.ascontiguousarray(np.broadcast_to(aligned, y_shape))
+        wanted = on_groups(static_shape(operand) if value is None else value.shape)
         if value is None:
             operands.append(grouped(operand, wanted))
         elif value.size == 1 and value.ndim <= 1:
@@ -530,11 +558,17 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
     emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
 
 
-def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> list[list[int]]:
-    """The groups an element-wise op runs on: those its result shares with the region when the
-    target accepts the op on them, else the fewest its own broadcasts allow (a bias [H, I, J]
-    added to [G, H, I, J] is [1, H*I*J] added to [G, H*I*J], a broadcast the NPU's Expand
-    patterns cover where [1, H, I, J] is not), each operand relabelled to it."""
+def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> tuple[list[list[int]], bool]:
+    """The groups an element-wise op runs on, and whether its constant operands are stored at
+    the result's size: the groups its result shares with the region when the target accepts the
+    op on them; else those groups with every constant stored broadcast, as broadcast_by_concat
+    stores one (a bias [1, H, I, J] added to [G, H, I, J] over the G windows of windowed
+    attention: the relabels to and from the fewer groups below, two steps that each read and
+    write the result, are not needed, and the Add stays where the attention pattern reaches it;
+    the weights grow by the result's size unless a kernel that broadcasts the constant itself
+    takes it in, fuse.store_smallest); else the fewest its own broadcasts allow (a bias
+    [H, I, J] added to [G, H, I, J] is [1, H*I*J] added to [G, H*I*J], a broadcast the NPU's
+    Expand patterns cover where [1, H, I, J] is not), each operand relabelled to it."""
     y_shape = static_shape(node.outputs[0])
     joinable = set(_nonunit(y_shape)[:-1])
     for operand in _operands(node):
@@ -542,12 +576,16 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> l
         aligned = [1] * (len(y_shape) - len(shape)) + list(shape)
         joinable = {u for u in joinable if (aligned[u] == 1) == (aligned[_next_nonunit(y_shape, u)] == 1)}
     own = _groups(y_shape, joinable)
-    for candidate in (linked, own):
+    broadcast_constant = node.op != "Expand" and any(_broadcast_constant(t, y_shape) for t in _operands(node))
+    choices = [(linked, False)] + ([(linked, True)] if broadcast_constant else []) + [(own, False)]
+    for candidate, constants_full in choices:
         if len(candidate) > NPU_RANK:
             continue
         inputs = []
         for operand in node.inputs if node.op != "Expand" else node.inputs[:1]:
             shape = static_shape(operand) if operand.name else None
+            if constants_full and _broadcast_constant(operand, y_shape):
+                shape = y_shape
             aligned = None if shape is None else [1] * (len(y_shape) - len(shape)) + list(shape)
             view = None if aligned is None else [element_count(aligned[a] for a in g) for g in candidate] or [1]
             inputs.append(operand if view is None else gs.Variable("probe_in", operand.dtype, view))
@@ -558,8 +596,14 @@ def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> l
         legal = not check_node(probe, site.target, **site.facts)
         detach(probe)
         if legal:
-            return candidate
-    return linked
+            return candidate, constants_full
+    return linked, False
+
+
+def _broadcast_constant(operand: gs.Tensor, y_shape) -> bool:
+    """`operand` is a constant of several values that broadcasts to the result's shape."""
+    value = constant_value(operand) if operand.name else None
+    return value is not None and 1 < value.size < element_count(y_shape)
 
 
 def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]], grouped,
