@@ -13,7 +13,8 @@ before the rewrites as well (`EARLY`), on the exporter's own Transposes.
 
 Each rule is exact: every value is computed by the same arithmetic on the same operands, only
 stored in another order. A rule applies only when every node it leaves passes the target's
-rules that the nodes it replaces passed, and it always leaves fewer nodes, so the pass ends.
+rules that the nodes it replaces passed, and it always leaves fewer nodes, or moves a relabel or
+Transpose down past work into the matrix multiply that takes it in, so the pass ends.
 
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
   operands) leaves the graph, and the region below it, of element-wise ops and Splits, runs on
@@ -27,7 +28,12 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
   channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
-  work.
+  work. A Gather of constant indices along one axis, keeping its extent (rotary embedding's
+  rotate-half), passes too, re-indexed. After fusion, a region may also end in a matrix
+  multiply of two computed tensors (exSDPAttention, exMatMul, MatMul), directly or through ops
+  that only select elements, when that kernel can read its operand through the move: the move
+  is made again in front of it, and `attention_operands`/`matmul_operands` take it in (the
+  head split of q and k before rotary embedding, in HF llama, then costs no step).
 - `move_relabel_up`: a relabel after an element-wise op whose operands are relabels read by it
   alone is made on the operands instead (one relabel for two); an operand that broadcasts
   follows when the relabel only adds or removes axes of extent 1.
@@ -37,12 +43,13 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
 - `shared_layout`: relabels or Transposes of one tensor making the same result are one node.
-- `attention_operands`, and after the kernel fusions `matmul_operands`: the head split and
+- `attention_operands` and `matmul_operands`, after the kernel fusions: the head split and
   q/k/v split before an exSDPAttention or a matrix multiply of two computed tensors, and the
   head merge after it, become members of the kernel, which reads its operands from the
   projections and writes its result in the next projection's layout, where each is then a
-  strided view read as whole rows of the channels the kernel reads together. The members
-  only choose where elements are read and written; the emulator runs them.
+  strided view read as whole rows of the channels the kernel reads together (grouped-query
+  attention's repeated key and value heads read each head again). The members only choose
+  where elements are read and written; the emulator runs them.
 """
 from __future__ import annotations
 
@@ -86,8 +93,10 @@ class SimplifyLayout:
             # A Conv and the activation a relabel pair kept apart may now be one kernel.
             fuse_table(ctx, KERNEL_FUSIONS)
         if self.fused:
-            # after the kernel fusions, so an exMatMul takes its MatMul and the Add after it first
-            _Simplifier(ctx, self.fused, (matmul_operands,)).run()
+            # after the kernel fusions, so an exMatMul takes its MatMul and the Add after it
+            # first, and after every move into a kernel (move_layout_down), so each kernel
+            # takes in the whole of what its operands are read through
+            _Simplifier(ctx, self.fused, (attention_operands, matmul_operands)).run()
 
 
 EARLY = SimplifyLayout("simplify-layout-early", fused=False)
@@ -771,17 +780,18 @@ def _kernel_exit_problem(reader: gs.Node, position: int, unmoved, perm, simplifi
     read = reader.inputs[position]
     source = gs.Variable(f"{read.name}/unmoved", read.dtype, list(unmoved))
     moved = gs.Variable(read.name, read.dtype, static_shape(read))
-    probe = _layout_node(source, moved, perm, f"{read.name}/moved", unlinked_node)
+    probe = _layout_node(source, moved, perm, read.name, lambda name: name, unlinked_node)
     values, _ = _element_indices([probe, *chain], simplifier.ctx.graph.opset)
     return _row_problem(values[fed.name], row_axis, tuple(unmoved), f"{fed.name} in {read.name}")
 
 
-def _layout_node(source: gs.Tensor, result: gs.Tensor, perm, name: str, new_node=gs.Node) -> gs.Node:
-    """A Transpose by `perm` (a relabel when None) of `source` into `result`."""
+def _layout_node(source: gs.Tensor, result: gs.Tensor, perm, base: str, fresh, new_node=gs.Node) -> gs.Node:
+    """A Transpose by `perm` (a Reshape when None) of `source` into `result`, named after `base`."""
     if perm is None:
-        shape = gs.Constant(f"{name}/shape", np.array(static_shape(result), dtype=np.int64))
-        return new_node(op="Reshape", name=name, inputs=[source, shape], outputs=[result])
-    return new_node(op="Transpose", name=name, attrs={"perm": list(perm)}, inputs=[source], outputs=[result])
+        shape = gs.Constant(fresh(f"{base}/shape"), np.array(static_shape(result), dtype=np.int64))
+        return new_node(op="Reshape", name=fresh(f"{base}/moved"), inputs=[source, shape], outputs=[result])
+    return new_node(op="Transpose", name=fresh(f"{base}/moved"), attrs={"perm": list(perm)}, inputs=[source],
+                    outputs=[result])
 
 
 def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Simplifier,
@@ -952,14 +962,7 @@ def _probes(region: _Region, simplifier: _Simplifier):
             exits.append(None)
             continue
         reshaped = gs.Variable(read.name, read.dtype, list(unmoved))
-        if perm is None:
-            shape_input = gs.Constant(simplifier.fresh(f"{exit_node.name}/shape"),
-                                   np.array(static_shape(out), dtype=np.int64))
-            made = unlinked_node(op="Reshape", name=simplifier.fresh(f"{exit_node.name}/moved"),
-                                 inputs=[reshaped, shape_input], outputs=[out])
-        else:
-            made = unlinked_node(op="Transpose", name=simplifier.fresh(f"{exit_node.name}/moved"),
-                                 attrs={"perm": list(perm)}, inputs=[reshaped], outputs=[out])
+        made = _layout_node(reshaped, out, perm, exit_node.name, simplifier.fresh, unlinked_node)
         problem = simplifier.passes_as_before(exit_node, made)
         if problem:
             return problem
@@ -1038,9 +1041,12 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
     moves = []
     for reader, position, moved_shape in kernel_reads:
         read = reader.inputs[position]
-        name = simplifier.fresh(f"{region.entries[0].name}/moved")
         result = gs.Variable(simplifier.fresh(f"{read.name}/moved"), read.dtype, list(moved_shape))
-        moves.append(_layout_node(read, result, region.perm, name))
+        moves.append(_layout_node(read, result, region.perm, region.entries[0].name, simplifier.fresh))
+        body = fused_body(reader)
+        if body is not None:  # its body reads the input it had there by name
+            computed = [t for t in reader.inputs[:position] if t.name and not isinstance(t, gs.Constant)]
+            body.inputs[len(computed)].name = result.name
         set_input(reader, position, result)
     if moves:
         simplifier.replace("move_layout_down", list(region.entries), moves)
@@ -1552,6 +1558,6 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
     simplifier.replace("attention_operands" if kernel == ATTENTION else "matmul_operands", [node, *reads, *writes], [made])
 
 
-#: The rules, in the order each node tries them; matmul_operands runs after the kernel fusions.
-RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
-         attention_operands)
+#: The rules, in the order each node tries them; attention_operands and matmul_operands run after
+#: the kernel fusions (SimplifyLayout.run).
+RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel)

@@ -258,3 +258,95 @@ def test_heads_unbound_and_stacked_feed_and_leave_the_kernel(tmp_path):
     attention = next(n for n in ctx.graph.nodes if n.op == "exSDPAttention")
     assert {"q_unbind", "q_stack", "c_unbind", "c_stack"} <= set(ctx.origins[attention.name])
     assert not {"Split", "Concat", "Transpose"} & set(kernels), kernels
+
+
+KV_HEADS = 2
+
+
+def rotary_constants() -> list:
+    """cos and sin [1, 1, S, D] of rotary embedding's angles, and the Slices' bounds."""
+    half = HEAD // 2
+    angles = np.arange(TOKENS)[:, None] * (0.5 ** np.arange(half))[None, :]
+    angles = np.concatenate([angles, angles], axis=1)[None, None].astype(np.float32)
+    return [weight("cos", np.cos(angles)), weight("sin", np.sin(angles)), ints("d_axis", [3]),
+            ints("zero_at", [0]), ints("half_at", [half]), ints("end_at", [HEAD])]
+
+
+def rotary(x: str, y: str) -> list:
+    """Rotary embedding as torch.onnx writes HF llama's on [1, heads, S, D]: x * cos +
+    rotate_half(x) * sin, rotate_half by two Slices, a Neg and a Concat."""
+    return [helper.make_node("Mul", [x, "cos"], [f"{x}_cos"], name=f"{x}_mul_cos"),
+            helper.make_node("Slice", [x, "zero_at", "half_at", "d_axis"], [f"{x}_x1"], name=f"{x}_slice1"),
+            helper.make_node("Slice", [x, "half_at", "end_at", "d_axis"], [f"{x}_x2"], name=f"{x}_slice2"),
+            helper.make_node("Neg", [f"{x}_x2"], [f"{x}_neg"], name=f"{x}_neg"),
+            helper.make_node("Concat", [f"{x}_neg", f"{x}_x1"], [f"{x}_rot"], name=f"{x}_rotate", axis=-1),
+            helper.make_node("Mul", [f"{x}_rot", "sin"], [f"{x}_sin"], name=f"{x}_mul_sin"),
+            helper.make_node("Add", [f"{x}_cos", f"{x}_sin"], [y], name=f"{x}_rotary")]
+
+
+def llama_attention() -> object:
+    """torch.onnx's (TorchScript) form of HF llama attention with grouped-query heads: q, k, v
+    projections without bias, each split into heads (Reshape, Transpose), rotary embedding on q
+    and k, the key/value heads repeated for the query heads (Unsqueeze, Expand, Reshape), a
+    causal mask added to the scaled scores, and the head merge."""
+    constants = [ints("q_shape", [1, TOKENS, HEADS, HEAD]), ints("kv_shape", [1, TOKENS, KV_HEADS, HEAD]),
+                 ints("unit_axis", [2]), ints("repeat", [1, KV_HEADS, HEADS // KV_HEADS, TOKENS, HEAD]),
+                 ints("heads", [1, HEADS, TOKENS, HEAD]), weight("scale", np.array(HEAD ** -0.5, np.float32)),
+                 weight("causal", np.triu(np.full((1, 1, TOKENS, TOKENS), -1e4, np.float32), 1)),
+                 ints("merged_shape", [1, TOKENS, WIDTH])]
+    nodes = []
+    for name, heads in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+        nodes += [helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_p"], name=f"{name}_proj"),
+                  helper.make_node("Reshape", [f"{name}_p", "q_shape" if name == "q" else "kv_shape"], [f"{name}_h"],
+                                   name=f"{name}_heads"),
+                  helper.make_node("Transpose", [f"{name}_h"], [f"{name}_t"], name=f"{name}_t", perm=[0, 2, 1, 3])]
+        constants.append(weight(f"{name}_w", RNG.normal(0, 0.2, (WIDTH, heads * HEAD)).astype(np.float32)))
+    nodes += rotary("q_t", "q") + rotary("k_t", "k")
+    constants += rotary_constants()
+    for name in ("k", "v"):
+        source = name if name == "k" else "v_t"
+        nodes += [helper.make_node("Unsqueeze", [source, "unit_axis"], [f"{name}_u"], name=f"{name}_unsqueeze"),
+                  helper.make_node("Expand", [f"{name}_u", "repeat"], [f"{name}_e"], name=f"{name}_expand"),
+                  helper.make_node("Reshape", [f"{name}_e", "heads"], [f"{name}_all"], name=f"{name}_repeat")]
+    nodes += [helper.make_node("Transpose", ["k_all"], ["kt"], name="k_swap", perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+              helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scaling"),
+              helper.make_node("Add", ["scaled", "causal"], ["masked"], name="masking"),
+              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", "v_all"], ["context"], name="context"),
+              helper.make_node("Transpose", ["context"], ["merged_t"], name="merge_t", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["merged_t", "merged_shape"], ["merged"], name="merge"),
+              helper.make_node("MatMul", ["merged", "o_w"], ["y"], name="o_proj")]
+    constants.append(weight("o_w", RNG.normal(0, 0.2, (WIDTH, WIDTH)).astype(np.float32)))
+    return make_model(nodes, [value_info("x", [1, TOKENS, WIDTH])], [value_info("y", [1, TOKENS, WIDTH])], constants)
+
+
+def test_rotary_runs_on_the_projections_and_the_scores_read_them(tmp_path):
+    # the head splits of q and k move down through their rotary embedding (its rotate-half a
+    # Gather, re-indexed for the projection's [S, H*D, 1, 1] layout) into the scores' matrix
+    # multiply (here the attention kernel), which reads the repeated key and value heads in
+    # place: from the projections to the kernel no layout step and no Expand
+    kernels, ctx = npu_kernels(llama_attention(), tmp_path)
+    attention = next(n for n in ctx.graph.nodes if "scores" in ctx.origins.get(n.name, ()))
+    assert attention.op == "exSDPAttention"
+    assert {"q_heads", "q_t", "k_heads", "k_t", "k_expand", "k_repeat", "k_swap", "v_expand"} <= set(
+        ctx.origins[attention.name])
+    assert kernels == ["Reshape", "Conv", "Conv", "Conv", *["Mul", "Gather", "Mul", "Add"] * 2, "exSDPAttention",
+                       "Conv", "Reshape"], kernels
+    rotations = [n for n in ctx.graph.nodes if n.op == "Gather" and n.outputs[0].shape[2:] == [1, 1]]
+    assert sorted(n.outputs[0].shape[1] for n in rotations) == [KV_HEADS * HEAD, WIDTH], kernels
+
+
+def test_a_head_split_into_a_matrix_multiply_that_cannot_read_it_stays(tmp_path):
+    # the query's heads are every HEADS-th channel of its projection ([1, S, D, H] -> [1, H, S, D]):
+    # the move would reach the scores, which cannot read rows of interleaved channels
+    model = llama_attention()
+    for node in model.graph.node:
+        if node.name == "q_heads":
+            node.input[1] = "interleaved_shape"
+        if node.name == "q_t":
+            node.attribute[0].ints[:] = [0, 3, 1, 2]
+    model.graph.initializer.append(ints("interleaved_shape", [1, TOKENS, HEAD, HEADS]))
+    _, ctx = npu_kernels(model, tmp_path)
+    outcomes = [outcome for rule, outcome in attempts(ctx, "q_t") if rule == "move_layout_down"]
+    assert any("cannot take the move in" in outcome and "is not whole rows" in outcome for outcome in outcomes), outcomes
