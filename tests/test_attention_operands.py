@@ -284,11 +284,13 @@ def rotary(x: str, y: str) -> list:
             helper.make_node("Add", [f"{x}_cos", f"{x}_sin"], [y], name=f"{x}_rotary")]
 
 
-def llama_attention() -> object:
+def llama_attention(guarded: bool = False, repeat_by: str = "Expand") -> object:
     """torch.onnx's (TorchScript) form of HF llama attention with grouped-query heads: q, k, v
     projections without bias, each split into heads (Reshape, Transpose), rotary embedding on q
     and k, the key/value heads repeated for the query heads (Unsqueeze, Expand, Reshape), a
-    causal mask added to the scaled scores, and the head merge."""
+    causal mask added to the scaled scores, and the head merge. `guarded`: the NaN guard after
+    the Softmax (Where(IsNaN(p), 0, p)) HF's exports write, which keeps it from being one
+    attention kernel. `repeat_by` "Gather": the heads repeated by one Gather of [0, 0, 1, 1]."""
     constants = [ints("q_shape", [1, TOKENS, HEADS, HEAD]), ints("kv_shape", [1, TOKENS, KV_HEADS, HEAD]),
                  ints("unit_axis", [2]), ints("repeat", [1, KV_HEADS, HEADS // KV_HEADS, TOKENS, HEAD]),
                  ints("heads", [1, HEADS, TOKENS, HEAD]), weight("scale", np.array(HEAD ** -0.5, np.float32)),
@@ -303,8 +305,13 @@ def llama_attention() -> object:
         constants.append(weight(f"{name}_w", RNG.normal(0, 0.2, (WIDTH, heads * HEAD)).astype(np.float32)))
     nodes += rotary("q_t", "q") + rotary("k_t", "k")
     constants += rotary_constants()
+    constants.append(ints("repeated_heads", np.arange(HEADS) // (HEADS // KV_HEADS)))
     for name in ("k", "v"):
         source = name if name == "k" else "v_t"
+        if repeat_by == "Gather":
+            nodes.append(helper.make_node("Gather", [source, "repeated_heads"], [f"{name}_all"], name=f"{name}_repeat",
+                                          axis=1))
+            continue
         nodes += [helper.make_node("Unsqueeze", [source, "unit_axis"], [f"{name}_u"], name=f"{name}_unsqueeze"),
                   helper.make_node("Expand", [f"{name}_u", "repeat"], [f"{name}_e"], name=f"{name}_expand"),
                   helper.make_node("Reshape", [f"{name}_e", "heads"], [f"{name}_all"], name=f"{name}_repeat")]
@@ -312,8 +319,12 @@ def llama_attention() -> object:
               helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
               helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scaling"),
               helper.make_node("Add", ["scaled", "causal"], ["masked"], name="masking"),
-              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
-              helper.make_node("MatMul", ["probs", "v_all"], ["context"], name="context"),
+              helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1)]
+    if guarded:
+        nodes += [helper.make_node("IsNaN", ["probs"], ["nan"], name="nan"),
+                  helper.make_node("Where", ["nan", "zero", "probs"], ["weights"], name="guard")]
+        constants.append(weight("zero", np.array(0.0, np.float32)))
+    nodes += [helper.make_node("MatMul", ["weights" if guarded else "probs", "v_all"], ["context"], name="context"),
               helper.make_node("Transpose", ["context"], ["merged_t"], name="merge_t", perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["merged_t", "merged_shape"], ["merged"], name="merge"),
               helper.make_node("MatMul", ["merged", "o_w"], ["y"], name="o_proj")]
@@ -335,6 +346,26 @@ def test_rotary_runs_on_the_projections_and_the_scores_read_them(tmp_path):
                        "Conv", "Reshape"], kernels
     rotations = [n for n in ctx.graph.nodes if n.op == "Gather" and n.outputs[0].shape[2:] == [1, 1]]
     assert sorted(n.outputs[0].shape[1] for n in rotations) == [KV_HEADS * HEAD, WIDTH], kernels
+
+
+def test_heads_repeated_by_a_gather_are_read_in_place(tmp_path):
+    kernels, ctx = npu_kernels(llama_attention(repeat_by="Gather"), tmp_path)
+    attention = next(n for n in ctx.graph.nodes if n.op == "exSDPAttention")
+    assert {"k_repeat", "v_repeat"} <= set(ctx.origins[attention.name])
+    assert kernels == ["Reshape", "Conv", "Conv", "Conv", *["Mul", "Gather", "Mul", "Add"] * 2, "exSDPAttention",
+                       "Conv", "Reshape"], kernels
+
+
+def test_rotary_runs_on_the_projections_when_the_scores_are_their_own_kernel(tmp_path):
+    # HF's exports: the NaN guard leaves the scores' exMatMul on its own; it reads q and the
+    # repeated keys straight from their rotary embedding on the projections' layout
+    kernels, ctx = npu_kernels(llama_attention(guarded=True), tmp_path)
+    scores = next(n for n in ctx.graph.nodes if "scores" in ctx.origins.get(n.name, ()))
+    assert scores.op == "exMatMul"
+    assert {"q_heads", "q_t", "k_heads", "k_t", "k_expand", "k_repeat", "k_swap"} <= set(ctx.origins[scores.name])
+    assert kernels[:kernels.index("exMatMul")].count("Transpose") == 1, kernels  # the values' head split
+    rotations = [n for n in ctx.graph.nodes if n.op == "Gather" and n.outputs[0].shape[2:] == [1, 1]]
+    assert sorted(n.outputs[0].shape[1] for n in rotations) == [KV_HEADS * HEAD, WIDTH]
 
 
 def test_a_head_split_into_a_matrix_multiply_that_cannot_read_it_stays(tmp_path):
