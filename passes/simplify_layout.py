@@ -236,6 +236,16 @@ class _Simplifier:
         for node in new:
             self.record_attempt(node.name, rule, "applied")
 
+    def add(self, rule: str, node: gs.Node, origins: tuple[str, ...]) -> None:
+        """`node`, made and linked by `rule`, joins the graph carrying `origins`."""
+        ctx = self.ctx
+        ctx.origins[node.name] = origins
+        ctx.failures[node.name] = self.failures(node)
+        self.carriers.update(origins)
+        ctx.graph.nodes.append(node)
+        ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=(node.name,), ops=(node.op,)))
+        self.record_attempt(node.name, rule, "applied")
+
     def forget(self, name: str) -> None:
         """The records that name a node leaving the graph."""
         self.ctx.failures.pop(name, None)
@@ -1257,7 +1267,11 @@ def attention_operands(node: gs.Node, simplifier: _Simplifier):
     and result, the second last of the transposed keys. For exMatMul they are the reduced axis
     K of both operands and the rows n of the result (seed 001, exMatMul: A [b,k,1,n],
     B [b,k,1,m], Y [b,n,1,m]): the last axis of A, the second last of B and of the result. The
-    emulator runs the members, so the values are those of the ops absorbed (exact)."""
+    emulator runs the members, so the values are those of the ops absorbed (exact). An operand
+    whose rows step over its source by a fixed stride other than the channels' (the values'
+    tokens, the reduced axis of the second product, on a [L, C, 1, 1] projection) is read from
+    one relabel of the source that stores them as channels (`_staging`): that step stays, the
+    rest of the chain is absorbed."""
     return _absorb_operands(node, simplifier, (ATTENTION,))
 
 
@@ -1274,22 +1288,78 @@ def _absorb_operands(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str,
     kernel, members, outer, operands, result_axis = core
     opset = simplifier.ctx.graph.opset
     kept: list[gs.Tensor] = []  # operands read as they are: no view of their source is rows
+    staged: dict[int, tuple] = {}  # operands read from their source relabelled (`_staging`)
     why = None
-    while True:  # each round keeps one more operand as it is, or absorbs
+    while True:  # each round keeps one more operand as it is, stages it, or absorbs
         reads = _absorbable_reads(node, [t for t, _ in operands if all(t is not k for k in kept)], kept, simplifier)
-        problems = _read_problems(reads, operands, opset) if reads else []
+        problems = [(t, problem) for t, problem in (_read_problems(reads, operands, opset) if reads else [])
+                    if id(t) not in staged]
         if not problems:
             break
         why = why or problems[0][1]
-        kept += [tensor for tensor, _ in problems]
+        for tensor, _ in problems:
+            stage = _staging(tensor, dict((id(t), axis) for t, axis in operands)[id(tensor)], reads, simplifier)
+            if stage is None:
+                kept.append(tensor)
+            else:
+                staged[id(tensor)] = stage
     after = writes = _absorbable_writes(node, simplifier)
     while writes and _write_problem(node.outputs[0], writes, result_axis, simplifier):
         writes = writes[:-1]
     if not reads and not writes:
         return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after, result_axis, simplifier)}"
                        if after else None)
+    rule = "attention_operands" if kernel == ATTENTION else "matmul_operands"
+    reads = [*(_stage(chain, source, shape, rule, simplifier) for chain, source, shape in staged.values()), *reads]
     _absorb(node, kernel, members, outer, reads, writes, simplifier)
     return True
+
+
+def _staging(tensor: gs.Tensor, row_axis: int, reads: list[gs.Node], simplifier: _Simplifier):
+    """(the chain of `reads` making operand `tensor` from one source, the source, its staged
+    shape) when the chain is a strided view of the source whose rows step over it by a fixed
+    stride s, but not along its channels (the values' tokens of a [L, C, 1, 1] projection, read
+    by the scores' product as its reduced axis): the source relabelled to [1, size / s, s]
+    stores those rows as channels, so one relabel step stays for a chain of two or more; None
+    otherwise. rknn-toolkit2 likewise keeps one Reshape or Transpose before such an exMatMul."""
+    made = {id(t): member for member in reads for t in member.outputs}
+    chain, source = [], tensor
+    while id(source) in made:
+        producer = made[id(source)]
+        computed = _computed_inputs(producer)
+        if len(computed) != 1 or len(producer.outputs) != 1 or len(source.outputs) != 1:
+            return None
+        chain.insert(0, producer)
+        source = computed[0]
+    if len(chain) < 2:
+        return None
+    offsets = _element_indices(chain, simplifier.ctx.graph.opset)[0][tensor.name]
+    stride, size = _stride(offsets, row_axis % offsets.ndim), element_count(static_shape(source))
+    if stride < 1 or size % stride:
+        return None
+    shape = (1, size // stride, stride)
+    if _row_problem(offsets, row_axis, shape, tensor.name) is not None:
+        return None
+    probe = unlinked_node(op="Reshape", name=f"{source.name}/staged", outputs=[gs.Variable(f"{source.name}/staged",
+                          source.dtype, list(shape))], inputs=[source, gs.Constant(f"{source.name}/staged/shape",
+                                                                                 np.array(shape, dtype=np.int64))])
+    return None if simplifier.failures(probe) else (chain, source, shape)
+
+
+def _stage(chain: list[gs.Node], source: gs.Tensor, shape: tuple[int, ...], rule: str, simplifier: _Simplifier) -> gs.Node:
+    """The staging relabel of `source` into `shape`, a step of its own carrying the chain's
+    original nodes; and the member relabelling it back, which the chain now reads: the kernel
+    reads its operand from the staged tensor."""
+    fresh = simplifier.fresh
+    staged = gs.Variable(fresh(f"{source.name}/staged"), source.dtype, list(shape))
+    relabel = _layout_node(source, staged, None, f"{chain[0].name}/staged", fresh)
+    back = gs.Variable(fresh(f"{source.name}/unstaged"), source.dtype, static_shape(source))
+    member = _layout_node(staged, back, None, f"{chain[0].name}/unstaged", fresh)
+    set_input(chain[0], next(i for i, t in enumerate(chain[0].inputs) if t is source), back)
+    simplifier.add(rule, relabel, tuple(dict.fromkeys(
+        o for node in chain for o in simplifier.ctx.origins.get(node.name, (node.name,)))))
+    simplifier.ctx.origins[member.name] = ()
+    return member
 
 
 def _kernel_core(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str, ...]):
