@@ -165,7 +165,8 @@ class _Simplifier:
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
         self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
         self.taken = {n.name for n in ctx.graph.nodes} | set(ctx.graph.tensors())
-        self.removed: set[int] = set()  # ids of the nodes the rules took out of the graph
+        #: the nodes the rules took out of the graph, by id; held, so no new node takes an id of theirs
+        self.removed: dict[int, gs.Node] = {}
 
     def run(self) -> bool:
         """Apply the rules to every node until none applies; whether any did."""
@@ -219,7 +220,7 @@ class _Simplifier:
         ctx = self.ctx
         origins = tuple(dict.fromkeys(o for n in old for o in ctx.origins.get(n.name, (n.name,))))
         for node in old:
-            self.removed.add(id(node))
+            self.removed[id(node)] = node
             self.carriers.subtract(ctx.origins.pop(node.name, (node.name,)))
             self.forget(node.name)
         for node in new:
@@ -260,7 +261,7 @@ class _Simplifier:
     def drop(self, node: gs.Node, rule: str) -> None:
         """`node` (detached already) leaves the graph; what it stood for, if nothing else
         carries it, was removed."""
-        self.removed.add(id(node))
+        self.removed[id(node)] = node
         self.declined.pop(node.name, None)
         origins = self.ctx.origins.pop(node.name, (node.name,))
         self.carriers.subtract(origins)
