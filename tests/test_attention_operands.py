@@ -119,18 +119,24 @@ def test_one_projection_split_by_slices_feeds_the_kernel_whole(tmp_path):
     assert kernels == ["Reshape", "Conv", "exSDPAttention", "Conv", "Reshape"], kernels
 
 
-def test_a_head_split_that_does_not_read_whole_rows_is_one_staging_relabel(tmp_path):
-    # the query's head channels are every HEADS-th channel of its projection ([1, S, D, H] ->
-    # [1, H, S, D]): no row of the projection holds a head, so the kernel reads it from the
-    # projection relabelled to [1, S*H*D / H, H], whose channels hold them; that relabel stays
-    # a step, the head split's Transpose does not
-    model = separate_projections([0, 2, 3, 1])
+def interleaved_query_heads(model):
+    """`model` with the query's head channels every HEADS-th channel of its projection:
+    Reshape to [1, S, D, H], Transpose to [1, H, S, D]."""
     for node in model.graph.node:
         if node.name == "q_heads":
             node.input[1] = "interleaved_shape"
         if node.name == "q_t":
             node.attribute[0].ints[:] = [0, 3, 1, 2]
     model.graph.initializer.append(ints("interleaved_shape", [1, TOKENS, HEAD, HEADS]))
+    return model
+
+
+def test_a_head_split_that_does_not_read_whole_rows_is_one_staging_relabel(tmp_path):
+    # the query's head channels are every HEADS-th channel of its projection ([1, S, D, H] ->
+    # [1, H, S, D]): no row of the projection holds a head, so the kernel reads it from the
+    # projection relabelled to [1, S*H*D / H, H], whose channels hold them; that relabel stays
+    # a step, the head split's Transpose does not
+    model = interleaved_query_heads(separate_projections([0, 2, 3, 1]))
     kernels, ctx = npu_kernels(model, tmp_path)
     assert kernels == ["Reshape", "Conv", "Conv", "Conv", "Reshape", "exSDPAttention", "Conv", "Reshape"], kernels
     attention = next(n for n in ctx.graph.nodes if n.op == "exSDPAttention")
@@ -379,13 +385,7 @@ def test_rotary_runs_on_the_projections_when_the_scores_are_their_own_kernel(tmp
 def test_a_head_split_into_a_matrix_multiply_that_cannot_read_it_stays(tmp_path):
     # the query's heads are every HEADS-th channel of its projection ([1, S, D, H] -> [1, H, S, D]):
     # the move would reach the scores, which cannot read rows of interleaved channels
-    model = llama_attention()
-    for node in model.graph.node:
-        if node.name == "q_heads":
-            node.input[1] = "interleaved_shape"
-        if node.name == "q_t":
-            node.attribute[0].ints[:] = [0, 3, 1, 2]
-    model.graph.initializer.append(ints("interleaved_shape", [1, TOKENS, HEAD, HEADS]))
+    model = interleaved_query_heads(llama_attention())
     _, ctx = npu_kernels(model, tmp_path)
     outcomes = [outcome for rule, outcome in attempts(ctx, "q_t") if rule == "move_layout_down"]
     assert any("cannot take the move in" in outcome and "is not whole rows" in outcome for outcome in outcomes), outcomes
