@@ -13,7 +13,8 @@ before the rewrites as well (`EARLY`), on the exporter's own Transposes.
 
 Each rule is exact: every value is computed by the same arithmetic on the same operands, only
 stored in another order. A rule applies only when every node it leaves passes the target's
-rules that the nodes it replaces passed, and it always leaves fewer nodes, so the pass ends.
+rules that the nodes it replaces passed, and it always leaves fewer nodes, or moves a relabel or
+Transpose down past work into the matrix multiply that takes it in, so the pass ends.
 
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
   operands) leaves the graph, and the region below it, of element-wise ops, and Splits and
@@ -28,7 +29,12 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
   channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
-  work.
+  work. A Gather of constant indices along one axis, keeping its extent (rotary embedding's
+  rotate-half), passes too, re-indexed. After fusion, a region may also end in a matrix
+  multiply of two computed tensors (exSDPAttention, exMatMul, MatMul), directly or through ops
+  that only select elements, when that kernel can read its operand through the move: the move
+  is made again in front of it, and `attention_operands`/`matmul_operands` take it in (the
+  head split of q and k before rotary embedding, in HF llama, then costs no step).
 - `move_relabel_up`: a relabel after an element-wise op whose operands are relabels read by it
   alone is made on the operands instead (one relabel for two); an operand that broadcasts
   follows when the relabel only adds or removes axes of extent 1.
@@ -42,12 +48,13 @@ rules that the nodes it replaces passed, and it always leaves fewer nodes, so th
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
 - `shared_layout`: relabels or Transposes of one tensor making the same result are one node.
-- `attention_operands`, and after the kernel fusions `matmul_operands`: the head split and
+- `attention_operands` and `matmul_operands`, after the kernel fusions: the head split and
   q/k/v split before an exSDPAttention or a matrix multiply of two computed tensors, and the
   head merge after it, become members of the kernel, which reads its operands from the
   projections and writes its result in the next projection's layout, where each is then a
-  strided view read as whole rows of the channels the kernel reads together. The members
-  only choose where elements are read and written; the emulator runs them.
+  strided view read as whole rows of the channels the kernel reads together (grouped-query
+  attention's repeated key and value heads read each head again). The members only choose
+  where elements are read and written; the emulator runs them.
 """
 from __future__ import annotations
 
@@ -91,8 +98,10 @@ class SimplifyLayout:
             # A Conv and the activation a relabel pair kept apart may now be one kernel.
             fuse_table(ctx, KERNEL_FUSIONS)
         if self.fused:
-            # after the kernel fusions, so an exMatMul takes its MatMul and the Add after it first
-            _Simplifier(ctx, self.fused, (matmul_operands,)).run()
+            # after the kernel fusions, so an exMatMul takes its MatMul and the Add after it
+            # first, and after every move into a kernel (move_layout_down), so each kernel
+            # takes in the whole of what its operands are read through
+            _Simplifier(ctx, self.fused, (attention_operands, matmul_operands)).run()
 
 
 EARLY = SimplifyLayout("simplify-layout-early", fused=False)
@@ -162,7 +171,8 @@ class _Simplifier:
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
         self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
         self.taken = {n.name for n in ctx.graph.nodes} | set(ctx.graph.tensors())
-        self.removed: set[int] = set()  # ids of the nodes the rules took out of the graph
+        #: the nodes the rules took out of the graph, by id; held, so no new node takes an id of theirs
+        self.removed: dict[int, gs.Node] = {}
 
     def run(self) -> bool:
         """Apply the rules to every node until none applies; whether any did."""
@@ -216,7 +226,7 @@ class _Simplifier:
         ctx = self.ctx
         origins = tuple(dict.fromkeys(o for n in old for o in ctx.origins.get(n.name, (n.name,))))
         for node in old:
-            self.removed.add(id(node))
+            self.removed[id(node)] = node
             self.carriers.subtract(ctx.origins.pop(node.name, (node.name,)))
             self.forget(node.name)
         for node in new:
@@ -233,6 +243,16 @@ class _Simplifier:
         for node in new:
             self.record_attempt(node.name, rule, "applied")
 
+    def add(self, rule: str, node: gs.Node, origins: tuple[str, ...]) -> None:
+        """`node`, made and linked by `rule`, joins the graph carrying `origins`."""
+        ctx = self.ctx
+        ctx.origins[node.name] = origins
+        ctx.failures[node.name] = self.failures(node)
+        self.carriers.update(origins)
+        ctx.graph.nodes.append(node)
+        ctx.rewrites.append(Rewrite(rule=rule, nodes=origins, into=(node.name,), ops=(node.op,)))
+        self.record_attempt(node.name, rule, "applied")
+
     def forget(self, name: str) -> None:
         """The records that name a node leaving the graph."""
         self.ctx.failures.pop(name, None)
@@ -247,7 +267,7 @@ class _Simplifier:
     def drop(self, node: gs.Node, rule: str) -> None:
         """`node` (detached already) leaves the graph; what it stood for, if nothing else
         carries it, was removed."""
-        self.removed.add(id(node))
+        self.removed[id(node)] = node
         self.declined.pop(node.name, None)
         origins = self.ctx.origins.pop(node.name, (node.name,))
         self.carriers.subtract(origins)
@@ -433,11 +453,15 @@ CHANNEL_OPS = frozenset({"LayerNormalization", "MatMul"})
 class _Region:
     """The nodes a layout move passes through, with the shape each of their tensors gets."""
 
-    def __init__(self, entry: gs.Node, perm, fresh, opset: int):
+    def __init__(self, entry: gs.Node, perm, fresh, opset: int, into_kernels: bool):
         self.perm, self.fresh, self.opset = perm, fresh, opset
         self.entries: list[gs.Node] = [entry]
         self.nodes: list[gs.Node] = []
         self.exits: list[gs.Node] = []
+        #: after fusion: readers leading, through selecting ops, to a matrix multiply kernel
+        #: that reads the move's result as part of its operand (`_kernel_exit_problem`)
+        self.into_kernels = into_kernels
+        self.kernel_exits: list[gs.Node] = []
         self.shapes: dict[int, tuple[int, ...]] = {id(entry.outputs[0]): static_shape(entry.inputs[0])}
         self.constants: dict[tuple[int, int], gs.Constant] = {}  # (id(node), position) -> re-laid constant
         self.attrs: dict[int, dict] = {}  # id(node) -> its attributes that name axes, for the unmoved layout
@@ -461,12 +485,14 @@ def move_layout_down(node: gs.Node, simplifier: _Simplifier):
     if move is None:
         return None
     source, result, perm = move
-    region = _Region(node, perm, simplifier.fresh, simplifier.ctx.graph.opset)
+    region = _Region(node, perm, simplifier.fresh, simplifier.ctx.graph.opset, simplifier.fused)
     problem = _grow(region, simplifier)
     if problem:
         return problem
-    if not region.exits:
+    if not region.exits and not region.kernel_exits:
         return "no relabel or Transpose reads what follows it"
+    if region.kernel_exits and not region.nodes:
+        return "the matrix multiply reading it is next to it already"
     probes = _probes(region, simplifier)
     if isinstance(probes, str):
         return probes
@@ -510,6 +536,11 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     if exit_move is not None and exit_move[0] is tensor and (exit_move[2] is None) == (perm is None):
         region.exits.append(reader)
         return []
+    if region.into_kernels and _kernel_path(reader) is not None:
+        region.kernel_exits.append(reader)
+        return []
+    if reader.op == "Gather" and is_onnx_domain(reader) and reader.inputs[0] is tensor:
+        return _gather_moved(reader, tensor, region)
     if perm is not None and is_onnx_domain(reader) and reader.op in AXIS_NAMING_OPS and reader.inputs[0] is tensor:
         return _axes_renamed(reader, tensor, region)
     along = _along_one_axis(reader, tensor, region.opset)
@@ -709,6 +740,93 @@ def _classify_channel_op(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     return [reader.outputs[0]]
 
 
+def _gather_moved(reader: gs.Node, tensor: gs.Tensor, region: _Region):
+    """A Gather of constant indices along one axis keeping its extent (rotary embedding's
+    rotate-half, a reordered Split) run on the unmoved layout: along the Transpose's own axis
+    with the same indices, or, after a relabel, along the unmoved axis holding the gathered
+    axis' blocks, each block's elements gathered as before. Exact: every output is the same
+    element of the same tensor."""
+    moved, unmoved = static_shape(tensor), region.shapes[id(tensor)]
+    indices = constant_value(reader.inputs[1]) if len(reader.inputs) == 2 else None
+    axis = int(reader.attrs.get("axis", 0)) % len(moved)
+    if indices is None or indices.ndim != 1 or indices.size != moved[axis] or static_shape(reader.outputs[0]) != moved:
+        return f"{reader.name} does not gather constant indices along one axis keeping its extent"
+    indices = np.where(indices < 0, indices + moved[axis], indices).astype(np.int64)
+    if region.perm is not None:
+        new_axis, new_indices = region.perm[axis], indices
+    else:
+        found = _gathered_axis(moved, unmoved, axis, indices)
+        if found is None:
+            return f"{reader.name} gathers along an axis the relabel splits"
+        new_axis, new_indices = found
+    region.constants[(id(reader), 1)] = gs.Constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), new_indices)
+    region.attrs[id(reader)] = {"axis": new_axis}
+    region.nodes.append(reader)
+    region.shapes[id(reader.outputs[0])] = tuple(unmoved)
+    return [reader.outputs[0]]
+
+
+def _gathered_axis(moved, unmoved, axis: int, indices: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """(axis, indices) of the Gather along `unmoved` doing what a Gather of `indices` along
+    `axis` of the relabelled `moved` does: the unmoved axis whose elements step over the moved
+    axis' ones, when every block of the moved axis lies within one run of it; else None."""
+    inner = element_count(moved[axis + 1:])
+    for candidate, extent in enumerate(unmoved):
+        step = element_count(unmoved[candidate + 1:])
+        if extent == 1 or not step <= inner < step * extent:
+            continue
+        block = moved[axis] * inner
+        if inner % step or (step * extent) % block:
+            return None
+        positions = np.arange(extent).reshape(step * extent // block, moved[axis], inner // step)
+        return candidate, positions[:, indices, :].reshape(-1)
+    return None
+
+
+def _kernel_path(reader: gs.Node) -> tuple[list[gs.Node], gs.Node] | None:
+    """(the selecting ops from `reader` on, the matrix multiply they lead to) when `reader` is
+    such a kernel (exSDPAttention, exMatMul, MatMul) or starts a chain of ops that only select
+    elements, each result read by the next alone; else None."""
+    chain, current = [], reader
+    while not (current.op in (ATTENTION, MATMUL) and current.domain == FUSED_DOMAIN
+               or current.op == "MatMul" and is_onnx_domain(current)):
+        if not _selects(current, SELECTING) or len(current.outputs) != 1 or len(current.outputs[0].outputs) != 1:
+            return None
+        chain.append(current)
+        current = current.outputs[0].outputs[0]
+    return chain, current
+
+
+def _kernel_exit_problem(reader: gs.Node, position: int, unmoved, perm, simplifier: _Simplifier) -> str | None:
+    """Why the kernel `reader` leads to could not read its operand through the move made in
+    front of `reader`'s input `position` (unmoved shape `unmoved`) and the ops between, as
+    whole rows (`_row_problem`); None when it can, so matmul_operands takes the move in."""
+    chain, kernel = _kernel_path(reader)
+    core = _kernel_core(kernel, simplifier, (ATTENTION, MATMUL, "MatMul"))
+    fed = chain[-1].outputs[0] if chain else reader.inputs[position]
+    if core is None or fed.name in simplifier.graph_outputs or any(
+            t.name in simplifier.graph_outputs for node in chain for t in node.outputs):
+        return f"{kernel.name} does not read its operands through the ops it absorbs"
+    row_axis = next((axis for tensor, axis in core[3] if tensor is fed), None)
+    if row_axis is None:
+        return f"{kernel.name} does not read {fed.name} as an operand"
+    read = reader.inputs[position]
+    source = gs.Variable(f"{read.name}/unmoved", read.dtype, list(unmoved))
+    moved = gs.Variable(read.name, read.dtype, static_shape(read))
+    probe = _layout_node(source, moved, perm, read.name, lambda name: name, unlinked_node)
+    values, _ = _element_indices([probe, *chain], simplifier.ctx.graph.opset)
+    return _row_problem(values[fed.name], row_axis, tuple(unmoved), f"{fed.name} in {read.name}")
+
+
+def _layout_node(source: gs.Tensor, result: gs.Tensor, perm, base: str, fresh, new_node=gs.Node) -> gs.Node:
+    """A Transpose by `perm` (a Reshape when None) of `source` into `result`, named after `base`."""
+    if perm is None:
+        shape = gs.Constant(fresh(f"{base}/shape"), np.array(static_shape(result), dtype=np.int64))
+        return new_node(op="Reshape", name=fresh(f"{base}/moved"), inputs=[source, shape], outputs=[result])
+    return new_node(op="Transpose", name=fresh(f"{base}/moved"), attrs={"perm": list(perm)}, inputs=[source],
+                    outputs=[result])
+
+
 def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Simplifier,
                      linked: bool) -> list[gs.Node]:
     """The nodes computing CHANNEL_OPS `node`'s work on NCHW `x` into `y`, reducing axis 1: a
@@ -825,16 +943,21 @@ def _probes(region: _Region, simplifier: _Simplifier):
     the NPU's NC1HWC2 layout (fewer channels padded to C2: a move is not worth a larger arena):
     a tensor of the entry's size in more bytes, or the smaller ones (one value per position,
     padded from one channel to C2) in more bytes than the entries' and the cancelled exits'
-    tensors that leave with the move. A norm's statistics that exNorm absorbs are never stored."""
+    tensors that leave with the move. A norm's statistics that exNorm absorbs are never stored.
+    A move into a matrix multiply kernel is judged by the layout at the top of the moves above
+    it (`_layout_chain_top`): they follow it down, each the next one's entry, into the kernel,
+    so the region's tensors of the entry's size end in that layout, not in the one between."""
     shapes = region.shapes
     full_size = element_count(static_shape(region.entries[0].outputs[0]))
     absorbed = _channel_norm_members(region, simplifier)
+    top = _layout_chain_top(region, simplifier)
     growth = 0.0
     for node in region.nodes:
         if id(node) in absorbed and element_count(static_shape(node.outputs[0])) < full_size:
             continue
         for t in node.outputs:
-            before, after = simplifier.stored_bytes(static_shape(t)), simplifier.stored_bytes(shapes[id(t)])
+            eventual = top if top is not None and element_count(static_shape(t)) == full_size else shapes[id(t)]
+            before, after = simplifier.stored_bytes(static_shape(t)), simplifier.stored_bytes(eventual)
             if after > before and element_count(static_shape(t)) >= full_size:
                 return f"{t.name} would take {after} bytes on the NPU instead of {before}"
             growth += after - before
@@ -872,28 +995,50 @@ def _probes(region: _Region, simplifier: _Simplifier):
             exits.append(None)
             continue
         reshaped = gs.Variable(read.name, read.dtype, list(unmoved))
-        if perm is None:
-            shape_input = gs.Constant(simplifier.fresh(f"{exit_node.name}/shape"),
-                                   np.array(static_shape(out), dtype=np.int64))
-            made = unlinked_node(op="Reshape", name=simplifier.fresh(f"{exit_node.name}/moved"),
-                                 inputs=[reshaped, shape_input], outputs=[out])
-        else:
-            made = unlinked_node(op="Transpose", name=simplifier.fresh(f"{exit_node.name}/moved"),
-                                 attrs={"perm": list(perm)}, inputs=[reshaped], outputs=[out])
+        made = _layout_node(reshaped, out, perm, exit_node.name, simplifier.fresh, unlinked_node)
         problem = simplifier.passes_as_before(exit_node, made)
         if problem:
             return problem
         exits.append(made)
+    for reader in region.kernel_exits:
+        for position in _region_reads(reader, region):
+            problem = _kernel_exit_problem(reader, position, shapes[id(reader.inputs[position])], region.perm, simplifier)
+            if problem:
+                return f"{reader.name} leads to a matrix multiply that cannot take the move in: {problem}"
     growth -= sum(simplifier.stored_bytes(static_shape(entry.outputs[0])) for entry in region.entries)
     if growth > 0:
         return f"the tensors it passes would take {growth:g} bytes more on the NPU than the moves it removes"
     return exits
 
 
+def _layout_chain_top(region: _Region, simplifier: _Simplifier) -> tuple[int, ...] | None:
+    """The shape the moves above a lone entry with kernel exits start from: the input of the
+    first of the relabels and Transposes each read by the next alone that end in the entry;
+    None without kernel exits, twins, or a move above it."""
+    if not region.kernel_exits or len(region.entries) != 1:
+        return None
+    top, tensor = None, region.entries[0].inputs[0]
+    while len(tensor.inputs) == 1 and len(tensor.outputs) == 1 and tensor.name not in simplifier.graph_outputs:
+        move = layout_move(tensor.inputs[0])
+        if move is None:
+            break
+        tensor = move[0]
+        top = static_shape(tensor)
+    return top
+
+
+def _region_reads(reader: gs.Node, region: _Region) -> list[int]:
+    """The input positions at which `reader` reads a tensor of the region."""
+    return [position for position, t in enumerate(reader.inputs) if id(t) in region.shapes]
+
+
 def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
-    """Make the move: entries out, region re-laid, exits composed. As when the rewrite pass
-    collapses relabels (rewrites.layout_ops.collapse_relabels), an exit carries its own
-    original nodes and an entry's are reported removed."""
+    """Make the move: entries out, region re-laid, exits composed, and the move made again in
+    front of each kernel exit, carrying the entries' original nodes until the kernel takes it
+    in. As when the rewrite pass collapses relabels (rewrites.layout_ops.collapse_relabels), an
+    exit carries its own original nodes and an entry's are otherwise reported removed."""
+    kernel_reads = [(reader, position, static_shape(reader.inputs[position]))
+                    for reader in region.kernel_exits for position in _region_reads(reader, region)]
     for entry in region.entries:
         replace_uses(entry.outputs[0], entry.inputs[0])
         detach(entry)
@@ -926,6 +1071,19 @@ def _apply(region: _Region, exits: list, simplifier: _Simplifier) -> None:
         else:
             node = gs.Node(op=made.op, name=made.name, attrs=made.attrs, inputs=[read, *made.inputs[1:]], outputs=[out])
             simplifier.replace("move_layout_down", [exit_node], [node])
+    moves = []
+    for reader, position, moved_shape in kernel_reads:
+        read = reader.inputs[position]
+        result = gs.Variable(simplifier.fresh(f"{read.name}/moved"), read.dtype, list(moved_shape))
+        moves.append(_layout_node(read, result, region.perm, region.entries[0].name, simplifier.fresh))
+        body = fused_body(reader)
+        if body is not None:  # its body reads the input it had there by name
+            computed = [t for t in reader.inputs[:position] if t.name and not isinstance(t, gs.Constant)]
+            body.inputs[len(computed)].name = result.name
+        set_input(reader, position, result)
+    if moves:
+        simplifier.replace("move_layout_down", list(region.entries), moves)
+        return
     for entry in region.entries:
         simplifier.drop(entry, "move_layout_down")
 
@@ -1210,8 +1368,9 @@ ATTENTION, MATMUL = "exSDPAttention", "exMatMul"
 #: Ops every output element of which is one element of their first input, in an order fixed by
 #: constant operands: the head merge after attention is made of these.
 RELABELLING = frozenset({"Flatten", "Identity", "Reshape", "Squeeze", "Transpose", "Unsqueeze"})
-#: ... and those that also leave elements out: the q/k/v split before it is made of these too.
-SELECTING = RELABELLING | {"Gather", "Slice", "Split"}
+#: ... and those that also leave elements out, or repeat them: the q/k/v split before it is made
+#: of these too, and grouped-query attention's repeat of the key and value heads (Expand, Gather).
+SELECTING = RELABELLING | {"Expand", "Gather", "Slice", "Split"}
 
 
 def attention_operands(node: gs.Node, simplifier: _Simplifier):
@@ -1235,7 +1394,11 @@ def attention_operands(node: gs.Node, simplifier: _Simplifier):
     and result, the second last of the transposed keys. For exMatMul they are the reduced axis
     K of both operands and the rows n of the result (seed 001, exMatMul: A [b,k,1,n],
     B [b,k,1,m], Y [b,n,1,m]): the last axis of A, the second last of B and of the result. The
-    emulator runs the members, so the values are those of the ops absorbed (exact)."""
+    emulator runs the members, so the values are those of the ops absorbed (exact). An operand
+    whose rows step over its source by a fixed stride other than the channels' (the values'
+    tokens, the reduced axis of the second product, on a [L, C, 1, 1] projection) is read from
+    one relabel of the source that stores them as channels (`_staging`): that step stays, the
+    rest of the chain is absorbed."""
     return _absorb_operands(node, simplifier, (ATTENTION,))
 
 
@@ -1252,22 +1415,78 @@ def _absorb_operands(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str,
     kernel, members, outer, operands, result_axis = core
     opset = simplifier.ctx.graph.opset
     kept: list[gs.Tensor] = []  # operands read as they are: no view of their source is rows
+    staged: dict[int, tuple] = {}  # operands read from their source relabelled (`_staging`)
     why = None
-    while True:  # each round keeps one more operand as it is, or absorbs
+    while True:  # each round keeps one more operand as it is, stages it, or absorbs
         reads = _absorbable_reads(node, [t for t, _ in operands if all(t is not k for k in kept)], kept, simplifier)
-        problems = _read_problems(reads, operands, opset) if reads else []
+        problems = [(t, problem) for t, problem in (_read_problems(reads, operands, opset) if reads else [])
+                    if id(t) not in staged]
         if not problems:
             break
         why = why or problems[0][1]
-        kept += [tensor for tensor, _ in problems]
+        for tensor, _ in problems:
+            stage = _staging(tensor, dict((id(t), axis) for t, axis in operands)[id(tensor)], reads, simplifier)
+            if stage is None:
+                kept.append(tensor)
+            else:
+                staged[id(tensor)] = stage
     after = writes = _absorbable_writes(node, simplifier)
     while writes and _write_problem(node.outputs[0], writes, result_axis, simplifier):
         writes = writes[:-1]
     if not reads and not writes:
         return why or (f"writing through {after[0].name}: {_write_problem(node.outputs[0], after, result_axis, simplifier)}"
                        if after else None)
+    rule = "attention_operands" if kernel == ATTENTION else "matmul_operands"
+    reads = [*(_stage(chain, source, shape, rule, simplifier) for chain, source, shape in staged.values()), *reads]
     _absorb(node, kernel, members, outer, reads, writes, simplifier)
     return True
+
+
+def _staging(tensor: gs.Tensor, row_axis: int, reads: list[gs.Node], simplifier: _Simplifier):
+    """(the chain of `reads` making operand `tensor` from one source, the source, its staged
+    shape) when the chain is a strided view of the source whose rows step over it by a fixed
+    stride s, but not along its channels (the values' tokens of a [L, C, 1, 1] projection, read
+    by the scores' product as its reduced axis): the source relabelled to [1, size / s, s]
+    stores those rows as channels, so one relabel step stays for a chain of two or more; None
+    otherwise. rknn-toolkit2 likewise keeps one Reshape or Transpose before such an exMatMul."""
+    made = {id(t): member for member in reads for t in member.outputs}
+    chain, source = [], tensor
+    while id(source) in made:
+        producer = made[id(source)]
+        computed = _computed_inputs(producer)
+        if len(computed) != 1 or len(producer.outputs) != 1 or len(source.outputs) != 1:
+            return None
+        chain.insert(0, producer)
+        source = computed[0]
+    if len(chain) < 2:
+        return None
+    offsets = _element_indices(chain, simplifier.ctx.graph.opset)[0][tensor.name]
+    stride, size = _stride(offsets, row_axis % offsets.ndim), element_count(static_shape(source))
+    if stride < 1 or size % stride:
+        return None
+    shape = (1, size // stride, stride)
+    if _row_problem(offsets, row_axis, shape, tensor.name) is not None:
+        return None
+    probe = unlinked_node(op="Reshape", name=f"{source.name}/staged", outputs=[gs.Variable(f"{source.name}/staged",
+                          source.dtype, list(shape))], inputs=[source, gs.Constant(f"{source.name}/staged/shape",
+                                                                                 np.array(shape, dtype=np.int64))])
+    return None if simplifier.failures(probe) else (chain, source, shape)
+
+
+def _stage(chain: list[gs.Node], source: gs.Tensor, shape: tuple[int, ...], rule: str, simplifier: _Simplifier) -> gs.Node:
+    """The staging relabel of `source` into `shape`, a step of its own carrying the chain's
+    original nodes; and the member relabelling it back, which the chain now reads: the kernel
+    reads its operand from the staged tensor."""
+    fresh = simplifier.fresh
+    staged = gs.Variable(fresh(f"{source.name}/staged"), source.dtype, list(shape))
+    relabel = _layout_node(source, staged, None, f"{chain[0].name}/staged", fresh)
+    back = gs.Variable(fresh(f"{source.name}/unstaged"), source.dtype, static_shape(source))
+    member = _layout_node(staged, back, None, f"{chain[0].name}/unstaged", fresh)
+    set_input(chain[0], next(i for i, t in enumerate(chain[0].inputs) if t is source), back)
+    simplifier.add(rule, relabel, tuple(dict.fromkeys(
+        o for node in chain for o in simplifier.ctx.origins.get(node.name, (node.name,)))))
+    simplifier.ctx.origins[member.name] = ()
+    return member
 
 
 def _kernel_core(node: gs.Node, simplifier: _Simplifier, kernels: tuple[str, ...]):
@@ -1432,26 +1651,52 @@ def _row_problem(offsets: np.ndarray, row_axis: int, shape: tuple[int, ...], wha
     `row_axis` (see matmul_operands); None when they are. A row runs along one axis of the
     tensor's stored 4-D view (numerics.nc1hwc2.as_nchw): its channels, each row starting on a
     multiple of its length (a [tokens, H*D, 1, 1] projection's heads; a feature map's channels
-    in conv attention), or its spatial plane, within one plane."""
+    in conv attention), or its spatial plane, within one plane. An axis other than the row's
+    may read each of its blocks several times in turn (`_repeats_split`)."""
     if len(shape) > 4:
         return f"{what} is read from a tensor of rank {len(shape)}, which the NPU does not store"
-    rank, base = offsets.ndim, int(offsets.flat[0])
-    strides = [int(offsets[tuple(1 if a == axis else 0 for a in range(rank))]) - base if extent > 1 else 0
-               for axis, extent in enumerate(offsets.shape)]
-    grid = np.indices(offsets.shape, dtype=np.int64) if rank else np.zeros((0,), dtype=np.int64)
-    if rank and not np.array_equal(offsets, base + np.tensordot(np.array(strides), grid, axes=1)):
+    if offsets.ndim == 0:
+        return None
+    row_axis %= offsets.ndim
+    view = _repeats_split(offsets, row_axis)
+    base = int(view.flat[0])
+    strides = [_stride(view, axis) for axis in range(view.ndim)]
+    if not np.array_equal(view, base + np.tensordot(np.array(strides), np.indices(view.shape, dtype=np.int64), axes=1)):
         return f"{what} is not a strided view"
-    row = offsets.shape[row_axis] if rank else 1
+    row = offsets.shape[row_axis]
     if row == 1:
         return None
     _, channels, height, width = as_nchw(tuple(shape))
     plane = height * width
     starts = np.take(offsets, 0, axis=row_axis)
-    if strides[row_axis] == plane and channels % row == 0 and not np.any((starts // plane) % channels % row):
+    row_stride = _stride(offsets, row_axis)
+    if row_stride == plane and channels % row == 0 and not np.any((starts // plane) % channels % row):
         return None  # whole runs of channels (on a [L, C, 1, 1] tensor, plane 1: its rows)
-    if strides[row_axis] == 1 and not np.any(starts % plane + row > plane):
+    if row_stride == 1 and not np.any(starts % plane + row > plane):
         return None  # runs within one spatial plane
     return f"{what} is not whole rows of its {row} head channels"
+
+
+def _stride(offsets: np.ndarray, axis: int) -> int:
+    """The step of `offsets` from index 0 to 1 along `axis` (0 when the axis has one index)."""
+    if offsets.shape[axis] == 1:
+        return 0
+    return int(offsets[tuple(1 if a == axis else 0 for a in range(offsets.ndim))]) - int(offsets.flat[0])
+
+
+def _repeats_split(offsets: np.ndarray, row_axis: int) -> np.ndarray:
+    """`offsets` with each axis but `row_axis` that reads every index r times in turn (r > 1
+    dividing its extent) split into [extent / r, r]: grouped-query attention's key and value
+    heads, each read by r query heads (Expand of an inserted axis, or Gather [0, 0, 1, 1, ...]),
+    are then a strided view whose inner axis has step 0, read again for each of the r heads."""
+    shape = []
+    for axis, extent in enumerate(offsets.shape):
+        profile = offsets[tuple(slice(None) if a == axis else 0 for a in range(offsets.ndim))]
+        differs = np.flatnonzero(profile != profile[0])
+        run = int(differs[0]) if differs.size else extent
+        split = axis != row_axis and 1 < run < extent and extent % run == 0
+        shape += [extent // run, run] if split else [extent]
+    return offsets.reshape(shape)
 
 
 def _read_problems(reads: list[gs.Node], operands: list[tuple[gs.Tensor, int]], opset: int) -> list[tuple[gs.Tensor, str]]:
@@ -1510,6 +1755,7 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
     simplifier.replace("attention_operands" if kernel == ATTENTION else "matmul_operands", [node, *reads, *writes], [made])
 
 
-#: The rules, in the order each node tries them; matmul_operands runs after the kernel fusions.
+#: The rules, in the order each node tries them; attention_operands and matmul_operands run after
+#: the kernel fusions (SimplifyLayout.run).
 RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
-         transposes_across_relabel, attention_operands)
+         transposes_across_relabel)
