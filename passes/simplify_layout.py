@@ -302,7 +302,11 @@ def identity_layout(node: gs.Node, simplifier: _Simplifier):
         if made_by is None or source.name in simplifier.graph_outputs or len(source.outputs) != 1:
             return "it writes a graph output from a tensor it cannot rename"
         detach(node)
-        made_by.outputs[made_by.outputs.index(source)] = result
+        position = made_by.outputs.index(source)
+        made_by.outputs[position] = result
+        body = fused_body(made_by)
+        if body is not None:  # a kernel's body names its results as the kernel does
+            body.outputs[position].name = result.name
     else:
         replace_uses(result, source)
         detach(node)
