@@ -3,14 +3,19 @@ bytes, and lay the weight, input and output regions out one tensor after another
 
 Live ranges come from the step order and the tensors each step lists, whatever the step is
 (NPU, CPU or host conversion), so anything a step reads or writes in the arena is sized by its
-layout and planned. An element-wise step may write its output over an input it reads for the
+layout and planned. An alias (passes/alias.py) has no bytes of its own: its reads count as its
+source's, it gets its source's offset, and a tensor something aliases is never overwritten in
+place (the alias's reader may read it under another shape). An element-wise step may write its output over an input it reads for the
 last time (`reuses` in the plan); the pair becomes one buffer for the planner. Offsets are
 multiples of the target's C2 block (docs/memory.md).
 """
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import replace
+from functools import partial
 
+from rkcompile.plan.aliases import storage_of
 from rkcompile.plan.allocation import Buffer, live_ranges, plan_arena
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.graph import itemsize, node_inputs
@@ -33,11 +38,13 @@ STREAMING_KERNELS = frozenset({
 
 def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
-    steps = [(ctx.placement[name].kernel, [t.name for t in node_inputs(nodes[name])],
+    storage = partial(storage_of, ctx.tensors)  # an alias's reads are reads of the tensor whose bytes it is
+    steps = [(ctx.placement[name].kernel, [storage(t.name) for t in node_inputs(nodes[name])],
               [t.name for t in nodes[name].outputs if t.name]) for name in ctx.order]
-    arena = {name: t for name, t in ctx.tensors.items() if t.region == "arena"}
+    arena = {name: t for name, t in ctx.tensors.items() if t.region == "arena" and t.aliases is None}
     ranges = live_ranges([(inputs, outputs) for _, inputs, outputs in steps], arena)
-    reuses = in_place_reuses(steps, ranges, arena)
+    viewed = {t.aliases for t in ctx.tensors.values() if t.aliases is not None}
+    reuses = in_place_reuses(steps, ranges, arena, viewed)
     alignment = ctx.target.c2_for(ctx.options.dtype) * itemsize(ctx.options.dtype)
 
     owner = {}
@@ -55,7 +62,7 @@ def run(ctx: CompileContext) -> None:
     tensors: dict[str, TensorPlacement] = {}
     for name, tensor in ctx.tensors.items():
         if tensor.region == "arena":
-            tensors[name] = replace(tensor, offset=allocation.offsets.get(owner.get(name), 0),
+            tensors[name] = replace(tensor, offset=allocation.offsets.get(owner.get(storage(name)), 0),
                                     reuses=reuses.get(name))
         else:
             tensors[name] = replace(tensor, offset=region_ends[tensor.region])
@@ -66,10 +73,11 @@ def run(ctx: CompileContext) -> None:
 
 
 def in_place_reuses(steps: list[tuple[str, list[str], list[str]]], ranges: dict[str, tuple[int, int]],
-                    arena: dict[str, TensorPlacement]) -> dict[str, str]:
+                    arena: dict[str, TensorPlacement], kept: Set[str] = frozenset()) -> dict[str, str]:
     """{output: input} for each streaming step whose output can overwrite an input: the step is
     the input's last reader, and both have the same shape, dtype, layout and size, so no
-    broadcast makes the kernel read an element after it wrote over it."""
+    broadcast makes the kernel read an element after it wrote over it. No output overwrites
+    one of `kept`."""
     reuses: dict[str, str] = {}
     taken: set[str] = set()
     for index, (kernel, inputs, outputs) in enumerate(steps):
@@ -79,7 +87,7 @@ def in_place_reuses(steps: list[tuple[str, list[str], list[str]]], ranges: dict[
             if output not in arena or output in reuses:
                 continue
             for source in inputs:
-                if (source in arena and source not in taken and source not in outputs
+                if (source in arena and source not in taken and source not in outputs and source not in kept
                         and ranges[source][1] == index and _same_storage(arena[source], arena[output])):
                     reuses[output] = source
                     taken.add(source)

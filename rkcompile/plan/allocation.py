@@ -334,22 +334,30 @@ def _replace_after_move(placement: _Placement, moved: int, low: int, high: int, 
 def verify_allocation(plan) -> list[str]:
     """Every way the arena placement of `plan` (a `rkcompile.plan.schema.PlanRecord`) is wrong; empty when sound.
 
-    Rebuilds each arena tensor's live range from the steps, then checks: offsets are aligned
+    Rebuilds each arena tensor's live range from the steps (a read of an alias is a read of the
+    tensor whose bytes it is, on which it must lie), then checks: offsets are aligned
     and in bounds, `arena_bytes` covers every tensor, live tensors never share a byte (except
     a declared in-place reuse, where the reader's last step is the writer's first and both
     start at the same offset), and the recorded lower bound is the live-bytes peak.
     """
     memory = plan.memory
     alignment = memory.alignment
-    arena = {name: t for name, t in plan.tensors.items() if t.region == "arena"}
+    arena = {name: t for name, t in plan.tensors.items() if t.region == "arena" and t.aliases is None}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for step in plan.steps:
         for name in (*step.inputs, *step.outputs):
+            aliased = plan.tensors.get(name)
+            name = aliased.aliases if aliased is not None and aliased.aliases is not None else name
             if name in arena:
                 first.setdefault(name, step.id)
                 last[name] = step.id
     problems = []
+    for name, tensor in plan.tensors.items():
+        source = arena.get(tensor.aliases) if tensor.aliases is not None else None
+        if tensor.aliases is not None and (source is None or source.offset != tensor.offset
+                                           or source.bytes != tensor.bytes):
+            problems.append(f"arena tensor {name} aliases {tensor.aliases} but does not lie on its bytes")
     for name, tensor in arena.items():
         if tensor.offset < 0 or tensor.offset + tensor.bytes > memory.arena_bytes:
             problems.append(f"arena tensor {name} at [{tensor.offset}, {tensor.offset + tensor.bytes}) "
