@@ -8,7 +8,7 @@ So do some chains of relabels whose tensors between them move bytes one step at 
 innermost) Transposed to [1,H,W,C] and Reshaped to [H*W,C,1,1] ends where it started. The last
 output of such a chain becomes an alias of the chain's input's storage
 (`TensorPlacement.aliases`): the chain's steps go, the tensors between them leave the plan (each
-was read only by the next relabel), the memory pass gives the output its source's offset instead
+was read only by the next relabel) and so do the weights only they read, the memory pass gives the output its source's offset instead
 of bytes of its own, and a reader decodes the same bytes under the output's shape. The plan
 writes the chain as the alias's `view`: the Reshapes and Transposes that take the source's
 elements to the alias's, which plan readers that rebuild the graph run (rkcompile/plan/aliases.py).
@@ -29,7 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.compiler.context import CompileContext
-from rkcompile.ir.graph import element_count, is_onnx_domain, readers
+from rkcompile.ir.graph import element_count, is_onnx_domain, present_inputs, readers
 from rkcompile.numerics.nc1hwc2 import stored_positions
 from rkcompile.passes.fold_constants import evaluate_on
 from rkcompile.plan.aliases import viewed_indices
@@ -89,6 +89,13 @@ def run(ctx: CompileContext) -> None:
         return
     removed = set(gone)
     ctx.order = [name for name in ctx.order if name not in removed]
+    # a weight only the aliased relabels read (a Reshape's shape) leaves the weight region
+    still_read = {t.name for name in ctx.order for t in present_inputs(nodes[name])}
+    for name in gone:
+        for tensor in present_inputs(nodes[name])[1:]:
+            if tensor.name not in still_read and tensors.get(tensor.name) is not None \
+                    and tensors[tensor.name].region == "weight":
+                del tensors[tensor.name]
     ctx.partitions = [(device, kept) for device, members in ctx.partitions
                       if (kept := [name for name in members if name not in removed])]
     running = {original for name in ctx.order for original in ctx.origins[name]}
