@@ -32,7 +32,7 @@ from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.graph import element_count, is_onnx_domain, present_inputs, readers
 from rkcompile.numerics.nc1hwc2 import stored_positions
 from rkcompile.passes.fold_constants import evaluate_on
-from rkcompile.plan.aliases import viewed_indices
+from rkcompile.plan.aliases import view_steps, viewed_indices
 from rkcompile.plan.schema import Quantization, TensorPlacement
 from rkcompile.targets.model import Target
 
@@ -151,7 +151,7 @@ def stored_as_is(chain: list[gs.Node], tensors: dict[str, TensorPlacement], quan
 def composed(source: TensorPlacement, view: tuple, shape: tuple[int, ...]) -> tuple:
     """The view from the tensor an alias `source` is the bytes of, through `source`'s view, then
     `view` (from `source` to a tensor of `shape`): an empty view is a Reshape to its tensor's shape."""
-    steps = (source.view or (("Reshape", tuple(source.shape)),)) + (view or (("Reshape", tuple(shape)),))
+    steps = view_steps(tuple(source.shape), source.view) + view_steps(tuple(shape), view)
     return () if all(op == "Reshape" for op, _ in steps) else steps
 
 

@@ -150,3 +150,19 @@ def test_a_chain_of_relabels_ending_on_its_first_tensors_bytes_is_one_alias(save
                         weight("rows", np.array([64, 9], np.int64)),
                         weight("m", RNG.standard_normal((9, 5)).astype(np.float32))])
     assert [s.kernel for s in rkcompile.compile(save(wider, "wider.onnx"), "rk3588").record.steps].count("Transpose") == 1
+
+
+def test_an_alias_of_an_alias_takes_its_view_from_the_tensor_with_the_bytes():
+    from dataclasses import replace
+
+    from rkcompile.passes.alias import composed
+    from rkcompile.plan.aliases import viewed_indices
+    from rkcompile.plan.schema import TensorPlacement
+
+    base = TensorPlacement(shape=(1, 8, 4, 4), dtype="float16", layout="NC1HWC2", bytes=256, region="arena", offset=0)
+    first = replace(base, shape=(1, 4, 4, 8), aliases="x", view=(("Transpose", (0, 2, 3, 1)),))
+    rows = composed(first, (), (16, 8))  # a Reshape of `first` to [16, 8]
+    expected = np.arange(128).reshape(1, 8, 4, 4).transpose(0, 2, 3, 1).reshape(16, 8)
+    assert np.array_equal(viewed_indices((1, 8, 4, 4), (16, 8), rows), expected)
+    # Reshapes of a Reshape are one Reshape: the empty view
+    assert composed(replace(base, shape=(1, 8, 16), aliases="x"), (), (1, 8, 16, 1)) == ()
