@@ -5,14 +5,20 @@ Two regions are planned so: the NPU's arena, and the `cpu` region, the host memo
 tensors only CPU steps and their conversions touch (passes/layout.py), which the NPU never
 reads; each is sized apart. Live ranges come from the step order and the tensors each step
 lists, whatever the step is (NPU, CPU or host conversion), so anything a step reads or writes
-in either region is sized by its layout and planned. An element-wise step may write its
-output over an input it reads for the last time (`reuses` in the plan); the pair becomes one
-buffer for the planner. Offsets are multiples of the target's C2 block (docs/memory.md).
+in either region is sized by its layout and planned. An alias (passes/alias.py) has no bytes
+of its own: its reads count as its source's, it gets its source's offset, and a tensor
+something aliases is never overwritten in place (the alias's reader may read it under another
+shape). An element-wise step may write its output over an input it reads for the last time
+(`reuses` in the plan); the pair becomes one buffer for the planner. Offsets are multiples of
+the target's C2 block (docs/memory.md).
 """
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import replace
+from functools import partial
 
+from rkcompile.plan.aliases import storage_of
 from rkcompile.plan.allocation import Allocation, Buffer, live_ranges, plan_arena
 from rkcompile.compiler.context import CompileContext
 from rkcompile.ir.graph import itemsize, node_inputs
@@ -40,14 +46,19 @@ PLANNED_REGIONS = ("arena", "cpu")
 
 def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
-    steps = [(ctx.placement[name].kernel, [t.name for t in node_inputs(nodes[name])],
+    storage = partial(storage_of, ctx.tensors)  # an alias's reads are reads of the tensor whose bytes it is
+    steps = [(ctx.placement[name].kernel, [storage(t.name) for t in node_inputs(nodes[name])],
               [t.name for t in nodes[name].outputs if t.name]) for name in ctx.order]
     alignment = ctx.target.c2_for(ctx.options.dtype) * itemsize(ctx.options.dtype)
+    viewed = {t.aliases for t in ctx.tensors.values() if t.aliases is not None}
     tensors = dict(ctx.tensors)
     allocations = {}
     for region in PLANNED_REGIONS:
-        members = {name: t for name, t in ctx.tensors.items() if t.region == region}
-        allocations[region] = _plan_region(steps, members, alignment, tensors)
+        members = {name: t for name, t in ctx.tensors.items() if t.region == region and t.aliases is None}
+        allocations[region] = _plan_region(steps, members, alignment, tensors, viewed)
+    for name, tensor in ctx.tensors.items():
+        if tensor.aliases is not None:
+            tensors[name] = replace(tensor, offset=tensors[storage(name)].offset)
 
     region_ends = {"weight": 0, "input": 0, "output": 0}
     for name, tensor in ctx.tensors.items():
@@ -62,11 +73,12 @@ def run(ctx: CompileContext) -> None:
 
 
 def _plan_region(steps: list[tuple[str, list[str], list[str]]], members: dict[str, TensorPlacement],
-                 alignment: int, tensors: dict[str, TensorPlacement]) -> Allocation:
-    """Offsets for `members`, the tensors of one planned region, written into `tensors`: live
-    ranges from the steps, in-place pairs as one buffer, each buffer aligned."""
+                 alignment: int, tensors: dict[str, TensorPlacement], viewed: Set[str]) -> Allocation:
+    """Offsets for `members`, the tensors of one planned region that hold bytes of their own,
+    written into `tensors`: live ranges from the steps, in-place pairs as one buffer (never over
+    a tensor in `viewed`, one an alias reads), each buffer aligned."""
     ranges = live_ranges([(inputs, outputs) for _, inputs, outputs in steps], members)
-    reuses = in_place_reuses(steps, ranges, members)
+    reuses = in_place_reuses(steps, ranges, members, viewed)
     owner = {}
     for name in ranges:
         owner[name] = owner[reuses[name]] if name in reuses else name
@@ -83,10 +95,11 @@ def _plan_region(steps: list[tuple[str, list[str], list[str]]], members: dict[st
 
 
 def in_place_reuses(steps: list[tuple[str, list[str], list[str]]], ranges: dict[str, tuple[int, int]],
-                    arena: dict[str, TensorPlacement]) -> dict[str, str]:
+                    arena: dict[str, TensorPlacement], kept: Set[str] = frozenset()) -> dict[str, str]:
     """{output: input} for each streaming step whose output can overwrite an input: the step is
     the input's last reader, and both have the same shape, dtype, layout and size, so no
-    broadcast makes the kernel read an element after it wrote over it."""
+    broadcast makes the kernel read an element after it wrote over it. No output overwrites
+    one of `kept`."""
     reuses: dict[str, str] = {}
     taken: set[str] = set()
     for index, (kernel, inputs, outputs) in enumerate(steps):
@@ -96,7 +109,7 @@ def in_place_reuses(steps: list[tuple[str, list[str], list[str]]], ranges: dict[
             if output not in arena or output in reuses:
                 continue
             for source in inputs:
-                if (source in arena and source not in taken and source not in outputs
+                if (source in arena and source not in taken and source not in outputs and source not in kept
                         and ranges[source][1] == index and _same_storage(arena[source], arena[output])):
                     reuses[output] = source
                     taken.add(source)

@@ -17,6 +17,7 @@ import pytest
 from onnx import helper
 
 import rkcompile
+from rkcompile.plan.aliases import storage_of
 from rkcompile.views import charts
 from rkcompile.cli import main
 
@@ -47,7 +48,8 @@ def _memory_checks(plan: rkcompile.Plan) -> None:
     x_scale = float(arena.get("width")) / len(record.steps)
     y_scale = height / record.memory.arena_bytes
     blocks = [r.attrib for r in root.iter(f"{SVG}rect") if r.get("class") == "tensor"]
-    touched = {t for step in record.steps for t in step.inputs + step.outputs
+    # an alias (a relabel's output on its input's bytes) is drawn as the tensor whose bytes it is
+    touched = {storage_of(record.tensors, t) for step in record.steps for t in step.inputs + step.outputs
                if record.tensors[t].region == "arena" and record.tensors[t].bytes}
     assert {b["data-tensor"] for b in blocks} == touched
     boxes = []

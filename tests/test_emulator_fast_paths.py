@@ -430,7 +430,8 @@ def test_movement_steps_run_on_the_stored_float16_values_bit_for_bit(tmp_path, m
     from rkcompile.emulator.registry import KERNELS
 
     weight = numpy_helper.from_array(rng.standard_normal((13, 5, 3, 3)).astype(np.float32), "w")
-    shape = numpy_helper.from_array(np.array([1, 13, 4, 16], np.int64), "shape")
+    # channels into rows: it moves stored bytes, so it is a step (one that moves none is an alias)
+    shape = numpy_helper.from_array(np.array([1, 8, 13, 8], np.int64), "shape")
     starts, ends, axes = (numpy_helper.from_array(np.array([v], np.int64), n)
                           for n, v in (("starts", 1), ("ends", 3), ("axes", 2)))
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
@@ -440,7 +441,7 @@ def test_movement_steps_run_on_the_stored_float16_values_bit_for_bit(tmp_path, m
              helper.make_node("Concat", ["s", "s"], ["j"], axis=3),
              helper.make_node("Relu", ["j"], ["y"])]
     graph = helper.make_graph(nodes, "movement", [helper.make_tensor_value_info("x", 1, [1, 5, 8, 8])],
-                              [helper.make_tensor_value_info("y", 1, [1, 13, 2, 8])],
+                              [helper.make_tensor_value_info("y", 1, [1, 8, 2, 26])],
                               [weight, shape, starts, ends, axes])
     path = tmp_path / "movement.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -474,12 +475,13 @@ def test_row_major_integer_weights_reach_kernels_as_the_weight_regions_own_bytes
     from rkcompile.emulator.registry import KERNELS
 
     weight = numpy_helper.from_array(rng.standard_normal((13, 5, 3, 3)).astype(np.float32), "w")
-    shape = numpy_helper.from_array(np.array([1, 13, 4, 16], np.int64), "shape")
+    # channels into rows: it moves stored bytes, so it is a step (one that moves none is an alias)
+    shape = numpy_helper.from_array(np.array([1, 8, 13, 8], np.int64), "shape")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Reshape", ["c", "shape"], ["r"]),
              helper.make_node("Relu", ["r"], ["y"])]
     graph = helper.make_graph(nodes, "reshape", [helper.make_tensor_value_info("x", 1, [1, 5, 8, 8])],
-                              [helper.make_tensor_value_info("y", 1, [1, 13, 4, 16])], [weight, shape])
+                              [helper.make_tensor_value_info("y", 1, [1, 8, 13, 8])], [weight, shape])
     path = tmp_path / "reshape.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     seen = []
@@ -496,7 +498,7 @@ def test_row_major_integer_weights_reach_kernels_as_the_weight_regions_own_bytes
     outputs = emulate(prepared, inputs).outputs
     (given,) = seen
     assert np.shares_memory(given, np.frombuffer(prepared.weights, np.uint8)) and not given.flags.writeable
-    assert given.dtype == np.int64 and given.tolist() == [1, 13, 4, 16]
+    assert given.dtype == np.int64 and given.tolist() == [1, 8, 13, 8]
     uncached = Executor(prepared.plan, prepared.weights, RK3588).run(inputs).outputs
     np.testing.assert_array_equal(outputs["y"], uncached["y"])
 

@@ -24,6 +24,7 @@ from rkcompile.passes.rewrites import RewriteRule
 from rkcompile.passes.partition import (MOVED_TO_CPU, RELABELLED_ON_CPU, SHAPE_ARITHMETIC, STAYS_BETWEEN_NPU,
     check_partitions_acyclic, contracted_graph, wave_partitions)
 from rkcompile.compiler.pipeline import compile_model
+from rkcompile.plan.aliases import storage_of
 from rkcompile.plan.schema import contract_violations
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -268,7 +269,7 @@ def test_zoo_partitions_hold_and_every_cpu_node_is_justified(model):
     plan, ctx = compile_model(ZOO / f"{model}.onnx", "rk3588")
     assert contract_violations(plan, [n for n, _ in ctx.original_nodes]) == []
     order = {name: i for i, name in enumerate(ctx.order)}
-    dag = Dag((order[a], order[b]) for a, b in _edges(ctx))
+    dag = Dag((order[a], order[b]) for a, b in _edges(ctx, plan))
     dag.add_nodes_from(order.values())
     step_partitions = [(p.device, list(p.steps)) for p in plan.partitions]
     assert is_acyclic(contracted_graph(dag, step_partitions))
@@ -278,10 +279,13 @@ def test_zoo_partitions_hold_and_every_cpu_node_is_justified(model):
                 or placed.reason == RELABELLED_ON_CPU, f"{name} is on the CPU without a rule or the estimate"
 
 
-def _edges(ctx):
-    made_by = {t.name: node.name for node in ctx.graph.nodes for t in node.outputs if t.name}
-    return [(made_by[t.name], node.name) for node in ctx.graph.nodes for t in node.inputs
-            if t.name in made_by]
+def _edges(ctx, plan):
+    """(writer, reader) of the planned steps; a read of an alias (a relabel that is no step) is
+    a read of the tensor whose bytes it is."""
+    nodes = {node.name: node for node in ctx.graph.nodes}
+    made_by = {t.name: name for name in ctx.order for t in nodes[name].outputs if t.name}
+    return [(made_by[storage_of(plan.tensors, t.name)], name) for name in ctx.order for t in nodes[name].inputs
+            if storage_of(plan.tensors, t.name) in made_by]
 
 
 def _erf_then_linear(tmp_path: Path, npu_reads_erf_too: bool) -> Path:

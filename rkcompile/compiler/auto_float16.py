@@ -38,6 +38,7 @@ import numpy as np
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.compiler.context import CompileContext, FloatGraph, Runtime
 from rkcompile.options import INT8_SETTINGS
+from rkcompile.plan.aliases import with_views
 from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
 from rkcompile.passes.quantize import idle_techniques
 from rkcompile.plan.schema import Int8Technique, PlanRecord
@@ -274,7 +275,7 @@ def float_reference(plan, runtime: Runtime) -> FloatGraph:
     """The runtime's float32 run of `plan`'s graph with the model's constants (the reference
     every candidate is judged against)."""
     record = plan.record
-    return runtime.float_graph(plan.reference_nodes, [s.device for s in record.steps], record.model.opset,
+    return runtime.float_graph(*with_views(record, plan.reference_nodes), record.model.opset,
                                [spec.name for spec in record.model.outputs])
 
 

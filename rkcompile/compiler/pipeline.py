@@ -21,7 +21,7 @@ from rkcompile.ir.graph import (fused_body, node_inputs, present_inputs, static_
     topological_nodes)
 from rkcompile.ir.describe import describe
 from rkcompile.ir.nodes import plain_node
-from rkcompile.passes import (assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
+from rkcompile.passes import (alias, assign, boundaries, epilogues, fold_constants, fuse, import_model, layout,
     legalize, memory, multicore, partition, remove_noops, rewrite, rewrite_late, simplify_layout)
 from rkcompile.plan.schema import QUANTIZED_DTYPES, NodeEntry, Partition, PlanRecord, Step
 from rkcompile.targets import get_target
@@ -67,6 +67,7 @@ PASSES = (
     boundaries,      # host steps converting tensors that cross devices
     layout,          # dtype, NC1HWC2/NCHW, bytes, region per tensor
     _QuantizePass,   # int8 plans: calibrated scale/zero point per tensor, int32 biases
+    alias,           # relabels that move no stored byte: their outputs become views, not steps
     memory,          # arena offsets, lower bound
     multicore,       # batch contexts or core-mask splits, per-core timeline, cost estimate
 )

@@ -19,6 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
+from rkcompile.plan.aliases import with_views
 from rkcompile.progress import bar
 from rkcompile.targets import get_target
 
@@ -62,7 +63,7 @@ def analyse(prepared: Prepared, inputs: Mapping[str, np.ndarray],
         if name in written:
             reference[name] = value
 
-    FloatReference(nodes, [s.device for s in plan.steps], plan.model.opset,
+    FloatReference(*with_views(plan, nodes), plan.model.opset,
                    [spec.name for spec in plan.model.outputs], observed=written).run(inputs, keep)
     rows: list[StepAccuracy] = []
     cosines: dict[str, float] = {}

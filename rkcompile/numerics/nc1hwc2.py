@@ -3,6 +3,8 @@ in (seed 003, 3.1.2 and table 3-1). The layout pass decides which tensors use it
 and plan readers decode it with the same functions, so this module needs nothing but the shape."""
 from __future__ import annotations
 
+import numpy as np
+
 from rkcompile.numerics.dtypes import element_count
 
 
@@ -33,3 +35,23 @@ def nc1hwc2_shape(shape: tuple[int, ...], c2: int) -> tuple[int, int, int, int, 
 
 def nc1hwc2_bytes(shape: tuple[int, ...], c2: int, element_bytes: int) -> int:
     return element_count(nc1hwc2_shape(shape, c2)) * element_bytes
+
+
+def stored_positions(shape: tuple[int, ...], layout: str, c2: int | None) -> np.ndarray:
+    """Where each element of a tensor of `shape` sits in its stored array, counted in elements:
+    an int64 array of `shape`. NC1HWC2 (`as_nchw`'s 4-D map, channel c in block c // C2 at lane
+    c % C2, with `c2` the target's C2 for the stored dtype) and NHWC place elements by their
+    axes; every other layout is row-major. Two tensors of one dtype and size whose elements
+    correspond one to one hold the same bytes exactly when these agree element for element (the
+    padding lanes are then the same bytes too, as what is left)."""
+    if layout == "NC1HWC2":
+        n, c, h, w = as_nchw(shape)
+        blocks = -(-c // c2)
+        batch, channel, row, column = np.ogrid[:n, :c, :h, :w]
+        positions = (((batch * blocks + channel // c2) * h + row) * w + column) * c2 + channel % c2
+        return positions.astype(np.int64).reshape(shape)
+    if layout == "NHWC":
+        n, c, h, w = shape
+        batch, channel, row, column = np.ogrid[:n, :c, :h, :w]
+        return (((batch * h + row) * w + column) * c + channel).astype(np.int64)
+    return np.arange(element_count(shape), dtype=np.int64).reshape(shape)

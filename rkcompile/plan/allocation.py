@@ -336,7 +336,8 @@ def verify_allocation(plan) -> list[str]:
 
     Checks the arena and, alike, the `cpu` region (the CPU steps' tensors in host memory,
     `memory.cpu_arena_bytes`), each on its own: every tensor's live range is rebuilt from the
-    steps, then offsets are aligned and in bounds, the region's size covers every tensor, live
+    steps (a read of an alias is a read of the tensor whose bytes it is, on which the alias must
+    lie), then offsets are aligned and in bounds, the region's size covers every tensor, live
     tensors never share a byte (except a declared in-place reuse, where the reader's last step
     is the writer's first and both start at the same offset), and the arena's recorded lower
     bound is its live-bytes peak.
@@ -355,15 +356,23 @@ def _region_problems(plan, region: str, called: str, size: int) -> tuple[list[st
     """What is wrong with the placement of `region`'s tensors in its `size` bytes (`called` in
     the messages), and the most bytes its tensors hold live at one step."""
     alignment = plan.memory.alignment
-    placed = {name: t for name, t in plan.tensors.items() if t.region == region}
+    placed = {name: t for name, t in plan.tensors.items() if t.region == region and t.aliases is None}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for step in plan.steps:
         for name in (*step.inputs, *step.outputs):
+            aliased = plan.tensors.get(name)
+            name = aliased.aliases if aliased is not None and aliased.aliases is not None else name
             if name in placed:
                 first.setdefault(name, step.id)
                 last[name] = step.id
     problems = []
+    for name, tensor in plan.tensors.items():
+        if tensor.region != region or tensor.aliases is None:
+            continue
+        source = placed.get(tensor.aliases)
+        if source is None or source.offset != tensor.offset or source.bytes != tensor.bytes:
+            problems.append(f"{region} tensor {name} aliases {tensor.aliases} but does not lie on its bytes")
     for name, tensor in placed.items():
         if tensor.offset < 0 or tensor.offset + tensor.bytes > size:
             problems.append(f"{region} tensor {name} at [{tensor.offset}, {tensor.offset + tensor.bytes}) "

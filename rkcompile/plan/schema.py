@@ -146,6 +146,14 @@ class TensorPlacement:
     #: The arena tensor whose bytes this one overwrites in place (an element-wise step that
     #: reads its last use of `reuses` as it writes this tensor); None when it has bytes of its own.
     reuses: str | None = None
+    #: The arena tensor whose stored bytes this one is, read under its own shape: the output of a
+    #: relabel that moves no byte (passes/alias.py), which no step writes; None otherwise. The
+    #: tensor it names aliases none itself, and holds as many bytes at the same offset.
+    aliases: str | None = None
+    #: How an alias's elements come from those of the tensor it `aliases`: ("Transpose", perm)
+    #: and ("Reshape", shape) steps in order, the last giving its shape; empty when they are in
+    #: row-major order (a Reshape of it) and for a tensor that is no alias.
+    view: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -395,6 +403,11 @@ class PlanRecord:
             del body["validation"]
         if not body["memory"]["cpu_arena_bytes"]:
             del body["memory"]["cpu_arena_bytes"]
+        for tensor in body["tensors"].values():
+            if tensor["aliases"] is None:
+                del tensor["aliases"]
+            if not tensor["view"]:
+                del tensor["view"]
         # derived from the rest, for readers of the JSON: `from_dict` leaves it out, so a plan
         # written before it loads alike
         body["memory"]["total_bytes"] = self.memory_totals().total_bytes
@@ -421,7 +434,8 @@ class PlanRecord:
             ),
             nodes=tuple(_build(NodeEntry, n) for n in data["nodes"]),
             steps=tuple(_build(Step, s, {"operation": partial(_build, Operation)}) for s in data["steps"]),
-            tensors={name: _build(TensorPlacement, t) for name, t in data["tensors"].items()},
+            tensors={name: _build(TensorPlacement, t, {"view": lambda step: (step[0], tuple(step[1]))})
+                     for name, t in data["tensors"].items()},
             partitions=tuple(_build(Partition, p) for p in data["partitions"]),
             memory=_build(Memory, data["memory"]),
             multicore=Multicore.from_dict(data["multicore"]),
@@ -518,6 +532,7 @@ def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = Non
             problems.append(f"node {node.name}: {node.device} but has step {node.step}")
     available = {s.name for s in plan.model.inputs}
     available |= {name for name, t in plan.tensors.items() if t.region == "weight"}
+    views = aliases_of(plan.tensors)
     for step in plan.steps:
         if step.device not in DEVICES_OF_STEPS:
             problems.append(f"step {step.id}: bad device {step.device!r}")
@@ -529,7 +544,20 @@ def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = Non
                 problems.append(f"step {step.id}: tensor {tensor} missing from tensors")
             elif step.device == "npu" and plan.tensors[tensor].region == "cpu":
                 problems.append(f"step {step.id}: the NPU step touches {tensor}, held in the CPU's memory")
+        for tensor in step.outputs:
+            if tensor in plan.tensors and plan.tensors[tensor].aliases is not None:
+                problems.append(f"step {step.id}: writes {tensor}, which aliases {plan.tensors[tensor].aliases}")
         available.update(step.outputs)
+        available.update(alias for output in step.outputs for alias in views.get(output, ()))
+    for name, tensor in plan.tensors.items():
+        source = plan.tensors.get(tensor.aliases) if tensor.aliases is not None else None
+        if tensor.aliases is not None and (source is None or source.aliases is not None or source.region != "arena"
+                                           or tensor.region != "arena" or source.bytes != tensor.bytes
+                                           or source.dtype != tensor.dtype):
+            problems.append(f"tensor {name}: aliases {tensor.aliases}, which is no arena tensor of its bytes and dtype")
+        if tensor.view and (tensor.aliases is None or any(op not in ("Transpose", "Reshape") for op, _ in tensor.view)
+                            or tensor.view[-1][0] == "Reshape" and tuple(tensor.view[-1][1]) != tuple(tensor.shape)):
+            problems.append(f"tensor {name}: a view that is no alias's chain of Transposes and Reshapes to its shape")
     for output in plan.model.outputs:
         if output.name not in available:
             problems.append(f"model output {output.name} is never produced")
@@ -570,6 +598,15 @@ def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = Non
         elif len(quant.scales) != len(quant.zero_points) or not all(s > 0 for s in quant.scales):
             problems.append(f"quantization of {name}: scales must be positive, one zero point each")
     return problems + _multicore_violations(plan, steps_by_id)
+
+
+def aliases_of(tensors: dict[str, TensorPlacement]) -> dict[str, list[str]]:
+    """{tensor: the tensors that alias it (`TensorPlacement.aliases`)}, for the tensors some alias names."""
+    found: dict[str, list[str]] = {}
+    for name, tensor in tensors.items():
+        if tensor.aliases is not None:
+            found.setdefault(tensor.aliases, []).append(name)
+    return found
 
 
 def _multicore_violations(plan: PlanRecord, steps_by_id: dict[int, Step]) -> list[str]:

@@ -17,10 +17,12 @@ Every rectangle carries its tensor or step in `data-*` attributes and a <title> 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 import math
 from html import escape
 
 from rkcompile.plan import cost_model
+from rkcompile.plan.aliases import storage_of
 from rkcompile.plan.allocation import live_ranges
 from rkcompile.plan.schema import PlanRecord, Step
 from rkcompile.targets import get_target
@@ -63,8 +65,10 @@ class Bar:
 
 
 def arena_blocks(plan: PlanRecord) -> list[Block]:
-    arena = {name: t for name, t in plan.tensors.items() if t.region == "arena" and t.bytes > 0}
-    ranges = live_ranges([(step.inputs, step.outputs) for step in plan.steps], arena)
+    # an alias is its source's bytes: its reads extend the source's rectangle
+    arena = {name: t for name, t in plan.tensors.items() if t.region == "arena" and t.bytes > 0 and t.aliases is None}
+    ranges = live_ranges([(map(partial(storage_of, plan.tensors), step.inputs), step.outputs) for step in plan.steps],
+                         arena)
     first = {name: start for name, (start, _) in ranges.items()}
     last = {name: stop for name, (_, stop) in ranges.items()}
     writer = {name: step.device for step in reversed(plan.steps) for name in step.outputs}

@@ -37,6 +37,7 @@ def to_dot(view: PlanView) -> str:
             lines.append(f"    {_quote(node.name)} [label={_quote(label)}, "
                          f"tooltip={_quote(tooltip)}];")
             shapes.update(node.outputs)
+            shapes.update(node.inputs)  # an alias, which no step writes, is read in its own shape
         lines.append("  }")
     for producer, consumer, tensor in view.edges:
         lines.append(f"  {_quote(producer)} -> {_quote(consumer)} [label={_quote(shapes.get(tensor, ''))}];")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rkcompile.plan.aliases import storage_of
 from rkcompile.plan.schema import PlanRecord
 from rkcompile.views.perf import step_perf
 
@@ -45,7 +46,7 @@ def partition_graph(plan: PlanRecord) -> "networkx.DiGraph":
         writer.update((name, step) for name in step.outputs)
     for step in plan.steps:
         for name in dict.fromkeys(step.inputs):
-            source = writer.get(name)
+            source = writer.get(storage_of(plan.tensors, name))  # an alias flows from its source's writer
             if source is None:  # a model input or a weight
                 continue
             _add_flow(graph, f"step:{source.id}", f"step:{step.id}", name, plan.tensors[name].bytes)

@@ -58,6 +58,9 @@ def step_name(step: Step) -> str:
 def build_view(plan: PlanRecord) -> PlanView:
     names = [step_name(step) for step in plan.steps]
     made_by = {tensor: step.id for step in plan.steps for tensor in step.outputs}
+    # an alias (a relabel that is no step) comes from the step writing the tensor whose bytes it is
+    made_by.update((name, made_by[tensor.aliases]) for name, tensor in plan.tensors.items()
+                   if tensor.aliases in made_by)
     step_edges = [(made_by[tensor], step.id, tensor) for step in plan.steps for tensor in step.inputs
                   if tensor in made_by]
     edges = tuple((names[producer], names[consumer], tensor) for producer, consumer, tensor in step_edges)

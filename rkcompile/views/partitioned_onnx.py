@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from rkcompile.plan.aliases import view_nodes
 from rkcompile.plan.plain_nodes import Constant, Node, expanded_members, node_operands
 from rkcompile.plan.onnx_protos import node_proto, tensor_proto
 from rkcompile.plan.schema import FUSED_DOMAIN, PlanRecord
@@ -57,16 +58,19 @@ def partitioned_model(plan: PlanRecord, nodes: Sequence[Node]) -> onnx.ModelProt
 
 def plain_steps(plan: PlanRecord,
                 nodes: Sequence[Node]) -> tuple[dict[int, list[onnx.NodeProto]], dict[str, onnx.TensorProto]]:
-    """Each step but the host conversions as plain ONNX nodes (a fused kernel as its members),
-    by step id, and the constants they read, by name (`host_renames` applied)."""
+    """Each step but the host conversions as plain ONNX nodes (a fused kernel as its members,
+    then the Reshapes of the aliases of what it writes: rkcompile/plan/aliases.py), by step id,
+    and the constants they read, by name (`host_renames` applied)."""
     renames = host_renames(plan)
+    views = view_nodes(plan)
     members: dict[int, list[onnx.NodeProto]] = {}
     weights: dict[str, onnx.TensorProto] = {}
     for step, node in zip(plan.steps, nodes):
-        if step.device == "host":
+        own = [] if step.device == "host" else expanded_members(node)
+        if step.device == "host" and step.id not in views:
             continue
         members[step.id] = []
-        for member in expanded_members(node):
+        for member in [*own, *views.get(step.id, ())]:
             for tensor in node_operands(member):
                 if isinstance(tensor, Constant) and tensor.name and tensor.name not in weights:
                     weights[tensor.name] = tensor_proto(tensor)

@@ -86,9 +86,13 @@ LAYOUT_KERNELS = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
 def _layout_lines(plan: PlanRecord) -> list[str]:
-    """How many steps are layout steps (by kernel), and what one image's steps move in DRAM."""
+    """How many steps are layout steps (by kernel), how many relabels are aliases instead (their
+    outputs views of their inputs' bytes, no step), and what one image's steps move in DRAM."""
     kernels = Counter(step.kernel for step in plan.steps if step.kernel in LAYOUT_KERNELS)
     detail = f" ({', '.join(f'{k} {n}' for k, n in kernels.most_common())})" if kernels else ""
+    aliased = sum(1 for tensor in plan.tensors.values() if tensor.aliases is not None)
+    if aliased:
+        detail += f"; {aliased} relabel{'s' * (aliased != 1)} aliased (a view of the input's bytes, no step)"
     lines = [f"  layout steps                {sum(kernels.values())}{detail}"]
     if plan.multicore.dram_bytes_per_image:
         lines.append(f"  DRAM traffic                {_kib(plan.multicore.dram_bytes_per_image)} per image "
