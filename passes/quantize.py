@@ -14,7 +14,9 @@ every other tensor gets its own calibrated range.
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -204,9 +206,11 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                                     observed)
     for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
         reference.run(sample, observe)
-    if method != "minmax":  # the distribution methods search each tensor's clip once, here
-        for observer in bar(observers.values(), description=f"int8 calibration: {method} ranges", unit="tensor"):
-            observer.range()
+    if method != "minmax":  # the distribution methods search each tensor's clip once, here, on every core
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for _ in bar(pool.map(RangeObserver.range, observers.values()), total=len(observers),
+                         description=f"int8 calibration: {method} ranges", unit="tensor"):
+                pass
     ctx.calibration = Calibration(observers, weight_errors, options.equalization)
     return {name: observer.range() for name, observer in observers.items()}
 

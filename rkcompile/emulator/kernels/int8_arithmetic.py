@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rkcompile.emulator.int8 import Accumulator, QTensor, exact_integers, register_int8, saturate_int32
+from rkcompile.emulator.int8 import Accumulator, QTensor, register_int8, saturate_int32
 from rkcompile.quantization.params import INT32
 from rkcompile.emulator.kernels.conv import convolve
 
@@ -50,9 +50,10 @@ def exact_float(largest_data: int, weight_sums: np.ndarray) -> type:
 
 
 def integer_sums(sums: np.ndarray) -> np.ndarray:
-    """A BLAS product of integers (`exact_float`) as int64: float32's are below 2^24, within
-    int32 already; float64's are saturated to int32 (`exact_integers`)."""
-    return sums.astype(np.int64) if sums.dtype == np.float32 else exact_integers(sums)
+    """A BLAS product of integers (`exact_float`) as float64 integers, which hold an int32 and
+    a bias added to it exactly, and requantize in fewer passes than int64 (`requantize`):
+    float32's are below 2^24, within int32 already; float64's are saturated to int32."""
+    return sums.astype(np.float64) if sums.dtype == np.float32 else np.clip(sums, *INT32, out=sums)
 
 
 @register_int8("Conv")
