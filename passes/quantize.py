@@ -18,6 +18,7 @@ import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -40,6 +41,7 @@ from rkcompile.passes.int8_accuracy import (WeightErrorMeans, constant_weight, c
 from rkcompile.passes.int8_accuracy import members as int8_members
 
 NAME = "quantize"
+T, R = TypeVar("T"), TypeVar("R")
 #: An operand of a Concat that spans fewer int8 steps of the output than this is reported; a
 #: Softmax model output whose mean probability spans fewer is computed in float16.
 DROWNED_LEVELS = 16
@@ -204,8 +206,18 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     observed = wanted | set(weight_errors.by_input if weight_errors is not None else ())
     reference = runtime.float_graph(plain_nodes(ordered), devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs],
                                     observed)
-    for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
-        reference.run(sample, observe)
+
+    def observed_values(sample) -> list[tuple[str, np.ndarray]]:
+        seen = []
+        reference.run(sample, lambda name, value: seen.append((name, value)))
+        return seen
+
+    with ThreadPoolExecutor(1) as runner:
+        # the next sample runs while this one's values are observed, in the samples' order
+        for seen in bar(one_ahead(runner, observed_values, samples), total=len(samples),
+                        description=f"int8 calibration: float32 pass ({method})", unit="sample"):
+            for name, value in seen:
+                observe(name, value)
     if method != "minmax":  # the distribution methods search each tensor's clip once, here, on every core
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             for _ in bar(pool.map(RangeObserver.range, observers.values()), total=len(observers),
@@ -213,6 +225,20 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                 pass
     ctx.calibration = Calibration(observers, weight_errors, options.equalization)
     return {name: observer.range() for name, observer in observers.items()}
+
+
+def one_ahead(runner: ThreadPoolExecutor, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """function(item) for each item in order, computed by `runner` (one thread: one item at a
+    time), the next item's while the caller works on this one's (numpy and onnxruntime let go
+    of the interpreter while they compute); never more than two results held."""
+    pending = None
+    for item in items:
+        following = runner.submit(function, item)
+        if pending is not None:
+            yield pending.result()
+        pending = following
+    if pending is not None:
+        yield pending.result()
 
 
 @dataclass(frozen=True)

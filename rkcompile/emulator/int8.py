@@ -24,7 +24,7 @@ to the int32 range).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 import numpy as np
@@ -46,6 +46,15 @@ MULTIPLIER_BITS = 31
 class QTensor:
     values: np.ndarray
     quant: Quantization
+    #: what kernels derive from the values, by key (`derived`)
+    derivations: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def derived(self, key: str, make: Callable[["QTensor"], object]):
+        """`make(self)`, made once: a weight's QTensor lives as long as its plan's weight cache
+        (rkcompile/emulator/executor.py), so its kernels' forms of it are made once per plan."""
+        if key not in self.derivations:
+            self.derivations[key] = make(self)
+        return self.derivations[key]
 
     def real(self) -> np.ndarray:
         return dequantize(self.values, self.quant)
@@ -87,7 +96,7 @@ class QTensor:
 class Accumulator:
     """An exact integer result and its real scale: real = values * scale."""
 
-    values: np.ndarray  # int64 or float64 holding int32-range integers
+    values: np.ndarray  # int64 or float64 holding int32-range integers (each kernel saturates its own)
     scale: np.ndarray  # broadcastable to values
 
     def real(self) -> np.ndarray:
@@ -172,7 +181,7 @@ def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: 
     mantissa, shift = fixed_point(np.asarray(acc.scale, np.float64) / quant.scales[0])
     if int(np.max(shift)) <= FLOAT_EXACT_SHIFT or _largest(acc.values) < FLOAT_EXACT_ACCUMULATOR:
         # an array even for a rank-0 accumulator (numpy's arithmetic on those gives scalars)
-        scaled = np.asarray(np.clip(acc.values, *INT32, dtype=np.float64) * np.ldexp(mantissa.astype(np.float64), -shift))
+        scaled = np.asarray(np.multiply(acc.values, np.ldexp(mantissa.astype(np.float64), -shift), dtype=np.float64))
         np.rint(scaled, out=scaled)
     else:
         scaled = np.asarray(rounding_shift(saturate_int32(acc.values) * mantissa, shift))
