@@ -32,7 +32,7 @@ from rkcompile.ir.nodes import plain_nodes
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.schema import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
-from rkcompile.quantization.params import (INT8, PER_CHANNEL_WEIGHTS, RangeObserver, activation_params,
+from rkcompile.quantization.params import (INT8, PER_CHANNEL_WEIGHTS, KeptDraws, RangeObserver, activation_params,
     bias_params, fit_bias, is_movement, samples_for, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
@@ -190,7 +190,9 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     if ctx.calibration_samples is None:
         ctx.calibration_samples = samples_for(options, ctx.model_info.inputs)
     samples = ctx.calibration_samples
-    observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
+    if ctx.kept_draws is None:
+        ctx.kept_draws = KeptDraws()
+    observers = {name: RangeObserver(ctx.options.calibration_method, draws=ctx.kept_draws) for name in wanted}
 
     def observe(name, value):
         if name in observers:

@@ -41,7 +41,7 @@ from rkcompile.options import INT8_SETTINGS
 from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
 from rkcompile.passes.quantize import idle_techniques
 from rkcompile.plan.schema import Int8Technique, PlanRecord
-from rkcompile.quantization.params import dequantize, quantize, samples_for
+from rkcompile.quantization.params import KeptDraws, dequantize, quantize, samples_for
 from rkcompile.targets import get_target
 
 STRATEGIES = ("sensitivity", "worst_drop")
@@ -99,6 +99,7 @@ class Planner:
         self.options = dataclasses.replace(before_quantize.options, auto_float16=None)
         self.before_quantize, self.finish = before_quantize, finish
         self.calibrations: dict[bool, Any] = {}  # equalization -> the quantize pass's `Calibration`
+        self.kept_draws = KeptDraws()  # the observers' kept positions, drawn once for every calibration
 
     @functools.cached_property
     def samples(self) -> list[dict[str, np.ndarray]]:
@@ -129,6 +130,7 @@ class Planner:
             ctx.options = options
             ctx.calibration = self.calibrations.get(options.equalization)
             ctx.calibration_samples = self.samples
+            ctx.kept_draws = self.kept_draws
             record = self.finish(ctx)
         if not tensors:
             self.calibrations[options.equalization] = ctx.calibration

@@ -22,7 +22,7 @@ from rkcompile.targets.model import Target
 
 if TYPE_CHECKING:  # int8 only: a float16 plan never imports them
     from rkcompile.plan.schema import PlanRecord
-    from rkcompile.quantization.params import RangeObserver
+    from rkcompile.quantization.params import KeptDraws, RangeObserver
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,9 @@ class CompileContext:
     #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
     #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
     calibration_samples: list[dict[str, np.ndarray]] | None = None
+    #: int8: the positions calibration observers keep (rkcompile/quantization/params.py
+    #: `KeptDraws`), made by the quantize pass when not set beforehand; a Planner shares its own
+    kept_draws: KeptDraws | None = None
     #: int8: what runs the float32 calibration run and judges candidate plans
     #: (`Runtime` above), set by the caller; a float16 plan needs none
     runtime: Runtime | None = None

@@ -363,17 +363,43 @@ def seeded_variations(x: np.ndarray, count: int = 3, seed: int = 0) -> list[np.n
 
 # ---- observing ranges ----------------------------------------------------------------------
 
+class KeptDraws:
+    """The positions a RangeObserver keeps at each update, by the sizes of its updates so far
+    that drew: each observer draws from its own generator seeded alike, so observers of tensors
+    of one size keep the same positions at the same update, and these draw them once (one
+    KeptDraws serves a calibration's observers, or every calibration of a Planner's)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.found: dict[tuple[int, ...], tuple[np.ndarray, dict]] = {}  # sizes -> positions, generator state after
+
+    def positions(self, sizes: tuple[int, ...]) -> np.ndarray:
+        """KEPT_VALUES positions of sizes[-1] values, drawn after draws from sizes[:-1]."""
+        known = len(sizes)
+        while known and sizes[:known] not in self.found:
+            known -= 1
+        rng = np.random.default_rng(self.seed)
+        if known:
+            rng.bit_generator.state = self.found[sizes[:known]][1]
+        for drawn in range(known + 1, len(sizes) + 1):
+            self.found[sizes[:drawn]] = (rng.choice(sizes[drawn - 1], KEPT_VALUES, replace=False),
+                                         rng.bit_generator.state)
+        return self.found[sizes][0]
+
+
 class RangeObserver:
     """The running min/max of one tensor over the calibration samples, plus a uniform sample
-    of its values when the method needs the distribution."""
+    of its values when the method needs the distribution (the positions `draws` keeps, which
+    are those a generator of `seed` would draw: `KeptDraws`)."""
 
-    def __init__(self, method: str, seed: int = 0):
+    def __init__(self, method: str, seed: int = 0, draws: KeptDraws | None = None):
         if method not in METHODS:
             raise CompileError(f"unknown calibration method {method!r} (choose from {', '.join(METHODS)})")
         self.method = method
         self.low, self.high = np.inf, -np.inf
         self.kept: list[np.ndarray] = []
-        self.rng = np.random.default_rng(seed)
+        self.draws = draws if draws is not None and draws.seed == seed else KeptDraws(seed)
+        self.drawn: tuple[int, ...] = ()  # the sizes of the updates that drew
         self.found: tuple[float, float] | None = None  # range()'s answer until the next update
 
 
@@ -390,7 +416,10 @@ class RangeObserver:
         self.found = None
         self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
         if self.method != "minmax":
-            self.kept.append(flat if flat.size <= KEPT_VALUES else self.rng.choice(flat, KEPT_VALUES, replace=False))
+            if flat.size > KEPT_VALUES:
+                self.drawn += (flat.size,)
+                flat = flat[self.draws.positions(self.drawn)]
+            self.kept.append(flat)
 
     def answers(self, method: str) -> bool:
         """Whether `range(method)` can be found from what was observed: its own method, or minmax
