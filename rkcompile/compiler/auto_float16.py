@@ -27,9 +27,11 @@ candidate plan (`Planner`). The report lists the chosen tensors with each step's
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -158,7 +160,7 @@ class Judge:
         self.sample_cosines: dict[tuple, dict[int, float]] = {}  # plan's key -> given index -> cosine, of those run
         self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.kept: dict[tuple, tuple[Any, CompileContext]] = {}  # plans `keep` asked for, by key
-        self.expected: list[dict[str, np.ndarray]] | None = None  # per given sample
+        self.expected: Sequence[dict[str, np.ndarray]] | None = None  # per given sample
 
     def on(self, validation: list[dict[str, np.ndarray]]) -> "Judge":
         """A Judge of the same planner's plans on the --val samples instead (the plans still
@@ -246,12 +248,12 @@ class Judge:
         self.cosines[key] = (min(per_sample.values()), complete)
         return per_sample[index]
 
-    def expected_outputs(self, plan) -> list[dict[str, np.ndarray]]:
+    def expected_outputs(self, plan) -> Sequence[dict[str, np.ndarray]]:
         """The float32 reference outputs of every given sample (`plan`'s graph with the model's
-        constants: the same for every plan of the model), computed once."""
+        constants: the same for every plan of the model), computed once, on a thread of their
+        own in the samples' order while candidates run (an item waits for its sample's)."""
         if self.expected is None:
-            reference = float_reference(plan, self.runtime)
-            self.expected = [reference.run(sample) for sample in self.given_samples]
+            self.expected = InBackground(float_reference(plan, self.runtime).run, self.given_samples)
         return self.expected
 
     def key(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple:
@@ -263,6 +265,23 @@ class Judge:
     def complete(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> bool:
         """Whether the judged plan's cosine is over every sample (not stopped below a goal)."""
         return self.cosines[self.key(tensors, settings)][1]
+
+
+class InBackground(collections.abc.Sequence):
+    """function(item) for each of `items`, computed one after another on a thread of their own
+    (numpy and onnxruntime let go of the interpreter while they compute); indexing waits for
+    that item's result and raises what its call raised."""
+
+    def __init__(self, function: Callable[[Any], Any], items: Sequence):
+        worker = ThreadPoolExecutor(1)
+        self.results = [worker.submit(function, item) for item in items]
+        worker.shutdown(wait=False)  # the thread ends once it has computed them all
+
+    def __getitem__(self, index):
+        return self.results[index].result()
+
+    def __len__(self) -> int:
+        return len(self.results)
 
 
 def judge_for(before_quantize: CompileContext, finish: Finish) -> Judge:
