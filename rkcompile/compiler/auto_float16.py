@@ -161,6 +161,7 @@ class Judge:
         self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.kept: dict[tuple, tuple[Any, CompileContext]] = {}  # plans `keep` asked for, by key
         self.expected: Sequence[dict[str, np.ndarray]] | None = None  # per given sample
+        self.ahead: dict[tuple, Any] = {}  # (plan's key, given index) -> its outputs' Future (`run_ahead`)
 
     def on(self, validation: list[dict[str, np.ndarray]]) -> "Judge":
         """A Judge of the same planner's plans on the --val samples instead (the plans still
@@ -190,7 +191,17 @@ class Judge:
             self.kept[self.key(tensors, settings)] = (plan, ctx)
 
     def release(self) -> None:
-        self.kept = {}
+        self.kept, self.ahead = {}, {}
+
+    def run_ahead(self, tensors: Sequence[str], settings: Mapping[str, Any] | None, index: int) -> None:
+        """Start the plan's run on given sample `index` on the runtime's other thread (when it
+        has one: `Runtime.run_ahead`), for `sample_cosine` to take up when asked for it."""
+        key = self.key(tensors, settings)
+        run_ahead = getattr(self.runtime, "run_ahead", None)
+        if run_ahead is None or index in self.sample_cosines.get(key, {}) or (key, index) in self.ahead:
+            return
+        plan, _ = self.planned(tensors, settings)
+        self.ahead[(key, index)] = run_ahead(plan, self.given_samples[index])
 
     def __call__(self, tensors: Sequence[str], goal: float | None = None,
                  settings: Mapping[str, Any] | None = None) -> float:
@@ -240,7 +251,8 @@ class Judge:
             return per_sample[index]
         plan, _ = self.planned(tensors, settings)
         expected = self.expected_outputs(plan)[index]
-        outputs = self.runtime.run(plan, self.given_samples[index])
+        ahead = self.ahead.pop((key, index), None)
+        outputs = ahead.result() if ahead is not None else self.runtime.run(plan, self.given_samples[index])
         per_sample[index] = min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items())
         complete = len(per_sample) == len(self.order)
         if complete and not any(done for _, done in self.cosines.values()):

@@ -7,6 +7,7 @@ keeps the plan's one-entry-per-original-node promise.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, NamedTuple, Protocol, Sequence
@@ -134,6 +135,11 @@ class Runtime(Protocol):
 
     def run(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The outputs of a `runnable` plan executed as planned."""
+
+    # optional: a runtime without it has every run made when asked
+    def run_ahead(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> Future:
+        """`run`'s outputs, computed on another thread while the caller goes on (a judge runs
+        the sample a leading candidate would run next while it runs this one)."""
 
     def step_drops(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Per tensor a step writes, the output cosine its step loses against its inputs' (the
