@@ -165,12 +165,12 @@ def test_percentile_and_kl_clip_an_outlier_that_minmax_keeps():
 def test_observers_sharing_kept_draws_keep_what_their_own_generators_draw():
     """Observers of tensors of one size share the positions they keep (KeptDraws draws them
     once); each keeps what a generator of its seed alone would keep, whatever the sizes."""
-    draws = KeptDraws()
+    draws, generator = KeptDraws(), np.random.default_rng(12)  # not the module's: later tests' values stay theirs
     for sizes in ([20_000] * 4, [401_408, 401_408, 50_000, 401_408], [1_000, 70_000, 70_000]):
         first, second = RangeObserver("mmse", draws=draws), RangeObserver("mmse", draws=draws)
         alone = np.random.default_rng(0)
         for size in sizes:
-            values = rng.standard_normal(size).astype(np.float32)
+            values = generator.standard_normal(size).astype(np.float32)
             first.update(values)
             second.update(values)
             expected = values if size <= 16_384 else alone.choice(values, 16_384, replace=False)
