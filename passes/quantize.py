@@ -42,6 +42,9 @@ from rkcompile.passes.int8_accuracy import members as int8_members
 
 NAME = "quantize"
 T, R = TypeVar("T"), TypeVar("R")
+#: Threads searching tensors' ranges at once (numpy lets go of the interpreter in the search's
+#: passes over a tensor's kept values): one per core, at most 4 (each holds ~16 MB of scratch)
+SEARCH_THREADS = min(4, os.cpu_count() or 1)
 #: An operand of a Concat that spans fewer int8 steps of the output than this is reported; a
 #: Softmax model output whose mean probability spans fewer is computed in float16.
 DROWNED_LEVELS = 16
@@ -220,8 +223,8 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                         description=f"int8 calibration: float32 pass ({method})", unit="sample"):
             for name, value in seen:
                 observe(name, value)
-    if method != "minmax":  # the distribution methods search each tensor's clip once, here, on every core
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    if method != "minmax":  # the distribution methods search each tensor's clip once, here, SEARCH_THREADS at a time
+        with ThreadPoolExecutor(SEARCH_THREADS) as pool:
             for _ in bar(pool.map(RangeObserver.range, observers.values()), total=len(observers),
                          description=f"int8 calibration: {method} ranges", unit="tensor"):
                 pass
