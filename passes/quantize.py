@@ -14,8 +14,11 @@ every other tensor gets its own calibrated range.
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -29,7 +32,7 @@ from rkcompile.ir.nodes import plain_nodes
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
 from rkcompile.plan.schema import QUANTIZED_DTYPES, Int8Technique, Quantization
 from rkcompile.progress import bar
-from rkcompile.quantization.params import (INT8, PER_CHANNEL_WEIGHTS, RangeObserver, activation_params,
+from rkcompile.quantization.params import (INT8, PER_CHANNEL_WEIGHTS, KeptDraws, RangeObserver, activation_params,
     bias_params, fit_bias, is_movement, samples_for, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
@@ -38,6 +41,10 @@ from rkcompile.passes.int8_accuracy import (WeightErrorMeans, constant_weight, c
 from rkcompile.passes.int8_accuracy import members as int8_members
 
 NAME = "quantize"
+T, R = TypeVar("T"), TypeVar("R")
+#: Threads searching tensors' ranges at once (numpy lets go of the interpreter in the search's
+#: passes over a tensor's kept values): one per core, at most 4 (each holds ~16 MB of scratch)
+SEARCH_THREADS = min(4, os.cpu_count() or 1)
 #: An operand of a Concat that spans fewer int8 steps of the output than this is reported; a
 #: Softmax model output whose mean probability spans fewer is computed in float16.
 DROWNED_LEVELS = 16
@@ -186,7 +193,9 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     if ctx.calibration_samples is None:
         ctx.calibration_samples = samples_for(options, ctx.model_info.inputs)
     samples = ctx.calibration_samples
-    observers = {name: RangeObserver(ctx.options.calibration_method) for name in wanted}
+    if ctx.kept_draws is None:
+        ctx.kept_draws = KeptDraws()
+    observers = {name: RangeObserver(ctx.options.calibration_method, draws=ctx.kept_draws) for name in wanted}
 
     def observe(name, value):
         if name in observers:
@@ -202,13 +211,39 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     observed = wanted | set(weight_errors.by_input if weight_errors is not None else ())
     reference = runtime.float_graph(plain_nodes(ordered), devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs],
                                     observed)
-    for sample in bar(samples, description=f"int8 calibration: float32 pass ({method})", unit="sample"):
-        reference.run(sample, observe)
-    if method != "minmax":  # the distribution methods search each tensor's clip once, here
-        for observer in bar(observers.values(), description=f"int8 calibration: {method} ranges", unit="tensor"):
-            observer.range()
+
+    def observed_values(sample) -> list[tuple[str, np.ndarray]]:
+        seen = []
+        reference.run(sample, lambda name, value: seen.append((name, value)))
+        return seen
+
+    with ThreadPoolExecutor(1) as runner:
+        # the next sample runs while this one's values are observed, in the samples' order
+        for seen in bar(one_ahead(runner, observed_values, samples), total=len(samples),
+                        description=f"int8 calibration: float32 pass ({method})", unit="sample"):
+            for name, value in seen:
+                observe(name, value)
+    if method != "minmax":  # the distribution methods search each tensor's clip once, here, SEARCH_THREADS at a time
+        with ThreadPoolExecutor(SEARCH_THREADS) as pool:
+            for _ in bar(pool.map(RangeObserver.range, observers.values()), total=len(observers),
+                         description=f"int8 calibration: {method} ranges", unit="tensor"):
+                pass
     ctx.calibration = Calibration(observers, weight_errors, options.equalization)
     return {name: observer.range() for name, observer in observers.items()}
+
+
+def one_ahead(runner: ThreadPoolExecutor, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """function(item) for each item in order, computed by `runner` (one thread: one item at a
+    time), the next item's while the caller works on this one's (numpy and onnxruntime let go
+    of the interpreter while they compute); never more than two results held."""
+    pending = None
+    for item in items:
+        following = runner.submit(function, item)
+        if pending is not None:
+            yield pending.result()
+        pending = following
+    if pending is not None:
+        yield pending.result()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import functools
 import io
 import re
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
@@ -195,6 +196,14 @@ class EmulatorRuntime:
     def run(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return emulate(plan.prepared(), inputs).outputs
 
+    def run_ahead(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> Future:
+        """`run` on a thread of its own, through a second Prepared of the plan (runs of one
+        Prepared take turns: they share its executor's regions)."""
+        if len(plan._prepared) < 2:
+            plan.prepared()
+            plan._prepared.append(Prepared(plan.record, plan.weights, plan.reference_nodes))
+        return _ahead().submit(lambda: emulate(plan._prepared[1], inputs).outputs)
+
     def step_drops(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         rows, _ = analyse(plan.prepared(), inputs, single=False)
         return {row.output: row.drop for row in rows}
@@ -205,6 +214,12 @@ class EmulatorRuntime:
 
 #: what `compile` and the command line pass an int8 compile
 EMULATOR_RUNTIME = EmulatorRuntime()
+
+
+@functools.cache
+def _ahead() -> ThreadPoolExecutor:
+    """The thread `EmulatorRuntime.run_ahead` runs on, made on first use."""
+    return ThreadPoolExecutor(1, thread_name_prefix="rkcompile-run-ahead")
 
 
 def _reference_nodes(record: PlanRecord, planned: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[Node]:

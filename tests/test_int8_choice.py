@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
@@ -157,3 +158,29 @@ def test_the_choice_runs_every_sample_of_the_winner_only_and_chooses_as_judging_
             cosine, complete = judge.cosines[judge.key((), other)]
             assert cosine >= worst[_label(other)] and (complete or cosine < worst[_label(best)])
     assert judge.runs < 0.5 * len(table) * count
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_ahead_change_neither_the_choice_nor_any_recorded_cosine(seed):
+    """A runtime that runs ahead (`run_ahead`: the leader's next sample while it runs this one)
+    gives the same choice, the same entry and the same per-sample cosines as one that runs each
+    sample when asked; the runs made ahead that the order asks for are taken up, not run again."""
+    random = np.random.default_rng(seed)
+    count = 32
+    difficulty = random.uniform(0, 0.004, count)
+    table = {_label(settings): 0.99 - difficulty - random.uniform(0, 0.003, count) - random.uniform(0, 0.002)
+             for settings in candidates(INT8_SETTINGS)}
+    found = []
+    for ahead in (False, True):
+        judge = MatrixJudge(lambda settings, index: table[_label(settings)][index], count)
+        run, asked = judge.runtime.run, []
+        judge.runtime.run = lambda plan, sample: asked.append(sample["index"]) or run(plan, sample)
+        if ahead:
+            def run_ahead(plan, sample):
+                future = Future()
+                future.set_result(run(plan, sample))
+                return future
+            judge.runtime.run_ahead = run_ahead
+        found.append((*choose_settings(judge, judge.planner.options, lambda text: None), judge.sample_cosines))
+        assert len(asked) == judge.runs if not ahead else 0 < len(asked) < judge.runs - count // 2
+    assert found[0] == found[1]

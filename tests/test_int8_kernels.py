@@ -104,6 +104,34 @@ def test_requantize_with_a_multiplier_above_2_to_30_saturates():
     assert requantize(acc, quant).tolist() == [127, 0, -128]
 
 
+def test_requantize_in_float64_is_the_fixed_point_result():
+    """requantize takes a float64 product where it rounds as the fixed point's shift does: ties
+    (products of exactly half a step), widest shifts, a full int32 accumulator, either dtype."""
+    generator = np.random.default_rng(5)
+    for exponent in [-33, *range(-2, 34)]:
+        # a power of two has exact ties (odd multiples of half a step) among the accumulators
+        multiplier = np.append(generator.uniform(1, 2, 6), 1.0) * 2.0 ** -exponent
+        mantissa, shift = fixed_point(multiplier)
+        # the accumulators nearest a tie: odd multiples of 2^(shift - 1) / mantissa
+        ties = np.rint((2 * np.arange(-20, 20)[:, None] + 1) * 2.0 ** (shift - 1) / mantissa)
+        values = np.concatenate([ties.reshape(-1), generator.integers(-2 ** 31, 2 ** 31, 300),
+                                 [2 ** 31 - 1, -2 ** 31, 0, 1, -1]])
+        values = np.clip(values, -2 ** 31, 2 ** 31 - 1).astype(np.int64)  # an accumulator is int32
+        for scale in multiplier:
+            quant = Quantization("int8", (1.0,), (int(generator.integers(-128, 128)),))
+            product_mantissa, product_shift = fixed_point(np.float64(scale))
+            fixed = rounding_shift(values * product_mantissa, product_shift)
+            expected = np.clip(fixed + quant.zero_points[0], -128, 127)
+            for dtype in (np.int64, np.float64):
+                actual = requantize(Accumulator(values.astype(dtype), np.float64(scale)), quant)
+                assert actual.tolist() == expected.tolist(), (scale, dtype)
+    # 1619930296 * 2135131692 = 3 * 2^60 - 96: at a shift of 61 the product is 1.5 - 2^-61.4,
+    # which rounds to 1, where its float64 product (1.5) would round to 2
+    multiplier = np.float64(2135131692 * 2.0 ** -61)
+    acc = Accumulator(np.array([1619930296, -1619930296], np.float64), multiplier)
+    assert requantize(acc, Quantization("int8", (1.0,), (0,))).tolist() == [1, -1]
+
+
 def test_requantize_clamps_for_fused_activations():
     quant = Quantization("int8", (0.05,), (-100,))
     acc = Accumulator(np.arange(-50, 50), np.float64(0.1))
@@ -143,7 +171,7 @@ def test_conv_accumulator_is_the_exact_integer_sum():
     padded = np.pad(x.centered(), ((0, 0), (0, 0), (1, 1), (1, 1)))
     windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
     exact = np.einsum("nchwij,ocij->nohw", windows, w.centered())  # both zero points subtracted
-    assert acc.values.dtype == np.int64 and np.array_equal(acc.values, exact)
+    assert acc.values.dtype in (np.int64, np.float64) and np.array_equal(acc.values, exact)
     assert np.abs(acc.values).max() < 2 ** 31
 
 

@@ -25,7 +25,7 @@ from rkcompile.errors import CompileError
 from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model, finish_plan, front_half
 from rkcompile.plan.schema import PlanRecord, TensorSpec, contract_violations
-from rkcompile.quantization.params import (RangeObserver, activation_params, dequantize, kl_threshold,
+from rkcompile.quantization.params import (KeptDraws, RangeObserver, activation_params, dequantize, kl_threshold,
     load_calibration, mmse_range, quantize, random_calibration, seeded_variations, weight_params)
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "zoo"
@@ -160,6 +160,22 @@ def test_percentile_and_kl_clip_an_outlier_that_minmax_keeps():
     assert ranges["minmax"][1] == 80.0
     assert 3.0 < ranges["percentile"][1] < 10.0
     assert ranges["kl"][1] < 40.0
+
+
+def test_observers_sharing_kept_draws_keep_what_their_own_generators_draw():
+    """Observers of tensors of one size share the positions they keep (KeptDraws draws them
+    once); each keeps what a generator of its seed alone would keep, whatever the sizes."""
+    draws, generator = KeptDraws(), np.random.default_rng(12)  # not the module's: later tests' values stay theirs
+    for sizes in ([20_000] * 4, [401_408, 401_408, 50_000, 401_408], [1_000, 70_000, 70_000]):
+        first, second = RangeObserver("mmse", draws=draws), RangeObserver("mmse", draws=draws)
+        alone = np.random.default_rng(0)
+        for size in sizes:
+            values = generator.standard_normal(size).astype(np.float32)
+            first.update(values)
+            second.update(values)
+            expected = values if size <= 16_384 else alone.choice(values, 16_384, replace=False)
+            assert np.array_equal(first.kept[-1], expected) and np.array_equal(second.kept[-1], expected)
+    assert len(draws.found) == 4 + 4 + 2  # one draw per update of more than 16384 values, per history
 
 
 def test_kl_keeps_the_whole_range_of_a_uniform_distribution():

@@ -1,7 +1,7 @@
 """Whether two checkouts' emulators give bit-identical outputs on the same plans, per model.
 
     python tools/emulator_identity.py [MODEL_OR_DIR ...] --baseline-python PY [--python PY]
-                                      [--target rk3588] [--keep DIR]
+                                      [--target rk3588] [--dtype DTYPE] [--keep DIR]
 
 Defaults to ../shared/zoo. Each model is planned once, by --python's rkcompile, into an
 artifact (`rkcompile plan MODEL -o M.rkplan`), and that artifact is executed by both
@@ -9,7 +9,8 @@ interpreters' emulators (`rkcompile run --plan M.rkplan --inputs MODEL.npz --out
 so a change in planning between the two checkouts cannot hide or fake an emulator difference.
 Every output is compared byte for byte (its dtype, shape and raw bytes: NaN payloads and the
 sign of zero included). A model whose input has a dynamic dimension is planned with
-`--input-shape` from its NAME.npz, as tools/bench_plan.py does.
+`--input-shape` from its NAME.npz, as tools/bench_plan.py does. `--dtype int8` plans int8
+(calibrated on the seeded random inputs a plan without --calib uses) to check the int8 kernels.
 
 Prints one line per model (identical, DIFFERENT with the outputs that differ, or failed with the
 last stderr line) and exits 1 when any model differs or fails. A speed change to the emulator
@@ -49,11 +50,13 @@ def differing_outputs(first: Path, second: Path) -> list[str]:
                 or a[name].shape != b[name].shape or a[name].tobytes() != b[name].tobytes()]
 
 
-def compare_model(path: Path, python: str, baseline: str, target: str, folder: Path) -> tuple[str, str]:
+def compare_model(path: Path, python: str, baseline: str, target: str, folder: Path,
+                  dtype: str | None = None) -> tuple[str, str]:
     """(verdict, detail) for one model: "identical", "DIFFERENT" or "failed"."""
     artifact = folder / f"{path.stem}.rkplan"
     failure = completed([python, "-m", "rkcompile", "plan", str(path), "--target", target, "--quiet",
-                         "-o", str(artifact), *input_shape_flags(path)], folder)
+                         "-o", str(artifact), *input_shape_flags(path), *(["--dtype", dtype] if dtype else [])],
+                        folder)
     if failure:
         return "failed", f"plan: {failure}"
     outputs = {}
@@ -75,6 +78,7 @@ def main() -> int:
     parser.add_argument("--baseline-python", required=True, help="the interpreter of the tree compared against")
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose emulator is checked")
     parser.add_argument("--target", default="rk3588")
+    parser.add_argument("--dtype", help="the plans' --dtype (default: the plan command's)")
     parser.add_argument("--keep", type=Path, help="keep the artifacts and outputs in this folder")
     args = parser.parse_args()
     verdicts = []
@@ -82,7 +86,8 @@ def main() -> int:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         for path in model_paths(args.models):
-            verdict, detail = compare_model(path, args.python, args.baseline_python, args.target, folder.resolve())
+            verdict, detail = compare_model(path, args.python, args.baseline_python, args.target, folder.resolve(),
+                                             args.dtype)
             verdicts.append(verdict)
             print(f"{path.stem:42} {verdict}{': ' + detail if detail else ''}", flush=True)
     counts = {verdict: verdicts.count(verdict) for verdict in ("identical", "DIFFERENT", "failed")}

@@ -27,9 +27,11 @@ candidate plan (`Planner`). The report lists the chosen tensors with each step's
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -42,7 +44,7 @@ from rkcompile.plan.aliases import with_views
 from rkcompile.plan.cost_model import StepWork, hardware_for, step_seconds
 from rkcompile.passes.quantize import idle_techniques
 from rkcompile.plan.schema import Int8Technique, PlanRecord
-from rkcompile.quantization.params import dequantize, quantize, samples_for
+from rkcompile.quantization.params import KeptDraws, dequantize, quantize, samples_for
 from rkcompile.targets import get_target
 
 STRATEGIES = ("sensitivity", "worst_drop")
@@ -100,6 +102,7 @@ class Planner:
         self.options = dataclasses.replace(before_quantize.options, auto_float16=None)
         self.before_quantize, self.finish = before_quantize, finish
         self.calibrations: dict[bool, Any] = {}  # equalization -> the quantize pass's `Calibration`
+        self.kept_draws = KeptDraws()  # the observers' kept positions, drawn once for every calibration
 
     @functools.cached_property
     def samples(self) -> list[dict[str, np.ndarray]]:
@@ -130,6 +133,7 @@ class Planner:
             ctx.options = options
             ctx.calibration = self.calibrations.get(options.equalization)
             ctx.calibration_samples = self.samples
+            ctx.kept_draws = self.kept_draws
             record = self.finish(ctx)
         if not tensors:
             self.calibrations[options.equalization] = ctx.calibration
@@ -157,7 +161,8 @@ class Judge:
         self.sample_cosines: dict[tuple, dict[int, float]] = {}  # plan's key -> given index -> cosine, of those run
         self.latest: tuple[tuple, Any, CompileContext] | None = None
         self.kept: dict[tuple, tuple[Any, CompileContext]] = {}  # plans `keep` asked for, by key
-        self.expected: list[dict[str, np.ndarray]] | None = None  # per given sample
+        self.expected: Sequence[dict[str, np.ndarray]] | None = None  # per given sample
+        self.ahead: dict[tuple, Any] = {}  # (plan's key, given index) -> its outputs' Future (`run_ahead`)
 
     def on(self, validation: list[dict[str, np.ndarray]]) -> "Judge":
         """A Judge of the same planner's plans on the --val samples instead (the plans still
@@ -187,7 +192,17 @@ class Judge:
             self.kept[self.key(tensors, settings)] = (plan, ctx)
 
     def release(self) -> None:
-        self.kept = {}
+        self.kept, self.ahead = {}, {}
+
+    def run_ahead(self, tensors: Sequence[str], settings: Mapping[str, Any] | None, index: int) -> None:
+        """Start the plan's run on given sample `index` on the runtime's other thread (when it
+        has one: `Runtime.run_ahead`), for `sample_cosine` to take up when asked for it."""
+        key = self.key(tensors, settings)
+        run_ahead = getattr(self.runtime, "run_ahead", None)
+        if run_ahead is None or index in self.sample_cosines.get(key, {}) or (key, index) in self.ahead:
+            return
+        plan, _ = self.planned(tensors, settings)
+        self.ahead[(key, index)] = run_ahead(plan, self.given_samples[index])
 
     def __call__(self, tensors: Sequence[str], goal: float | None = None,
                  settings: Mapping[str, Any] | None = None) -> float:
@@ -237,7 +252,8 @@ class Judge:
             return per_sample[index]
         plan, _ = self.planned(tensors, settings)
         expected = self.expected_outputs(plan)[index]
-        outputs = self.runtime.run(plan, self.given_samples[index])
+        ahead = self.ahead.pop((key, index), None)
+        outputs = ahead.result() if ahead is not None else self.runtime.run(plan, self.given_samples[index])
         per_sample[index] = min(self.runtime.cosine(name, outputs[name], value) for name, value in expected.items())
         complete = len(per_sample) == len(self.order)
         if complete and not any(done for _, done in self.cosines.values()):
@@ -245,12 +261,12 @@ class Judge:
         self.cosines[key] = (min(per_sample.values()), complete)
         return per_sample[index]
 
-    def expected_outputs(self, plan) -> list[dict[str, np.ndarray]]:
+    def expected_outputs(self, plan) -> Sequence[dict[str, np.ndarray]]:
         """The float32 reference outputs of every given sample (`plan`'s graph with the model's
-        constants: the same for every plan of the model), computed once."""
+        constants: the same for every plan of the model), computed once, on a thread of their
+        own in the samples' order while candidates run (an item waits for its sample's)."""
         if self.expected is None:
-            reference = float_reference(plan, self.runtime)
-            self.expected = [reference.run(sample) for sample in self.given_samples]
+            self.expected = InBackground(float_reference(plan, self.runtime).run, self.given_samples)
         return self.expected
 
     def key(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> tuple:
@@ -262,6 +278,23 @@ class Judge:
     def complete(self, tensors: Sequence[str], settings: Mapping[str, Any] | None = None) -> bool:
         """Whether the judged plan's cosine is over every sample (not stopped below a goal)."""
         return self.cosines[self.key(tensors, settings)][1]
+
+
+class InBackground(collections.abc.Sequence):
+    """function(item) for each of `items`, computed one after another on a thread of their own
+    (numpy and onnxruntime let go of the interpreter while they compute); indexing waits for
+    that item's result and raises what its call raised."""
+
+    def __init__(self, function: Callable[[Any], Any], items: Sequence):
+        worker = ThreadPoolExecutor(1)
+        self.results = [worker.submit(function, item) for item in items]
+        worker.shutdown(wait=False)  # the thread ends once it has computed them all
+
+    def __getitem__(self, index):
+        return self.results[index].result()
+
+    def __len__(self) -> int:
+        return len(self.results)
 
 
 def judge_for(before_quantize: CompileContext, finish: Finish) -> Judge:

@@ -7,6 +7,7 @@ keeps the plan's one-entry-per-original-node promise.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, NamedTuple, Protocol, Sequence
@@ -22,7 +23,7 @@ from rkcompile.targets.model import Target
 
 if TYPE_CHECKING:  # int8 only: a float16 plan never imports them
     from rkcompile.plan.schema import PlanRecord
-    from rkcompile.quantization.params import RangeObserver
+    from rkcompile.quantization.params import KeptDraws, RangeObserver
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ class Runtime(Protocol):
     def run(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The outputs of a `runnable` plan executed as planned."""
 
+    # optional: a runtime without it has every run made when asked
+    def run_ahead(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> Future:
+        """`run`'s outputs, computed on another thread while the caller goes on (a judge runs
+        the sample a leading candidate would run next while it runs this one)."""
+
     def step_drops(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Per tensor a step writes, the output cosine its step loses against its inputs' (the
         accuracy analysis's drop)."""
@@ -182,6 +188,9 @@ class CompileContext:
     #: int8: the calibration inputs (rkcompile/quantization/params.py `calibration_samples`), read by the
     #: quantize pass when not set beforehand; a Planner sets its own, read (and warned about) once
     calibration_samples: list[dict[str, np.ndarray]] | None = None
+    #: int8: the positions calibration observers keep (rkcompile/quantization/params.py
+    #: `KeptDraws`), made by the quantize pass when not set beforehand; a Planner shares its own
+    kept_draws: KeptDraws | None = None
     #: int8: what runs the float32 calibration run and judges candidate plans
     #: (`Runtime` above), set by the caller; a float16 plan needs none
     runtime: Runtime | None = None

@@ -21,7 +21,11 @@ run is always the leading candidate's (the best worst cosine so far, a bound abo
 and the leader that has run every sample is the choice; the others stop at the sample that put
 them below it (their recorded cosine then that sample's, an upper bound, marked as such). The
 choice is the one judging every candidate on every sample makes, with only the winner running
-every sample; the candidates' plans are kept while they are judged (`Judge.keep`).
+every sample; the candidates' plans are kept while they are judged (`Judge.keep`). While a
+leader that has run a sample runs the next, the sample it would run after that runs on the
+runtime's other thread (`Judge.run_ahead`): a leader keeps the lead often, and a sample run
+ahead is only taken up when the order above asks for it, so the choice and every recorded
+cosine are the same.
 
 `--auto-float16` then searches float16 steps on top of the chosen settings, with the same
 planner and judge.
@@ -103,7 +107,10 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
             if len(known) == count:
                 break
             judge.keep((), leader)
-            judge.sample_cosine((), leader, next_sample(judge, known))
+            index = next_sample(judge, known)
+            if known and len(known) + 1 < count:  # a leader that has run keeps the lead often: its next sample meanwhile
+                judge.run_ahead((), leader, next_sample(judge, {**known, index: np.nan}))
+            judge.sample_cosine((), leader, index)
             progress.update()
     judged = [Judged(settings, *judge.cosines[judge.key((), settings)]) for settings in ordered]
     for entry in judged:

@@ -35,11 +35,11 @@ class _QuantizePass:
     it brings (rkcompile/quantization/params.py, passes/int8_accuracy.py: 4-8 ms of a 0.4 s plan process)."""
 
     NAME = "quantize"
-    NEEDS = frozenset({"calibration", "calibration_samples", "graph", "model_info", "options", "order", "placement",
-                       "runtime", "target", "tensors"})
+    NEEDS = frozenset({"calibration", "calibration_samples", "graph", "kept_draws", "model_info", "options", "order",
+                       "placement", "runtime", "target", "tensors"})
     # the graph: bias copies and corrections, float16 islands' relabelled conversions
-    PROVIDES = frozenset({"calibration", "calibration_samples", "graph", "int8_techniques", "options", "placement",
-                          "quantization", "reference_constants", "tensors"})
+    PROVIDES = frozenset({"calibration", "calibration_samples", "graph", "int8_techniques", "kept_draws", "options",
+                          "placement", "quantization", "reference_constants", "tensors"})
 
     @staticmethod
     def run(ctx: CompileContext) -> None:
@@ -75,11 +75,12 @@ PASS_NAMES = tuple(p.NAME for p in PASSES)
 #: Where the back half starts: the passes an int8 plan's choices (its settings, its float16
 #: steps) change are quantize and every one after it; the front half before it runs once
 QUANTIZE_AT = PASS_NAMES.index("quantize")
-#: the CompileContext fields a caller sets before the first pass (the int8 calibration and its
-#: samples optionally: an --auto-float16 Planner reuses them); every other field a pass NEEDS,
+#: the CompileContext fields a caller sets before the first pass (the int8 calibration, its
+#: samples and kept positions optionally: an --auto-float16 Planner reuses them); every other field a pass NEEDS,
 #: a pass before it PROVIDES (tests/test_pipeline_contracts.py). The graph is a field like the
 #: others: the import pass provides it, and a pass that changes it lists it in its PROVIDES.
-CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples", "runtime"})
+CONTEXT_INPUTS = frozenset({"model_path", "target", "options", "calibration", "calibration_samples", "kept_draws",
+                            "runtime"})
 #: the fields `check_contract` watches
 CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(CompileContext))
 

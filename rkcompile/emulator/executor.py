@@ -111,6 +111,8 @@ class WeightCache:
     them from its weight region; weights are not arena tensors, so nothing the plan places is
     bypassed."""
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
+    #: each int8 weight as NPU steps read it, keeping what the int8 kernels derive from it
+    quantized: dict[str, QTensor] = field(default_factory=dict)
     nodes: list[Node] | None = None
     #: onnxruntime sessions of the CPU steps, made by the first run that needs them
     cpu: CpuRuntime | None = None
@@ -423,8 +425,16 @@ class Executor:
     def _operand(self, tensor: Tensor, device: str) -> np.ndarray:
         quant = self.quantization.get(tensor.name)
         if quant is not None:
-            value = self.storage.read(tensor.name)
-            return QTensor(value, quant) if device == "npu" else self._real(tensor.name)
+            if device != "npu":
+                return self._real(tensor.name)
+            cached = self.weight_cache.quantized.get(tensor.name)
+            if cached is not None:
+                return cached
+            value = QTensor(self.storage.read(tensor.name), quant)
+            if self.storage.placement(tensor.name).region == "weight":
+                value.values.flags.writeable = False  # shared by every run, as the decoded weights are
+                self.weight_cache.quantized[tensor.name] = value
+            return value
         if device == "npu":
             placement = self.storage.placement(tensor.name)
             if placement.region == "weight":

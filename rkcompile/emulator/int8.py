@@ -24,7 +24,7 @@ to the int32 range).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
 
 import numpy as np
@@ -46,6 +46,15 @@ MULTIPLIER_BITS = 31
 class QTensor:
     values: np.ndarray
     quant: Quantization
+    #: what kernels derive from the values, by key (`derived`)
+    derivations: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def derived(self, key: str, make: Callable[["QTensor"], object]):
+        """`make(self)`, made once: a weight's QTensor lives as long as its plan's weight cache
+        (rkcompile/emulator/executor.py), so its kernels' forms of it are made once per plan."""
+        if key not in self.derivations:
+            self.derivations[key] = make(self)
+        return self.derivations[key]
 
     def real(self) -> np.ndarray:
         return dequantize(self.values, self.quant)
@@ -87,7 +96,7 @@ class QTensor:
 class Accumulator:
     """An exact integer result and its real scale: real = values * scale."""
 
-    values: np.ndarray  # int64 holding int32-range integers
+    values: np.ndarray  # int64 or float64 holding int32-range integers (each kernel saturates its own)
     scale: np.ndarray  # broadcastable to values
 
     def real(self) -> np.ndarray:
@@ -110,11 +119,6 @@ def saturate_int32(values: np.ndarray) -> np.ndarray:
     """`values` clipped to the int32 range, as a new int64 array (clip's own result when it is
     int64 already: one pass, not two)."""
     return np.clip(values, *INT32).astype(np.int64, copy=False)
-
-
-def exact_integers(values: np.ndarray) -> np.ndarray:
-    """A float64 array of integer sums (a BLAS product of integers below 2^53) as int64."""
-    return saturate_int32(np.rint(values))
 
 
 # ---- requantization -----------------------------------------------------------------------
@@ -158,14 +162,36 @@ def rounding_shift(product: np.ndarray, shift: np.ndarray) -> np.ndarray:
     return rounded
 
 
+#: The widest shift whose fixed-point result a float64 product gives exactly (`requantize`).
+FLOAT_EXACT_SHIFT = 44
+#: Accumulators below this in magnitude times an int32 mantissa are float64-exact products.
+FLOAT_EXACT_ACCUMULATOR = 2 ** 22
+
+
 def requantize(acc: Accumulator, quant: Quantization, low: int = INT8[0], high: int = INT8[1]) -> np.ndarray:
     """int8 = saturate(round(acc * scale / out_scale) + zero point) with the multiplier in fixed
-    point: int32 mantissa times the int32 accumulator in 64 bits, then a rounding shift."""
+    point: int32 mantissa times the int32 accumulator in 64 bits, then a rounding shift.
+
+    That is round(acc * m) for the multiplier m = mantissa * 2^-shift, exact in float64, and a
+    float64 product rounds to the same integer (half to even) when either it is exact (acc
+    below 2^22) or the shift is at most 44: a product that is a tie is exact, and any other lies
+    at least 2^-shift from one, more than float64 rounding moves a product below 2^9 (one
+    beyond saturates either way, as does the fixed point's for a shift below 1). The float64
+    path does the same in a third of the passes over the accumulator."""
     mantissa, shift = fixed_point(np.asarray(acc.scale, np.float64) / quant.scales[0])
-    # an array even for a rank-0 accumulator (numpy's arithmetic on those gives scalars)
-    scaled = np.asarray(rounding_shift(saturate_int32(acc.values) * mantissa, shift))
+    if int(np.max(shift)) <= FLOAT_EXACT_SHIFT or _largest(acc.values) < FLOAT_EXACT_ACCUMULATOR:
+        # an array even for a rank-0 accumulator (numpy's arithmetic on those gives scalars)
+        scaled = np.asarray(np.multiply(acc.values, np.ldexp(mantissa.astype(np.float64), -shift), dtype=np.float64))
+        np.rint(scaled, out=scaled)
+    else:
+        scaled = np.asarray(rounding_shift(saturate_int32(acc.values) * mantissa, shift))
     scaled += quant.zero_points[0]
     return np.clip(scaled, max(low, INT8[0]), min(high, INT8[1]), out=scaled).astype(np.int8)
+
+
+def _largest(values: np.ndarray) -> float:
+    """max |values| (0 for none)."""
+    return float(max(-values.min(), values.max())) if values.size else 0.0
 
 
 def rescale(q: QTensor, quant: Quantization) -> np.ndarray:

@@ -72,6 +72,8 @@ KL_STRIDE = 8
 MMSE_STEPS = 100
 #: Values at each end of a tensor's kept values whose error alone can dismiss an mmse threshold
 MMSE_EXTREMES = 2048
+#: Values of the evenly strided sample whose partition finds the cuts of the mmse extremes
+MMSE_SAMPLE = 1 << 13
 #: Relative margin over the float64 summations' rounding (below 1e-13 for 2^20 values) before a
 #: part of a threshold's error dismisses it
 MMSE_SAFETY = 1e-9
@@ -361,31 +363,63 @@ def seeded_variations(x: np.ndarray, count: int = 3, seed: int = 0) -> list[np.n
 
 # ---- observing ranges ----------------------------------------------------------------------
 
+class KeptDraws:
+    """The positions a RangeObserver keeps at each update, by the sizes of its updates so far
+    that drew: each observer draws from its own generator seeded alike, so observers of tensors
+    of one size keep the same positions at the same update, and these draw them once (one
+    KeptDraws serves a calibration's observers, or every calibration of a Planner's)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.found: dict[tuple[int, ...], tuple[np.ndarray, dict]] = {}  # sizes -> positions, generator state after
+
+    def positions(self, sizes: tuple[int, ...]) -> np.ndarray:
+        """KEPT_VALUES positions of sizes[-1] values, drawn after draws from sizes[:-1]."""
+        known = len(sizes)
+        while known and sizes[:known] not in self.found:
+            known -= 1
+        rng = np.random.default_rng(self.seed)
+        if known:
+            rng.bit_generator.state = self.found[sizes[:known]][1]
+        for drawn in range(known + 1, len(sizes) + 1):
+            self.found[sizes[:drawn]] = (rng.choice(sizes[drawn - 1], KEPT_VALUES, replace=False),
+                                         rng.bit_generator.state)
+        return self.found[sizes][0]
+
+
 class RangeObserver:
     """The running min/max of one tensor over the calibration samples, plus a uniform sample
-    of its values when the method needs the distribution."""
+    of its values when the method needs the distribution (the positions `draws` keeps, which
+    are those a generator of `seed` would draw: `KeptDraws`)."""
 
-    def __init__(self, method: str, seed: int = 0):
+    def __init__(self, method: str, seed: int = 0, draws: KeptDraws | None = None):
         if method not in METHODS:
             raise CompileError(f"unknown calibration method {method!r} (choose from {', '.join(METHODS)})")
         self.method = method
         self.low, self.high = np.inf, -np.inf
         self.kept: list[np.ndarray] = []
-        self.rng = np.random.default_rng(seed)
+        self.draws = draws if draws is not None and draws.seed == seed else KeptDraws(seed)
+        self.drawn: tuple[int, ...] = ()  # the sizes of the updates that drew
         self.found: tuple[float, float] | None = None  # range()'s answer until the next update
 
 
     def update(self, value: np.ndarray) -> None:
         flat = np.asarray(value, np.float32).reshape(-1)
-        finite = np.isfinite(flat)
-        if not finite.all():  # the mask's copy took 50 times the test on a 1.2M-value tensor
-            flat = flat[finite]
         if not flat.size:
             return
+        low, high = flat.min(), flat.max()
+        if not (np.isfinite(low) and np.isfinite(high)):  # a NaN or an infinity is among them (min and max show it)
+            flat = flat[np.isfinite(flat)]
+            if not flat.size:
+                return
+            low, high = flat.min(), flat.max()
         self.found = None
-        self.low, self.high = min(self.low, float(flat.min())), max(self.high, float(flat.max()))
+        self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
         if self.method != "minmax":
-            self.kept.append(flat if flat.size <= KEPT_VALUES else self.rng.choice(flat, KEPT_VALUES, replace=False))
+            if flat.size > KEPT_VALUES:
+                self.drawn += (flat.size,)
+                flat = flat[self.draws.positions(self.drawn)]
+            self.kept.append(flat)
 
     def answers(self, method: str) -> bool:
         """Whether `range(method)` can be found from what was observed: its own method, or minmax
@@ -455,48 +489,67 @@ def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_ST
     quantized_algorithm 'mmse', a 1-D search per tensor. Clipping a rare tail buys finer steps
     for the bulk of the values; one threshold on |x| clips only the side that has the tail.
 
-    A threshold whose error on the MMSE_EXTREMES values at each end alone (a part of its sum of
-    squares: every term is >= 0) is already above the best error so far cannot be chosen, and
-    its full error is not computed (`MMSE_SAFETY` covers the summations' rounding): the clips
-    that cut deep into a tail are dismissed on a few thousand values. The answer is the search
-    over every threshold's."""
+    A threshold whose error on about MMSE_EXTREMES values at each end alone (a part of its sum
+    of squares: every term is >= 0) is already above the best error so far cannot be chosen,
+    and its full error is not computed (`MMSE_SAFETY` covers the summations' rounding): the
+    clips that cut deep into a tail are dismissed on a few thousand values, every threshold's
+    part at once. The answer is the search over every threshold's."""
     values = np.asarray(values, np.float64)
     low, high = min(low, 0.0), max(high, 0.0)
     peak = max(-low, high)
-    best, best_error = (low, high), np.inf
-    extremes = values
+    clips = [(max(low, -threshold), min(high, threshold)) for threshold in peak * np.arange(steps, 0, -1) / steps]
+    # activation_params' grids, every threshold's at once
+    scales, zeros = asymmetric_grids(np.array([c[0] for c in clips]), np.array([c[1] for c in clips]))
+    parts = np.zeros(steps)
     if values.size > 4 * MMSE_EXTREMES:
-        ends = np.partition(values, (MMSE_EXTREMES, values.size - MMSE_EXTREMES - 1))
-        extremes = np.concatenate((ends[:MMSE_EXTREMES], ends[values.size - MMSE_EXTREMES:]))
+        parts = _squared_errors_at_each(_extremes(values), scales, zeros).sum(axis=1) / values.size
+    best, best_error = (low, high), np.inf
     rounded, single = np.empty_like(values), np.empty(values.shape, np.float32)
-    for threshold in peak * np.arange(steps, 0, -1) / steps:
-        candidate = (max(low, -threshold), min(high, threshold))
-        quant = activation_params(*candidate, "mmse")
-        if extremes is not values and best_error < np.inf:
-            part = _squared_errors(extremes, quant, np.empty_like(extremes), np.empty(extremes.shape, np.float32))
-            if float(part.sum()) / values.size > best_error * (1 + MMSE_SAFETY):
-                continue
-        error = float(np.mean(_squared_errors(values, quant, rounded, single)))
+    for clip, scale, zero, part in zip(clips, scales, zeros, parts):
+        if part > best_error * (1 + MMSE_SAFETY):
+            continue
+        error = float(np.mean(_squared_errors(values, scale, zero, rounded, single)))
         if error < best_error:
-            best, best_error = candidate, error
+            best, best_error = clip, error
     return best
 
 
-def _squared_errors(values: np.ndarray, quant: Quantization, rounded: np.ndarray, single: np.ndarray) -> np.ndarray:
-    """(dequantize(quantize(values, quant)) - values)^2 element by element, in `rounded` (scratch
-    of `values`' shape, as `single` in float32).
+def _extremes(values: np.ndarray) -> np.ndarray:
+    """About MMSE_EXTREMES of `values` at each end (of more than 4 * MMSE_EXTREMES): those
+    beyond the cuts an evenly strided sample puts that far in (a partition of the sample, not of
+    every value), or strictly beyond a cut that too many equal (the zeros of a ReLU's output)."""
+    sample = values[::max(1, values.size // MMSE_SAMPLE)]
+    at = max(1, round(sample.size * MMSE_EXTREMES / values.size))
+    ends = np.partition(sample, (at, sample.size - at - 1))
+    found = []
+    for beyond, strictly in ((values <= ends[at], values < ends[at]),
+                             (values >= ends[sample.size - at - 1], values > ends[sample.size - at - 1])):
+        found.append(values[beyond if np.count_nonzero(beyond) <= 2 * MMSE_EXTREMES else strictly])
+    return np.concatenate(found)
+
+
+def _squared_errors_at_each(values: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> np.ndarray:
+    """(threshold, value): `_squared_errors` of `values` at each threshold's grid."""
+    shape = (scales.size, values.size)
+    return _squared_errors(values[None, :], scales[:, None], zeros[:, None], np.empty(shape), np.empty(shape, np.float32))
+
+
+def _squared_errors(values: np.ndarray, scale, zero, rounded: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """(dequantize(quantize(values)) - values)^2 element by element at the grid of float64 `scale`
+    and `zero` (point), in `rounded` (scratch of the result's shape, as `single` in float32);
+    `values` and the grid broadcast (a grid per row).
 
     The same float64 operations as dequantize(quantize(...)) (the int8 round trip of quantize's
     integers in [-128, 127] is exact, so it is left out; adding the zero point, clipping to
     [-128, 127] and taking it off again is clipping the rounded integers to [-128 - zero,
     127 - zero], exactly, in one pass instead of three)."""
-    scale, zero = np.float64(quant.scales[0]), np.float64(quant.zero_points[0])
     np.divide(values, scale, out=rounded)
     np.rint(rounded, out=rounded)
     np.clip(rounded, INT8[0] - zero, INT8[1] - zero, out=rounded)
     rounded *= scale
     np.copyto(single, rounded, casting="same_kind")  # the float32 the plan computes in
-    error = np.subtract(single, values, out=rounded)
+    np.copyto(rounded, single)  # back, exactly: a float64 subtraction is twice as fast as a mixed one
+    error = np.subtract(rounded, values, out=rounded)
     return np.square(error, out=error)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rkcompile.emulator.int8 import Accumulator, QTensor, exact_integers, register_int8, saturate_int32
+from rkcompile.emulator.int8 import Accumulator, QTensor, register_int8, saturate_int32
 from rkcompile.quantization.params import INT32
 from rkcompile.emulator.kernels.conv import convolve
 
@@ -26,17 +26,19 @@ FLOAT32_EXACT = 2 ** 24
 ALIGN_BITS = 16
 
 
-def _bias_integers(bias: QTensor | None, scale: np.ndarray, channels: int, ndim: int) -> np.ndarray | int:
-    """The int32 bias on the accumulator's scale (the plan gives it exactly that scale; a bias
-    shared by convolutions of different input scales is rescaled, rounding half to even)."""
-    if bias is None:
-        return 0
-    values = bias.centered().reshape(-1)
-    stored = np.broadcast_to(np.asarray(bias.quant.scales, np.float64), values.shape)
+def _bias_integers(bias: QTensor, scale: np.ndarray, channels: int, ndim: int) -> tuple[np.ndarray, float]:
+    """The int32 bias on the accumulator's scale, as float64 (the plan gives it exactly that
+    scale; a bias shared by convolutions of different input scales is rescaled, rounding half to
+    even), and its largest magnitude; made once per bias and scale."""
     wanted = np.broadcast_to(scale.reshape(-1), (channels,))
-    if not np.allclose(stored, wanted, rtol=1e-12, atol=0):
-        values = np.rint(values * stored / wanted).astype(np.int64)
-    return values.reshape((1, -1) + (1,) * (ndim - 2))
+
+    def make(bias: QTensor) -> tuple[np.ndarray, float]:
+        values = bias.centered().reshape(-1)
+        stored = np.broadcast_to(np.asarray(bias.quant.scales, np.float64), values.shape)
+        if not np.allclose(stored, wanted, rtol=1e-12, atol=0):
+            values = np.rint(values * stored / wanted)
+        return values.astype(np.float64).reshape((1, -1) + (1,) * (ndim - 2)), float(np.abs(values).max(initial=0))
+    return bias.derived(f"bias at {wanted.tobytes().hex()} {ndim}", make)
 
 
 def exact_float(largest_data: int, weight_sums: np.ndarray) -> type:
@@ -50,32 +52,50 @@ def exact_float(largest_data: int, weight_sums: np.ndarray) -> type:
 
 
 def integer_sums(sums: np.ndarray) -> np.ndarray:
-    """A BLAS product of integers (`exact_float`) as int64: float32's are below 2^24, within
-    int32 already; float64's are saturated to int32 (`exact_integers`)."""
-    return sums.astype(np.int64) if sums.dtype == np.float32 else exact_integers(sums)
+    """A BLAS product of integers (`exact_float`) as float64 integers, which hold an int32 and
+    a bias added to it exactly, and requantize in fewer passes than int64 (`requantize`):
+    float32's are below 2^24, within int32 already; float64's are saturated to int32."""
+    return sums.astype(np.float64) if sums.dtype == np.float32 else np.clip(sums, *INT32, out=sums)
+
+
+def _taps(weight: QTensor, axis: int | tuple[int, ...], largest_data: int) -> np.ndarray:
+    """A weight's integers less their zero points in the float type `exact_float` picks for data
+    at most `largest_data` in magnitude. The sums of |integers| along `axis` (what one output
+    adds) and the float32 form are made once per QTensor (a weight's: once per plan); a float64
+    form, rarely needed, each time."""
+    def weight_sums(weight: QTensor) -> np.ndarray:
+        taps = np.abs(weight.centered())
+        return taps.sum(axis=axis) if taps.ndim > 1 else taps.sum(keepdims=True)
+
+    exact = exact_float(largest_data, weight.derived(f"sums along {axis}", weight_sums))
+    if exact is np.float32:
+        return weight.derived("float32", lambda weight: weight.centered(np.float32))
+    return weight.centered(exact)
 
 
 @register_int8("Conv")
 def conv(node, inputs, opset) -> Accumulator:
     x, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    taps = weight.centered()
-    exact = exact_float(x.largest_centered(), np.abs(taps).reshape(taps.shape[0], -1).sum(axis=1))
-    values = integer_sums(convolve(node, x.centered(exact), taps.astype(exact)))
+    taps = _taps(weight, tuple(range(1, weight.values.ndim)), x.largest_centered())
+    values = integer_sums(convolve(node, x.centered(taps.dtype.type), taps))
     scale = x.quant.scales[0] * weight.scales(values.ndim, axis=1)
     if weight.quant.axis is None:
         scale = np.full((1, values.shape[1]) + (1,) * (values.ndim - 2), scale)
-    values += _bias_integers(bias, scale, values.shape[1], values.ndim)
-    return Accumulator(np.clip(values, *INT32, out=values), scale)
+    if bias is not None:
+        integers, largest = _bias_integers(bias, scale, values.shape[1], values.ndim)
+        values += integers
+        # float32 sums are below 2^24: with a bias that leaves int32 room for them, no sum leaves it
+        if taps.dtype != np.float32 or largest > INT32[1] - FLOAT32_EXACT:
+            np.clip(values, *INT32, out=values)
+    return Accumulator(values, scale)
 
 
 @register_int8("MatMul")
 def matmul(node, inputs, opset) -> Accumulator:
     a, b = inputs
-    right = b.centered()
-    exact = exact_float(a.largest_centered(),
-                        np.abs(right).sum(axis=-2) if right.ndim > 1 else np.abs(right).sum(keepdims=True))
-    values = integer_sums(a.centered(exact) @ right.astype(exact))
+    right = _taps(b, -2, a.largest_centered())
+    values = integer_sums(a.centered(right.dtype.type) @ right)
     return Accumulator(values, np.float64(a.quant.scales[0] * b.quant.scales[0]))
 
 
