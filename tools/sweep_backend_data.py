@@ -120,7 +120,7 @@ def sweep(collection: str, upgrade_opset: int | None = None) -> list[Outcome]:
             if (case / "model.onnx").is_file()]
 
 
-#: float16 tolerance for float outputs of plans with NPU steps: the cosine `rkcompile run --check`
+#: float16 tolerance for float outputs of plans with NPU steps or NPU tensors: the cosine `rkcompile run --check`
 #: asks, and every element within 1% of the output's range (a cosine cannot see a scale error)
 NODE_FLOAT16_MIN_COSINE = 0.9999
 NODE_FLOAT16_MAX_REL = 1e-2
@@ -272,7 +272,11 @@ def _run_node_case(case, target: str) -> Outcome:
         prepared = prepare(path, target, Options(input_shapes=shapes))
         if not feedable:
             return Outcome(case.name, "refused", "a sequence input or an absent optional, which an npz cannot hold")
-        on_npu = any(step.device == "npu" for step in prepared.plan.steps)
+        # values pass through the NPU's float16 when a step runs there or a tensor is stored there
+        # (a relabel aliased in place runs no step, yet its tensor is the NPU's)
+        on_npu = any(step.device == "npu" for step in prepared.plan.steps) or any(
+            tensor.region == "arena" and tensor.dtype in ("float16", "bfloat16")
+            for tensor in prepared.plan.tensors.values())
         random_op = any(n.op_type in RANDOM_OPS or (n.op_type == "Dropout" and len(n.input) > 2 and n.input[2])
                         for n in model.graph.node)  # Dropout with a training_mode input may draw a mask
         for inputs, outputs in datasets:
