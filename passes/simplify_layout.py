@@ -29,7 +29,8 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
   channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
-  work. A Gather of constant indices along one axis, keeping its extent (rotary embedding's
+  work; SegFormer's decode head turns a flattened feature map [N, C, H*W] into tokens
+  [N, H*W, C] around a linear layer, which then runs as a 1x1 Conv on [N, C, 1, H*W]. A Gather of constant indices along one axis, keeping its extent (rotary embedding's
   rotate-half), passes too, re-indexed. After fusion, a region may also end in a matrix
   multiply of two computed tensors (exSDPAttention, exMatMul, MatMul), directly or through ops
   that only select elements, when that kernel can read its operand through the move: the move
@@ -448,9 +449,11 @@ def _elementwise_fused(node: gs.Node) -> bool:
     return True
 
 
-#: ops `move_layout_down` passes, re-written, when a Transpose moved the channel axis of a 4-D
-#: tensor last and they work on that last axis: a Transpose to channels-last undone after them
-#: leaves a channel normalization and 1x1 Convs on the NCHW tensor the NPU keeps anyway.
+#: ops `move_layout_down` passes, re-written, when a Transpose moved the channel axis (axis 1)
+#: of a 4-D tensor, or of a 3-D [N, C, L] one, last and they work on that last axis: a Transpose
+#: to channels-last undone after them leaves a channel normalization and 1x1 Convs on the NCHW
+#: tensor the NPU keeps anyway (a 3-D one, a feature map's flattened [N, C, H*W] before its
+#: tokens [N, H*W, C], as [N, C, 1, L]).
 CHANNEL_OPS = frozenset({"LayerNormalization", "MatMul"})
 
 
@@ -721,21 +724,22 @@ def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
 
 
 def _classify_channel_op(reader: gs.Node, tensor: gs.Tensor, region: _Region):
-    """A LayerNormalization over the last axis or a MatMul by a constant [C, D] of a 4-D tensor
-    whose last axis is the channel axis before the move: the region's tensors it adds, or why
-    the move cannot pass it."""
+    """A LayerNormalization over the last axis or a MatMul by a constant [C, D] of a 3-D or 4-D
+    tensor whose last axis is the channel axis before the move: the region's tensors it adds, or
+    why the move cannot pass it."""
     moved, unmoved = static_shape(tensor), region.shapes[id(tensor)]
-    if region.perm is None or len(moved) != 4 or region.perm[3] != 1 or reader.inputs[0] is not tensor:
+    rank = len(moved)
+    if region.perm is None or rank not in (3, 4) or region.perm[-1] != 1 or reader.inputs[0] is not tensor:
         return f"{reader.name} ({reader.op}) does not work on the channels a Transpose moved last"
     if reader.op == "LayerNormalization":
-        if int(reader.attrs.get("axis", -1)) % 4 != 3 or any(t.name for t in reader.outputs[1:]):
+        if int(reader.attrs.get("axis", -1)) % rank != rank - 1 or any(t.name for t in reader.outputs[1:]):
             return f"{reader.name} normalizes more than the last axis, or its statistics are read"
         if any(t.name and not isinstance(t, gs.Constant) for t in reader.inputs[1:]):
             return f"{reader.name}: its scale or bias is not constant"
         out = tuple(unmoved)
     else:
         weights = reader.inputs[1] if len(reader.inputs) == 2 else None
-        if not isinstance(weights, gs.Constant) or len(weights.shape) != 2 or weights.shape[0] != moved[3]:
+        if not isinstance(weights, gs.Constant) or len(weights.shape) != 2 or weights.shape[0] != moved[-1]:
             return f"{reader.name} does not multiply by constant weights [C, D]"
         out = tuple(int(weights.shape[1]) if a == 1 else d for a, d in enumerate(unmoved))
     region.channel_ops.add(id(reader))
@@ -833,10 +837,11 @@ def _layout_node(source: gs.Tensor, result: gs.Tensor, perm, base: str, fresh, n
 
 def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Simplifier,
                      linked: bool) -> list[gs.Node]:
-    """The nodes computing CHANNEL_OPS `node`'s work on NCHW `x` into `y`, reducing axis 1: a
-    1x1 Conv with the MatMul's weights transposed (the same products and sums), or
-    LayerNormalization's arithmetic as ONNX defines it, mean, centred values, mean square, epsilon,
-    square root, division, then scale and bias as [C, 1, 1] constants."""
+    """The nodes computing CHANNEL_OPS `node`'s work on NCHW (or [N, C, L]) `x` into `y`,
+    reducing axis 1: a 1x1 Conv with the MatMul's weights transposed (the same products and
+    sums; [N, C, L] relabelled to [N, C, 1, L] around it), or LayerNormalization's arithmetic as
+    ONNX defines it, mean, centred values, mean square, epsilon, square root, division, then scale
+    and bias as [C, 1, 1] (or [C, 1]) constants."""
     fresh = simplifier.fresh
     base = node.name or y.name
 
@@ -851,12 +856,21 @@ def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Sim
         return gs.Constant(fresh(f"{base}/{label}"), np.ascontiguousarray(values))
 
     nodes: list[gs.Node] = []
+    x_shape = static_shape(x)
     if node.op == "MatMul":
         weights = constant_value(node.inputs[1])
-        make("Conv", [x, const("weights", weights.T[:, :, None, None])], y, kernel_shape=[1, 1])
+        if len(x_shape) == 4:
+            make("Conv", [x, const("weights", weights.T[:, :, None, None])], y, kernel_shape=[1, 1])
+            return nodes
+        batch, _, length = x_shape
+        planar = make("Reshape", [x, const("planar", np.array([batch, -1, 1, length], np.int64))])
+        planar.shape = [batch, x_shape[1], 1, length]
+        convolved = make("Conv", [planar, const("weights", weights.T[:, :, None, None])], kernel_shape=[1, 1])
+        convolved.shape = [batch, int(weights.shape[1]), 1, length]
+        make("Reshape", [convolved, const("flat", np.array(static_shape(y), np.int64))], y)
         return nodes
     dtype = constant_value(node.inputs[1]).dtype
-    channels = static_shape(x)[1]
+    channels = x_shape[1]
 
     def mean(value):
         if simplifier.ctx.graph.opset >= 18:
@@ -876,7 +890,7 @@ def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Sim
     value = make("Div", [centred, root], None if affine else y)
     for position, (op, param) in enumerate(zip(("Mul", "Add"), affine)):
         last = position == len(affine) - 1
-        channel = np.broadcast_to(constant_value(param), (channels,)).reshape(channels, 1, 1)
+        channel = np.broadcast_to(constant_value(param), (channels,)).reshape(channels, *[1] * (len(x_shape) - 2))
         value = make(op, [value, const(op.lower(), channel)], y if last else None)
     return nodes
 

@@ -503,3 +503,36 @@ def test_transposes_across_a_relabel_whose_joined_move_the_target_refuses_stay_a
     assert kernels == ["Transpose", "Reshape", "Transpose"]
     reasons = [outcome for rule, outcome in attempts(ctx, "second") if rule == "transposes_across_relabel"]
     assert reasons and reasons[-1].startswith("declined: the joined Transpose would break"), reasons
+
+
+def flattened_feature_map_mlp(channels: int, hidden: int, side: int, norm: bool):
+    """SegFormer's decode-head MLP as torch.onnx writes it: a feature map flattened to
+    [1, C, H*W], transposed to tokens [1, H*W, C], (optionally a LayerNorm over C,) a Linear
+    (MatMul and bias Add), transposed back and relabelled to [1, D, H, W]."""
+    tokens = "n" if norm else "t"
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+             helper.make_node("Transpose", ["f"], ["t"], name="to_tokens", perm=[0, 2, 1]),
+             *([helper.make_node("LayerNormalization", ["t", "ln_s", "ln_b"], ["n"], name="norm", axis=-1)]
+               if norm else []),
+             helper.make_node("MatMul", [tokens, "w"], ["m"], name="linear"),
+             helper.make_node("Add", ["m", "b"], ["l"], name="linear_bias"),
+             helper.make_node("Transpose", ["l"], ["back"], name="to_channels", perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["back", "planes"], ["y"], name="unflatten")]
+    return make_model(
+        nodes, [value_info("x", [1, channels, side, side])], [value_info("y", [1, hidden, side, side])],
+        [weight("flat", np.array([1, channels, side * side], np.int64)),
+         weight("planes", np.array([1, hidden, side, side], np.int64)),
+         weight("ln_s", RNG.uniform(0.5, 2, channels).astype(np.float32)),
+         weight("ln_b", RNG.uniform(-1, 1, channels).astype(np.float32)),
+         weight("w", RNG.normal(0, 0.2, (channels, hidden)).astype(np.float32)),
+         weight("b", RNG.uniform(-1, 1, hidden).astype(np.float32))], opset=18)
+
+
+def test_a_linear_layer_on_a_flattened_feature_map_runs_as_a_conv_on_it(tmp_path):
+    # the Transpose of [1, C, H*W] to tokens passes the LayerNorm (exNorm over axis 1) and the
+    # MatMul (a 1x1 Conv on [1, C, 1, H*W]) and cancels the Transpose back; the relabels left
+    # between [1, C, H, W], [1, C, H*W] and [1, C, 1, H*W] move no stored byte
+    for norm, expected in ((False, ["Conv"]), (True, ["exNorm", "Conv"])):
+        kernels, ctx = npu_kernels(flattened_feature_map_mlp(16, 32, 8, norm), tmp_path)
+        assert kernels == expected, (norm, kernels)
+        assert ctx.fates["to_tokens"][0] == ctx.fates["to_channels"][0] == "removed"
