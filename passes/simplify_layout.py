@@ -14,7 +14,8 @@ before the rewrites as well (`EARLY`), on the exporter's own Transposes.
 Each rule is exact: every value is computed by the same arithmetic on the same operands, only
 stored in another order. A rule applies only when every node it leaves passes the target's
 rules that the nodes it replaces passed, and it always leaves fewer nodes, or moves a relabel or
-Transpose down past work into the matrix multiply that takes it in, so the pass ends.
+Transpose down past work into the matrix multiply that takes it in, or leaves one relabel fewer
+that moves stored bytes, so the pass ends.
 
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
   operands) leaves the graph, and the region below it, of element-wise ops, and Splits and
@@ -30,7 +31,8 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
   work; SegFormer's decode head turns a flattened feature map [N, C, H*W] into tokens
-  [N, H*W, C] around a linear layer, which then runs as a 1x1 Conv on [N, C, 1, H*W]. A Gather of constant indices along one axis, keeping its extent (rotary embedding's
+  [N, H*W, C] around a linear layer, which then runs as a 1x1 Conv on [N, C, 1, H*W]. A
+  Gather of constant indices along one axis, keeping its extent (rotary embedding's
   rotate-half), passes too, re-indexed. After fusion, a region may also end in a matrix
   multiply of two computed tensors (exSDPAttention, exMatMul, MatMul), directly or through ops
   that only select elements, when that kernel can read its operand through the move: the move
@@ -45,6 +47,11 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
   axes, or only cuts them, are one Transpose (after a relabel cutting the first's input, or
   before one to the second's result): the second moves the merged axes whole, or each cut
   axis' pieces (maxvit's grid partition and its reverse).
+- `transpose_beside_relabel`, after the rewrites: a relabel cutting axes and the Transpose
+  reading it, or a Transpose and the relabel merging what it put together, are the Transpose on
+  the other side of a relabel that moves no stored byte (an alias), when the target takes that
+  Transpose whole: one data movement between a 1x1 Conv's tokens [L, C, 1, 1] and a feature
+  map [1, C, H, W] instead of two.
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
@@ -59,6 +66,7 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -70,7 +78,7 @@ from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_on
     topological_nodes, unique_name)
 from rkcompile.ir.nodes import itemsize
 from rkcompile.ir.patterns import matches
-from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes, stored_positions
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
 from rkcompile.passes.fold_constants import evaluate_on
@@ -1379,6 +1387,147 @@ def transposes_across_relabel(node: gs.Node, simplifier: _Simplifier):
     return True
 
 
+# --- transpose_beside_relabel -------------------------------------------------------------------
+
+
+def transpose_beside_relabel(node: gs.Node, simplifier: _Simplifier):
+    """After the rewrites, a relabel that only cuts axes, read by a Transpose alone that keeps
+    each cut axis' pieces together and in order, is a Transpose of the relabel's input moving
+    the uncut axes, then a relabel cutting them; and a Transpose read by a relabel alone that
+    only merges axes the Transpose put next to each other in their order is a relabel merging
+    them first, then the Transpose. Taken when the relabel so placed leaves the NPU's stored
+    bytes as they are (an alias, no step: passes/alias.py) where it did not before, and the
+    Transpose passes the target's rules as the old one did: one data movement instead of two.
+    A MatMul's 1x1 Conv layout [L, C, 1, 1] relabelled to tokens [1, H, W, C] and Transposed to
+    the feature map [1, C, H, W] becomes one Transpose to [1, C, 1, L], stored as [1, C, H, W] is
+    (SegFormer's switch from tokens to its depthwise Conv); [1, C, H, W] to tokens the same way
+    back. Exact: only where elements are stored changes."""
+    if not simplifier.fused:
+        return None
+    move = layout_move(node)
+    if move is None or move[2] is None:
+        return None
+    x, t, perm = move
+    made = x.inputs[0] if len(x.inputs) == 1 else None
+    before = layout_move(made) if made is not None else None
+    outcome = None
+    if before is not None and before[2] is None and len(x.outputs) == 1 and x.name not in simplifier.graph_outputs:
+        outcome = _relabel_then_transpose(made, node, simplifier)
+    read = t.outputs[0] if len(t.outputs) == 1 and t.name not in simplifier.graph_outputs else None
+    after = layout_move(read) if read is not None else None
+    if outcome is not True and after is not None and after[2] is None:
+        outcome = _transpose_then_relabel(node, read, simplifier) or outcome
+    return outcome
+
+
+def _stores_alike(shape: tuple[int, ...], relabelled: tuple[int, ...], simplifier: _Simplifier) -> bool:
+    """Whether a relabel of `shape` to `relabelled` leaves each element where the NPU stores it
+    (NC1HWC2, as numerics.nc1hwc2.stored_positions places it)."""
+    if len(shape) > 4 or len(relabelled) > 4:
+        return False
+    c2 = simplifier.ctx.target.c2_for(simplifier.ctx.options.dtype)
+    return np.array_equal(stored_positions(shape, "NC1HWC2", c2).reshape(-1),
+                          stored_positions(relabelled, "NC1HWC2", c2).reshape(-1))
+
+
+def _joined_blocks(blocks, first: list[int]) -> list[int] | None:
+    """The blocks in the order `first` (axes of extent above 1) lists their axes, each block's
+    axes one run in their own order; None when a block's axes are apart or out of order."""
+    block_of = {a: b for b, axes in enumerate(blocks) for a in axes}
+    order, i = [], 0
+    while i < len(first):
+        axes = blocks[block_of[first[i]]]
+        if first[i:i + len(axes)] != axes:
+            return None
+        order.append(block_of[first[i]])
+        i += len(axes)
+    return order
+
+
+def _relabel_then_transpose(relabel: gs.Node, transpose: gs.Node, simplifier: _Simplifier):
+    source, between = relabel.inputs[0], relabel.outputs[0]
+    s_shape, b_shape = static_shape(source), static_shape(between)
+    y_shape = static_shape(transpose.outputs[0])
+    perm = layout_move(transpose)[2]
+    blocks = _regrouping(s_shape, b_shape)
+    if blocks is None or any(len(ins) > 1 for ins, _ in blocks):
+        return None
+    order = _joined_blocks([outs for _, outs in blocks], [p for p in perm if b_shape[p] != 1])
+    if order is None:
+        return "the Transpose splits or reorders the pieces the relabel cuts"
+    axes = [blocks[b][0][0] for b in order]
+    moved = _placement([s_shape[a] for a in axes], len(s_shape),
+                       lambda shape: _stores_alike(shape, y_shape, simplifier))
+    return _swap(relabel, transpose, source, moved, axes, False, simplifier)
+
+
+def _transpose_then_relabel(transpose: gs.Node, relabel: gs.Node, simplifier: _Simplifier):
+    x, t = transpose.inputs[0], transpose.outputs[0]
+    x_shape, t_shape, y_shape = static_shape(x), static_shape(t), static_shape(relabel.outputs[0])
+    perm = layout_move(transpose)[2]
+    blocks = _regrouping(t_shape, y_shape)
+    if blocks is None or any(len(outs) > 1 for _, outs in blocks):
+        return None
+    # the x axes each block's elements come from, in t's order: one run of x's axes above extent 1
+    sources = [[perm[a] for a in ins] for ins, _ in blocks]
+    if _joined_blocks(sources, [a for a in range(len(x_shape)) if x_shape[a] != 1]) is None:
+        return "the relabel merges axes the Transpose does not put together in their order"
+    in_x_order = sorted(range(len(blocks)), key=lambda b: sources[b][0])
+    merged = _placement([element_count([x_shape[a] for a in sources[b]]) for b in in_x_order], len(y_shape),
+                        lambda shape: _stores_alike(x_shape, shape, simplifier))
+    kept = [a for a, d in enumerate(merged or ()) if d != 1]
+    order = [kept[in_x_order.index(b)] for b in range(len(blocks))] if merged else []
+    return _swap(relabel, transpose, x, merged, order, True, simplifier)
+
+
+def _placement(extents: list[int], rank: int, fits) -> tuple[int, ...] | None:
+    """The first shape of `rank` holding `extents` in order, on axes of extent 1 otherwise, that
+    `fits`; None when none does."""
+    for places in itertools.combinations(range(rank), len(extents)):
+        shape = [1] * rank
+        for place, extent in zip(places, extents):
+            shape[place] = extent
+        if fits(tuple(shape)):
+            return tuple(shape)
+    return None
+
+
+def _swap(relabel: gs.Node, transpose: gs.Node, x: gs.Tensor, middle: tuple[int, ...] | None, order: list[int],
+          relabel_first: bool, simplifier: _Simplifier):
+    """`relabel` and `transpose` (adjacent, from `x`) made again in the other order through a
+    tensor of shape `middle`: the relabel first (of `x` to `middle`) when `relabel_first`, else
+    the Transpose (to `middle`); the Transpose takes the axes above extent 1 in `order`. Why
+    not, when the relabel moves no stored byte already, `middle` is None (no shape makes the new
+    relabel move none) or the Transpose would break a rule the old one passed."""
+    if _stores_alike(static_shape(relabel.inputs[0]), static_shape(relabel.outputs[0]), simplifier):
+        return "the relabel moves no stored byte already"
+    if middle is None:
+        return "no shape the Transpose could make or read is a relabel moving no stored byte"
+    first, second = (transpose, relabel) if relabel_first else (relabel, transpose)
+    y = second.outputs[0]
+    x_shape, y_shape = static_shape(x), static_shape(y)
+    start, end = (middle, y_shape) if relabel_first else (x_shape, middle)
+    perm = _composed_perm(start, order, end)
+    probe = unlinked_node(op="Transpose", name=transpose.name, attrs={"perm": perm},
+                          inputs=[gs.Variable("probe_in", x.dtype, list(start))],
+                          outputs=[gs.Variable("probe_out", y.dtype, list(end))])
+    problem = simplifier.passes_as_before(transpose, probe)
+    if problem:
+        return problem
+    detach(first)
+    detach(second)
+    between = gs.Variable(simplifier.fresh(f"{transpose.name}/swapped"), x.dtype, list(middle))
+    shape = gs.Constant(simplifier.fresh(f"{relabel.name}/shape"),
+                        np.array(middle if relabel_first else y_shape, np.int64))
+    moved = gs.Node(op="Transpose", name=simplifier.fresh(f"{transpose.name}/swapped"), attrs={"perm": perm},
+                    inputs=[between if relabel_first else x], outputs=[y if relabel_first else between])
+    relabelled = gs.Node(op="Reshape", name=simplifier.fresh(f"{relabel.name}/swapped"),
+                         inputs=[x if relabel_first else between, shape], outputs=[between if relabel_first else y])
+    simplifier.replace("transpose_beside_relabel", [first, second],
+                       [relabelled, moved] if relabel_first else [moved, relabelled])
+    return True
+
+
 # --- matmul_operands --------------------------------------------------------------------------
 
 #: The fused attention kernel, and the matrix multiply every ONNX MatMul runs as (targets/common.py).
@@ -1776,4 +1925,4 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
 #: The rules, in the order each node tries them; attention_operands and matmul_operands run after
 #: the kernel fusions (SimplifyLayout.run).
 RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
-         transposes_across_relabel)
+         transposes_across_relabel, transpose_beside_relabel)
