@@ -1326,11 +1326,10 @@ def transposes_across_relabel(node: gs.Node, simplifier: _Simplifier):
     if move is None or move[2] is None:
         return None
     between, y, second_perm = move
-    relabel = between.inputs[0] if len(between.inputs) == 1 else None
-    relabel_move = layout_move(relabel) if relabel is not None else None
-    if relabel_move is None or relabel_move[2] is not None:
+    relabel = _relabel_making(between)
+    if relabel is None:
         return None
-    made = relabel_move[0]
+    made = relabel.inputs[0]
     first = made.inputs[0] if len(made.inputs) == 1 else None
     first_move = layout_move(first) if first is not None and first.op == "Transpose" else None
     if first_move is None:
@@ -1407,17 +1406,22 @@ def transpose_beside_relabel(node: gs.Node, simplifier: _Simplifier):
     move = layout_move(node)
     if move is None or move[2] is None:
         return None
-    x, t, perm = move
-    made = x.inputs[0] if len(x.inputs) == 1 else None
-    before = layout_move(made) if made is not None else None
-    outcome = None
-    if before is not None and before[2] is None and len(x.outputs) == 1 and x.name not in simplifier.graph_outputs:
+    x, t, _ = move
+    made, outcome = _relabel_making(x), None
+    if made is not None and len(x.outputs) == 1 and x.name not in simplifier.graph_outputs:
         outcome = _relabel_then_transpose(made, node, simplifier)
     read = t.outputs[0] if len(t.outputs) == 1 and t.name not in simplifier.graph_outputs else None
     after = layout_move(read) if read is not None else None
     if outcome is not True and after is not None and after[2] is None:
         outcome = _transpose_then_relabel(node, read, simplifier) or outcome
     return outcome
+
+
+def _relabel_making(tensor: gs.Tensor) -> gs.Node | None:
+    """The relabel (of known shapes) that makes `tensor`, if one does."""
+    maker = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    move = layout_move(maker) if maker is not None else None
+    return maker if move is not None and move[2] is None else None
 
 
 def _stores_alike(shape: tuple[int, ...], relabelled: tuple[int, ...], simplifier: _Simplifier) -> bool:
