@@ -1424,13 +1424,16 @@ def _relabel_making(tensor: gs.Tensor) -> gs.Node | None:
     return maker if move is not None and move[2] is None else None
 
 
-def _stores_alike(shape: tuple[int, ...], relabelled: tuple[int, ...], simplifier: _Simplifier) -> bool:
-    """Whether a relabel of `shape` to `relabelled` leaves each element where the NPU stores it
-    (NC1HWC2, as numerics.nc1hwc2.stored_positions places it)."""
+def _stores_alike(shape: tuple[int, ...], relabelled: tuple[int, ...], simplifier: _Simplifier,
+                  elements: np.ndarray | None = None) -> bool:
+    """Whether a relabel of `shape` to `relabelled` (or the move placing, at each element of
+    `relabelled` in row-major order, the element `elements` numbers of `shape`) leaves each
+    element where the NPU stores it (NC1HWC2, as numerics.nc1hwc2.stored_positions places it)."""
     if len(shape) > 4 or len(relabelled) > 4:
         return False
     c2 = simplifier.ctx.target.c2_for(simplifier.ctx.options.dtype)
-    return np.array_equal(stored_positions(shape, "NC1HWC2", c2).reshape(-1),
+    stored = stored_positions(shape, "NC1HWC2", c2).reshape(-1)
+    return np.array_equal(stored if elements is None else stored[elements],
                           stored_positions(relabelled, "NC1HWC2", c2).reshape(-1))
 
 
@@ -1501,15 +1504,21 @@ def _swap(relabel: gs.Node, transpose: gs.Node, x: gs.Tensor, middle: tuple[int,
     """`relabel` and `transpose` (adjacent, from `x`) made again in the other order through a
     tensor of shape `middle`: the relabel first (of `x` to `middle`) when `relabel_first`, else
     the Transpose (to `middle`); the Transpose takes the axes above extent 1 in `order`. Why
-    not, when the relabel moves no stored byte already, `middle` is None (no shape makes the new
-    relabel move none) or the Transpose would break a rule the old one passed."""
+    not, when the relabel, or the two together, move no stored byte already, `middle` is None (no
+    shape makes the new relabel move none) or the Transpose would break a rule the old one passed."""
     if _stores_alike(static_shape(relabel.inputs[0]), static_shape(relabel.outputs[0]), simplifier):
         return "the relabel moves no stored byte already"
-    if middle is None:
-        return "no shape the Transpose could make or read is a relabel moving no stored byte"
     first, second = (transpose, relabel) if relabel_first else (relabel, transpose)
     y = second.outputs[0]
     x_shape, y_shape = static_shape(x), static_shape(y)
+    elements = np.arange(element_count(x_shape)).reshape(x_shape)
+    for node in (first, second):
+        perm = layout_move(node)[2]
+        elements = elements.transpose(perm) if perm is not None else elements.reshape(static_shape(node.outputs[0]))
+    if _stores_alike(x_shape, y_shape, simplifier, elements.reshape(-1)):
+        return "the two together move no stored byte (an alias: passes/alias.py)"
+    if middle is None:
+        return "no shape the Transpose could make or read is a relabel moving no stored byte"
     start, end = (middle, y_shape) if relabel_first else (x_shape, middle)
     perm = _composed_perm(start, order, end)
     probe = unlinked_node(op="Transpose", name=transpose.name, attrs={"perm": perm},
