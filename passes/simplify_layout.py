@@ -178,7 +178,7 @@ class _Simplifier:
         self.fused = fused
         self.graph_outputs = {t.name for t in ctx.graph.outputs}
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
-        self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
+        self.declined: dict[str, dict[str, str]] = {}  # layout node -> {rule: why} when each last declined
         self.taken = {n.name for n in ctx.graph.nodes} | set(ctx.graph.tensors())
         #: the nodes the rules took out of the graph, by id; held, so no new node takes an id of theirs
         self.removed: dict[int, gs.Node] = {}
@@ -197,10 +197,11 @@ class _Simplifier:
                         progress = True
                         break
                     if outcome is not None:
-                        self.declined[node.name] = (rule.__name__, outcome)
+                        self.declined.setdefault(node.name, {})[rule.__name__] = outcome
             rounds += 1
-        for name, (rule, why) in self.declined.items():
-            self.record_attempt(name, rule, f"declined: {why}")
+        for name, reasons in self.declined.items():
+            for rule, why in reasons.items():
+                self.record_attempt(name, rule, f"declined: {why}")
         if rounds > 1:
             self.ctx.graph.nodes = [n for n in self.ctx.graph.nodes if id(n) not in self.removed]
         return rounds > 1
