@@ -14,7 +14,8 @@ before the rewrites as well (`EARLY`), on the exporter's own Transposes.
 Each rule is exact: every value is computed by the same arithmetic on the same operands, only
 stored in another order. A rule applies only when every node it leaves passes the target's
 rules that the nodes it replaces passed, and it always leaves fewer nodes, or moves a relabel or
-Transpose down past work into the matrix multiply that takes it in, so the pass ends.
+Transpose down past work into the matrix multiply that takes it in, or leaves one relabel fewer
+that moves stored bytes, so the pass ends.
 
 - `move_layout_down`: a relabel or Transpose (with any others doing the same move to the other
   operands) leaves the graph, and the region below it, of element-wise ops, and Splits and
@@ -29,7 +30,9 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
   channel axis, written out as ReduceMean arithmetic (LayerNormalization normalizes trailing
   axes only; the fusion table's exNorm reads the arithmetic), and a MatMul by constant weights
   a 1x1 Conv. torch's ConvNeXt and timm's blocks permute to channels-last around exactly this
-  work. A Gather of constant indices along one axis, keeping its extent (rotary embedding's
+  work; SegFormer's decode head turns a flattened feature map [N, C, H*W] into tokens
+  [N, H*W, C] around a linear layer, which then runs as a 1x1 Conv on [N, C, 1, H*W]. A
+  Gather of constant indices along one axis, keeping its extent (rotary embedding's
   rotate-half), passes too, re-indexed. After fusion, a region may also end in a matrix
   multiply of two computed tensors (exSDPAttention, exMatMul, MatMul), directly or through ops
   that only select elements, when that kernel can read its operand through the move: the move
@@ -44,6 +47,11 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
   axes, or only cuts them, are one Transpose (after a relabel cutting the first's input, or
   before one to the second's result): the second moves the merged axes whole, or each cut
   axis' pieces (maxvit's grid partition and its reverse).
+- `transpose_beside_relabel`, after the rewrites: a relabel cutting axes and the Transpose
+  reading it, or a Transpose and the relabel merging what it put together, are the Transpose on
+  the other side of a relabel that moves no stored byte (an alias), when the target takes that
+  Transpose whole: one data movement between a 1x1 Conv's tokens [L, C, 1, 1] and a feature
+  map [1, C, H, W] instead of two.
 - `slices_as_split`: Slices of one tensor along one axis, covering it once, are one Split.
 - `identity_layout`: a Transpose keeping every axis in place, or a relabel to the shape it
   reads, is no node.
@@ -58,6 +66,7 @@ Transpose down past work into the matrix multiply that takes it in, so the pass 
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -69,7 +78,7 @@ from rkcompile.ir.graph import (constant_value, element_count, fused_body, is_on
     topological_nodes, unique_name)
 from rkcompile.ir.nodes import itemsize
 from rkcompile.ir.patterns import matches
-from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes, stored_positions
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
 from rkcompile.passes.fold_constants import evaluate_on
@@ -169,7 +178,7 @@ class _Simplifier:
         self.fused = fused
         self.graph_outputs = {t.name for t in ctx.graph.outputs}
         self.carriers = Counter(o for names in ctx.origins.values() for o in names)
-        self.declined: dict[str, tuple[str, str]] = {}  # layout node -> (rule, why) when last tried
+        self.declined: dict[str, dict[str, str]] = {}  # layout node -> {rule: why} when each last declined
         self.taken = {n.name for n in ctx.graph.nodes} | set(ctx.graph.tensors())
         #: the nodes the rules took out of the graph, by id; held, so no new node takes an id of theirs
         self.removed: dict[int, gs.Node] = {}
@@ -188,10 +197,11 @@ class _Simplifier:
                         progress = True
                         break
                     if outcome is not None:
-                        self.declined[node.name] = (rule.__name__, outcome)
+                        self.declined.setdefault(node.name, {})[rule.__name__] = outcome
             rounds += 1
-        for name, (rule, why) in self.declined.items():
-            self.record_attempt(name, rule, f"declined: {why}")
+        for name, reasons in self.declined.items():
+            for rule, why in reasons.items():
+                self.record_attempt(name, rule, f"declined: {why}")
         if rounds > 1:
             self.ctx.graph.nodes = [n for n in self.ctx.graph.nodes if id(n) not in self.removed]
         return rounds > 1
@@ -448,9 +458,11 @@ def _elementwise_fused(node: gs.Node) -> bool:
     return True
 
 
-#: ops `move_layout_down` passes, re-written, when a Transpose moved the channel axis of a 4-D
-#: tensor last and they work on that last axis: a Transpose to channels-last undone after them
-#: leaves a channel normalization and 1x1 Convs on the NCHW tensor the NPU keeps anyway.
+#: ops `move_layout_down` passes, re-written, when a Transpose moved the channel axis (axis 1)
+#: of a 4-D tensor, or of a 3-D [N, C, L] one, last and they work on that last axis: a Transpose
+#: to channels-last undone after them leaves a channel normalization and 1x1 Convs on the NCHW
+#: tensor the NPU keeps anyway (a 3-D one, a feature map's flattened [N, C, H*W] before its
+#: tokens [N, H*W, C], as [N, C, 1, L]).
 CHANNEL_OPS = frozenset({"LayerNormalization", "MatMul"})
 
 
@@ -721,21 +733,22 @@ def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
 
 
 def _classify_channel_op(reader: gs.Node, tensor: gs.Tensor, region: _Region):
-    """A LayerNormalization over the last axis or a MatMul by a constant [C, D] of a 4-D tensor
-    whose last axis is the channel axis before the move: the region's tensors it adds, or why
-    the move cannot pass it."""
+    """A LayerNormalization over the last axis or a MatMul by a constant [C, D] of a 3-D or 4-D
+    tensor whose last axis is the channel axis before the move: the region's tensors it adds, or
+    why the move cannot pass it."""
     moved, unmoved = static_shape(tensor), region.shapes[id(tensor)]
-    if region.perm is None or len(moved) != 4 or region.perm[3] != 1 or reader.inputs[0] is not tensor:
+    rank = len(moved)
+    if region.perm is None or rank not in (3, 4) or region.perm[-1] != 1 or reader.inputs[0] is not tensor:
         return f"{reader.name} ({reader.op}) does not work on the channels a Transpose moved last"
     if reader.op == "LayerNormalization":
-        if int(reader.attrs.get("axis", -1)) % 4 != 3 or any(t.name for t in reader.outputs[1:]):
+        if int(reader.attrs.get("axis", -1)) % rank != rank - 1 or any(t.name for t in reader.outputs[1:]):
             return f"{reader.name} normalizes more than the last axis, or its statistics are read"
         if any(t.name and not isinstance(t, gs.Constant) for t in reader.inputs[1:]):
             return f"{reader.name}: its scale or bias is not constant"
         out = tuple(unmoved)
     else:
         weights = reader.inputs[1] if len(reader.inputs) == 2 else None
-        if not isinstance(weights, gs.Constant) or len(weights.shape) != 2 or weights.shape[0] != moved[3]:
+        if not isinstance(weights, gs.Constant) or len(weights.shape) != 2 or weights.shape[0] != moved[-1]:
             return f"{reader.name} does not multiply by constant weights [C, D]"
         out = tuple(int(weights.shape[1]) if a == 1 else d for a, d in enumerate(unmoved))
     region.channel_ops.add(id(reader))
@@ -833,10 +846,11 @@ def _layout_node(source: gs.Tensor, result: gs.Tensor, perm, base: str, fresh, n
 
 def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Simplifier,
                      linked: bool) -> list[gs.Node]:
-    """The nodes computing CHANNEL_OPS `node`'s work on NCHW `x` into `y`, reducing axis 1: a
-    1x1 Conv with the MatMul's weights transposed (the same products and sums), or
-    LayerNormalization's arithmetic as ONNX defines it, mean, centred values, mean square, epsilon,
-    square root, division, then scale and bias as [C, 1, 1] constants."""
+    """The nodes computing CHANNEL_OPS `node`'s work on NCHW (or [N, C, L]) `x` into `y`,
+    reducing axis 1: a 1x1 Conv with the MatMul's weights transposed (the same products and
+    sums; [N, C, L] relabelled to [N, C, 1, L] around it), or LayerNormalization's arithmetic as
+    ONNX defines it, mean, centred values, mean square, epsilon, square root, division, then scale
+    and bias as [C, 1, 1] (or [C, 1]) constants."""
     fresh = simplifier.fresh
     base = node.name or y.name
 
@@ -851,12 +865,21 @@ def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Sim
         return gs.Constant(fresh(f"{base}/{label}"), np.ascontiguousarray(values))
 
     nodes: list[gs.Node] = []
+    x_shape = static_shape(x)
     if node.op == "MatMul":
         weights = constant_value(node.inputs[1])
-        make("Conv", [x, const("weights", weights.T[:, :, None, None])], y, kernel_shape=[1, 1])
+        if len(x_shape) == 4:
+            make("Conv", [x, const("weights", weights.T[:, :, None, None])], y, kernel_shape=[1, 1])
+            return nodes
+        batch, _, length = x_shape
+        planar = make("Reshape", [x, const("planar", np.array([batch, -1, 1, length], np.int64))])
+        planar.shape = [batch, x_shape[1], 1, length]
+        convolved = make("Conv", [planar, const("weights", weights.T[:, :, None, None])], kernel_shape=[1, 1])
+        convolved.shape = [batch, int(weights.shape[1]), 1, length]
+        make("Reshape", [convolved, const("flat", np.array(static_shape(y), np.int64))], y)
         return nodes
     dtype = constant_value(node.inputs[1]).dtype
-    channels = static_shape(x)[1]
+    channels = x_shape[1]
 
     def mean(value):
         if simplifier.ctx.graph.opset >= 18:
@@ -876,7 +899,7 @@ def _on_channel_axis(node: gs.Node, x: gs.Tensor, y: gs.Tensor, simplifier: _Sim
     value = make("Div", [centred, root], None if affine else y)
     for position, (op, param) in enumerate(zip(("Mul", "Add"), affine)):
         last = position == len(affine) - 1
-        channel = np.broadcast_to(constant_value(param), (channels,)).reshape(channels, 1, 1)
+        channel = np.broadcast_to(constant_value(param), (channels,)).reshape(channels, *[1] * (len(x_shape) - 2))
         value = make(op, [value, const(op.lower(), channel)], y if last else None)
     return nodes
 
@@ -1304,11 +1327,10 @@ def transposes_across_relabel(node: gs.Node, simplifier: _Simplifier):
     if move is None or move[2] is None:
         return None
     between, y, second_perm = move
-    relabel = between.inputs[0] if len(between.inputs) == 1 else None
-    relabel_move = layout_move(relabel) if relabel is not None else None
-    if relabel_move is None or relabel_move[2] is not None:
+    relabel = _relabel_making(between)
+    if relabel is None:
         return None
-    made = relabel_move[0]
+    made = relabel.inputs[0]
     first = made.inputs[0] if len(made.inputs) == 1 else None
     first_move = layout_move(first) if first is not None and first.op == "Transpose" else None
     if first_move is None:
@@ -1362,6 +1384,161 @@ def transposes_across_relabel(node: gs.Node, simplifier: _Simplifier):
         shape = gs.Constant(simplifier.fresh(f"{node.name}/shape"), np.array(y_shape, np.int64))
         new.append(gs.Node(op="Reshape", name=simplifier.fresh(f"{node.name}/relabel"), inputs=[moved, shape], outputs=[y]))
     simplifier.replace("transposes_across_relabel", [first, relabel, node], new)
+    return True
+
+
+# --- transpose_beside_relabel -------------------------------------------------------------------
+
+
+def transpose_beside_relabel(node: gs.Node, simplifier: _Simplifier):
+    """After the rewrites, a relabel that only cuts axes, read by a Transpose alone that keeps
+    each cut axis' pieces together and in order, is a Transpose of the relabel's input moving
+    the uncut axes, then a relabel cutting them; and a Transpose read by a relabel alone that
+    only merges axes the Transpose put next to each other in their order is a relabel merging
+    them first, then the Transpose. Taken when the relabel so placed leaves the NPU's stored
+    bytes as they are (an alias, no step: passes/alias.py) where it did not before, and the
+    Transpose passes the target's rules as the old one did: one data movement instead of two.
+    A MatMul's 1x1 Conv layout [L, C, 1, 1] relabelled to tokens [1, H, W, C] and Transposed to
+    the feature map [1, C, H, W] becomes one Transpose to [1, C, 1, L], stored as [1, C, H, W] is
+    (SegFormer's switch from tokens to its depthwise Conv); [1, C, H, W] to tokens the same way
+    back. Exact: only where elements are stored changes."""
+    if not simplifier.fused:
+        return None
+    move = layout_move(node)
+    if move is None or move[2] is None:
+        return None
+    x, t, _ = move
+    made, outcome = _relabel_making(x), None
+    if made is not None and len(x.outputs) == 1 and x.name not in simplifier.graph_outputs:
+        outcome = _relabel_then_transpose(made, node, simplifier)
+    read = t.outputs[0] if len(t.outputs) == 1 and t.name not in simplifier.graph_outputs else None
+    after = layout_move(read) if read is not None else None
+    if outcome is not True and after is not None and after[2] is None:
+        outcome = _transpose_then_relabel(node, read, simplifier) or outcome
+    return outcome
+
+
+def _relabel_making(tensor: gs.Tensor) -> gs.Node | None:
+    """The relabel (of known shapes) that makes `tensor`, if one does."""
+    maker = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    move = layout_move(maker) if maker is not None else None
+    return maker if move is not None and move[2] is None else None
+
+
+def _stores_alike(shape: tuple[int, ...], relabelled: tuple[int, ...], simplifier: _Simplifier,
+                  elements: np.ndarray | None = None) -> bool:
+    """Whether a relabel of `shape` to `relabelled` (or the move placing, at each element of
+    `relabelled` in row-major order, the element `elements` numbers of `shape`) leaves each
+    element where the NPU stores it (NC1HWC2, as numerics.nc1hwc2.stored_positions places it)."""
+    if len(shape) > 4 or len(relabelled) > 4:
+        return False
+    c2 = simplifier.ctx.target.c2_for(simplifier.ctx.options.dtype)
+    stored = stored_positions(shape, "NC1HWC2", c2).reshape(-1)
+    return np.array_equal(stored if elements is None else stored[elements],
+                          stored_positions(relabelled, "NC1HWC2", c2).reshape(-1))
+
+
+def _joined_blocks(blocks, first: list[int]) -> list[int] | None:
+    """The blocks in the order `first` (axes of extent above 1) lists their axes, each block's
+    axes one run in their own order; None when a block's axes are apart or out of order."""
+    block_of = {a: b for b, axes in enumerate(blocks) for a in axes}
+    order, i = [], 0
+    while i < len(first):
+        axes = blocks[block_of[first[i]]]
+        if first[i:i + len(axes)] != axes:
+            return None
+        order.append(block_of[first[i]])
+        i += len(axes)
+    return order
+
+
+def _relabel_then_transpose(relabel: gs.Node, transpose: gs.Node, simplifier: _Simplifier):
+    source, between = relabel.inputs[0], relabel.outputs[0]
+    s_shape, b_shape = static_shape(source), static_shape(between)
+    y_shape = static_shape(transpose.outputs[0])
+    perm = layout_move(transpose)[2]
+    blocks = _regrouping(s_shape, b_shape)
+    if blocks is None or any(len(ins) > 1 for ins, _ in blocks):
+        return None
+    order = _joined_blocks([outs for _, outs in blocks], [p for p in perm if b_shape[p] != 1])
+    if order is None:
+        return "the Transpose splits or reorders the pieces the relabel cuts"
+    axes = [blocks[b][0][0] for b in order]
+    moved = _placement([s_shape[a] for a in axes], len(s_shape),
+                       lambda shape: _stores_alike(shape, y_shape, simplifier))
+    return _swap(relabel, transpose, source, moved, axes, False, simplifier)
+
+
+def _transpose_then_relabel(transpose: gs.Node, relabel: gs.Node, simplifier: _Simplifier):
+    x, t = transpose.inputs[0], transpose.outputs[0]
+    x_shape, t_shape, y_shape = static_shape(x), static_shape(t), static_shape(relabel.outputs[0])
+    perm = layout_move(transpose)[2]
+    blocks = _regrouping(t_shape, y_shape)
+    if blocks is None or any(len(outs) > 1 for _, outs in blocks):
+        return None
+    # the x axes each block's elements come from, in t's order: one run of x's axes above extent 1
+    sources = [[perm[a] for a in ins] for ins, _ in blocks]
+    if _joined_blocks(sources, [a for a in range(len(x_shape)) if x_shape[a] != 1]) is None:
+        return "the relabel merges axes the Transpose does not put together in their order"
+    in_x_order = sorted(range(len(blocks)), key=lambda b: sources[b][0])
+    merged = _placement([element_count([x_shape[a] for a in sources[b]]) for b in in_x_order], len(y_shape),
+                        lambda shape: _stores_alike(x_shape, shape, simplifier))
+    kept = [a for a, d in enumerate(merged or ()) if d != 1]
+    order = [kept[in_x_order.index(b)] for b in range(len(blocks))] if merged else []
+    return _swap(relabel, transpose, x, merged, order, True, simplifier)
+
+
+def _placement(extents: list[int], rank: int, fits) -> tuple[int, ...] | None:
+    """The first shape of `rank` holding `extents` in order, on axes of extent 1 otherwise, that
+    `fits`; None when none does."""
+    for places in itertools.combinations(range(rank), len(extents)):
+        shape = [1] * rank
+        for place, extent in zip(places, extents):
+            shape[place] = extent
+        if fits(tuple(shape)):
+            return tuple(shape)
+    return None
+
+
+def _swap(relabel: gs.Node, transpose: gs.Node, x: gs.Tensor, middle: tuple[int, ...] | None, order: list[int],
+          relabel_first: bool, simplifier: _Simplifier):
+    """`relabel` and `transpose` (adjacent, from `x`) made again in the other order through a
+    tensor of shape `middle`: the relabel first (of `x` to `middle`) when `relabel_first`, else
+    the Transpose (to `middle`); the Transpose takes the axes above extent 1 in `order`. Why
+    not, when the relabel, or the two together, move no stored byte already, `middle` is None (no
+    shape makes the new relabel move none) or the Transpose would break a rule the old one passed."""
+    if _stores_alike(static_shape(relabel.inputs[0]), static_shape(relabel.outputs[0]), simplifier):
+        return "the relabel moves no stored byte already"
+    first, second = (transpose, relabel) if relabel_first else (relabel, transpose)
+    y = second.outputs[0]
+    x_shape, y_shape = static_shape(x), static_shape(y)
+    elements = np.arange(element_count(x_shape)).reshape(x_shape)
+    for node in (first, second):
+        perm = layout_move(node)[2]
+        elements = elements.transpose(perm) if perm is not None else elements.reshape(static_shape(node.outputs[0]))
+    if _stores_alike(x_shape, y_shape, simplifier, elements.reshape(-1)):
+        return "the two together move no stored byte (an alias: passes/alias.py)"
+    if middle is None:
+        return "no shape the Transpose could make or read is a relabel moving no stored byte"
+    start, end = (middle, y_shape) if relabel_first else (x_shape, middle)
+    perm = _composed_perm(start, order, end)
+    probe = unlinked_node(op="Transpose", name=transpose.name, attrs={"perm": perm},
+                          inputs=[gs.Variable("probe_in", x.dtype, list(start))],
+                          outputs=[gs.Variable("probe_out", y.dtype, list(end))])
+    problem = simplifier.passes_as_before(transpose, probe)
+    if problem:
+        return problem
+    detach(first)
+    detach(second)
+    between = gs.Variable(simplifier.fresh(f"{transpose.name}/swapped"), x.dtype, list(middle))
+    shape = gs.Constant(simplifier.fresh(f"{relabel.name}/shape"),
+                        np.array(middle if relabel_first else y_shape, np.int64))
+    moved = gs.Node(op="Transpose", name=simplifier.fresh(f"{transpose.name}/swapped"), attrs={"perm": perm},
+                    inputs=[between if relabel_first else x], outputs=[y if relabel_first else between])
+    relabelled = gs.Node(op="Reshape", name=simplifier.fresh(f"{relabel.name}/swapped"),
+                         inputs=[x if relabel_first else between, shape], outputs=[between if relabel_first else y])
+    simplifier.replace("transpose_beside_relabel", [first, second],
+                       [relabelled, moved] if relabel_first else [moved, relabelled])
     return True
 
 
@@ -1762,4 +1939,4 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
 #: The rules, in the order each node tries them; attention_operands and matmul_operands run after
 #: the kernel fusions (SimplifyLayout.run).
 RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
-         transposes_across_relabel)
+         transposes_across_relabel, transpose_beside_relabel)

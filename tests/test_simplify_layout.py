@@ -503,3 +503,102 @@ def test_transposes_across_a_relabel_whose_joined_move_the_target_refuses_stay_a
     assert kernels == ["Transpose", "Reshape", "Transpose"]
     reasons = [outcome for rule, outcome in attempts(ctx, "second") if rule == "transposes_across_relabel"]
     assert reasons and reasons[-1].startswith("declined: the joined Transpose would break"), reasons
+
+
+def flattened_feature_map_mlp(channels: int, hidden: int, side: int, norm: bool):
+    """SegFormer's decode-head MLP as torch.onnx writes it: a feature map flattened to
+    [1, C, H*W], transposed to tokens [1, H*W, C], (optionally a LayerNorm over C,) a Linear
+    (MatMul and bias Add), transposed back and relabelled to [1, D, H, W]."""
+    tokens = "n" if norm else "t"
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+             helper.make_node("Transpose", ["f"], ["t"], name="to_tokens", perm=[0, 2, 1]),
+             *([helper.make_node("LayerNormalization", ["t", "ln_s", "ln_b"], ["n"], name="norm", axis=-1)]
+               if norm else []),
+             helper.make_node("MatMul", [tokens, "w"], ["m"], name="linear"),
+             helper.make_node("Add", ["m", "b"], ["l"], name="linear_bias"),
+             helper.make_node("Transpose", ["l"], ["back"], name="to_channels", perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["back", "planes"], ["y"], name="unflatten")]
+    return make_model(
+        nodes, [value_info("x", [1, channels, side, side])], [value_info("y", [1, hidden, side, side])],
+        [weight("flat", np.array([1, channels, side * side], np.int64)),
+         weight("planes", np.array([1, hidden, side, side], np.int64)),
+         weight("ln_s", RNG.uniform(0.5, 2, channels).astype(np.float32)),
+         weight("ln_b", RNG.uniform(-1, 1, channels).astype(np.float32)),
+         weight("w", RNG.normal(0, 0.2, (channels, hidden)).astype(np.float32)),
+         weight("b", RNG.uniform(-1, 1, hidden).astype(np.float32))], opset=18)
+
+
+def test_a_linear_layer_on_a_flattened_feature_map_runs_as_a_conv_on_it(tmp_path):
+    # the Transpose of [1, C, H*W] to tokens passes the LayerNorm (exNorm over axis 1) and the
+    # MatMul (a 1x1 Conv on [1, C, 1, H*W]) and cancels the Transpose back; the relabels left
+    # between [1, C, H, W], [1, C, H*W] and [1, C, 1, H*W] move no stored byte
+    for norm, expected in ((False, ["Conv"]), (True, ["exNorm", "Conv"])):
+        kernels, ctx = npu_kernels(flattened_feature_map_mlp(16, 32, 8, norm), tmp_path)
+        assert kernels == expected, (norm, kernels)
+        assert ctx.fates["to_tokens"][0] == ctx.fates["to_channels"][0] == "removed"
+
+
+def mix_ffn(channels: int, hidden: int, side: int):
+    """SegFormer's Mix-FFN on tokens [1, H*W, C] as torch.onnx writes it: Linear, Transpose and
+    Reshape to the feature map [1, D, H, W], depthwise 3x3 Conv, Reshape and Transpose back to
+    tokens, GELU, Linear, and the residual Add that keeps the block on tokens."""
+    length = side * side
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+             helper.make_node("Add", ["h0", "b1"], ["h"], name="fc1_bias"),
+             helper.make_node("Transpose", ["h"], ["ht"], name="to_channels", perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["ht", "planes"], ["map"], name="to_map"),
+             helper.make_node("Conv", ["map", "dw", "dw_b"], ["c"], name="dwconv", group=hidden,
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "flat"], ["cf"], name="flatten"),
+             helper.make_node("Transpose", ["cf"], ["g_in"], name="to_tokens", perm=[0, 2, 1]),
+             *gelu_nodes("g_in", "g", "gelu"),
+             helper.make_node("MatMul", ["g", "w2"], ["o0"], name="fc2"),
+             helper.make_node("Add", ["o0", "b2"], ["o"], name="fc2_bias"),
+             helper.make_node("Add", ["x", "o"], ["y"], name="residual")]
+    return make_model(
+        nodes, [value_info("x", [1, length, channels])], [value_info("y", [1, length, channels])],
+        [weight("planes", np.array([1, hidden, side, side], np.int64)),
+         weight("flat", np.array([1, hidden, length], np.int64)),
+         weight("w1", RNG.normal(0, 0.2, (channels, hidden)).astype(np.float32)),
+         weight("b1", RNG.uniform(-1, 1, hidden).astype(np.float32)),
+         weight("dw", RNG.normal(0, 0.3, (hidden, 1, 3, 3)).astype(np.float32)),
+         weight("dw_b", RNG.uniform(-1, 1, hidden).astype(np.float32)),
+         weight("w2", RNG.normal(0, 0.2, (hidden, channels)).astype(np.float32)),
+         weight("b2", RNG.uniform(-1, 1, channels).astype(np.float32)), *GELU_CONSTANTS], opset=18)
+
+
+def test_tokens_to_a_feature_map_is_one_transpose(tmp_path):
+    # the Linear's [L, D, 1, 1] relabelled to [1, L, D] and Transposed to [1, D, L] (then relabelled
+    # to [1, D, H, W]) is one Transpose to [1, D, 1, L], which the NPU stores as [1, D, H, W]
+    kernels, ctx = npu_kernels(mix_ffn(16, 32, 8), tmp_path)
+    assert kernels[1:4] == ["Conv", "Transpose", "Conv"], kernels
+    assert ("transpose_beside_relabel", "applied") in attempts(ctx, "to_channels")
+
+
+def tokens_from_a_feature_map(channels: int, side: int):
+    """A feature map flattened and transposed to tokens [1, H*W, C] (torch.onnx's form), a Linear
+    on them and a residual Add of tokens that keeps the Linear on tokens."""
+    length = side * side
+    return make_model(
+        [helper.make_node("Reshape", ["x", "flat"], ["f"], name="flatten"),
+         helper.make_node("Transpose", ["f"], ["t"], name="to_tokens", perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["t", "w"], ["m"], name="linear"),
+         helper.make_node("Add", ["m", "z"], ["y"], name="residual")],
+        [value_info("x", [1, channels, side, side]), value_info("z", [1, length, channels])],
+        [value_info("y", [1, length, channels])],
+        [weight("flat", np.array([1, channels, length], np.int64)),
+         weight("w", RNG.normal(0, 0.2, (channels, channels)).astype(np.float32))], opset=18)
+
+
+def test_a_feature_map_to_tokens_is_one_transpose_within_the_targets_limits(tmp_path):
+    # [1, C, H, W] Transposed to [1, H*W, C] and relabelled to the Linear's [L, C, 1, 1] is one
+    # Transpose of [1, C, L, 1] (stored as the feature map is) when C * L is below the RK3588's
+    # 8192; at 8192 the joined Transpose would break that limit and the two steps stay. (The other
+    # Reshapes relabel the tokens input z and the result, to and from the Conv's layout.)
+    kernels, ctx = npu_kernels(tokens_from_a_feature_map(16, 8), tmp_path)
+    assert kernels == ["Transpose", "Reshape", "ConvAdd", "Reshape"], kernels
+    assert ("transpose_beside_relabel", "applied") in attempts(ctx, "to_tokens")
+    kernels, ctx = npu_kernels(tokens_from_a_feature_map(32, 16), tmp_path)
+    assert kernels == ["Transpose", "Reshape", "Reshape", "ConvAdd", "Reshape"], kernels
+    assert any(rule == "transpose_beside_relabel" and "would break" in outcome
+               for rule, outcome in attempts(ctx, "to_tokens")), attempts(ctx, "to_tokens")
