@@ -375,6 +375,8 @@ class KeptDraws:
 
     def positions(self, sizes: tuple[int, ...]) -> np.ndarray:
         """KEPT_VALUES positions of sizes[-1] values, drawn after draws from sizes[:-1]."""
+        if sizes in self.found:  # drawn already (every update but a calibration's first of each size)
+            return self.found[sizes][0]
         known = len(sizes)
         while known and sizes[:known] not in self.found:
             known -= 1
