@@ -207,7 +207,9 @@ class FloatReference:
 
 def _computation(model: onnx.ModelProto) -> bytes:
     """`FloatReference.computation` of a whole-graph model: a digest of its opsets, inputs and
-    nodes with their names cleared and each initializer read replaced by its value's digest."""
+    nodes with their names cleared and each initializer a node reads replaced by its value's
+    digest; an initializer only a subgraph reads (by name, from its own nodes) keeps its name
+    beside its value's digest."""
     constants = {}
     for tensor in model.graph.initializer:
         anonymous = onnx.TensorProto()
@@ -223,4 +225,8 @@ def _computation(model: onnx.ModelProto) -> bytes:
         anonymous.name = ""
         anonymous.input[:] = [f"constant {constants[name]}" if name in constants else name for name in node.input]
         digest.update(anonymous.SerializeToString(deterministic=True))
+    read = {name for node in model.graph.node for name in node.input}
+    for name, value in constants.items():
+        if name not in read:
+            digest.update(f"{name} {value}".encode())
     return digest.digest()
