@@ -242,6 +242,30 @@ def test_mmse_dismisses_deep_clips_on_the_extremes_and_finds_the_same_clip(monke
     assert 0 < sum(full) < 60 and best[1] < high
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_mmse_sums_a_relus_nonzero_values_and_finds_the_same_clip(seed, monkeypatch):
+    """A ReLU's output, half of it 0 (error 0 at every grid): the errors are summed over the
+    other half, the full sums only decide between near thresholds, and the clip is the one the
+    plain search over every value finds."""
+    from rkcompile.quantization import params
+
+    generator = np.random.default_rng(seed)
+    values = np.maximum(generator.standard_t(3 + seed, 100_000), 0).astype(np.float32)
+    values[: 100 * seed] = 6.0  # a ReLU6's clipped top, on some
+    low, high = float(values.min()), float(values.max())
+    best, best_error = None, np.inf
+    for threshold in high * np.arange(100, 0, -1) / 100:
+        candidate = (max(low, -threshold), min(high, threshold))
+        error = quantization_mse(values.astype(np.float64), *candidate)
+        if error < best_error:
+            best, best_error = candidate, error
+    sizes = []
+    squared_errors = params._squared_errors
+    monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: sizes.append(v.size) or squared_errors(v, *rest))
+    assert mmse_range(values, low, high) == best
+    assert np.count_nonzero(values) in sizes and sizes.count(values.size) <= 2
+
+
 def test_mmse_keeps_the_range_of_a_uniform_distribution():
     low, high = mmse_range(rng.uniform(-1, 1, 50_000), -1.0, 1.0)
     assert low <= -0.95 and high >= 0.95
