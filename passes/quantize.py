@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from rkcompile.compiler.context import CompileContext
+from rkcompile.compiler.context import CompileContext, FloatGraph
 
 from rkcompile.options import CHOOSE, PREFERRED_INT8, settings_label
 from rkcompile.errors import CompileError
@@ -212,23 +212,26 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
     reference = runtime.float_graph(plain_nodes(ordered), devices, ctx.graph.opset, [t.name for t in ctx.graph.outputs],
                                     observed)
 
-    def observed_values(sample) -> list[tuple[str, np.ndarray]]:
+    def observed_values(sample) -> tuple[list[tuple[str, np.ndarray]], dict[str, np.ndarray]]:
         seen = []
-        reference.run(sample, lambda name, value: seen.append((name, value)))
-        return seen
+        return seen, reference.run(sample, lambda name, value: seen.append((name, value)))
 
+    outputs = []
     with ThreadPoolExecutor(1) as runner:
         # the next sample runs while this one's values are observed, in the samples' order
-        for seen in bar(one_ahead(runner, observed_values, samples), total=len(samples),
-                        description=f"int8 calibration: float32 pass ({method})", unit="sample"):
+        for seen, produced in bar(one_ahead(runner, observed_values, samples), total=len(samples),
+                                  description=f"int8 calibration: float32 pass ({method})", unit="sample"):
             for name, value in seen:
                 observe(name, value)
+            if not options.equalization:
+                outputs.append(produced)
     if method != "minmax":  # the distribution methods search each tensor's clip once, here, SEARCH_THREADS at a time
         with ThreadPoolExecutor(SEARCH_THREADS) as pool:
             for _ in bar(pool.map(RangeObserver.range, observers.values()), total=len(observers),
                          description=f"int8 calibration: {method} ranges", unit="tensor"):
                 pass
-    ctx.calibration = Calibration(observers, weight_errors, options.equalization)
+    ctx.calibration = Calibration(observers, weight_errors, options.equalization, reference,
+                                  tuple(outputs) if not options.equalization else None)
     return {name: observer.range() for name, observer in observers.items()}
 
 
@@ -249,10 +252,16 @@ def one_ahead(runner: ThreadPoolExecutor, function: Callable[[T], R], items: Ite
 @dataclass(frozen=True)
 class Calibration:
     """What one calibration run observed: each int8 tensor's range and, with bias correction,
-    each Conv's mean weight-error shift; `equalized`: on the equalized graph."""
+    each Conv's mean weight-error shift; `equalized`: on the equalized graph. `graph` is the
+    runtime's float32 graph it ran, and `outputs` its graph outputs per calibration sample when
+    that graph has the model's own constants (not equalized; the biases are corrected after
+    the run): the float32 reference a judge of candidate plans compares with, when its own
+    graph computes alike (rkcompile/compiler/auto_float16.py `Judge.expected_outputs`)."""
     observers: dict[str, RangeObserver]
     weight_errors: WeightErrorMeans | None
     equalized: bool = False
+    graph: FloatGraph | None = None
+    outputs: tuple[dict[str, np.ndarray], ...] | None = None
 
 
 def _reuse_calibration(earlier: Calibration | None, wanted: set[str], weight_errors: WeightErrorMeans | None,

@@ -16,6 +16,7 @@ import functools
 import io
 import re
 import warnings
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
@@ -36,7 +37,7 @@ from rkcompile.errors import CompileError
 from rkcompile.numerics.dtypes import FLOAT_DTYPES
 from rkcompile.plan.plain_nodes import Constant, Node, is_constant, node_inputs
 from rkcompile.plan.operations import rebuild
-from rkcompile.plan.schema import PlanRecord
+from rkcompile.plan.schema import PlanRecord, Quantization
 from rkcompile.quantization.params import quantize
 from rkcompile.targets import get_target
 from rkcompile.targets.model import Target
@@ -391,6 +392,25 @@ def weight_region(plan: PlanRecord, graph: gs.Graph, target: Target) -> bytes:
     return _encode_weights(plan, constants, target)
 
 
+#: (id of a weight's float array, its parameters) -> its integers, while that array lives: an
+#: int8 choice's candidate plans read the model's constant arrays themselves (the quantize
+#: pass replaces the ones it changes) with mostly the same weight parameters, so each weight
+#: is quantized once rather than once per candidate
+_QUANTIZED_WEIGHTS: dict[tuple[int, Quantization], np.ndarray] = {}
+
+
+def _quantized_weight(values: np.ndarray, quant: Quantization) -> np.ndarray:
+    """quantize(values, quant), read-only, made once while `values` lives."""
+    key = (id(values), quant)
+    found = _QUANTIZED_WEIGHTS.get(key)
+    if found is None:
+        found = np.asarray(quantize(values, quant))  # storage writes arrays alike
+        found.flags.writeable = False
+        _QUANTIZED_WEIGHTS[key] = found
+        weakref.finalize(values, _QUANTIZED_WEIGHTS.pop, key, None)
+    return found
+
+
 def _encode_weights(plan: PlanRecord, constants: Mapping[str, gs.Constant | Constant], target: Target | None = None) -> bytes:
     storage = Storage(plan, target or get_target(plan.target))
     for name, tensor in plan.tensors.items():
@@ -401,7 +421,7 @@ def _encode_weights(plan: PlanRecord, constants: Mapping[str, gs.Constant | Cons
         value = np.asarray(constants[name].values)
         quant = plan.quantization.get(name)
         if quant is not None:
-            value = quantize(value, quant)
+            value = _quantized_weight(value, quant)
         elif tensor.dtype in FLOAT_DTYPES:  # the layout pass warns about each constant this changes
             value = half.saturate(value, tensor.dtype)
         storage.write(name, value)

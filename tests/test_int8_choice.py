@@ -93,6 +93,44 @@ def test_a_technique_that_changes_nothing_is_not_searched_and_one_calibration_se
     assert len(observed_runs) == 3  # the 3 calibration samples once
 
 
+def test_the_float32_reference_outputs_are_the_unequalized_calibration_runs(chain, tmp_path, monkeypatch):
+    """The choice runs the float32 graph once per sample and equalization setting (the two
+    calibrations) and no more: the judge's reference outputs are those the unequalized
+    calibration computed, its graph computing alike (`FloatReference.same_outputs`); the
+    choice is the one the first test checks against a reference run of its own."""
+    calibration = _calibration(tmp_path)
+    samples = _samples(calibration)
+    runs, run = [], FloatReference.run
+    monkeypatch.setattr(FloatReference, "run", lambda self, *args, **kwargs: runs.append(self) or run(self, *args, **kwargs))
+    taken, calibrated = [], Judge.calibrated_outputs
+    monkeypatch.setattr(Judge, "calibrated_outputs",
+                        lambda self, reference: taken.append(calibrated(self, reference)) or taken[-1])
+    rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration)
+    assert len(runs) == 2 * len(samples) and len(taken) == 1 and len(taken[0]) == len(samples)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, **PREFERRED_INT8)
+    reference = FloatReference(plan.reference_nodes, [s.device for s in plan.record.steps], plan.record.model.opset, ["y"])
+    for sample, expected in zip(samples, taken[0]):
+        assert np.array_equal(reference.run(sample)["y"], expected["y"])
+
+
+def test_float_graphs_share_outputs_only_when_they_compute_alike():
+    """Renamed nodes and constants compute alike; another constant value, another op or an
+    unrun graph do not."""
+    from rkcompile.plan.plain_nodes import Constant, Node, Variable
+
+    def graph(scale: float, op: str = "Mul", names: str = "a") -> FloatReference:
+        node = Node(op, f"node_{names}", {}, [Variable("x"), Constant(f"k_{names}", np.array(scale, np.float32))],
+                    [Variable("y")])
+        return FloatReference([node], ["npu"], 17, ["y"])
+
+    sample = {"x": np.arange(4, dtype=np.float32)}
+    ran = graph(2.0)
+    ran.run(sample)
+    assert graph(2.0, names="b").same_outputs(ran, sample)
+    assert not graph(3.0).same_outputs(ran, sample) and not graph(2.0, "Add").same_outputs(ran, sample)
+    assert not ran.same_outputs(graph(2.0), sample)  # the other never ran on such feeds
+
+
 class MatrixJudge(Judge):
     """A Judge whose plans are the candidates' settings and whose runs read a cosine per
     candidate and sample from `cosine(settings, index)`; it counts the runs."""

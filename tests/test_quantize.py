@@ -220,6 +220,18 @@ def test_mmse_search_is_the_least_squared_error_of_quantize_then_dequantize():
         assert mmse_range(values, float(values.min()), float(values.max())) == best
 
 
+def plain_mmse_search(values: np.ndarray, low: float, high: float) -> tuple[float, float]:
+    """The clip of least `quantization_mse` over every value, thresholds from the widest (the
+    first of equals)."""
+    best, best_error = None, np.inf
+    for threshold in max(-low, high) * np.arange(100, 0, -1) / 100:
+        candidate = (max(low, -threshold), min(high, threshold))
+        error = quantization_mse(values.astype(np.float64), *candidate)
+        if error < best_error:
+            best, best_error = candidate, error
+    return best
+
+
 def test_mmse_dismisses_deep_clips_on_the_extremes_and_finds_the_same_clip(monkeypatch):
     """A heavy-tailed tensor: the thresholds that clip deep into the tail are dismissed on the
     values at its ends (their error alone is above the best), so fewer than all 100 run over
@@ -228,18 +240,32 @@ def test_mmse_dismisses_deep_clips_on_the_extremes_and_finds_the_same_clip(monke
 
     values = (rng.standard_t(3, 200_000) * 0.7).astype(np.float32)
     low, high = float(values.min()), float(values.max())
-    best, best_error = None, np.inf
-    for threshold in max(-low, high) * np.arange(100, 0, -1) / 100:
-        candidate = (max(low, -threshold), min(high, threshold))
-        error = quantization_mse(values.astype(np.float64), *candidate)
-        if error < best_error:
-            best, best_error = candidate, error
+    best = plain_mmse_search(values, low, high)
     full = []
     squared_errors = params._squared_errors
     monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: full.append(v.size == values.size)
                         or squared_errors(v, *rest))
     assert mmse_range(values, low, high) == best
     assert 0 < sum(full) < 60 and best[1] < high
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mmse_sums_a_relus_nonzero_values_and_finds_the_same_clip(seed, monkeypatch):
+    """A ReLU's output, half of it 0 (error 0 at every grid): the errors are summed over the
+    other half, the full sums only decide between near thresholds, and the clip is the one the
+    plain search over every value finds."""
+    from rkcompile.quantization import params
+
+    generator = np.random.default_rng(seed)
+    values = np.maximum(generator.standard_t(3 + seed, 100_000), 0).astype(np.float32)
+    values[: 100 * seed] = 6.0  # a ReLU6's clipped top, on some
+    low, high = float(values.min()), float(values.max())
+    best = plain_mmse_search(values, low, high)
+    sizes = []
+    squared_errors = params._squared_errors
+    monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: sizes.append(v.size) or squared_errors(v, *rest))
+    assert mmse_range(values, low, high) == best
+    assert np.count_nonzero(values) in sizes and sizes.count(values.size) <= 2
 
 
 def test_mmse_keeps_the_range_of_a_uniform_distribution():

@@ -84,10 +84,13 @@ class RuleVerdicts(Protocol):
 
 class CalibrationRun(Protocol):
     """What one int8 calibration run observed (passes/quantize.py `Calibration`): a range
-    observer per tensor, on the equalized graph or not."""
+    observer per tensor, on the equalized graph or not; the float32 graph it ran and, when that
+    graph has the model's own constants, its outputs per calibration sample (else None)."""
 
     observers: Mapping[str, RangeObserver]
     equalized: bool
+    graph: FloatGraph | None
+    outputs: Sequence[dict[str, np.ndarray]] | None
 
 
 # --- what the compiler asks of a runtime -------------------------------------------------
@@ -114,6 +117,10 @@ class FloatGraph(Protocol):
             adjust: Adjust | None = None) -> dict[str, np.ndarray]:
         """The graph outputs; `visit` sees each observed tensor as it is written, and `adjust`
         may replace one for the steps after it."""
+
+    # optional: a float graph without it never takes another's outputs as its own
+    def same_outputs(self, other: FloatGraph, inputs: Mapping[str, np.ndarray]) -> bool:
+        """Whether `other`'s run on `inputs` gives this graph's outputs bit for bit."""
 
 
 class Runtime(Protocol):

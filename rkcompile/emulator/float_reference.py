@@ -18,6 +18,7 @@ run time, and for a node it computes against the spec (onnx_backends.ONNXRUNTIME
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Callable, Collection, Mapping, Sequence
 
@@ -53,6 +54,8 @@ class FloatReference:
         self.observed = None if observed is None else frozenset(observed)
         #: input dtypes and shapes -> the whole-graph session, or None where onnxruntime cannot run the graph
         self.sessions: dict[tuple, object] = {}
+        #: input dtypes and shapes -> the whole-graph model's `computation` key (None: no whole-graph model)
+        self.computations: dict[tuple, bytes | None] = {}
         last_use: dict[str, int] = {}
         for index, node in enumerate(self.nodes):
             for tensor in node_operands(node):
@@ -98,7 +101,44 @@ class FloatReference:
             self.sessions[feeds_signature(inputs)] = None  # not tried again
             return None
 
+    def same_outputs(self, other: "FloatReference", inputs: Mapping[str, np.ndarray]) -> bool:
+        """Whether `other`'s run on `inputs` gave (or gives) this one's outputs bit for bit: both
+        run one onnxruntime session (`other`'s ran on feeds like these without failing), the two
+        models compute alike (`computation`: the same nodes on the same constant values, in
+        the same order, whatever the nodes and constants are named and whatever else each
+        returns), and the outputs are the same tensors. onnxruntime runs here with no graph
+        optimization on one thread (onnx_backends.make_session), so the same model computes
+        each output in the same kernels and order."""
+        signature = feeds_signature(inputs)
+        if self.outputs != other.outputs or other.sessions.get(signature) is None:
+            return False
+        mine = self.computation(inputs)
+        return mine is not None and mine == other.computation(inputs)
+
+    def computation(self, inputs: Mapping[str, np.ndarray]) -> bytes | None:
+        """A digest of the whole-graph model for feeds like `inputs` as onnxruntime computes it:
+        its inputs and nodes, node names left out and each constant named by its value; None
+        where onnxruntime would not run the whole graph. Made once per feeds' signature."""
+        signature = feeds_signature(inputs)
+        if signature not in self.computations:
+            model = self._whole_graph_model(inputs)
+            self.computations[signature] = None if model is None else _computation(model)
+        return self.computations[signature]
+
     def _whole_graph_session(self, inputs: Mapping[str, np.ndarray]):
+        model = self._whole_graph_model(inputs)
+        if model is None:
+            return None
+        try:
+            return make_session(model)
+        except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own classes for every "cannot")
+            log.debug("float reference: onnxruntime cannot run the whole graph (%s); running it node by node",
+                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return None
+
+    def _whole_graph_model(self, inputs: Mapping[str, np.ndarray]) -> onnx.ModelProto | None:
+        """The graph as one onnxruntime model returning every observed tensor and graph output,
+        or None when a member is one onnxruntime computes against the spec."""
         members = [member for node, device in zip(self.nodes, self.devices) if device != "host"
                    for member in expanded_members(node)]
         if any(onnxruntime_deviates(member) for member in members):
@@ -124,14 +164,8 @@ class FloatReference:
              for name, value in inputs.items()],
             [helper.make_value_info(name, untyped) for name in sorted(wanted | self.outputs) if name not in inputs],
             list(initializers.values()))
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
-                                  ir_version=NODE_MODEL_IR_VERSION)
-        try:
-            return make_session(model)
-        except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own classes for every "cannot")
-            log.debug("float reference: onnxruntime cannot run the whole graph (%s); running it node by node",
-                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            return None
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
+                                 ir_version=NODE_MODEL_IR_VERSION)
 
     def _run_node_by_node(self, inputs: Mapping[str, np.ndarray], visit: Visit | None,
                           adjust: Adjust | None) -> dict[str, np.ndarray]:
@@ -169,3 +203,30 @@ class FloatReference:
         if fused_body(node) is not None:
             return run_fused(node, values, self._cpu)
         return self.cpu.run(node, values, self.cpu.backend_of(node) or ONNX_REFERENCE, [])
+
+
+def _computation(model: onnx.ModelProto) -> bytes:
+    """`FloatReference.computation` of a whole-graph model: a digest of its opsets, inputs and
+    nodes with their names cleared and each initializer a node reads replaced by its value's
+    digest; an initializer only a subgraph reads (by name, from its own nodes) keeps its name
+    beside its value's digest."""
+    constants = {}
+    for tensor in model.graph.initializer:
+        anonymous = onnx.TensorProto()
+        anonymous.CopyFrom(tensor)
+        anonymous.name = ""
+        constants[tensor.name] = hashlib.sha256(anonymous.SerializeToString(deterministic=True)).hexdigest()
+    digest = hashlib.sha256()
+    for part in (*model.opset_import, *model.graph.input):
+        digest.update(part.SerializeToString(deterministic=True))
+    for node in model.graph.node:
+        anonymous = onnx.NodeProto()
+        anonymous.CopyFrom(node)
+        anonymous.name = ""
+        anonymous.input[:] = [f"constant {constants[name]}" if name in constants else name for name in node.input]
+        digest.update(anonymous.SerializeToString(deterministic=True))
+    read = {name for node in model.graph.node for name in node.input}
+    for name, value in constants.items():
+        if name not in read:
+            digest.update(f"{name} {value}".encode())
+    return digest.digest()

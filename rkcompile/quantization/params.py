@@ -375,6 +375,8 @@ class KeptDraws:
 
     def positions(self, sizes: tuple[int, ...]) -> np.ndarray:
         """KEPT_VALUES positions of sizes[-1] values, drawn after draws from sizes[:-1]."""
+        if sizes in self.found:  # drawn already (every update but a calibration's first of each size)
+            return self.found[sizes][0]
         known = len(sizes)
         while known and sizes[:known] not in self.found:
             known -= 1
@@ -493,7 +495,13 @@ def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_ST
     of squares: every term is >= 0) is already above the best error so far cannot be chosen,
     and its full error is not computed (`MMSE_SAFETY` covers the summations' rounding): the
     clips that cut deep into a tail are dismissed on a few thousand values, every threshold's
-    part at once. The answer is the search over every threshold's."""
+    part at once. The answer is the search over every threshold's.
+
+    A value of 0 has error 0 at every grid (each holds 0 exactly), so with zeros among the
+    values (half of a ReLU's output) the errors are summed over the others only: the same
+    terms in another order, within MMSE_SAFETY of the full sums. The least such sum is then
+    the least full one's unless another is within MMSE_SAFETY of it; those near it, when more
+    than one, have their full mean computed as the full search does, which decides among them."""
     values = np.asarray(values, np.float64)
     low, high = min(low, 0.0), max(high, 0.0)
     peak = max(-low, high)
@@ -503,15 +511,29 @@ def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_ST
     parts = np.zeros(steps)
     if values.size > 4 * MMSE_EXTREMES:
         parts = _squared_errors_at_each(_extremes(values), scales, zeros).sum(axis=1) / values.size
-    best, best_error = (low, high), np.inf
-    rounded, single = np.empty_like(values), np.empty(values.shape, np.float32)
-    for clip, scale, zero, part in zip(clips, scales, zeros, parts):
+    on_every_grid = bool(np.all((INT8[0] - zeros <= 0) & (INT8[1] - zeros >= 0)))  # 0's integer is never clipped
+    summed = values[values != 0] if on_every_grid else values
+    rounded, single = np.empty_like(summed), np.empty(summed.shape, np.float32)
+
+    def mean_error(terms: np.ndarray, scale, zero, rounded: np.ndarray, single: np.ndarray) -> float:
+        return float(np.mean(_squared_errors(terms, scale, zero, rounded, single)))
+
+    errors: dict[int, float] = {}  # threshold index -> its error (over `summed`, divided by every value's count)
+    best_error = np.inf
+    for index, (scale, zero, part) in enumerate(zip(scales, zeros, parts)):
         if part > best_error * (1 + MMSE_SAFETY):
             continue
-        error = float(np.mean(_squared_errors(values, scale, zero, rounded, single)))
-        if error < best_error:
-            best, best_error = clip, error
-    return best
+        if summed.size == values.size:
+            errors[index] = mean_error(values, scale, zero, rounded, single)
+        else:
+            errors[index] = float(np.sum(_squared_errors(summed, scale, zero, rounded, single))) / values.size
+        best_error = min(best_error, errors[index])
+    if summed.size != values.size:
+        near = [index for index, error in errors.items() if error <= best_error * (1 + MMSE_SAFETY)]
+        if len(near) > 1:
+            rounded, single = np.empty_like(values), np.empty(values.shape, np.float32)
+            errors = {index: mean_error(values, scales[index], zeros[index], rounded, single) for index in near}
+    return clips[min(errors, key=errors.get)]  # the first of equals, as thresholds go from the widest
 
 
 def _extremes(values: np.ndarray) -> np.ndarray:
