@@ -41,6 +41,10 @@ that moves stored bytes, so the pass ends.
 - `move_relabel_up`: a relabel after an element-wise op whose operands are relabels read by it
   alone is made on the operands instead (one relabel for two); an operand that broadcasts
   follows when the relabel only adds or removes axes of extent 1.
+- `relabels_above_split`: relabels of more than half the outputs of a Split, whose input a
+  relabel read by it alone makes, are made once with that relabel: the Split cuts the
+  relabelled tensor, and its other outputs are relabelled back below it (timm's
+  cross-covariance attention: q and k relabelled to [C, L, 1, 1] after the q/k/v unbinding).
 - `transpose_with_unit_relabel`: a relabel moving only axes of extent 1, beside a Transpose, is
   one Transpose with it.
 - `transposes_across_relabel`: two Transposes with a relabel between them that only merges
@@ -134,6 +138,7 @@ REMOVED_BECAUSE = {
     "transposes_across_relabel": "one Transpose makes its move and the other Transpose's, across the relabel between them",
     "move_relabel_up": "the relabel is made once, on the operands of the element-wise op it was next to",
     "slices_as_split": "one Split cuts the tensor it sliced",
+    "relabels_above_split": "one relabel before the Split makes its relabel and that of the Split's outputs",
     "attention_operands": "the attention kernel reads or writes its operand in that layout",
     "matmul_operands": "the matrix multiply reads or writes its operand in that layout",
     "shared_layout": "another node lays out the same tensor the same way",
@@ -1222,6 +1227,108 @@ def move_relabel_up(node: gs.Node, simplifier: _Simplifier):
     return True
 
 
+# --- relabels_above_split ---------------------------------------------------------------------
+
+
+def _split_family(pieces, inner: int, relabelled: dict[int, tuple[int, ...]]):
+    """(axis, moved pieces) of the largest set of `relabelled` pieces (piece -> target shape)
+    that are the pieces of one tensor cut along `axis`: their shapes agree off it, every axis
+    before it has extent 1, and each piece keeps its count of elements past the cut; None."""
+    best = None
+    for template in relabelled.values():
+        for axis in range(len(template)):
+            if element_count(template[:axis]) != 1:
+                break
+            past = element_count(template[axis + 1:])
+            moved = [i for i, shape in relabelled.items()
+                     if len(shape) == len(template) and shape[:axis] == template[:axis]
+                     and shape[axis + 1:] == template[axis + 1:] and shape[axis] * past == pieces[i] * inner]
+            if best is None or len(moved) > len(best[1]):
+                best = (axis, moved)
+    return best
+
+
+def relabels_above_split(node: gs.Node, simplifier: _Simplifier):
+    """Relabels of most outputs of a Split, whose input a relabel read by it alone makes, are
+    made once on the Split's input instead: the Split then cuts the relabelled tensor along the
+    axis each piece's cut becomes, and the other outputs are relabelled back below it. Exact
+    when the cut is in whole blocks of contiguous elements on both sides (the axes before each
+    cut have extent 1): every piece holds the same elements in the same order. The input's
+    relabel and the moved one are one node, so more than half the outputs moving leaves fewer
+    nodes (timm's cross-covariance attention: q and k relabelled to a 1x1 Conv's tokens after
+    the q/k/v unbinding, which then take one Transpose before it)."""
+    if node.op != "Split" or not is_onnx_domain(node) or len(node.outputs) < 2:
+        return None
+    x = node.inputs[0]
+    shape = static_shape(x)
+    maker = _relabel_making(x)
+    if shape is None or maker is None or len(x.outputs) != 1 or x.name in simplifier.graph_outputs:
+        return None
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    outputs = [static_shape(out) for out in node.outputs]
+    if any(out is None for out in outputs) or element_count(shape[:axis]) != 1:
+        return "its cut is not in whole blocks of elements of known shapes"
+    relabelled = {}
+    for i, out in enumerate(node.outputs):
+        readers = out.outputs
+        if (len(readers) == 1 and out.name not in simplifier.graph_outputs and readers[0].inputs[0] is out
+                and readers[0].outputs and _relabel_making(readers[0].outputs[0])):
+            relabelled[i] = tuple(static_shape(readers[0].outputs[0]))
+    inner = element_count(shape[axis + 1:])
+    pieces = [out[axis] for out in outputs]
+    family = _split_family(pieces, inner, relabelled) if relabelled else None
+    if family is None or 2 * len(family[1]) <= len(node.outputs):
+        return "no more than half its outputs take one relabel of their pieces"
+    cut, moved = family
+    template = relabelled[moved[0]]
+    past = element_count(template[cut + 1:])
+    if any(pieces[i] * inner % past for i in range(len(pieces))):
+        return "an output it keeps is not a whole number of pieces along the moved cut"
+    sizes = [pieces[i] * inner // past for i in range(len(pieces))]
+    whole = template[:cut] + (sum(sizes),) + template[cut + 1:]
+    kept_shapes = {i: template[:cut] + (sizes[i],) + template[cut + 1:] for i in range(len(pieces)) if i not in moved}
+    growth = (simplifier.stored_bytes(whole) + sum(simplifier.stored_bytes(s) for s in kept_shapes.values())
+              - simplifier.stored_bytes(shape) - sum(simplifier.stored_bytes(outputs[i]) for i in moved))
+    if growth > 0:
+        return f"its tensors would take {growth:g} bytes more on the NPU than those it removes"
+    origin = maker.inputs[0]
+    relabels = [node.outputs[i].outputs[0] for i in moved]
+    new_outputs = [relabels[moved.index(i)].outputs[0] if i in moved
+                   else gs.Variable(simplifier.fresh(f"{node.outputs[i].name}/cut"), node.outputs[i].dtype,
+                                    list(kept_shapes[i]))
+                   for i in range(len(pieces))]
+    source = origin
+    checks = []  # (node the probe stands for, probe)
+    if tuple(static_shape(origin)) != whole:
+        source = gs.Variable(simplifier.fresh(f"{x.name}/relabelled"), x.dtype, list(whole))
+        shape_input = gs.Constant(simplifier.fresh(f"{maker.name}/shape"), np.array(whole, dtype=np.int64))
+        checks.append((maker, unlinked_node(op="Reshape", name=simplifier.fresh(f"{maker.name}/relabelled"),
+                                            inputs=[origin, shape_input], outputs=[source])))
+    name = simplifier.fresh(f"{node.name}/moved")
+    if simplifier.ctx.graph.opset >= 13:
+        sizes_input = gs.Constant(simplifier.fresh(f"{name}/sizes"), np.array(sizes, dtype=np.int64))
+        inputs, attrs = [source, sizes_input], {"axis": cut}
+    else:
+        inputs, attrs = [source], {"axis": cut, "split": sizes}
+    checks.append((node, unlinked_node(op="Split", name=name, attrs=attrs, inputs=inputs, outputs=new_outputs)))
+    for i in kept_shapes:
+        shape_input = gs.Constant(simplifier.fresh(f"{node.outputs[i].name}/shape"),
+                                  np.array(outputs[i], dtype=np.int64))
+        back = unlinked_node(op="Reshape", name=simplifier.fresh(f"{node.outputs[i].name}/relabelled"),
+                             inputs=[new_outputs[i], shape_input], outputs=[node.outputs[i]])
+        checks.append((relabels[0], back))
+    for old, probe in checks:
+        problem = simplifier.passes_as_before(old, probe)
+        if problem:
+            return problem
+    for old in [maker, node, *relabels]:
+        detach(old)
+    linked = [gs.Node(op=n.op, name=n.name, attrs=n.attrs, inputs=list(n.inputs), outputs=list(n.outputs))
+              for _, n in checks]
+    simplifier.replace("relabels_above_split", [maker, node, *relabels], linked)
+    return True
+
+
 # --- transpose_with_unit_relabel --------------------------------------------------------------
 
 
@@ -1938,5 +2045,5 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
 
 #: The rules, in the order each node tries them; attention_operands and matmul_operands run after
 #: the kernel fusions (SimplifyLayout.run).
-RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, transpose_with_unit_relabel,
-         transposes_across_relabel, transpose_beside_relabel)
+RULES = (identity_layout, shared_layout, slices_as_split, move_layout_down, move_relabel_up, relabels_above_split,
+         transpose_with_unit_relabel, transposes_across_relabel, transpose_beside_relabel)

@@ -602,3 +602,88 @@ def test_a_feature_map_to_tokens_is_one_transpose_within_the_targets_limits(tmp_
     assert kernels == ["Transpose", "Reshape", "Reshape", "ConvAdd", "Reshape"], kernels
     assert any(rule == "transpose_beside_relabel" and "would break" in outcome
                for rule, outcome in attempts(ctx, "to_tokens")), attempts(ctx, "to_tokens")
+
+
+def cross_covariance_attention(channels: int = 48, heads: int = 2, length: int = 64):
+    """timm's cross-covariance attention (XCiT, EdgeNeXt) as torch exports it: the q/k/v
+    projection cut into heads with channels before tokens, unbound by a Split, q and k
+    normalized along the tokens, their channel-by-channel scores scaled per head, a Softmax,
+    times v, and the heads merged back into tokens for the output projection."""
+    depth = channels // heads
+    normalize = []
+    for name in ("q", "k"):
+        normalize += [helper.make_node("Squeeze", [f"{name}5", "first"], [f"{name}4"], name=f"unbind_{name}"),
+                      helper.make_node("ReduceL2", [f"{name}4"], [f"{name}_norm"], name=f"norm_{name}", axes=[-1]),
+                      helper.make_node("Clip", [f"{name}_norm", "eps"], [f"{name}_clip"], name=f"clip_{name}"),
+                      helper.make_node("Div", [f"{name}4", f"{name}_clip"], [f"{name}_n"], name=f"normalize_{name}")]
+    return make_model(
+        [helper.make_node("MatMul", ["x", "wqkv"], ["qkv"], name="qkv"),
+         helper.make_node("Reshape", ["qkv", "heads"], ["qkv5"], name="cut_heads"),
+         helper.make_node("Transpose", ["qkv5"], ["qkv_t"], name="channels_first", perm=[2, 0, 3, 4, 1]),
+         helper.make_node("Split", ["qkv_t", "ones"], ["q5", "k5", "v5"], name="unbind", axis=0),
+         helper.make_node("Squeeze", ["v5", "first"], ["v4"], name="unbind_v"), *normalize,
+         helper.make_node("Transpose", ["k_n"], ["kt"], name="k_transposed", perm=[0, 1, 3, 2]),
+         helper.make_node("MatMul", ["q_n", "kt"], ["scores"], name="scores"),
+         helper.make_node("Mul", ["scores", "temperature"], ["scaled"], name="temperature"),
+         helper.make_node("Softmax", ["scaled"], ["weights"], name="softmax", axis=-1),
+         helper.make_node("MatMul", ["weights", "v4"], ["mixed"], name="mix"),
+         helper.make_node("Transpose", ["mixed"], ["tokens"], name="tokens_last", perm=[0, 3, 1, 2]),
+         helper.make_node("Reshape", ["tokens", "merged"], ["merged_heads"], name="merge_heads"),
+         helper.make_node("MatMul", ["merged_heads", "wproj"], ["y"], name="proj")],
+        [value_info("x", [1, length, channels])], [value_info("y", [1, length, channels])],
+        [weight("wqkv", RNG.normal(0, 0.2, (channels, 3 * channels)).astype(np.float32)),
+         weight("heads", np.array([1, length, 3, heads, depth], np.int64)),
+         weight("ones", np.array([1, 1, 1], np.int64)), weight("first", np.array([0], np.int64)),
+         weight("eps", np.array(1e-12, np.float32)),
+         weight("temperature", RNG.uniform(0.5, 2, (heads, 1, 1)).astype(np.float32)),
+         weight("merged", np.array([1, length, channels], np.int64)),
+         weight("wproj", RNG.normal(0, 0.2, (channels, channels)).astype(np.float32))], opset=17)
+
+
+def test_relabels_of_most_outputs_of_a_split_are_made_once_before_it(tmp_path):
+    # q and k are relabelled to the normalization's [C, L, 1, 1] after the unbinding Split:
+    # that relabel is made once, with the one before the Split, which then cuts the Transpose's
+    # result [3C, L, 1, 1] along its first axis, and v is relabelled back below it: 4 layout
+    # steps where there were 5 (relabel in, Transpose, v, relabel out)
+    kernels, ctx = npu_kernels(cross_covariance_attention(), tmp_path)
+    assert "relabels_above_split" in {r.rule for r in ctx.rewrites}
+    split = next(n for n in ctx.graph.nodes if n.op == "Split")
+    assert split.attrs["axis"] == 0 and list(split.inputs[0].shape) == [144, 64, 1, 1]
+    assert kernels[:6] == ["Reshape", "Conv", "Transpose", "Split", "Reshape", "exNorm"], kernels
+    assert kernels.count("Reshape") + kernels.count("Transpose") == 4, kernels
+
+
+def split_with_relabelled_outputs(relabelled: int):
+    """[24, 16] relabelled to [3, 8, 16] and cut in three along its first axis; the first
+    `relabelled` pieces are relabelled to [8, 16, 1, 1] and go through a Relu each, the others
+    are added."""
+    pieces = ["a", "b", "c"]
+    nodes = [helper.make_node("Reshape", ["x", "grouped"], ["g"], name="group"),
+             helper.make_node("Split", ["g", "ones"], pieces, name="cut", axis=0)]
+    outputs = []
+    for piece in pieces[:relabelled]:
+        nodes += [helper.make_node("Reshape", [piece, "tokens"], [f"{piece}_t"], name=f"relabel_{piece}"),
+                  helper.make_node("Relu", [f"{piece}_t"], [f"{piece}_y"], name=f"relu_{piece}")]
+        outputs.append(value_info(f"{piece}_y", [8, 16, 1, 1]))
+    rest = pieces[relabelled:]
+    nodes.append(helper.make_node("Add", [rest[0], rest[-1]], ["sum"], name="add"))
+    outputs.append(value_info("sum", [1, 8, 16]))
+    return make_model(nodes, [value_info("x", [24, 16])], outputs,
+                      [weight("grouped", np.array([3, 8, 16], np.int64)), weight("ones", np.array([1, 1, 1], np.int64)),
+                       weight("tokens", np.array([8, 16, 1, 1], np.int64))], opset=13)
+
+
+def test_relabels_of_two_of_three_outputs_of_a_split_are_made_before_it(tmp_path):
+    _, ctx = npu_kernels(split_with_relabelled_outputs(2), tmp_path)
+    assert ("relabels_above_split", "applied") in attempts(ctx, "relabel_a")
+    assert ("relabels_above_split", "applied") in attempts(ctx, "relabel_b")
+    split = next(n for n in ctx.graph.nodes if n.op == "Split")
+    assert split.attrs["axis"] == 0 and list(split.inputs[0].shape) == [24, 16, 1, 1]
+
+
+def test_a_relabel_of_one_of_three_outputs_of_a_split_stays_below_it(tmp_path):
+    # moving it would leave one relabel before the Split and two below it, for two
+    _, ctx = npu_kernels(split_with_relabelled_outputs(1), tmp_path)
+    assert "relabels_above_split" not in {r.rule for r in ctx.rewrites}
+    assert ("relabels_above_split", "declined: no more than half its outputs take one relabel of their pieces") \
+        in attempts(ctx, "cut")
