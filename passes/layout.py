@@ -109,8 +109,13 @@ def norm_statistics(npu_nodes) -> set[str]:
     view: rewrites.reductions): they spell the mean over C channels as weights 1/C, which the
     kernel computes exactly in float32 (seed 001, exNorm), while float16 holds 1/1599 only to
     within 2^-12 of itself; stored float16 they would shift the mean the emulator computes."""
-    return {member.inputs[1].name for node in npu_nodes if node.op == "exNorm" and fused_body(node) is not None
-            for member in fused_body(node).nodes if member.op == "Conv" and isinstance(member.inputs[1], gs.Constant)}
+    found: set[str] = set()
+    for node in npu_nodes:
+        body = fused_body(node) if node.op == "exNorm" else None
+        if body is not None:
+            found.update(member.inputs[1].name for member in body.nodes
+                         if member.op == "Conv" and isinstance(member.inputs[1], gs.Constant))
+    return found
 
 
 def _warn_out_of_range(constant: gs.Constant, stored: TensorPlacement) -> None:
