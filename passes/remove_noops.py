@@ -2,7 +2,9 @@
 (exporters keep the float32 round trips of mixed-precision code, e.g. an RMSNorm's
 `x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), Dropout
 whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
-random mask: legalize keeps it on the CPU), a Mul or Div by constant ones, an Add or Sub of
+random mask: legalize keeps it on the CPU), a Slice that keeps every element in order
+(timm's GhostNet cuts its module's Concat back to the width it already has), a Mul or Div by
+constant ones, an Add or Sub of
 constant zeros, that leave the shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x);
 a residual branch whose weights are zero folds to x + 0): x * 1 is x, bit for bit; and an
 Expand or Tile to the shape its input has.
@@ -62,6 +64,8 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
         # to the shape it has already (jax2tf writes BroadcastTo so): every element once, in place
         shape = static_shape(node.inputs[0])
         return node.inputs[0] if shape is not None and shape == static_shape(node.outputs[0]) else None
+    if node.op == "Slice" and is_onnx_domain(node):
+        return node.inputs[0] if _keeps_everything(node) else None
     if node.op == "Dropout":
         if training_mode(node) is not None:
             return None
@@ -89,6 +93,19 @@ def _identity_operand(node: gs.Node) -> gs.Tensor | None:
                 and static_shape(x) is not None and static_shape(x) == static_shape(node.outputs[0])):
             return x
     return None
+
+
+def _keeps_everything(node: gs.Node) -> bool:
+    """A Slice of step 1 on every axis (opset 10 on: a constant `steps` of ones, or none) whose
+    output has its input's static shape: a step-1 range as long as its axis starts at 0, so each
+    element stays where it was."""
+    shape = static_shape(node.inputs[0])
+    if shape is None or shape != static_shape(node.outputs[0]):
+        return False
+    if len(node.inputs) < 5 or not node.inputs[4].name:
+        return True
+    steps = constant_value(node.inputs[4])
+    return steps is not None and bool(np.all(steps == 1))
 
 
 def _same_type_cast(node: gs.Node) -> bool:

@@ -122,6 +122,25 @@ def test_an_expand_or_tile_to_the_shape_it_has_is_removed(save):
     assert contract_violations(plan) == []
 
 
+def test_a_slice_keeping_every_element_is_removed(save):
+    """timm's GhostNet cuts its Concat back to the width it has: a step-1 Slice whose output has
+    its input's shape returns its input; a Slice that cuts, or reverses, stays."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Slice", ["r", "zero", "four", "one_axis", "step_one"], ["s"], name="slice_all"),
+             helper.make_node("Slice", ["s", "minus_one", "before_all", "one_axis", "step_back"], ["b"],
+                              name="slice_reversed"),
+             helper.make_node("Slice", ["b", "zero", "two", "one_axis"], ["y"], name="slice_cut")]
+    inits = [weight(name, np.array([value], np.int64)) for name, value in (
+        ("zero", 0), ("four", 4), ("two", 2), ("one_axis", 1), ("step_one", 1), ("minus_one", -1),
+        ("before_all", -5), ("step_back", -1))]
+    model = make_model(nodes, [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 2, 3, 3])], inits)
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["slice_all"] == "removed"
+    assert devices["slice_reversed"] != "removed" and devices["slice_cut"] != "removed"
+    assert contract_violations(plan) == []
+
+
 def test_identity_of_a_graph_input_to_an_output_stays(save):
     model = make_model([helper.make_node("Identity", ["x"], ["y"], name="copy")],
                        [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
