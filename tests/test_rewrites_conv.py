@@ -195,3 +195,39 @@ def test_taps_reading_only_padding_are_dropped(tmp_path, target, size, dilation,
     assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, 4, *size)).astype(np.float32)})
     plan, _ = compile_model(tmp_path / "model.onnx", target)
     assert not [n.op for n in plan.nodes if n.device == "cpu"]
+
+
+def padded_conv_model(pads, conv_pads=(0, 0, 0, 0), pad_value=0.0, size=9):
+    """A constant Pad (pads in ONNX order, input form) before a 3x3 stride-2 Conv, as tf2onnx writes
+    a strided convolution's "same" padding."""
+    w = RNG.standard_normal((5, 4 + pads[1] + pads[5], 3, 3)).astype(np.float32)
+    padded = [size + pads[2] + pads[6] + conv_pads[0] + conv_pads[2], size + pads[3] + pads[7] + conv_pads[1] + conv_pads[3]]
+    out = [(s - 3) // 2 + 1 for s in padded]
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["p"], name="pad", mode="constant"),
+             helper.make_node("Conv", ["p", "w"], ["y"], name="conv", kernel_shape=[3, 3], strides=[2, 2],
+                              pads=list(conv_pads))]
+    inits = [weight("pads", np.array(pads, np.int64)), weight("value", np.array(pad_value, np.float32)),
+             weight("w", w)]
+    return make_model(nodes, [value_info("x", [1, 4, size, size])], [value_info("y", [1, 5, *out])], inits)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_a_zero_pad_before_a_conv_becomes_the_convs_own_pads(tmp_path, target):
+    model = padded_conv_model([0, 0, 0, 1, 0, 0, 1, 0], conv_pads=(1, 0, 0, 1))
+    ctx = rewritten(model, tmp_path, target)
+    assert [r.rule for r in ctx.rewrites] == ["zero_pad_into_conv"]
+    (conv,) = [n for n in ctx.graph.nodes if n.op != "Constant"]
+    assert conv.op == "Conv" and list(conv.attrs["pads"]) == [1, 1, 1, 1]
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, 4, 9, 9)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("pads, value, reason", [
+    ([0, 0, 0, 1, 0, 0, 1, 0], 0.5, "not a Pad of constant zeros"),
+    ([0, 1, 0, 0, 0, 0, 0, 0], 0.0, "pads the batch or channel axis"),
+    ([0, 0, 0, 16, 0, 0, 0, 0], 0.0, "over the target's limit"),
+])
+def test_a_pad_the_conv_cannot_take_stays_and_says_why(tmp_path, pads, value, reason):
+    ctx = rewritten(padded_conv_model(pads, pad_value=value), tmp_path, "rk3588")
+    assert "zero_pad_into_conv" not in [r.rule for r in ctx.rewrites]
+    reasons = {a.rule: a.outcome for a in ctx.rewrite_attempts["pad"]}
+    assert reason in reasons["zero_pad_into_conv"]

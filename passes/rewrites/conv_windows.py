@@ -1,5 +1,6 @@
 """Convolution rewrites: a Conv whose stride, kernel or pads are over the target's window limits
-as convolutions within them (pads: after a zero Pad), exactly, and a Slice with steps over 1 as the 1x1 convolutions that
+as convolutions within them (pads: after a zero Pad), exactly, a zero Pad before a Conv as the
+Conv's own pads, and a Slice with steps over 1 as the 1x1 convolutions that
 pick its rows, columns and channels.
 
 Space-to-depth is the common tool. A one-hot grouped convolution with kernel = stride = f moves
@@ -437,7 +438,60 @@ def conv_1d_as_2d(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def _zero_pads(node: gs.Node) -> list[int] | None:
+    """A Pad's pads when it adds constant zeros on every axis (no `axes` input), none negative;
+    else None. The attribute form (opset < 11) and the input form both."""
+    if node.attrs.get("mode", "constant") not in ("constant", b"constant"):
+        return None
+    if len(node.inputs) == 1:
+        pads, value = node.attrs.get("pads"), float(node.attrs.get("value", 0.0))
+    else:
+        if len(node.inputs) > 3 and node.inputs[3].name:
+            return None
+        pads = constant_value(node.inputs[1])
+        given = len(node.inputs) > 2 and node.inputs[2].name
+        value = constant_value(node.inputs[2]) if given else np.zeros(1)
+        if value is None:
+            return None
+        value = float(np.asarray(value).reshape(-1)[0])
+    if pads is None or value != 0.0:
+        return None
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    return pads if min(pads, default=0) >= 0 else None
+
+
+def zero_pad_into_conv(node: gs.Node, site: Site) -> Candidates:
+    """A zero Pad of the spatial axes whose result only a Conv reads, as that Conv's input,
+    folded into the Conv's pads: zero padding is zero padding whether the Pad or the Conv adds
+    it, so every window reads the same values, and the Pad's pass over the map is gone.
+    tf2onnx and timm's TF-ported models write a strided convolution's "same" padding so
+    (tf_efficientnet_b0: five of them). Only while the sum stays within the target's pad limit,
+    where `conv_pads_to_pad` would split it again."""
+    pads = _zero_pads(node)
+    if pads is None:
+        return "not a Pad of constant zeros on every axis, none negative"
+    y = node.outputs[0]
+    conv = y.outputs[0] if len(y.outputs) == 1 and y.name not in site.graph_outputs else None
+    if conv is None or conv.op != "Conv" or conv.inputs[0] is not y:
+        return "its result is not read by one Conv alone, as that Conv's input"
+    rank = len(pads) // 2
+    if rank < 3 or any(pads[:2]) or any(pads[rank:rank + 2]):
+        return "it pads the batch or channel axis"
+    if conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return "the Conv sets auto_pad"
+    spatial = rank - 2
+    old = [int(p) for p in conv.attrs.get("pads", [0] * 2 * spatial)]
+    summed = [a + b for a, b in zip(old, [*pads[2:rank], *pads[rank + 2:]])]
+    limit = site.target.rule_parameter("Conv", "conv_window", "pad")
+    if limit is None or max(summed) > limit:
+        return f"the Conv's pads would be {summed}, over the target's limit of {limit}"
+    builder = site.builder(node)
+    builder.op("Conv", [node.inputs[0], *conv.inputs[1:]], out=conv.outputs[0], **{**conv.attrs, "pads": summed})
+    yield builder.finish(node, conv)
+
+
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(zero_pad_into_conv, frozenset({"Pad"}), always=True),
     RewriteRule(conv_padding_only_taps_dropped, frozenset({"Conv"})),
     RewriteRule(conv_stride_to_space_to_depth, frozenset({"Conv"})),
     RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
