@@ -3,7 +3,9 @@
 `x.to(float32)` ... `.to(input_dtype)`, in a model that is float32 throughout), Dropout
 whose mask nobody reads and which is not in training mode (a training-mode Dropout draws a
 random mask: legalize keeps it on the CPU), a Slice that keeps every element in order
-(timm's GhostNet cuts its module's Concat back to the width it already has), a Mul or Div by
+(timm's GhostNet cuts its module's Concat back to the width it already has), a Concat, Sum,
+Mean, Max or Min of one input (torchvision's DenseNet concatenates a block's first feature map
+alone), a Mul or Div by
 constant ones, an Add or Sub of
 constant zeros, that leave the shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x);
 a residual branch whose weights are zero folds to x + 0): x * 1 is x, bit for bit; and an
@@ -64,6 +66,8 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
         # to the shape it has already (jax2tf writes BroadcastTo so): every element once, in place
         shape = static_shape(node.inputs[0])
         return node.inputs[0] if shape is not None and shape == static_shape(node.outputs[0]) else None
+    if node.op in ONE_INPUT_IDENTITIES and is_onnx_domain(node) and len(node.inputs) == 1:
+        return node.inputs[0]
     if node.op == "Slice" and is_onnx_domain(node):
         return node.inputs[0] if _keeps_everything(node) else None
     if node.op == "Dropout":
@@ -74,6 +78,8 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
     return None
 
 
+#: variadic ops that return their one input unchanged when given only one
+ONE_INPUT_IDENTITIES = frozenset({"Concat", "Sum", "Mean", "Max", "Min"})
 #: binary ops that return x when the other operand is all this constant, and the positions that
 #: operand may take (x - 0 and x / 1, never 0 - x or 1 / x)
 IDENTITY_OPERANDS = {"Mul": (1, (0, 1)), "Div": (1, (1,)), "Add": (0, (0, 1)), "Sub": (0, (1,))}

@@ -141,6 +141,21 @@ def test_a_slice_keeping_every_element_is_removed(save):
     assert contract_violations(plan) == []
 
 
+def test_a_concat_or_sum_of_one_input_is_removed(save):
+    """torchvision's DenseNet concatenates each block's first feature map alone: that Concat, and
+    a Sum of one input, return their input; a Concat of two stays."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Concat", ["r"], ["c"], name="concat_one", axis=1),
+             helper.make_node("Sum", ["c"], ["s"], name="sum_one"),
+             helper.make_node("Concat", ["s", "r"], ["y"], name="concat_two", axis=1)]
+    model = make_model(nodes, [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 8, 3, 3])])
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["concat_one"] == devices["sum_one"] == "removed"
+    assert devices["concat_two"] != "removed"
+    assert contract_violations(plan) == []
+
+
 def test_identity_of_a_graph_input_to_an_output_stays(save):
     model = make_model([helper.make_node("Identity", ["x"], ["y"], name="copy")],
                        [value_info("x", [1, 3, 4, 4])], [value_info("y", [1, 3, 4, 4])])
