@@ -345,3 +345,16 @@ def test_scalar_factors_stay_where_folding_them_would_spread_the_constant(tmp_pa
     _, ctx = compile_model(path, "rk3588")
     outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
     assert "does not vary along the Concat's axis" in outcomes["scalar_factors_out_of_concat"]
+
+
+def test_a_scale_before_a_flattened_classifier_folds_into_its_conv(tmp_path):
+    """paddle2onnx's inference dropout, x * (1 - p), between a pooled map and its classifier
+    (Flatten, MatMul by weights): the MatMul becomes a 1x1 Conv only in the rewrites, and the
+    scale then folds into that Conv's weights: no Mul step."""
+    conv, inits = conv_3x3()
+    nodes = [conv, node("Relu", ["c"], "r"), node("GlobalAveragePool", ["r"], "p"),
+             node("Mul", ["p", "keep"], "d"), node("Flatten", ["d"], "f"), node("MatMul", ["f", "fc"], "y")]
+    extra = [scalar("keep", 0.8), const("fc", (8, 5))]
+    kernels, got, expected = planned(tmp_path, nodes, inits + extra, [("x", (1, 4, 8, 8))], (1, 5))
+    assert "Mul" not in kernels and kernels[-1] == "Conv", kernels
+    assert_close(got, expected)

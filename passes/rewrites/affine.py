@@ -476,6 +476,9 @@ RULES: tuple[RewriteRule, ...] = (
     # scales it by folds into its weights, so the float16 Conv stores the mean, not a sum of
     # squares that overflows float16 where the mean does not (a LayerNorm's variance over 512 values)
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True, late=True),
+    # and into the Conv a MatMul or Gemm of a flattened map became (matmul_as_conv): a scale
+    # before a classifier (paddle's inference dropout, x * (1 - p)) meets that Conv only then
+    RewriteRule(fold_affine_into_next_conv, AFFINE_OPS, always=True, late=True),
     # late: the products a rotary embedding scales by cos and sin broadcast over the heads, which
     # only the late broadcast_by_concat makes legal (passes/rewrites/elementwise.py); its scaled
     # copies of them are legal then
