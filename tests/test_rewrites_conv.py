@@ -231,3 +231,41 @@ def test_a_pad_the_conv_cannot_take_stays_and_says_why(tmp_path, pads, value, re
     assert "zero_pad_into_conv" not in [r.rule for r in ctx.rewrites]
     reasons = {a.rule: a.outcome for a in ctx.rewrite_attempts["pad"]}
     assert reason in reasons["zero_pad_into_conv"]
+
+
+def focus_model(offsets, size=(8, 12), channel_end=None):
+    """YOLOv5's Focus: for each (row, column) offset, x[:, :channel_end, r::2, q::2] as a Slice of
+    the rows, then one of the columns (and channels), and a Concat of them over the channels."""
+    nodes, inits, operands = [], [], []
+    for index, (row, column) in enumerate(offsets):
+        rows, picked = f"rows{index}", f"pick{index}"
+        inits += [weight(f"r_start{index}", np.array([row], np.int64)), weight("big", np.array([1 << 30], np.int64)),
+                  weight("axis2", np.array([2], np.int64)), weight("two", np.array([2], np.int64)),
+                  weight(f"q_starts{index}", np.array([0, column], np.int64)),
+                  weight("q_ends", np.array([channel_end or (1 << 30), 1 << 30], np.int64)),
+                  weight("axes13", np.array([1, 3], np.int64)), weight("steps13", np.array([1, 2], np.int64))]
+        nodes += [helper.make_node("Slice", ["x", f"r_start{index}", "big", "axis2", "two"], [rows], name=rows),
+                  helper.make_node("Slice", [rows, f"q_starts{index}", "q_ends", "axes13", "steps13"], [picked],
+                                   name=picked)]
+        operands.append(picked)
+    nodes.append(helper.make_node("Concat", operands, ["y"], name="concat", axis=1))
+    channels = channel_end or 3
+    out = [1, channels * len(offsets), size[0] // 2, size[1] // 2]
+    unique = {init.name: init for init in inits}
+    return make_model(nodes, [value_info("x", [1, 3, *size])], [value_info("y", out)], list(unique.values()))
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+def test_yolov5_focus_becomes_one_picking_conv(tmp_path, target):
+    model = focus_model([(0, 0), (1, 0), (0, 1), (1, 1)])
+    ctx = rewritten(model, tmp_path, target)
+    (conv,) = [n for n in ctx.graph.nodes if n.op != "Constant"]
+    assert conv.op == "Conv" and list(conv.attrs["strides"]) == [2, 2]
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, 3, 8, 12)).astype(np.float32)})
+
+
+def test_a_focus_that_cuts_channels_is_left_to_the_slice_rewrites(tmp_path):
+    ctx = rewritten(focus_model([(0, 0), (1, 1)], channel_end=2), tmp_path, "rk3588")
+    reasons = {a.rule: a.outcome for a in ctx.rewrite_attempts["rows0"]}
+    assert "cuts the batch or channels" in reasons["stepped_slices_concat_as_conv"]
+    assert "stepped_slices_concat_as_conv" not in [r.rule for r in ctx.rewrites]

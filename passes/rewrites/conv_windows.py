@@ -19,7 +19,7 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site
+from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site, producer
 
 
 @dataclass(frozen=True)
@@ -287,6 +287,65 @@ def _cropped(builder: Builder, x: gs.Tensor, view: list[int], spans: list[tuple[
     return current, shape
 
 
+def _stepped_chain(tensor: gs.Tensor, site: Site) -> tuple[gs.Tensor, list[tuple[int, int, int]], list[gs.Node]] | None:
+    """The source of the chain of stepped Slices of a 4-D tensor that ends in `tensor`, each
+    link read only by the next, with the picks they make together per axis (start, step,
+    count); None when `tensor` is not such a chain's end."""
+    chain = []
+    while (node := producer(tensor)) is not None and node.op == "Slice" and len(tensor.outputs) == 1 \
+            and tensor.name not in site.graph_outputs:
+        chain.append(node)
+        tensor = node.inputs[0]
+    read = [slice_picks(node) for node in reversed(chain)]
+    if not chain or any(isinstance(r, str) for r in read) or len(static_shape(tensor)) != 4:
+        return None
+    picks = [(0, 1, size) for size in static_shape(tensor)]
+    for _, link in read:
+        picks = [(start + step * inner_start, step * inner_step, count)
+                 for (start, step, _), (inner_start, inner_step, count) in zip(picks, link)]
+    return tensor, picks, chain
+
+
+def stepped_slices_concat_as_conv(node: gs.Node, site: Site) -> Candidates:
+    """A channel Concat of stepped Slices of one NCHW map, each taking every channel and, along
+    height and width, every (sh, sw)-th value from an offset inside the step (YOLOv5's Focus,
+    a space-to-depth written as x[..., ::2, ::2], x[..., 1::2, ::2], ... and a Concat), as one
+    convolution of kernel = stride = (sh, sw) whose one-hot weights pick, for each output
+    channel, its slice's offset in its channel's window: every output is one input times 1, so
+    exact, and one step where the Slices' own rewrites (`strided_slice_to_convs`) make a crop
+    and a picking Conv per Slice, then the Concat."""
+    tensor = node.outputs[0]
+    while len(tensor.outputs) == 1 and tensor.outputs[0].op == "Slice" and tensor.name not in site.graph_outputs:
+        tensor = tensor.outputs[0].outputs[0]
+    concat = tensor.outputs[0] if len(tensor.outputs) == 1 and tensor.name not in site.graph_outputs else None
+    if concat is None or concat.op != "Concat" or len(static_shape(concat.outputs[0]) or ()) != 4 \
+            or int(concat.attrs.get("axis", 0)) % 4 != 1:
+        return "its Slices do not end in a channel Concat of 4-D maps"
+    operands = [_stepped_chain(t, site) for t in concat.inputs]
+    if None in operands or len({id(source) for source, _, _ in operands}) != 1:
+        return "the Concat reads something other than stepped Slices of one map"
+    x = operands[0][0]
+    n, c, h, w = static_shape(x)
+    steps = {tuple(step for _, step, _ in picks[2:]) for _, picks, _ in operands}
+    if len(steps) != 1:
+        return "its Slices step differently"
+    (sh, sw), = steps
+    whole = [(0, 1, n), (0, 1, c)]
+    if any(picks[:2] != whole or picks[2][0] >= sh or picks[3][0] >= sw or (picks[2][2], picks[3][2]) != (h // sh, w // sw)
+           for _, picks, _ in operands):
+        return "a Slice cuts the batch or channels, starts past its step, or leaves a remainder a window would drop"
+    limits = conv_limits(site)
+    if limits is None or max(sh, sw) > min(limits.stride, limits.kernel) or dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return "the steps are over the target's convolution limits, or the map is not floating point"
+    weight = np.zeros((len(operands) * c, c, sh, sw), dtype_name(x.dtype))
+    for index, (_, picks, _) in enumerate(operands):
+        weight[index * c + np.arange(c), np.arange(c), picks[2][0], picks[3][0]] = 1
+    builder = site.builder(node)
+    builder.op("Conv", [x, builder.const(weight, "picker")], out=concat.outputs[0], kernel_shape=[sh, sw],
+               strides=[sh, sw])
+    yield builder.finish(*(link for _, _, chain in operands for link in chain), concat)
+
+
 def strided_slice_to_convs(node: gs.Node, site: Site) -> Candidates:
     """A Slice with steps over 1 as the step-1 Slice of what it spans (on the 4-D view), then 1x1
     convolutions with strides = the height and width steps (in stages of factors within the
@@ -497,5 +556,6 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(conv_kernel_to_tiles, frozenset({"Conv"})),
     RewriteRule(conv_pads_to_pad, frozenset({"Conv"})),
     RewriteRule(conv_1d_as_2d, frozenset({"Conv"})),
+    RewriteRule(stepped_slices_concat_as_conv, frozenset({"Slice"})),
     RewriteRule(strided_slice_to_convs, frozenset({"Slice"})),
 )
