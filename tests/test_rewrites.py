@@ -253,6 +253,23 @@ def test_big_global_pools_become_tiling_pools(tmp_path, op, spatial):
     np.testing.assert_allclose(got, reduce(x, axis=2, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("spatial, steps", [((8, 8), ["Conv"]), ((8, 4), ["Conv"]), ((8, 6), ["AveragePool", "AveragePool"])])
+def test_a_global_average_pool_one_depthwise_conv_covers_exactly_is_that_conv(tmp_path, spatial, steps):
+    """A float plan pools a map of at most the depthwise kernel limit (8) and a power-of-two area
+    as one depthwise Conv of weights 1/area, exact in float16; 8x6 (1/48 is not) keeps its stages."""
+    import rkcompile
+
+    model = unary_model("GlobalAveragePool", [1, 3, *spatial])
+    model.graph.output[0].CopyFrom(value_info("y", [1, 3, 1, 1]))
+    path = tmp_path / "pool.onnx"
+    onnx.save(model, path)
+    plan = rkcompile.compile(path, target="rk3588")
+    assert [step.kernel for step in plan.record.steps if step.device == "npu"] == steps
+    x = feed([1, 3, *spatial])
+    np.testing.assert_allclose(rkcompile.run(plan, {"x": x})["y"], x.mean(axis=(2, 3), keepdims=True),
+                               rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("opset, keepdims", [(13, 1), (18, 1), (18, 0)])
 def test_reducemean_over_height_and_width_becomes_global_average_pool(tmp_path, opset, keepdims):
     out_shape = [1, 6, 1, 1] if keepdims else [1, 6]

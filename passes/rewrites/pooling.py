@@ -178,7 +178,8 @@ def pool_stage_kernels(size: int, limit: int) -> list[int]:
 def global_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     """GlobalAveragePool/GlobalMaxPool over more than 7x7 (seed 000: height, width ∈ (0,7]) as
     pools with kernel = stride <= 7 that tile the map. Averages pad with zeros and count them
-    (count_include_pad = 1, seed 000), so a final Mul rescales by padded area / true area.
+    (count_include_pad = 1, seed 000), so a final Mul rescales by padded area / true area. A
+    float plan pools a map one depthwise Conv covers, of a power-of-two area (8x8), as that Conv.
 
     In an int8 plan every stage's output is rounded to its 256 levels, and a stage's rounding
     reaches the mean divided by the area the later stages average over (its noise variance by
@@ -227,6 +228,18 @@ def _pool_stages(node: gs.Node, site: Site, shape: list[int]) -> Candidates:
         per_axis = [sorted(stages) for stages in per_axis]
     correction = math.prod(math.prod(stages) for stages in per_axis) / math.prod(spatial)
     depthwise_limit = site.target.rule_parameter("Conv", "conv_window", "depthwise_kernel") or 0
+    area = math.prod(spatial)
+    if (average and len(spatial) == 2 and site.facts.get("plan_dtype") in FLOAT_DTYPES and area & (area - 1) == 0
+            and max(spatial) <= depthwise_limit):
+        # A map a depthwise Conv covers whole (8x8 after a 256-pixel input's stride 32) with
+        # weights 1/area, which float16 holds exactly for a power-of-two area: one step and one
+        # rounding where the stages take two of each (stride 1: the one window is the map)
+        builder = site.builder(node)
+        weights = np.full([shape[1], 1, *spatial], 1 / area, dtype_name(x.dtype))
+        builder.op("Conv", [x, builder.const(weights, "pool_weights")], out=node.outputs[0], group=shape[1],
+                   kernel_shape=list(spatial), strides=[1, 1], pads=[0] * 4)
+        yield builder.finish()
+        return
     # A float plan's last stage takes the correction into its weights: one depthwise Conv of
     # weights correction / window (the sum over the window, padding zeros counted, as the
     # AveragePool's), instead of the pool and a Mul, as rknn-toolkit2 plans a global average
