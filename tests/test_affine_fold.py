@@ -347,14 +347,31 @@ def test_scalar_factors_stay_where_folding_them_would_spread_the_constant(tmp_pa
     assert "does not vary along the Concat's axis" in outcomes["scalar_factors_out_of_concat"]
 
 
-def test_a_scale_before_a_flattened_classifier_folds_into_its_conv(tmp_path):
-    """paddle2onnx's inference dropout, x * (1 - p), between a pooled map and its classifier
-    (Flatten, MatMul by weights): the MatMul becomes a 1x1 Conv only in the rewrites, and the
-    scale then folds into that Conv's weights: no Mul step."""
-    conv, inits = conv_3x3()
-    nodes = [conv, node("Relu", ["c"], "r"), node("GlobalAveragePool", ["r"], "p"),
-             node("Mul", ["p", "keep"], "d"), node("Flatten", ["d"], "f"), node("MatMul", ["f", "fc"], "y")]
-    extra = [scalar("keep", 0.8), const("fc", (8, 5))]
-    kernels, got, expected = planned(tmp_path, nodes, inits + extra, [("x", (1, 4, 8, 8))], (1, 5))
-    assert "Mul" not in kernels and kernels[-1] == "Conv", kernels
+@pytest.mark.parametrize("head", ["MatMul", "Gemm"])
+def test_dropout_scale_before_flatten_folds_into_the_classifier(tmp_path, head):
+    """paddle2onnx's inference dropout, a Mul by 1 - p between the last feature map and the
+    classifier's Flatten and MatMul (or Gemm), goes into the classifier's weights, as
+    rknn-toolkit2's fuse_mul_exmatmul does: no Mul step stores the scaled features."""
+    classifier = (node("MatMul", ["f", "w_fc"], "y") if head == "MatMul"
+                  else node("Gemm", ["f", "w_fc", "b_fc"], "y", transB=1))
+    nodes = [node("Conv", ["x", "w"], "c"), node("HardSwish", ["c"], "h"), node("Mul", ["h", "keep"], "d"),
+             node("Flatten", ["d"], "f"), classifier]
+    inits = [const("w", (32, 4, 1, 1)), scalar("keep", 0.8), const("b_fc", (5,)),
+             const("w_fc", (32, 5) if head == "MatMul" else (5, 32))]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 4, 1, 1))], (1, 5))
+    assert "Mul" not in kernels and len(kernels) == 2, kernels
     assert_close(got, expected)
+
+
+def test_a_per_channel_scale_before_a_flatten_stays_a_mul(tmp_path):
+    """Only a scalar crosses the relabels into the next weighted op: a per-channel scale would
+    need the Flatten's channel order spelled out in the weights' rows."""
+    nodes = [node("Conv", ["x", "w"], "c"), node("HardSwish", ["c"], "h"), node("Mul", ["h", "scale"], "d"),
+             node("Flatten", ["d"], "f"), node("MatMul", ["f", "w_fc"], "y")]
+    inits = [const("w", (32, 4, 1, 1)), const("scale", (32, 1, 1), 0.5, 2), const("w_fc", (32, 5))]
+    model = make_model(nodes, [value_info("x", (1, 4, 1, 1))], [value_info("y", (1, 5))], inits)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    _, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["d"]}
+    assert "only a scalar scale folds into a MatMul's weights" in outcomes["fold_affine_into_next_weighted_op"]

@@ -1,6 +1,7 @@
 """Affine folds: a constant scale and shift applied to the output of a weighted op (Conv,
-ConvTranspose, Gemm, MatMul by weights) moved into its weights and bias, and a constant scale
-(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights; and
+ConvTranspose, Gemm, MatMul by weights) moved into its weights and bias, a constant scale
+(and, where the Conv does not pad, shift) applied to a Conv's input moved into its weights, as
+is a scalar scale applied to any weighted op's input, across relabels (a dropout's 1 - p); and
 scalars moved into the constants of the products around them (a rotary embedding's cos and
 sin take the attention scale and rotate_half's negation), so that the attention absorption
 meets no step between the projection and the product.
@@ -418,26 +419,71 @@ def _recognised_only_with(node: gs.Node, x: gs.Tensor) -> str | None:
     return None
 
 
-def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
+def _weighted_reader(y: gs.Tensor, site: Site) -> tuple[gs.Node, list[gs.Node]] | None:
+    """The weighted op that reads `y` as its data input, directly or through relabels, each
+    read by the next alone; and those relabels, in order. None when there is none."""
+    chain, tensor = [], y
+    while _sole_reader(tensor, site):
+        reader = tensor.outputs[0]
+        if reader.inputs[0] is not tensor or not (reader.op in WEIGHTED or reader.op in RELABELS):
+            return None
+        if reader.op in WEIGHTED:
+            return reader, chain
+        chain.append(reader)
+        tensor = reader.outputs[0]
+    return None
+
+
+def fold_affine_into_next_weighted_op(node: gs.Node, site: Site) -> Candidates:
     """scale*x + shift by constants whose result only a Conv reads (as its input), folded into
     that Conv: W'[o, i] = W[o, i]*scale[i], b' = b + sum over i and the kernel of W[o, i]*shift[i].
     The scale is exact under the Conv's zero padding (a padded zero stays zero); a shift is
     folded only when the Conv does not pad, since it would have shifted the padding too. The
-    constant is one value or one per input channel. Within one rounding of the weight's dtype."""
+    constant is one value or one per input channel. A scalar scale alone also folds into the
+    weights of a MatMul, Gemm or ConvTranspose reading x, and across relabels (Reshape,
+    Flatten, Transpose, ...) before any of them: paddle2onnx's inference dropout, a Mul by
+    1 - p before the classifier's Flatten and MatMul, which rknn-toolkit2 folds into the
+    MatMul (its fuse_mul_exmatmul), so the scaled feature map is never rounded to float16 on
+    its own. Within one rounding of the weight's dtype."""
     affine = _affine_of(node)
     if isinstance(affine, str):
         return affine
     x, scale, shift = affine
-    y = node.outputs[0]
-    conv = y.outputs[0] if _sole_reader(y, site) else None
-    if conv is None or conv.op != "Conv" or conv.inputs[0] is not y:
-        return "its result is not read by one Conv alone, as that Conv's input"
+    found = _weighted_reader(node.outputs[0], site)
+    if found is None:
+        return "its result is not read by one weighted op alone, as its data input, directly or through relabels"
+    reader, chain = found
     kernel = _recognised_only_with(node, x)
     if kernel:
         return f"it ends a pattern the fusion table runs as {kernel}, which the fold would hide"
     shape = static_shape(x)
-    if shape is None or len(shape) < 3 or static_shape(y) != shape:
+    if shape is None or static_shape(node.outputs[0]) != shape:
         return "the constant broadcasts its input to another shape, or the shape is unknown"
+    if reader.op == "Conv" and not chain:
+        return (yield from _folded_into_conv_input(node, x, scale, shift, reader, site))
+    if scale.size != 1 or shift.any():
+        return f"only a scalar scale folds into a {reader.op}'s weights, or across relabels"
+    weights = _weights(reader)
+    if weights is None:
+        return f"the {reader.op}'s weights are not constant"
+    folded = weights[0].astype(np.float64) * float(scale.reshape(-1)[0])
+    if not _storable(folded):
+        return "the folded weights would leave float16's range"
+    builder = site.builder(node)
+    tensor = x
+    for link in chain:  # the same relabels, of x itself
+        tensor = builder.op(link.op, [tensor, *link.inputs[1:]], out=link.outputs[0], **link.attrs)
+    builder.op(reader.op, [tensor, builder.const(folded.astype(weights[0].dtype), "weight"), *reader.inputs[2:]],
+               out=reader.outputs[0], **reader.attrs)
+    yield builder.finish(node, *chain, reader)
+
+
+def _folded_into_conv_input(node: gs.Node, x: gs.Tensor, scale: np.ndarray, shift: np.ndarray,
+                            conv: gs.Node, site: Site) -> Candidates:
+    """`fold_affine_into_next_weighted_op`'s per-channel fold into the Conv that reads its result."""
+    shape = static_shape(x)
+    if len(shape) < 3:
+        return "the Conv's input is below rank 3"
     scale_c, shift_c = (_input_channel_vector(v, shape) for v in (scale, shift))
     if scale_c is None or shift_c is None:
         return "the constant varies on an axis other than the channels"
@@ -470,15 +516,12 @@ def fold_affine_into_next_conv(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True),
-    RewriteRule(fold_affine_into_next_conv, AFFINE_OPS, always=True),
+    RewriteRule(fold_affine_into_next_weighted_op, AFFINE_OPS, always=True),
     # again after fusion, for the weighted ops late rules make: a ReduceSum becomes a Conv of
     # ones only then (passes/rewrites/reductions.py), and the 1/n a written-out mean or variance
     # scales it by folds into its weights, so the float16 Conv stores the mean, not a sum of
     # squares that overflows float16 where the mean does not (a LayerNorm's variance over 512 values)
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True, late=True),
-    # and into the Conv a MatMul or Gemm of a flattened map became (matmul_as_conv): a scale
-    # before a classifier (paddle's inference dropout, x * (1 - p)) meets that Conv only then
-    RewriteRule(fold_affine_into_next_conv, AFFINE_OPS, always=True, late=True),
     # late: the products a rotary embedding scales by cos and sin broadcast over the heads, which
     # only the late broadcast_by_concat makes legal (passes/rewrites/elementwise.py); its scaled
     # copies of them are legal then
