@@ -210,6 +210,10 @@ def _export_arguments(export: argparse.ArgumentParser) -> None:
                         help="check the export on these input arrays, keyed by input name (keys naming outputs "
                              "are ignored; inputs it lacks are seeded random)")
     export.add_argument("--seed", type=int, default=0, help="seed for the check's random inputs (default 0)")
+    export.add_argument("--host-tail", action="store_true",
+                        help="a graph with shapes the data decides (a detector's NMS): write its static part to "
+                             "OUT.onnx for the toolkit and the rest to OUT.host.onnx for onnxruntime on the host, "
+                             "checked together against MODEL")
 
 
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
@@ -605,11 +609,18 @@ def _export(args: argparse.Namespace) -> int:
         inputs = load_npz(args.inputs)
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
-    export_options = ExportOptions(freeze_inputs=dict(args.freeze_input), inputs=inputs, seed=args.seed)
+    export_options = ExportOptions(freeze_inputs=dict(args.freeze_input), inputs=inputs, seed=args.seed,
+                                   host_tail=args.host_tail)
     written = export(args.model, args.output, args.target, options, export_options)
     report = written.report
     print(f"wrote {written.path} (opset {report['opset']['export']}, {report['nodes']['export']} nodes from "
           f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
+    if written.host_path is not None:
+        tail = report["host_tail"]
+        print(f"  cut before {', '.join(tail['data_dependent_from'][:3])}"
+              f"{' ...' if len(tail['data_dependent_from']) > 3 else ''}: {written.path.name} ends in "
+              f"{len(tail['cut'])} tensors, {written.host_path} runs the other {tail['nodes']['host']} nodes on "
+              f"onnxruntime ({len(tail['cpu_nodes_in_npu_part'])} plan CPU nodes left before the cut)")
     emulated = {found.output: found.cosine for found in written.emulated}
     for found in written.agreements:
         prediction = f" (the emulator's for the int8 plan: {emulated[found.output]:.8f})" if emulated else ""

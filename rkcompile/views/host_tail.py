@@ -1,0 +1,95 @@
+"""Where `rkcompile export --host-tail` cuts a graph whose post-processing has data-dependent
+shapes: which steps go to the NPU part (for rknn-toolkit2) and which to the host part (for
+onnxruntime on the board's CPU).
+
+rknn-toolkit2 builds static shapes only. A detector's post-processing makes tensors whose size
+the data decides (NonZero's indices, a TopK of a computed k, NMS's selection); everything
+computed from one of those is data-dependent too, whatever its own shape. So a step goes to the
+host part when it writes a tensor of data-dependent shape or reads one the host part computes;
+the NPU part keeps the rest, every tensor static, as rknn_model_zoo's detectors run the network
+on the NPU and the post-processing on the CPU.
+
+A static step whose results only the host part reads goes to the host part too, last step
+first so that a chain of them goes, when the plan puts it on the CPU or it only moves values
+(HOST_MOVES): in the NPU part the toolkit would run the first as a CPU layer, a round trip out
+of the NPU for a step the host runs anyway; the second computes nothing there, and cut after
+it the NPU part would write each piece it selects as an output of its own (a detector's score
+per class: 90 Slices, which rknn-toolkit2 2.5.0 joins into one Split and then fails on, asking
+for a 294294 x 294294 Conv in its rule `gather_to_conv`), or the toolkit runs it on its CPU
+(the Reshapes and Concat that gather a detector's per-level box regressions, retinanet). Every other step the plan puts on the
+NPU stays in the NPU part, so the NPU part holds no CPU layer the plan does not have.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import onnx
+
+from rkcompile.plan.schema import PlanRecord
+from rkcompile.quantization.params import MOVEMENT_OPS
+from rkcompile.views.partitioned_onnx import proto_subgraphs
+from rkcompile.views.proto_graph import all_nodes
+
+#: ops that only move, select or join values, without computing (the movements of int8
+#: quantization, less the max pools, which compute a maximum, and Expand and Tile, whose output
+#: is larger than what they read; and Concat): a step of these ops feeding only the host part
+#: goes there
+HOST_MOVES = MOVEMENT_OPS - {"MaxPool", "GlobalMaxPool", "Expand", "Tile"} | {"Concat"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTail:
+    """The cut: the steps of the host part (`steps`, by id), the static steps among them
+    (`moved`: their nodes' names), and the tensors of data-dependent shape made from static ones
+    (`first_dynamic`: where the data starts deciding the sizes)."""
+
+    steps: frozenset[int]
+    moved: tuple[str, ...]
+    first_dynamic: tuple[str, ...]
+
+
+def data_dependent(plan: PlanRecord, name: str) -> bool:
+    """Whether the plan could not give `name` a static shape: every input is static when the
+    plan is made, so its size depends on the data."""
+    placement = plan.tensors.get(name)
+    return placement is not None and (placement.shape is None or any(d < 0 for d in placement.shape))
+
+
+def reads(protos: Sequence[onnx.NodeProto]) -> set[str]:
+    """The tensors `protos` read, also from the scope around their subgraphs."""
+    return {name for proto in protos for node in [proto, *(inner for sub in proto_subgraphs(proto)
+                                                            for inner in all_nodes(sub))]
+            for name in node.input if name}
+
+
+def find_host_tail(plan: PlanRecord, members: Mapping[int, Sequence[onnx.NodeProto]]) -> HostTail:
+    """The host part of the plan's steps as written (`members`: each step's nodes, by id, as
+    `plain_steps` gives them); no step when every tensor is static."""
+    steps = [step for step in plan.steps if step.id in members]
+    host: set[int] = set()
+    host_written: set[str] = set()
+    first_dynamic = []
+    for step in steps:
+        written = [name for proto in members[step.id] for name in proto.output if name]
+        dynamic = [name for name in written if data_dependent(plan, name)]
+        if dynamic or reads(members[step.id]) & host_written:
+            if dynamic and not reads(members[step.id]) & host_written:
+                first_dynamic.extend(dynamic)
+            host.add(step.id)
+            host_written.update(written)
+    moved = []
+    if host:
+        readers: dict[str, set[int]] = {}
+        for step in steps:
+            for name in reads(members[step.id]):
+                readers.setdefault(name, set()).add(step.id)
+        for step in reversed(steps):
+            if step.id in host or (step.device == "npu"
+                                   and not all(proto.op_type in HOST_MOVES for proto in members[step.id])):
+                continue
+            written = [name for proto in members[step.id] for name in proto.output if name]
+            if all(readers.get(name, set()) <= host for name in written):
+                host.add(step.id)
+                moved.extend(reversed(step.nodes))
+    return HostTail(frozenset(host), tuple(reversed(moved)), tuple(first_dynamic))
