@@ -621,6 +621,9 @@ def _export(args: argparse.Namespace) -> int:
               f"{' ...' if len(tail['data_dependent_from']) > 3 else ''}: {written.path.name} ends in "
               f"{len(tail['cut'])} tensors, {written.host_path} runs the other {tail['nodes']['host']} nodes on "
               f"onnxruntime ({len(tail['cpu_nodes_in_npu_part'])} plan CPU nodes left before the cut)")
+    elif "data_dependent" in report:
+        print(f"note: {report['data_dependent'][0]} has a shape the data decides, which rknn-toolkit2 cannot build: "
+              "--host-tail writes the graph before it for the toolkit and the rest for onnxruntime", file=sys.stderr)
     emulated = {found.output: found.cosine for found in written.emulated}
     for found in written.agreements:
         prediction = f" (the emulator's for the int8 plan: {emulated[found.output]:.8f})" if emulated else ""

@@ -132,7 +132,8 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
         "model": str(original), "target": plan.target, "dtype": plan.dtype, "export": str(path),
         "frozen_inputs": {name: value.tolist() for name, value in frozen.items()},
         **export_summary(plan.record, plan.reference_nodes, model), "toolkit_shapings": written.shaped,
-        **({"host_tail": host_tail_summary(plan.record, written, str(host_path(path)))} if written.host else {}),
+        **({"host_tail": host_tail_summary(plan.record, written, str(host_path(path)))} if written.host else
+           {"data_dependent": list(written.data_dependent)} if written.data_dependent else {}),
         "check": {**tolerance, "seed": export_options.seed, "outputs": [a.to_dict() for a in agreements],
                   **({"emulator": [a.to_dict() for a in emulated]} if quantized else {})},
     }

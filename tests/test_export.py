@@ -676,3 +676,20 @@ def test_the_toolkit_builds_the_npu_part_of_a_host_tail(save, tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["ok"], result.get("errors")
     assert result["counts"]["compute_by_target"].get("CPU", 0) == 0
+
+
+def test_a_data_dependent_tensor_inside_is_written_whole_with_a_note(save, tmp_path, capsys):
+    """Outputs of static shape computed through a tensor of data-dependent size (the sum of the
+    selected scores): the export is written as before, whole, and says where the size depends on
+    the data; --host-tail cuts it there."""
+    model = detector_with_nms_like_tail()
+    model.graph.node.append(helper.make_node("ReduceSum", ["boxes"], ["total"], name="total", keepdims=0))
+    del model.graph.output[:]
+    model.graph.output.extend([value_info("features", [1, 8, 16, 16]), value_info("total", [])])
+    original = save(model)
+    assert main(["export", str(original), "--target", "rk3588", "-o", str(tmp_path / "out.onnx")]) == 0
+    assert "note: where has a shape the data decides" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out.report.json").read_text())["data_dependent"] == ["where"]
+    assert "NonZero" in {n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
+    written = rkcompile.export(original, tmp_path / "cut.onnx", "rk3588", host_tail=True)
+    assert [o.name for o in onnx.load(str(written.host_path)).graph.output] == ["features", "total"]

@@ -44,13 +44,15 @@ STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 @dataclasses.dataclass(frozen=True)
 class StandardExport:
     """What `standard_model` writes: the model for rknn-toolkit2 (`model`), how many nodes each
-    reshaping for it changed (`shaped`), and with a host tail (`host_tail=True` on a graph with
-    data-dependent shapes) the host part for onnxruntime (`host`) and where the cut is (`cut`)."""
+    reshaping for it changed (`shaped`), with a host tail (`host_tail=True` on a graph with
+    data-dependent shapes) the host part for onnxruntime (`host`) and where the cut is (`cut`),
+    and the tensors whose size the data first decides (`data_dependent`, host tail or not)."""
 
     model: onnx.ModelProto
     shaped: dict[str, int]
     host: onnx.ModelProto | None = None
     cut: HostTail | None = None
+    data_dependent: tuple[str, ...] = ()
 
 
 def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX_OPSET,
@@ -62,20 +64,23 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     stores them, by name) the model carries the plan's quantization as QuantizeLinear and
     DequantizeLinear pairs (`quantize_dequantize`), in opset MIN_QDQ_OPSET at least.
 
-    A graph with tensors of data-dependent shape (views/host_tail.py) is refused unless
-    `host_tail`; then `model` is its static NPU part, whose outputs are the tensors the host part
+    A graph with outputs of data-dependent shape (views/host_tail.py) is refused unless
+    `host_tail` (one with such tensors inside only is written whole, as the toolkit may still
+    fail on it); with `host_tail`, `model` is its static NPU part, whose outputs are the tensors the host part
     reads and the model outputs it makes, and `host` the rest, in the model's own opset, whose
     outputs are all the model's outputs (one the NPU part makes passes through)."""
     members, weights = plain_steps(plan, nodes)
     for proto in (proto for protos in members.values() for proto in protos):
         _refuse_custom_domain(proto)
-    cut = find_host_tail(plan, members)
-    if cut.steps and not host_tail:
-        name = cut.first_dynamic[0]
+    found = find_host_tail(plan, members)
+    if found.steps and not host_tail and any(d < 0 for spec in plan.model.outputs
+                                             for d in _planned_shape(spec, plan).shape):
+        name = found.first_dynamic[0]
         shape = plan.tensors[name].shape
         raise CompileError(f"{name} has a shape the data decides ({'unknown' if shape is None else list(shape)}; "
                            "rknn-toolkit2 builds static shapes only): export with --host-tail to write the graph "
                            "before it for the toolkit and the rest for onnxruntime on the host (docs/deploy.md)")
+    cut = found if host_tail else HostTail(frozenset(), (), ())
     npu_protos = [proto for step in plan.steps if step.id not in cut.steps for proto in members.get(step.id, ())]
     host_protos = [proto for step in plan.steps if step.id in cut.steps for proto in members.get(step.id, ())]
     opsets = _opset_imports(plan, npu_protos)
@@ -110,7 +115,7 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     drop_unread_nodes(model.graph)
     if weight_integers is not None:
         quantize_dequantize(model, plan, weight_integers)
-    return StandardExport(_checked(model), shaped, host, cut if cut.steps else None)
+    return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
 
 
 def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:
