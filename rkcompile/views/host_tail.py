@@ -28,8 +28,7 @@ import onnx
 
 from rkcompile.plan.schema import PlanRecord
 from rkcompile.quantization.params import MOVEMENT_OPS
-from rkcompile.views.partitioned_onnx import proto_subgraphs
-from rkcompile.views.proto_graph import all_nodes
+from rkcompile.views.proto_graph import nodes_within
 
 #: ops that only move, select or join values, without computing (the movements of int8
 #: quantization, less the max pools, which compute a maximum, and Expand and Tile, whose output
@@ -58,9 +57,7 @@ def data_dependent(plan: PlanRecord, name: str) -> bool:
 
 def reads(protos: Sequence[onnx.NodeProto]) -> set[str]:
     """The tensors `protos` read, also from the scope around their subgraphs."""
-    return {name for proto in protos for node in [proto, *(inner for sub in proto_subgraphs(proto)
-                                                            for inner in all_nodes(sub))]
-            for name in node.input if name}
+    return {name for node in nodes_within(protos) for name in node.input if name}
 
 
 def find_host_tail(plan: PlanRecord, members: Mapping[int, Sequence[onnx.NodeProto]]) -> HostTail:
@@ -73,8 +70,9 @@ def find_host_tail(plan: PlanRecord, members: Mapping[int, Sequence[onnx.NodePro
     for step in steps:
         written = [name for proto in members[step.id] for name in proto.output if name]
         dynamic = [name for name in written if data_dependent(plan, name)]
-        if dynamic or reads(members[step.id]) & host_written:
-            if dynamic and not reads(members[step.id]) & host_written:
+        after_the_cut = bool(reads(members[step.id]) & host_written)
+        if dynamic or after_the_cut:
+            if not after_the_cut:
                 first_dynamic.extend(dynamic)
             host.add(step.id)
             host_written.update(written)

@@ -27,7 +27,7 @@ from rkcompile.plan.plain_nodes import Node, fused_body
 from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, TensorSpec
 from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 from rkcompile.views.host_tail import HostTail, find_host_tail, reads
-from rkcompile.views.proto_graph import all_nodes, drop_unread_initializers, drop_unread_nodes
+from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
 from rkcompile.views.toolkit_shapings import TOOLKIT_SHAPINGS
 
@@ -65,9 +65,10 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     DequantizeLinear pairs (`quantize_dequantize`), in opset MIN_QDQ_OPSET at least.
 
     A graph with outputs of data-dependent shape (views/host_tail.py) is refused unless
-    `host_tail` (one with such tensors inside only is written whole, as the toolkit may still
-    fail on it); with `host_tail`, `model` is its static NPU part, whose outputs are the tensors the host part
-    reads and the model outputs it makes, and `host` the rest, in the model's own opset, whose
+    `host_tail` (one with such tensors inside only is written whole, which the toolkit fails
+    on); with `host_tail`, `model` is its static NPU part, whose outputs are the model outputs
+    it makes and the tensors the host part reads, and `host` the rest, in the model's own opset,
+    whose inputs are the model inputs it reads and then the NPU part's outputs, and whose
     outputs are all the model's outputs (one the NPU part makes passes through)."""
     members, weights = plain_steps(plan, nodes)
     for proto in (proto for protos in members.values() for proto in protos):
@@ -122,8 +123,7 @@ def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[o
     """The model's standard opsets the nodes use, ai.onnx first: rknn-toolkit2 takes the first
     opset import for the model's opset (an unused ai.onnx.ml 2 first, from tf2onnx, has it
     convert the graph "to opset 2" and fail: `No Adapter To Version $12 for Reshape`)."""
-    used = {node.domain or "ai.onnx" for proto in protos for node in [proto, *(inner for sub in proto_subgraphs(proto)
-                                                                              for inner in all_nodes(sub))]}
+    used = {node.domain or "ai.onnx" for node in nodes_within(protos)}
     return sorted((helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()
                    if domain in STANDARD_DOMAINS and (domain or "ai.onnx") in used | {"ai.onnx"}),
                   key=lambda opset: opset.domain not in ("", "ai.onnx"))
