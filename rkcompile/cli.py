@@ -617,10 +617,11 @@ def _export(args: argparse.Namespace) -> int:
           f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
     if written.host_path is not None:
         tail = report["host_tail"]
-        print(f"  cut before {', '.join(tail['data_dependent_from'][:3])}"
-              f"{' ...' if len(tail['data_dependent_from']) > 3 else ''}: {written.path.name} ends in "
-              f"{len(tail['cut'])} tensors, {written.host_path} runs the other {tail['nodes']['host']} nodes on "
-              f"onnxruntime ({len(tail['cpu_nodes_in_npu_part'])} plan CPU nodes left before the cut)")
+        starts = [*tail["selections_from"], *tail["data_dependent_from"]]
+        print(f"  the host part starts at {', '.join(starts[:3])}{' ...' if len(starts) > 3 else ''}: "
+              f"{written.path.name} ends in {len(tail['cut'])} tensor(s), {written.host_path} runs the other "
+              f"{tail['nodes']['host']} nodes on onnxruntime ({len(tail['cpu_nodes_in_npu_part'])} plan CPU nodes "
+              "left before the cut)")
     elif "data_dependent" in report:
         print(f"note: {report['data_dependent'][0]} has a shape the data decides, which rknn-toolkit2 cannot build: "
               "--host-tail writes the graph before it for the toolkit and the rest for onnxruntime", file=sys.stderr)

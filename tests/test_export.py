@@ -592,16 +592,17 @@ def test_the_int8_table_tool_needs_the_toolkit(tmp_path):
 
 def detector_with_nms_like_tail() -> onnx.ModelProto:
     """A Conv network (features: a static output) with a detector's post-processing: a static
-    CPU chain (Erf, then TopK of a constant k: top scores and their indices), then a selection
-    by threshold whose size the data decides (NonZero, Gathers), and a TopK of as many as pass
-    it."""
+    CPU chain (Erf, then TopK of a constant k: top scores and their indices, scaled), then a
+    selection by threshold whose size the data decides (NonZero, Gathers), and a TopK of as many
+    as pass it."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["features"], name="relu"),
              helper.make_node("Reshape", ["features", "flat_shape"], ["flat"], name="flatten"),
              helper.make_node("Erf", ["flat"], ["scores"], name="erf"),
              helper.make_node("TopK", ["scores", "k"], ["top", "top_indices"], name="topk"),
-             helper.make_node("Greater", ["top", "threshold"], ["kept"], name="greater"),
+             helper.make_node("Mul", ["top", "two"], ["scaled"], name="scale"),
+             helper.make_node("Greater", ["scaled", "threshold"], ["kept"], name="greater"),
              helper.make_node("NonZero", ["kept"], ["where"], name="nonzero"),
              helper.make_node("Squeeze", ["where", "axis0"], ["selected"], name="squeeze"),
              helper.make_node("Gather", ["top", "selected"], ["boxes"], name="gather_scores"),
@@ -615,7 +616,8 @@ def detector_with_nms_like_tail() -> onnx.ModelProto:
                       [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2),
                        weight("b", rng.standard_normal(8).astype(np.float32)),
                        weight("flat_shape", np.array([-1], np.int64)), weight("k", np.array([64], np.int64)),
-                       weight("threshold", np.array(0.5, np.float32)), weight("axis0", np.array([0], np.int64))])
+                       weight("threshold", np.array(0.5, np.float32)), weight("axis0", np.array([0], np.int64)),
+                       weight("two", np.array(2.0, np.float32))])
 
 
 def test_a_data_dependent_tail_is_refused_without_host_tail(save, tmp_path):
@@ -629,7 +631,8 @@ def test_a_data_dependent_tail_is_written_for_the_host(save, tmp_path):
     the first tensor of data-dependent size in out.host.onnx, which reads out.onnx's outputs and
     gives every output of the model; the static CPU chain the plan runs before the cut goes to
     the host part, and so does the flattening before it (it only moves values), so the cut is
-    the Relu's output alone; the two together compute the original."""
+    the Relu's output alone; the TopK starts the host part, with what reads it (the scaling of
+    its values, an NPU op); the two together compute the original."""
     original = save(detector_with_nms_like_tail())
     written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
     assert written.host_path == tmp_path / "out.host.onnx"
@@ -642,7 +645,7 @@ def test_a_data_dependent_tail_is_written_for_the_host(save, tmp_path):
     assert {"Erf", "TopK", "NonZero"} <= {n.op_type for n in host.graph.node}
     assert [o.name for o in host.graph.output] == ["boxes", "labels", "features", "ranked"]
     tail = written.report["host_tail"]
-    assert tail["static_nodes_moved_to_host"] == ["flatten", "erf", "topk", "greater", "cast", "count"]
+    assert tail["static_nodes_moved_to_host"] == ["flatten", "erf"] and tail["selections_from"] == ["topk"]
     assert tail["cpu_nodes_in_npu_part"] == [] and tail["data_dependent_from"] == ["where", "ranked", "ranked_indices"]
     assert tail["cut"] == [{"tensor": "features", "shape": [1, 8, 16, 16], "made_by": "relu"}]
     assert [o.name for o in npu.graph.output] == ["features"]
@@ -660,7 +663,7 @@ def test_the_command_writes_the_host_tail_and_names_it(save, tmp_path, capsys):
     original = save(detector_with_nms_like_tail())
     assert main(["export", str(original), "--target", "rk3588", "-o", str(tmp_path / "out.onnx"), "--host-tail"]) == 0
     printed = capsys.readouterr().out
-    assert "out.host.onnx" in printed and "cut before" in printed
+    assert "out.host.onnx" in printed and "the host part starts at topk, where, ranked ...:" in printed
     report = json.loads((tmp_path / "out.report.json").read_text())
     assert report["host_tail"]["path"] == str(tmp_path / "out.host.onnx")
     assert sorted(p.name for p in tmp_path.glob("out*")) == ["out.host.onnx", "out.onnx", "out.report.json"]

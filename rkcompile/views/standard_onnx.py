@@ -280,7 +280,8 @@ def _quantization_summary(plan: PlanRecord, model: onnx.ModelProto) -> dict:
 def host_tail_summary(plan: PlanRecord, written: StandardExport, path: str) -> dict:
     """What the report says of a host tail: its file, the tensors where the graph is cut (each
     with its shape and the node of the NPU part that makes it), the tensors whose shape the data
-    first decides, the static nodes moved to the host part (views/host_tail.py), the nodes the
+    first decides, the nodes that pick entries by value where the host part starts as well
+    (views/host_tail.py's SELECTIONS), the static nodes moved to the host part (views/host_tail.py), the nodes the
     plan runs on the CPU left in the NPU part, and the host part's op counts."""
     made_by = {output: node.name for node in written.model.graph.node for output in node.output}
     inputs = {spec.name for spec in plan.model.inputs}
@@ -290,6 +291,7 @@ def host_tail_summary(plan: PlanRecord, written: StandardExport, path: str) -> d
                  "made_by": made_by.get(value.name)}
                 for value in written.host.graph.input if value.name not in inputs],
         "data_dependent_from": list(written.cut.first_dynamic),
+        "selections_from": list(dict.fromkeys(written.cut.selections)),
         "static_nodes_moved_to_host": list(dict.fromkeys(written.cut.moved)),
         "cpu_nodes_in_npu_part": list(dict.fromkeys(name for step in plan.steps if step.device == "cpu"
                                                     and step.id not in written.cut.steps for name in step.nodes)),
