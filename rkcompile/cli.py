@@ -210,6 +210,10 @@ def _export_arguments(export: argparse.ArgumentParser) -> None:
                         help="check the export on these input arrays, keyed by input name (keys naming outputs "
                              "are ignored; inputs it lacks are seeded random)")
     export.add_argument("--seed", type=int, default=0, help="seed for the check's random inputs (default 0)")
+    export.add_argument("--host-tail", action="store_true",
+                        help="a graph with shapes the data decides (a detector's NMS): write its static part to "
+                             "OUT.onnx for the toolkit and the rest to OUT.host.onnx for onnxruntime on the host, "
+                             "checked together against MODEL")
 
 
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
@@ -605,11 +609,22 @@ def _export(args: argparse.Namespace) -> int:
         inputs = load_npz(args.inputs)
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
-    export_options = ExportOptions(freeze_inputs=dict(args.freeze_input), inputs=inputs, seed=args.seed)
+    export_options = ExportOptions(freeze_inputs=dict(args.freeze_input), inputs=inputs, seed=args.seed,
+                                   host_tail=args.host_tail)
     written = export(args.model, args.output, args.target, options, export_options)
     report = written.report
     print(f"wrote {written.path} (opset {report['opset']['export']}, {report['nodes']['export']} nodes from "
           f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
+    if written.host_path is not None:
+        tail = report["host_tail"]
+        starts = [*tail["selections_from"], *tail["data_dependent_from"]]
+        print(f"  the host part starts at {', '.join(starts[:3])}{' ...' if len(starts) > 3 else ''}: "
+              f"{written.path.name} ends in {len(tail['cut'])} tensor(s), {written.host_path} runs the other "
+              f"{tail['nodes']['host']} nodes on onnxruntime ({len(tail['cpu_nodes_in_npu_part'])} plan CPU nodes "
+              "left before the cut)")
+    elif "data_dependent" in report:
+        print(f"note: {report['data_dependent'][0]} has a shape the data decides, which rknn-toolkit2 cannot build: "
+              "--host-tail writes the graph before it for the toolkit and the rest for onnxruntime", file=sys.stderr)
     emulated = {found.output: found.cosine for found in written.emulated}
     for found in written.agreements:
         prediction = f" (the emulator's for the int8 plan: {emulated[found.output]:.8f})" if emulated else ""

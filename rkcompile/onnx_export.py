@@ -28,7 +28,7 @@ from rkcompile.emulator.session import make_inputs
 from rkcompile.errors import CompileError
 from rkcompile.targets import get_target
 from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
-from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, standard_model
+from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, host_tail_summary, standard_model
 
 #: the largest difference an export may show against the original, relative to each output's
 #: largest magnitude: float16's machine epsilon. The rewrites are exact in real arithmetic; in
@@ -51,7 +51,9 @@ class ExportOptions:
     `tolerance`: the largest difference from the original accepted, relative to each output's
     range (a float plan). `int8_tolerance`: for an int8 plan, the largest difference accepted
     between each output's cosine against the original and the emulator's for the plan.
-    `max_opset`: a model of a newer ai.onnx opset is converted down to it."""
+    `max_opset`: a model of a newer ai.onnx opset is converted down to it. `host_tail`: a graph
+    with tensors of data-dependent shape (a detector's NMS) is written as its static NPU part and,
+    in OUT.host.onnx (`host_path`), the rest for onnxruntime on the host, instead of refused."""
 
     freeze_inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     inputs: Mapping[str, np.ndarray] | None = None
@@ -59,25 +61,35 @@ class ExportOptions:
     tolerance: float = FLOAT16_TOLERANCE
     int8_tolerance: float = INT8_COSINE_TOLERANCE
     max_opset: int = MAX_OPSET
+    host_tail: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportReport:
     """What `export` wrote: the ONNX file, its JSON report beside it (`report`), and each
     output's agreement with the original model on onnxruntime; for an int8 plan, `emulated`:
-    the emulator's outputs for the plan against the original, on the same inputs."""
+    the emulator's outputs for the plan against the original, on the same inputs. With a host
+    tail, `host_path` is the host part's file, and the agreements are of the host part run on the
+    NPU part's outputs."""
 
     path: Path
     report_path: Path
     agreements: tuple[Agreement, ...]
     report: dict
     emulated: tuple[Agreement, ...] = ()
+    host_path: Path | None = None
 
 
 def report_path(path: str | Path) -> Path:
     """OUT.onnx's report: OUT.report.json beside it."""
     path = Path(path)
     return path.with_name(path.stem + ".report.json")
+
+
+def host_path(path: str | Path) -> Path:
+    """OUT.onnx's host part (`--host-tail`): OUT.host.onnx beside it."""
+    path = Path(path)
+    return path.with_name(path.stem + ".host.onnx")
 
 
 def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk3588",
@@ -111,14 +123,17 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
                 planned, frozen = frozen_model(original, export_options.freeze_inputs, Path(folder))
             plan = compile(planned, target, options, **compile_kwargs)
     quantized = plan.dtype in QUANTIZED_DTYPES
-    model, shaped = standard_model(plan.record, plan.reference_nodes, export_options.max_opset,
-                                   stored_weight_integers(plan) if quantized else None)
-    agreements, emulated = check(original, model, plan, export_options, frozen)
+    written = standard_model(plan.record, plan.reference_nodes, export_options.max_opset,
+                             stored_weight_integers(plan) if quantized else None, export_options.host_tail)
+    model = written.model
+    agreements, emulated = check(original, model, plan, export_options, frozen, written.host)
     tolerance = {"int8_cosine": export_options.int8_tolerance} if quantized else {"tolerance": export_options.tolerance}
     report = {
         "model": str(original), "target": plan.target, "dtype": plan.dtype, "export": str(path),
         "frozen_inputs": {name: value.tolist() for name, value in frozen.items()},
-        **export_summary(plan.record, plan.reference_nodes, model), "toolkit_shapings": shaped,
+        **export_summary(plan.record, plan.reference_nodes, model), "toolkit_shapings": written.shaped,
+        **({"host_tail": host_tail_summary(plan.record, written, str(host_path(path)))} if written.host else
+           {"data_dependent": list(written.data_dependent)} if written.data_dependent else {}),
         "check": {**tolerance, "seed": export_options.seed, "outputs": [a.to_dict() for a in agreements],
                   **({"emulator": [a.to_dict() for a in emulated]} if quantized else {})},
     }
@@ -136,8 +151,11 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
         raise CompileError(f"the export disagrees with {original} on onnxruntime beyond {export_options.tolerance:.3g} "
                            f"of an output's range: {worst}; nothing written")
     write_atomically(path, model.SerializeToString())
+    if written.host is not None:
+        write_atomically(host_path(path), written.host.SerializeToString())
     write_atomically(report_path(path), json.dumps(report, indent=1) + "\n")
-    return ExportReport(Path(path), report_path(path), tuple(agreements), report, tuple(emulated))
+    return ExportReport(Path(path), report_path(path), tuple(agreements), report, tuple(emulated),
+                        host_path(path) if written.host is not None else None)
 
 
 def stored_weight_integers(plan: Plan) -> dict[str, np.ndarray]:
@@ -217,11 +235,12 @@ def _inline_decided_branch(model: onnx.ModelProto) -> bool:
 
 
 def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: ExportOptions,
-          frozen: Mapping[str, np.ndarray]) -> tuple[list[Agreement], list[Agreement]]:
-    """Each output of `model` against `original`'s on onnxruntime, on the given inputs (seeded
-    random for the rest; the arrays given for outputs or frozen inputs are not used) and the
-    frozen values; and for an int8 plan, the emulator's outputs for the plan against the same
-    (empty for a float plan)."""
+          frozen: Mapping[str, np.ndarray],
+          host: onnx.ModelProto | None = None) -> tuple[list[Agreement], list[Agreement]]:
+    """Each output of `model` (followed by `host`, run on the model's inputs and outputs, when
+    given) against `original`'s on onnxruntime, on the given inputs (seeded random for the rest;
+    the arrays given for outputs or frozen inputs are not used) and the frozen values; and for
+    an int8 plan, the emulator's outputs for the plan against the same (empty for a float plan)."""
     model_io = plan.record.model
     names = [spec.name for spec in model_io.inputs]
     given = dict(export_options.inputs or {})
@@ -231,6 +250,8 @@ def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: Ex
     inputs = make_inputs(plan.record, {name: given[name] for name in names if name in given}, export_options.seed)
     expected = onnxruntime_outputs(original, {**inputs, **frozen})
     actual = onnxruntime_outputs(model.SerializeToString(), inputs)
+    if host is not None:
+        actual = onnxruntime_outputs(host.SerializeToString(), {**inputs, **actual})
     emulated = run(plan, inputs) if plan.dtype in QUANTIZED_DTYPES else {}
     return ([agreement(name, actual[name], expected[name]) for name in expected],
             [agreement(name, emulated[name], expected[name]) for name in expected if name in emulated])

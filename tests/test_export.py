@@ -588,3 +588,111 @@ def test_the_int8_table_tool_needs_the_toolkit(tmp_path):
     done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" / "export_int8_table.py"),
                            str(tmp_path), "--python", str(tmp_path / "none")], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("error: ")
+
+
+def detector_with_nms_like_tail() -> onnx.ModelProto:
+    """A Conv network (features: a static output) with a detector's post-processing: a static
+    CPU chain (Erf, then TopK of a constant k: top scores and their indices, scaled), then a
+    selection by threshold whose size the data decides (NonZero, Gathers), and a TopK of as many
+    as pass it."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["features"], name="relu"),
+             helper.make_node("Reshape", ["features", "flat_shape"], ["flat"], name="flatten"),
+             helper.make_node("Erf", ["flat"], ["scores"], name="erf"),
+             helper.make_node("TopK", ["scores", "k"], ["top", "top_indices"], name="topk"),
+             helper.make_node("Mul", ["top", "two"], ["scaled"], name="scale"),
+             helper.make_node("Greater", ["scaled", "threshold"], ["kept"], name="greater"),
+             helper.make_node("NonZero", ["kept"], ["where"], name="nonzero"),
+             helper.make_node("Squeeze", ["where", "axis0"], ["selected"], name="squeeze"),
+             helper.make_node("Gather", ["top", "selected"], ["boxes"], name="gather_scores"),
+             helper.make_node("Gather", ["top_indices", "selected"], ["labels"], name="gather_indices"),
+             helper.make_node("Cast", ["kept"], ["kept_count"], name="cast", to=TensorProto.INT64),
+             helper.make_node("ReduceSum", ["kept_count"], ["passed"], name="count"),
+             helper.make_node("TopK", ["top", "passed"], ["ranked", "ranked_indices"], name="topk_passed")]
+    return make_model(nodes, [value_info("x", [1, 8, 16, 16])],
+                      [value_info("boxes", [None]), value_info("labels", [None], TensorProto.INT64),
+                       value_info("features", [1, 8, 16, 16]), value_info("ranked", [None])],
+                      [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2),
+                       weight("b", rng.standard_normal(8).astype(np.float32)),
+                       weight("flat_shape", np.array([-1], np.int64)), weight("k", np.array([64], np.int64)),
+                       weight("threshold", np.array(0.5, np.float32)), weight("axis0", np.array([0], np.int64)),
+                       weight("two", np.array(2.0, np.float32))])
+
+
+def test_a_data_dependent_tail_is_refused_without_host_tail(save, tmp_path):
+    with pytest.raises(CompileError, match="shape the data decides.*--host-tail"):
+        rkcompile.export(save(detector_with_nms_like_tail()), tmp_path / "out.onnx", "rk3588")
+    assert list(tmp_path.glob("out*")) == []
+
+
+def test_a_data_dependent_tail_is_written_for_the_host(save, tmp_path):
+    """--host-tail: the static network in out.onnx for the toolkit, the post-processing from
+    the first tensor of data-dependent size in out.host.onnx, which reads out.onnx's outputs and
+    gives every output of the model; the static CPU chain the plan runs before the cut goes to
+    the host part, and so does the flattening before it (it only moves values), so the cut is
+    the Relu's output alone; the TopK starts the host part, with what reads it (the scaling of
+    its values, an NPU op); the two together compute the original."""
+    original = save(detector_with_nms_like_tail())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    assert written.host_path == tmp_path / "out.host.onnx"
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    onnx.checker.check_model(npu, full_check=True)
+    onnx.checker.check_model(host, full_check=True)
+    assert all(d.HasField("dim_value") for v in (*npu.graph.input, *npu.graph.output)
+               for d in v.type.tensor_type.shape.dim)
+    assert [n.op_type for n in npu.graph.node] == ["Conv", "Relu"]
+    assert {"Erf", "TopK", "NonZero"} <= {n.op_type for n in host.graph.node}
+    assert [o.name for o in host.graph.output] == ["boxes", "labels", "features", "ranked"]
+    tail = written.report["host_tail"]
+    assert tail["static_nodes_moved_to_host"] == ["flatten", "erf"] and tail["selections_from"] == ["topk"]
+    assert tail["cpu_nodes_in_npu_part"] == [] and tail["data_dependent_from"] == ["where", "ranked", "ranked_indices"]
+    assert tail["cut"] == [{"tensor": "features", "shape": [1, 8, 16, 16], "made_by": "relu"}]
+    assert [o.name for o in npu.graph.output] == ["features"]
+    # the host part reads the NPU part's outputs last, in their order (docs/deploy.md's board code)
+    assert [i.name for i in host.graph.input][-len(npu.graph.output):] == [o.name for o in npu.graph.output]
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 8, 16, 16)).astype(np.float32)
+        npu_outputs = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+        feeds = {i.name: ({"x": x} | npu_outputs)[i.name] for i in host.graph.input}
+        for found, expected in zip(onnxruntime_run(host, feeds), onnxruntime_run(original, {"x": x})):
+            np.testing.assert_allclose(found, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_command_writes_the_host_tail_and_names_it(save, tmp_path, capsys):
+    original = save(detector_with_nms_like_tail())
+    assert main(["export", str(original), "--target", "rk3588", "-o", str(tmp_path / "out.onnx"), "--host-tail"]) == 0
+    printed = capsys.readouterr().out
+    assert "out.host.onnx" in printed and "the host part starts at topk, where, ranked ...:" in printed
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    assert report["host_tail"]["path"] == str(tmp_path / "out.host.onnx")
+    assert sorted(p.name for p in tmp_path.glob("out*")) == ["out.host.onnx", "out.onnx", "out.report.json"]
+
+
+@needs_peer
+def test_the_toolkit_builds_the_npu_part_of_a_host_tail(save, tmp_path):
+    """The toolkit builds the NPU part the original's NonZero keeps it from building, with no
+    layer on its CPU (the plan has none before the cut)."""
+    written = rkcompile.export(save(detector_with_nms_like_tail()), tmp_path / "out.onnx", "rk3588", host_tail=True)
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
+                          capture_output=True, text=True, timeout=900)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"], result.get("errors")
+    assert result["counts"]["compute_by_target"].get("CPU", 0) == 0
+
+
+def test_a_data_dependent_tensor_inside_is_written_whole_with_a_note(save, tmp_path, capsys):
+    """Outputs of static shape computed through a tensor of data-dependent size (the sum of the
+    selected scores): the export is written as before, whole, and says where the size depends on
+    the data; --host-tail cuts it there."""
+    model = detector_with_nms_like_tail()
+    model.graph.node.append(helper.make_node("ReduceSum", ["boxes"], ["total"], name="total", keepdims=0))
+    del model.graph.output[:]
+    model.graph.output.extend([value_info("features", [1, 8, 16, 16]), value_info("total", [])])
+    original = save(model)
+    assert main(["export", str(original), "--target", "rk3588", "-o", str(tmp_path / "out.onnx")]) == 0
+    assert "note: where has a shape the data decides" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out.report.json").read_text())["data_dependent"] == ["where"]
+    assert "NonZero" in {n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
+    written = rkcompile.export(original, tmp_path / "cut.onnx", "rk3588", host_tail=True)
+    assert [o.name for o in onnx.load(str(written.host_path)).graph.output] == ["features", "total"]

@@ -36,6 +36,7 @@ EMULATOR = "rkcompile.emulator"
 VIEWS = ("rkcompile.views.summary", "rkcompile.views.graphviz", "rkcompile.views.html_report", "rkcompile.views.partition_view",
          "rkcompile.views.partitioned_onnx", "rkcompile.views.charts", "rkcompile.views.standard_onnx",
          "rkcompile.views.toolkit_shapings", "rkcompile.views.qdq", "rkcompile.views.proto_graph",
+         "rkcompile.views.host_tail",
          "rkcompile.views.perf", "rkcompile.views.partition_graph")
 COMPILER = ("rkcompile.passes", "rkcompile.ir.graph", "rkcompile.compiler.pipeline", "rkcompile.compiler.context")
 #: what the runtime and the plan layer import nothing of, not even one module

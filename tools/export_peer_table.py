@@ -1,6 +1,9 @@
 """Does rknn-toolkit2 build what `rkcompile export` writes? One row per model: the toolkit on the
 original (built? CPU layers), our export (nodes, CPU nodes in our plan, the toolkit reshapings
-applied), the toolkit on the export (built? CPU layers, its simulator's worst cosine).
+applied), the toolkit on the export (built? CPU layers, its simulator's worst cosine). A model
+with data-dependent shapes (a detector's NMS) is exported with its host tail (`--host-tail`):
+the toolkit builds the NPU part, and a line below the table says where the cut is, how many
+nodes the host part runs on onnxruntime and how many CPU nodes of the plan are left before it.
 
     python tools/export_peer_table.py MODEL_OR_DIR ... --python PEER_VENV/bin/python
                                       [--target rk3588] [--out DIR] [--json OUT] [--timeout 900]
@@ -35,7 +38,7 @@ def export_row(model: Path, out: Path, python: str, peer: Path, target: str, tim
     row = {"model": model.stem, "original": peer_result(python, peer, model, target, True, timeout)}
     exported = out / f"{model.stem}.onnx"
     try:
-        report = rkcompile.export(model, exported, target, **_sample_settings(model)).report
+        report = rkcompile.export(model, exported, target, host_tail=True, **_sample_settings(model)).report
     except CompileError as exc:
         row["export_error"] = str(exc)
         return row
@@ -43,6 +46,10 @@ def export_row(model: Path, out: Path, python: str, peer: Path, target: str, tim
                      "plan_cpu_nodes": [f"{n['op']} ({n['name']})" for n in report["cpu_nodes"]],
                      "toolkit_shapings": report["toolkit_shapings"],
                      "max_rel_vs_original": max(a["max_rel"] for a in report["check"]["outputs"])}
+    if "host_tail" in report:
+        tail = report["host_tail"]
+        row["export"]["host_tail"] = {"cut_tensors": len(tail["cut"]), "host_nodes": tail["nodes"]["host"],
+                                      "plan_cpu_nodes_in_npu_part": len(tail["cpu_nodes_in_npu_part"])}
     row["toolkit_on_export"] = peer_result(python, peer, exported, target, True, timeout)
     return row
 
@@ -72,6 +79,11 @@ def render(rows: list[dict]) -> str:
         lines.append(f"{row['model']:28} {original:34} {nodes:>9} {len(export['plan_cpu_nodes']):>6} {shaped:>6}    "
                      f"{_peer_cell(peer):34} {cosine}")
     for row in rows:
+        tail = row.get("export", {}).get("host_tail")
+        if tail:
+            lines.append(f"  {row['model']} (host tail): the export is cut at {tail['cut_tensors']} tensors, the host "
+                         f"part runs {tail['host_nodes']} nodes on onnxruntime; {tail['plan_cpu_nodes_in_npu_part']} "
+                         "CPU nodes of the plan before the cut")
         for side in ("original", "toolkit_on_export"):
             entry = row.get(side)
             if entry and (entry["cpu_layers"] or not entry["built"]):

@@ -1,7 +1,9 @@
 """Whole-graph facts and clean-ups on ONNX protos that the export's writers share: every node
-with its subgraphs' (`all_nodes`), each tensor's static shape by onnx's inference
+with its subgraphs' (`all_nodes`, `nodes_within`), each tensor's static shape by onnx's inference
 (`static_shapes`), and the nodes and initializers nothing reads any more, dropped."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import onnx
 
@@ -10,12 +12,17 @@ from rkcompile.views.partitioned_onnx import proto_subgraphs
 
 def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The nodes of `graph` and of its subgraphs at any depth."""
-    nodes, pending = [], [graph]
+    return nodes_within(graph.node)
+
+
+def nodes_within(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` and the nodes of their subgraphs at any depth."""
+    found, pending = [], [nodes]
     while pending:
-        for node in pending.pop().node:
-            nodes.append(node)
-            pending.extend(proto_subgraphs(node))
-    return nodes
+        for node in pending.pop():
+            found.append(node)
+            pending.extend(graph.node for graph in proto_subgraphs(node))
+    return found
 
 
 def drop_unread_nodes(graph: onnx.GraphProto) -> None:

@@ -26,7 +26,8 @@ from rkcompile.errors import CompileError
 from rkcompile.plan.plain_nodes import Node, fused_body
 from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, TensorSpec
 from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
-from rkcompile.views.proto_graph import all_nodes, drop_unread_initializers, drop_unread_nodes
+from rkcompile.views.host_tail import HostTail, find_host_tail, reads
+from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
 from rkcompile.views.toolkit_shapings import TOOLKIT_SHAPINGS
 
@@ -40,32 +41,72 @@ MAX_OPSET = 19
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
+@dataclasses.dataclass(frozen=True)
+class StandardExport:
+    """What `standard_model` writes: the model for rknn-toolkit2 (`model`), how many nodes each
+    reshaping for it changed (`shaped`), with a host tail (`host_tail=True` on a graph with
+    data-dependent shapes) the host part for onnxruntime (`host`) and where the cut is (`cut`),
+    and the tensors whose size the data first decides (`data_dependent`, host tail or not)."""
+
+    model: onnx.ModelProto
+    shaped: dict[str, int]
+    host: onnx.ModelProto | None = None
+    cut: HostTail | None = None
+    data_dependent: tuple[str, ...] = ()
+
+
 def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX_OPSET,
-                   weight_integers: Mapping[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """The plan's graph as a standard ONNX model, and how many nodes each reshaping for
+                   weight_integers: Mapping[str, np.ndarray] | None = None,
+                   host_tail: bool = False) -> StandardExport:
+    """The plan's graph as a standard ONNX model, with how many nodes each reshaping for
     rknn-toolkit2 changed (TOOLKIT_SHAPINGS, each exact); `nodes` are the plan's step nodes in
     step order. With `weight_integers` (an int8 plan's quantized weights as its weight region
     stores them, by name) the model carries the plan's quantization as QuantizeLinear and
-    DequantizeLinear pairs (`quantize_dequantize`), in opset MIN_QDQ_OPSET at least."""
+    DequantizeLinear pairs (`quantize_dequantize`), in opset MIN_QDQ_OPSET at least.
+
+    A graph with outputs of data-dependent shape (views/host_tail.py) is refused unless
+    `host_tail` (one with such tensors inside only is written whole, which the toolkit fails
+    on); with `host_tail`, `model` is its static NPU part, whose outputs are the model outputs
+    it makes and the tensors the host part reads, and `host` the rest, in the model's own opset,
+    whose inputs are the model inputs it reads and then the NPU part's outputs, and whose
+    outputs are all the model's outputs (one the NPU part makes passes through)."""
     members, weights = plain_steps(plan, nodes)
-    protos = [proto for step in plan.steps for proto in members.get(step.id, ())]
-    for proto in protos:
+    for proto in (proto for protos in members.values() for proto in protos):
         _refuse_custom_domain(proto)
-    read = {name for proto in protos for name in proto.input}
-    graph = helper.make_graph(
-        protos, plan.model.path.rsplit("/", 1)[-1].removesuffix(".onnx"),
-        [_value_info(spec) for spec in plan.model.inputs],
-        [_value_info(_planned_shape(spec, plan)) for spec in plan.model.outputs],
-        [tensor for name, tensor in weights.items() if name in read])
-    # ai.onnx first, and only the domains the nodes use: rknn-toolkit2 takes the first opset
-    # import for the model's opset (an unused ai.onnx.ml 2 first, from tf2onnx, has it convert
-    # the graph "to opset 2" and fail: `No Adapter To Version $12 for Reshape`)
-    used = {node.domain or "ai.onnx" for node in all_nodes(graph)} | {"ai.onnx"}
-    opsets = sorted((helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()
-                     if domain in STANDARD_DOMAINS and (domain or "ai.onnx") in used),
-                    key=lambda opset: opset.domain not in ("", "ai.onnx"))
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="rkcompile export")
-    model.ir_version = helper.find_min_ir_version_for(opsets)
+    found = find_host_tail(plan, members)
+    if found.steps and not host_tail and any(d < 0 for spec in plan.model.outputs
+                                             for d in _planned_shape(spec, plan).shape):
+        name = found.first_dynamic[0]
+        shape = plan.tensors[name].shape
+        raise CompileError(f"{name} has a shape the data decides ({'unknown' if shape is None else list(shape)}; "
+                           "rknn-toolkit2 builds static shapes only): export with --host-tail to write the graph "
+                           "before it for the toolkit and the rest for onnxruntime on the host (docs/deploy.md)")
+    cut = found if host_tail else HostTail(frozenset(), (), ())
+    npu_protos = [proto for step in plan.steps if step.id not in cut.steps for proto in members.get(step.id, ())]
+    host_protos = [proto for step in plan.steps if step.id in cut.steps for proto in members.get(step.id, ())]
+    opsets = _opset_imports(plan, npu_protos)
+    name = plan.model.path.rsplit("/", 1)[-1].removesuffix(".onnx")
+    made = {output for proto in npu_protos for output in proto.output}
+    outputs = [_value_info(_planned_shape(spec, plan)) for spec in plan.model.outputs
+               if not cut.steps or spec.name in made]
+    host = None
+    if cut.steps:
+        host_reads = reads(host_protos)
+        boundary = [output for proto in npu_protos for output in proto.output
+                    if output in host_reads and output not in {spec.name for spec in plan.model.outputs}]
+        types = _element_types(npu_protos, plan, weights, opsets)
+        outputs += [helper.make_tensor_value_info(tensor, types[tensor], list(plan.tensors[tensor].shape))
+                    for tensor in boundary]
+        host = _checked(_model(helper.make_graph(
+            host_protos, f"{name}_host",
+            [*(_value_info(spec) for spec in plan.model.inputs if spec.name in host_reads),
+             *outputs],
+            [_value_info(spec, dynamic=True) for spec in plan.model.outputs],
+            [tensor for tensor_name, tensor in weights.items() if tensor_name in host_reads]),
+            _opset_imports(plan, host_protos)))
+    model = _model(helper.make_graph(
+        npu_protos, name, [_value_info(spec) for spec in plan.model.inputs], outputs,
+        [tensor for tensor_name, tensor in weights.items() if tensor_name in reads(npu_protos)]), opsets)
     if plan.model.opset > max_opset:
         _write_older_forms(model.graph, max_opset)
         model = _converted(model, plan.model.opset, max_opset)
@@ -75,7 +116,34 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     drop_unread_nodes(model.graph)
     if weight_integers is not None:
         quantize_dequantize(model, plan, weight_integers)
-    return _checked(model), shaped
+    return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
+
+
+def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:
+    """The model's standard opsets the nodes use, ai.onnx first: rknn-toolkit2 takes the first
+    opset import for the model's opset (an unused ai.onnx.ml 2 first, from tf2onnx, has it
+    convert the graph "to opset 2" and fail: `No Adapter To Version $12 for Reshape`)."""
+    used = {node.domain or "ai.onnx" for node in nodes_within(protos)}
+    return sorted((helper.make_opsetid(domain, version) for domain, version in plan.model.opsets.items()
+                   if domain in STANDARD_DOMAINS and (domain or "ai.onnx") in used | {"ai.onnx"}),
+                  key=lambda opset: opset.domain not in ("", "ai.onnx"))
+
+
+def _model(graph: onnx.GraphProto, opsets: list[onnx.OperatorSetIdProto]) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="rkcompile export")
+    model.ir_version = helper.find_min_ir_version_for(opsets)
+    return model
+
+
+def _element_types(protos: Sequence[onnx.NodeProto], plan: PlanRecord, weights: Mapping[str, onnx.TensorProto],
+                   opsets: list[onnx.OperatorSetIdProto]) -> dict[str, int]:
+    """The ONNX element type of each tensor `protos` write, by onnx's inference from the model's
+    inputs (the plan's dtype is the NPU's storage, float16 for a float32 tensor)."""
+    read = reads(protos)
+    graph = helper.make_graph(protos, "types", [_value_info(spec) for spec in plan.model.inputs], [],
+                              [tensor for name, tensor in weights.items() if name in read])
+    inferred = onnx.shape_inference.infer_shapes(_model(graph, opsets))
+    return {value.name: value.type.tensor_type.elem_type for value in inferred.graph.value_info}
 
 
 def _converted(model: onnx.ModelProto, opset: int, wanted: int) -> onnx.ModelProto:
@@ -166,12 +234,13 @@ def _planned_shape(spec: TensorSpec, plan: PlanRecord) -> TensorSpec:
     return dataclasses.replace(spec, shape=tuple(placement.shape))
 
 
-def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
-    if any(d < 0 for d in spec.shape):
+def _value_info(spec: TensorSpec, dynamic: bool = False) -> onnx.ValueInfoProto:
+    """`spec` as a graph input or output; a dim of unknown extent only where `dynamic`."""
+    if not dynamic and any(d < 0 for d in spec.shape):
         raise CompileError(f"{spec.name} has the dynamic shape {list(spec.shape)}: the export needs static shapes "
                            "(fix it with --input-shape)")
     return helper.make_tensor_value_info(spec.name, helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype)),
-                                         list(spec.shape))
+                                         [None if d < 0 else d for d in spec.shape])
 
 
 def export_summary(plan: PlanRecord, nodes: Sequence[Node], model: onnx.ModelProto) -> dict:
@@ -205,4 +274,27 @@ def _quantization_summary(plan: PlanRecord, model: onnx.ModelProto) -> dict:
         "weights": sum(node.op_type == "DequantizeLinear" and node.input[0] in constants for node in model.graph.node),
         "float16_tensors": sorted(name for name, tensor in plan.tensors.items()
                                   if tensor.dtype == "float16" and tensor.region != "weight"),
+    }
+
+
+def host_tail_summary(plan: PlanRecord, written: StandardExport, path: str) -> dict:
+    """What the report says of a host tail: its file, the tensors where the graph is cut (each
+    with its shape and the node of the NPU part that makes it), the tensors whose shape the data
+    first decides, the nodes that pick entries by value where the host part starts as well
+    (views/host_tail.py's SELECTIONS), the static nodes moved to the host part (views/host_tail.py), the nodes the
+    plan runs on the CPU left in the NPU part, and the host part's op counts."""
+    made_by = {output: node.name for node in written.model.graph.node for output in node.output}
+    inputs = {spec.name for spec in plan.model.inputs}
+    return {
+        "path": path,
+        "cut": [{"tensor": value.name, "shape": [d.dim_value for d in value.type.tensor_type.shape.dim],
+                 "made_by": made_by.get(value.name)}
+                for value in written.host.graph.input if value.name not in inputs],
+        "data_dependent_from": list(written.cut.first_dynamic),
+        "selections_from": list(dict.fromkeys(written.cut.selections)),
+        "static_nodes_moved_to_host": list(dict.fromkeys(written.cut.moved)),
+        "cpu_nodes_in_npu_part": list(dict.fromkeys(name for step in plan.steps if step.device == "cpu"
+                                                    and step.id not in written.cut.steps for name in step.nodes)),
+        "nodes": {"npu_part": len(written.model.graph.node), "host": len(written.host.graph.node)},
+        "host_op_types": dict(sorted(Counter(node.op_type for node in written.host.graph.node).items())),
     }
