@@ -20,7 +20,8 @@ from rkcompile.compiler.auto_float16 import STRATEGIES, Search, choose, judge_fo
 from rkcompile.compiler.pipeline import finish_plan, front_half
 from rkcompile.emulator import onnxruntime_outputs
 from rkcompile.emulator.float_reference import FloatReference
-from rkcompile.emulator.kernels.conv import convolve
+from rkcompile.emulator.kernels._windows import output_sizes, spatial_pads, tap_spans
+from rkcompile.emulator.kernels.conv import convolve, tap_means
 from rkcompile.passes.int8_accuracy import WeightErrorMeans, corrected_bias, weight_error
 from rkcompile.plan.plain_nodes import Constant
 
@@ -164,6 +165,32 @@ def test_bias_correction_shift_is_the_mean_of_the_error_convolution(attrs, chann
     expected = np.mean([convolve(conv, x.astype(np.float64), error).mean(axis=(0, 2, 3)) for x in samples], axis=0)
     # the depthwise kernel sums in float32 whatever its inputs
     np.testing.assert_allclose(means.means()["conv"], expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("attrs, kernel, size", [
+    ({"pads": [1, 1, 1, 1]}, (3, 3), (11, 13)),
+    ({"strides": [2, 3], "pads": [3, 0, 2, 1]}, (7, 5), (16, 17)),  # each stride's grids, uneven pads
+    ({"dilations": [3, 2], "pads": [4, 2, 0, 3]}, (3, 4), (9, 10)),
+    ({"strides": [4, 1], "pads": [2, 0, 2, 0]}, (2, 1), (3, 5)),  # a tap that reads only padding
+    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, (4, 4), (8, 7)),
+])
+def test_tap_means_are_the_direct_mean_of_each_tap(attrs, kernel, size):
+    """Each tap's mean over the positions it reads is the one its own slice sums to, to the last
+    bit (values on a grid that float64 sums exactly, so any order of summing agrees): the sum of
+    each stride grid less the positions outside the tap misses or adds none."""
+    conv = gs.Node("Conv", "conv", attrs=attrs)
+    # positive, so a mean is 0 only where its tap reads only padding
+    x = ((np.round(np.abs(rng.standard_normal((2, 3) + size)) * 64) + 1) / 64).astype(np.float32)
+    begin, end = spatial_pads(conv, size, kernel, attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1]))
+    out_sizes = output_sizes(size, kernel, attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1]), begin, end)
+    expected = np.zeros((3,) + kernel)
+    for tap in np.ndindex(*kernel):
+        found = tap_spans(size, out_sizes, tap, attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1]), begin)
+        if found is not None:
+            expected[(slice(None),) + tap] = x[(slice(None), slice(None)) + found[1]].sum((0, 2, 3), np.float64)
+    means = tap_means(conv, x, kernel)
+    assert np.array_equal(means, expected / (2 * np.prod(out_sizes)))
+    assert (means == 0).any() == (kernel == (2, 1))
 
 
 def test_bias_correction_keeps_the_model_bias_as_the_float_reference(chain, tmp_path):

@@ -16,7 +16,7 @@ from rkcompile.options import CHOOSE, INT8_SETTINGS, PREFERRED_INT8, Options, se
 from rkcompile.emulator import agreement
 from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.compiler.auto_float16 import Judge
-from rkcompile.compiler.int8_choice import candidates, choose_settings
+from rkcompile.compiler.int8_choice import candidates, choose_settings, next_sample
 from rkcompile.api import EMULATOR_RUNTIME
 from rkcompile.compiler.pipeline import compile_model
 
@@ -196,6 +196,22 @@ def test_the_choice_runs_every_sample_of_the_winner_only_and_chooses_as_judging_
             cosine, complete = judge.cosines[judge.key((), other)]
             assert cosine >= worst[_label(other)] and (complete or cosine < worst[_label(best)])
     assert judge.runs < 0.5 * len(table) * count
+
+
+def test_candidates_start_on_samples_none_ran_then_run_the_one_furthest_below_a_best():
+    """A candidate yet to run starts where no candidate ran; one that ran goes next to the sample
+    some candidate found furthest below its own best, not to the lowest cosine (a weaker
+    candidate's ordinary sample), then to the first none ran."""
+    judge = SimpleNamespace(given_samples=[{}] * 6, sample_cosines={
+        "strong": {0: 0.990, 1: 0.985},  # sample 1: 0.005 below its best
+        "weak": {2: 0.950, 3: 0.949},  # sample 3: the lowest cosine, 0.001 below its best
+        "asked": {},
+    })
+    assert next_sample(judge, {}) == 4
+    assert next_sample(judge, {0: 0.99}) == 1
+    assert next_sample(judge, {0: 0.99, 1: 0.98, 3: 0.95, 2: 0.96}) == 4
+    judge.sample_cosines["others"] = {4: 0.97, 5: 0.97}
+    assert next_sample(judge, {}) == 1  # every sample ran: the hardest-looking one
 
 
 @pytest.mark.parametrize("seed", range(4))

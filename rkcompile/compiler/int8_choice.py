@@ -87,7 +87,7 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
     sample it is the choice: every other's bound, so its worst, is no higher. That is the
     choice judging every candidate on every sample makes, with only the winner running them
     all; each other stops once a sample puts it below the leader (`next_sample` tries first
-    the samples any candidate found worst). Candidates no sample ran yet lead in
+    the samples that look hardest). Candidates no sample ran yet lead in
     `judging_order`, so each equalization setting's first plan calibrates for the others."""
     found = candidates(searched(options, judge.planner))
     ordered = judging_order(found)
@@ -123,16 +123,28 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
 
 
 def next_sample(judge: Judge, known: dict[int, float]) -> int:
-    """The sample a candidate that ran `known` runs next: the one any candidate found worst
-    (candidates share their hard samples), else the first no candidate ran. (Running first
-    the samples of least reference output energy cost more runs on yolov8n and fewer on
-    resnet18_halfwidth: no proxy of a sample's int8 difficulty held across models.)"""
-    seen: dict[int, float] = {}
-    for cosines in judge.sample_cosines.values():
+    """The sample a candidate that ran `known` runs next. One that ran none starts on a sample no
+    candidate ran, while there is one: the first runs spread over the samples and show which
+    are hard. Otherwise the sample that looks hardest, the one some candidate that ran it found
+    furthest below its own best sample so far: candidates differ in level but share their hard
+    samples, so the drop below a candidate's best, not its cosine, says which sample is hard (a
+    sample only a weak candidate ran would otherwise look hardest); then the first no
+    candidate ran. (Running first the samples of least reference output energy cost more runs
+    on yolov8n and fewer on resnet18_halfwidth: no proxy of a sample's int8 difficulty held
+    across models.)"""
+    ran = [cosines for cosines in judge.sample_cosines.values() if cosines]
+    count = len(judge.given_samples)
+    if not known:
+        fresh = next((index for index in range(count) if not any(index in cosines for cosines in ran)), None)
+        if fresh is not None:
+            return fresh
+    drops: dict[int, float] = {}
+    for cosines in ran:
+        best = max(cosines.values())
         for index, cosine in cosines.items():
-            seen[index] = min(seen.get(index, np.inf), cosine)
-    return min((index for index in range(len(judge.given_samples)) if index not in known),
-               key=lambda index: (seen.get(index, np.inf), index))
+            drops[index] = min(drops.get(index, np.inf), cosine - best)
+    return min((index for index in range(count) if index not in known),
+               key=lambda index: (drops.get(index, np.inf), index))
 
 
 def report(best: Judged, judged: list[Judged], found: list[dict[str, Any]]) -> Int8Technique:
