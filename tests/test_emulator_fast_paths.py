@@ -601,18 +601,22 @@ RESIZES = {
 }
 
 
+@pytest.mark.parametrize("padding", [0, 3])
 @pytest.mark.parametrize("name", sorted(RESIZES))
-def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for_bit(name):
+def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for_bit(name, padding):
     """Over channels-last memory the resize gathers and blends on the channels-last view (with
     the last spatial axis' weights repeated along the channels), every ONNX axis in its place,
     N and C included: the values the channels-first resize of contiguous memory gives, bit for
-    bit, and the result channels-last in memory for the store."""
+    bit, and the result channels-last in memory for the store. So too when the channels are a
+    slice of wider pixels (`padding` channels more), as Storage.read hands over a tensor whose
+    channels do not fill whole C2 blocks."""
     from rkcompile.emulator.kernels.resize import resize
 
     shape, sizes, attrs = RESIZES[name]
     x = rng.standard_normal(shape).astype(np.float16).astype(np.float32)
+    padded = channels_last(np.concatenate([x, np.zeros((shape[0], padding, *shape[2:]), np.float32)], axis=1))
     node = plain.Node("Resize", attrs=attrs)
     operands = [None, None, np.array(sizes, np.int64)]
-    (last,), (first,) = resize(node, [channels_last(x), *operands], 13), resize(node, [x, *operands], 13)
+    (last,), (first,) = resize(node, [padded[:, :shape[1]], *operands], 13), resize(node, [x, *operands], 13)
     assert list(last.shape) == sizes and np.moveaxis(last, 1, -1).flags.c_contiguous
     np.testing.assert_array_equal(np.ascontiguousarray(last).view(np.uint32), first.view(np.uint32))
