@@ -191,6 +191,13 @@ def channels_last(x: np.ndarray) -> np.ndarray:
     return np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
 
 
+def channels_last_slice(x: np.ndarray, padding: int) -> np.ndarray:
+    """x over channels-last memory of `padding` channels more per pixel, as Storage.read hands
+    over a tensor whose channels do not fill whole C2 blocks: adjacent channels, not contiguous."""
+    wider = np.concatenate([x, np.zeros((x.shape[0], padding, *x.shape[2:]), x.dtype)], axis=1)
+    return channels_last(wider)[:, :x.shape[1]]
+
+
 CONVS = {
     "depthwise_many_blocks": ((2, 6, 9, 7), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
     "depthwise_multiplier_stride2": ((1, 4, 9, 8), (8, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 0, 1, 2]}),
@@ -269,12 +276,13 @@ POOLS = {
 }
 
 
+@pytest.mark.parametrize("padding", [0, 3])
 @pytest.mark.parametrize("name", sorted(POOLS))
-def test_pools_on_channels_last_memory_equal_the_channels_first_fold_bit_for_bit(name):
-    """A pool over channels-last memory folds a channels-last window view, and an AveragePool
-    whose windows hold no padding divides by the kernel's size instead of a folded count: the
-    values a channels-first fold over contiguous memory gives, bit for bit, NaN and infinities
-    included."""
+def test_pools_on_channels_last_memory_equal_the_channels_first_fold_bit_for_bit(name, padding):
+    """A pool over channels-last memory (its channels a slice of wider pixels too: `padding`)
+    folds a channels-last window view, and an AveragePool whose windows hold no padding divides
+    by the kernel's size instead of a folded count: the values a channels-first fold over
+    contiguous memory gives, bit for bit, NaN and infinities included."""
     from rkcompile.emulator.kernels.pool import average_pool, max_pool
 
     shape, op, attrs = POOLS[name]
@@ -283,7 +291,7 @@ def test_pools_on_channels_last_memory_equal_the_channels_first_fold_bit_for_bit
     x.reshape(-1)[3::11] = -np.inf
     node = plain.Node(op, attrs=attrs, outputs=[plain.Variable("y")])
     kernel = max_pool if op == "MaxPool" else average_pool
-    (last,), (first,) = kernel(node, [channels_last(x)], 17), kernel(node, [np.ascontiguousarray(x)], 17)
+    (last,), (first,) = kernel(node, [channels_last_slice(x, padding)], 17), kernel(node, [np.ascontiguousarray(x)], 17)
     assert np.moveaxis(last, 1, -1).flags.c_contiguous and first.flags.c_contiguous
     np.testing.assert_array_equal(np.ascontiguousarray(last).view(np.uint32), first.view(np.uint32))
     if op == "AveragePool" and "pads" not in attrs and "ceil_mode" not in attrs:  # divided by the kernel's size
@@ -601,18 +609,21 @@ RESIZES = {
 }
 
 
+@pytest.mark.parametrize("padding", [0, 3])
 @pytest.mark.parametrize("name", sorted(RESIZES))
-def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for_bit(name):
+def test_resize_on_channels_last_memory_equals_the_channels_first_resize_bit_for_bit(name, padding):
     """Over channels-last memory the resize gathers and blends on the channels-last view (with
     the last spatial axis' weights repeated along the channels), every ONNX axis in its place,
     N and C included: the values the channels-first resize of contiguous memory gives, bit for
-    bit, and the result channels-last in memory for the store."""
+    bit, and the result channels-last in memory for the store. So too when the channels are a
+    slice of wider pixels (`padding` channels more), as Storage.read hands over a tensor whose
+    channels do not fill whole C2 blocks."""
     from rkcompile.emulator.kernels.resize import resize
 
     shape, sizes, attrs = RESIZES[name]
     x = rng.standard_normal(shape).astype(np.float16).astype(np.float32)
     node = plain.Node("Resize", attrs=attrs)
     operands = [None, None, np.array(sizes, np.int64)]
-    (last,), (first,) = resize(node, [channels_last(x), *operands], 13), resize(node, [x, *operands], 13)
+    (last,), (first,) = resize(node, [channels_last_slice(x, padding), *operands], 13), resize(node, [x, *operands], 13)
     assert list(last.shape) == sizes and np.moveaxis(last, 1, -1).flags.c_contiguous
     np.testing.assert_array_equal(np.ascontiguousarray(last).view(np.uint32), first.view(np.uint32))

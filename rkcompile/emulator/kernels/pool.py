@@ -48,13 +48,14 @@ def average_pool(node, inputs, opset):
 
 def _fold_windows(x, kernel, strides, dilations, begin, end, combine: np.ufunc, fill: float = 0.0) -> np.ndarray:
     """`combine` over each window's taps (`fold_taps`), on a channels-last view when `x`'s
-    channels are innermost in memory (as Storage.read hands NC1HWC2 tensors over): each tap then
-    moves runs of whole pixels, where a channels-first view of that memory strides across it
-    element by element (7x7 pools 3-10x slower). The same taps in the same order, so the same
-    values either way; the result comes back channels-last too."""
+    channels are innermost in memory (as Storage.read hands NC1HWC2 tensors over, a slice of
+    whole C2 blocks when the channels do not fill them): each tap then moves runs of whole
+    pixels, where a channels-first view of that memory strides across it element by element
+    (7x7 pools 3-10x slower). The same taps in the same order, so the same values either way;
+    the result comes back channels-last too."""
     rank = len(kernel)
     channels_last = moveaxis(x, 1, -1)
-    if channels_last.flags.c_contiguous:
+    if x.strides[1] == x.itemsize:
         view = windows(channels_last, kernel, strides, dilations, begin, end, fill, first_spatial_axis=1)
         return moveaxis(fold_taps(view, rank, combine), -1, 1)
     return fold_taps(windows(x, kernel, strides, dilations, begin, end, fill), rank, combine)

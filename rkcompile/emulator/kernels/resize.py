@@ -77,8 +77,10 @@ def resize(node, inputs, opset):
     # channels-last view: each gather then moves whole pixels, where along a channels-first view
     # of that memory it picks elements one by one (a 21x40x40 -> 320x320 linear resize, 10.6 ms
     # -> 3); every element is the same expression of the same two neighbours, axis by axis in the
-    # same order, so the values are the same
-    channels_last = x.ndim > 2 and moveaxis(x, 1, -1).flags.c_contiguous and not x.flags.c_contiguous
+    # same order, so the values are the same. Adjacent channels are what counts, not a contiguous
+    # whole: a channel count short of whole C2 blocks (21 of 24) reads as a slice of the
+    # channels-last buffer (mobilenet_v3's 21-class 40x40 -> 320x320 map, 17.5 ms -> 8.5)
+    channels_last = x.ndim > 2 and x.strides[1] == x.itemsize and not x.flags.c_contiguous
     position = list(range(x.ndim))  # where each ONNX axis is in the array resized
     if channels_last:
         x, position = moveaxis(x, 1, -1), [0, x.ndim - 1] + list(range(1, x.ndim - 1))
