@@ -223,8 +223,9 @@ def test_nhwc_squeeze_and_excite_and_pad_run_without_transposes(tmp_path):
          *(weight(name, np.array(value, np.float32)) for name, value in scalars.items())])
     kernels, _ = npu_kernels(model, tmp_path)
     # only the input's move to NCHW and the output's back (on a legal view: Reshape, Transpose,
-    # Reshape) stay; the batch norm folds into the depthwise Conv, the Pad runs in NCHW
-    assert kernels.count("Transpose") == 2 and kernels[:3] == ["Transpose", "Conv", "Pad"], kernels
+    # Reshape) stay; the Pad, moved into NCHW, and the batch norm fold into the depthwise Conv
+    assert kernels.count("Transpose") == 2 and kernels[:3] == ["Transpose", "Conv", "ConvRelu"], kernels
+    assert "Pad" not in kernels, kernels
     assert "Add" not in kernels and kernels[-3:] == ["Reshape", "Transpose", "Reshape"], kernels
 
 
