@@ -17,6 +17,7 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
+from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4
 
 from conftest import ZOO, make_model, value_info, weight
 
@@ -321,6 +322,30 @@ def test_a_detection_head_is_written_in_four_dimensions(save, tmp_path):
              "x1": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)}
     np.testing.assert_allclose(onnxruntime_run(exported, feeds)[0], onnxruntime_run(original, feeds)[0],
                                rtol=1e-5, atol=1e-4)
+
+
+def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():
+    """Reshape -> Concat with a constant -> Sigmoid -> output as [1, 8, 1, 18] and a Reshape
+    back; the rank-3 shapes onnx's inference recorded for them go (the version converter
+    records them)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "flat"], ["r"], name="flatten"),
+             helper.make_node("Concat", ["r", "extra"], ["joined"], name="join", axis=-1),
+             helper.make_node("Sigmoid", ["joined"], ["y"], name="sigmoid")]
+    model = onnx.shape_inference.infer_shapes(make_model(
+        nodes, [value_info("x", [1, 8, 4, 4])], [value_info("y", [1, 8, 18])],
+        [weight("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)), weight("flat", np.array([1, 8, 16])),
+         weight("extra", rng.standard_normal((1, 8, 2)).astype(np.float32))]))
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    assert rank3_tails_as_rank4(model) == 3
+    onnx.checker.check_model(model, full_check=True)
+    join = next(node for node in model.graph.node if node.name == "join")
+    assert helper.get_attribute_value(join.attribute[0]) == 3
+    assert model.graph.node[-1].op_type == "Reshape" and model.graph.node[-1].output[0] == "y"
+    x = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
 
 
 def test_an_attention_scale_moves_onto_its_scores(save, tmp_path):
