@@ -348,6 +348,17 @@ def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
 
 
+def test_a_rank3_region_read_by_a_reshape_copying_its_last_axis_stays():
+    """A Reshape by [0, 0, 0, 1] reads the input's third dimension: the region before it keeps
+    its rank."""
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["r"], name="flatten"),
+             helper.make_node("Sigmoid", ["r"], ["s"], name="sigmoid"),
+             helper.make_node("Reshape", ["s", "copy"], ["y"], name="copy")]
+    model = make_model(nodes, [value_info("x", [1, 8, 4, 4])], [value_info("y", [1, 8, 16, 1])],
+                       [weight("flat", np.array([1, 8, 16])), weight("copy", np.array([0, 0, 0, 1]))])
+    assert rank3_tails_as_rank4(model) == 0
+
+
 def test_an_attention_scale_moves_onto_its_scores(save, tmp_path):
     """The scale on q moves onto q^T k (rknn-toolkit2 2.5.0 fails in its SDPA fusion from the
     form with the scale on q): the Mul reads the score MatMul, the Softmax reads the Mul."""

@@ -617,7 +617,7 @@ def binned_sums_as_grouped_convs(model: onnx.ModelProto) -> int:
             continue
         shape = shapes.get(softmax.input[0])
         axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
-        if shape is None or len(shape) != 4 or shape[0] != 1 or axis % 4 != 1:
+        if shape is None or len(shape) != 4 or shape[0] != 1 or axis % 4 != 1 or node.output[0] not in shapes:
             continue
         _, bins, sides, boxes = shape
         source = _moved_from(softmax.input[0], made_by, shapes, constants,
@@ -754,7 +754,7 @@ def rank3_tails_as_rank4(model: onnx.ModelProto) -> int:
                 and all(name in region_of for name in variables) and _liftable_constants(node, constants):
             regions = [root(region_of[name]) for name in variables]
         else:
-            if node.op_type != "Reshape":   # a Reshape reads the elements in order whatever the rank
+            if not _reads_any_rank(node, constants):
                 blocked.update(root(region_of[name]) for name in variables if name in region_of)
             continue
         region = regions[0] if regions else len(parent)
@@ -767,8 +767,8 @@ def rank3_tails_as_rank4(model: onnx.ModelProto) -> int:
         liftable.append(node)
     blocked.update(root(region_of[name]) for name in subgraph_reads if name in region_of)
     kept_nodes = [node for node in liftable if root(region_of[node.output[0]]) not in blocked]
-    worth = {root(region_of[node.output[0]]) for node in kept_nodes if node.op_type != "Reshape"}
-    kept_nodes = [node for node in kept_nodes if root(region_of[node.output[0]]) in worth]
+    computing = {root(region_of[node.output[0]]) for node in kept_nodes if node.op_type != "Reshape"}
+    kept_nodes = [node for node in kept_nodes if root(region_of[node.output[0]]) in computing]
     for node in kept_nodes:
         _lift(node, shapes, constants, graph, opset)
     lifted = {name for node in kept_nodes for name in node.output if name}
@@ -785,6 +785,15 @@ def rank3_tails_as_rank4(model: onnx.ModelProto) -> int:
             graph.initializer.append(shape)
             graph.node.append(helper.make_node("Reshape", [four_d, shape.name], [output.name], f"{output.name}/rank3"))
     return len(kept_nodes)
+
+
+def _reads_any_rank(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node` is a Reshape to a constant shape that copies no input dimension past the
+    second (a 0 there): one that reads its input's elements in order, whatever its rank."""
+    if node.op_type != "Reshape" or node.input[1] not in constants:
+        return False
+    allow_zero = next((a.i for a in node.attribute if a.name == "allowzero"), 0)
+    return bool(allow_zero) or 0 not in constants[node.input[1]].reshape(-1)[2:].tolist()
 
 
 def _unit_axis_inserted(shape: Sequence[int]) -> list[int]:
