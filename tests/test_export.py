@@ -17,6 +17,7 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
+from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4
 
 from conftest import ZOO, make_model, value_info, weight
 
@@ -256,6 +257,106 @@ def two_linear_heads_added() -> onnx.ModelProto:
     return make_model(nodes, [value_info("x", [1, 64])], [value_info("y", [1, 16])],
                       [weight("w1", rng.standard_normal((16, 64)).astype(np.float32)),
                        weight("w2", rng.standard_normal((16, 64)).astype(np.float32))])
+
+
+def detection_head(grids=((10, 10), (6, 6))) -> onnx.ModelProto:
+    """A YOLOv8 head on one input per grid: per grid a Conv of 64 box bins, one of 8 class
+    scores, one of a single extra value, each flattened to [1, C, H*W] and joined along the
+    boxes; the boxes' DFL (Reshape, Transpose, Softmax over 16 bins, a Conv by 0..15), decoded
+    against anchors, then [boxes, sigmoid(scores), extra]. 136 boxes, a multiple of 8: the
+    toolkit keeps such an output on its NPU."""
+    rng = np.random.default_rng(0)
+    boxes = sum(h * w for h, w in grids)
+    nodes, weights = [], [weight("dfl_w", np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1)),
+                          weight("dfl_shape", np.array([1, 4, 16, boxes])),
+                          weight("dist_shape", np.array([1, 4, boxes])),
+                          weight("anchors", rng.random((1, 2, boxes)).astype(np.float32) * 10),
+                          weight("strides", rng.random((1, boxes)).astype(np.float32) * 8),
+                          weight("half", np.float32(0.5)), weight("two", np.array([2, 2]))]
+    for branch, channels in (("box", 64), ("cls", 8), ("extra", 1)):
+        for index, (h, w) in enumerate(grids):
+            weights += [weight(f"{branch}{index}_w", rng.standard_normal((channels, 8, 1, 1)).astype(np.float32) * 0.3),
+                        weight(f"{branch}{index}_shape", np.array([1, channels, h * w]))]
+            nodes += [helper.make_node("Conv", [f"x{index}", f"{branch}{index}_w"], [f"{branch}{index}"],
+                                       name=f"{branch}{index}_conv"),
+                      helper.make_node("Reshape", [f"{branch}{index}", f"{branch}{index}_shape"],
+                                       [f"{branch}{index}_flat"], name=f"{branch}{index}_flat")]
+        nodes.append(helper.make_node("Concat", [f"{branch}{index}_flat" for index in range(len(grids))],
+                                      [f"{branch}_all"], name=f"{branch}_all", axis=2))
+    nodes += [helper.make_node("Reshape", ["box_all", "dfl_shape"], ["bins"], name="dfl_reshape"),
+              helper.make_node("Transpose", ["bins"], ["bins_first"], name="dfl_transpose", perm=[0, 2, 1, 3]),
+              helper.make_node("Softmax", ["bins_first"], ["probabilities"], name="dfl_softmax", axis=1),
+              helper.make_node("Conv", ["probabilities", "dfl_w"], ["expected"], name="dfl_conv"),
+              helper.make_node("Reshape", ["expected", "dist_shape"], ["distances"], name="dfl_distances"),
+              helper.make_node("Split", ["distances", "two"], ["left_top", "right_bottom"], name="split", axis=1),
+              helper.make_node("Sub", ["anchors", "left_top"], ["corner1"], name="corner1"),
+              helper.make_node("Add", ["anchors", "right_bottom"], ["corner2"], name="corner2"),
+              helper.make_node("Add", ["corner1", "corner2"], ["corners"], name="corners"),
+              helper.make_node("Mul", ["corners", "half"], ["centre"], name="centre"),
+              helper.make_node("Sub", ["corner2", "corner1"], ["size"], name="size"),
+              helper.make_node("Concat", ["centre", "size"], ["box"], name="box", axis=1),
+              helper.make_node("Mul", ["box", "strides"], ["scaled"], name="scaled"),
+              helper.make_node("Sigmoid", ["cls_all"], ["scores"], name="scores"),
+              helper.make_node("Concat", ["scaled", "scores", "extra_all"], ["y"], name="output", axis=1)]
+    return make_model(nodes, [value_info(f"x{index}", [1, 8, h, w]) for index, (h, w) in enumerate(grids)],
+                      [value_info("y", [1, 13, boxes])], weights)
+
+
+def test_a_detection_head_is_written_in_four_dimensions(save, tmp_path):
+    """The DFL as a grouped Conv, the flattened one-channel 6x6 grid padded to 40 values, and
+    the tail from the flattening Reshapes to the output as [1, C, 1, boxes]: the same values."""
+    original = save(detection_head())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    shaped = written.report["toolkit_shapings"]
+    assert shaped["binned_sums_as_grouped_convs"] == 1
+    assert shaped["flattened_planes_padded"] == 2   # the extra value's 10x10 and 6x6 grids
+    assert shaped["rank3_tails_as_rank4"] > 0
+    exported = onnx.load(str(written.path))
+    assert "Transpose" not in {node.op_type for node in exported.graph.node}
+    assert [node.op_type for node in exported.graph.node][-1] == "Reshape"
+    ranks = {value.name: len(value.type.tensor_type.shape.dim)
+             for value in onnx.shape_inference.infer_shapes(exported).graph.value_info}
+    assert ranks[exported.graph.node[-1].input[0]] == 4
+    rng = np.random.default_rng(1)
+    feeds = {"x0": rng.standard_normal((1, 8, 10, 10)).astype(np.float32),
+             "x1": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)}
+    np.testing.assert_allclose(onnxruntime_run(exported, feeds)[0], onnxruntime_run(original, feeds)[0],
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():
+    """Reshape -> Concat with a constant -> Sigmoid -> output as [1, 8, 1, 18] and a Reshape
+    back; the rank-3 shapes onnx's inference recorded for them go (the version converter
+    records them)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "flat"], ["r"], name="flatten"),
+             helper.make_node("Concat", ["r", "extra"], ["joined"], name="join", axis=-1),
+             helper.make_node("Sigmoid", ["joined"], ["y"], name="sigmoid")]
+    model = onnx.shape_inference.infer_shapes(make_model(
+        nodes, [value_info("x", [1, 8, 4, 4])], [value_info("y", [1, 8, 18])],
+        [weight("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)), weight("flat", np.array([1, 8, 16])),
+         weight("extra", rng.standard_normal((1, 8, 2)).astype(np.float32))]))
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    assert rank3_tails_as_rank4(model) == 3
+    onnx.checker.check_model(model, full_check=True)
+    join = next(node for node in model.graph.node if node.name == "join")
+    assert helper.get_attribute_value(join.attribute[0]) == 3
+    assert model.graph.node[-1].op_type == "Reshape" and model.graph.node[-1].output[0] == "y"
+    x = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def test_a_rank3_region_read_by_a_reshape_copying_its_last_axis_stays():
+    """A Reshape by [0, 0, 0, 1] reads the input's third dimension: the region before it keeps
+    its rank."""
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["r"], name="flatten"),
+             helper.make_node("Sigmoid", ["r"], ["s"], name="sigmoid"),
+             helper.make_node("Reshape", ["s", "copy"], ["y"], name="copy")]
+    model = make_model(nodes, [value_info("x", [1, 8, 4, 4])], [value_info("y", [1, 8, 16, 1])],
+                       [weight("flat", np.array([1, 8, 16])), weight("copy", np.array([0, 0, 0, 1]))])
+    assert rank3_tails_as_rank4(model) == 0
 
 
 def test_an_attention_scale_moves_onto_its_scores(save, tmp_path):
@@ -549,9 +650,9 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
 @pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv, weighted_token_pooling,
                                    lambda: token_mean_classifier(normalized=False),
                                    lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
-                                   two_linear_heads_added],
+                                   two_linear_heads_added, detection_head],
                          ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
-                              "gathers", "two_heads"])
+                              "gathers", "two_heads", "detection_head"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
     builds from the export, no layer on its CPU where the plan has none, within a timeout

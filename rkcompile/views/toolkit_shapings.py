@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import static_shapes
+from rkcompile.views.partitioned_onnx import proto_subgraphs
+from rkcompile.views.proto_graph import all_nodes, static_shapes
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -22,7 +23,7 @@ def slices_before_reshapes(model: onnx.ModelProto) -> int:
     error it gives on yolov8n's box head), and on the Split our plan makes of such Slices.
     Returns how many Slices and Splits moved."""
     shapes = static_shapes(model)
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    opset = _opset(model)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     readers = _readers(graph)
@@ -78,7 +79,7 @@ def defaults_written(model: onnx.ModelProto) -> int:
     some without a default of its own (a LayerNormalization without `epsilon`: KeyError
     'LayerNormalization' in its rule `convert_layernorm_to_exnorm`). Returns how many nodes
     gained an attribute."""
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    opset = _opset(model)
     changed = 0
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
@@ -219,7 +220,7 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
     and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
     shapes = static_shapes(model)
     graph = model.graph
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    opset = _opset(model)
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     readers = _readers(graph)
     made_by = {name: node for node in graph.node for name in node.output}
@@ -381,7 +382,7 @@ def gathers_as_slices(model: onnx.ModelProto) -> int:
     after the last of such Gathers on its CPU (tv_swin_nano's qkv split: 6 CPU layers), and
     none after Slices. Returns how many Gathers it wrote."""
     graph = model.graph
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    opset = _opset(model)
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     changed = 0
     for node in graph.node:
@@ -519,6 +520,11 @@ def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -
     return [int(p) for p in pads] if pads is not None and value == 0 else None
 
 
+def _opset(model: onnx.ModelProto) -> int:
+    """The version of the ai.onnx opset `model` imports."""
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+
+
 def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     """The nodes reading each tensor name of `graph` (its top level)."""
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -585,8 +591,277 @@ def _kept_axis(source: list[int], result: list[int], axis: int) -> int | None:
                 None)
 
 
+def binned_sums_as_grouped_convs(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of one output channel over a Softmax across the K channels of
+    T = [1, K, G, N], where T is a chain of Reshapes and Transposes of a tensor X holding the
+    values in the order [G, K, N] (YOLOv8's DFL: G box sides of K bins, N boxes), as the Softmax
+    along axis 2 of X reshaped to [1, G, K, N], then a Conv of G groups of the Conv's weights
+    tiled, and a Reshape to the Conv's shape [1, 1, G, N]: the same values up to float32
+    rounding. rknn-toolkit2 2.5.0 runs the Transposed form on its batch axis ([G, K, 1, N]),
+    carries that layout down to where the boxes join the class scores, and runs on its CPU the
+    Reshape of the scores into it. Returns how many Convs it wrote."""
+    if _opset(model) < 13:   # a Softmax of opset < 13 normalizes over every axis from `axis` on
+        return 0
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+    readers = _readers(graph)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        weight = constants.get(node.input[1]) if node.op_type == "Conv" else None
+        softmax = made_by.get(node.input[0]) if weight is not None else None
+        if softmax is None or softmax.op_type != "Softmax" or weight.shape[0] != 1 \
+                or not _pointwise(node, weight.shape) or len(readers[softmax.output[0]]) != 1:
+            continue
+        shape = shapes.get(softmax.input[0])
+        axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
+        if shape is None or len(shape) != 4 or shape[0] != 1 or axis % 4 != 1 or node.output[0] not in shapes:
+            continue
+        _, bins, sides, boxes = shape
+        source = _moved_from(softmax.input[0], made_by, shapes, constants,
+                             np.arange(bins * sides * boxes).reshape(sides, bins, boxes).transpose(1, 0, 2))
+        if source is None:
+            continue
+        prefix = f"{node.name}/grouped"
+        tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}") for what, values in (
+            ("sides_first_shape", [1, sides, bins, boxes]), ("channels_shape", [1, sides * bins, 1, boxes]),
+            ("conv_shape", shapes[node.output[0]]))]
+        tensors.append(numpy_helper.from_array(np.tile(weight, (sides, 1, 1, 1)), f"{prefix}/weight"))
+        bias = [node.input[2]] if len(node.input) > 2 and node.input[2] else []
+        if bias:
+            tensors.append(numpy_helper.from_array(np.tile(constants[bias[0]], sides), f"{prefix}/bias"))
+        graph.initializer.extend(tensors)
+        names = [f"{prefix}/{what}" for what in ("sides_first", "softmax", "channels", "conv")]
+        written[id(node)] = [
+            helper.make_node("Reshape", [source, tensors[0].name], [names[0]], names[0]),
+            helper.make_node("Softmax", [names[0]], [names[1]], names[1], axis=2),
+            helper.make_node("Reshape", [names[1], tensors[1].name], [names[2]], names[2]),
+            helper.make_node("Conv", [names[2], tensors[3].name, *(t.name for t in tensors[4:])], [names[3]], names[3],
+                             kernel_shape=[1, 1], group=sides),
+            helper.make_node("Reshape", [names[3], tensors[2].name], [node.output[0]], f"{prefix}/reshape")]
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+def _moved_from(name: str, made_by: dict[str, onnx.NodeProto], shapes: dict[str, list[int]],
+                constants: dict[str, np.ndarray], order: np.ndarray) -> str | None:
+    """The tensor that the chain of Reshapes and Transposes ending at `name` starts from, when
+    the chain moves its elements, in order, to the positions `order` gives (the index of each
+    element of `name`, in the start's row-major order); else None."""
+    chain, start = [], name
+    while start in made_by and made_by[start].op_type in ("Reshape", "Transpose") \
+            and (made_by[start].op_type == "Transpose" or made_by[start].input[1] in constants):
+        chain.append(made_by[start])
+        start = made_by[start].input[0]
+    if start not in shapes:
+        return None
+    moved = np.arange(int(np.prod(shapes[start]))).reshape(shapes[start])
+    for node in reversed(chain):
+        if node.op_type == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            moved = moved.transpose(perm)
+        elif node.output[0] in shapes:
+            moved = moved.reshape(shapes[node.output[0]])
+        else:
+            return None
+    return start if chain and moved.size == order.size and (moved.reshape(-1) == order.reshape(-1)).all() else None
+
+
+def flattened_planes_padded(model: onnx.ModelProto) -> int:
+    """Write a Reshape of [1, C, H, W] that merges H and W into its innermost axis (each of the
+    C planes one row of the result), when neither C nor H*W is a multiple of 8, as a Pad of
+    e zero rows below each plane, the fewest for (H+e)*W to be a multiple of 8, the Reshape to
+    rows of (H+e)*W, then a Slice of their first H*W: the same values. rknn-toolkit2 2.5.0 runs
+    the Reshape on its CPU (a YOLO head's 10x10 grid of 1 or 51 channels at 320x320), the
+    padded one on its NPU. Returns how many Reshapes it wrote."""
+    if _opset(model) < 11:   # Pad takes its pads as an input from opset 11
+        return 0
+    shapes = static_shapes(model)
+    graph = model.graph
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        source, result = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if node.op_type != "Reshape" or source is None or result is None or len(source) != 4:
+            continue
+        batch, channels, height, width = source
+        plane = height * width
+        if batch != 1 or result[-1] != plane or int(np.prod(result[:-1])) != channels or channels % 8 == 0 \
+                or plane % 8 == 0:
+            continue
+        rows = next(extra for extra in range(1, 8) if (height + extra) * width % 8 == 0)
+        prefix = f"{node.name}/padded"
+        tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}") for what, values in (
+            ("pads", [0, 0, 0, 0, 0, 0, rows, 0]), ("shape", [*result[:-1], (height + rows) * width]),
+            ("starts", [0]), ("ends", [plane]), ("axes", [len(result) - 1]))]
+        graph.initializer.extend(tensors)
+        padded, flattened = f"{prefix}/pad", f"{prefix}/reshape"
+        written[id(node)] = [
+            helper.make_node("Pad", [node.input[0], tensors[0].name], [padded], padded),
+            helper.make_node("Reshape", [padded, tensors[1].name], [flattened], flattened),
+            helper.make_node("Slice", [flattened, *(t.name for t in tensors[2:])], list(node.output),
+                             f"{prefix}/slice")]
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+#: Ops computing each element of their result from the same place in their inputs (numpy
+#: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sigmoid", "Relu", "Tanh",
+                          "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "Sin", "Cos", "Erf", "Identity",
+                          "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Clip", "Floor", "Ceil"})
+#: Ops with an axis, liftable with that axis renumbered.
+_ALONG_AN_AXIS = frozenset({"Concat", "Split", "Softmax", "Slice"})
+
+
+def rank3_tails_as_rank4(model: onnx.ModelProto) -> int:
+    """Give each rank-3 tensor [a, b, c] of a region that starts at Reshapes and ends at graph
+    outputs or Reshapes, through element-by-element ops, Concat, Split, Slice and Softmax, a
+    unit axis: [a, b, 1, c], its constants reshaped alike, and each such output a Reshape back
+    to its shape (the same values: the elements keep their order). rknn-toolkit2 2.5.0 holds a
+    rank-3 tensor read by such ops as [b, 1, 1, c] (its rules `unsqueeze_to_4d_*`), one its
+    Reshapes write as [a, b, h, c/h], and runs on its CPU the Reshape from one layout to the
+    other (a YOLO head at 320x320: the class scores joining the decoded boxes). A region with a
+    reader of another kind stays as it is. Returns how many nodes it lifted."""
+    shapes = static_shapes(model)
+    opset = _opset(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    subgraph_reads = {name for node in graph.node for sub in proto_subgraphs(node) for inner in all_nodes(sub)
+                      for name in inner.input}
+    region_of: dict[str, int] = {}              # a liftable tensor -> its region (union-find root)
+    parent: dict[int, int] = {}
+    liftable: list[onnx.NodeProto] = []
+    blocked: set[int] = set()
+
+    def root(region: int) -> int:
+        while parent[region] != region:
+            region = parent[region]
+        return region
+
+    for node in graph.node:
+        variables = [name for name in node.input if name and name not in constants]
+        outputs_rank3 = all(len(shapes.get(name, ())) == 3 for name in node.output if name)
+        if node.op_type == "Reshape" and node.input[1] in constants and outputs_rank3:
+            regions = []
+        elif (node.op_type in _ELEMENTWISE or node.op_type in _ALONG_AN_AXIS) and outputs_rank3 and variables \
+                and all(name in region_of for name in variables) and _liftable_constants(node, constants):
+            regions = [root(region_of[name]) for name in variables]
+        else:
+            if not _reads_any_rank(node, constants):
+                blocked.update(root(region_of[name]) for name in variables if name in region_of)
+            continue
+        region = regions[0] if regions else len(parent)
+        parent.setdefault(region, region)
+        for other in regions[1:]:
+            parent[root(other)] = region
+        for name in node.output:
+            if name:
+                region_of[name] = region
+        liftable.append(node)
+    blocked.update(root(region_of[name]) for name in subgraph_reads if name in region_of)
+    kept_nodes = [node for node in liftable if root(region_of[node.output[0]]) not in blocked]
+    computing = {root(region_of[node.output[0]]) for node in kept_nodes if node.op_type != "Reshape"}
+    kept_nodes = [node for node in kept_nodes if root(region_of[node.output[0]]) in computing]
+    for node in kept_nodes:
+        _lift(node, shapes, constants, graph, opset)
+    lifted = {name for node in kept_nodes for name in node.output if name}
+    kept_infos = [info for info in graph.value_info if info.name not in lifted]   # the converter's, of rank 3
+    del graph.value_info[:]
+    graph.value_info.extend(kept_infos)
+    for output in graph.output:
+        if output.name in lifted:
+            four_d = f"{output.name}/rank4"
+            for node in graph.node:
+                node.input[:] = [four_d if name == output.name else name for name in node.input]
+                node.output[:] = [four_d if name == output.name else name for name in node.output]
+            shape = numpy_helper.from_array(np.array(shapes[output.name], np.int64), f"{output.name}/rank3_shape")
+            graph.initializer.append(shape)
+            graph.node.append(helper.make_node("Reshape", [four_d, shape.name], [output.name], f"{output.name}/rank3"))
+    return len(kept_nodes)
+
+
+def _reads_any_rank(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node` is a Reshape to a constant shape that copies no input dimension past the
+    second (a 0 there): one that reads its input's elements in order, whatever its rank."""
+    if node.op_type != "Reshape" or node.input[1] not in constants:
+        return False
+    allow_zero = next((a.i for a in node.attribute if a.name == "allowzero"), 0)
+    return bool(allow_zero) or 0 not in constants[node.input[1]].reshape(-1)[2:].tolist()
+
+
+def _unit_axis_inserted(shape: Sequence[int]) -> list[int]:
+    """`shape` (rank 3, or of lower rank broadcast against one) with a unit axis before its last."""
+    return [*shape[:-1], 1, shape[-1]] if len(shape) >= 2 else list(shape)
+
+
+def _liftable_constants(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """Whether the constant operands of `node` stay right with a unit axis inserted: operands
+    of at most rank 3 of an element-by-element op, of rank 3 of a Concat, the bounds of a
+    Slice."""
+    if node.op_type in _ELEMENTWISE:
+        return all(constants[name].ndim <= 3 for name in node.input if name in constants)
+    if node.op_type == "Concat":
+        return all(constants[name].ndim == 3 for name in node.input if name in constants)
+    if node.op_type == "Slice":   # axes absent (every axis from 0) or given as a constant
+        return len(node.input) < 4 or not node.input[3] or node.input[3] in constants
+    return True
+
+
+def _rank4_axis(axis: int) -> int:
+    """Axis `axis` of a rank-3 tensor numbered in the tensor with a unit axis before its last."""
+    return (0, 1, 3)[axis % 3]
+
+
+def _lift(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray],
+          graph: onnx.GraphProto, opset: int) -> None:
+    """Rewrite `node` for its rank-3 inputs and outputs each given a unit axis before the last."""
+    def constant(name: str, value: np.ndarray) -> str:
+        tensor = numpy_helper.from_array(value, f"{node.name or node.output[0]}/{name}")
+        graph.initializer.append(tensor)
+        return tensor.name
+
+    if node.op_type == "Reshape":
+        node.input[1] = constant("rank4_shape", np.array(_unit_axis_inserted(shapes[node.output[0]]), np.int64))
+        return
+    if node.op_type in _ELEMENTWISE or node.op_type == "Concat":
+        node.input[:] = [
+            constant(f"rank4_operand_{index}", constants[name].reshape(_unit_axis_inserted(constants[name].shape)))
+            if name in constants and constants[name].ndim >= 2 else name for index, name in enumerate(node.input)]
+        if node.op_type in _ELEMENTWISE:
+            return
+    attributes = {a.name: a for a in node.attribute}
+    if node.op_type == "Slice" and len(node.input) > 1:
+        given = len(node.input) > 3 and node.input[3]
+        axes = constants[node.input[3]] if given else np.arange(constants[node.input[1]].size)
+        axes_input = constant("rank4_axes", np.array([_rank4_axis(int(a)) for a in axes.reshape(-1)], np.int64))
+        node.input[:] = [*node.input[:3], axes_input, *node.input[4:]]
+    elif node.op_type == "Slice":
+        axes = helper.get_attribute_value(attributes["axes"]) if "axes" in attributes \
+            else range(len(helper.get_attribute_value(attributes["starts"])))
+        _set_attribute(node, "axes", [_rank4_axis(int(a)) for a in axes])
+    else:
+        default = (-1 if opset >= 13 else 1) if node.op_type == "Softmax" else 0
+        axis = helper.get_attribute_value(attributes["axis"]) if "axis" in attributes else default
+        _set_attribute(node, "axis", _rank4_axis(axis))
+
+
+def _set_attribute(node: onnx.NodeProto, name: str, value) -> None:
+    """Set attribute `name` of `node` to `value`, replacing the one it has."""
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(name, value)])
+
+
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
-TOOLKIT_SHAPINGS = (slices_before_reshapes, erf_of_a_quotient, scale_after_scores, pads_into_convs,
-                    squares_before_reshapes, mean_biases_apart, means_as_reduce_means, vectors_into_channels, added_convs_as_one,
-                    linear_layers_as_gemms, square_roots_written_back, gathers_as_slices, defaults_written)
+TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of_a_quotient, scale_after_scores,
+                    pads_into_convs, squares_before_reshapes, mean_biases_apart, means_as_reduce_means,
+                    vectors_into_channels, added_convs_as_one, linear_layers_as_gemms, square_roots_written_back,
+                    gathers_as_slices, flattened_planes_padded, rank3_tails_as_rank4, defaults_written)
