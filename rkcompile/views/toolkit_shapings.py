@@ -677,7 +677,8 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
     e zero rows below each plane, the fewest for (H+e)*W to be a multiple of 8, the Reshape to
     rows of (H+e)*W, then a Slice of their first H*W: the same values. rknn-toolkit2 2.5.0 runs
     the Reshape on its CPU (a YOLO head's 10x10 grid of 1 or 51 channels at 320x320), the
-    padded one on its NPU. Returns how many Reshapes it wrote."""
+    padded one on its NPU. Not for a plane of one row or column ([1, 1, 3234, 1], ssdlite's
+    decoded box sides): the toolkit runs that Pad on its CPU. Returns how many Reshapes it wrote."""
     if _opset(model) < 11:   # Pad takes its pads as an input from opset 11
         return 0
     shapes = static_shapes(model)
@@ -691,7 +692,7 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
         batch, channels, height, width = source
         plane = height * width
         if batch != 1 or result[-1] != plane or int(np.prod(result[:-1])) != channels or channels % 8 == 0 \
-                or plane % 8 == 0:
+                or plane % 8 == 0 or min(height, width) == 1:
             continue
         rows = next(extra for extra in range(1, 8) if (height + extra) * width % 8 == 0)
         prefix = f"{node.name}/padded"
