@@ -5,11 +5,10 @@ whose mask nobody reads and which is not in training mode (a training-mode Dropo
 random mask: legalize keeps it on the CPU), a Slice that keeps every element in order
 (timm's GhostNet cuts its module's Concat back to the width it already has), a Concat, Sum,
 Mean, Max or Min of one input (torchvision's DenseNet concatenates a block's first feature map
-alone), a Mul or Div by
-constant ones, an Add or Sub of
-constant zeros, that leave the shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x);
-a residual branch whose weights are zero folds to x + 0): x * 1 is x, bit for bit; and an
-Expand or Tile to the shape its input has.
+alone), a Mul or Div by constant ones, an Add or Sub of constant zeros, that leave the shape
+as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x); a residual branch whose weights
+are zero folds to x + 0): x * 1 is x, bit for bit; and an Expand or Tile to the shape its
+input has.
 
 The removed node's output name survives when it is a graph output, so the plan's outputs keep
 the names users feed and fetch.
@@ -80,6 +79,7 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
 
 #: variadic ops that return their one input unchanged when given only one
 ONE_INPUT_IDENTITIES = frozenset({"Concat", "Sum", "Mean", "Max", "Min"})
+
 #: binary ops that return x when the other operand is all this constant, and the positions that
 #: operand may take (x - 0 and x / 1, never 0 - x or 1 / x)
 IDENTITY_OPERANDS = {"Mul": (1, (0, 1)), "Div": (1, (1,)), "Add": (0, (0, 1)), "Sub": (0, (1,))}
