@@ -650,9 +650,10 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
 @pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv, weighted_token_pooling,
                                    lambda: token_mean_classifier(normalized=False),
                                    lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
-                                   two_linear_heads_added, detection_head],
+                                   two_linear_heads_added, detection_head, lambda: group_norm(14, 8),
+                                   lambda: group_norm(17, 5)],
                          ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
-                              "gathers", "two_heads", "detection_head"])
+                              "gathers", "two_heads", "detection_head", "group_norm", "group_norm_of_small_planes"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
     builds from the export, no layer on its CPU where the plan has none, within a timeout
@@ -797,3 +798,56 @@ def test_a_data_dependent_tensor_inside_is_written_whole_with_a_note(save, tmp_p
     assert "NonZero" in {n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
     written = rkcompile.export(original, tmp_path / "cut.onnx", "rk3588", host_tail=True)
     assert [o.name for o in onnx.load(str(written.host_path)).graph.output] == ["features", "total"]
+
+
+def group_norm(opset: int, side: int, per_element_scale: bool = False) -> onnx.ModelProto:
+    """torchvision's GroupNorm(4, 16) after a Conv: Reshape to [1, 4, -1], InstanceNormalization,
+    (with `per_element_scale`, a Mul by a constant that differs within each group,) Reshape
+    back, the per-channel affine."""
+    rng = np.random.default_rng(0)
+    shape, length = [1, 16, side, side], 4 * side * side
+    scaled = [helper.make_node("Mul", ["n", "within"], ["s"], name="within")] if per_element_scale else []
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "grouped_shape"], ["g"], name="group"),
+             helper.make_node("InstanceNormalization", ["g", "scale", "bias"], ["n"], name="norm", epsilon=1e-5),
+             *scaled,
+             helper.make_node("Reshape", ["s" if scaled else "n", "shape"], ["r"], name="ungroup"),
+             helper.make_node("Mul", ["r", "gamma"], ["m"], name="gamma"),
+             helper.make_node("Add", ["m", "beta"], ["y"], name="beta")]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)],
+                      [weight("w", rng.standard_normal((16, 16, 1, 1)).astype(np.float32)),
+                       weight("grouped_shape", np.array([1, 4, -1])), weight("shape", np.array(shape)),
+                       weight("scale", rng.uniform(0.5, 2, 4).astype(np.float32)),
+                       weight("bias", rng.uniform(-1, 1, 4).astype(np.float32)),
+                       weight("within", rng.uniform(0.5, 2, (1, 1, length)).astype(np.float32)),
+                       weight("gamma", rng.uniform(0.5, 2, (16, 1, 1)).astype(np.float32)),
+                       weight("beta", rng.uniform(-1, 1, (16, 1, 1)).astype(np.float32))], opset=opset)
+
+
+@pytest.mark.parametrize("opset, side, form", [(14, 8, "InstanceNormalization"), (14, 5, "ReduceMean"),
+                                               (17, 5, "ReduceMean"), (18, 5, "ReduceMean")],
+                         ids=["grouped_plane_of_64", "channel_means", "from_layer_normalization", "axes_as_input"])
+def test_a_group_norm_keeps_height_and_width_apart(opset, side, form, save, tmp_path):
+    """The plan normalizes each group as a row of a [G, C/G*H*W, 1, 1] view (by Convs, or a
+    LayerNormalization from opset 17); rknn-toolkit2 2.5.0 runs the Reshapes into and out of that
+    view on its CPU when H*W is not a multiple of 8. The export writes the norm on
+    [1, G, C/G*H, W] as an InstanceNormalization when C/G or H*W is a multiple of 8 (the
+    toolkit's exNorm), else on the input's own shape by per-channel means: no view of merged
+    planes either way, the same values."""
+    original = save(group_norm(opset, side))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 1
+    assert form in {n.op_type for n in exported.graph.node}
+    shapes = onnx.shape_inference.infer_shapes(exported).graph.value_info
+    assert not [v.name for v in shapes if [d.dim_value for d in v.type.tensor_type.shape.dim][1:] == [4 * side * side, 1, 1]]
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 16, side, side)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_norm_scaled_within_its_groups_stays_as_planned(save, tmp_path):
+    """A scale that differs within a group is no InstanceNormalization's: the shaping declines."""
+    written = rkcompile.export(save(group_norm(14, 5, per_element_scale=True)), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
