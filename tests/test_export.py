@@ -851,3 +851,35 @@ def test_a_group_norm_scaled_within_its_groups_stays_as_planned(save, tmp_path):
     written = rkcompile.export(save(group_norm(14, 5, per_element_scale=True)), tmp_path / "out.onnx", "rk3588")
     assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def scores_for_a_selection() -> onnx.ModelProto:
+    """Per-channel scores [1, 8, 16] of a Conv (a Reshape merging its plane, a Softmax over it),
+    the entries above a threshold selected (NonZero: a size the data decides)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "rows"], ["flat"], name="flatten"),
+             helper.make_node("Softmax", ["flat"], ["scores"], name="softmax", axis=-1),
+             helper.make_node("Greater", ["scores", "threshold"], ["kept"], name="greater"),
+             helper.make_node("NonZero", ["kept"], ["where"], name="nonzero")]
+    return make_model(nodes, [value_info("x", [1, 8, 4, 4])], [value_info("where", [3, None], TensorProto.INT64)],
+                      [weight("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)),
+                       weight("rows", np.array([1, 8, 16], np.int64)), weight("threshold", np.array(0.5, np.float32))])
+
+
+def test_a_cut_tensor_of_rank_3_is_written_4d_and_reshaped_on_the_host(save, tmp_path):
+    """The NPU part's last step to a cut tensor of rank 3 is a Reshape from 4-D (the shapings
+    hold the scores as [1, 8, 1, 16]); rknn-toolkit2 2.5.0 runs a Reshape writing an output of
+    rank 2 or 3 on its CPU. The NPU part writes the 4-D tensor and the host part reshapes it:
+    the two together compute the original, the moved Reshape counted as moved to the host."""
+    original = save(scores_for_a_selection())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    assert [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in npu.graph.output] == [[1, 8, 1, 16]]
+    assert [n.op_type for n in npu.graph.node if n.output[0] == npu.graph.output[0].name] == ["Softmax"]
+    assert host.graph.node[0].op_type == "Reshape" and host.graph.node[0].input[0] == npu.graph.output[0].name
+    assert host.graph.node[0].name in written.report["host_tail"]["static_nodes_moved_to_host"]
+    assert written.report["host_tail"]["cut"][0]["shape"] == [1, 8, 1, 16]
+    x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    np.testing.assert_array_equal(onnxruntime_run(host, cut)[0], onnxruntime_run(original, {"x": x})[0])

@@ -27,7 +27,7 @@ from rkcompile.plan.plain_nodes import Node, fused_body
 from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, TensorSpec
 from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 from rkcompile.views.host_tail import HostTail, find_host_tail, reads
-from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within
+from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within, static_shapes
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
 from rkcompile.views.toolkit_shapings import TOOLKIT_SHAPINGS
 
@@ -116,7 +116,54 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     drop_unread_nodes(model.graph)
     if weight_integers is not None:
         quantize_dequantize(model, plan, weight_integers)
+    if host is not None:
+        moved = _cut_reshapes_to_host(model, host)
+        cut = dataclasses.replace(cut, moved=(*cut.moved, *moved))
+        host = _checked(host) if moved else host
     return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
+
+
+def _cut_reshapes_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> list[str]:
+    """Move each Reshape of a 4-D tensor to a cut tensor of lower rank (one the NPU part
+    `model` writes for the host part `host`, and nothing in it reads) to the start of the host
+    part: the NPU part writes the 4-D tensor, the host part reads it and reshapes it. rknn-toolkit2
+    2.5.0 runs a Reshape that writes an output of rank 2 or 3 on its CPU (the rank-3 scores and
+    rank-2 boxes of faster-rcnn's proposals). Returns the names of the Reshapes moved."""
+    shapes = static_shapes(model)
+    constants = {tensor.name: tensor for tensor in model.graph.initializer}
+    made_by = {output: node for node in model.graph.node for output in node.output}
+    read = reads(model.graph.node)
+    outputs = {value.name for value in model.graph.output}
+    host_inputs = {value.name: value for value in host.graph.input}
+    opset = next(entry.version for entry in host.opset_import if entry.domain in ("", "ai.onnx"))
+    moved = []
+    for value in list(model.graph.output):
+        reshape = made_by.get(value.name)
+        if value.name not in host_inputs or reshape is None or reshape.op_type != "Reshape" or value.name in read \
+                or reshape.input[1] not in constants or len(shapes.get(reshape.input[0], ())) != 4 \
+                or len(shapes.get(value.name, (0,) * 4)) >= 4 or opset < 5:   # Reshape's shape an input from opset 5
+            continue
+        source = reshape.input[0]
+        if source in host_inputs:   # the NPU part writes it for the host part already: one output less
+            model.graph.output.remove(value)
+            host.graph.input.remove(host_inputs.pop(value.name))
+        elif source in outputs:
+            continue
+        else:
+            four_d = helper.make_tensor_value_info(source, value.type.tensor_type.elem_type, shapes[source])
+            value.CopyFrom(four_d)
+            host_inputs[value.name] = host_inputs.pop(reshape.output[0])
+            host_inputs[value.name].CopyFrom(four_d)
+            outputs.add(source)
+        if reshape.input[1] not in {tensor.name for tensor in host.graph.initializer}:
+            host.graph.initializer.append(constants[reshape.input[1]])
+        host_nodes = [onnx.NodeProto(), *host.graph.node]
+        host_nodes[0].CopyFrom(reshape)
+        del host.graph.node[:]
+        host.graph.node.extend(host_nodes)
+        moved.append(reshape.name)
+        model.graph.node.remove(reshape)
+    return moved
 
 
 def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:
