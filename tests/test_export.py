@@ -772,10 +772,12 @@ def test_the_command_writes_the_host_tail_and_names_it(save, tmp_path, capsys):
 
 
 @needs_peer
-def test_the_toolkit_builds_the_npu_part_of_a_host_tail(save, tmp_path):
+@pytest.mark.parametrize("model", [detector_with_nms_like_tail, lambda: detection_head_levels(),
+                                   lambda: scores_for_a_selection()], ids=["nms_like", "head_levels", "rank3_scores"])
+def test_the_toolkit_builds_the_npu_part_of_a_host_tail(model, save, tmp_path):
     """The toolkit builds the NPU part the original's NonZero keeps it from building, with no
     layer on its CPU (the plan has none before the cut)."""
-    written = rkcompile.export(save(detector_with_nms_like_tail()), tmp_path / "out.onnx", "rk3588", host_tail=True)
+    written = rkcompile.export(save(model()), tmp_path / "out.onnx", "rk3588", host_tail=True)
     done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
                           capture_output=True, text=True, timeout=900)
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -883,3 +885,49 @@ def test_a_cut_tensor_of_rank_3_is_written_4d_and_reshaped_on_the_host(save, tmp
     x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
     cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
     np.testing.assert_array_equal(onnxruntime_run(host, cut)[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def detection_head_levels() -> onnx.ModelProto:
+    """torchvision's classification head on two levels (4x4, 2x2) of 3 anchors x 5 classes:
+    each level's Conv [1, 15, H, W] -> Transpose -> Reshape [1, H*W*3, 5], the levels joined
+    and split again, a Sigmoid per level, the scores above a threshold selected (NonZero)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MaxPool", ["x"], ["half"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
+    for level, (features, side) in enumerate((("x", 4), ("half", 2))):
+        nodes += [helper.make_node("Conv", [features, "w"], [f"logits{level}"], name=f"conv{level}"),
+                  helper.make_node("Transpose", [f"logits{level}"], [f"last{level}"], name=f"transpose{level}",
+                                   perm=[0, 2, 3, 1]),
+                  helper.make_node("Reshape", [f"last{level}", f"shape{level}"], [f"rows{level}"], name=f"rows{level}")]
+    nodes += [helper.make_node("Concat", ["rows0", "rows1"], ["joined"], name="join", axis=1),
+              helper.make_node("Split", ["joined", "sizes"], ["part0", "part1"], name="split", axis=1)]
+    for level in range(2):
+        nodes += [helper.make_node("Sigmoid", [f"part{level}"], [f"scores{level}"], name=f"sigmoid{level}"),
+                  helper.make_node("Greater", [f"scores{level}", "threshold"], [f"kept{level}"], name=f"greater{level}"),
+                  helper.make_node("NonZero", [f"kept{level}"], [f"where{level}"], name=f"nonzero{level}")]
+    return make_model(nodes, [value_info("x", [1, 8, 4, 4])],
+                      [value_info(f"where{level}", [3, None], TensorProto.INT64) for level in range(2)],
+                      [weight("w", rng.standard_normal((15, 8, 1, 1)).astype(np.float32)),
+                       weight("shape0", np.array([1, 48, 5], np.int64)), weight("shape1", np.array([1, 12, 5], np.int64)),
+                       weight("sizes", np.array([48, 12], np.int64)), weight("threshold", np.array(0.5, np.float32))])
+
+
+def test_a_heads_layout_after_its_sigmoid_goes_to_the_host(save, tmp_path):
+    """The levels joined and split again are bypassed, each Sigmoid moves before its level's
+    Reshapes, and the Reshapes, which only regroup the NPU part's last results (rknn-toolkit2
+    2.5.0 runs the Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] on its CPU), go to the host
+    part: the NPU part ends in each level's 4-D Sigmoid, the two parts compute the original."""
+    original = save(detection_head_levels())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    shaped = written.report["toolkit_shapings"]
+    assert shaped["splits_of_concats_bypassed"] == 1 and shaped["reshapes_after_unary_ops"] == 2
+    made_by = {output: node.op_type for node in npu.graph.node for output in node.output}
+    assert [made_by[o.name] for o in npu.graph.output] == ["Sigmoid", "Sigmoid"]
+    assert all(len(o.type.tensor_type.shape.dim) == 4 for o in npu.graph.output)
+    assert {"Concat", "Split"}.isdisjoint(made_by.values())
+    moved = written.report["host_tail"]["static_nodes_moved_to_host"]
+    assert {node.name for node in host.graph.node if node.op_type == "Reshape"} <= set(moved)
+    x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    for found, expected in zip(onnxruntime_run(host, cut), onnxruntime_run(original, {"x": x})):
+        np.testing.assert_array_equal(found, expected)

@@ -117,53 +117,64 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     if weight_integers is not None:
         quantize_dequantize(model, plan, weight_integers)
     if host is not None:
-        moved = _cut_reshapes_to_host(model, host)
+        moved = _trailing_layout_to_host(model, host)
         cut = dataclasses.replace(cut, moved=(*cut.moved, *moved))
         host = _checked(host) if moved else host
     return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
 
 
-def _cut_reshapes_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> list[str]:
-    """Move each Reshape of a 4-D tensor to a cut tensor of lower rank (one the NPU part
-    `model` writes for the host part `host`, and nothing in it reads) to the start of the host
-    part: the NPU part writes the 4-D tensor, the host part reads it and reshapes it. rknn-toolkit2
-    2.5.0 runs a Reshape that writes an output of rank 2 or 3 on its CPU (the rank-3 scores and
-    rank-2 boxes of faster-rcnn's proposals). Returns the names of the Reshapes moved."""
-    shapes = static_shapes(model)
+#: ops that only regroup or join values, which the NPU part's last steps hand to the host part
+TRAILING_LAYOUT = frozenset({"Reshape", "Concat"})
+
+
+def _trailing_layout_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> list[str]:
+    """Move the NPU part's last nodes that only regroup or join 4-D tensors (TRAILING_LAYOUT)
+    into cut tensors (outputs of the NPU part `model` that only the host part `host` reads, no
+    model output) to the start of the host part, last first so that a chain of them goes: the
+    NPU part writes the 4-D tensors they read, in place of their results. rknn-toolkit2 2.5.0
+    runs on its CPU a Reshape that writes an output of rank 2 or 3, and a Reshape that splits
+    the channels of [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors and classes,
+    at 10x10 and smaller; the Concat of the levels is the Reshapes' only reader); in the host
+    part they are a copy at most. Returns the names of the nodes moved."""
+    inferred = {value.name: value for value in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    known = {**inferred, **{value.name: value for value in model.graph.output}}
     constants = {tensor.name: tensor for tensor in model.graph.initializer}
-    made_by = {output: node for node in model.graph.node for output in node.output}
-    read = reads(model.graph.node)
-    outputs = {value.name for value in model.graph.output}
-    host_inputs = {value.name: value for value in host.graph.input}
+    model_inputs = {value.name for value in model.graph.input}
+    host_outputs = {value.name for value in host.graph.output}
     opset = next(entry.version for entry in host.opset_import if entry.domain in ("", "ai.onnx"))
+    cut = [value.name for value in model.graph.output]   # the NPU part's outputs, all read by the host part
+
+    def four_d(name: str) -> bool:
+        dims = known[name].type.tensor_type.shape.dim if name in known else ()
+        return len(dims) == 4 and all(d.HasField("dim_value") for d in dims)
+
     moved = []
-    for value in list(model.graph.output):
-        reshape = made_by.get(value.name)
-        if value.name not in host_inputs or reshape is None or reshape.op_type != "Reshape" or value.name in read \
-                or reshape.input[1] not in constants or len(shapes.get(reshape.input[0], ())) != 4 \
-                or len(shapes.get(value.name, (0,) * 4)) >= 4 or opset < 5:   # Reshape's shape an input from opset 5
+    for node in reversed(list(model.graph.node)):
+        sources = [name for name in node.input if name and name not in constants]
+        if node.op_type not in TRAILING_LAYOUT or (node.op_type == "Reshape" and opset < 5) \
+                or any(name not in cut or name in host_outputs for name in node.output) \
+                or any(name in reads(model.graph.node) for name in node.output) \
+                or not all(four_d(name) and name not in model_inputs for name in sources):
             continue
-        source = reshape.input[0]
-        if source in host_inputs:   # the NPU part writes it for the host part already: one output less
-            model.graph.output.remove(value)
-            host.graph.input.remove(host_inputs.pop(value.name))
-        elif source in outputs:
-            continue
-        else:
-            four_d = helper.make_tensor_value_info(source, value.type.tensor_type.elem_type, shapes[source])
-            value.CopyFrom(four_d)
-            host_inputs[value.name] = host_inputs.pop(reshape.output[0])
-            host_inputs[value.name].CopyFrom(four_d)
-            outputs.add(source)
-        if reshape.input[1] not in {tensor.name for tensor in host.graph.initializer}:
-            host.graph.initializer.append(constants[reshape.input[1]])
+        at = cut.index(node.output[0])
+        cut = [name for name in cut if name not in node.output]
+        cut[at:at] = [name for name in dict.fromkeys(sources) if name not in cut]
+        host.graph.initializer.extend(constants[name] for name in node.input if name in constants
+                                      and name not in {tensor.name for tensor in host.graph.initializer})
         host_nodes = [onnx.NodeProto(), *host.graph.node]
-        host_nodes[0].CopyFrom(reshape)
+        host_nodes[0].CopyFrom(node)
         del host.graph.node[:]
         host.graph.node.extend(host_nodes)
-        moved.append(reshape.name)
-        model.graph.node.remove(reshape)
-    return moved
+        moved.append(node.name)
+        model.graph.node.remove(node)
+    if moved:
+        values = [known[name] for name in cut]
+        read_inputs = [value for value in host.graph.input if value.name not in known]
+        del model.graph.output[:]
+        model.graph.output.extend(values)
+        del host.graph.input[:]
+        host.graph.input.extend([*read_inputs, *values])
+    return list(reversed(moved))
 
 
 def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:

@@ -11,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.partitioned_onnx import proto_subgraphs
-from rkcompile.views.proto_graph import all_nodes, static_shapes
+from rkcompile.views.proto_graph import all_nodes, drop_unread_nodes, static_shapes
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -917,6 +917,80 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
     return len(written)
 
 
+def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
+    """Let the readers of each part of a Split that cuts a Concat's result back into the
+    Concat's inputs (the same axis, the same sizes) read those inputs: the same values.
+    torchvision's detectors join the heads' levels and split them again; the plan keeps the
+    pair, which ties each level's Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] (a Reshape
+    rknn-toolkit2 2.5.0 runs on its CPU) to the ops after the Split, so that neither
+    `reshapes_after_unary_ops` nor the host tail can take it off the toolkit's hands. Returns
+    how many Splits it bypassed."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = _graph_outputs(graph)
+    bypassed = {}
+    for node in graph.node:
+        concat = made_by.get(node.input[0]) if node.op_type == "Split" else None
+        rank = len(shapes.get(node.input[0], ()))
+        if concat is None or concat.op_type != "Concat" or not rank or len(concat.input) != len(node.output) \
+                or any(name in graph_outputs for name in node.output):
+            continue
+        axes = [next((a.i for a in n.attribute if a.name == "axis"), 0) % rank for n in (node, concat)]
+        if axes[0] == axes[1] and all(shapes.get(part) is not None and shapes.get(part) == shapes.get(piece)
+                                      for part, piece in zip(node.output, concat.input)):
+            bypassed.update(zip(node.output, concat.input))
+    for node in graph.node:
+        node.input[:] = [bypassed.get(name, name) for name in node.input]
+    drop_unread_nodes(graph)   # the pairs, so that each Concat input keeps its one reader
+    return len(set(made_by[name].name for name in bypassed))
+
+
+#: Element-by-element ops of one variable input (and constant bounds: Clip)
+_UNARY = frozenset({"Sigmoid", "Relu", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "Sin", "Cos", "Erf",
+                    "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Clip", "Floor", "Ceil"})
+
+
+def reshapes_after_unary_ops(model: onnx.ModelProto) -> int:
+    """Write an element-by-element op of one input that reads a Reshape (its only reader) and
+    whose result is a graph output, or is Reshaped into one, as that op on the Reshape's input,
+    then the Reshape: the same values; again, until no such op is left. The Reshapes then end
+    the output, where the host tail (`--host-tail`) hands them to the host part: rknn-toolkit2
+    2.5.0 runs on its CPU a Reshape that splits the channels of [1, H, W, A*K] into
+    [1, H*W*A, 1, K] (a detector head's anchors and classes before their Sigmoid, at 10x10 and
+    smaller). Returns how many Reshapes it moved after an op."""
+    graph = model.graph
+    constants = {tensor.name for tensor in graph.initializer}
+    graph_outputs = _graph_outputs(graph)
+    moved = 0
+    while True:
+        nodes = list(graph.node)
+        made_by = {name: index for index, node in enumerate(nodes) for name in node.output}
+        readers = _readers(graph)
+
+        def reshaped_to_output(name: str) -> bool:
+            after = readers.get(name, [])
+            return name in graph_outputs or (len(after) == 1 and after[0].op_type == "Reshape"
+                                             and reshaped_to_output(after[0].output[0]))
+
+        at = next((index for index, node in enumerate(nodes) if node.op_type in _UNARY and node.input[0] in made_by
+                   and nodes[made_by[node.input[0]]].op_type == "Reshape" and len(readers[node.input[0]]) == 1
+                   and node.input[0] not in graph_outputs and reshaped_to_output(node.output[0])
+                   and all(name in constants for name in node.input[1:] if name)), None)
+        if at is None:
+            return moved
+        node, reshape = onnx.NodeProto(), onnx.NodeProto()
+        node.CopyFrom(nodes[at])
+        reshape.CopyFrom(nodes[made_by[node.input[0]]])
+        source, result = reshape.input[0], node.output[0]
+        node.input[0], node.output[0] = source, f"{node.name}/before_reshape/{moved}"
+        reshape.input[0], reshape.output[0] = node.output[0], result
+        written = [new for index, old in enumerate(nodes) if index != made_by[nodes[at].input[0]]
+                   for new in ([node, reshape] if index == at else [old])]
+        del graph.node[:]
+        graph.node.extend(written)
+        moved += 1
+
 #: Ops computing each element of their result from the same place in their inputs (numpy
 #: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sigmoid", "Relu", "Tanh",
@@ -1071,4 +1145,4 @@ TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of
                     pads_into_convs, squares_before_reshapes, mean_biases_apart, means_as_reduce_means,
                     vectors_into_channels, added_convs_as_one, linear_layers_as_gemms, square_roots_written_back,
                     group_norms_on_their_planes, gathers_as_slices, flattened_planes_padded, rank3_tails_as_rank4,
-                    defaults_written)
+                    splits_of_concats_bypassed, reshapes_after_unary_ops, defaults_written)
