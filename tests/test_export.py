@@ -17,7 +17,7 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
-from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4
+from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4, reshapes_after_elementwise_ops
 
 from conftest import ZOO, make_model, value_info, weight
 
@@ -920,7 +920,7 @@ def test_a_heads_layout_after_its_sigmoid_goes_to_the_host(save, tmp_path):
     written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
     npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
     shaped = written.report["toolkit_shapings"]
-    assert shaped["splits_of_concats_bypassed"] == 1 and shaped["reshapes_after_unary_ops"] == 2
+    assert shaped["splits_of_concats_bypassed"] == 1 and shaped["reshapes_after_elementwise_ops"] == 2
     made_by = {output: node.op_type for node in npu.graph.node for output in node.output}
     assert [made_by[o.name] for o in npu.graph.output] == ["Sigmoid", "Sigmoid"]
     assert all(len(o.type.tensor_type.shape.dim) == 4 for o in npu.graph.output)
@@ -931,3 +931,23 @@ def test_a_heads_layout_after_its_sigmoid_goes_to_the_host(save, tmp_path):
     cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
     for found, expected in zip(onnxruntime_run(host, cut), onnxruntime_run(original, {"x": x})):
         np.testing.assert_array_equal(found, expected)
+
+
+def test_scaling_and_offset_move_before_the_reshape_that_ends_an_output():
+    """Reshape [1, 6, 1, 1] -> [6, 1], then a Mul by a [6, 1] constant and an Add of a scalar
+    (a detector's box sides scaled and offset by their anchors): the two ops move onto the 4-D
+    tensor, the [6, 1] constant reshaped alike, and the Reshape ends the output, the same
+    values."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["sides"], name="sides"),
+             helper.make_node("Mul", ["scale", "sides"], ["scaled"], name="scale"),
+             helper.make_node("Add", ["scaled", "offset"], ["y"], name="offset")]
+    model = make_model(nodes, [value_info("x", [1, 6, 1, 1])], [value_info("y", [6, 1])],
+                       [weight("shape", np.array([6, 1], np.int64)),
+                        weight("scale", rng.uniform(1, 2, (6, 1)).astype(np.float32)),
+                        weight("offset", np.array(0.5, np.float32))])
+    x = rng.standard_normal((1, 6, 1, 1)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert reshapes_after_elementwise_ops(model) == 2
+    assert [n.op_type for n in model.graph.node] == ["Mul", "Add", "Reshape"]
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)

@@ -923,7 +923,7 @@ def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
     torchvision's detectors join the heads' levels and split them again; the plan keeps the
     pair, which ties each level's Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] (a Reshape
     rknn-toolkit2 2.5.0 runs on its CPU) to the ops after the Split, so that neither
-    `reshapes_after_unary_ops` nor the host tail can take it off the toolkit's hands. Returns
+    `reshapes_after_elementwise_ops` nor the host tail can take it off the toolkit's hands. Returns
     how many Splits it bypassed."""
     shapes = static_shapes(model)
     graph = model.graph
@@ -946,21 +946,20 @@ def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
     return len(set(made_by[name].name for name in bypassed))
 
 
-#: Element-by-element ops of one variable input (and constant bounds: Clip)
-_UNARY = frozenset({"Sigmoid", "Relu", "Tanh", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "Sin", "Cos", "Erf",
-                    "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Clip", "Floor", "Ceil"})
-
-
-def reshapes_after_unary_ops(model: onnx.ModelProto) -> int:
-    """Write an element-by-element op of one input that reads a Reshape (its only reader) and
-    whose result is a graph output, or is Reshaped into one, as that op on the Reshape's input,
-    then the Reshape: the same values; again, until no such op is left. The Reshapes then end
-    the output, where the host tail (`--host-tail`) hands them to the host part: rknn-toolkit2
-    2.5.0 runs on its CPU a Reshape that splits the channels of [1, H, W, A*K] into
-    [1, H*W*A, 1, K] (a detector head's anchors and classes before their Sigmoid, at 10x10 and
-    smaller). Returns how many Reshapes it moved after an op."""
+def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
+    """Write an element-by-element op whose one variable input is a Reshape's result (its only
+    reader), the others constants of one value or of as many as the result, and whose result
+    reaches a graph output through Reshapes and such ops alone, as that op on the Reshape's
+    input (the constants reshaped alike), then the Reshape: the same values; again, until no
+    such op is left. The Reshapes then end the output, where the host tail (`--host-tail`) hands them to
+    the host part: rknn-toolkit2 2.5.0 runs on its CPU a Reshape that splits the channels of
+    [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors and classes before their
+    Sigmoid, at 10x10 and smaller), and one into an output of rank 2 (faster-rcnn's proposal
+    sides before their anchors' scale and offset). Returns how many ops it moved before a
+    Reshape."""
+    shapes = static_shapes(model)
     graph = model.graph
-    constants = {tensor.name for tensor in graph.initializer}
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     graph_outputs = _graph_outputs(graph)
     moved = 0
     while True:
@@ -969,23 +968,45 @@ def reshapes_after_unary_ops(model: onnx.ModelProto) -> int:
         readers = _readers(graph)
 
         def reshaped_to_output(name: str) -> bool:
+            """Whether `name` reaches a graph output through Reshapes and element-by-element ops
+            of constants alone."""
             after = readers.get(name, [])
-            return name in graph_outputs or (len(after) == 1 and after[0].op_type == "Reshape"
-                                             and reshaped_to_output(after[0].output[0]))
+            return name in graph_outputs or (
+                len(after) == 1 and (after[0].op_type == "Reshape" or after[0].op_type in _ELEMENTWISE
+                                     and all(other in constants for other in after[0].input if other and other != name))
+                and reshaped_to_output(after[0].output[0]))
 
-        at = next((index for index, node in enumerate(nodes) if node.op_type in _UNARY and node.input[0] in made_by
-                   and nodes[made_by[node.input[0]]].op_type == "Reshape" and len(readers[node.input[0]]) == 1
-                   and node.input[0] not in graph_outputs and reshaped_to_output(node.output[0])
-                   and all(name in constants for name in node.input[1:] if name)), None)
+        def movable(node: onnx.NodeProto) -> bool:
+            variables = [name for name in node.input if name and name not in constants]
+            reshape = nodes[made_by[variables[0]]] if len(variables) == 1 and variables[0] in made_by else None
+            if node.op_type not in _ELEMENTWISE or reshape is None or reshape.op_type != "Reshape" \
+                    or len(readers[reshape.output[0]]) != 1 or reshape.output[0] in graph_outputs \
+                    or shapes.get(reshape.input[0]) is None or shapes.get(node.output[0]) != shapes.get(variables[0]):
+                return False
+            size = int(np.prod(shapes[node.output[0]]))
+            return reshaped_to_output(node.output[0]) and all(constants[name].size in (1, size)
+                                                              for name in node.input if name in constants)
+
+        at = next((index for index, node in enumerate(nodes) if movable(node)), None)
         if at is None:
             return moved
         node, reshape = onnx.NodeProto(), onnx.NodeProto()
         node.CopyFrom(nodes[at])
-        reshape.CopyFrom(nodes[made_by[node.input[0]]])
+        variable = next(name for name in node.input if name and name not in constants)
+        reshape.CopyFrom(nodes[made_by[variable]])
         source, result = reshape.input[0], node.output[0]
-        node.input[0], node.output[0] = source, f"{node.name}/before_reshape/{moved}"
+        for index, name in enumerate(node.input):
+            if name == variable:
+                node.input[index] = source
+            elif name in constants and constants[name].size > 1:
+                tensor = numpy_helper.from_array(constants[name].reshape(shapes[source]),
+                                                 f"{node.name}/before_reshape/{moved}/operand_{index}")
+                graph.initializer.append(tensor)
+                node.input[index] = tensor.name
+        node.output[0] = f"{node.name}/before_reshape/{moved}"
         reshape.input[0], reshape.output[0] = node.output[0], result
-        written = [new for index, old in enumerate(nodes) if index != made_by[nodes[at].input[0]]
+        shapes[node.output[0]] = shapes[source]
+        written = [new for index, old in enumerate(nodes) if index != made_by[variable]
                    for new in ([node, reshape] if index == at else [old])]
         del graph.node[:]
         graph.node.extend(written)
@@ -1145,4 +1166,4 @@ TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of
                     pads_into_convs, squares_before_reshapes, mean_biases_apart, means_as_reduce_means,
                     vectors_into_channels, added_convs_as_one, linear_layers_as_gemms, square_roots_written_back,
                     group_norms_on_their_planes, gathers_as_slices, flattened_planes_padded, rank3_tails_as_rank4,
-                    splits_of_concats_bypassed, reshapes_after_unary_ops, defaults_written)
+                    splits_of_concats_bypassed, reshapes_after_elementwise_ops, defaults_written)
