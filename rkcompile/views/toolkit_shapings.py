@@ -947,16 +947,17 @@ def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
 
 
 def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
-    """Write an element-by-element op whose one variable input is a Reshape's result (its only
-    reader), the others constants of one value or of as many as the result, and whose result
-    reaches a graph output through Reshapes and such ops alone, as that op on the Reshape's
-    input (the constants reshaped alike), then the Reshape: the same values; again, until no
-    such op is left. The Reshapes then end the output, where the host tail (`--host-tail`) hands them to
-    the host part: rknn-toolkit2 2.5.0 runs on its CPU a Reshape that splits the channels of
-    [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors and classes before their
-    Sigmoid, at 10x10 and smaller), and one into an output of rank 2 (faster-rcnn's proposal
-    sides before their anchors' scale and offset). Returns how many ops it moved before a
-    Reshape."""
+    """Write an element-by-element op whose variable inputs are each a Reshape's result (its
+    only reader), its constants of one value or of as many as the result, and whose result
+    reaches a graph output through Reshapes and element-by-element ops alone, as that op on
+    the Reshapes' inputs (the constants reshaped alike), then a Reshape to its result's shape,
+    when each element meets the same operands so (`_lifted_shape`): the same values; again,
+    until no such op is left. The Reshapes then end the output, where the host tail
+    (`--host-tail`) hands them to the host part: rknn-toolkit2 2.5.0 runs on its CPU a Reshape
+    that splits the channels of [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors
+    and classes before their Sigmoid, at 10x10 and smaller), and one into an output of rank 2
+    (faster-rcnn's proposal sides before their anchors' scale and offset, FCOS's scores before
+    their product with the centreness). Returns how many ops it moved before Reshapes."""
     shapes = static_shapes(model)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
@@ -968,49 +969,69 @@ def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
         readers = _readers(graph)
 
         def reshaped_to_output(name: str) -> bool:
-            """Whether `name` reaches a graph output through Reshapes and element-by-element ops
-            of constants alone."""
             after = readers.get(name, [])
-            return name in graph_outputs or (
-                len(after) == 1 and (after[0].op_type == "Reshape" or after[0].op_type in _ELEMENTWISE
-                                     and all(other in constants for other in after[0].input if other and other != name))
-                and reshaped_to_output(after[0].output[0]))
+            return name in graph_outputs or (len(after) == 1 and after[0].op_type in _ELEMENTWISE | {"Reshape"}
+                                             and reshaped_to_output(after[0].output[0]))
 
-        def movable(node: onnx.NodeProto) -> bool:
+        def lifted(node: onnx.NodeProto) -> list[int] | None:
             variables = [name for name in node.input if name and name not in constants]
-            reshape = nodes[made_by[variables[0]]] if len(variables) == 1 and variables[0] in made_by else None
-            if node.op_type not in _ELEMENTWISE or reshape is None or reshape.op_type != "Reshape" \
-                    or len(readers[reshape.output[0]]) != 1 or reshape.output[0] in graph_outputs \
-                    or shapes.get(reshape.input[0]) is None or shapes.get(node.output[0]) != shapes.get(variables[0]):
-                return False
-            size = int(np.prod(shapes[node.output[0]]))
-            return reshaped_to_output(node.output[0]) and all(constants[name].size in (1, size)
-                                                              for name in node.input if name in constants)
+            reshapes = [nodes[made_by[name]] if name in made_by else None for name in variables]
+            if node.op_type not in _ELEMENTWISE or not variables or node.output[0] not in shapes \
+                    or any(r is None or r.op_type != "Reshape" or len(readers[r.output[0]]) != 1
+                           or r.output[0] in graph_outputs or r.input[0] not in shapes for r in reshapes) \
+                    or not reshaped_to_output(node.output[0]):
+                return None
+            return _lifted_shape(shapes[node.output[0]], [(shapes[name], shapes[r.input[0]])
+                                                          for name, r in zip(variables, reshapes)],
+                                 [constants[name].size for name in node.input if name in constants])
 
-        at = next((index for index, node in enumerate(nodes) if movable(node)), None)
+        at = next((index for index, node in enumerate(nodes) if lifted(node) is not None), None)
         if at is None:
             return moved
-        node, reshape = onnx.NodeProto(), onnx.NodeProto()
+        shape = lifted(nodes[at])
+        node = onnx.NodeProto()
         node.CopyFrom(nodes[at])
-        variable = next(name for name in node.input if name and name not in constants)
-        reshape.CopyFrom(nodes[made_by[variable]])
-        source, result = reshape.input[0], node.output[0]
+        prefix = f"{node.name}/before_reshape/{moved}"
+        reshapes = {made_by[name] for name in node.input if name and name not in constants}
         for index, name in enumerate(node.input):
-            if name == variable:
-                node.input[index] = source
-            elif name in constants and constants[name].size > 1:
-                tensor = numpy_helper.from_array(constants[name].reshape(shapes[source]),
-                                                 f"{node.name}/before_reshape/{moved}/operand_{index}")
+            if name in constants and constants[name].size > 1:
+                tensor = numpy_helper.from_array(constants[name].reshape(shape), f"{prefix}/operand_{index}")
                 graph.initializer.append(tensor)
                 node.input[index] = tensor.name
-        node.output[0] = f"{node.name}/before_reshape/{moved}"
-        reshape.input[0], reshape.output[0] = node.output[0], result
-        shapes[node.output[0]] = shapes[source]
-        written = [new for index, old in enumerate(nodes) if index != made_by[variable]
+            elif name and name not in constants:
+                node.input[index] = nodes[made_by[name]].input[0]
+        result_shape = numpy_helper.from_array(np.array(shapes[node.output[0]], np.int64), f"{prefix}/shape")
+        graph.initializer.append(result_shape)
+        reshape = helper.make_node("Reshape", [prefix, result_shape.name], [node.output[0]], f"{prefix}/reshape")
+        node.output[0] = prefix
+        shapes[prefix] = shape
+        written = [new for index, old in enumerate(nodes) if index not in reshapes
                    for new in ([node, reshape] if index == at else [old])]
         del graph.node[:]
         graph.node.extend(written)
         moved += 1
+
+
+def _lifted_shape(result: list[int], operands: list[tuple[list[int], list[int]]],
+                  constant_sizes: list[int]) -> list[int] | None:
+    """The shape of an element-by-element op's result on the inputs of the Reshapes that give
+    it its operands (`operands`: each operand's shape and its Reshape's input's), when each
+    element of that result, in order, meets the operands' same elements as the op's `result`
+    does, and each constant (of `constant_sizes`) has one value or as many as the result;
+    else None."""
+    try:
+        shape = list(np.broadcast_shapes(*(source for _, source in operands)))
+    except ValueError:
+        return None
+    size = int(np.prod(result))
+    if int(np.prod(shape)) != size or any(c not in (1, size) for c in constant_sizes):
+        return None
+    for operand, source in operands:
+        order = np.arange(int(np.prod(operand))).reshape(operand)
+        if not np.array_equal(np.broadcast_to(order, result).reshape(-1),
+                              np.broadcast_to(order.reshape(source), shape).reshape(-1)):
+            return None
+    return shape
 
 #: Ops computing each element of their result from the same place in their inputs (numpy
 #: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
