@@ -842,7 +842,8 @@ def test_a_group_norm_keeps_height_and_width_apart(opset, side, form, save, tmp_
     assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 1
     assert form in {n.op_type for n in exported.graph.node}
     shapes = onnx.shape_inference.infer_shapes(exported).graph.value_info
-    assert not [v.name for v in shapes if [d.dim_value for d in v.type.tensor_type.shape.dim][1:] == [4 * side * side, 1, 1]]
+    view = [4 * side * side, 1, 1]   # a row per group of the plan's form
+    assert not [v.name for v in shapes if [d.dim_value for d in v.type.tensor_type.shape.dim][1:] == view]
     x = np.random.default_rng(1).uniform(-1, 1, (1, 16, side, side)).astype(np.float32)
     np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
                                rtol=1e-5, atol=1e-5)
@@ -902,12 +903,14 @@ def detection_head_levels() -> onnx.ModelProto:
               helper.make_node("Split", ["joined", "sizes"], ["part0", "part1"], name="split", axis=1)]
     for level in range(2):
         nodes += [helper.make_node("Sigmoid", [f"part{level}"], [f"scores{level}"], name=f"sigmoid{level}"),
-                  helper.make_node("Greater", [f"scores{level}", "threshold"], [f"kept{level}"], name=f"greater{level}"),
+                  helper.make_node("Greater", [f"scores{level}", "threshold"], [f"kept{level}"],
+                                   name=f"greater{level}"),
                   helper.make_node("NonZero", [f"kept{level}"], [f"where{level}"], name=f"nonzero{level}")]
     return make_model(nodes, [value_info("x", [1, 8, 4, 4])],
                       [value_info(f"where{level}", [3, None], TensorProto.INT64) for level in range(2)],
                       [weight("w", rng.standard_normal((15, 8, 1, 1)).astype(np.float32)),
-                       weight("shape0", np.array([1, 48, 5], np.int64)), weight("shape1", np.array([1, 12, 5], np.int64)),
+                       weight("shape0", np.array([1, 48, 5], np.int64)),
+                       weight("shape1", np.array([1, 12, 5], np.int64)),
                        weight("sizes", np.array([48, 12], np.int64)), weight("threshold", np.array(0.5, np.float32))])
 
 

@@ -27,7 +27,7 @@ from rkcompile.plan.plain_nodes import Node, fused_body
 from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, TensorSpec
 from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 from rkcompile.views.host_tail import HostTail, find_host_tail, reads
-from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within, static_shapes
+from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
 from rkcompile.views.toolkit_shapings import TOOLKIT_SHAPINGS
 
