@@ -954,3 +954,16 @@ def test_scaling_and_offset_move_before_the_reshape_that_ends_an_output():
     assert reshapes_after_elementwise_ops(model) == 2
     assert [n.op_type for n in model.graph.node] == ["Mul", "Add", "Reshape"]
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
+def test_an_instance_norm_is_no_group_norm_to_write(save, tmp_path):
+    """An InstanceNormalization of x [1, 16, 5, 5], on the plan's [16, 25, 1, 1] view, normalizes
+    groups of one channel: `group_norms_on_their_planes` leaves it as planned."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["y"], name="norm", epsilon=1e-5)]
+    model = make_model(nodes, [value_info("x", [1, 16, 5, 5])], [value_info("y", [1, 16, 5, 5])],
+                       [weight("scale", rng.uniform(0.5, 2, 16).astype(np.float32)),
+                        weight("bias", rng.uniform(-1, 1, 16).astype(np.float32))], opset=14)
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5

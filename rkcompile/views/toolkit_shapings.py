@@ -341,7 +341,8 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
     rknn-toolkit2 2.5.0 runs both Reshapes of the plan's form on its CPU where H*W is not a
     multiple of 8 (FCOS's head at 10x10, 5x5, 3x3), and either form here on its NPU (the first
     as one exNorm of [N*G, C/G, H, W], whose Reshapes it runs on its CPU when neither size is a
-    multiple of 8). Returns how many norms it wrote."""
+    multiple of 8). Groups of one channel (an InstanceNormalization, or a norm of rows held
+    as channels) stay as planned. Returns how many norms it wrote."""
     shapes = static_shapes(model)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
@@ -360,7 +361,7 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
         normed = _row_norm(node.output[0], view[1], readers, constants, graph_outputs)
         affine = _affine_to_shape(normed[0], normed[3:], source, shapes, readers, constants, graph_outputs) \
             if normed else None
-        if affine is None or channels % groups:
+        if affine is None or channels % groups or channels == groups:   # one channel a group: a row norm
             continue
         end, scale, bias = affine
         scale, bias = (values.reshape(batch, groups, -1) for values in (scale, bias))
