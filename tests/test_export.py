@@ -967,3 +967,31 @@ def test_an_instance_norm_is_no_group_norm_to_write(save, tmp_path):
     written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
     assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_a_product_with_the_centreness_moves_into_the_scores_layout():
+    """FCOS: the class scores [3, 3, 1, 5] (Transposed from NCHW) Reshaped to [9, 5], times the
+    centreness [1, 1, 3, 3] Reshaped to [9, 1], then the square root, into the output. The
+    product and the root move before the Reshapes, the centreness Transposed into the scores'
+    layout [3, 3, 1, 1] (rknn-toolkit2 2.5.0 runs its Reshape into [1, 9, 1, 1] on its CPU, that
+    Transpose on its NPU): Reshapes alone end the output, the same values."""
+    nodes = [helper.make_node("Reshape", ["scores", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("Reshape", ["rows", "scores_shape"], ["flat_scores"], name="flat_scores"),
+             helper.make_node("Reshape", ["centres", "centre_rows_shape"], ["centre_rows"], name="centre_rows"),
+             helper.make_node("Reshape", ["centre_rows", "centres_shape"], ["flat_centres"], name="flat_centres"),
+             helper.make_node("Mul", ["flat_scores", "flat_centres"], ["product"], name="product"),
+             helper.make_node("Sqrt", ["product"], ["y"], name="root")]
+    model = make_model(nodes, [value_info("scores", [3, 3, 1, 5]), value_info("centres", [1, 1, 3, 3])],
+                       [value_info("y", [9, 5])],
+                       [weight("rows_shape", np.array([1, 9, 1, 5], np.int64)),
+                        weight("scores_shape", np.array([9, 5], np.int64)),
+                        weight("centre_rows_shape", np.array([1, 9, 1, 1], np.int64)),
+                        weight("centres_shape", np.array([9, 1], np.int64))])
+    rng = np.random.default_rng(0)
+    feeds = {"scores": rng.random((3, 3, 1, 5), np.float32), "centres": rng.random((1, 1, 3, 3), np.float32)}
+    expected = onnxruntime_run(model, feeds)[0]
+    assert reshapes_after_elementwise_ops(model) == 4   # the product and the root, each before two Reshapes
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "Mul", "Sqrt", "Reshape", "Reshape"]
+    transpose = next(n for n in model.graph.node if n.op_type == "Transpose")
+    assert transpose.input[0] == "centres" and list(transpose.attribute[0].ints) == [2, 3, 0, 1]
+    np.testing.assert_array_equal(onnxruntime_run(model, feeds)[0], expected)

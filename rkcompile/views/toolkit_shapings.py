@@ -4,6 +4,7 @@ rknn-toolkit2 2.5.0 fails on, loops on or runs on its CPU into forms it builds o
 Each takes the model and returns how many places it changed."""
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -951,14 +952,17 @@ def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
     """Write an element-by-element op whose variable inputs are each a Reshape's result (its
     only reader), its constants of one value or of as many as the result, and whose result
     reaches a graph output through Reshapes and element-by-element ops alone, as that op on
-    the Reshapes' inputs (the constants reshaped alike), then a Reshape to its result's shape,
-    when each element meets the same operands so (`_lifted_shape`): the same values; again,
+    the Reshapes' inputs (the constants reshaped alike; an input Transposed where that brings
+    its elements to the others'), then a Reshape to its result's shape, when each element
+    meets the same operands so (`_lifted_layout`): the same values; again,
     until no such op is left. The Reshapes then end the output, where the host tail
     (`--host-tail`) hands them to the host part: rknn-toolkit2 2.5.0 runs on its CPU a Reshape
     that splits the channels of [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors
     and classes before their Sigmoid, at 10x10 and smaller), and one into an output of rank 2
     (faster-rcnn's proposal sides before their anchors' scale and offset, FCOS's scores before
-    their product with the centreness). Returns how many ops it moved before Reshapes."""
+    their product with the centreness), and the centreness [1, 1, H, W] Reshaped into
+    [1, H*W, 1, 1] to meet the scores, where it runs the Transpose into the scores' layout
+    [H, W, 1, 1] on its NPU. Returns how many ops it moved before Reshapes."""
     shapes = static_shapes(model)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
@@ -982,24 +986,31 @@ def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
                            or r.output[0] in graph_outputs or r.input[0] not in shapes for r in reshapes) \
                     or not reshaped_to_output(node.output[0]):
                 return None
-            return _lifted_shape(shapes[node.output[0]], [(shapes[name], shapes[r.input[0]])
-                                                          for name, r in zip(variables, reshapes)],
-                                 [constants[name].size for name in node.input if name in constants])
+            return _lifted_layout(shapes[node.output[0]], [(shapes[name], shapes[r.input[0]])
+                                                           for name, r in zip(variables, reshapes)],
+                                  [constants[name].size for name in node.input if name in constants])
 
         at = next((index for index, node in enumerate(nodes) if lifted(node) is not None), None)
         if at is None:
             return moved
-        shape = lifted(nodes[at])
+        shape, perms = lifted(nodes[at])
         node = onnx.NodeProto()
         node.CopyFrom(nodes[at])
         prefix = f"{node.name}/before_reshape/{moved}"
         reshapes = {made_by[name] for name in node.input if name and name not in constants}
+        transposes = []
+        perm_of = dict(zip([name for name in node.input if name and name not in constants], perms))
         for index, name in enumerate(node.input):
             if name in constants and constants[name].size > 1:
                 tensor = numpy_helper.from_array(constants[name].reshape(shape), f"{prefix}/operand_{index}")
                 graph.initializer.append(tensor)
                 node.input[index] = tensor.name
-            elif name and name not in constants:
+            elif perm_of.get(name) is not None:   # its elements reach the others' layout by a Transpose
+                transposes.append(helper.make_node("Transpose", [nodes[made_by[name]].input[0]],
+                                                   [f"{prefix}/transpose_{index}"], f"{prefix}/transpose_{index}",
+                                                   perm=list(perm_of[name])))
+                node.input[index] = transposes[-1].output[0]
+            elif name in perm_of:
                 node.input[index] = nodes[made_by[name]].input[0]
         result_shape = numpy_helper.from_array(np.array(shapes[node.output[0]], np.int64), f"{prefix}/shape")
         graph.initializer.append(result_shape)
@@ -1007,32 +1018,52 @@ def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
         node.output[0] = prefix
         shapes[prefix] = shape
         written = [new for index, old in enumerate(nodes) if index not in reshapes
-                   for new in ([node, reshape] if index == at else [old])]
+                   for new in ([*transposes, node, reshape] if index == at else [old])]
         del graph.node[:]
         graph.node.extend(written)
         moved += 1
 
 
-def _lifted_shape(result: list[int], operands: list[tuple[list[int], list[int]]],
-                  constant_sizes: list[int]) -> list[int] | None:
+def _lifted_layout(result: list[int], operands: list[tuple[list[int], list[int]]],
+                   constant_sizes: list[int]) -> tuple[list[int], list[tuple[int, ...] | None]] | None:
     """The shape of an element-by-element op's result on the inputs of the Reshapes that give
-    it its operands (`operands`: each operand's shape and its Reshape's input's), when each
-    element of that result, in order, meets the operands' same elements as the op's `result`
-    does, and each constant (of `constant_sizes`) has one value or as many as the result;
-    else None."""
+    it its operands (`operands`: each operand's shape and its Reshape's input's), and for each
+    operand None or the perm of a Transpose of that input: when each element of that result,
+    in order, meets the operands' same elements as the op's `result` does (the shape the
+    inputs broadcast to, else that of the one input of the result's size), and each constant
+    (of `constant_sizes`) has one value or as many as the result; else None."""
+    size = int(np.prod(result))
+    if any(c not in (1, size) for c in constant_sizes):
+        return None
     try:
         shape = list(np.broadcast_shapes(*(source for _, source in operands)))
     except ValueError:
+        shape = []
+    if int(np.prod(shape)) != size:
+        shape = next((list(source) for _, source in operands if int(np.prod(source)) == size), None)
+    if shape is None:
         return None
-    size = int(np.prod(result))
-    if int(np.prod(shape)) != size or any(c not in (1, size) for c in constant_sizes):
-        return None
+    perms = []
     for operand, source in operands:
         order = np.arange(int(np.prod(operand))).reshape(operand)
-        if not np.array_equal(np.broadcast_to(order, result).reshape(-1),
-                              np.broadcast_to(order.reshape(source), shape).reshape(-1)):
+        wanted = np.broadcast_to(order, result).reshape(-1)
+        candidates = [None, *(p for p in itertools.permutations(range(len(source))) if list(p) != sorted(p))] \
+            if len(source) == len(shape) else [None]
+        perm = next((p for p in candidates if _meets(order.reshape(source), p, shape, wanted)), False)
+        if perm is False:
             return None
-    return shape
+        perms.append(perm)
+    return shape, perms
+
+
+def _meets(elements: np.ndarray, perm: tuple[int, ...] | None, shape: list[int], wanted: np.ndarray) -> bool:
+    """Whether `elements` (indices), transposed by `perm` if any and broadcast to `shape`, are
+    `wanted` in order."""
+    moved = elements.transpose(perm) if perm is not None else elements
+    try:
+        return bool(np.array_equal(np.broadcast_to(moved, shape).reshape(-1), wanted))
+    except ValueError:
+        return False
 
 #: Ops computing each element of their result from the same place in their inputs (numpy
 #: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
