@@ -978,7 +978,7 @@ def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
             return name in graph_outputs or (len(after) == 1 and after[0].op_type in _ELEMENTWISE | {"Reshape"}
                                              and reshaped_to_output(after[0].output[0]))
 
-        def lifted(node: onnx.NodeProto) -> list[int] | None:
+        def lifted(node: onnx.NodeProto) -> tuple[list[int], list[tuple[int, ...] | None]] | None:
             variables = [name for name in node.input if name and name not in constants]
             reshapes = [nodes[made_by[name]] if name in made_by else None for name in variables]
             if node.op_type not in _ELEMENTWISE or not variables or node.output[0] not in shapes \
@@ -990,10 +990,11 @@ def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
                                                            for name, r in zip(variables, reshapes)],
                                   [constants[name].size for name in node.input if name in constants])
 
-        at = next((index for index, node in enumerate(nodes) if lifted(node) is not None), None)
-        if at is None:
+        found = next(((index, layout) for index, node in enumerate(nodes) if (layout := lifted(node)) is not None),
+                     None)
+        if found is None:
             return moved
-        shape, perms = lifted(nodes[at])
+        at, (shape, perms) = found
         node = onnx.NodeProto()
         node.CopyFrom(nodes[at])
         prefix = f"{node.name}/before_reshape/{moved}"
