@@ -17,7 +17,7 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
-from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4
+from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4, reshapes_after_elementwise_ops
 
 from conftest import ZOO, make_model, value_info, weight
 
@@ -650,9 +650,10 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
 @pytest.mark.parametrize("model", [attention_with_scaled_q, same_padding_of_a_strided_conv, weighted_token_pooling,
                                    lambda: token_mean_classifier(normalized=False),
                                    lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
-                                   two_linear_heads_added, detection_head],
+                                   two_linear_heads_added, detection_head, lambda: group_norm(14, 8),
+                                   lambda: group_norm(17, 5)],
                          ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
-                              "gathers", "two_heads", "detection_head"])
+                              "gathers", "two_heads", "detection_head", "group_norm", "group_norm_of_small_planes"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
     builds from the export, no layer on its CPU where the plan has none, within a timeout
@@ -771,10 +772,12 @@ def test_the_command_writes_the_host_tail_and_names_it(save, tmp_path, capsys):
 
 
 @needs_peer
-def test_the_toolkit_builds_the_npu_part_of_a_host_tail(save, tmp_path):
+@pytest.mark.parametrize("model", [detector_with_nms_like_tail, lambda: detection_head_levels(),
+                                   lambda: scores_for_a_selection()], ids=["nms_like", "head_levels", "rank3_scores"])
+def test_the_toolkit_builds_the_npu_part_of_a_host_tail(model, save, tmp_path):
     """The toolkit builds the NPU part the original's NonZero keeps it from building, with no
     layer on its CPU (the plan has none before the cut)."""
-    written = rkcompile.export(save(detector_with_nms_like_tail()), tmp_path / "out.onnx", "rk3588", host_tail=True)
+    written = rkcompile.export(save(model()), tmp_path / "out.onnx", "rk3588", host_tail=True)
     done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
                           capture_output=True, text=True, timeout=900)
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -797,3 +800,198 @@ def test_a_data_dependent_tensor_inside_is_written_whole_with_a_note(save, tmp_p
     assert "NonZero" in {n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
     written = rkcompile.export(original, tmp_path / "cut.onnx", "rk3588", host_tail=True)
     assert [o.name for o in onnx.load(str(written.host_path)).graph.output] == ["features", "total"]
+
+
+def group_norm(opset: int, side: int, per_element_scale: bool = False) -> onnx.ModelProto:
+    """torchvision's GroupNorm(4, 16) after a Conv: Reshape to [1, 4, -1], InstanceNormalization,
+    (with `per_element_scale`, a Mul by a constant that differs within each group,) Reshape
+    back, the per-channel affine."""
+    rng = np.random.default_rng(0)
+    shape, length = [1, 16, side, side], 4 * side * side
+    scaled = [helper.make_node("Mul", ["n", "within"], ["s"], name="within")] if per_element_scale else []
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "grouped_shape"], ["g"], name="group"),
+             helper.make_node("InstanceNormalization", ["g", "scale", "bias"], ["n"], name="norm", epsilon=1e-5),
+             *scaled,
+             helper.make_node("Reshape", ["s" if scaled else "n", "shape"], ["r"], name="ungroup"),
+             helper.make_node("Mul", ["r", "gamma"], ["m"], name="gamma"),
+             helper.make_node("Add", ["m", "beta"], ["y"], name="beta")]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)],
+                      [weight("w", rng.standard_normal((16, 16, 1, 1)).astype(np.float32)),
+                       weight("grouped_shape", np.array([1, 4, -1])), weight("shape", np.array(shape)),
+                       weight("scale", rng.uniform(0.5, 2, 4).astype(np.float32)),
+                       weight("bias", rng.uniform(-1, 1, 4).astype(np.float32)),
+                       weight("within", rng.uniform(0.5, 2, (1, 1, length)).astype(np.float32)),
+                       weight("gamma", rng.uniform(0.5, 2, (16, 1, 1)).astype(np.float32)),
+                       weight("beta", rng.uniform(-1, 1, (16, 1, 1)).astype(np.float32))], opset=opset)
+
+
+@pytest.mark.parametrize("opset, side, form", [(14, 8, "InstanceNormalization"), (14, 5, "ReduceMean"),
+                                               (17, 5, "ReduceMean"), (18, 5, "ReduceMean")],
+                         ids=["grouped_plane_of_64", "channel_means", "from_layer_normalization", "axes_as_input"])
+def test_a_group_norm_keeps_height_and_width_apart(opset, side, form, save, tmp_path):
+    """The plan normalizes each group as a row of a [G, C/G*H*W, 1, 1] view (by Convs, or a
+    LayerNormalization from opset 17); rknn-toolkit2 2.5.0 runs the Reshapes into and out of that
+    view on its CPU when H*W is not a multiple of 8. The export writes the norm on
+    [1, G, C/G*H, W] as an InstanceNormalization when C/G or H*W is a multiple of 8 (the
+    toolkit's exNorm), else on the input's own shape by per-channel means: no view of merged
+    planes either way, the same values."""
+    original = save(group_norm(opset, side))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 1
+    assert form in {n.op_type for n in exported.graph.node}
+    shapes = onnx.shape_inference.infer_shapes(exported).graph.value_info
+    view = [4 * side * side, 1, 1]   # a row per group of the plan's form
+    assert not [v.name for v in shapes if [d.dim_value for d in v.type.tensor_type.shape.dim][1:] == view]
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 16, side, side)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_norm_scaled_within_its_groups_stays_as_planned(save, tmp_path):
+    """A scale that differs within a group is no InstanceNormalization's: the shaping declines."""
+    written = rkcompile.export(save(group_norm(14, 5, per_element_scale=True)), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def scores_for_a_selection() -> onnx.ModelProto:
+    """Per-channel scores [1, 8, 16] of a Conv (a Reshape merging its plane, a Softmax over it),
+    the entries above a threshold selected (NonZero: a size the data decides)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "rows"], ["flat"], name="flatten"),
+             helper.make_node("Softmax", ["flat"], ["scores"], name="softmax", axis=-1),
+             helper.make_node("Greater", ["scores", "threshold"], ["kept"], name="greater"),
+             helper.make_node("NonZero", ["kept"], ["where"], name="nonzero")]
+    return make_model(nodes, [value_info("x", [1, 8, 4, 4])], [value_info("where", [3, None], TensorProto.INT64)],
+                      [weight("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)),
+                       weight("rows", np.array([1, 8, 16], np.int64)), weight("threshold", np.array(0.5, np.float32))])
+
+
+def test_a_cut_tensor_of_rank_3_is_written_4d_and_reshaped_on_the_host(save, tmp_path):
+    """The NPU part's last step to a cut tensor of rank 3 is a Reshape from 4-D (the shapings
+    hold the scores as [1, 8, 1, 16]); rknn-toolkit2 2.5.0 runs a Reshape writing an output of
+    rank 2 or 3 on its CPU. The NPU part writes the 4-D tensor and the host part reshapes it:
+    the two together compute the original, the moved Reshape counted as moved to the host."""
+    original = save(scores_for_a_selection())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    assert [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in npu.graph.output] == [[1, 8, 1, 16]]
+    assert [n.op_type for n in npu.graph.node if n.output[0] == npu.graph.output[0].name] == ["Softmax"]
+    assert host.graph.node[0].op_type == "Reshape" and host.graph.node[0].input[0] == npu.graph.output[0].name
+    assert host.graph.node[0].name in written.report["host_tail"]["static_nodes_moved_to_host"]
+    assert written.report["host_tail"]["cut"][0]["shape"] == [1, 8, 1, 16]
+    x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    np.testing.assert_array_equal(onnxruntime_run(host, cut)[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def detection_head_levels() -> onnx.ModelProto:
+    """torchvision's classification head on two levels (4x4, 2x2) of 3 anchors x 5 classes:
+    each level's Conv [1, 15, H, W] -> Transpose -> Reshape [1, H*W*3, 5], the levels joined
+    and split again, a Sigmoid per level, the scores above a threshold selected (NonZero)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MaxPool", ["x"], ["half"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
+    for level, (features, side) in enumerate((("x", 4), ("half", 2))):
+        nodes += [helper.make_node("Conv", [features, "w"], [f"logits{level}"], name=f"conv{level}"),
+                  helper.make_node("Transpose", [f"logits{level}"], [f"last{level}"], name=f"transpose{level}",
+                                   perm=[0, 2, 3, 1]),
+                  helper.make_node("Reshape", [f"last{level}", f"shape{level}"], [f"rows{level}"], name=f"rows{level}")]
+    nodes += [helper.make_node("Concat", ["rows0", "rows1"], ["joined"], name="join", axis=1),
+              helper.make_node("Split", ["joined", "sizes"], ["part0", "part1"], name="split", axis=1)]
+    for level in range(2):
+        nodes += [helper.make_node("Sigmoid", [f"part{level}"], [f"scores{level}"], name=f"sigmoid{level}"),
+                  helper.make_node("Greater", [f"scores{level}", "threshold"], [f"kept{level}"],
+                                   name=f"greater{level}"),
+                  helper.make_node("NonZero", [f"kept{level}"], [f"where{level}"], name=f"nonzero{level}")]
+    return make_model(nodes, [value_info("x", [1, 8, 4, 4])],
+                      [value_info(f"where{level}", [3, None], TensorProto.INT64) for level in range(2)],
+                      [weight("w", rng.standard_normal((15, 8, 1, 1)).astype(np.float32)),
+                       weight("shape0", np.array([1, 48, 5], np.int64)),
+                       weight("shape1", np.array([1, 12, 5], np.int64)),
+                       weight("sizes", np.array([48, 12], np.int64)), weight("threshold", np.array(0.5, np.float32))])
+
+
+def test_a_heads_layout_after_its_sigmoid_goes_to_the_host(save, tmp_path):
+    """The levels joined and split again are bypassed, each Sigmoid moves before its level's
+    Reshapes, and the Reshapes, which only regroup the NPU part's last results (rknn-toolkit2
+    2.5.0 runs the Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] on its CPU), go to the host
+    part: the NPU part ends in each level's 4-D Sigmoid, the two parts compute the original."""
+    original = save(detection_head_levels())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    shaped = written.report["toolkit_shapings"]
+    assert shaped["splits_of_concats_bypassed"] == 1 and shaped["reshapes_after_elementwise_ops"] == 2
+    made_by = {output: node.op_type for node in npu.graph.node for output in node.output}
+    assert [made_by[o.name] for o in npu.graph.output] == ["Sigmoid", "Sigmoid"]
+    assert all(len(o.type.tensor_type.shape.dim) == 4 for o in npu.graph.output)
+    assert {"Concat", "Split"}.isdisjoint(made_by.values())
+    moved = written.report["host_tail"]["static_nodes_moved_to_host"]
+    assert {node.name for node in host.graph.node if node.op_type == "Reshape"} <= set(moved)
+    x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    for found, expected in zip(onnxruntime_run(host, cut), onnxruntime_run(original, {"x": x})):
+        np.testing.assert_array_equal(found, expected)
+
+
+def test_scaling_and_offset_move_before_the_reshape_that_ends_an_output():
+    """Reshape [1, 6, 1, 1] -> [6, 1], then a Mul by a [6, 1] constant and an Add of a scalar
+    (a detector's box sides scaled and offset by their anchors): the two ops move onto the 4-D
+    tensor, the [6, 1] constant reshaped alike, and the Reshape ends the output, the same
+    values."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["sides"], name="sides"),
+             helper.make_node("Mul", ["scale", "sides"], ["scaled"], name="scale"),
+             helper.make_node("Add", ["scaled", "offset"], ["y"], name="offset")]
+    model = make_model(nodes, [value_info("x", [1, 6, 1, 1])], [value_info("y", [6, 1])],
+                       [weight("shape", np.array([6, 1], np.int64)),
+                        weight("scale", rng.uniform(1, 2, (6, 1)).astype(np.float32)),
+                        weight("offset", np.array(0.5, np.float32))])
+    x = rng.standard_normal((1, 6, 1, 1)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert reshapes_after_elementwise_ops(model) == 2
+    assert [n.op_type for n in model.graph.node] == ["Mul", "Add", "Reshape"]
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
+def test_an_instance_norm_is_no_group_norm_to_write(save, tmp_path):
+    """An InstanceNormalization of x [1, 16, 5, 5], on the plan's [16, 25, 1, 1] view, normalizes
+    groups of one channel: `group_norms_on_their_planes` leaves it as planned."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["y"], name="norm", epsilon=1e-5)]
+    model = make_model(nodes, [value_info("x", [1, 16, 5, 5])], [value_info("y", [1, 16, 5, 5])],
+                       [weight("scale", rng.uniform(0.5, 2, 16).astype(np.float32)),
+                        weight("bias", rng.uniform(-1, 1, 16).astype(np.float32))], opset=14)
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def test_a_product_with_the_centreness_moves_into_the_scores_layout():
+    """FCOS: the class scores [3, 3, 1, 5] (Transposed from NCHW) Reshaped to [9, 5], times the
+    centreness [1, 1, 3, 3] Reshaped to [9, 1], then the square root, into the output. The
+    product and the root move before the Reshapes, the centreness Transposed into the scores'
+    layout [3, 3, 1, 1] (rknn-toolkit2 2.5.0 runs its Reshape into [1, 9, 1, 1] on its CPU, that
+    Transpose on its NPU): Reshapes alone end the output, the same values."""
+    nodes = [helper.make_node("Reshape", ["scores", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("Reshape", ["rows", "scores_shape"], ["flat_scores"], name="flat_scores"),
+             helper.make_node("Reshape", ["centres", "centre_rows_shape"], ["centre_rows"], name="centre_rows"),
+             helper.make_node("Reshape", ["centre_rows", "centres_shape"], ["flat_centres"], name="flat_centres"),
+             helper.make_node("Mul", ["flat_scores", "flat_centres"], ["product"], name="product"),
+             helper.make_node("Sqrt", ["product"], ["y"], name="root")]
+    model = make_model(nodes, [value_info("scores", [3, 3, 1, 5]), value_info("centres", [1, 1, 3, 3])],
+                       [value_info("y", [9, 5])],
+                       [weight("rows_shape", np.array([1, 9, 1, 5], np.int64)),
+                        weight("scores_shape", np.array([9, 5], np.int64)),
+                        weight("centre_rows_shape", np.array([1, 9, 1, 1], np.int64)),
+                        weight("centres_shape", np.array([9, 1], np.int64))])
+    rng = np.random.default_rng(0)
+    feeds = {"scores": rng.random((3, 3, 1, 5), np.float32), "centres": rng.random((1, 1, 3, 3), np.float32)}
+    expected = onnxruntime_run(model, feeds)[0]
+    assert reshapes_after_elementwise_ops(model) == 4   # the product and the root, each before two Reshapes
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "Mul", "Sqrt", "Reshape", "Reshape"]
+    transpose = next(n for n in model.graph.node if n.op_type == "Transpose")
+    assert transpose.input[0] == "centres" and list(transpose.attribute[0].ints) == [2, 3, 0, 1]
+    np.testing.assert_array_equal(onnxruntime_run(model, feeds)[0], expected)

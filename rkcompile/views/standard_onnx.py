@@ -116,7 +116,65 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     drop_unread_nodes(model.graph)
     if weight_integers is not None:
         quantize_dequantize(model, plan, weight_integers)
+    if host is not None:
+        moved = _trailing_layout_to_host(model, host)
+        cut = dataclasses.replace(cut, moved=(*cut.moved, *moved))
+        host = _checked(host) if moved else host
     return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
+
+
+#: ops that only regroup or join values, which the NPU part's last steps hand to the host part
+TRAILING_LAYOUT = frozenset({"Reshape", "Concat"})
+
+
+def _trailing_layout_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> list[str]:
+    """Move the NPU part's last nodes that only regroup or join 4-D tensors (TRAILING_LAYOUT)
+    into cut tensors (outputs of the NPU part `model` that only the host part `host` reads, no
+    model output) to the start of the host part, last first so that a chain of them goes: the
+    NPU part writes the 4-D tensors they read, in place of their results. rknn-toolkit2 2.5.0
+    runs on its CPU a Reshape that writes an output of rank 2 or 3, and a Reshape that splits
+    the channels of [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors and classes,
+    at 10x10 and smaller; the Concat of the levels is the Reshapes' only reader); in the host
+    part they are a copy at most. Returns the names of the nodes moved."""
+    inferred = {value.name: value for value in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    known = {**inferred, **{value.name: value for value in model.graph.output}}
+    constants = {tensor.name: tensor for tensor in model.graph.initializer}
+    model_inputs = {value.name for value in model.graph.input}
+    host_outputs = {value.name for value in host.graph.output}
+    opset = next(entry.version for entry in host.opset_import if entry.domain in ("", "ai.onnx"))
+    cut = [value.name for value in model.graph.output]   # the NPU part's outputs, all read by the host part
+
+    def four_d(name: str) -> bool:
+        dims = known[name].type.tensor_type.shape.dim if name in known else ()
+        return len(dims) == 4 and all(d.HasField("dim_value") for d in dims)
+
+    moved = []
+    for node in reversed(list(model.graph.node)):
+        sources = [name for name in node.input if name and name not in constants]
+        if node.op_type not in TRAILING_LAYOUT or (node.op_type == "Reshape" and opset < 5) \
+                or any(name not in cut or name in host_outputs for name in node.output) \
+                or any(name in reads(model.graph.node) for name in node.output) \
+                or not all(four_d(name) and name not in model_inputs for name in sources):
+            continue
+        at = cut.index(node.output[0])
+        cut = [name for name in cut if name not in node.output]
+        cut[at:at] = [name for name in dict.fromkeys(sources) if name not in cut]
+        host.graph.initializer.extend(constants[name] for name in node.input if name in constants
+                                      and name not in {tensor.name for tensor in host.graph.initializer})
+        host_nodes = [onnx.NodeProto(), *host.graph.node]
+        host_nodes[0].CopyFrom(node)
+        del host.graph.node[:]
+        host.graph.node.extend(host_nodes)
+        moved.append(node.name)
+        model.graph.node.remove(node)
+    if moved:
+        values = [known[name] for name in cut]
+        read_inputs = [value for value in host.graph.input if value.name not in known]
+        del model.graph.output[:]
+        model.graph.output.extend(values)
+        del host.graph.input[:]
+        host.graph.input.extend([*read_inputs, *values])
+    return list(reversed(moved))
 
 
 def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:

@@ -4,14 +4,15 @@ rknn-toolkit2 2.5.0 fails on, loops on or runs on its CPU into forms it builds o
 Each takes the model and returns how many places it changed."""
 from __future__ import annotations
 
-from typing import Sequence
+import itertools
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.partitioned_onnx import proto_subgraphs
-from rkcompile.views.proto_graph import all_nodes, static_shapes
+from rkcompile.views.proto_graph import all_nodes, drop_unread_nodes, static_shapes
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -255,13 +256,7 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
             target = node.output[0]
         else:
             target = prefix
-        if opset >= 18:
-            axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{prefix}/axes")
-            graph.initializer.append(axes_tensor)
-            reduce = helper.make_node("ReduceMean", [reshape.input[0], axes_tensor.name], [target], prefix, keepdims=1)
-        else:
-            reduce = helper.make_node("ReduceMean", [reshape.input[0]], [target], prefix, axes=axes, keepdims=1)
-        written[id(node)] = [reduce]
+        written[id(node)] = [_reduce_mean(graph, reshape.input[0], axes, target, prefix, opset)]
         if reshaped_after:  # a Reshape reads the mean in any shape of the same element order
             after[0].input[0] = prefix
         elif target == prefix:
@@ -276,6 +271,17 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(written)
+
+
+def _reduce_mean(graph: onnx.GraphProto, source: str, axes: Sequence[int], target: str, name: str,
+                 opset: int) -> onnx.NodeProto:
+    """A ReduceMean `name` of `source` over `axes` keeping them, into `target`: its axes an
+    input from opset 18 (an initializer added to `graph`), an attribute before."""
+    if opset < 18:
+        return helper.make_node("ReduceMean", [source], [target], name, axes=list(axes), keepdims=1)
+    axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{name}/axes")
+    graph.initializer.append(axes_tensor)
+    return helper.make_node("ReduceMean", [source, axes_tensor.name], [target], name, keepdims=1)
 
 
 def _regrouped_axes(shape: list[int], outer: int, size: int) -> list[int] | None:
@@ -322,6 +328,207 @@ def square_roots_written_back(model: onnx.ModelProto) -> int:
                 product.CopyFrom(helper.make_node("Div", [other, node.output[0]], list(product.output), product.name))
             changed += 1
     return changed
+
+
+def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
+    """Write the plan's norm of groups of channels, a Reshape of x [N, C, H, W] to [N*G, L, 1, 1]
+    (G groups of L = C/G*H*W values, one per row), the rows normalized (a LayerNormalization
+    over axis 1, or the mean and variance by 1x1 Convs of uniform weights and
+    (x - mean) / sqrt(variance + eps)), then Reshapes and Muls and Adds by constants equal
+    along each row (the norm's scale and bias) to x's shape, as a norm of the same statistics
+    that keeps H and W apart (torchvision's GroupNorm; float32 rounding apart): the Reshape of x
+    to [N, G, C/G*H, W], an InstanceNormalization and the Reshape back when C/G or H*W is a
+    multiple of 8, else on x's own shape by per-channel means averaged within each group.
+    rknn-toolkit2 2.5.0 runs both Reshapes of the plan's form on its CPU where H*W is not a
+    multiple of 8 (FCOS's head at 10x10, 5x5, 3x3), and either form here on its NPU (the first
+    as one exNorm of [N*G, C/G, H, W], whose Reshapes it runs on its CPU when neither size is a
+    multiple of 8). Groups of one channel (an InstanceNormalization, or a norm of rows held
+    as channels) stay as planned. Returns how many norms it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = _readers(graph)
+    graph_outputs = _graph_outputs(graph)
+    opset = _opset(model)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        source, view = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if node.op_type != "Reshape" or source is None or view is None or len(source) != 4 or len(view) != 4 \
+                or view[2:] != [1, 1] or view[0] % source[0] or int(np.prod(view)) != int(np.prod(source)):
+            continue
+        batch, channels, height, width = source
+        groups = view[0] // batch
+        normed = _row_norm(node.output[0], view[1], readers, constants, graph_outputs)
+        affine = _affine_to_shape(normed[0], normed[3:], source, shapes, readers, constants, graph_outputs) \
+            if normed else None
+        if affine is None or channels % groups or channels == groups:   # one channel a group: a row norm
+            continue
+        end, scale, bias = affine
+        scale, bias = (values.reshape(batch, groups, -1) for values in (scale, bias))
+        if any((values != values[:1, :, :1]).any() for values in (scale, bias)):
+            continue   # the scale or bias differs within a group or between images
+        group_norm = GroupNorm(node.input[0], source, groups, normed[1], scale[0, :, 0].astype(normed[2]),
+                               bias[0, :, 0].astype(normed[2]), end.output[0])
+        written[id(end)] = (_instance_norm_of_groups(graph, group_norm, f"{node.name}/instance_norm")
+                            if channels // groups % 8 == 0 or height * width % 8 == 0
+                            else _group_norm_by_channel_means(graph, group_norm, f"{node.name}/channel_means", opset))
+    nodes = [new for node in originals for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+class GroupNorm(NamedTuple):
+    """A norm of `groups` groups of channels of `source` [N, C, H, W] (the mean and variance
+    of each group's C/G*H*W values), then each group's scale and bias, into `result`."""
+    source: str
+    shape: list[int]
+    groups: int
+    epsilon: float
+    scale: np.ndarray
+    bias: np.ndarray
+    result: str
+
+
+def _instance_norm_of_groups(graph: onnx.GraphProto, norm: GroupNorm, prefix: str) -> list[onnx.NodeProto]:
+    """`norm` as the Reshape of its source to [N, G, C/G*H, W], an InstanceNormalization and
+    the Reshape back (rknn-toolkit2 2.5.0 makes it one exNorm of [N*G, C/G, H, W] on its NPU
+    when C/G or H*W is a multiple of 8); its initializers added to `graph`."""
+    batch, channels, height, width = norm.shape
+    tensors = [numpy_helper.from_array(values, f"{prefix}/{what}") for what, values in (
+        ("grouped_shape", np.array([batch, norm.groups, channels // norm.groups * height, width], np.int64)),
+        ("scale", norm.scale), ("bias", norm.bias), ("shape", np.array(norm.shape, np.int64)))]
+    graph.initializer.extend(tensors)
+    grouped, normalized = f"{prefix}/grouped", f"{prefix}/normalized"
+    return [helper.make_node("Reshape", [norm.source, tensors[0].name], [grouped], grouped),
+            helper.make_node("InstanceNormalization", [grouped, tensors[1].name, tensors[2].name], [normalized],
+                             prefix, epsilon=norm.epsilon),
+            helper.make_node("Reshape", [normalized, tensors[3].name], [norm.result], f"{prefix}/reshape")]
+
+
+def _group_norm_by_channel_means(graph: onnx.GraphProto, norm: GroupNorm, prefix: str,
+                                 opset: int) -> list[onnx.NodeProto]:
+    """`norm` on its source's own shape: each channel's mean over H, W (ReduceMean), their mean
+    over the channel's group as each channel's group mean (a 1x1 Conv of weights 1/(C/G)
+    within each group, 0 across), the same for the variance, then (x - mean) /
+    sqrt(variance + eps) and the scale and bias per channel: the same statistics (each channel
+    has H*W values). Its initializers added to `graph`."""
+    channels = norm.shape[1]
+    size = channels // norm.groups
+    dtype = norm.scale.dtype
+    within_groups = np.kron(np.eye(norm.groups), np.full((size, size), 1.0 / size)).astype(dtype)
+    tensors = [numpy_helper.from_array(values, f"{prefix}/{what}") for what, values in (
+        ("group_mean_weight", within_groups.reshape(channels, channels, 1, 1)),
+        ("epsilon", np.array(norm.epsilon, dtype)),
+        ("scale", np.repeat(norm.scale, size).reshape(1, channels, 1, 1)),
+        ("bias", np.repeat(norm.bias, size).reshape(1, channels, 1, 1)))]
+    graph.initializer.extend(tensors)
+    names = {what: f"{prefix}/{what}" for what in ("channel_means", "means", "centred", "squares", "channel_variances",
+                                                   "variances", "shifted", "deviations", "normalized", "scaled")}
+    return [
+        _reduce_mean(graph, norm.source, [2, 3], names["channel_means"], names["channel_means"], opset),
+        helper.make_node("Conv", [names["channel_means"], tensors[0].name], [names["means"]], names["means"]),
+        helper.make_node("Sub", [norm.source, names["means"]], [names["centred"]], names["centred"]),
+        helper.make_node("Mul", [names["centred"], names["centred"]], [names["squares"]], names["squares"]),
+        _reduce_mean(graph, names["squares"], [2, 3], names["channel_variances"], names["channel_variances"], opset),
+        helper.make_node("Conv", [names["channel_variances"], tensors[0].name], [names["variances"]],
+                         names["variances"]),
+        helper.make_node("Add", [names["variances"], tensors[1].name], [names["shifted"]], names["shifted"]),
+        helper.make_node("Sqrt", [names["shifted"]], [names["deviations"]], names["deviations"]),
+        helper.make_node("Div", [names["centred"], names["deviations"]], [names["normalized"]], names["normalized"]),
+        helper.make_node("Mul", [names["normalized"], tensors[2].name], [names["scaled"]], names["scaled"]),
+        helper.make_node("Add", [names["scaled"], tensors[3].name], [norm.result], f"{prefix}/bias")]
+
+
+def _row_norm(rows: str, length: int, readers: dict[str, list[onnx.NodeProto]], constants: dict[str, np.ndarray],
+              graph_outputs: set[str]) -> tuple[str, float, np.dtype, float, float] | None:
+    """(the result, epsilon, the float type, scale, bias) of the plan's norm of each row of `rows`
+    [R, length, 1, 1], times a scale plus a bias: a LayerNormalization over axis 1 of one
+    scale and one bias value, or centred = rows + Conv(rows) by weights -1/length, then
+    centred / Sqrt(the mean of centred * centred by a Conv of weights 1/length, plus epsilon
+    as its bias or an Add), of scale 1 and bias 0; None when `rows` is read otherwise or the
+    norm's steps are read outside it."""
+    def only(name: str, op_type: str) -> onnx.NodeProto | None:
+        found = readers.get(name, [])
+        return found[0] if len(found) == 1 and found[0].op_type == op_type and name not in graph_outputs else None
+
+    def mean(conv: onnx.NodeProto | None, weight: float) -> np.ndarray | None:
+        """The weights of `conv` when it is a 1x1 Conv of one channel, every weight `weight`."""
+        weights = constants.get(conv.input[1]) if conv is not None and conv.op_type == "Conv" else None
+        if weights is None or weights.shape != (1, length, 1, 1) or not _pointwise(conv, weights.shape) \
+                or not np.allclose(weights, weight, rtol=1e-6, atol=0):
+            return None
+        return weights
+
+    first = readers.get(rows, [])
+    if len(first) == 1 and first[0].op_type == "LayerNormalization" and rows not in graph_outputs:
+        return _layer_norm_of_rows(first[0], constants)
+    centring = next((r for r in first if r.op_type == "Conv"), None)
+    centre = next((r for r in first if r.op_type == "Add"), None)
+    if rows in graph_outputs or len(first) != 2 or mean(centring, -1.0 / length) is None or centre is None \
+            or sorted(centre.input) != sorted([rows, centring.output[0]]) \
+            or (len(centring.input) > 2 and centring.input[2] and constants.get(centring.input[2], np.ones(1)).any()) \
+            or only(centring.output[0], "Add") is not centre:
+        return None
+    centred = centre.output[0]
+    users = list({id(user): user for user in readers.get(centred, [])}.values())   # the square reads it twice
+    square = next((r for r in users if r.op_type == "Mul" and list(r.input) == [centred, centred]), None)
+    divide = next((r for r in users if r.op_type == "Div" and r.input[0] == centred), None)
+    variance = only(square.output[0], "Conv") if square is not None else None
+    weights = mean(variance, 1.0 / length)
+    if len(users) != 2 or divide is None or weights is None or centred in graph_outputs:
+        return None
+    if len(variance.input) > 2 and variance.input[2]:
+        epsilon, shifted = constants.get(variance.input[2]), variance
+    else:
+        shifted = only(variance.output[0], "Add")
+        epsilon = constants.get(next((n for n in shifted.input if n != variance.output[0]), "")) if shifted else None
+    root = only(shifted.output[0], "Sqrt") if epsilon is not None and epsilon.size == 1 else None
+    if root is None or only(root.output[0], "Div") is not divide or divide.input[1] != root.output[0]:
+        return None
+    return divide.output[0], float(epsilon.reshape(-1)[0]), weights.dtype, 1.0, 0.0
+
+
+def _layer_norm_of_rows(norm: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tuple[str, float, np.dtype, float,
+                                                                                            float] | None:
+    """(the result, epsilon, the float type, scale, bias) of `norm`, a LayerNormalization over
+    the axes from 1 of a [R, L, 1, 1] view, when its scale is one value and its bias one value
+    (or none); else None."""
+    attributes = {a.name: helper.get_attribute_value(a) for a in norm.attribute}
+    scale = constants.get(norm.input[1])
+    bias = constants.get(norm.input[2]) if len(norm.input) > 2 and norm.input[2] else np.zeros(1, np.float32)
+    if attributes.get("axis", -1) not in (1, -3) or scale is None or bias is None \
+            or (scale != scale.reshape(-1)[0]).any() or (bias != bias.reshape(-1)[0]).any():
+        return None
+    return (norm.output[0], float(attributes.get("epsilon", 1e-5)), scale.dtype, float(scale.reshape(-1)[0]),
+            float(bias.reshape(-1)[0]))
+
+
+def _affine_to_shape(start: str, affine: Sequence[float], shape: list[int], shapes: dict[str, list[int]],
+                     readers: dict[str, list[onnx.NodeProto]], constants: dict[str, np.ndarray],
+                     graph_outputs: set[str]) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray] | None:
+    """(the last node, scale, bias) of the chain of Reshapes and of Muls and Adds by constants
+    that `start` alone feeds, up to a Reshape to `shape`: (`start` * a + b, with `affine` (a,
+    b)) through that chain is the `start` of the norm * scale + bias, `scale` and `bias` flat
+    in the elements' order (Reshapes keep it); None when `start` reaches `shape` otherwise."""
+    scale, bias = (np.full(int(np.prod(shape)), value, np.float64) for value in affine)
+    name = start
+    while len(readers.get(name, [])) == 1 and name not in graph_outputs and name in shapes:
+        node, current = readers[name][0], shapes[name]
+        if node.op_type == "Reshape" and shapes.get(node.output[0]) == list(shape):
+            return node, scale, bias
+        if node.op_type in ("Mul", "Add") and list(node.input).count(name) == 1:
+            operand = constants.get(next(n for n in node.input if n != name))
+            if operand is None or shapes.get(node.output[0]) != current \
+                    or list(np.broadcast_shapes(operand.shape, current)) != current:
+                return None
+            values = np.broadcast_to(operand, current).reshape(-1)
+            scale, bias = (scale * values, bias * values) if node.op_type == "Mul" else (scale, bias + values)
+        elif node.op_type != "Reshape":
+            return None
+        name = node.output[0]
+    return None
 
 
 def squares_before_reshapes(model: onnx.ModelProto) -> int:
@@ -712,6 +919,153 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
     return len(written)
 
 
+def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
+    """Let the readers of each part of a Split that cuts a Concat's result back into the
+    Concat's inputs (the same axis, the same sizes) read those inputs: the same values.
+    torchvision's detectors join the heads' levels and split them again; the plan keeps the
+    pair, which ties each level's Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] (a Reshape
+    rknn-toolkit2 2.5.0 runs on its CPU) to the ops after the Split, so that neither
+    `reshapes_after_elementwise_ops` nor the host tail can take it off the toolkit's hands. Returns
+    how many Splits it bypassed."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = _graph_outputs(graph)
+    bypassed = {}
+    for node in graph.node:
+        concat = made_by.get(node.input[0]) if node.op_type == "Split" else None
+        rank = len(shapes.get(node.input[0], ()))
+        if concat is None or concat.op_type != "Concat" or not rank or len(concat.input) != len(node.output) \
+                or any(name in graph_outputs for name in node.output):
+            continue
+        axes = [next((a.i for a in n.attribute if a.name == "axis"), 0) % rank for n in (node, concat)]
+        if axes[0] == axes[1] and all(shapes.get(part) is not None and shapes.get(part) == shapes.get(piece)
+                                      for part, piece in zip(node.output, concat.input)):
+            bypassed.update(zip(node.output, concat.input))
+    for node in graph.node:
+        node.input[:] = [bypassed.get(name, name) for name in node.input]
+    drop_unread_nodes(graph)   # the pairs, so that each Concat input keeps its one reader
+    return len(set(made_by[name].name for name in bypassed))
+
+
+def reshapes_after_elementwise_ops(model: onnx.ModelProto) -> int:
+    """Write an element-by-element op whose variable inputs are each a Reshape's result (its
+    only reader), its constants of one value or of as many as the result, and whose result
+    reaches a graph output through Reshapes and element-by-element ops alone, as that op on
+    the Reshapes' inputs (the constants reshaped alike; an input Transposed where that brings
+    its elements to the others'), then a Reshape to its result's shape, when each element
+    meets the same operands so (`_lifted_layout`): the same values; again,
+    until no such op is left. The Reshapes then end the output, where the host tail
+    (`--host-tail`) hands them to the host part: rknn-toolkit2 2.5.0 runs on its CPU a Reshape
+    that splits the channels of [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors
+    and classes before their Sigmoid, at 10x10 and smaller), and one into an output of rank 2
+    (faster-rcnn's proposal sides before their anchors' scale and offset, FCOS's scores before
+    their product with the centreness), and the centreness [1, 1, H, W] Reshaped into
+    [1, H*W, 1, 1] to meet the scores, where it runs the Transpose into the scores' layout
+    [H, W, 1, 1] on its NPU. Returns how many ops it moved before Reshapes."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    graph_outputs = _graph_outputs(graph)
+    moved = 0
+    while True:
+        nodes = list(graph.node)
+        made_by = {name: index for index, node in enumerate(nodes) for name in node.output}
+        readers = _readers(graph)
+
+        def reshaped_to_output(name: str) -> bool:
+            after = readers.get(name, [])
+            return name in graph_outputs or (len(after) == 1 and after[0].op_type in _ELEMENTWISE | {"Reshape"}
+                                             and reshaped_to_output(after[0].output[0]))
+
+        def lifted(node: onnx.NodeProto) -> tuple[list[int], list[tuple[int, ...] | None]] | None:
+            variables = [name for name in node.input if name and name not in constants]
+            reshapes = [nodes[made_by[name]] if name in made_by else None for name in variables]
+            if node.op_type not in _ELEMENTWISE or not variables or node.output[0] not in shapes \
+                    or any(r is None or r.op_type != "Reshape" or len(readers[r.output[0]]) != 1
+                           or r.output[0] in graph_outputs or r.input[0] not in shapes for r in reshapes) \
+                    or not reshaped_to_output(node.output[0]):
+                return None
+            return _lifted_layout(shapes[node.output[0]], [(shapes[name], shapes[r.input[0]])
+                                                           for name, r in zip(variables, reshapes)],
+                                  [constants[name].size for name in node.input if name in constants])
+
+        found = next(((index, layout) for index, node in enumerate(nodes) if (layout := lifted(node)) is not None),
+                     None)
+        if found is None:
+            return moved
+        at, (shape, perms) = found
+        node = onnx.NodeProto()
+        node.CopyFrom(nodes[at])
+        prefix = f"{node.name}/before_reshape/{moved}"
+        reshapes = {made_by[name] for name in node.input if name and name not in constants}
+        transposes = []
+        perm_of = dict(zip([name for name in node.input if name and name not in constants], perms))
+        for index, name in enumerate(node.input):
+            if name in constants and constants[name].size > 1:
+                tensor = numpy_helper.from_array(constants[name].reshape(shape), f"{prefix}/operand_{index}")
+                graph.initializer.append(tensor)
+                node.input[index] = tensor.name
+            elif perm_of.get(name) is not None:   # its elements reach the others' layout by a Transpose
+                transposes.append(helper.make_node("Transpose", [nodes[made_by[name]].input[0]],
+                                                   [f"{prefix}/transpose_{index}"], f"{prefix}/transpose_{index}",
+                                                   perm=list(perm_of[name])))
+                node.input[index] = transposes[-1].output[0]
+            elif name in perm_of:
+                node.input[index] = nodes[made_by[name]].input[0]
+        result_shape = numpy_helper.from_array(np.array(shapes[node.output[0]], np.int64), f"{prefix}/shape")
+        graph.initializer.append(result_shape)
+        reshape = helper.make_node("Reshape", [prefix, result_shape.name], [node.output[0]], f"{prefix}/reshape")
+        node.output[0] = prefix
+        shapes[prefix] = shape
+        written = [new for index, old in enumerate(nodes) if index not in reshapes
+                   for new in ([*transposes, node, reshape] if index == at else [old])]
+        del graph.node[:]
+        graph.node.extend(written)
+        moved += 1
+
+
+def _lifted_layout(result: list[int], operands: list[tuple[list[int], list[int]]],
+                   constant_sizes: list[int]) -> tuple[list[int], list[tuple[int, ...] | None]] | None:
+    """The shape of an element-by-element op's result on the inputs of the Reshapes that give
+    it its operands (`operands`: each operand's shape and its Reshape's input's), and for each
+    operand None or the perm of a Transpose of that input: when each element of that result,
+    in order, meets the operands' same elements as the op's `result` does (the shape the
+    inputs broadcast to, else that of the one input of the result's size), and each constant
+    (of `constant_sizes`) has one value or as many as the result; else None."""
+    size = int(np.prod(result))
+    if any(c not in (1, size) for c in constant_sizes):
+        return None
+    try:
+        shape = list(np.broadcast_shapes(*(source for _, source in operands)))
+    except ValueError:
+        shape = []
+    if int(np.prod(shape)) != size:
+        shape = next((list(source) for _, source in operands if int(np.prod(source)) == size), None)
+    if shape is None:
+        return None
+    perms = []
+    for operand, source in operands:
+        order = np.arange(int(np.prod(operand))).reshape(operand)
+        wanted = np.broadcast_to(order, result).reshape(-1)
+        candidates = [None, *(p for p in itertools.permutations(range(len(source))) if list(p) != sorted(p))] \
+            if len(source) == len(shape) else [None]
+        perm = next((p for p in candidates if _meets(order.reshape(source), p, shape, wanted)), False)
+        if perm is False:
+            return None
+        perms.append(perm)
+    return shape, perms
+
+
+def _meets(elements: np.ndarray, perm: tuple[int, ...] | None, shape: list[int], wanted: np.ndarray) -> bool:
+    """Whether `elements` (indices), transposed by `perm` if any and broadcast to `shape`, are
+    `wanted` in order."""
+    moved = elements.transpose(perm) if perm is not None else elements
+    try:
+        return bool(np.array_equal(np.broadcast_to(moved, shape).reshape(-1), wanted))
+    except ValueError:
+        return False
+
 #: Ops computing each element of their result from the same place in their inputs (numpy
 #: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sigmoid", "Relu", "Tanh",
@@ -865,4 +1219,5 @@ def _set_attribute(node: onnx.NodeProto, name: str, value) -> None:
 TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of_a_quotient, scale_after_scores,
                     pads_into_convs, squares_before_reshapes, mean_biases_apart, means_as_reduce_means,
                     vectors_into_channels, added_convs_as_one, linear_layers_as_gemms, square_roots_written_back,
-                    gathers_as_slices, flattened_planes_padded, rank3_tails_as_rank4, defaults_written)
+                    group_norms_on_their_planes, gathers_as_slices, flattened_planes_padded, rank3_tails_as_rank4,
+                    splits_of_concats_bypassed, reshapes_after_elementwise_ops, defaults_written)
