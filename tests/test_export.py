@@ -20,6 +20,7 @@ from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4, reshapes_after_elementwise_ops
 
 from conftest import ZOO, make_model, value_info, weight
+from test_rewrites_reductions import decomposed_layer_norm
 
 PEER_PYTHON = os.environ.get("RKNN_PEER_PYTHON")
 PEER = ZOO.parent / "peer" / "rknn_peer.py"
@@ -187,6 +188,23 @@ def test_gelu_keeps_its_division_before_erf(save, tmp_path):
     assert [made_by[n.input[0]] for n in exported.graph.node if n.op_type == "Erf"] == ["Div"]
     assert written.report["toolkit_shapings"]["erf_of_a_quotient"] == 1
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-6
+
+
+@pytest.mark.parametrize("opset", [15, 16])
+def test_a_layer_norm_the_plan_made_below_opset_17_is_written_in_the_models_opset(save, tmp_path, opset):
+    """Below opset 17 the rewrites make a LayerNormalization for rk3588's exNorm (the plan's
+    kernel holds it); the export keeps the model's opset and writes it as the ops torch writes
+    below 17, which rknn-toolkit2 fuses back into its exNorm (wav2vec2's export at opset 16
+    was refused as invalid ONNX before)."""
+    original = save(decomposed_layer_norm([1, 24, 64], [-1], opset))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert exported.opset_import[0].version == opset
+    assert "LayerNormalization" not in {n.op_type for n in exported.graph.node}
+    assert {"ReduceMean", "Sqrt", "Div"} <= {n.op_type for n in exported.graph.node}
+    x = np.random.default_rng(1).standard_normal((1, 24, 64)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def attention_with_scaled_q() -> onnx.ModelProto:

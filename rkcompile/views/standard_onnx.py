@@ -7,7 +7,8 @@ are the graph the pipeline holds after its rewrite passes (folded, simplified, l
 and change none but by adding host conversions. So the file is that graph in plain ONNX: a
 fused kernel is written back as its members, the host conversions (storage changes ONNX does
 not model) are left out, and an opset above what the toolkit reads is converted down (an op
-the converter cannot take down first written in older ops: OLDER_FORMS). Then
+the converter cannot take down first written in older ops: OLDER_FORMS, which also write an op
+the rewrites made that the model's own opset lacks). Then
 TOOLKIT_SHAPINGS (toolkit_shapings.py) rewrite, keeping the values, the forms rknn-toolkit2
 2.5.0 fails on, loops on or runs on its CPU into forms it builds on its NPU (docs/deploy.md
 lists them), and an int8 plan's quantization is written as QDQ pairs (qdq.py).
@@ -107,8 +108,8 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     model = _model(helper.make_graph(
         npu_protos, name, [_value_info(spec) for spec in plan.model.inputs], outputs,
         [tensor for tensor_name, tensor in weights.items() if tensor_name in reads(npu_protos)]), opsets)
+    _write_older_forms(model.graph, min(plan.model.opset, max_opset), plan)
     if plan.model.opset > max_opset:
-        _write_older_forms(model.graph, max_opset)
         model = _converted(model, plan.model.opset, max_opset)
     elif weight_integers is not None and plan.model.opset < MIN_QDQ_OPSET:
         model = _converted(model, plan.model.opset, MIN_QDQ_OPSET)
@@ -221,7 +222,7 @@ def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _gelu_older_form(node: onnx.NodeProto) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+def _gelu_older_form(node: onnx.NodeProto, rank: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
     """Gelu (opset 20) as the nodes it stands for: x/2 * (1 + erf(x / sqrt(2))), the scaling a
     Div (the form rknn-toolkit2 fuses into its GELU), or with approximate="tanh"
     x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
@@ -250,21 +251,54 @@ def _gelu_older_form(node: onnx.NodeProto) -> tuple[list[onnx.TensorProto], list
     return [tensor for tensor in constants.values() if tensor.name in read], nodes
 
 
+def _layer_normalization_older_form(node: onnx.NodeProto,
+                                    rank: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """LayerNormalization (opset 17) of an input of `rank` as the nodes torch writes below it,
+    which rknn-toolkit2 fuses into its exNorm: (x - mean) / sqrt(mean((x - mean)^2) + epsilon)
+    * scale + bias over the axes from `axis` on. The plan makes it only where its Y output alone
+    is read (fusion_table's exNorm), so Mean and InvStdDev are not written."""
+    x, scale, *bias = [name for name in node.input if name]
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axis, epsilon = attributes.get("axis", -1), attributes.get("epsilon", 1e-5)
+    prefix = node.name or node.output[0]
+    axes = list(range(axis % rank, rank))
+    constants = [numpy_helper.from_array(np.array(2.0, np.float32), f"{prefix}/two"),
+                 numpy_helper.from_array(np.array(epsilon, np.float32), f"{prefix}/epsilon")]
+    normed = node.output[0] if not bias else f"{prefix}/scaled"
+    nodes = [helper.make_node("ReduceMean", [x], [f"{prefix}/mean"], f"{prefix}/mean", axes=axes),
+             helper.make_node("Sub", [x, f"{prefix}/mean"], [f"{prefix}/centred"], f"{prefix}/centred"),
+             helper.make_node("Pow", [f"{prefix}/centred", f"{prefix}/two"], [f"{prefix}/square"], f"{prefix}/square"),
+             helper.make_node("ReduceMean", [f"{prefix}/square"], [f"{prefix}/variance"], f"{prefix}/variance",
+                              axes=axes),
+             helper.make_node("Add", [f"{prefix}/variance", f"{prefix}/epsilon"], [f"{prefix}/shifted"],
+                              f"{prefix}/shifted"),
+             helper.make_node("Sqrt", [f"{prefix}/shifted"], [f"{prefix}/deviation"], f"{prefix}/deviation"),
+             helper.make_node("Div", [f"{prefix}/centred", f"{prefix}/deviation"], [f"{prefix}/normed"],
+                              f"{prefix}/normed"),
+             helper.make_node("Mul", [f"{prefix}/normed", scale], [normed], f"{prefix}/scale")]
+    if bias:
+        nodes.append(helper.make_node("Add", [normed, bias[0]], [node.output[0]], f"{prefix}/bias"))
+    return constants, nodes
+
+
 #: ops a newer opset introduced, which onnx's version converter cannot take down (it knows no
-#: previous version), by the opset that introduced them, and their form in older ops
-OLDER_FORMS = {"Gelu": (20, _gelu_older_form)}
+#: previous version) and which a plan may hold in an older model (LayerNormalization, which the
+#: rewrites make for exNorm below opset 17), by the opset that introduced them, and their form in
+#: older ops
+OLDER_FORMS = {"Gelu": (20, _gelu_older_form), "LayerNormalization": (17, _layer_normalization_older_form)}
 
 
-def _write_older_forms(graph: onnx.GraphProto, opset: int) -> None:
+def _write_older_forms(graph: onnx.GraphProto, opset: int, plan: PlanRecord) -> None:
     """Replace each node of `graph` whose op is newer than `opset` and in OLDER_FORMS by its
-    older form, for the version converter to take the rest down."""
+    older form (given its first input's rank in `plan`), for the version converter to take the
+    rest down."""
     nodes = []
     for node in graph.node:
         since, older_form = OLDER_FORMS.get(node.op_type, (0, None))
         if older_form is None or node.domain not in ("", "ai.onnx") or since <= opset:
             nodes.append(node)
             continue
-        constants, replacement = older_form(node)
+        constants, replacement = older_form(node, len(plan.tensors[node.input[0]].shape))
         graph.initializer.extend(constants)
         nodes.extend(replacement)
     del graph.node[:]
