@@ -1013,3 +1013,25 @@ def test_a_product_with_the_centreness_moves_into_the_scores_layout():
     transpose = next(n for n in model.graph.node if n.op_type == "Transpose")
     assert transpose.input[0] == "centres" and list(transpose.attribute[0].ints) == [2, 3, 0, 1]
     np.testing.assert_array_equal(onnxruntime_run(model, feeds)[0], expected)
+
+
+def test_an_output_computed_from_a_selection_is_judged_by_its_cosine():
+    """TopK's indices, and what is gathered with them, may differ between two graphs equal up to
+    float32 rounding (near-tied scores): such an output passes at cosine 0.9999, any other only
+    within 2^-10 of its largest magnitude or onnxruntime's own absolute error."""
+    from rkcompile.emulator.closeness import Agreement
+    from rkcompile.onnx_export import _agrees, _selected
+    nodes = [helper.make_node("Sigmoid", ["x"], ["scores"]),
+             helper.make_node("TopK", ["scores", "k"], ["top", "indices"]),
+             helper.make_node("Gather", ["boxes", "indices"], ["picked"]),
+             helper.make_node("Add", ["picked", "x"], ["shifted"]),
+             helper.make_node("Relu", ["x"], ["plain"])]
+    graph = helper.make_graph(nodes, "g", [], [])
+    assert _selected(graph) == {"top", "indices", "picked", "shifted"}
+    swapped = Agreement("picked", cosine=0.99998, max_abs=0.7, max_rel=0.02)
+    assert _agrees(swapped, 2 ** -10, computed_from_a_selection=True)
+    assert not _agrees(swapped, 2 ** -10, computed_from_a_selection=False)
+    assert not _agrees(Agreement("picked", 0.9990, 0.7, 0.02), 2 ** -10, computed_from_a_selection=True)
+    # a sigmoid map of magnitude 1e-4 off by onnxruntime's own error (2.1e-7, 0.0015 of it)
+    assert _agrees(Agreement("map", 0.99999, 2.09e-7, 0.00148), 2 ** -10, computed_from_a_selection=False)
+    assert not _agrees(Agreement("map", 0.99999, 2e-6, 0.0148), 2 ** -10, computed_from_a_selection=False)
