@@ -704,6 +704,29 @@ def test_the_table_tool_needs_the_toolkit(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error: ")
 
 
+def test_the_table_tool_names_the_exports_that_miss_the_bar():
+    """More toolkit CPU layers on the export than on an original it builds, or than the plan's
+    CPU nodes (before the cut) on one it fails on: named; at or below: not."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    from export_peer_table import _missed_bar
+
+    def row(original_cpu, export_cpu, plan_cpu, host_tail_cpu=None):
+        original = ({"built": True, "compute_layers_by_target": {"CPU": original_cpu, "NPU": 9}}
+                    if original_cpu is not None else {"built": False, "compute_layers_by_target": {}})
+        export = {"plan_cpu_nodes": ["Erf (erf)"] * plan_cpu}
+        if host_tail_cpu is not None:
+            export["host_tail"] = {"plan_cpu_nodes_in_npu_part": host_tail_cpu}
+        return {"model": "m", "original": original, "export": export,
+                "toolkit_on_export": {"built": True, "compute_layers_by_target": {"CPU": export_cpu}}}
+
+    assert _missed_bar(row(45, 51, 43)) == "51 CPU layers against 45 on the original"
+    assert _missed_bar(row(45, 45, 43)) == ""
+    assert _missed_bar(row(None, 1, 0)) == "1 CPU layers against the plan's 0 CPU nodes"
+    assert _missed_bar(row(None, 2, 300, host_tail_cpu=8)) == ""
+    assert _missed_bar(row(None, 9, 300, host_tail_cpu=8)) == "9 CPU layers against the plan's 8 CPU nodes"
+    assert _missed_bar({"model": "m", "original": {"built": False}, "export_error": "x"}) == "not exported"
+
+
 def test_the_int8_table_tool_needs_the_toolkit(tmp_path):
     done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" / "export_int8_table.py"),
                            str(tmp_path), "--python", str(tmp_path / "none")], capture_output=True, text=True)

@@ -7,6 +7,13 @@ nodes the host part runs on onnxruntime and how many CPU nodes of the plan are l
 
     python tools/export_peer_table.py MODEL_OR_DIR ... --python PEER_VENV/bin/python
                                       [--target rk3588] [--out DIR] [--json OUT] [--timeout 900]
+                                      [--originals PEER.json ...]
+
+--originals takes the toolkit's results on the originals from a zoo's committed table
+(tools/wide_zoo/peer_rk3588.json, written by tools/run_peer_zoo.py) instead of building each
+original again. The last lines name the models where the export misses issue #37's bar: the
+toolkit puts more layers on its CPU on the export than on the original it builds, or, on one it
+fails on, more than the plan puts nodes on the CPU (before the cut, with a host tail).
 
 The toolkit runs through ../shared/peer/rknn_peer.py in its own virtualenv (tools/run_peer_zoo.py
 starts it, one child per build, with --sim); it is never imported here. The simulator's cosine is
@@ -33,9 +40,12 @@ import rkcompile  # noqa: E402
 from rkcompile.errors import CompileError  # noqa: E402
 
 
-def export_row(model: Path, out: Path, python: str, peer: Path, target: str, timeout: int) -> dict:
-    """The toolkit on `model` and on its export to `out`/NAME.onnx."""
-    row = {"model": model.stem, "original": peer_result(python, peer, model, target, True, timeout)}
+def export_row(model: Path, out: Path, python: str, peer: Path, target: str, timeout: int,
+               originals: dict[str, dict]) -> dict:
+    """The toolkit on `model` (its entry in `originals`, by name, if there) and on its export to
+    `out`/NAME.onnx."""
+    original = originals.get(model.stem) or peer_result(python, peer, model, target, True, timeout)
+    row = {"model": model.stem, "original": original}
     exported = out / f"{model.stem}.onnx"
     try:
         report = rkcompile.export(model, exported, target, host_tail=True, **_sample_settings(model)).report
@@ -89,7 +99,24 @@ def render(rows: list[dict]) -> str:
             if entry and (entry["cpu_layers"] or not entry["built"]):
                 detail = entry["error"] if not entry["built"] else "; ".join(entry["cpu_layers"])
                 lines.append(f"  {row['model']} ({side.replace('_', ' ')}): {detail}")
+    lines += [f"  misses the bar: {row['model']} ({reason})" for row in rows for reason in [_missed_bar(row)] if reason]
     return "\n".join(lines)
+
+
+def _missed_bar(row: dict) -> str:
+    """Why the export of `row` misses issue #37's bar on CPU layers, or ''."""
+    if "export_error" in row:
+        return "not exported"
+    peer = row["toolkit_on_export"]
+    if not peer["built"]:
+        return "the toolkit fails on the export"
+    on_export = peer["compute_layers_by_target"].get("CPU", 0)
+    if row["original"]["built"]:
+        on_original = row["original"]["compute_layers_by_target"].get("CPU", 0)
+        return f"{on_export} CPU layers against {on_original} on the original" if on_export > on_original else ""
+    tail = row["export"].get("host_tail")
+    plan_cpu = tail["plan_cpu_nodes_in_npu_part"] if tail else len(row["export"]["plan_cpu_nodes"])
+    return f"{on_export} CPU layers against the plan's {plan_cpu} CPU nodes" if on_export > plan_cpu else ""
 
 
 def _peer_cell(entry: dict) -> str:
@@ -108,14 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("exports"), help="folder for the exports (default ./exports)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per toolkit build")
+    parser.add_argument("--originals", type=Path, nargs="+", default=[], metavar="PEER_JSON",
+                        help="the toolkit's committed results on the originals (tools/*/peer_rk3588.json)")
     args = parser.parse_args(argv)
     if not args.python or not Path(args.python).is_file() or not args.peer.is_file():
         print("error: rknn-toolkit2's python and rknn_peer.py are needed: --python PATH (or RKNN_PEER_PYTHON) and "
               "--peer (recipe at the top of ../shared/peer/rknn_peer.py)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    originals = {name: entry for table in args.originals for name, entry in json.loads(table.read_text())["models"].items()}
     print(render(collect(args.models, lambda model: export_row(model, args.out, args.python, args.peer, args.target,
-                                                               args.timeout), args.json)))
+                                                               args.timeout, originals), args.json)))
     return 0
 
 
