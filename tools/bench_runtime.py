@@ -12,14 +12,18 @@ onnxruntime's session is (`intra_op_num_threads=1`):
   `Runtime(plan)` and its first run, each side timed in a fresh process of its own that has
   imported both libraries and read the inputs beforehand, as a process that deploys a model
   starts; the median of --first-rounds such processes per side, the two sides taking turns.
-  `(load)` is the part `rkcompile.load` took, `cpu` the ratio of the two sides' CPU seconds
-  (`time.process_time`, every thread of the process), which other users of a loaded machine
-  move far less than the wall clock. Timing both sides one after the other in one
-  process favours whichever goes first: the memory the process already holds is what the first
-  side's allocations reuse, and the second side's are fresh pages the kernel must zero;
+  `(load)` is the part `rkcompile.load` took and `(init)` the part `Runtime(plan)` took, `cpu`
+  the ratio of the two sides' CPU seconds (`time.process_time`, every thread of the process),
+  which other users of a loaded machine move far less than the wall clock. Timing both sides
+  one after the other in one process favours whichever goes first: the memory the process
+  already holds is what the first side's allocations reuse, and the second side's are fresh
+  pages the kernel must zero;
 - repeated: the median of --runs further runs of one session, against the median of --runs
   further `Runtime.run` calls, both in one process, interleaved run by run so the machine's
-  load hits both alike.
+  load hits both alike;
+- floor: load, init and a repeated run over onnxruntime's first run: the first-run ratio a
+  first run would have if it cost no more than a later one (the fresh memory a first run
+  touches, its page faults and cold caches, is the rest).
 
 Prints one table row per model and the issue's bars: repeated median ratio <= 3x, worst <= 10x,
 first-run ratio <= 1.5x.
@@ -75,9 +79,11 @@ def first_run(model: Path, folder: Path, side: str) -> dict:
         return {"seconds": time.perf_counter() - started, "cpu": time.process_time() - started_cpu}
     plan = load(folder / PLAN_FILE)
     loaded = time.perf_counter()
-    runtime(plan).run(inputs)
+    prepared = runtime(plan)
+    initialized = time.perf_counter()
+    prepared.run(inputs)
     return {"seconds": time.perf_counter() - started, "cpu": time.process_time() - started_cpu,
-            "load": loaded - started}
+            "load": loaded - started, "init": initialized - loaded}
 
 
 def repeated(model: Path, folder: Path, runs: int) -> dict:
@@ -121,7 +127,7 @@ def measure(model: Path, target: str, runs: int, first_rounds: int) -> dict:
         row = _child(model, target, folder, "repeated", runs=runs)
     ours, theirs = firsts["rkcompile"], firsts["onnxruntime"]
     return {"model": model.stem, "first": statistics.median(r["seconds"] for r in ours),
-            "load": statistics.median(r["load"] for r in ours),
+            "load": statistics.median(r["load"] for r in ours), "init": statistics.median(r["init"] for r in ours),
             "ort_first": statistics.median(r["seconds"] for r in theirs),
             "first_cpu_ratio": statistics.median(r["cpu"] for r in ours) / statistics.median(r["cpu"] for r in theirs),
             **row}
@@ -154,14 +160,15 @@ def main() -> int:
         print(json.dumps(row))
         return 0
     rows = []
-    print(f"{'model':28} {'first s':>8} {'(load)':>8} {'ort s':>8} {'ratio':>6} {'cpu':>6}   {'repeated s':>10} "
-          f"{'ort s':>8} {'ratio':>6}")
+    print(f"{'model':28} {'first s':>8} {'(load)':>8} {'(init)':>8} {'ort s':>8} {'ratio':>6} {'cpu':>6} "
+          f"{'floor':>6}   {'repeated s':>10} {'ort s':>8} {'ratio':>6}")
     for model in args.models:
         row = measure(model, args.target, max(args.runs, 1), max(args.first_rounds, 1))
         row["first_ratio"], row["repeated_ratio"] = row["first"] / row["ort_first"], row["repeated"] / row["ort_repeated"]
+        floor = (row["load"] + row["init"] + row["repeated"]) / row["ort_first"]
         rows.append(row)
-        print(f"{row['model']:28} {row['first']:8.3f} {row['load']:8.3f} {row['ort_first']:8.3f} "
-              f"{row['first_ratio']:6.2f} {row['first_cpu_ratio']:6.2f}   {row['repeated']:10.4f} "
+        print(f"{row['model']:28} {row['first']:8.3f} {row['load']:8.3f} {row['init']:8.3f} {row['ort_first']:8.3f} "
+              f"{row['first_ratio']:6.2f} {row['first_cpu_ratio']:6.2f} {floor:6.2f}   {row['repeated']:10.4f} "
               f"{row['ort_repeated']:8.4f} {row['repeated_ratio']:6.2f}", flush=True)
     repeated_ratios = [row["repeated_ratio"] for row in rows]
     print(f"repeated: median {statistics.median(repeated_ratios):.2f}x (bar 3x), worst {max(repeated_ratios):.2f}x "
