@@ -13,7 +13,9 @@ from onnx import helper
 
 import rkcompile
 from rkcompile.emulator import onnxruntime_outputs
+from rkcompile.emulator.float_reference import FloatReference
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape, stored_positions
+from rkcompile.plan.aliases import with_views
 from rkcompile.plan.allocation import verify_allocation
 from rkcompile.plan.schema import PlanRecord, contract_violations
 from rkcompile.views.partitioned_onnx import partitioned_model
@@ -166,3 +168,27 @@ def test_an_alias_of_an_alias_takes_its_view_from_the_tensor_with_the_bytes():
     assert np.array_equal(viewed_indices((1, 8, 4, 4), (16, 8), rows), expected)
     # Reshapes of a Reshape are one Reshape: the empty view
     assert composed(replace(base, shape=(1, 8, 16), aliases="x"), (), (1, 8, 16, 1)) == ()
+
+
+def test_an_alias_of_a_cpu_result_converted_for_the_npu_is_rebuilt_as_its_view(save):
+    """TopK runs on the CPU; its scores' NPU copy (a host step) is unsqueezed into an alias the
+    Concat reads (RT-DETR's query selection). The float reference runs a host step as the identity
+    its conversion is on real values, but the alias after it still needs its Reshape."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "rows"], ["scores"], name="rows"),
+             helper.make_node("TopK", ["scores", "k"], ["top", "indices"], name="topk", axis=-1),
+             helper.make_node("Unsqueeze", ["top", "last"], ["column"], name="unsqueeze"),
+             helper.make_node("Sigmoid", ["column"], ["gate"], name="gate"),
+             helper.make_node("Concat", ["gate", "column"], ["y"], name="concat", axis=-1)]
+    model = make_model(nodes, [value_info("x", [1, 3, 8, 8])], [value_info("y", [1, 6, 16, 2])],
+                       [weight("w", RNG.standard_normal((6, 3, 3, 3)).astype(np.float32)),
+                        weight("rows", np.array([1, 6, 64], np.int64)), weight("k", np.array([16], np.int64)),
+                        weight("last", np.array([-1], np.int64))])
+    plan = rkcompile.compile(save(model), "rk3588")
+    record = plan.record
+    host_written = {name for step in record.steps if step.device == "host" for name in step.outputs}
+    assert any(t.aliases in host_written for t in record.tensors.values()), "the case needs an alias of a host step"
+    nodes, devices = with_views(record, plan.reference_nodes)
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    rebuilt = FloatReference(nodes, devices, record.model.opset, ["y"]).run({"x": x}, adjust=lambda name, value: None)
+    np.testing.assert_allclose(rebuilt["y"], onnxruntime_outputs(save(model), {"x": x})["y"], rtol=1e-5, atol=1e-5)

@@ -60,11 +60,14 @@ def view_nodes(plan: PlanRecord) -> dict[int, list[Node]]:
 
 def with_views(plan: PlanRecord, nodes: Sequence[Node]) -> tuple[list[Node], list[str]]:
     """`nodes`, one per step in step order, with each alias's nodes after its source's step,
-    and the device each runs on (the step's; an alias's is its source step's)."""
+    and the device each runs on (the step's; an alias's is its source step's, but "npu" after
+    a host step: readers run a host step as the identity its conversion is on real values, and
+    an alias of its output, RT-DETR's Unsqueeze of TopK's scores on their way to the NPU, still
+    needs its Reshape)."""
     views = view_nodes(plan)
     ordered, devices = [], []
     for step, node in zip(plan.steps, nodes):
-        added = [node, *views.get(step.id, ())]
-        ordered += added
-        devices += [step.device] * len(added)
+        added = views.get(step.id, [])
+        ordered += [node, *added]
+        devices += [step.device] + ["npu" if step.device == "host" else step.device] * len(added)
     return ordered, devices
