@@ -510,6 +510,17 @@ def test_a_sum_made_a_conv_is_written_back_as_a_reduce_sum(save, tmp_path):
     np.testing.assert_allclose(onnxruntime_run(exported, feeds)[0], onnxruntime_run(original, feeds)[0],
                                rtol=1e-5, atol=1e-5)
 
+
+def test_a_sum_written_to_an_output_stays_a_conv(save, tmp_path):
+    """A sum over the bins that a Reshape writes to an output (PicoDet's box sides) stays the
+    plan's Conv: from a ReduceSum rknn-toolkit2 2.5.0 runs that Reshape on its CPU."""
+    nodes = [helper.make_node("ReduceSum", ["bins", "last"], ["sides"], name="sum", keepdims=0)]
+    model = make_model(nodes, [value_info("bins", [1, 30, 4, 8])], [value_info("sides", [1, 30, 4])],
+                       [weight("last", np.array([-1]))])
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["sums_as_reduce_sums"] == 0
+    assert [n.op_type for n in onnx.load(str(written.path)).graph.node].count("Conv") == 1
+
 def rms_norm() -> onnx.ModelProto:
     """T5's RMS norm: x / sqrt(mean(x^2) + eps) * gamma."""
     nodes = [helper.make_node("Pow", ["x", "two"], ["square"], name="pow"),

@@ -231,19 +231,24 @@ def sums_as_reduce_sums(model: onnx.ModelProto) -> int:
     (RT-DETR's deformable attention, its heads' sums over the sampled points regrouped into
     [1, 256, 1, 300] for the output projection: one CPU Reshape per decoder layer); from the
     ReduceSum it sums along the channels of a Transposed x on its NPU and keeps the Reshape
-    there. Returns how many it wrote."""
-    return _reductions_written_back(model, "ReduceSum")
+    there. A sum that is a graph output or that a Reshape or Transpose after it writes to one
+    stays a Conv: from the ReduceSum the toolkit runs that Reshape to the output on its CPU,
+    from the Conv on its NPU (PicoDet's box sides [1, 2100, 4]). Returns how many it wrote."""
+    return _reductions_written_back(model, "ReduceSum", before_outputs=False)
 
 
-def _reductions_written_back(model: onnx.ModelProto, reduction: str) -> int:
+def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outputs: bool = True) -> int:
     """Write each of the plan's means (`reduction` "ReduceMean") or sums ("ReduceSum") as a
-    Conv back as `reduction`, as `means_as_reduce_means` describes; returns how many."""
+    Conv back as `reduction`, as `means_as_reduce_means` describes, but for one that is a graph
+    output or that a Reshape or Transpose writes to one unless `before_outputs`; returns how
+    many."""
     shapes = static_shapes(model)
     graph = model.graph
     opset = _opset(model)
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     readers = _readers(graph)
     made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = _graph_outputs(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     removed = set()
     for node in graph.node:
@@ -265,11 +270,14 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str) -> int:
             continue
         mean = [1 if axis in axes else size for axis, size in enumerate(source)]
         after = readers.get(node.output[0], [])
+        if not before_outputs and (node.output[0] in graph_outputs or any(
+                r.op_type in ("Reshape", "Transpose") and r.output[0] in graph_outputs for r in after)):
+            continue
         replaced = (len(after) == 1 and after[0].op_type in ("Reshape", "Transpose")
-                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in _graph_outputs(graph))
+                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in graph_outputs)
         prefix = f"{node.name}/{reduction.lower()}"
         reshaped_after = (not replaced and mean != result and len(after) == 1 and after[0].op_type == "Reshape"
-                          and node.output[0] not in _graph_outputs(graph))
+                          and node.output[0] not in graph_outputs)
         if replaced:
             target = after[0].output[0]
         elif mean == result:
