@@ -473,6 +473,54 @@ def test_a_mean_made_a_conv_is_written_back_as_a_reduce_mean(normalized, save, t
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 
 
+
+def deformable_attention_tail(heads: int = 2, width: int = 16, queries: int = 30) -> onnx.ModelProto:
+    """The end of a multi-scale deformable attention (RT-DETR's decoder): the values sampled at
+    two levels [heads, width, queries, 4] joined, times each head's attention weights over the
+    8 points, summed over them (the plan makes that sum a Conv of weights 1), regrouped into
+    [1, heads*width, queries], transposed to tokens and projected."""
+    rng = np.random.default_rng(0)
+    channels = heads * width
+    nodes = [helper.make_node("Concat", ["level0", "level1"], ["sampled"], name="levels", axis=-1),
+             helper.make_node("Mul", ["sampled", "attention"], ["weighted"], name="weigh"),
+             helper.make_node("ReduceSum", ["weighted", "last"], ["sums"], name="sum", keepdims=0),
+             helper.make_node("Reshape", ["sums", "view"], ["heads"], name="view"),
+             helper.make_node("Transpose", ["heads"], ["tokens"], name="tokens", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["tokens", "projection"], ["y"], name="output_proj")]
+    levels = [value_info(f"level{level}", [heads, width, queries, 4]) for level in range(2)]
+    return make_model(nodes, [*levels, value_info("attention", [heads, 1, queries, 8])],
+                      [value_info("y", [1, queries, channels])],
+                      [weight("last", np.array([-1])), weight("view", np.array([1, channels, queries])),
+                       weight("projection", rng.standard_normal((channels, channels)).astype(np.float32) * 0.2)])
+
+
+def test_a_sum_made_a_conv_is_written_back_as_a_reduce_sum(save, tmp_path):
+    """The plan takes the sum over the sampled points as Reshape -> Conv(1); the export writes
+    the ReduceSum back (from the Conv rknn-toolkit2 2.5.0 holds the sums as one row and runs
+    its Reshape into rows of `queries`, not a multiple of 8, on its CPU), the same values."""
+    original = save(deformable_attention_tail())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    sums = [n for n in exported.graph.node if n.op_type == "ReduceSum"]
+    assert len(sums) == 1 and written.report["toolkit_shapings"]["sums_as_reduce_sums"] == 1
+    assert [n.op_type for n in exported.graph.node].count("Conv") == 1   # the projection alone
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.uniform(-1, 1, [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in onnx.load(str(original)).graph.input}
+    np.testing.assert_allclose(onnxruntime_run(exported, feeds)[0], onnxruntime_run(original, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_sum_written_to_an_output_stays_a_conv(save, tmp_path):
+    """A sum over the bins that a Reshape writes to an output (PicoDet's box sides) stays the
+    plan's Conv: from a ReduceSum rknn-toolkit2 2.5.0 runs that Reshape on its CPU."""
+    nodes = [helper.make_node("ReduceSum", ["bins", "last"], ["sides"], name="sum", keepdims=0)]
+    model = make_model(nodes, [value_info("bins", [1, 30, 4, 8])], [value_info("sides", [1, 30, 4])],
+                       [weight("last", np.array([-1]))])
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["sums_as_reduce_sums"] == 0
+    assert [n.op_type for n in onnx.load(str(written.path)).graph.node].count("Conv") == 1
+
 def rms_norm() -> onnx.ModelProto:
     """T5's RMS norm: x / sqrt(mean(x^2) + eps) * gamma."""
     nodes = [helper.make_node("Pow", ["x", "two"], ["square"], name="pow"),

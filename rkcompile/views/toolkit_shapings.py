@@ -219,12 +219,36 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
     norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
     t5), runs the Reshape of tokens held on the batch axis as a Transpose on its CPU (levit)
     and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
+    return _reductions_written_back(model, "ReduceMean")
+
+
+def sums_as_reduce_sums(model: onnx.ModelProto) -> int:
+    """Write the plan's sum as a Conv, Reshape x -> [N, K, H, W] then a 1x1 Conv of weights
+    all 1, one output channel and no bias, back as the ReduceSum of x over its axes that make
+    K, as `means_as_reduce_means` writes a mean: the same values up to rounding. From the
+    Conv of [N, K, 1, 1] rows rknn-toolkit2 2.5.0 holds the sums as one row [1, 1, 1, N] and
+    runs on its CPU the Reshape that splits it into rows of a length not a multiple of 8
+    (RT-DETR's deformable attention, its heads' sums over the sampled points regrouped into
+    [1, 256, 1, 300] for the output projection: one CPU Reshape per decoder layer); from the
+    ReduceSum it sums along the channels of a Transposed x on its NPU and keeps the Reshape
+    there. A sum that is a graph output or that a Reshape or Transpose after it writes to one
+    stays a Conv: from the ReduceSum the toolkit runs that Reshape to the output on its CPU,
+    from the Conv on its NPU (PicoDet's box sides [1, 2100, 4]). Returns how many it wrote."""
+    return _reductions_written_back(model, "ReduceSum", before_outputs=False)
+
+
+def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outputs: bool = True) -> int:
+    """Write each of the plan's means (`reduction` "ReduceMean") or sums ("ReduceSum") as a
+    Conv back as `reduction`, as `means_as_reduce_means` describes, but for one that is a graph
+    output or that a Reshape or Transpose writes to one unless `before_outputs`; returns how
+    many."""
     shapes = static_shapes(model)
     graph = model.graph
     opset = _opset(model)
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     readers = _readers(graph)
     made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = _graph_outputs(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     removed = set()
     for node in graph.node:
@@ -237,7 +261,8 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
         bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if source is None or grouped is None or result is None or len(grouped) != 4 \
                 or weights.shape != (1, grouped[1], 1, 1) or grouped[1] < 2 \
-                or not np.allclose(weights, 1.0 / grouped[1], rtol=1e-6, atol=0) \
+                or not np.allclose(weights, 1.0 / grouped[1] if reduction == "ReduceMean" else 1.0,
+                                   rtol=1e-6, atol=0) \
                 or (bias is None and len(node.input) > 2 and node.input[2]) or (bias is not None and bias.any()):
             continue
         axes = _regrouped_axes(source, grouped[0], grouped[1])
@@ -245,18 +270,21 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
             continue
         mean = [1 if axis in axes else size for axis, size in enumerate(source)]
         after = readers.get(node.output[0], [])
+        if not before_outputs and (node.output[0] in graph_outputs or any(
+                r.op_type in ("Reshape", "Transpose") and r.output[0] in graph_outputs for r in after)):
+            continue
         replaced = (len(after) == 1 and after[0].op_type in ("Reshape", "Transpose")
-                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in _graph_outputs(graph))
-        prefix = f"{node.name}/reduce_mean"
+                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in graph_outputs)
+        prefix = f"{node.name}/{reduction.lower()}"
         reshaped_after = (not replaced and mean != result and len(after) == 1 and after[0].op_type == "Reshape"
-                          and node.output[0] not in _graph_outputs(graph))
+                          and node.output[0] not in graph_outputs)
         if replaced:
             target = after[0].output[0]
         elif mean == result:
             target = node.output[0]
         else:
             target = prefix
-        written[id(node)] = [_reduce_mean(graph, reshape.input[0], axes, target, prefix, opset)]
+        written[id(node)] = [_reduce(graph, reduction, reshape.input[0], axes, target, prefix, opset)]
         if reshaped_after:  # a Reshape reads the mean in any shape of the same element order
             after[0].input[0] = prefix
         elif target == prefix:
@@ -273,15 +301,20 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
     return len(written)
 
 
-def _reduce_mean(graph: onnx.GraphProto, source: str, axes: Sequence[int], target: str, name: str,
-                 opset: int) -> onnx.NodeProto:
-    """A ReduceMean `name` of `source` over `axes` keeping them, into `target`: its axes an
-    input from opset 18 (an initializer added to `graph`), an attribute before."""
-    if opset < 18:
-        return helper.make_node("ReduceMean", [source], [target], name, axes=list(axes), keepdims=1)
+def _reduce(graph: onnx.GraphProto, reduction: str, source: str, axes: Sequence[int], target: str, name: str,
+            opset: int) -> onnx.NodeProto:
+    """A `reduction` (ReduceMean or ReduceSum) `name` of `source` over `axes` keeping them, into
+    `target`: its axes an input from the opset that made them one (18 for ReduceMean, 13 for
+    ReduceSum; an initializer added to `graph`), an attribute before."""
+    if opset < _AXES_AS_INPUT[reduction]:
+        return helper.make_node(reduction, [source], [target], name, axes=list(axes), keepdims=1)
     axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{name}/axes")
     graph.initializer.append(axes_tensor)
-    return helper.make_node("ReduceMean", [source, axes_tensor.name], [target], name, keepdims=1)
+    return helper.make_node(reduction, [source, axes_tensor.name], [target], name, keepdims=1)
+
+
+#: The opset from which each reduction `_reduce` writes takes its axes as an input.
+_AXES_AS_INPUT = {"ReduceMean": 18, "ReduceSum": 13}
 
 
 def _regrouped_axes(shape: list[int], outer: int, size: int) -> list[int] | None:
@@ -427,11 +460,12 @@ def _group_norm_by_channel_means(graph: onnx.GraphProto, norm: GroupNorm, prefix
     names = {what: f"{prefix}/{what}" for what in ("channel_means", "means", "centred", "squares", "channel_variances",
                                                    "variances", "shifted", "deviations", "normalized", "scaled")}
     return [
-        _reduce_mean(graph, norm.source, [2, 3], names["channel_means"], names["channel_means"], opset),
+        _reduce(graph, "ReduceMean", norm.source, [2, 3], names["channel_means"], names["channel_means"], opset),
         helper.make_node("Conv", [names["channel_means"], tensors[0].name], [names["means"]], names["means"]),
         helper.make_node("Sub", [norm.source, names["means"]], [names["centred"]], names["centred"]),
         helper.make_node("Mul", [names["centred"], names["centred"]], [names["squares"]], names["squares"]),
-        _reduce_mean(graph, names["squares"], [2, 3], names["channel_variances"], names["channel_variances"], opset),
+        _reduce(graph, "ReduceMean", names["squares"], [2, 3], names["channel_variances"], names["channel_variances"],
+                opset),
         helper.make_node("Conv", [names["channel_variances"], tensors[0].name], [names["variances"]],
                          names["variances"]),
         helper.make_node("Add", [names["variances"], tensors[1].name], [names["shifted"]], names["shifted"]),
@@ -1218,6 +1252,7 @@ def _set_attribute(node: onnx.NodeProto, name: str, value) -> None:
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of_a_quotient, scale_after_scores,
                     pads_into_convs, squares_before_reshapes, mean_biases_apart, means_as_reduce_means,
-                    vectors_into_channels, added_convs_as_one, linear_layers_as_gemms, square_roots_written_back,
-                    group_norms_on_their_planes, gathers_as_slices, flattened_planes_padded, rank3_tails_as_rank4,
+                    sums_as_reduce_sums, vectors_into_channels, added_convs_as_one, linear_layers_as_gemms,
+                    square_roots_written_back, group_norms_on_their_planes, gathers_as_slices,
+                    flattened_planes_padded, rank3_tails_as_rank4,
                     splits_of_concats_bypassed, reshapes_after_elementwise_ops, defaults_written)
