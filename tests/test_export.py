@@ -1106,3 +1106,21 @@ def test_an_output_computed_from_a_selection_is_judged_by_its_cosine():
     # a sigmoid map of magnitude 1e-4 off by onnxruntime's own error (2.1e-7, 0.0015 of it)
     assert _agrees(Agreement("map", 0.99999, 2.09e-7, 0.00148), 2 ** -10, computed_from_a_selection=False)
     assert not _agrees(Agreement("map", 0.99999, 2e-6, 0.0148), 2 ** -10, computed_from_a_selection=False)
+
+
+def test_an_lstm_gets_no_attribute_of_a_later_opset(save, tmp_path):
+    """defaults_written writes the defaults a node leaves out, but not an LSTM's `layout` (opset
+    14): rknn-toolkit2 2.5.0 rebuilds its LSTM as ONNX of an older opset and fails on it
+    ("Unrecognized attribute: layout for operator LSTM", silero-vad)."""
+    rng = np.random.default_rng(0)
+    hidden, features = 8, 4
+    nodes = [helper.make_node("LSTM", ["x", "w", "r", "b"], ["y", "h"], name="lstm", hidden_size=hidden)]
+    model = make_model(nodes, [value_info("x", [5, 1, features])], [value_info("y", [5, 1, 1, hidden])],
+                       [weight("w", rng.standard_normal((1, 4 * hidden, features)).astype(np.float32)),
+                        weight("r", rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32)),
+                        weight("b", rng.standard_normal((1, 8 * hidden)).astype(np.float32))], opset=16)
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    lstm, = [n for n in onnx.load(str(written.path)).graph.node if n.op_type == "LSTM"]
+    written_attributes = {a.name for a in lstm.attribute}
+    assert "layout" not in written_attributes
+    assert {"direction", "hidden_size"} <= written_attributes   # the first version's defaults are written

@@ -4,6 +4,8 @@ rknn-toolkit2 2.5.0 fails on, loops on or runs on its CPU into forms it builds o
 Each takes the model and returns how many places it changed."""
 from __future__ import annotations
 
+import functools
+
 import itertools
 from typing import NamedTuple, Sequence
 
@@ -78,8 +80,9 @@ def defaults_written(model: onnx.ModelProto) -> int:
     model's opset) with that default, as exporters from PyTorch do (last, for the nodes the
     other shapings write too): rknn-toolkit2 2.5.0 reads
     some without a default of its own (a LayerNormalization without `epsilon`: KeyError
-    'LayerNormalization' in its rule `convert_layernorm_to_exnorm`). Returns how many nodes
-    gained an attribute."""
+    'LayerNormalization' in its rule `convert_layernorm_to_exnorm`). On the ops it rebuilds as
+    ONNX of an older opset (REBUILT_IN_AN_OLDER_OPSET), an attribute their first version lacks
+    is left out. Returns how many nodes gained an attribute."""
     opset = _opset(model)
     changed = 0
     for node in model.graph.node:
@@ -90,11 +93,28 @@ def defaults_written(model: onnx.ModelProto) -> int:
         except onnx.defs.SchemaError:
             continue
         present = {attribute.name for attribute in node.attribute}
+        if node.op_type in REBUILT_IN_AN_OLDER_OPSET:
+            present |= _added_later(node.op_type)
         missing = [a.default_value for name, a in sorted(schema.attributes.items())
                    if name not in present and a.default_value.HasField("type") and a.default_value.name]
         node.attribute.extend(missing)
         changed += bool(missing)
     return changed
+
+
+#: the recurrent ops rknn-toolkit2 2.5.0 infers through its own extend ops, which write them as
+#: ONNX of an older opset: with the `layout` of opset 14 written out, its fold_constant fails
+#: ("Unrecognized attribute: layout for operator LSTM", silero-vad)
+REBUILT_IN_AN_OLDER_OPSET = frozenset({"LSTM", "GRU", "RNN"})
+
+
+@functools.cache
+def _added_later(op_type: str) -> frozenset[str]:
+    """The attributes of ai.onnx's `op_type` that its first version did not have."""
+    versions = [schema for schema in onnx.defs.get_all_schemas_with_history()
+                if schema.name == op_type and schema.domain in ("", "ai.onnx")]
+    first = min(versions, key=lambda schema: schema.since_version).attributes if versions else {}
+    return frozenset(name for schema in versions for name in schema.attributes if name not in first)
 
 
 def scale_after_scores(model: onnx.ModelProto) -> int:
