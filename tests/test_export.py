@@ -862,7 +862,8 @@ def test_the_command_writes_the_host_tail_and_names_it(save, tmp_path, capsys):
 
 @needs_peer
 @pytest.mark.parametrize("model", [detector_with_nms_like_tail, lambda: detection_head_levels(),
-                                   lambda: scores_for_a_selection()], ids=["nms_like", "head_levels", "rank3_scores"])
+                                   lambda: scores_for_a_selection(), lambda: box_decoding_levels()],
+                         ids=["nms_like", "head_levels", "rank3_scores", "box_decoding"])
 def test_the_toolkit_builds_the_npu_part_of_a_host_tail(model, save, tmp_path):
     """The toolkit builds the NPU part the original's NonZero keeps it from building, with no
     layer on its CPU (the plan has none before the cut)."""
@@ -977,19 +978,26 @@ def test_a_cut_tensor_of_rank_3_is_written_4d_and_reshaped_on_the_host(save, tmp
     np.testing.assert_array_equal(onnxruntime_run(host, cut)[0], onnxruntime_run(original, {"x": x})[0])
 
 
+def head_levels_into_rows() -> list[onnx.NodeProto]:
+    """A head's Conv `w` on two levels, `x` [1, 8, 4, 4] and its 2x2 max pool, each level's
+    result Transposed channels last and Reshaped (`shape0`, `shape1`) into `rows0`, `rows1`."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["half"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
+    for level, features in enumerate(("x", "half")):
+        nodes += [helper.make_node("Conv", [features, "w"], [f"head{level}"], name=f"conv{level}"),
+                  helper.make_node("Transpose", [f"head{level}"], [f"last{level}"], name=f"transpose{level}",
+                                   perm=[0, 2, 3, 1]),
+                  helper.make_node("Reshape", [f"last{level}", f"shape{level}"], [f"rows{level}"], name=f"rows{level}")]
+    return nodes
+
+
 def detection_head_levels() -> onnx.ModelProto:
     """torchvision's classification head on two levels (4x4, 2x2) of 3 anchors x 5 classes:
     each level's Conv [1, 15, H, W] -> Transpose -> Reshape [1, H*W*3, 5], the levels joined
     and split again, a Sigmoid per level, the scores above a threshold selected (NonZero)."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MaxPool", ["x"], ["half"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
-    for level, (features, side) in enumerate((("x", 4), ("half", 2))):
-        nodes += [helper.make_node("Conv", [features, "w"], [f"logits{level}"], name=f"conv{level}"),
-                  helper.make_node("Transpose", [f"logits{level}"], [f"last{level}"], name=f"transpose{level}",
-                                   perm=[0, 2, 3, 1]),
-                  helper.make_node("Reshape", [f"last{level}", f"shape{level}"], [f"rows{level}"], name=f"rows{level}")]
-    nodes += [helper.make_node("Concat", ["rows0", "rows1"], ["joined"], name="join", axis=1),
-              helper.make_node("Split", ["joined", "sizes"], ["part0", "part1"], name="split", axis=1)]
+    nodes = [*head_levels_into_rows(),
+             helper.make_node("Concat", ["rows0", "rows1"], ["joined"], name="join", axis=1),
+             helper.make_node("Split", ["joined", "sizes"], ["part0", "part1"], name="split", axis=1)]
     for level in range(2):
         nodes += [helper.make_node("Sigmoid", [f"part{level}"], [f"scores{level}"], name=f"sigmoid{level}"),
                   helper.make_node("Greater", [f"scores{level}", "threshold"], [f"kept{level}"],
@@ -1022,6 +1030,53 @@ def test_a_heads_layout_after_its_sigmoid_goes_to_the_host(save, tmp_path):
     x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
     cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
     for found, expected in zip(onnxruntime_run(host, cut), onnxruntime_run(original, {"x": x})):
+        np.testing.assert_array_equal(found, expected)
+
+
+def box_decoding_levels() -> onnx.ModelProto:
+    """torchvision's box decoding of a region-proposal head on two levels (4x4, 2x2) of 3
+    anchors: each level's Conv [1, 12, H, W] -> Transpose -> Reshape into rows of 4 codes, the
+    levels joined, the x code of every row (a Slice of step 4) scaled and shifted by its anchor's
+    width and centre, the width code clipped; the centres right of a threshold selected
+    (NonZero), the clipped codes an output."""
+    rng = np.random.default_rng(0)
+    rows = 4 * 4 * 3 + 2 * 2 * 3
+    nodes = [*head_levels_into_rows(),
+             helper.make_node("Concat", ["rows0", "rows1"], ["joined"], name="join", axis=0),
+             helper.make_node("Slice", ["joined", "x_start", "end", "columns", "step"], ["dx"], name="x_codes"),
+             helper.make_node("Slice", ["joined", "w_start", "end", "columns", "step"], ["dw"], name="w_codes"),
+             helper.make_node("Mul", ["dx", "widths"], ["shift"], name="scale"),
+             helper.make_node("Add", ["shift", "centres"], ["centre"], name="offset"),
+             helper.make_node("Clip", ["dw", "", "limit"], ["clipped"], name="clip"),
+             helper.make_node("Greater", ["centre", "threshold"], ["right"], name="greater"),
+             helper.make_node("NonZero", ["right"], ["where"], name="nonzero")]
+    return make_model(nodes, [value_info("x", [1, 8, 4, 4])],
+                      [value_info("where", [2, None], TensorProto.INT64), value_info("clipped", [rows, 1])],
+                      [weight("w", rng.standard_normal((12, 8, 1, 1)).astype(np.float32)),
+                       weight("shape0", np.array([48, 4], np.int64)), weight("shape1", np.array([12, 4], np.int64)),
+                       weight("x_start", np.array([0], np.int64)), weight("w_start", np.array([2], np.int64)),
+                       weight("end", np.array([4], np.int64)), weight("columns", np.array([1], np.int64)),
+                       weight("step", np.array([4], np.int64)),
+                       weight("widths", rng.uniform(8, 32, (rows, 1)).astype(np.float32)),
+                       weight("centres", rng.uniform(0, 64, (rows, 1)).astype(np.float32)),
+                       weight("limit", np.array(4.0, np.float32)), weight("threshold", np.array(32.0, np.float32))])
+
+
+def test_a_box_decoding_goes_to_the_host_with_the_layout_it_reads(save, tmp_path):
+    """The anchors' scaling and shifting (and the clip) of codes that only moves brought into
+    rows, only the host part reading them, go to the host part with those moves: rknn-toolkit2
+    2.5.0 runs on its CPU the Reshape joining the levels' rows (faster-rcnn's proposals). The NPU
+    part ends in each level's Conv, the two parts compute the original."""
+    original = save(box_decoding_levels())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    made_by = {output: node.op_type for node in npu.graph.node for output in node.output}
+    assert [made_by[o.name] for o in npu.graph.output] == ["Conv", "Conv"]
+    assert {"scale", "offset", "clip"} <= set(written.report["host_tail"]["static_nodes_moved_to_host"])
+    x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    feeds = {i.name: ({"x": x} | cut)[i.name] for i in host.graph.input}
+    for found, expected in zip(onnxruntime_run(host, feeds), onnxruntime_run(original, {"x": x})):
         np.testing.assert_array_equal(found, expected)
 
 

@@ -23,7 +23,12 @@ per class: 90 Slices, which rknn-toolkit2 2.5.0 joins into one Split and then fa
 for a 294294 x 294294 Conv in its rule `gather_to_conv`), or the toolkit runs it on its CPU
 (the Reshapes and Concat that gather a detector's per-level box regressions, retinanet). Every
 other step the plan puts on the NPU stays in the NPU part, so the NPU part holds no CPU layer the
-plan does not have.
+plan does not have. One exception: element-wise arithmetic with constants on values that only
+moves computed (ARITHMETIC_ON_MOVES: a detector's box codes scaled and shifted by the anchors'
+sizes and centres, a clip) goes to the host part with those moves when only the host part reads
+it: in the NPU part it would keep there the moves that bring each level's codes into rows, and
+rknn-toolkit2 2.5.0 runs on its CPU the Reshape of the levels' joined rows (faster-rcnn's
+proposals; ssdlite's box decoding); on the host it is a few operations per box.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from typing import Mapping, Sequence
 
 import onnx
 
-from rkcompile.plan.schema import PlanRecord
+from rkcompile.plan.schema import PlanRecord, Step
 from rkcompile.quantization.params import MOVEMENT_OPS
 from rkcompile.views.proto_graph import nodes_within
 
@@ -41,6 +46,10 @@ from rkcompile.views.proto_graph import nodes_within
 #: is larger than what they read; and Concat): a step of these ops feeding only the host part
 #: goes there
 HOST_MOVES = MOVEMENT_OPS - {"MaxPool", "GlobalMaxPool", "Expand", "Tile"} | {"Concat"}
+
+#: cheap element-wise arithmetic that goes to the host part with the moves feeding it, when
+#: only the host part reads it and what it reads is constant or computed by moves alone
+ARITHMETIC_ON_MOVES = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Min", "Max", "Clip"})
 
 #: ops whose results are entries picked by comparing values: in a graph with a host tail they
 #: start it, as a tensor of data-dependent size does
@@ -101,12 +110,31 @@ def find_host_tail(plan: PlanRecord, members: Mapping[int, Sequence[onnx.NodePro
         for step in steps:
             for name in reads(members[step.id]):
                 readers.setdefault(name, set()).add(step.id)
+        on_moves = _computed_by_moves(plan, steps, members)
         for step in reversed(steps):
-            if step.id in host or (step.device == "npu"
+            written = [name for proto in members[step.id] for name in proto.output if name]
+            if step.id in host or (step.device == "npu" and not set(written) <= on_moves
                                    and not all(proto.op_type in HOST_MOVES for proto in members[step.id])):
                 continue
-            written = [name for proto in members[step.id] for name in proto.output if name]
-            if all(readers.get(name, set()) <= host for name in written):
+            # a tensor between a step's own nodes is read by that step
+            if all(readers.get(name, set()) - {step.id} <= host for name in written):
                 host.add(step.id)
                 moved.extend(reversed(step.nodes))
     return HostTail(frozenset(host), tuple(reversed(moved)), tuple(first_dynamic), tuple(selections))
+
+
+def _computed_by_moves(plan: PlanRecord, steps: Sequence[Step],
+                       members: Mapping[int, Sequence[onnx.NodeProto]]) -> set[str]:
+    """The tensors written by steps whose nodes (the model's, by op: the plan writes a strided
+    Slice as a Conv that picks) only move values (HOST_MOVES), or also do ARITHMETIC_ON_MOVES,
+    reading constants, model inputs and tensors of this set only."""
+    ops = {node.name: node.op for node in plan.nodes}
+    written = {name: step.id for step in steps for proto in members[step.id] for name in proto.output if name}
+    on_moves: set[str] = set()
+    for step in steps:
+        kinds = {ops.get(name) for name in step.nodes}
+        computed = [name for name in reads(members[step.id]) if name in written and written[name] != step.id]
+        if kinds <= HOST_MOVES or (kinds <= HOST_MOVES | ARITHMETIC_ON_MOVES
+                                   and all(name in on_moves for name in computed)):
+            on_moves.update(name for proto in members[step.id] for name in proto.output if name)
+    return on_moves
