@@ -1186,13 +1186,20 @@ def test_a_mobilevit_block_keeps_its_tokens_as_sequences(save, tmp_path):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_rows_written_to_an_output_stay_rows():
-    """A region of rows one of whose tensors is a graph output keeps the plan's form."""
-    nodes = [helper.make_node("Reshape", ["x", "shape"], ["rows"], name="rows"),
-             helper.make_node("Sigmoid", ["rows"], ["y"], name="sigmoid")]
-    model = make_model(nodes, [value_info("x", [2, 8, 8])], [value_info("y", [16, 8, 1, 1])],
-                       [weight("shape", np.array([16, 8, 1, 1], np.int64))])
-    assert token_rows_as_sequences(model) == 0
+def test_token_rows_written_to_an_output_stay_rows():
+    """Rows of tokens normalized into a graph output keep the plan's form; the same rows
+    Reshaped to the output are written as sequences."""
+    def normalized_rows(reshaped: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("Reshape", ["x", "shape"], ["rows"], name="rows"),
+                 helper.make_node("LayerNormalization", ["rows", "gamma"], ["normed" if reshaped else "y"],
+                                  name="norm", axis=1),
+                 *([helper.make_node("Reshape", ["normed", "back"], ["y"], name="back")] if reshaped else [])]
+        return make_model(nodes, [value_info("x", [2, 8, 8])], [value_info("y", [2, 8, 8] if reshaped else [16, 8, 1, 1])],
+                          [weight("shape", np.array([16, 8, 1, 1], np.int64)),
+                           weight("gamma", np.ones((8, 1, 1), np.float32)), weight("back", np.array([2, 8, 8]))])
+
+    assert token_rows_as_sequences(normalized_rows(reshaped=False)) == 0
+    assert token_rows_as_sequences(normalized_rows(reshaped=True)) == 1
 
 
 def test_a_transpose_done_as_a_split_is_written_back():

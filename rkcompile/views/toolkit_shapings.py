@@ -1313,7 +1313,9 @@ class _TokenRegion(NamedTuple):
         """The regions of rows in `graph`: each the tensors of [R, *, 1, 1] that reach one
         another through its ops, none a graph output, each made by a Reshape from another
         shape or by an op a region may hold (`_on_rows`), each read by such ops or by
-        Reshapes; its [P, N] from an entry's source [..., N, C]."""
+        Reshapes, a LayerNormalization among the ops (a transformer's tokens: the rows of a
+        sum over bins, Reshaped to an output, stay, as `sums_as_reduce_sums` says); its
+        [P, N] from an entry's source [..., N, C]."""
         readers = _readers(graph)
         made_by = {name: node for node in graph.node for name in node.output}
         outputs = _graph_outputs(graph)
@@ -1357,7 +1359,8 @@ class _TokenRegion(NamedTuple):
             seen.update(tensors)
             sources = [shapes[e.input[0]] for e in entries.values()
                        if len(shapes[e.input[0]]) >= 2 and shapes[e.input[0]][-1] == shapes[e.output[0]][1]]
-            if whole and sources and count % sources[0][-2] == 0 and 1 < sources[0][-2] < count:
+            normalized = any(op.op_type == "LayerNormalization" for op in ops.values())
+            if whole and normalized and sources and count % sources[0][-2] == 0 and 1 < sources[0][-2] < count:
                 length = sources[0][-2]
                 regions.append(_TokenRegion(list(entries.values()), list(ops.values()), (count // length, length)))
         return regions
