@@ -17,8 +17,8 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
-from rkcompile.views.toolkit_shapings import (rank3_tails_as_rank4, reshapes_after_elementwise_ops, token_rows_as_sequences,
-                                              transposes_from_splits)
+from rkcompile.views.toolkit_shapings import (rank3_tails_as_rank4, reshapes_after_elementwise_ops,
+                                              token_rows_as_sequences, transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
 from test_rewrites_reductions import decomposed_layer_norm
@@ -1194,7 +1194,8 @@ def test_token_rows_written_to_an_output_stay_rows():
                  helper.make_node("LayerNormalization", ["rows", "gamma"], ["normed" if reshaped else "y"],
                                   name="norm", axis=1),
                  *([helper.make_node("Reshape", ["normed", "back"], ["y"], name="back")] if reshaped else [])]
-        return make_model(nodes, [value_info("x", [2, 8, 8])], [value_info("y", [2, 8, 8] if reshaped else [16, 8, 1, 1])],
+        output = value_info("y", [2, 8, 8] if reshaped else [16, 8, 1, 1])
+        return make_model(nodes, [value_info("x", [2, 8, 8])], [output],
                           [weight("shape", np.array([16, 8, 1, 1], np.int64)),
                            weight("gamma", np.ones((8, 1, 1), np.float32)), weight("back", np.array([2, 8, 8]))])
 
