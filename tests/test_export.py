@@ -17,7 +17,8 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
-from rkcompile.views.toolkit_shapings import rank3_tails_as_rank4, reshapes_after_elementwise_ops
+from rkcompile.views.toolkit_shapings import (rank3_tails_as_rank4, reshapes_after_elementwise_ops,
+                                              token_rows_as_sequences)
 
 from conftest import ZOO, make_model, value_info, weight
 from test_rewrites_reductions import decomposed_layer_norm
@@ -1179,3 +1180,79 @@ def test_an_lstm_gets_no_attribute_of_a_later_opset(save, tmp_path):
     written_attributes = {a.name for a in lstm.attribute}
     assert "layout" not in written_attributes
     assert {"direction", "hidden_size"} <= written_attributes   # the first version's defaults are written
+
+
+def mobilevit_block(channels: int = 16, side: int = 8) -> onnx.ModelProto:
+    """MobileViT's transformer block as timm exports it: the map unfolded into 2x2 patches
+    (Reshape, Transpose, Reshape, Transpose, Reshape to [4, N, C] tokens), a LayerNorm, a
+    Linear, SiLU, a Linear added back, and the tokens folded back into the map."""
+    rng = np.random.default_rng(0)
+    tokens = side * side // 4
+    blocks = channels * side // 2
+
+    def linear(name: str, size_in: int, size_out: int) -> list[onnx.TensorProto]:
+        return [weight(f"{name}_w", rng.standard_normal((size_in, size_out)).astype(np.float32) * 0.2),
+                weight(f"{name}_b", rng.standard_normal(size_out).astype(np.float32))]
+
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["rows_of_patches"]),
+             helper.make_node("Transpose", ["rows_of_patches"], ["patches"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["patches", "planes"], ["by_channel"]),
+             helper.make_node("Transpose", ["by_channel"], ["by_pixel"], perm=[0, 3, 2, 1]),
+             helper.make_node("Reshape", ["by_pixel", "sequences"], ["t"]),
+             helper.make_node("LayerNormalization", ["t", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "fc1_w"], ["h0"]),
+             helper.make_node("Add", ["h0", "fc1_b"], ["h1"]),
+             helper.make_node("Sigmoid", ["h1"], ["gate"]),
+             helper.make_node("Mul", ["h1", "gate"], ["h"]),
+             helper.make_node("MatMul", ["h", "fc2_w"], ["o0"]),
+             helper.make_node("Add", ["o0", "fc2_b"], ["o1"]),
+             helper.make_node("Add", ["o1", "t"], ["u"]),
+             helper.make_node("Reshape", ["u", "by_pixel_shape"], ["u_by_pixel"]),
+             helper.make_node("Transpose", ["u_by_pixel"], ["u_by_channel"], perm=[0, 3, 2, 1]),
+             helper.make_node("Reshape", ["u_by_channel", "patches_shape"], ["u_patches"]),
+             helper.make_node("Transpose", ["u_patches"], ["u_rows"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["u_rows", "map"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, channels, side, side])], [value_info("y", [1, channels, side, side])],
+                      [weight("rows", np.array([blocks, 2, side // 2, 2], np.int64)),
+                       weight("planes", np.array([1, channels, tokens, 4], np.int64)),
+                       weight("sequences", np.array([4, tokens, channels], np.int64)),
+                       weight("gamma", rng.uniform(0.5, 1.5, channels).astype(np.float32)),
+                       weight("beta", rng.uniform(-0.5, 0.5, channels).astype(np.float32)),
+                       *linear("fc1", channels, 2 * channels), *linear("fc2", 2 * channels, channels),
+                       weight("by_pixel_shape", np.array([1, 4, tokens, channels], np.int64)),
+                       weight("patches_shape", np.array([blocks, side // 2, 2, 2], np.int64)),
+                       weight("map", np.array([1, channels, side, side], np.int64))])
+
+
+def test_a_mobilevit_block_keeps_its_tokens_as_sequences(save, tmp_path):
+    """The plan holds the tokens as rows [4*N, C, 1, 1], its Linears 1x1 Convs; the export
+    writes them back as sequences [4, N, C] (rknn-toolkit2 2.5.0 runs the Reshapes of the
+    patches into and out of the rows on its CPU), the same values up to rounding."""
+    original = save(mobilevit_block())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    exported = onnx.load(str(written.path))
+    assert written.report["toolkit_shapings"]["token_rows_as_sequences"] == 6
+    ops = [n.op_type for n in exported.graph.node]
+    assert "Conv" not in ops and ops.count("MatMul") == 2
+    norm = next(n for n in exported.graph.node if n.op_type == "LayerNormalization")
+    assert helper.get_attribute_value(next(a for a in norm.attribute if a.name == "axis")) == -1
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 16, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_token_rows_written_to_an_output_stay_rows():
+    """Rows of tokens normalized into a graph output keep the plan's form; the same rows
+    Reshaped to the output are written as sequences."""
+    def normalized_rows(reshaped: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("Reshape", ["x", "shape"], ["rows"], name="rows"),
+                 helper.make_node("LayerNormalization", ["rows", "gamma"], ["normed" if reshaped else "y"],
+                                  name="norm", axis=1),
+                 *([helper.make_node("Reshape", ["normed", "back"], ["y"], name="back")] if reshaped else [])]
+        output = value_info("y", [2, 8, 8] if reshaped else [16, 8, 1, 1])
+        return make_model(nodes, [value_info("x", [2, 8, 8])], [output],
+                          [weight("shape", np.array([16, 8, 1, 1], np.int64)),
+                           weight("gamma", np.ones((8, 1, 1), np.float32)), weight("back", np.array([2, 8, 8]))])
+
+    assert token_rows_as_sequences(normalized_rows(reshaped=False)) == 0
+    assert token_rows_as_sequences(normalized_rows(reshaped=True)) == 1
