@@ -18,7 +18,7 @@ from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.toolkit_shapings import (rank3_tails_as_rank4, reshapes_after_elementwise_ops,
-                                              token_rows_as_sequences)
+                                              token_rows_as_sequences, transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
 from test_rewrites_reductions import decomposed_layer_norm
@@ -1256,3 +1256,25 @@ def test_token_rows_written_to_an_output_stay_rows():
 
     assert token_rows_as_sequences(normalized_rows(reshaped=False)) == 0
     assert token_rows_as_sequences(normalized_rows(reshaped=True)) == 1
+
+
+@pytest.mark.parametrize("read_as, written", [([1, 6, 4, 4], True), ([24, 4, 1, 1], False)])
+def test_a_transpose_done_as_a_split_is_written_back_unless_it_makes_rows(read_as, written):
+    """Split [6, 2, 4, 2] into its 2 unit pieces along axis 1, each Reshaped to [6, 4, 1, 2],
+    joined along axis 2: the Transpose (0, 2, 1, 3), the same values; kept as the Split where
+    a Reshape into rows [R, C, 1, 1] reads it (rknn-toolkit2 2.5.0 runs that Transpose, Swin's
+    window partition, on its CPU)."""
+    nodes = [helper.make_node("Split", ["x"], ["p0", "p1"], name="split", axis=1),
+             helper.make_node("Reshape", ["p0", "piece"], ["r0"], name="r0"),
+             helper.make_node("Reshape", ["p1", "piece"], ["r1"], name="r1"),
+             helper.make_node("Concat", ["r0", "r1"], ["moved"], name="concat", axis=2),
+             helper.make_node("Reshape", ["moved", "read_as"], ["y"], name="read")]
+    model = make_model(nodes, [value_info("x", [6, 2, 4, 2])], [value_info("y", read_as)],
+                       [weight("piece", np.array([6, 4, 1, 2], np.int64)), weight("read_as", np.array(read_as))])
+    x = np.random.default_rng(0).standard_normal((6, 2, 4, 2)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert transposes_from_splits(model) == int(written)
+    ops = [(n.op_type, list(n.attribute[0].ints) if n.op_type == "Transpose" else None) for n in model.graph.node]
+    assert ops == ([("Transpose", [0, 2, 1, 3]), ("Reshape", None)] if written
+                   else [("Split", None), ("Reshape", None), ("Reshape", None), ("Concat", None), ("Reshape", None)])
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)

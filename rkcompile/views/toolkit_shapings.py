@@ -1321,9 +1321,7 @@ class _TokenRegion(NamedTuple):
         outputs = _graph_outputs(graph)
 
         def rows(name: str) -> bool:
-            shape = shapes.get(name)
-            return name not in constants and shape is not None and len(shape) == 4 and shape[2:] == [1, 1] \
-                and shape[0] > 1
+            return name not in constants and _is_rows(shapes.get(name))
 
         def entry(node: onnx.NodeProto | None) -> bool:
             return node is not None and node.op_type == "Reshape" and not rows(node.input[0]) \
@@ -1421,6 +1419,58 @@ def _on_sequences(node: onnx.NodeProto, graph: onnx.GraphProto,
     return [node]
 
 
+def _is_rows(shape: list[int] | None) -> bool:
+    """Whether `shape` is the plan's rows [R, C, 1, 1], R > 1: tokens, each Linear a 1x1 Conv."""
+    return shape is not None and len(shape) == 4 and shape[2:] == [1, 1] and shape[0] > 1
+
+
+def transposes_from_splits(model: onnx.ModelProto) -> int:
+    """Write the plan's Transpose that moves one axis, done as a Split of that axis into unit
+    pieces, a Reshape of each moving its unit axis to the new place and a Concat along it,
+    back as the Transpose: the same values. With the tokens as sequences
+    (`token_rows_as_sequences`) rknn-toolkit2 2.5.0 keeps on its NPU the Transposes of
+    MobileViT's unfold and fold; from the Splits it runs on its CPU the Reshape it makes
+    before one ([1, 96, 8, 8] into [384, 8, 1, 2]) and the one after the Concat. A Transpose
+    read by a Reshape into rows [R, C, 1, 1] keeps the Split form: written back there (Swin's
+    window partition, [4, 7, 4, 1344] moved by (0, 2, 1, 3) into [784, 192, 1, 1]) the
+    toolkit runs the Transpose itself on its CPU. Returns how many Transposes it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    readers = _readers(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, onnx.NodeProto] = {}
+    removed: set[int] = set()
+    for node in graph.node:
+        pieces = [made_by.get(name) for name in node.input] if node.op_type == "Concat" else []
+        split = made_by.get(pieces[0].input[0]) if pieces and pieces[0] is not None else None
+        if split is None or split.op_type != "Split" or len(pieces) < 2 \
+                or any(p is None or p.op_type != "Reshape" or len(readers[p.output[0]]) != 1 for p in pieces) \
+                or list(split.output) != [p.input[0] for p in pieces] \
+                or any(len(readers[name]) != 1 for name in split.output) \
+                or any(r.op_type == "Reshape" and _is_rows(shapes.get(r.output[0]))
+                       for r in readers.get(node.output[0], [])):
+            continue
+        source, result = shapes.get(split.input[0]), shapes.get(node.output[0])
+        if source is None or result is None:
+            continue
+        cut = next((a.i for a in split.attribute if a.name == "axis"), 0) % len(source)
+        joined = next(a.i for a in node.attribute if a.name == "axis") % len(source)
+        perm = [axis for axis in range(len(source)) if axis != cut]
+        perm.insert(joined, cut)
+        piece = [source[axis] for axis in perm]
+        piece[joined] = 1
+        if cut == joined or source[cut] != len(pieces) or [source[axis] for axis in perm] != result \
+                or any(shapes.get(p.output[0]) != piece for p in pieces):
+            continue
+        written[id(node)] = helper.make_node("Transpose", [split.input[0]], [node.output[0]],
+                                             f"{node.name}/transpose", perm=perm)
+        removed.update([id(split), *(id(p) for p in pieces)])
+    nodes = [written.get(id(node), node) for node in graph.node if id(node) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
 #: Exact rewrites of the exported graph into forms rknn-toolkit2 builds, in order: each changes
 #: the model in place and returns how many nodes it changed.
 TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of_a_quotient, scale_after_scores,
@@ -1429,4 +1479,4 @@ TOOLKIT_SHAPINGS = (binned_sums_as_grouped_convs, slices_before_reshapes, erf_of
                     square_roots_written_back, group_norms_on_their_planes, gathers_as_slices,
                     flattened_planes_padded, rank3_tails_as_rank4,
                     splits_of_concats_bypassed, reshapes_after_elementwise_ops, token_rows_as_sequences,
-                    defaults_written)
+                    transposes_from_splits, defaults_written)
