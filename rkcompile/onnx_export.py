@@ -28,6 +28,7 @@ from rkcompile.emulator.session import make_inputs
 from rkcompile.errors import CompileError
 from rkcompile.targets import get_target
 from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
+from rkcompile.views.host_tail import SELECTIONS
 from rkcompile.views.standard_onnx import MAX_OPSET, export_summary, host_tail_summary, standard_model
 
 #: the largest difference an export may show against the original, relative to each output's
@@ -40,9 +41,10 @@ FLOAT16_TOLERANCE = 2.0 ** -10
 #: of magnitude 1e-4 (a text detector's map on noise) more than 2^-10 of it; 2^-10 of 2^-12 is
 #: 2^-22, twice that error
 SMALLEST_JUDGED_MAGNITUDE = 2.0 ** -12
-#: ops whose result is a choice among their input's elements (indices, or which survive): two
-#: graphs equal up to float32 rounding may choose differently among near-tied scores
-SELECTION_OPS = frozenset({"TopK", "ArgMax", "ArgMin", "NonZero", "NonMaxSuppression", "Unique"})
+#: ops whose result is a choice among their input's elements (host_tail's SELECTIONS, and those
+#: choosing which survive): two graphs equal up to float32 rounding may choose differently among
+#: near-tied scores
+SELECTION_OPS = SELECTIONS | {"NonZero", "NonMaxSuppression", "Unique"}
 #: an output computed from such a choice is judged by its cosine against the original instead
 #: (the bar issue #37 sets for the toolkit's simulator): RT-DETR's 300 queries, taken by TopK
 #: from scores that differ by 1e-6, swap a few near-tied ones

@@ -1,9 +1,10 @@
 """Whole-graph facts and clean-ups on ONNX protos that the export's writers share: every node
 with its subgraphs' (`all_nodes`, `nodes_within`), each tensor's static shape by onnx's inference
-(`static_shapes`), and the nodes and initializers nothing reads any more, dropped."""
+(`static_shapes`), a graph's nodes rewritten in place (`nodes_rewritten`), and the nodes and
+initializers nothing reads any more, dropped."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 import onnx
 
@@ -23,6 +24,18 @@ def nodes_within(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
             found.append(node)
             pending.extend(graph.node for graph in proto_subgraphs(node))
     return found
+
+
+def nodes_rewritten(graph: onnx.GraphProto, originals: Sequence[onnx.NodeProto],
+                    written: Mapping[int, Sequence[onnx.NodeProto]], removed: Collection[int] = ()) -> int:
+    """Make `graph`'s nodes `originals` (its nodes, held by the caller while `written` and
+    `removed` key them by `id()`: protobuf hands out new wrappers otherwise) in order, each
+    replaced by the nodes `written` gives for it, those in `removed` left out. Returns how many
+    nodes were replaced, the count a shaping reports."""
+    nodes = [new for node in originals if id(node) not in removed for new in written.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
 
 
 def drop_unread_nodes(graph: onnx.GraphProto) -> None:

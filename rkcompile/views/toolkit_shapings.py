@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.partitioned_onnx import proto_subgraphs
-from rkcompile.views.proto_graph import all_nodes, drop_unread_nodes, static_shapes
+from rkcompile.views.proto_graph import all_nodes, drop_unread_nodes, nodes_rewritten, static_shapes
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -223,10 +223,7 @@ def vectors_into_channels(model: onnx.ModelProto) -> int:
             name = f"{node.name}/into_channels"
             written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [name], name, perm=perm),
                                  helper.make_node("Reshape", [name, *node.input[1:]], [node.output[0]], node.name)]
-    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, graph.node, written)
 
 
 def means_as_reduce_means(model: onnx.ModelProto) -> int:
@@ -315,10 +312,7 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outp
         removed.add(id(reshape))
         if replaced:
             removed.add(id(after[0]))
-    nodes = [new for node in graph.node if id(node) not in removed for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, graph.node, written, removed)
 
 
 def _reduce(graph: onnx.GraphProto, reduction: str, source: str, axes: Sequence[int], target: str, name: str,
@@ -426,10 +420,7 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
         written[id(end)] = (_instance_norm_of_groups(graph, group_norm, f"{node.name}/instance_norm")
                             if channels // groups % 8 == 0 or height * width % 8 == 0
                             else _group_norm_by_channel_means(graph, group_norm, f"{node.name}/channel_means", opset))
-    nodes = [new for node in originals for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, originals, written)
 
 
 class GroupNorm(NamedTuple):
@@ -602,10 +593,7 @@ def squares_before_reshapes(model: onnx.ModelProto) -> int:
         written[id(node)] = [helper.make_node("Mul", [reshape.input[0], reshape.input[0]], [squared], squared),
                              helper.make_node("Reshape", [squared, reshape.input[1]], list(node.output),
                                               f"{node.name}/reshape")]
-    nodes = [new for node in originals for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, originals, written)
 
 
 def mean_biases_apart(model: onnx.ModelProto) -> int:
@@ -631,10 +619,7 @@ def mean_biases_apart(model: onnx.ModelProto) -> int:
         del bare.input[2:]
         bare.output[0] = summed
         written[id(node)] = [bare, helper.make_node("Add", [summed, offset.name], [node.output[0]], f"{node.name}/add_bias")]
-    nodes = [new for node in originals for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, originals, written)
 
 
 def gathers_as_slices(model: onnx.ModelProto) -> int:
@@ -756,10 +741,7 @@ def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
         written[id(node)] = [helper.make_node("Gemm", inputs, [f"{prefix}/result"], prefix, transB=1),
                              helper.make_node("Reshape", [f"{prefix}/result", shape.name], [node.output[0]],
                                               f"{prefix}/reshape")]
-    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, graph.node, written)
 
 
 def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
@@ -902,10 +884,7 @@ def binned_sums_as_grouped_convs(model: onnx.ModelProto) -> int:
             helper.make_node("Conv", [names[2], tensors[3].name, *(t.name for t in tensors[4:])], [names[3]], names[3],
                              kernel_shape=[1, 1], group=sides),
             helper.make_node("Reshape", [names[3], tensors[2].name], [node.output[0]], f"{prefix}/reshape")]
-    nodes = [new for node in originals for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, originals, written)
 
 
 def _moved_from(name: str, made_by: dict[str, onnx.NodeProto], shapes: dict[str, list[int]],
@@ -967,10 +946,7 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
             helper.make_node("Reshape", [padded, tensors[1].name], [flattened], flattened),
             helper.make_node("Slice", [flattened, *(t.name for t in tensors[2:])], list(node.output),
                              f"{prefix}/slice")]
-    nodes = [new for node in originals for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, originals, written)
 
 
 def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
@@ -1293,10 +1269,7 @@ def token_rows_as_sequences(model: onnx.ModelProto) -> int:
             entry.input[1] = shape.name
         for node in region.ops:
             written[id(node)] = _on_sequences(node, graph, constants)
-    nodes = [new for node in graph.node for new in written.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, graph.node, written)
 
 
 class _TokenRegion(NamedTuple):
