@@ -1,12 +1,15 @@
 """Whole-graph facts and clean-ups on ONNX protos that the export's writers share: every node
 with its subgraphs' (`all_nodes`, `nodes_within`), each tensor's static shape by onnx's inference
-(`static_shapes`), a graph's nodes rewritten in place (`nodes_rewritten`), and the nodes and
-initializers nothing reads any more, dropped."""
+(`static_shapes`), each tensor's readers (`readers_of`), the graph's output names
+(`output_names`), the model's ai.onnx opset (`ai_onnx_opset`), a node's attributes read and set
+(`node_attributes`, `set_attribute`), a graph's nodes rewritten in place (`nodes_rewritten`), and
+the nodes and initializers nothing reads any more, dropped."""
 from __future__ import annotations
 
 from typing import Collection, Mapping, Sequence
 
 import onnx
+from onnx import helper
 
 from rkcompile.views.partitioned_onnx import proto_subgraphs
 
@@ -24,6 +27,37 @@ def nodes_within(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
             found.append(node)
             pending.extend(graph.node for graph in proto_subgraphs(node))
     return found
+
+
+def readers_of(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """The nodes reading each tensor name of `graph` (its top level)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def output_names(graph: onnx.GraphProto) -> set[str]:
+    """The names of `graph`'s outputs."""
+    return {output.name for output in graph.output}
+
+
+def ai_onnx_opset(model: onnx.ModelProto) -> int:
+    """The version of the ai.onnx opset `model` imports."""
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+
+
+def node_attributes(node: onnx.NodeProto) -> dict:
+    """`node`'s attributes by name, as Python values."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def set_attribute(node: onnx.NodeProto, name: str, value) -> None:
+    """Set attribute `name` of `node` to `value`, replacing the one it has."""
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(name, value)])
 
 
 def nodes_rewritten(graph: onnx.GraphProto, originals: Sequence[onnx.NodeProto],

@@ -9,7 +9,7 @@ fused kernel is written back as its members, the host conversions (storage chang
 not model) are left out, and an opset above what the toolkit reads is converted down (an op
 the converter cannot take down first written in older ops: OLDER_FORMS, which also write an op
 the rewrites made that the model's own opset lacks). Then
-TOOLKIT_SHAPINGS (toolkit_shapings.py) rewrite, keeping the values, the forms rknn-toolkit2
+TOOLKIT_SHAPINGS (toolkit_shapings/, by family) rewrite, keeping the values, the forms rknn-toolkit2
 2.5.0 fails on, loops on or runs on its CPU into forms it builds on its NPU (docs/deploy.md
 lists them), and an int8 plan's quantization is written as QDQ pairs (qdq.py).
 """

@@ -1,10 +1,71 @@
-"""TOOLKIT_SHAPINGS: rewrites of the exported graph into forms rknn-toolkit2 2.5.0 builds on
-its NPU (docs/deploy.md). Moved as it was; the next commit splits it by family."""
+"""TOOLKIT_SHAPINGS: rewrites of the exported graph, each keeping the values, from the forms
+rknn-toolkit2 2.5.0 fails on, loops on or runs on its CPU into forms it builds on its NPU
+(docs/deploy.md lists them, each with the toolkit's error or placement that called for it).
+Each takes the model, changes it in place and returns how many places it changed.
+
+One module per family, each exporting its `SHAPINGS`: `reductions` (the plan's means, sums and
+binned sums as Convs, its square roots as Pows, written back), `norms` (the forms around a
+norm's mean, GroupNorm on its planes), `convolutions` (Pads, added Convs, vectors and matrices
+the plan runs as Convs), `layouts` (Reshapes, Slices, Gathers and ranks), `sequences` (a
+transformer's token rows and Split-form Transposes) and `op_forms` (single ops written as the
+toolkit's fusions and readers expect); `common` holds what several of them use. A new shaping
+joins its family's `SHAPINGS` and TOOLKIT_SHAPINGS below, in the place its inputs call for.
+"""
 from __future__ import annotations
 
-from rkcompile.views.toolkit_shapings.layouts import (TOOLKIT_SHAPINGS, rank3_tails_as_rank4,
-                                                      reshapes_after_elementwise_ops, token_rows_as_sequences,
-                                                      transposes_from_splits)
+from rkcompile.views.toolkit_shapings import convolutions, layouts, norms, op_forms, reductions, sequences
+from rkcompile.views.toolkit_shapings.common import Shaping
+from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, linear_layers_as_gemms, pads_into_convs,
+                                                           vectors_into_channels)
+from rkcompile.views.toolkit_shapings.layouts import (flattened_planes_padded, gathers_as_slices, rank3_tails_as_rank4,
+                                                      reshapes_after_elementwise_ops, slices_before_reshapes,
+                                                      splits_of_concats_bypassed)
+from rkcompile.views.toolkit_shapings.norms import (group_norms_on_their_planes, mean_biases_apart,
+                                                    squares_before_reshapes)
+from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
+from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, means_as_reduce_means,
+                                                         square_roots_written_back, sums_as_reduce_sums)
+from rkcompile.views.toolkit_shapings.sequences import token_rows_as_sequences, transposes_from_splits
 
-__all__ = ["TOOLKIT_SHAPINGS", "rank3_tails_as_rank4", "reshapes_after_elementwise_ops", "token_rows_as_sequences",
-           "transposes_from_splits"]
+#: The families, each a module exporting its `SHAPINGS`.
+FAMILIES = (reductions, norms, convolutions, layouts, sequences, op_forms)
+
+#: The shapings in the order the export runs them. Each reads the forms the ones before it left,
+#: so the order interleaves the families.
+TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
+    binned_sums_as_grouped_convs,
+    slices_before_reshapes,
+    erf_of_a_quotient,
+    scale_after_scores,
+    pads_into_convs,
+    # these two leave a mean's Conv reading its Reshape and its epsilon an Add after it, the form
+    # means_as_reduce_means writes back
+    squares_before_reshapes,
+    mean_biases_apart,
+    # before the Conv shapings below, which would take a mean's or a sum's Conv (with the Reshape
+    # before or after it) as any other Conv
+    means_as_reduce_means,
+    sums_as_reduce_sums,
+    vectors_into_channels,
+    # before linear_layers_as_gemms, which would make two Gemms of the Convs it adds into one
+    added_convs_as_one,
+    linear_layers_as_gemms,
+    # before group_norms_on_their_planes, which reads a norm's Sqrt (the rewrites make it a Pow)
+    square_roots_written_back,
+    group_norms_on_their_planes,
+    gathers_as_slices,
+    flattened_planes_padded,
+    rank3_tails_as_rank4,
+    # before reshapes_after_elementwise_ops: a Split of a Concat ties each level's Reshape to the
+    # ops after it, which that shaping cannot move then
+    splits_of_concats_bypassed,
+    reshapes_after_elementwise_ops,
+    # before transposes_from_splits, which keeps the Split form of a Transpose that a Reshape into
+    # rows reads: rows this one did not write back as sequences
+    token_rows_as_sequences,
+    transposes_from_splits,
+    # last: writes the defaults of the nodes the other shapings write too
+    defaults_written,
+)
+
+__all__ = ["FAMILIES", "TOOLKIT_SHAPINGS", "Shaping", *(shaping.__name__ for shaping in TOOLKIT_SHAPINGS)]

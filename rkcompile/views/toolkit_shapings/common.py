@@ -1,0 +1,47 @@
+"""What several families of toolkit shapings read or write alike: a shaping's type (`Shaping`),
+whether a Conv is the plan's 1x1 matrix product (`pointwise`), a ReduceMean or ReduceSum in its
+opset's form (`reduction_node`), and the element-by-element ops (`ELEMENTWISE`)."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rkcompile.views.proto_graph import node_attributes
+
+#: A toolkit shaping: it rewrites the model in place and returns how many places it changed.
+Shaping = Callable[[onnx.ModelProto], int]
+
+
+def reduction_node(graph: onnx.GraphProto, reduction: str, source: str, axes: Sequence[int], target: str, name: str,
+                   opset: int) -> onnx.NodeProto:
+    """A `reduction` (ReduceMean or ReduceSum) `name` of `source` over `axes` keeping them, into
+    `target`: its axes an input from the opset that made them one (18 for ReduceMean, 13 for
+    ReduceSum; an initializer added to `graph`), an attribute before."""
+    if opset < _AXES_AS_INPUT[reduction]:
+        return helper.make_node(reduction, [source], [target], name, axes=list(axes), keepdims=1)
+    axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{name}/axes")
+    graph.initializer.append(axes_tensor)
+    return helper.make_node(reduction, [source, axes_tensor.name], [target], name, keepdims=1)
+
+
+#: The opset from which each reduction `reduction_node` writes takes its axes as an input.
+_AXES_AS_INPUT = {"ReduceMean": 18, "ReduceSum": 13}
+
+
+def pointwise(conv: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:
+    """Whether `conv` (of weights of `weight_shape`) is a 1x1 Conv of one group, no padding and
+    stride 1: a matrix product over the channels at each position."""
+    attributes = node_attributes(conv)
+    return (tuple(weight_shape[2:]) == (1, 1) and attributes.get("group", 1) == 1
+            and not any(attributes.get("pads", ())) and all(v == 1 for v in attributes.get("strides", ()))
+            and attributes.get("auto_pad", b"NOTSET") in (b"NOTSET", b""))
+
+
+#: Ops computing each element of their result from the same place in their inputs (numpy
+#: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sigmoid", "Relu", "Tanh",
+                         "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "Sin", "Cos", "Erf", "Identity",
+                         "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Clip", "Floor", "Ceil"})

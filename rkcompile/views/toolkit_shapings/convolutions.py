@@ -1,0 +1,193 @@
+"""Shapings of the plan's Convs: a zero Pad folded into the Conv after it (`pads_into_convs`), a
+one-channel Conv's vector moved into the channels (`vectors_into_channels`), two Convs of one
+input added as one (`added_convs_as_one`), and the Conv of a reshaped matrix written back as the
+Gemm it was (`linear_layers_as_gemms`)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rkcompile.views.proto_graph import node_attributes, nodes_rewritten, output_names, readers_of, static_shapes
+from rkcompile.views.toolkit_shapings.common import Shaping, pointwise
+
+
+def pads_into_convs(model: onnx.ModelProto) -> int:
+    """Fold a zero constant Pad of the spatial axes whose only reader is a Conv (explicit pads)
+    into that Conv's pads: the same values. rknn-toolkit2 2.5.0 tries that itself (its rule
+    `fuse_pad_into_conv`) and fails on a Pad whose pads are an initializer (ValueError:
+    assignment destination is read-only; tf2onnx's "same" padding of a strided Conv). Returns
+    how many Pads it folded."""
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = readers_of(graph)
+    graph_outputs = output_names(graph)
+    folded = set()
+    for node in graph.node:
+        conv = readers.get(node.output[0], []) if node.op_type == "Pad" else []
+        if len(conv) != 1 or conv[0].op_type != "Conv" or conv[0].input[0] != node.output[0] \
+                or node.output[0] in graph_outputs:
+            continue
+        pads = _zero_constant_pads(node, constants)
+        attributes = {a.name: a for a in conv[0].attribute}
+        rank = len(pads) // 2 if pads is not None else 0
+        if pads is None or any(pads[:2]) or any(pads[rank:rank + 2]) or any(p < 0 for p in pads) \
+                or attributes.get("auto_pad", helper.make_attribute("auto_pad", b"NOTSET")).s not in (b"NOTSET", b""):
+            continue
+        spatial = rank - 2
+        old = list(attributes["pads"].ints) if "pads" in attributes else [0] * (2 * spatial)
+        new = [a + b for a, b in zip(old, [*pads[2:rank], *pads[rank + 2:]])]
+        if "pads" in attributes:
+            conv[0].attribute.remove(attributes["pads"])
+        conv[0].attribute.append(helper.make_attribute("pads", new))
+        conv[0].input[0] = node.input[0]
+        folded.add(id(node))
+    nodes = [node for node in graph.node if id(node) not in folded]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(folded)
+
+
+def vectors_into_channels(model: onnx.ModelProto) -> int:
+    """Write a Reshape of a one-channel Conv result holding a vector along a spatial axis
+    ([N, 1, K, 1], the plan's mean over tokens as a Conv) as a Transpose of that axis into the
+    channels, then the Reshape if the result is another shape: the same values. From Conv ->
+    Reshape -> Conv (the head after a token mean) rknn-toolkit2 2.5.0 never returns: its rule
+    `fuse_rs_conv` rewrites the pair back and forth (swin_tiny, levit). Returns how many Reshapes
+    it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        source, shape = made_by.get(node.input[0]) if node.op_type == "Reshape" else None, shapes.get(node.input[0])
+        if source is None or source.op_type != "Conv" or shape is None or len(shape) != 4 or shape[1] != 1:
+            continue
+        axis = next((a for a in (2, 3) if shape[a] > 1 and int(np.prod(shape[1:])) == shape[a]), None)
+        if axis is None:
+            continue
+        perm = [0, axis, *(a for a in (1, 2, 3) if a != axis)]
+        moved = [shape[a] for a in perm]
+        target = shapes.get(node.output[0])
+        if target == moved:
+            written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [node.output[0]],
+                                                  f"{node.name}/as_transpose", perm=perm)]
+        elif target is not None:
+            name = f"{node.name}/into_channels"
+            written[id(node)] = [helper.make_node("Transpose", [node.input[0]], [name], name, perm=perm),
+                                 helper.make_node("Reshape", [name, *node.input[1:]], [node.output[0]], node.name)]
+    return nodes_rewritten(graph, graph.node, written)
+
+
+def added_convs_as_one(model: onnx.ModelProto) -> int:
+    """Write the sum of two Convs of the same input with the same attributes, each read by that
+    Add alone, as one Conv with the summed weights and biases: the same values in real
+    arithmetic (float32 rounding apart). rknn-toolkit2 2.5.0 does that itself (its rule
+    `fuse_conv_conv_add`) and fails on the Convs the plan makes of Gemms (TypeError: 'NoneType'
+    object is unsliceable: levit's two heads). Returns how many Adds it wrote."""
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    readers = readers_of(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    merged: dict[int, onnx.NodeProto] = {}
+    removed = set()
+    for node in graph.node:
+        convs = [made_by.get(name) for name in node.input] if node.op_type == "Add" else []
+        if len(convs) != 2 or any(c is None or c.op_type != "Conv" or len(readers[c.output[0]]) != 1 for c in convs) \
+                or convs[0] is convs[1] or _source(convs[0].input[0], made_by, constants) is None \
+                or _source(convs[0].input[0], made_by, constants) != _source(convs[1].input[0], made_by, constants) \
+                or node_attributes(convs[0]) != node_attributes(convs[1]):
+            continue
+        if any(name not in constants for conv in convs for name in conv.input[1:] if name):
+            continue
+        weights = [numpy_helper.to_array(constants[conv.input[1]]) for conv in convs]
+        if weights[0].shape != weights[1].shape:
+            continue
+        biases = [numpy_helper.to_array(constants[conv.input[2]]) if len(conv.input) > 2 and conv.input[2]
+                  else np.zeros(weights[0].shape[0], weights[0].dtype) for conv in convs]
+        prefix = f"{node.name}/summed_conv"
+        summed = [numpy_helper.from_array(weights[0] + weights[1], f"{prefix}/weight"),
+                  numpy_helper.from_array(biases[0] + biases[1], f"{prefix}/bias")]
+        graph.initializer.extend(summed)
+        merged[id(node)] = helper.make_node("Conv", [convs[0].input[0], *(t.name for t in summed)], [node.output[0]],
+                                            prefix, **node_attributes(convs[0]))
+        removed.update(id(conv) for conv in convs)
+    nodes = [merged.get(id(node), node) for node in graph.node if id(node) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(merged)
+
+
+def _source(name: str, made_by: dict[str, onnx.NodeProto],
+            constants: dict[str, onnx.TensorProto]) -> tuple[str, tuple[int, ...] | None] | None:
+    """What tensor `name` is, to tell two names of the same values apart from others: (the
+    tensor a Reshape by a constant shape reads, that shape) for a Reshape's result, else
+    (name, None). The plan writes a Reshape per reader."""
+    node = made_by.get(name)
+    if node is None or node.op_type != "Reshape":
+        return name, None
+    if node.input[1] not in constants:
+        return None
+    return node.input[0], tuple(numpy_helper.to_array(constants[node.input[1]]).tolist())
+
+
+def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of a [N, C] matrix reshaped to [N, C, 1, 1] (the plan's Gemm as a Conv)
+    as the Gemm it was, with a zero bias if it had none, then the Reshape to the Conv's
+    result: the same values. From the plan's form rknn-toolkit2 2.5.0 never returns (its rule
+    `fuse_rs_conv` rewrites the Reshape -> Conv pair back and forth: levit's two heads), and
+    its rule `fuse_conv_conv_add` fails on two such Convs added without biases (TypeError:
+    'NoneType' object is unsliceable). Returns how many Convs it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
+        matrix_shape = shapes.get(reshape.input[0], []) if reshape is not None and reshape.op_type == "Reshape" else []
+        if len(matrix_shape) != 2 or shapes.get(reshape.output[0]) != [*matrix_shape, 1, 1] \
+                or node.input[1] not in constants or node.output[0] not in shapes:
+            continue
+        weights = numpy_helper.to_array(constants[node.input[1]])
+        if not pointwise(node, weights.shape):
+            continue
+        prefix = f"{node.name}/gemm"
+        matrix = numpy_helper.from_array(weights.reshape(weights.shape[:2]), f"{prefix}/weight")
+        shape = numpy_helper.from_array(np.array(shapes[node.output[0]], np.int64), f"{prefix}/shape")
+        bias = [] if len(node.input) > 2 and node.input[2] else \
+            [numpy_helper.from_array(np.zeros(weights.shape[0], weights.dtype), f"{prefix}/bias")]
+        graph.initializer.extend([matrix, shape, *bias])
+        inputs = [reshape.input[0], matrix.name, bias[0].name if bias else node.input[2]]
+        written[id(node)] = [helper.make_node("Gemm", inputs, [f"{prefix}/result"], prefix, transB=1),
+                             helper.make_node("Reshape", [f"{prefix}/result", shape.name], [node.output[0]],
+                                              f"{prefix}/reshape")]
+    return nodes_rewritten(graph, graph.node, written)
+
+
+def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
+    """The pads of `pad`, a Pad node, when it pads every axis (no `axes`) with a constant zero;
+    else None. The attribute form (opset < 11) and the input form both."""
+    attributes = node_attributes(pad)
+    if attributes.get("mode", b"constant") != b"constant":
+        return None
+    if len(pad.input) == 1:
+        value, pads = attributes.get("value", 0.0), attributes.get("pads")
+    else:
+        if len(pad.input) > 3 and pad.input[3] or pad.input[1] not in constants:
+            return None
+        given = len(pad.input) > 2 and pad.input[2]
+        if given and pad.input[2] not in constants:
+            return None
+        value = constants[pad.input[2]].reshape(-1)[0] if given else 0.0
+        pads = constants[pad.input[1]].reshape(-1).tolist()
+    return [int(p) for p in pads] if pads is not None and value == 0 else None
+
+
+#: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
+SHAPINGS: tuple[Shaping, ...] = (
+    pads_into_convs,
+    vectors_into_channels,
+    added_convs_as_one,
+    linear_layers_as_gemms,
+)

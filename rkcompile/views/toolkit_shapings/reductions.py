@@ -1,0 +1,230 @@
+"""Shapings of the plan's reductions written as Convs back into the forms the toolkit builds: a
+Softmax over bins then a Conv of one channel as a Conv of one group per box side
+(`binned_sums_as_grouped_convs`, YOLOv8's DFL), means and sums as ReduceMean and ReduceSum
+(`means_as_reduce_means`, `sums_as_reduce_sums`), and the Pows the rewrites made of square roots as
+Sqrt (`square_roots_written_back`)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rkcompile.views.proto_graph import ai_onnx_opset, nodes_rewritten, output_names, readers_of, static_shapes
+from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node
+
+
+def means_as_reduce_means(model: onnx.ModelProto) -> int:
+    """Write the plan's mean as a Conv, Reshape x -> [N, K, H, W] then a 1x1 Conv of uniform
+    weights 1/K, one output channel and no bias, back as the ReduceMean of x over its axes
+    that make K (those of x regroup whole into [N | K | H, W]): the same values up to
+    rounding. The Reshape or Transpose after the Conv that gives the mean the ReduceMean's
+    shape goes too; a Reshape to another shape reads the ReduceMean; else a Reshape gives it
+    the Conv's shape. rknn-toolkit2 2.5.0 fuses an RMS
+    norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
+    t5), runs the Reshape of tokens held on the batch axis as a Transpose on its CPU (levit)
+    and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
+    return _reductions_written_back(model, "ReduceMean")
+
+
+def sums_as_reduce_sums(model: onnx.ModelProto) -> int:
+    """Write the plan's sum as a Conv, Reshape x -> [N, K, H, W] then a 1x1 Conv of weights
+    all 1, one output channel and no bias, back as the ReduceSum of x over its axes that make
+    K, as `means_as_reduce_means` writes a mean: the same values up to rounding. From the
+    Conv of [N, K, 1, 1] rows rknn-toolkit2 2.5.0 holds the sums as one row [1, 1, 1, N] and
+    runs on its CPU the Reshape that splits it into rows of a length not a multiple of 8
+    (RT-DETR's deformable attention, its heads' sums over the sampled points regrouped into
+    [1, 256, 1, 300] for the output projection: one CPU Reshape per decoder layer); from the
+    ReduceSum it sums along the channels of a Transposed x on its NPU and keeps the Reshape
+    there. A sum that is a graph output or that a Reshape or Transpose after it writes to one
+    stays a Conv: from the ReduceSum the toolkit runs that Reshape to the output on its CPU,
+    from the Conv on its NPU (PicoDet's box sides [1, 2100, 4]). Returns how many it wrote."""
+    return _reductions_written_back(model, "ReduceSum", before_outputs=False)
+
+
+def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outputs: bool = True) -> int:
+    """Write each of the plan's means (`reduction` "ReduceMean") or sums ("ReduceSum") as a
+    Conv back as `reduction`, as `means_as_reduce_means` describes, but for one that is a graph
+    output or that a Reshape or Transpose writes to one unless `before_outputs`; returns how
+    many."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    opset = ai_onnx_opset(model)
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = readers_of(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = output_names(graph)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed = set()
+    for node in graph.node:
+        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
+        if reshape is None or reshape.op_type != "Reshape" or len(readers[reshape.output[0]]) != 1 \
+                or node.input[1] not in constants or not pointwise(node, constants[node.input[1]].shape):
+            continue
+        source, grouped, result = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(node.output[0])
+        weights = constants[node.input[1]]
+        bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if source is None or grouped is None or result is None or len(grouped) != 4 \
+                or weights.shape != (1, grouped[1], 1, 1) or grouped[1] < 2 \
+                or not np.allclose(weights, 1.0 / grouped[1] if reduction == "ReduceMean" else 1.0,
+                                   rtol=1e-6, atol=0) \
+                or (bias is None and len(node.input) > 2 and node.input[2]) or (bias is not None and bias.any()):
+            continue
+        axes = _regrouped_axes(source, grouped[0], grouped[1])
+        if axes is None:
+            continue
+        mean = [1 if axis in axes else size for axis, size in enumerate(source)]
+        after = readers.get(node.output[0], [])
+        if not before_outputs and (node.output[0] in graph_outputs or any(
+                r.op_type in ("Reshape", "Transpose") and r.output[0] in graph_outputs for r in after)):
+            continue
+        replaced = (len(after) == 1 and after[0].op_type in ("Reshape", "Transpose")
+                    and shapes.get(after[0].output[0]) == mean and node.output[0] not in graph_outputs)
+        prefix = f"{node.name}/{reduction.lower()}"
+        reshaped_after = (not replaced and mean != result and len(after) == 1 and after[0].op_type == "Reshape"
+                          and node.output[0] not in graph_outputs)
+        if replaced:
+            target = after[0].output[0]
+        elif mean == result:
+            target = node.output[0]
+        else:
+            target = prefix
+        written[id(node)] = [reduction_node(graph, reduction, reshape.input[0], axes, target, prefix, opset)]
+        if reshaped_after:  # a Reshape reads the mean in any shape of the same element order
+            after[0].input[0] = prefix
+        elif target == prefix:
+            shape = numpy_helper.from_array(np.array(result, np.int64), f"{prefix}/shape")
+            graph.initializer.append(shape)
+            written[id(node)].append(helper.make_node("Reshape", [prefix, shape.name], [node.output[0]],
+                                                      f"{prefix}/reshape"))
+        removed.add(id(reshape))
+        if replaced:
+            removed.add(id(after[0]))
+    return nodes_rewritten(graph, graph.node, written, removed)
+
+
+def _regrouped_axes(shape: list[int], outer: int, size: int) -> list[int] | None:
+    """The axes of `shape` that a Reshape to [outer, size, ...] gathers whole into its axis 1:
+    a run of axes after those whose product is `outer`, of product `size`; None when there is
+    no such run."""
+    for start in range(len(shape) + 1):
+        if int(np.prod(shape[:start])) != outer:
+            continue
+        for stop in range(start + 1, len(shape) + 1):
+            if int(np.prod(shape[start:stop])) == size:
+                return list(range(start, stop))
+    return None
+
+
+def square_roots_written_back(model: onnx.ModelProto) -> int:
+    """Write a Pow by the constant 0.5 that only divisors read as the Sqrt it was (the
+    rewrites make Sqrt a Pow), and a Pow by -0.5 that only products read as a Sqrt they
+    divide by (x * p^-0.5 = x / sqrt(p): an RMSNorm the plan runs as exNorm from its 1x1 Conv
+    form): rknn-toolkit2 2.5.0 fuses a norm, mean -> Add -> Sqrt -> Div, into its exNorm only
+    from the Sqrt (from the Pow it runs each Div on its CPU: t5); a Sqrt alone it may run on
+    its CPU, so other Pows stay. The values differ by float32 rounding. Returns how many Pows
+    it wrote."""
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    readers = readers_of(model.graph)
+    changed = 0
+    for node in model.graph.node:
+        exponent = constants.get(node.input[1]) if node.op_type == "Pow" else None
+        if exponent is None or exponent.size != 1:
+            continue
+        power, users = float(exponent.reshape(-1)[0]), readers.get(node.output[0], [])
+        if power == 0.5 and users and all(r.op_type == "Div" and list(r.input[1:]) == [node.output[0]] for r in users):
+            node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+            changed += 1
+        elif power == -0.5 and users and all(r.op_type == "Mul" and list(r.input).count(node.output[0]) == 1
+                                             for r in users):
+            node.CopyFrom(helper.make_node("Sqrt", [node.input[0]], [node.output[0]], node.name))
+            for product in users:
+                other = next(name for name in product.input if name != node.output[0])
+                product.CopyFrom(helper.make_node("Div", [other, node.output[0]], list(product.output), product.name))
+            changed += 1
+    return changed
+
+
+def binned_sums_as_grouped_convs(model: onnx.ModelProto) -> int:
+    """Write a 1x1 Conv of one output channel over a Softmax across the K channels of
+    T = [1, K, G, N], where T is a chain of Reshapes and Transposes of a tensor X holding the
+    values in the order [G, K, N] (YOLOv8's DFL: G box sides of K bins, N boxes), as the Softmax
+    along axis 2 of X reshaped to [1, G, K, N], then a Conv of G groups of the Conv's weights
+    tiled, and a Reshape to the Conv's shape [1, 1, G, N]: the same values up to float32
+    rounding. rknn-toolkit2 2.5.0 runs the Transposed form on its batch axis ([G, K, 1, N]),
+    carries that layout down to where the boxes join the class scores, and runs on its CPU the
+    Reshape of the scores into it. Returns how many Convs it wrote."""
+    if ai_onnx_opset(model) < 13:   # a Softmax of opset < 13 normalizes over every axis from `axis` on
+        return 0
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    made_by = {name: node for node in graph.node for name in node.output}
+    readers = readers_of(graph)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        weight = constants.get(node.input[1]) if node.op_type == "Conv" else None
+        softmax = made_by.get(node.input[0]) if weight is not None else None
+        if softmax is None or softmax.op_type != "Softmax" or weight.shape[0] != 1 \
+                or not pointwise(node, weight.shape) or len(readers[softmax.output[0]]) != 1:
+            continue
+        shape = shapes.get(softmax.input[0])
+        axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
+        if shape is None or len(shape) != 4 or shape[0] != 1 or axis % 4 != 1 or node.output[0] not in shapes:
+            continue
+        _, bins, sides, boxes = shape
+        source = _moved_from(softmax.input[0], made_by, shapes, constants,
+                             np.arange(bins * sides * boxes).reshape(sides, bins, boxes).transpose(1, 0, 2))
+        if source is None:
+            continue
+        prefix = f"{node.name}/grouped"
+        tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}") for what, values in (
+            ("sides_first_shape", [1, sides, bins, boxes]), ("channels_shape", [1, sides * bins, 1, boxes]),
+            ("conv_shape", shapes[node.output[0]]))]
+        tensors.append(numpy_helper.from_array(np.tile(weight, (sides, 1, 1, 1)), f"{prefix}/weight"))
+        bias = [node.input[2]] if len(node.input) > 2 and node.input[2] else []
+        if bias:
+            tensors.append(numpy_helper.from_array(np.tile(constants[bias[0]], sides), f"{prefix}/bias"))
+        graph.initializer.extend(tensors)
+        names = [f"{prefix}/{what}" for what in ("sides_first", "softmax", "channels", "conv")]
+        written[id(node)] = [
+            helper.make_node("Reshape", [source, tensors[0].name], [names[0]], names[0]),
+            helper.make_node("Softmax", [names[0]], [names[1]], names[1], axis=2),
+            helper.make_node("Reshape", [names[1], tensors[1].name], [names[2]], names[2]),
+            helper.make_node("Conv", [names[2], tensors[3].name, *(t.name for t in tensors[4:])], [names[3]], names[3],
+                             kernel_shape=[1, 1], group=sides),
+            helper.make_node("Reshape", [names[3], tensors[2].name], [node.output[0]], f"{prefix}/reshape")]
+    return nodes_rewritten(graph, originals, written)
+
+
+def _moved_from(name: str, made_by: dict[str, onnx.NodeProto], shapes: dict[str, list[int]],
+                constants: dict[str, np.ndarray], order: np.ndarray) -> str | None:
+    """The tensor that the chain of Reshapes and Transposes ending at `name` starts from, when
+    the chain moves its elements, in order, to the positions `order` gives (the index of each
+    element of `name`, in the start's row-major order); else None."""
+    chain, start = [], name
+    while start in made_by and made_by[start].op_type in ("Reshape", "Transpose") \
+            and (made_by[start].op_type == "Transpose" or made_by[start].input[1] in constants):
+        chain.append(made_by[start])
+        start = made_by[start].input[0]
+    if start not in shapes:
+        return None
+    moved = np.arange(int(np.prod(shapes[start]))).reshape(shapes[start])
+    for node in reversed(chain):
+        if node.op_type == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            moved = moved.transpose(perm)
+        elif node.output[0] in shapes:
+            moved = moved.reshape(shapes[node.output[0]])
+        else:
+            return None
+    return start if chain and moved.size == order.size and (moved.reshape(-1) == order.reshape(-1)).all() else None
+
+
+#: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
+SHAPINGS: tuple[Shaping, ...] = (
+    binned_sums_as_grouped_convs,
+    means_as_reduce_means,
+    sums_as_reduce_sums,
+    square_roots_written_back,
+)

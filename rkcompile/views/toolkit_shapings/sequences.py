@@ -1,0 +1,220 @@
+"""Shapings of the plan's transformer tokens: the rows [R, C, 1, 1] it holds them as written back
+as the sequences [P, N, C] they were (`token_rows_as_sequences`), and the Split form of its
+one-axis Transposes written back as the Transpose (`transposes_from_splits`)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rkcompile.views.proto_graph import nodes_rewritten, output_names, readers_of, set_attribute, static_shapes
+from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping, pointwise
+
+
+def token_rows_as_sequences(model: onnx.ModelProto) -> int:
+    """Write the plan's tokens held as rows [R, C, 1, 1] (a transformer's [P, N, C] tokens,
+    each Linear a 1x1 Conv) back as the sequences [P, N, C] they were: each region of rows the
+    Reshapes into them start and Reshapes out of them end, computed by LayerNormalizations
+    over the channels, 1x1 Convs and element-by-element ops of per-channel constants
+    (`_TokenRegion`), its Reshapes in writing [P, N, C] (N the axis before the channels of
+    the tensor one of them reads), each LayerNormalization over the last axis, each Conv a
+    MatMul (then an Add of its bias): the same values up to float32 rounding. From the rows
+    rknn-toolkit2 2.5.0 holds the tokens as one row [1, C, 1, R] and runs on its CPU the
+    Reshape of the patches into it (MobileViT's unfold of each block, [640, 8, 2, 2] into
+    [1, 80, 1, 256]) and the one its fold makes back; from the sequences it holds them as
+    [P, C, 1, N] and keeps both on its NPU. Returns how many ops it wrote so."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    found = _TokenRegion.all_in(graph, shapes, constants)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for region in found:
+        for entry in region.entries:
+            shape = numpy_helper.from_array(np.array([*region.sequences, shapes[entry.output[0]][1]], np.int64),
+                                            f"{entry.name}/sequences_shape")
+            graph.initializer.append(shape)
+            entry.input[1] = shape.name
+        for node in region.ops:
+            written[id(node)] = _on_sequences(node, graph, constants)
+    return nodes_rewritten(graph, graph.node, written)
+
+
+class _TokenRegion(NamedTuple):
+    """Rows [R, C, 1, 1] that `token_rows_as_sequences` writes as sequences: the Reshapes
+    writing them from other shapes (`entries`), the ops computing them from those (`ops`),
+    and the sequences' [P, N]."""
+    entries: list[onnx.NodeProto]
+    ops: list[onnx.NodeProto]
+    sequences: tuple[int, int]
+
+    @staticmethod
+    def all_in(graph: onnx.GraphProto, shapes: dict[str, list[int]],
+               constants: dict[str, np.ndarray]) -> list["_TokenRegion"]:
+        """The regions of rows in `graph`: each the tensors of [R, *, 1, 1] that reach one
+        another through its ops, none a graph output, each made by a Reshape from another
+        shape or by an op a region may hold (`_on_rows`), each read by such ops or by
+        Reshapes, a LayerNormalization among the ops (a transformer's tokens: the rows of a
+        sum over bins, Reshaped to an output, stay, as `sums_as_reduce_sums` says); its
+        [P, N] from an entry's source [..., N, C]."""
+        readers = readers_of(graph)
+        made_by = {name: node for node in graph.node for name in node.output}
+        outputs = output_names(graph)
+
+        def rows(name: str) -> bool:
+            return name not in constants and _is_rows(shapes.get(name))
+
+        def entry(node: onnx.NodeProto | None) -> bool:
+            return node is not None and node.op_type == "Reshape" and not rows(node.input[0]) \
+                and node.input[0] in shapes
+
+        regions, seen = [], set()
+        for start in graph.node:
+            if not entry(start) or not rows(start.output[0]) or start.output[0] in seen:
+                continue
+            count = shapes[start.output[0]][0]
+            entries, ops, tensors, pending, whole = {}, {}, set(), [start.output[0]], True
+            while pending and whole:
+                name = pending.pop()
+                if name in tensors:
+                    continue
+                tensors.add(name)
+                producer = made_by.get(name)
+                if not rows(name) or shapes[name][0] != count or name in outputs or producer is None:
+                    whole = False
+                elif entry(producer):
+                    entries[id(producer)] = producer
+                elif _on_rows(producer, shapes, constants):
+                    ops[id(producer)] = producer
+                    pending.extend(n for n in producer.input if n and n not in constants)
+                else:
+                    whole = False
+                for reader in readers.get(name, []):
+                    if reader.op_type == "Reshape" and reader.input[0] == name:
+                        continue
+                    if not _on_rows(reader, shapes, constants):
+                        whole = False
+                    pending.extend([*(n for n in reader.input if n and n not in constants), *reader.output])
+            seen.update(tensors)
+            sources = [shapes[e.input[0]] for e in entries.values()
+                       if len(shapes[e.input[0]]) >= 2 and shapes[e.input[0]][-1] == shapes[e.output[0]][1]]
+            normalized = any(op.op_type == "LayerNormalization" for op in ops.values())
+            if whole and normalized and sources and count % sources[0][-2] == 0 and 1 < sources[0][-2] < count:
+                length = sources[0][-2]
+                regions.append(_TokenRegion(list(entries.values()), list(ops.values()), (count // length, length)))
+        return regions
+
+
+def _on_rows(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node` computes each row [C, 1, 1] of its rows [R, C, 1, 1] from that row of
+    its variable inputs alone, by an op that works alike on sequences [P, N, C]: a
+    LayerNormalization over the channels, a 1x1 Conv of constant weights, or an
+    element-by-element op of inputs of its result's shape and constants of one value or one a
+    channel."""
+    result = shapes.get(node.output[0])
+    if result is None or len(node.output) != 1 or len(result) != 4:
+        return False
+    channels = result[1]
+    if node.op_type == "LayerNormalization":
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        return axis in (1, -3) and node.input[0] not in constants \
+            and all(name in constants and constants[name].size == channels for name in node.input[1:] if name)
+    if node.op_type == "Conv":
+        return node.input[0] not in constants and node.input[1] in constants \
+            and pointwise(node, constants[node.input[1]].shape) \
+            and all(name in constants for name in node.input[2:] if name)
+    return node.op_type in ELEMENTWISE and all(
+        _per_channel(constants[name], channels) if name in constants else shapes.get(name) == result
+        for name in node.input if name)
+
+
+def _per_channel(values: np.ndarray, channels: int) -> bool:
+    """Whether `values` broadcast over rows [R, C, 1, 1] gives each channel one value."""
+    return values.size == 1 or (values.size == channels and values.shape[-3:] == (channels, 1, 1))
+
+
+def _on_sequences(node: onnx.NodeProto, graph: onnx.GraphProto,
+                  constants: dict[str, np.ndarray]) -> list[onnx.NodeProto]:
+    """The nodes computing `node`, an op `_on_rows` accepts, on sequences [P, N, C]: its
+    constants as vectors (initializers added to `graph`), a Conv as a MatMul then an Add of
+    its bias."""
+    if node.op_type == "Conv":
+        weights = constants[node.input[1]]
+        matrix = numpy_helper.from_array(np.ascontiguousarray(weights.reshape(weights.shape[:2]).T),
+                                         f"{node.name}/matrix")
+        graph.initializer.append(matrix)
+        if len(node.input) < 3 or not node.input[2]:
+            return [helper.make_node("MatMul", [node.input[0], matrix.name], [node.output[0]], f"{node.name}/matmul")]
+        bias = numpy_helper.from_array(constants[node.input[2]], f"{node.name}/bias")
+        graph.initializer.append(bias)
+        return [helper.make_node("MatMul", [node.input[0], matrix.name], [f"{node.name}/product"],
+                                 f"{node.name}/matmul"),
+                helper.make_node("Add", [f"{node.name}/product", bias.name], [node.output[0]], f"{node.name}/bias")]
+    for index, name in enumerate(node.input):
+        if name in constants and constants[name].ndim > 1:
+            vector = numpy_helper.from_array(constants[name].reshape(-1), f"{node.name}/vector_{index}")
+            graph.initializer.append(vector)
+            node.input[index] = vector.name
+    if node.op_type == "LayerNormalization":
+        set_attribute(node, "axis", -1)
+    return [node]
+
+
+def _is_rows(shape: list[int] | None) -> bool:
+    """Whether `shape` is the plan's rows [R, C, 1, 1], R > 1: tokens, each Linear a 1x1 Conv."""
+    return shape is not None and len(shape) == 4 and shape[2:] == [1, 1] and shape[0] > 1
+
+
+def transposes_from_splits(model: onnx.ModelProto) -> int:
+    """Write the plan's Transpose that moves one axis, done as a Split of that axis into unit
+    pieces, a Reshape of each moving its unit axis to the new place and a Concat along it,
+    back as the Transpose: the same values. With the tokens as sequences
+    (`token_rows_as_sequences`) rknn-toolkit2 2.5.0 keeps on its NPU the Transposes of
+    MobileViT's unfold and fold; from the Splits it runs on its CPU the Reshape it makes
+    before one ([1, 96, 8, 8] into [384, 8, 1, 2]) and the one after the Concat. A Transpose
+    read by a Reshape into rows [R, C, 1, 1] keeps the Split form: written back there (Swin's
+    window partition, [4, 7, 4, 1344] moved by (0, 2, 1, 3) into [784, 192, 1, 1]) the
+    toolkit runs the Transpose itself on its CPU. Returns how many Transposes it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    readers = readers_of(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, onnx.NodeProto] = {}
+    removed: set[int] = set()
+    for node in graph.node:
+        pieces = [made_by.get(name) for name in node.input] if node.op_type == "Concat" else []
+        split = made_by.get(pieces[0].input[0]) if pieces and pieces[0] is not None else None
+        if split is None or split.op_type != "Split" or len(pieces) < 2 \
+                or any(p is None or p.op_type != "Reshape" or len(readers[p.output[0]]) != 1 for p in pieces) \
+                or list(split.output) != [p.input[0] for p in pieces] \
+                or any(len(readers[name]) != 1 for name in split.output) \
+                or any(r.op_type == "Reshape" and _is_rows(shapes.get(r.output[0]))
+                       for r in readers.get(node.output[0], [])):
+            continue
+        source, result = shapes.get(split.input[0]), shapes.get(node.output[0])
+        if source is None or result is None:
+            continue
+        cut = next((a.i for a in split.attribute if a.name == "axis"), 0) % len(source)
+        joined = next(a.i for a in node.attribute if a.name == "axis") % len(source)
+        perm = [axis for axis in range(len(source)) if axis != cut]
+        perm.insert(joined, cut)
+        piece = [source[axis] for axis in perm]
+        piece[joined] = 1
+        if cut == joined or source[cut] != len(pieces) or [source[axis] for axis in perm] != result \
+                or any(shapes.get(p.output[0]) != piece for p in pieces):
+            continue
+        written[id(node)] = helper.make_node("Transpose", [split.input[0]], [node.output[0]],
+                                             f"{node.name}/transpose", perm=perm)
+        removed.update([id(split), *(id(p) for p in pieces)])
+    nodes = [written.get(id(node), node) for node in graph.node if id(node) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(written)
+
+
+#: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
+SHAPINGS: tuple[Shaping, ...] = (
+    token_rows_as_sequences,
+    transposes_from_splits,
+)
