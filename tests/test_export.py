@@ -522,6 +522,24 @@ def test_a_sum_written_to_an_output_stays_a_conv(save, tmp_path):
     assert written.report["toolkit_shapings"]["sums_as_reduce_sums"] == 0
     assert [n.op_type for n in onnx.load(str(written.path)).graph.node].count("Conv") == 1
 
+
+def mean_over_a_middle_axis_to_an_output() -> onnx.ModelProto:
+    """Box sides [1, 30, 8, 4] (after a Sigmoid) averaged over their 8 bins, axis 2, into the
+    output [1, 30, 4]: the plan's Conv of weights 1/8, then a Reshape to the output."""
+    nodes = [helper.make_node("Sigmoid", ["bins"], ["scores"], name="act"),
+             helper.make_node("ReduceMean", ["scores"], ["sides"], name="mean", axes=[2], keepdims=0)]
+    return make_model(nodes, [value_info("bins", [1, 30, 8, 4])], [value_info("sides", [1, 30, 4])])
+
+
+def test_a_mean_written_to_an_output_is_written_back(save, tmp_path):
+    """Unlike a sum, a mean a Reshape writes to an output is written back as a ReduceMean: from
+    it rknn-toolkit2 2.5.0 keeps that Reshape on its NPU, from the plan's Conv it ran it on its
+    CPU."""
+    written = rkcompile.export(save(mean_over_a_middle_axis_to_an_output()), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["means_as_reduce_means"] == 1
+    assert [n.op_type for n in onnx.load(str(written.path)).graph.node] == ["Sigmoid", "ReduceMean", "Reshape"]
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
 def rms_norm() -> onnx.ModelProto:
     """T5's RMS norm: x / sqrt(mean(x^2) + eps) * gamma."""
     nodes = [helper.make_node("Pow", ["x", "two"], ["square"], name="pow"),
@@ -718,9 +736,10 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
                                    lambda: token_mean_classifier(normalized=False),
                                    lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
                                    two_linear_heads_added, detection_head, lambda: group_norm(14, 8),
-                                   lambda: group_norm(17, 5)],
+                                   lambda: group_norm(17, 5), mean_over_a_middle_axis_to_an_output],
                          ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
-                              "gathers", "two_heads", "detection_head", "group_norm", "group_norm_of_small_planes"])
+                              "gathers", "two_heads", "detection_head", "group_norm", "group_norm_of_small_planes",
+                              "mean_to_output"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
     builds from the export, no layer on its CPU where the plan has none, within a timeout

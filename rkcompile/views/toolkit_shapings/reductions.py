@@ -22,7 +22,11 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
     the Conv's shape. rknn-toolkit2 2.5.0 fuses an RMS
     norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
     t5), runs the Reshape of tokens held on the batch axis as a Transpose on its CPU (levit)
-    and loops on the Reshape -> Conv pairs around it (swin_tiny). Returns how many it wrote."""
+    and loops on the Reshape -> Conv pairs around it (swin_tiny). Unlike a sum
+    (`sums_as_reduce_sums`), a mean written to a graph output is written back too: the toolkit
+    takes a ReduceMean as a MatMul, then a Conv, and keeps the Reshape to the output on its NPU;
+    from the plan's Conv of a mean over a middle axis ([1, 2100, 8, 4] into [1, 2100, 4]) it runs
+    that Reshape on its CPU. Returns how many it wrote."""
     return _reductions_written_back(model, "ReduceMean")
 
 
