@@ -271,8 +271,8 @@ def _reference_outputs(node: gs.Node, opset: int) -> list:
 def evaluate_on(node: gs.Node, values: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     """onnx.reference's values of `node`'s named outputs on `values` (one per input, None for an
     omitted one) rather than on its inputs' own, or None when its op's implementation needs the
-    evaluator's context. The attention rule of passes/simplify_layout.py runs layout ops on
-    arrays of element indices with it, to see where each element comes from."""
+    evaluator's context. The attention rule of passes/simplify_layout/kernel_operands.py runs
+    layout ops on arrays of element indices with it, to see where each element comes from."""
     implementation = _implementation(node.op, opset)
     if implementation is None:
         return None

@@ -1,5 +1,5 @@
 """The attention kernel reads its query, keys and values straight from the projections and writes
-straight into the next one's layout (passes/simplify_layout.py, `attention_operands`), on the
+straight into the next one's layout (passes/simplify_layout/kernel_operands.py, `attention_operands`), on the
 forms torch.onnx and paddle2onnx write: separate projections each split into heads by Reshape
 and Transpose, one projection split into q/k/v by Gather or by Slice and Squeeze, and the head
 merge after it. Each plan is checked for its steps and, run in the emulator, against

@@ -1,9 +1,10 @@
-"""passes/simplify_layout.py on the forms exporters write: relabels around a GELU between two
+"""passes/simplify_layout/ on the forms exporters write: relabels around a GELU between two
 linear layers, Transposes around an Add of a constant, Slices that together are a Split,
 relabel chains through element-wise ops, relabels of both operands of an Add. Each plan is
 checked for its NPU steps and, run in the emulator, against onnxruntime."""
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
@@ -688,3 +689,19 @@ def test_a_relabel_of_one_of_three_outputs_of_a_split_stays_below_it(tmp_path):
     assert "relabels_above_split" not in {r.rule for r in ctx.rewrites}
     assert ("relabels_above_split", "declined: no more than half its outputs take one relabel of their pieces") \
         in attempts(ctx, "cut")
+
+
+def test_the_pass_runs_every_rule_its_families_define():
+    """Each rule a family module of passes/simplify_layout/ defines (a public function of the node
+    and the simplifier) runs, once: in RULES, or after the kernel fusions. A rule written but left
+    out of both would run nowhere, silently."""
+    from rkcompile.passes import simplify_layout
+    from rkcompile.passes.simplify_layout import kernel_operands, move_down, redundant, relabels
+
+    listed = [*simplify_layout.RULES, simplify_layout.attention_operands, simplify_layout.matmul_operands]
+    defined = {function for family in (redundant, move_down, relabels, kernel_operands)
+               for name, function in vars(family).items()
+               if inspect.isfunction(function) and function.__module__ == family.__name__ and not name.startswith("_")
+               and list(inspect.signature(function).parameters) == ["node", "simplifier"]}
+    assert len(set(listed)) == len(listed)
+    assert set(listed) == defined

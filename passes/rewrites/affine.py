@@ -303,7 +303,7 @@ def scale_into_constant_products(node: gs.Node, site: Site) -> Candidates:
     (x*cos + rotate_half(x)*sin, cos and sin constant for a fixed sequence) leaves between the
     query's or key's projection and the product: with it gone, the product reads the rotary's
     output straight away and the attention absorption can take the head split's relabels
-    (passes/simplify_layout.py), as rknn-toolkit2 runs no step for the scale. One rounding of the
+    (passes/simplify_layout/), as rknn-toolkit2 runs no step for the scale. One rounding of the
     constants' dtype instead of a rounding of the sum: within float16 rounding (exact for a
     power-of-two scale such as a head size's 1/sqrt(sqrt(d)))."""
     affine = _affine_of(node)
