@@ -296,6 +296,19 @@ def _bart_decoder_ids(inputs: dict) -> dict:
     return {"decoder_input_ids": inputs["input_ids"][:, :16].clone()}
 
 
+def _tv_r3d_18():
+    import torchvision
+    clip = _image(112).unsqueeze(2).repeat(1, 1, 8, 1, 1)  # [1, 3, 8 frames, 112, 112]
+    return torchvision.models.video.r3d_18(weights=None).eval(), {"clip": clip}, ["logits"]
+
+
+def _hf_vision(model_cls: str, config_cls: str, config: dict, size: int, outputs: tuple = ("last_hidden_state",)):
+    return _hf_audio(model_cls, config_cls, config, "pixel_values", (1, 3, size, size), outputs)
+
+
+_TINY_VIT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+
+
 _TV = "torchvision classification"
 _TV_DET = "torchvision detection"
 _TV_SEG = "torchvision segmentation"
@@ -432,6 +445,55 @@ SPECS: list[Spec] = [
     Spec("yolo11n_obb", _YOLO, "ultralytics yolo11n-obb.yaml", ULTRALYTICS, 19, yolo_yaml="yolo11n-obb.yaml"),
     Spec("yolov10n", _YOLO, "ultralytics yolov10n.yaml (NMS-free head)", ULTRALYTICS, 18, yolo_yaml="yolov10n.yaml"),
     Spec("rtdetr_l", _YOLO, "ultralytics rtdetr-l.yaml", ULTRALYTICS, 17, yolo_yaml="rtdetr-l.yaml"),
+    # the holdout set: architectures and forms the zoos above were never tuned on
+    Spec("timm_efficientvit_b0", _TIMM, "timm efficientvit_b0 (MIT, ReLU linear attention)", DYNAMO, 18,
+         _timm("efficientvit_b0")),
+    Spec("timm_mobileone_s0", _TIMM, "timm mobileone_s0 (unreparameterised branches)", TORCHSCRIPT, 13,
+         _timm("mobileone_s0")),
+    Spec("timm_ghostnetv2_100", _TIMM, "timm ghostnetv2_100 (DFC attention)", TORCHSCRIPT, 16, _timm("ghostnetv2_100")),
+    Spec("timm_mixnet_s", _TIMM, "timm mixnet_s (mixed depthwise kernels)", DYNAMO, 20, _timm("mixnet_s")),
+    Spec("timm_rexnet_100", _TIMM, "timm rexnet_100", TORCHSCRIPT, 14, _timm("rexnet_100")),
+    Spec("timm_resnest14d", _TIMM, "timm resnest14d (split attention) at 160", TORCHSCRIPT, 17,
+         _timm("resnest14d", 160)),
+    Spec("timm_pvt_v2_b0", _TIMM, "timm pvt_v2_b0 (spatial-reduction attention)", DYNAMO, 18, _timm("pvt_v2_b0")),
+    Spec("timm_mobilevitv2_050", _TIMM, "timm mobilevitv2_050 (separable self-attention) at 256", TORCHSCRIPT, 15,
+         _timm("mobilevitv2_050", 256)),
+    Spec("timm_hrnet_w18_small", _TIMM, "timm hrnet_w18_small at 160", DYNAMO, 19, _timm("hrnet_w18_small", 160)),
+    Spec("tv_inception_v3", _TV, "torchvision inception_v3 at 160 (no aux logits)", TORCHSCRIPT, 15,
+         _tv("inception_v3", 160, aux_logits=False, init_weights=True)),
+    Spec("tv_resnext50_32x4d", _TV, "torchvision resnext50_32x4d at 128", DYNAMO, 19, _tv("resnext50_32x4d", 128)),
+    Spec("tv_r3d_18", _TV, "torchvision r3d_18 (3-D convolutions), 8 frames of 112x112", TORCHSCRIPT, 16, _tv_r3d_18),
+    Spec("hf_mobilebert_tiny", _HF, "transformers MobileBertModel (hidden 64, 2 layers, bottleneck 32), seq 32",
+         TORCHSCRIPT, 14, _hf_text("MobileBertModel", "MobileBertConfig",
+                                   dict(_TINY_ENCODER, vocab_size=512, embedding_size=32, intra_bottleneck_size=32,
+                                        true_hidden_size=32, num_feedforward_networks=2))),
+    Spec("hf_convbert_tiny", _HF, "transformers ConvBertModel (hidden 64, 2 layers, span conv 9), seq 32", DYNAMO, 18,
+         _hf_text("ConvBertModel", "ConvBertConfig", dict(_TINY_ENCODER, vocab_size=512, embedding_size=64))),
+    Spec("hf_squeezebert_tiny", _HF, "transformers SqueezeBertModel (hidden 64, 2 layers, grouped 1-D convs), seq 32",
+         TORCHSCRIPT, 16, _hf_text("SqueezeBertModel", "SqueezeBertConfig",
+                                   dict(_TINY_ENCODER, vocab_size=512, embedding_size=64))),
+    Spec("hf_clip_vision_tiny", _HF, "transformers CLIPVisionModel (hidden 64, 2 layers, patch 16), 112x112", DYNAMO, 19,
+         _hf_vision("CLIPVisionModel", "CLIPVisionConfig", dict(_TINY_VIT, image_size=112, patch_size=16), 112,
+                    outputs=("last_hidden_state", "pooler_output"))),
+    Spec("hf_dinov2_tiny", _HF, "transformers Dinov2Model (hidden 64, 2 layers, patch 14), 112x112", TORCHSCRIPT, 17,
+         _hf_vision("Dinov2Model", "Dinov2Config", dict(_TINY_VIT, mlp_ratio=2, image_size=112, patch_size=14), 112)),
+    Spec("hf_beit_tiny", _HF, "transformers BeitModel (hidden 64, 2 layers, relative position bias), 112x112",
+         TORCHSCRIPT, 14, _hf_vision("BeitModel", "BeitConfig",
+                                     dict(_TINY_VIT, image_size=112, patch_size=16, use_relative_position_bias=True),
+                                     112, outputs=("last_hidden_state", "pooler_output"))),
+    Spec("hf_yolos_tiny", _HF, "transformers YolosForObjectDetection (hidden 64, 2 layers, 10 detection tokens), 128x128",
+         DYNAMO, 18, _hf_vision("YolosForObjectDetection", "YolosConfig",
+                                dict(_TINY_VIT, image_size=[128, 128], patch_size=16, num_detection_tokens=10),
+                                128, outputs=("logits", "pred_boxes"))),
+    Spec("hf_convnextv2_tiny", _HF, "transformers ConvNextV2Model (hidden 16-32-64-128, GRN), 128x128", DYNAMO, 20,
+         _hf_vision("ConvNextV2Model", "ConvNextV2Config",
+                    dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1]), 128, outputs=("pooler_output",))),
+    Spec("yolo12n", _YOLO, "ultralytics yolo12n.yaml (area attention)", ULTRALYTICS, 17, yolo_yaml="yolo12n.yaml"),
+    Spec("yolo26n", _YOLO, "ultralytics yolo26n.yaml", ULTRALYTICS, 19, yolo_yaml="yolo26n.yaml"),
+    Spec("yolov5nu", _YOLO, "ultralytics yolov5nu.yaml (anchor-free head)", ULTRALYTICS, 13, yolo_yaml="yolov5nu.yaml"),
+    Spec("yolov9t", _YOLO, "ultralytics yolov9t.yaml (GELAN)", ULTRALYTICS, 16, yolo_yaml="yolov9t.yaml"),
+    Spec("yolo11n_cls", _YOLO, "ultralytics yolo11n-cls.yaml at 224", ULTRALYTICS, 20, yolo_yaml="yolo11n-cls.yaml",
+         imgsz=224),
 ]
 
 
@@ -439,15 +501,21 @@ SPECS: list[Spec] = [
 CALIBRATION_BATCHES = 4
 
 
+def _norm_classes() -> tuple:
+    import torch
+    return (torch.nn.modules.batchnorm._BatchNorm, torch.nn.GroupNorm, torch.nn.LayerNorm)
+
+
 def exercise_random_weights(module, args: tuple) -> None:
     """Make a randomly initialised model compute something worth comparing.
 
     Library inits are meant for training, not for use: torchvision's ViT head and several
-    residual branches start at exactly zero (the peer then folds the whole model to a constant),
-    and with BatchNorm's initial statistics (mean 0, variance 1) activations shrink layer by
+    residual branches start at exactly zero (the peer then folds the whole model to a constant;
+    timm's `zero_init_last` zeroes the scale of a residual block's last norm, which the exporter
+    folds into the conv before it, so the whole branch is dead code), and with BatchNorm's initial statistics (mean 0, variance 1) activations shrink layer by
     layer (logits of 1e-9 to 1e-14 for MobileNetV3/EfficientNet, no box above a detector's
     score threshold). So every all-zero weight matrix gets seeded values of scale 1/sqrt(fan_in),
-    and every BatchNorm's running statistics become the mean over CALIBRATION_BATCHES seeded
+    every all-zero norm scale becomes ones, and every BatchNorm's running statistics become the mean over CALIBRATION_BATCHES seeded
     batches (shaped like the example inputs) of the statistics of its own input. The model stays
     in eval mode: a pre-hook normalises each batch with its statistics as it passes, so later
     norms see normalised inputs, and a channel with a single value (a batch of one pooled to
@@ -459,6 +527,10 @@ def exercise_random_weights(module, args: tuple) -> None:
             if parameter.dim() >= 2 and parameter.is_floating_point() and not parameter.any():
                 fan_in = parameter[0].numel()
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) / fan_in ** 0.5)
+        for norm in module.modules():
+            scale = getattr(norm, "weight", None)
+            if isinstance(norm, _norm_classes()) and scale is not None and not scale.any():
+                scale.fill_(1.0)
         norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
                  and m.track_running_stats]
         sums: dict[Any, list] = {}
