@@ -375,3 +375,75 @@ def test_a_per_channel_scale_before_a_flatten_stays_a_mul(tmp_path):
     _, ctx = compile_model(path, "rk3588")
     outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["d"]}
     assert "only a scalar scale folds into a MatMul's weights" in outcomes["fold_affine_into_next_weighted_op"]
+
+
+def branch_conv(name, kernel, pads, channels=8, inputs=8, group=1, strides=1, dilation=1, x="x"):
+    kernel = (kernel, kernel) if isinstance(kernel, int) else kernel
+    pads = [pads] * 4 if isinstance(pads, int) else list(pads)
+    return node("Conv", [x, f"{name}_w", f"{name}_b"], name, pads=pads, group=group, strides=[strides] * 2,
+                dilations=[dilation] * 2), [const(f"{name}_w", (channels, inputs // group, *kernel)),
+                                            const(f"{name}_b", (channels,))]
+
+
+def summed(tmp_path, branches, extra_nodes=(), extra_inits=(), x_shape=(1, 8, 10, 10), out_shape=(1, 8, 10, 10)):
+    """The branches' outputs added up in a chain (as MobileOne's export writes them), then a Relu."""
+    nodes, inits = list(extra_nodes), list(extra_inits)
+    for conv, weights in branches:
+        nodes.append(conv)
+        inits += weights
+    names = [n.output[0] for n in nodes]
+    total = names[0]
+    for index, name in enumerate(names[1:]):
+        nodes.append(node("Add", [total, name], f"sum{index}"))
+        total = f"sum{index}"
+    nodes.append(node("Relu", [total], "y"))
+    return planned(tmp_path, nodes, inits, [("x", x_shape)], out_shape)
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_parallel_convs_and_a_batch_norm_of_one_input_summed_are_one_conv(tmp_path, group):
+    # a MobileOne / RepVGG block as exported: k 3x3 branches, a 1x1 branch and a BatchNormalization
+    # of the input, added up; rknn-toolkit2 runs the Convs as one
+    bn = node("BatchNormalization", ["x", "g", "beta", "mean", "var"], "bn")
+    stats = [const("g", (8,), 0.5, 1.5), const("beta", (8,)), const("mean", (8,)), const("var", (8,), 0.5, 2)]
+    branches = [branch_conv("k0", 3, 1, group=group), branch_conv("k1", 3, 1, group=group),
+                branch_conv("scale", 1, 0, group=group)]
+    kernels, got, expected = summed(tmp_path, branches, [bn], stats)
+    assert kernels == ["ConvRelu"]
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("strides, dilation", [(2, 1), (1, 2)])
+def test_strided_or_dilated_parallel_convs_merge_where_their_taps_align(tmp_path, strides, dilation):
+    size = 10 // strides
+    branches = [branch_conv("k", 3, dilation, strides=strides, dilation=dilation),
+                branch_conv("scale", 1, 0, strides=strides, dilation=dilation)]
+    kernels, got, expected = summed(tmp_path, branches, out_shape=(1, 8, size, size))
+    assert kernels == ["ConvRelu"]
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("crossed", "the merged kernel [3, 3] has more taps than the branches together"),
+    ("two inputs", "the terms read different tensors"),
+    ("groups", "the Convs' groups differ")])
+def test_parallel_convs_that_do_not_merge_say_why(tmp_path, case, reason):
+    if case == "crossed":  # ACNet's 1x3 and 3x1: one 3x3 would compute 9 taps where they compute 6
+        branches = [branch_conv("a", (1, 3), (0, 1, 0, 1)), branch_conv("b", (3, 1), (1, 0, 1, 0))]
+    elif case == "two inputs":
+        branches = [branch_conv("a", 3, 1), branch_conv("b", 3, 1, x="z")]
+    else:
+        branches = [branch_conv("a", 3, 1, group=8), branch_conv("b", 3, 1)]
+    nodes, inits = [], []
+    for conv, weights in branches:
+        nodes.append(conv)
+        inits += weights
+    nodes.append(node("Add", ["a", "b"], "y"))
+    inputs = [value_info("x", (1, 8, 10, 10))] + ([value_info("z", (1, 8, 10, 10))] if case == "two inputs" else [])
+    model = make_model(nodes, inputs, [value_info("y", (1, 8, 10, 10))], inits)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["y"]}
+    assert reason in outcomes["sum_of_convs_of_one_input"]
+    assert sum(step.kernel.startswith("Conv") for step in plan.steps) == 2

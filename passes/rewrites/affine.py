@@ -276,6 +276,123 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish(weighted, *chain, node)
 
 
+def _branch_node(tensor: gs.Tensor, site: Site) -> gs.Node | str:
+    """The Conv (auto_pad unset) or BatchNormalization computing a term of a sum that the sum
+    alone reads; else why not. Reads no weights, which stay unloaded where the rule declines."""
+    node = producer(tensor)
+    if node is None or not _sole_reader(tensor, site):
+        return f"{tensor.name} is not computed by a node, or is read by other nodes too"
+    if node.op != "BatchNormalization" and (node.op != "Conv" or node.attrs.get("auto_pad", "NOTSET") != "NOTSET"):
+        return f"a term comes from a {node.op}, not a Conv (auto_pad unset) or a BatchNormalization"
+    return node
+
+
+def _conv_branch(node: gs.Node) -> tuple[gs.Node, gs.Tensor, np.ndarray, np.ndarray] | str:
+    """(node, x, W, b) for a _branch_node: a Conv by constant weights of x or a
+    BatchNormalization of x with constant statistics, W in float64, a BatchNormalization's as
+    [C, 1] per-channel scales to place on the diagonal; else why not."""
+    if node.op == "BatchNormalization":
+        affine = batchnorm_affine(node)
+        if affine is None:
+            return "a BatchNormalization's statistics are not constant"
+        return node, node.inputs[0], affine[0].reshape(-1, 1), affine[1]
+    weights = _weights(node)
+    if weights is None:
+        return "a Conv's weights or bias are not constant"
+    weight, bias = weights
+    bias = np.zeros(weight.shape[0]) if bias is None else bias.astype(np.float64)
+    return node, node.inputs[0], weight.astype(np.float64), bias
+
+
+def _merged_window(convs: list[gs.Node], spatial: int) -> tuple[list[int], list[int], list[int]] | str:
+    """(kernel, begin pads, end pads) of one Conv whose taps cover every Conv's taps at the same
+    input positions: they share strides and dilations, and their begin pads differ by whole
+    dilations; else why not."""
+    ones = [1] * spatial
+    strides, dilations = ({tuple(c.attrs.get(a, ones)) for c in convs} for a in ("strides", "dilations"))
+    if len(strides) != 1 or len(dilations) != 1:
+        return "the Convs' strides or dilations differ"
+    dilation = list(next(iter(dilations)))
+    kernels = [list(constant_value(c.inputs[1]).shape[2:]) for c in convs]
+    pads = [list(c.attrs.get("pads", [0] * 2 * spatial)) for c in convs]
+    begin = [max(p[axis] for p in pads) for axis in range(spatial)]
+    if any((begin[axis] - p[axis]) % dilation[axis] for p in pads for axis in range(spatial)):
+        return "the Convs' windows are offset by less than a dilation"
+    # every tap of a Conv, counted from the merged window's first: (begin - pad) / dilation + j
+    kernel = [max((begin[axis] - p[axis]) // dilation[axis] + k[axis] for p, k in zip(pads, kernels))
+              for axis in range(spatial)]
+    end = [max(p[spatial + axis] + (kernel[axis] - k[axis]) * dilation[axis] - (begin[axis] - p[axis])
+               for p, k in zip(pads, kernels)) for axis in range(spatial)]
+    return kernel, begin, end
+
+
+def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
+    """Add(Conv_a(x), Conv_b(x)) as one Conv of x whose weights are the sum of both: W = W_a +
+    W_b with each placed in the merged window where its taps read (a 1x1 branch at the centre
+    of a 3x3), b = b_a + b_b; a BatchNormalization of x as a branch adds its per-channel scale
+    on the window's diagonal and its shift to the bias. Training-time branches (RepVGG,
+    MobileOne, DBB, ACNet) written out as one Conv per branch and a chain of Adds become the
+    one Conv they stand for, as rknn-toolkit2 merges them (its layer table for timm's
+    mobileone_s0: 62 Conv layers for 191 Convs). Exact but for one rounding of the summed
+    weights (module docstring). Both Convs share x, group, strides and dilations, their
+    windows align, the sum does not broadcast, and the merged kernel has no more taps than the
+    branches together."""
+    if len(node.inputs) != 2:
+        return "not a sum of two tensors"
+    branches = [_branch_node(t, site) for t in node.inputs]
+    reasons = [b for b in branches if isinstance(b, str)]
+    if reasons:
+        return reasons[0]
+    first, second = branches
+    if first.inputs[0] is not second.inputs[0]:
+        return "the terms read different tensors"
+    convs = [b for b in branches if b.op == "Conv"]
+    if not convs:
+        return "neither term is a Conv"
+    terms = [_conv_branch(b) for b in branches]
+    reasons = [t for t in terms if isinstance(t, str)]
+    if reasons:
+        return reasons[0]
+    x = first.inputs[0]
+    shape, made = static_shape(x), static_shape(node.outputs[0])
+    if shape is None or made is None or any(static_shape(t) != made for t in node.inputs):
+        return "the sum broadcasts, or a shape is unknown"
+    groups = {int(c.attrs.get("group", 1)) for c in convs}
+    if len(groups) != 1:
+        return "the Convs' groups differ"
+    group, spatial = groups.pop(), len(shape) - 2
+    if any(c.op == "BatchNormalization" for c, *_ in terms) and made[1] != shape[1]:
+        return "a BatchNormalization branch beside a Conv that changes the channel count"
+    window = _merged_window(convs, spatial)
+    if isinstance(window, str):
+        return window
+    kernel, begin, end = window
+    if np.prod(kernel) > sum(np.prod(constant_value(c.inputs[1]).shape[2:]) for c in convs) + (len(terms) - len(convs)):
+        return f"the merged kernel {kernel} has more taps than the branches together"
+    dilation = list(convs[0].attrs.get("dilations", [1] * spatial))
+    if any(begin[axis] % dilation[axis] for axis in range(spatial)) and len(convs) < len(terms):
+        return "a BatchNormalization branch's position falls between the merged window's taps"
+    per_group = shape[1] // group
+    weight, bias = np.zeros((made[1], per_group, *kernel)), np.zeros(made[1])
+    for branch, _, w, b in terms:
+        if branch.op == "BatchNormalization":  # x[c] * scale[c]: the diagonal, at x's own position
+            channels = np.arange(made[1])
+            weight[(channels, channels % per_group, *(begin[axis] // dilation[axis] for axis in range(spatial)))] += w[:, 0]
+        else:
+            pads = list(branch.attrs.get("pads", [0] * 2 * spatial))
+            start = [(begin[axis] - pads[axis]) // dilation[axis] for axis in range(spatial)]
+            weight[(slice(None), slice(None), *(slice(s, s + k) for s, k in zip(start, w.shape[2:])))] += w
+        bias += b
+    dtype = constant_value(convs[0].inputs[1]).dtype
+    if not _storable(weight, bias):
+        return "the summed weights or bias would leave float16's range"
+    builder = site.builder(node)
+    attrs = {key: value for key, value in convs[0].attrs.items() if key not in ("kernel_shape", "pads")}
+    builder.op("Conv", [x, builder.const(weight.astype(dtype), "weight"), builder.const(bias.astype(dtype), "bias")],
+               out=node.outputs[0], **attrs, kernel_shape=kernel, pads=begin + end)
+    yield builder.finish(first, second, node)
+
+
 def _scaled_constant_product(tensor: gs.Tensor, scale: float, builder, site: Site) -> tuple[gs.Node, gs.Tensor] | str:
     """The Mul by a constant that makes `tensor` (read by nothing else), rebuilt with its constant
     times `scale`: (that Mul, the tensor the new Mul writes); else why not."""
@@ -515,6 +632,7 @@ def _folded_into_conv_input(node: gs.Node, x: gs.Tensor, scale: np.ndarray, shif
 
 
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(sum_of_convs_of_one_input, frozenset({"Add"}), always=True),
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True),
     RewriteRule(fold_affine_into_next_weighted_op, AFFINE_OPS, always=True),
     # again after fusion, for the weighted ops late rules make: a ReduceSum becomes a Conv of
