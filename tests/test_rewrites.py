@@ -218,6 +218,31 @@ def test_maxpool_ceil_mode_becomes_explicit_end_pads(tmp_path, size, kernel, str
     assert_same_outputs(model, ctx, {"x": feed([1, 2, size, size])})
 
 
+@pytest.mark.parametrize("size, include_pad, ops", [(8, 1, ["AveragePool"]), (8, 0, ["AveragePool"]),
+                                                    (7, 0, ["AveragePool", "Mul"])])
+def test_average_pool_ceil_mode_becomes_floor_mode_where_the_count_allows(tmp_path, size, include_pad, ops):
+    # ResNet-D / ResNeSt downsampling: 2x2 stride 2, ceil_mode=1; on an even map floor mode gives
+    # the same windows, on an odd one the end pad it adds is excluded from the count as ONNX
+    # excludes the window's part past the input
+    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2],
+                            ceil_mode=1, count_include_pad=include_pad)
+    out = -(-size // 2)
+    model = make_model([node], [value_info("x", [1, 2, size, size])], [value_info("y", [1, 2, out, out])])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ops and ctx.graph.nodes[0].attrs["ceil_mode"] == 0
+    assert_same_outputs(model, ctx, {"x": feed([1, 2, size, size])})
+
+
+def test_average_pool_ceil_mode_counting_pads_it_would_add_stays_and_says_why(tmp_path):
+    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2],
+                            ceil_mode=1, count_include_pad=1)
+    model = make_model([node], [value_info("x", [1, 2, 7, 7])], [value_info("y", [1, 2, 4, 4])])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert ops_of(ctx) == ["AveragePool"] and ctx.graph.nodes[0].attrs["ceil_mode"] == 1
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["pool"]}
+    assert "count_include_pad is 1 and floor mode needs more end padding" in outcomes["average_pool_ceil_to_pads"]
+
+
 @pytest.mark.parametrize("size, kernels", [(1, []), (7, [7]), (13, [7, 2]), (20, [5, 4]), (40, [7, 6]), (49, [7, 7]),
                                            (50, [5, 5, 2])])
 def test_pool_stage_kernels_use_the_fewest_stages_of_at_most_7(size, kernels):

@@ -52,6 +52,21 @@ def pool_auto_pad_to_pads(node: gs.Node, site: Site) -> Candidates:
 def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
     """MaxPool with ceil_mode = 1 as floor mode with the extra end padding that yields the same
     output size; padding never wins a max. The NPU does not support ceil_mode (seed 000, MaxPool)."""
+    return (yield from _ceil_to_pads(node, site))
+
+
+def average_pool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
+    """AveragePool with ceil_mode = 1 as floor mode with the extra end padding that yields the
+    same output size, where the average cannot tell: no pad is needed (ResNet-D's and ResNeSt's
+    2x2 stride-2 average downsampling of an even map), or the pool excludes pads from its count
+    (count_include_pad = 0), as ONNX excludes the part of a ceil-mode window past the input
+    (average_pool_excluding_pads then legalizes its pads). The NPU does not support ceil_mode
+    (oplist V2.3.2, AveragePool)."""
+    return (yield from _ceil_to_pads(node, site))
+
+
+def _ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
+    """The pool in floor mode with end pads for the output size ceil mode gives (see the rules)."""
     if not node.attrs.get("ceil_mode", 0) or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         return "ceil_mode is 0, or auto_pad is set"
     if len([t for t in node.outputs if t.name]) != 1:
@@ -64,12 +79,15 @@ def maxpool_ceil_to_pads(node: gs.Node, site: Site) -> Candidates:
     strides = list(node.attrs.get("strides", [1] * spatial))
     dilations = list(node.attrs.get("dilations", [1] * spatial))
     pads = list(node.attrs.get("pads", [0] * 2 * spatial))
+    before = list(pads)
     for axis in range(spatial):
         covered = (out_shape[axis + 2] - 1) * strides[axis] + (kernel[axis] - 1) * dilations[axis] + 1
         missing = covered - (in_shape[axis + 2] + pads[axis] + pads[axis + spatial])
         pads[axis + spatial] += max(0, missing)
+    if node.op == "AveragePool" and int(node.attrs.get("count_include_pad", 0)) and pads != before:
+        return "count_include_pad is 1 and floor mode needs more end padding, which the average would count"
     builder = site.builder(node)
-    builder.op("MaxPool", list(node.inputs), out=node.outputs[0], **{**node.attrs, "ceil_mode": 0, "pads": pads})
+    builder.op(node.op, list(node.inputs), out=node.outputs[0], **{**node.attrs, "ceil_mode": 0, "pads": pads})
     yield builder.finish()
 
 
@@ -305,6 +323,7 @@ def reducemean_to_global_pool(node: gs.Node, site: Site) -> Candidates:
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(pool_auto_pad_to_pads, frozenset({"MaxPool", "AveragePool"})),
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
+    RewriteRule(average_pool_ceil_to_pads, frozenset({"AveragePool"})),
     RewriteRule(maxpool_kernel_to_cascade, frozenset({"MaxPool"})),
     RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
