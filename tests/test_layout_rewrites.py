@@ -390,6 +390,25 @@ def repeat_kv_model(kv_heads, repeats, tokens, dim) -> onnx.ModelProto:
                        weight("s4", np.array(out, np.int64)), weight("half", np.array([0.5], np.float32))])
 
 
+def split_attention_model(radix, channels, size, op="ReduceSum") -> onnx.ModelProto:
+    """ResNeSt's split attention: the radix groups of a conv output as [1, R, C, H, W], weighted
+    per channel by attention [1, R, C, 1, 1] and summed (or averaged) over the radix; opset 13,
+    where ReduceSum takes its axes as an input and ReduceMean as an attribute."""
+    nodes = [helper.make_node("Reshape", ["x", "s5"], ["x5"]),
+             helper.make_node("Reshape", ["a", "a5"], ["att5"]),
+             helper.make_node("Mul", ["x5", "att5"], ["m5"])]
+    if op == "ReduceSum":
+        nodes.append(helper.make_node(op, ["m5", "axis1"], ["y"], keepdims=0))
+    else:
+        nodes.append(helper.make_node(op, ["m5"], ["y"], axes=[1], keepdims=0))
+    return make_model(nodes, [value_info("x", [1, radix * channels, size, size]),
+                              value_info("a", [1, radix * channels, 1, 1])],
+                      [value_info("y", [1, channels, size, size])],
+                      [weight("s5", np.array([1, radix, channels, size, size], np.int64)),
+                       weight("a5", np.array([1, radix, channels, 1, 1], np.int64)),
+                       weight("axis1", np.array([1], np.int64))], opset=13)
+
+
 REGION_CASES = {
     "repeat_kv_2x4x8x16": lambda: repeat_kv_model(2, 4, 8, 16),
     "repeat_kv_1x3x5x8": lambda: repeat_kv_model(1, 3, 5, 8),
@@ -411,6 +430,8 @@ REGION_CASES = {
     "head_2x7x5x3": lambda: head_flatten_model(2, 7, 5, 3),
     "grouped_elementwise": lambda: grouped_elementwise_model(3, 4, 5),
     "rank6_shuffle": rank6_shuffle_model,
+    "split_attention_sum_2x16x8": lambda: split_attention_model(2, 16, 8),
+    "split_attention_mean_4x8x5": lambda: split_attention_model(4, 8, 5, "ReduceMean"),
 }
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from rkcompile.ir.edits import detach
-from rkcompile.ir.graph import constant_value, element_count, static_shape
+from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
 from rkcompile.passes.legalize import check_node
-from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
 
@@ -35,7 +35,12 @@ SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 PRODUCTS = frozenset({"MatMul", "Einsum"})
 #: Element-wise ops and Expand: operands broadcast to the result.
 BROADCASTS = ELEMENTWISE | {"Expand"}
-REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS
+#: Sums and means over one block of neighbouring axes: each reduced axis is a group of its own,
+#: the kept axes merge as in the result (ResNeSt's split attention sums its [N, radix, C, H, W]
+#: over the radix), and the reduction is rebuilt as reductions.reduce_mean_or_sum_as_conv
+#: builds it, a 1x1 Conv on the [outer, D, inner, 1] view of the groups.
+REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
+REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS | REDUCTIONS
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
 MAX_REGION_NODES = 64
 NPU_RANK = 4
@@ -258,7 +263,7 @@ def _selected_shape(reader: gs.Node, x_shape, axis: int, out: gs.Tensor) -> list
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
     """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
-    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | {"Gather", "Slice", "Split", "Expand"} else node.inputs
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | {"Gather", "Slice", "Split", "Expand"} else node.inputs
     return [t for t in list(inputs) + list(node.outputs) if t.name]
 
 
@@ -297,6 +302,13 @@ def _unsupported(node: gs.Node, opset: int) -> str:
         if any(static_shape(node.inputs[0])[a] == 1 for a in axes) and node.op != "Concat":
             return "it works along an axis of size 1"
         return ""
+    if node.op in REDUCTIONS:
+        axes = _reduced_axes(node, opset)
+        if not axes or dtype_name(node.inputs[0].dtype) not in FLOAT_DTYPES:
+            return "its axes are not constants, it reduces every axis, or its input is not float"
+        if any(static_shape(node.inputs[0])[a] == 1 for a in axes):
+            return "it reduces an axis of size 1"
+        return "" if axes == list(range(axes[0], axes[-1] + 1)) else "its axes are not one block of neighbours"
     if len(node.outputs) != 1:
         return "it has several outputs"
     if node.op == "Gather":
@@ -336,6 +348,17 @@ def _op_axes(node: gs.Node, opset: int) -> list[int] | None:
     return [int(a) % rank for a in axes]
 
 
+def _reduced_axes(node: gs.Node, opset: int) -> list[int] | None:
+    """The axes a REDUCTIONS node reduces (from its attribute, or its axes input from opset 13 for
+    ReduceSum and 18 for the others), None when they are not a known constant."""
+    rank = len(static_shape(node.inputs[0]))
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        axes = constant_value(node.inputs[1])
+    else:
+        axes = node.attrs.get("axes")
+    return None if axes is None else sorted({int(a) % rank for a in np.ravel(axes)})
+
+
 def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
     """Narrow the joinable boundaries of `node`'s tensors to what its op allows; True on a change."""
     if node.op == "Transpose":
@@ -348,6 +371,18 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
         return _refine_elementwise(node, joinable)
     if node.op in AXIS_OPS:
         return _refine_axis_op(node, joinable, _op_axes(node, opset))
+    if node.op in REDUCTIONS:
+        axes, rank = _reduced_axes(node, opset), len(static_shape(node.inputs[0]))
+        kept = list(range(rank)) if node.attrs.get("keepdims", 1) else [a for a in range(rank) if a not in axes]
+        changed = False
+        for axis in axes:
+            shape, join = static_shape(node.inputs[0]), joinable[id(node.inputs[0])]
+            previous = max((a for a in _nonunit(shape) if a < axis), default=None)
+            for cut in (previous, axis):
+                if cut in join:
+                    join.discard(cut)
+                    changed = True
+        return changed | _link(node.inputs[0], node.outputs[0], kept, joinable)
     if node.op in PRODUCTS:
         batch = len(static_shape(node.outputs[0])) - 2
         out_to_in = list(range(batch)) + [None, None]
@@ -514,6 +549,15 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         return
     shape = static_shape(x)
     source = grouped(x, _grouped_shape(shape, groups[id(x)]))
+    if node.op in REDUCTIONS:  # the channel sum of a 1x1 Conv over the reduced groups, one block
+        reduced = sorted({g for g, group in enumerate(groups[id(x)]) for a in _reduced_axes(node, opset) if a in group})
+        sizes = static_shape(source)
+        outer, depth = element_count(sizes[:reduced[0]]), element_count(sizes[reduced[0]:reduced[-1] + 1])
+        inner = element_count(sizes[reduced[-1] + 1:])
+        weight = np.full((1, depth), 1 / depth if node.op == "ReduceMean" else 1.0, dtype_name(x.dtype))
+        summed = conv_1x1(builder, builder.reshape(source, [outer, depth, inner, 1]), weight, None, [outer, 1, inner, 1])
+        builder.reshape(summed, static_shape(target), out=target)
+        return
     if node.op == "Transpose":
         perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
         in_groups = groups[id(x)]
