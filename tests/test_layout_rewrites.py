@@ -565,3 +565,47 @@ def test_layout_repros_do_what_their_readme_asks(repro_dir, tmp_path, repro, tar
     assert main(["run", str(path), "--target", target, "--check", "--json", str(report)]) == 0
     data = json.loads(report.read_text())
     assert data["passed"] and min(a["cosine"] for a in data["agreement"]) >= 0.9999
+
+
+def video_model(channels=8, frames=4, size=6, group=1, depth_stride=1, depth_dilation=1, extra_frames=0) -> onnx.ModelProto:
+    """R3D's shape on a clip [1, 3, T, H, W]: a 3-D stem, a residual block of 3x3x3 Convs (the
+    second strided and dilated in depth as asked, grouped as asked) with a 1x1x1 shortcut,
+    Relus, a global pool and a Flatten."""
+    frames += extra_frames
+
+    def conv(name, x, out, inputs, kernel, pads, strides=(1, 1, 1), dilations=(1, 1, 1), conv_group=1):
+        return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [out], name=name, kernel_shape=list(kernel),
+                                pads=list(pads), strides=list(strides), dilations=list(dilations), group=conv_group), [
+            weight(f"{name}_w", (RNG.standard_normal((channels, inputs // conv_group, *kernel)) * 0.2).astype(np.float32)),
+            weight(f"{name}_b", RNG.standard_normal(channels).astype(np.float32))]
+
+    stem, w0 = conv("stem", "x", "s", 3, (3, 3, 3), [1] * 6)
+    first, w1 = conv("c1", "r0", "c1o", channels, (3, 3, 3), [depth_dilation, 1, 1] * 2, (depth_stride, 1, 1),
+                     (depth_dilation, 1, 1), group)
+    second, w2 = conv("c2", "r1", "c2o", channels, (3, 3, 3), [1] * 6, conv_group=group)
+    short, w3 = conv("sc", "r0", "sco", channels, (1, 1, 1), [0] * 6, (depth_stride, 1, 1))
+    nodes = [stem, helper.make_node("Relu", ["s"], ["r0"]), first, helper.make_node("Relu", ["c1o"], ["r1"]), second,
+             short, helper.make_node("Add", ["c2o", "sco"], ["a"]), helper.make_node("Relu", ["a"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"]), helper.make_node("Flatten", ["g"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, 3, frames, size, size])], [value_info("y", [1, channels])],
+                      w0 + w1 + w2 + w3)
+
+
+@pytest.mark.parametrize("case", [{}, {"group": 4}, {"depth_stride": 2}, {"depth_dilation": 2, "extra_frames": 2}])
+def test_a_3d_conv_network_on_a_clip_runs_as_2d_convs_with_depth_in_the_channels(tmp_path, case):
+    model = video_model(**case)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert any(rule.startswith("collapse_rank_region_from_input") for rule in rules_fired(ctx))
+    illegal = [n for n in ctx.graph.nodes if check_node(n, get_target("rk3588"))]
+    # the clip's relabel onto [1, 3*T, H, W] alone stays on the CPU
+    assert [(n.op, n.inputs[0].name) for n in illegal] == [("Reshape", "x")]
+    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes if n not in illegal for t in n.inputs + n.outputs
+               if t.shape is not None)
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 4 + case.get("extra_frames", 0), 6, 6])}, rtol=1e-4, atol=1e-4)
+
+
+def test_a_3d_conv_over_a_clip_too_long_for_its_kernel_says_why(tmp_path):
+    model = video_model(frames=30)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    outcomes = {a.rule: a.outcome for a in ctx.rewrite_attempts["stem"]}
+    assert "depth 30 folded into channels computes 30/3 of its taps, over 8" in outcomes["collapse_rank_region_from_input"]

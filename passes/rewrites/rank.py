@@ -7,7 +7,11 @@ Each tensor of the region is read as a grouping of its axes: size-1 axes dropped
 neighbouring axes merged wherever every op of the region treats them as one (a Transpose
 moves them together, a Gather does not pick along either, a broadcast operand spans both or
 neither). The groupings are refined together to a fixpoint, so a tensor read by several ops
-gets one grouping that suits all of them."""
+gets one grouping that suits all of them.
+
+A 3-D network (a video model's [N, C, T, H, W]) is such a region too: each 3-D Conv runs as a
+2-D Conv with the depth folded into its channels, each global pool as a 2-D pool; when the
+region starts at a model input above rank 4, that input's relabel stays on the CPU."""
 from __future__ import annotations
 
 import functools
@@ -40,9 +44,16 @@ BROADCASTS = ELEMENTWISE | {"Expand"}
 #: over the radix), and the reduction is rebuilt as reductions.reduce_mean_or_sum_as_conv
 #: builds it, a 1x1 Conv on the [outer, D, inner, 1] view of the groups.
 REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
-REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS | REDUCTIONS
+#: 3-D convolutions and global pools, of [N, C, D, H, W]: a Conv runs as a 2-D Conv with the depth
+#: folded into its channels (conv3d_as_conv2d), a pool over the spatial axes as one 2-D pool.
+VOLUME_OPS = frozenset({"Conv", "GlobalAveragePool", "GlobalMaxPool"})
+REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS | REDUCTIONS | VOLUME_OPS
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
 MAX_REGION_NODES = 64
+#: Most taps, zeros included, the depth-folded Conv of a 3-D convolution may compute for each tap
+#: of the convolution: folding depth D into the channels costs D / kernel depth (R3D-18's layers
+#: at 8 frames: 8/3); a clip much longer than its kernel is left as it is.
+MAX_DEPTH_FOLD = 8
 NPU_RANK = 4
 
 
@@ -54,9 +65,20 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
     element-wise op the same op on the groups with its operands relabelled to match, each
     Slice/Split/Concat/Softmax the same op along the group its axis became. Tensors the
     region hands to other ops are relabelled back to their own shapes, which are 4-D or less."""
+    return (yield from _collapse(node, site, from_input=False))
+
+
+def collapse_rank_region_from_input(node: gs.Node, site: Site) -> Candidates:
+    """collapse_rank_region for a region that reads a model input above rank 4 (a video clip
+    [N, C, T, H, W]): the input's relabel onto its grouped view stays on the CPU, one node in
+    place of the region's (the rule is `fewer_cpu`)."""
+    return (yield from _collapse(node, site, from_input=True))
+
+
+def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
     if not any(len(shape) > NPU_RANK for shape in map(static_shape, _data_tensors(node)) if shape):
         return "no tensor of the node is above rank 4"
-    region, reason = _region(node, site)
+    region, reason = _region(node, site, from_input)
     if region is None:
         return reason
     original, scratch = region, []
@@ -263,12 +285,15 @@ def _selected_shape(reader: gs.Node, x_shape, axis: int, out: gs.Tensor) -> list
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
     """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
-    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | {"Gather", "Slice", "Split", "Expand"} else node.inputs
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | VOLUME_OPS | {"Gather", "Slice", "Split", "Expand"} else node.inputs
     return [t for t in list(inputs) + list(node.outputs) if t.name]
 
 
-def _region(node: gs.Node, site: Site) -> tuple[list[gs.Node] | None, str]:
-    region, seen = [node], {id(node)}
+def _region(node: gs.Node, site: Site, from_input: bool = False) -> tuple[list[gs.Node] | None, str]:
+    """The nodes connected to `node` through tensors above rank 4, or why they cannot be redone:
+    a model output above rank 4 always stops it, a model input unless `from_input`, which
+    also needs one."""
+    region, seen, reads_input = [node], {id(node)}, False
     for member in region:
         problem = _unsupported(member, site.opset)
         if problem:
@@ -276,7 +301,9 @@ def _region(node: gs.Node, site: Site) -> tuple[list[gs.Node] | None, str]:
         for tensor in _data_tensors(member):
             if len(static_shape(tensor)) <= NPU_RANK or isinstance(tensor, gs.Constant):
                 continue
-            if tensor.name in site.graph_outputs or not tensor.inputs:
+            if not tensor.inputs and from_input and tensor.name not in site.graph_outputs:
+                reads_input = True
+            elif tensor.name in site.graph_outputs or not tensor.inputs:
                 return None, f"{tensor.name}, a model input or output, is above rank 4"
             for other in list(tensor.inputs) + list(tensor.outputs):
                 if id(other) not in seen:
@@ -284,6 +311,8 @@ def _region(node: gs.Node, site: Site) -> tuple[list[gs.Node] | None, str]:
                     region.append(other)
         if len(region) > MAX_REGION_NODES:
             return None, f"its rank > 4 region holds over {MAX_REGION_NODES} nodes"
+    if from_input and not reads_input:
+        return None, "its rank > 4 region reads no model input above rank 4"
     return region, ""
 
 
@@ -302,6 +331,8 @@ def _unsupported(node: gs.Node, opset: int) -> str:
         if any(static_shape(node.inputs[0])[a] == 1 for a in axes) and node.op != "Concat":
             return "it works along an axis of size 1"
         return ""
+    if node.op in VOLUME_OPS:
+        return _volume_problem(node)
     if node.op in REDUCTIONS:
         axes = _reduced_axes(node, opset)
         if not axes or dtype_name(node.inputs[0].dtype) not in FLOAT_DTYPES:
@@ -348,6 +379,24 @@ def _op_axes(node: gs.Node, opset: int) -> list[int] | None:
     return [int(a) % rank for a in axes]
 
 
+def _volume_problem(node: gs.Node) -> str:
+    """Why a VOLUME_OPS node has no form in a region ("" when it has)."""
+    shape = static_shape(node.inputs[0])
+    if len(shape) != 5:
+        return f"a {node.op} of rank {len(shape)}, not of [N, C, D, H, W]"
+    if node.op != "Conv":
+        return ""
+    weight = constant_value(node.inputs[1])
+    has_bias = len(node.inputs) > 2 and node.inputs[2].name
+    if weight is None or (has_bias and constant_value(node.inputs[2]) is None):
+        return "its weights or bias are not constant"
+    if node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return "auto_pad is set"
+    if shape[2] > MAX_DEPTH_FOLD * weight.shape[2]:
+        return f"depth {shape[2]} folded into channels computes {shape[2]}/{weight.shape[2]} of its taps, over {MAX_DEPTH_FOLD}"
+    return ""
+
+
 def _reduced_axes(node: gs.Node, opset: int) -> list[int] | None:
     """The axes a REDUCTIONS node reduces (from its attribute, or its axes input from opset 13 for
     ReduceSum and 18 for the others), None when they are not a known constant."""
@@ -371,6 +420,14 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
         return _refine_elementwise(node, joinable)
     if node.op in AXIS_OPS:
         return _refine_axis_op(node, joinable, _op_axes(node, opset))
+    if node.op in VOLUME_OPS:  # a Conv merges channels with depth alone; a pool keeps channels apart
+        changed = False
+        for tensor in _data_tensors(node):
+            shape, join = static_shape(tensor), joinable[id(tensor)]
+            keep = {1} if node.op == "Conv" and shape[1] != 1 and shape[2] != 1 else set(range(2, len(shape)))
+            changed |= bool(join - keep)
+            join &= keep
+        return changed
     if node.op in REDUCTIONS:
         axes, rank = _reduced_axes(node, opset), len(static_shape(node.inputs[0]))
         kept = list(range(rank)) if node.attrs.get("keepdims", 1) else [a for a in range(rank) if a not in axes]
@@ -548,6 +605,14 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         emit("MatMul", matrices, batch + list(y_shape[-2:]))
         return
     shape = static_shape(x)
+    if node.op == "Conv":
+        _conv3d_as_conv2d(node, builder, grouped(x, [shape[0], shape[1] * shape[2], *shape[3:]]), emit)
+        return
+    if node.op in VOLUME_OPS:  # the pool over the spatial axes, at most two of them left apart
+        spatial = [size for size in shape[2:] if size != 1] or [1]
+        plane = [element_count(spatial[:-1]), spatial[-1]]
+        emit(node.op, [grouped(x, [*shape[:2], *plane])], [*shape[:2], 1, 1])
+        return
     source = grouped(x, _grouped_shape(shape, groups[id(x)]))
     if node.op in REDUCTIONS:  # the channel sum of a 1x1 Conv over the reduced groups, one block
         reduced = sorted({g for g, group in enumerate(groups[id(x)]) for a in _reduced_axes(node, opset) if a in group})
@@ -600,6 +665,34 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
     if node.op == "Expand":
         operands.append(builder.const(np.array(_grouped_shape(y_shape, out_groups), np.int64), "shape"))
     emit(node.op, operands, _grouped_shape(y_shape, out_groups), **node.attrs)
+
+
+def _conv3d_as_conv2d(node: gs.Node, builder: Builder, flat: gs.Tensor, emit) -> None:
+    """A 3-D Conv ([N, C, D, H, W] by a [Cout, C/g, kd, kh, kw] kernel) as a 2-D Conv of its input
+    read as [N, C*D, H, W] (`flat`: depth is the fastest part of the merged channel), writing
+    [N, Cout*Do, Ho, Wo]: output channel (o, do) takes input channel (c, di) through the kernel's
+    depth tap (di - do*stride + pad) / dilation where that is a whole tap inside the kernel, and
+    zero elsewhere (a tap in the depth padding reads nothing, as the zero pad gives nothing); the
+    bias repeats over Do. Groups keep their channels contiguous, so the group is the same.
+    Exact; it computes D / kd times the convolution's taps, zeros included (MAX_DEPTH_FOLD).
+    rknn-toolkit2 runs torchvision's r3d_18 all on the NPU."""
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = static_shape(x), static_shape(y)
+    weight = constant_value(node.inputs[1])
+    depth, (out_channels, out_depth), kd = in_shape[2], out_shape[1:3], weight.shape[2]
+    strides, dilations = list(node.attrs.get("strides", [1] * 3)), list(node.attrs.get("dilations", [1] * 3))
+    pads, group = list(node.attrs.get("pads", [0] * 6)), int(node.attrs.get("group", 1))
+    folded = np.zeros((out_channels, out_depth, weight.shape[1], depth, *weight.shape[3:]), dtype=weight.dtype)
+    for do in range(out_depth):
+        for di in range(depth):
+            tap, off = divmod(di - do * strides[0] + pads[0], dilations[0])
+            if not off and 0 <= tap < kd:
+                folded[:, do, :, di] = weight[:, :, tap]
+    inputs = [flat, builder.const(folded.reshape(out_channels * out_depth, -1, *weight.shape[3:]), "weight")]
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        inputs.append(builder.const(np.repeat(constant_value(node.inputs[2]), out_depth), "bias"))
+    emit("Conv", inputs, [out_shape[0], out_channels * out_depth, *out_shape[3:]], kernel_shape=list(weight.shape[3:]),
+         strides=strides[1:], dilations=dilations[1:], pads=pads[1:3] + pads[4:6], group=group)
 
 
 def _elementwise_groups(node: gs.Node, linked: list[list[int]], site: Site) -> tuple[list[list[int]], bool]:
@@ -689,4 +782,5 @@ def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[lis
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(collapse_rank_region, REGION_OPS),
+    RewriteRule(collapse_rank_region_from_input, REGION_OPS, fewer_cpu=True),
 )
