@@ -80,7 +80,8 @@ def run(ctx: CompileContext) -> None:
             if device == "npu" and is_movement(node) and source in quantization:
                 quantization[tensor.name] = replace(quantization[source], source=f"shared:{source}")
             else:
-                quantization[tensor.name] = activation_params(*ranges[tensor.name], ctx.options.calibration_method)
+                quantization[tensor.name] = activation_params(*ranges[tensor.name], ctx.options.calibration_method,
+                                                              ctx.target.allows_activation_zero_point_0)
     _share_concat_parameters(ordered, devices, quantization, {t.name for t in ctx.graph.outputs})
     _quantize_weights(ctx, ordered, devices, quantization)
     _warn_of_drowned_operands(ordered, devices, ranges, quantization)

@@ -135,6 +135,15 @@ class Target:
     #: (1,C,64,64) float16 input into a Conv costs C x 8 KiB for C = 1, 3, 4 and the 8-channel
     #: 64 KiB for C = 2, 5); a grouped Conv or another reader gets a converting layer first.
     image_input_channels: frozenset[int] = frozenset({1, 3, 4})
+    #: Whether an int8 plan may give an activation zero point 0. rknn-toolkit2 2.5.0 reads an
+    #: int8 activation of a QDQ model whose zero point is 0 as symmetric ("zero_point are all
+    #: zero, change qtype from 'asym' to 'sym'", its step made 128/127 of the file's) and its
+    #: readers then compute on another scale than the file's: tv_mnasnet0_5's first convolution,
+    #: on an input of zero point 0, came out 0.6% large (13% of its int8 outputs one step off
+    #: onnxruntime on the same QDQ file); with that zero point 1, all 200704 were equal. So the
+    #: plan moves such a grid to zero point -1 or 1 (`activation_params`), and the toolkit
+    #: builds the plan the emulator runs.
+    allows_activation_zero_point_0: bool = False
 
     def has_kernel(self, kernel: str) -> bool:
         """Whether the oplist names `kernel` (fused ones included, e.g. ConvolutionRelu) here."""

@@ -91,6 +91,21 @@ def test_activation_params_cover_the_range_and_hold_zero_exactly():
     assert relu.zero_points == (-128,) and relu.scales[0] == pytest.approx(6 / 255)
 
 
+def test_a_grid_that_would_have_zero_point_0_moves_to_the_narrower_neighbour_when_asked():
+    """[-1, 1] has zero point 0 (-low / scale = 127.5 rounds to 128); without it, zero point -1
+    or 1 on a step at most 1.2% coarser, still holding the range and real zero exactly."""
+    assert activation_params(-1.0, 1.0, "minmax").zero_points == (0,)
+    for low, high in ((-1.0, 1.0), (-1.0, 0.99), (-1.003, 0.997), (-2.01, 1.99)):
+        assert activation_params(low, high, "minmax").zero_points == (0,)
+        quant = activation_params(low, high, "minmax", zero_point_0=False)
+        assert quant.zero_points in ((-1,), (1,))
+        assert quant.scales[0] <= 1.012 * (high - low) / 255
+        ends = quantize(np.array([low, high]), quant)
+        assert -128 <= ends[0] and ends[1] <= 127
+        assert np.abs(dequantize(ends, quant) - [low, high]).max() <= quant.scales[0] / 2
+        assert dequantize(quantize(np.float64(0.0), quant), quant) == 0.0
+
+
 def test_per_channel_weight_parameters_are_each_channels_activation_parameters_exactly():
     """weight_params computes every channel at once: the same floats and ints as
     activation_params on each channel's min and max, over ranges 1e-6 to 100 wide, one-signed
@@ -324,6 +339,22 @@ def test_int8_plan_parameters(cnn, tmp_path):
     assert relu_out.zero_points == (-128,)  # ReLU output spends every step on [0, max]
     loaded = PlanRecord.from_dict(json.loads(plan.to_json()))
     assert loaded.quantization == plan.quantization
+
+
+@pytest.mark.parametrize("target", ["rk3588", "rk3576", "rv1106"])
+def test_no_int8_activation_gets_zero_point_0_on_a_toolkit_target(cnn, tmp_path, target):
+    """An input calibrated on exactly [-1, 1] would have zero point 0, which rknn-toolkit2 reads
+    as symmetric on another scale (`Target.allows_activation_zero_point_0`)."""
+    samples = rng.uniform(-1, 1, (3, 1, 3, 16, 16)).astype(np.float32)
+    samples[:, 0, 0, 0, :2] = [-1.0, 1.0]
+    np.savez(tmp_path / "calib.npz", x=samples)
+    plan, _ = compile_model(cnn, target, Options(dtype="int8", calibration=tmp_path / "calib.npz",
+                                                 calibration_method="minmax"), runtime=EMULATOR_RUNTIME)
+    activations = {name: quant for name, quant in plan.quantization.items()
+                   if plan.tensors[name].region != "weight" and quant.dtype == "int8"}
+    assert activations and all(quant.zero_points != (0,) for quant in activations.values())
+    (first_conv,) = [step for step in plan.steps if step.nodes and "conv1" in step.nodes]
+    assert activations[first_conv.inputs[0]].zero_points in ((-1,), (1,))
 
 
 def test_float16_plans_have_no_quantization(cnn):

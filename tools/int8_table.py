@@ -68,10 +68,10 @@ def jittered_ranges(eps: float, seed: int):
     range in every plan); the zero point stays (low / scale does not change)."""
     exact = quantize_pass.activation_params
 
-    def jittered(low: float, high: float, source: str):
+    def jittered(low: float, high: float, source: str, *grid_options):
         key = np.frombuffer(np.array([low, high], np.float64).tobytes(), np.uint32)
         factor = 1 + eps * np.random.default_rng([seed, *key.tolist()]).standard_normal()
-        return exact(low * factor, high * factor, source)
+        return exact(low * factor, high * factor, source, *grid_options)
 
     quantize_pass.activation_params = jittered
     try:

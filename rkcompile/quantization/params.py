@@ -577,9 +577,16 @@ def _squared_errors(values: np.ndarray, scale, zero, rounded: np.ndarray, single
 
 # ---- parameters ----------------------------------------------------------------------------
 
-def activation_params(low: float, high: float, source: str) -> Quantization:
-    """Asymmetric int8 for [low, high], widened to include 0 so real zero is exact."""
-    scale, zero_point = asymmetric_grids(np.float64(low), np.float64(high))
+def activation_params(low: float, high: float, source: str, zero_point_0: bool = True) -> Quantization:
+    """Asymmetric int8 for [low, high], widened to include 0 so real zero is exact. With
+    `zero_point_0` False (a target whose toolkit misreads it: `Target.allows_activation_zero_point_0`)
+    a range whose zero point comes out 0 gets the narrower of the two grids with zero point -1
+    and 1 that hold it: q -128 ... 127 is real -127 ... 128 steps or -129 ... 126, a step at most
+    1.2% coarser (a zero point of 0 means -low / scale is within half a step of 128)."""
+    low, high = np.float64(low), np.float64(high)
+    scale, zero_point = asymmetric_grids(low, high)
+    if zero_point == 0 and not zero_point_0:
+        scale, zero_point = min((max(-low / (zero - INT8[0]), high / (INT8[1] - zero)), zero) for zero in (-1, 1))
     return Quantization("int8", (float(scale),), (int(zero_point),), None, source)
 
 
