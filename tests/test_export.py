@@ -766,6 +766,39 @@ def test_the_toolkit_builds_the_int8_export_without_calibrating(save, tmp_path):
     assert convs == {"conv1": "INT8", "conv2": "FLOAT16", "conv3": "INT8"}
 
 
+@needs_peer
+def test_the_toolkit_computes_an_int8_export_of_a_symmetric_input_as_the_file_says(save, tmp_path):
+    """An input calibrated on [-1, 1] would have zero point 0, which rknn-toolkit2 reads as a
+    symmetric grid on another scale (its first convolution then 0.6% off on tv_mnasnet0_5): the
+    plan moves it to zero point -1 or 1, and the toolkit's simulator on the export gives what
+    onnxruntime gives on the same file, every int8 output."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    constants = [weight("w1", rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.5),
+                 weight("b1", rng.standard_normal(16).astype(np.float32) * 0.1),
+                 weight("w2", rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.2),
+                 weight("b2", rng.standard_normal(8).astype(np.float32) * 0.1)]
+    model = make_model(nodes, [value_info("x", [1, 3, 32, 32])], [value_info("y", [1, 8, 32, 32])], constants)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        sample = rng.uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32)
+        sample.flat[:2] = [-1.0, 1.0]
+        np.save(calib / f"{index}.npy", sample)
+    np.savez(tmp_path / "input.npz", x=np.load(calib / "0.npy"))
+    plan = rkcompile.compile(save(model), "rk3588", dtype="int8", calibration=calib, calibration_method="minmax")
+    (first,) = [step for step in plan.record.steps if "conv1" in step.nodes]
+    assert plan.record.quantization[first.inputs[0]].zero_points in ((-1,), (1,))
+    written = rkcompile.export(plan, tmp_path / "out.onnx").path
+    done = subprocess.run([PEER_PYTHON, str(Path(__file__).parents[1] / "tools" / "peer_int8.py"), str(written),
+                           str(calib), str(tmp_path / "input.npz"), "--prequantized", str(written)],
+                          capture_output=True, text=True, timeout=900)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["worst_cosine"] > 1 - 1e-9, result
+
+
 def test_the_table_tool_needs_the_toolkit(tmp_path):
     done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "tools" / "export_peer_table.py"),
                            str(tmp_path), "--python", str(tmp_path / "none")], capture_output=True, text=True)
