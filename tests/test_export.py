@@ -834,6 +834,30 @@ def test_the_int8_table_tool_needs_the_toolkit(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error: ")
 
 
+def test_the_int8_table_gives_the_toolkit_an_export_its_check_refuses(save, tmp_path, monkeypatch):
+    """An export whose check fails (onnxruntime on the file too far from the emulator) is still
+    built by the toolkit, and its row says the check refused it."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    import export_int8_table
+
+    model = save(residual_cnn())
+    np.savez(model.with_suffix(".npz"), x=np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32))
+    export = rkcompile.export
+
+    def strict(plan, path, **kwargs):
+        if "int8_tolerance" not in kwargs:
+            raise CompileError("the int8 export's outputs on onnxruntime are further than 0.002 ...; nothing written")
+        return export(plan, path, **kwargs)
+
+    monkeypatch.setattr(export_int8_table.rkcompile, "export", strict)
+    judged = []
+    monkeypatch.setattr(export_int8_table, "toolkit_cosine",
+                        lambda python, built, *rest: judged.append(Path(built)) or {"worst_cosine": 0.5})
+    row = export_int8_table.row(model, tmp_path / "out", "python", {})
+    assert judged[-1].is_file() and row["toolkit_on_export"] == 0.5
+    assert row["errors"]["export check"].startswith("refused, written here without it: onnxruntime on the file 0.")
+
+
 def detector_with_nms_like_tail() -> onnx.ModelProto:
     """A Conv network (features: a static output) with a detector's post-processing: a static
     CPU chain (Erf, then TopK of a constant k: top scores and their indices, scaled), then a

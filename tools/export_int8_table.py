@@ -9,7 +9,9 @@ onnxruntime on the original, on the model's NAME.npz input.
 Both sides calibrate on the same set, tools/int8_table.py's: the npz input and its 3 seeded
 variations. The toolkit runs through tools/peer_int8.py in its own virtualenv (the recipe is at
 the top of ../shared/peer/rknn_peer.py): `--prequantized` for the export, and for its own int8
-unless --peer names a file of its earlier lines (tools/int8_table.py --peer's format).
+unless --peer names a file of its earlier lines (tools/int8_table.py --peer's format). A plan
+whose export its own check refuses (onnxruntime on the file further than 0.002 of cosine from the
+emulator) is exported without the check all the same, the refusal said below the table.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from export_peer_table import collect  # noqa: E402
 from int8_table import model_input, peer_results, worst_cosine, write_calibration  # noqa: E402
 
 import rkcompile  # noqa: E402
+from rkcompile.errors import CompileError  # noqa: E402
 
 PEER_INT8 = Path(__file__).resolve().parent / "peer_int8.py"
 
@@ -49,7 +52,13 @@ def row(model: Path, out: Path, python: str, peer: dict[str, dict]) -> dict:
     np.savez(sample, **{input_name: x})
     plan = rkcompile.compile(model, "rk3588", dtype="int8", calibration=calib)
     exported = out / f"{model.stem}.int8.onnx"
-    report = rkcompile.export(plan, exported, inputs={input_name: x}).report
+    try:
+        report, refused = rkcompile.export(plan, exported, inputs={input_name: x}).report, {}
+    except CompileError:  # its check: onnxruntime on the file too far from the emulator; the toolkit still judges it
+        report = rkcompile.export(plan, exported, inputs={input_name: x}, int8_tolerance=1.0).report
+        cosines = [min(a["cosine"] for a in report["check"][side]) for side in ("outputs", "emulator")]
+        refused = {"export check": "refused, written here without it: onnxruntime on the file {:.5f}, "
+                                   "the emulator {:.5f}".format(*cosines)}
     own = peer.get(model.stem) or toolkit_cosine(python, model, calib, sample)
     through = toolkit_cosine(python, exported, calib, sample, model)
     settings = [t.applied[0] for t in plan.record.int8_techniques if t.name == "int8_settings"]
@@ -58,7 +67,8 @@ def row(model: Path, out: Path, python: str, peer: dict[str, dict]) -> dict:
             "toolkit_own": own.get("worst_cosine"), "toolkit_on_export": through.get("worst_cosine"),
             "export_on_onnxruntime": min(a["cosine"] for a in report["check"]["outputs"]),
             "emulator": worst_cosine(plan, model, {input_name: x}),
-            "errors": {side: entry["error"] for side, entry in (("own", own), ("export", through)) if "error" in entry}}
+            "errors": {**refused, **{side: entry["error"] for side, entry in (("own", own), ("export", through))
+                                     if "error" in entry}}}
 
 
 def render(rows: list[dict]) -> str:
