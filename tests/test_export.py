@@ -766,6 +766,24 @@ def test_the_toolkit_builds_the_int8_export_without_calibrating(save, tmp_path):
     assert convs == {"conv1": "INT8", "conv2": "FLOAT16", "conv3": "INT8"}
 
 
+def test_an_int8_export_reads_every_weight_through_the_plans_integers(save, tmp_path):
+    """levit's two linear heads added: the float export writes them as one Gemm of the summed
+    weights, a weight the int8 plan never stored; the int8 export keeps the plan's two, each
+    read through a DequantizeLinear of its stored integers (rknn-toolkit2 2.5.0 fails to build
+    an int8 Gemm of a float weight)."""
+    model = save(two_linear_heads_added())
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).standard_normal((1, 64)).astype(np.float32))
+    assert rkcompile.export(model, tmp_path / "float.onnx", "rk3588").report["toolkit_shapings"]["added_convs_as_one"] == 1
+    plan = rkcompile.compile(model, "rk3588", dtype="int8", calibration=calib)
+    written = onnx.load(str(rkcompile.export(plan, tmp_path / "int8.onnx").path))
+    made_by = {name: node.op_type for node in written.graph.node for name in node.output}
+    weights = [node.input[1] for node in written.graph.node if node.op_type in ("Conv", "Gemm", "MatMul")]
+    assert len(weights) == 2 and all(made_by.get(name) == "DequantizeLinear" for name in weights)
+
+
 @needs_peer
 def test_the_toolkit_computes_an_int8_export_of_a_symmetric_input_as_the_file_says(save, tmp_path):
     """An input calibrated on [-1, 1] would have zero point 0, which rknn-toolkit2 reads as a

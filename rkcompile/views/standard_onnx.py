@@ -113,7 +113,8 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
         model = _converted(model, plan.model.opset, max_opset)
     elif weight_integers is not None and plan.model.opset < MIN_QDQ_OPSET:
         model = _converted(model, plan.model.opset, MIN_QDQ_OPSET)
-    shaped = {shaping.__name__: shaping(model) for shaping in TOOLKIT_SHAPINGS}
+    shaped = {shaping.__name__: shaping(model) if weight_integers is None or shaping.__name__ not in WEIGHT_WRITING_SHAPINGS
+              else 0 for shaping in TOOLKIT_SHAPINGS}
     drop_unread_nodes(model.graph)
     if weight_integers is not None:
         quantize_dequantize(model, plan, weight_integers)
@@ -123,6 +124,12 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
         host = _checked(host) if moved else host
     return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
 
+
+#: the shapings that write weights of their own (the sum of two Convs' weights, a Conv's weight
+#: as a Gemm's): an int8 export leaves them out, as the plan's stored integers would not reach
+#: those weights, and rknn-toolkit2 2.5.0 fails to build an int8 Gemm of a float weight ("Invalid
+#: w_par['dtype'] = float16": timm_repvit_m0_9's two classifier heads)
+WEIGHT_WRITING_SHAPINGS = frozenset({"added_convs_as_one", "linear_layers_as_gemms"})
 
 #: ops that only regroup or join values, which the NPU part's last steps hand to the host part
 TRAILING_LAYOUT = frozenset({"Reshape", "Concat"})
