@@ -30,7 +30,7 @@ from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 from rkcompile.views.host_tail import HostTail, find_host_tail, reads
 from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
-from rkcompile.views.toolkit_shapings import TOOLKIT_SHAPINGS
+from rkcompile.views.toolkit_shapings import TOOLKIT_SHAPINGS, added_convs_as_one, linear_layers_as_gemms
 
 
 #: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
@@ -113,7 +113,7 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
         model = _converted(model, plan.model.opset, max_opset)
     elif weight_integers is not None and plan.model.opset < MIN_QDQ_OPSET:
         model = _converted(model, plan.model.opset, MIN_QDQ_OPSET)
-    shaped = {shaping.__name__: shaping(model) if weight_integers is None or shaping.__name__ not in WEIGHT_WRITING_SHAPINGS
+    shaped = {shaping.__name__: shaping(model) if weight_integers is None or shaping not in WEIGHT_WRITING_SHAPINGS
               else 0 for shaping in TOOLKIT_SHAPINGS}
     drop_unread_nodes(model.graph)
     if weight_integers is not None:
@@ -129,7 +129,7 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
 #: as a Gemm's): an int8 export leaves them out, as the plan's stored integers would not reach
 #: those weights, and rknn-toolkit2 2.5.0 fails to build an int8 Gemm of a float weight ("Invalid
 #: w_par['dtype'] = float16": timm_repvit_m0_9's two classifier heads)
-WEIGHT_WRITING_SHAPINGS = frozenset({"added_convs_as_one", "linear_layers_as_gemms"})
+WEIGHT_WRITING_SHAPINGS = frozenset({added_convs_as_one, linear_layers_as_gemms})
 
 #: ops that only regroup or join values, which the NPU part's last steps hand to the host part
 TRAILING_LAYOUT = frozenset({"Reshape", "Concat"})
