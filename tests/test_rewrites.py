@@ -655,6 +655,19 @@ def test_activation_of_a_relabelled_conv_runs_in_the_conv_layout(tmp_path):
     assert_same_outputs(model, ctx, {"x": feed([1, 6])})
 
 
+def test_activation_of_a_relabelled_conv_of_unknown_shape_is_left_alone(tmp_path):
+    """A Conv output relabelled to a shape known only at run time (tf2onnx's Conv1D after a GRU's
+    while-loop): the rule declines on the unknown shape instead of stopping the compile."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "shape"], ["s"], name="relabel"),
+             helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    model = make_model(nodes, [value_info("x", [1, 6, 1, 4]), value_info("shape", [3], TensorProto.INT64)],
+                       [value_info("y", ["a", "b", "c"])], [weight("w", RNG.normal(size=[5, 6, 1, 1]).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "elementwise_in_conv_layout" not in rules_fired(ctx)
+    assert [n.op for n in ctx.graph.nodes if n.op == "Relu"] == ["Relu"]
+
+
 def test_a_relabel_whose_readers_all_bypass_it_is_removed(tmp_path):
     """x -> Reshape A -> (Reshape B, Reshape C), both back to x's shape: B and C read x, A goes."""
     nodes = [helper.make_node("Reshape", ["x", "flat"], ["a"], name="A"),

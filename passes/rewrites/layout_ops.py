@@ -482,6 +482,8 @@ def elementwise_in_conv_layout(node: gs.Node, site: Site) -> Candidates:
     layout and stays: moving it to another Conv's layout would let the two Convs pull it back
     and forth without end (a MatMul-by-weights Conv's residual Add of another Conv's output)."""
     y_shape = static_shape(node.outputs[0])
+    if y_shape is None:
+        return "the output shape is unknown"
     operands = [t for t in node.inputs if t.name]
     in_layout = next((t for t in operands if (p := producer(t)) is not None and p.op == "Conv"
                       and static_shape(t) == y_shape), None)
