@@ -507,6 +507,25 @@ def test_rank3_elementwise_chain_runs_4d_with_relabels_only_at_the_ends(tmp_path
     assert_same_outputs(model, ctx, {"x": feed([2, 5, 6])})
 
 
+def test_rank5_pad_of_a_4d_map_runs_4d(tmp_path):
+    """paddle2onnx's F.pad of a 4-D map: Unsqueeze to 5-D, Pad of the last two axes (an odd
+    constant value, as it writes one), Squeeze back. The region is redone at rank 4 and its Pad
+    is legal on the NPU."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["u"], name="to5d"),
+             helper.make_node("Pad", ["u", "pads", "value"], ["p"], name="pad3d", mode="constant"),
+             helper.make_node("Squeeze", ["p", "axis"], ["y"], name="to4d")]
+    model = make_model(nodes, [value_info("x", [1, 6, 5, 7])], [value_info("y", [1, 6, 6, 10])],
+                       [weight("axis", np.array([2], np.int64)),
+                        weight("pads", np.array([0, 0, 0, 0, 2, 0, 0, 0, 1, 1], np.int64)),
+                        weight("value", np.array(0.5, np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "collapse_rank_region" in rules_fired(ctx)
+    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes for t in n.outputs)
+    (pad,) = [n for n in ctx.graph.nodes if n.op == "Pad"]
+    assert not check_node(pad, get_target("rk3588"))
+    assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 7])})
+
+
 def test_rank5_channel_shuffle_becomes_a_4d_transpose_between_relabels(tmp_path):
     """shufflenet's Reshape -> Transpose(rank 5) -> Reshape: the rank-5 relabels are absorbed.
     The shuffle's result is flattened to [1, 12, 25] here: one back in the input's own shape

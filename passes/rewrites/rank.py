@@ -30,7 +30,7 @@ from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_who
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
 #: group of its own, the other axes merge as in their operands.
-AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax"})
+AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax", "Pad"})
 #: Ops that pick part of their input along some axes.
 SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 #: The ops a region may hold: each has a form on merged axes.
@@ -63,7 +63,7 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
     groupings, each Transpose a Transpose of the groups (on a view the target accepts,
     layout.emit_legal_transpose), each Gather a Gather of one group by rank-1 indices, each
     element-wise op the same op on the groups with its operands relabelled to match, each
-    Slice/Split/Concat/Softmax the same op along the group its axis became. Tensors the
+    Slice/Split/Concat/Softmax/Pad the same op along the group its axis became. Tensors the
     region hands to other ops are relabelled back to their own shapes, which are 4-D or less."""
     return (yield from _collapse(node, site, from_input=False))
 
@@ -285,7 +285,7 @@ def _selected_shape(reader: gs.Node, x_shape, axis: int, out: gs.Tensor) -> list
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
     """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
-    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | VOLUME_OPS | {"Gather", "Slice", "Split", "Expand"} else node.inputs
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | VOLUME_OPS | {"Gather", "Slice", "Split", "Expand", "Pad"} else node.inputs
     return [t for t in list(inputs) + list(node.outputs) if t.name]
 
 
@@ -369,6 +369,9 @@ def _op_axes(node: gs.Node, opset: int) -> list[int] | None:
         return [int(node.attrs.get("axis", -1)) % rank] if opset >= 13 else None
     if node.op in ("Concat", "Split"):
         return [int(node.attrs.get("axis", 0)) % rank]
+    if node.op == "Pad":  # the axes it pads (paddle2onnx's pad3d of a 4-D map on a 5-D view)
+        pads = _pads(node, opset)
+        return None if pads is None else [a for a in range(rank) if pads[a] or pads[a + rank]]
     if opset < 10:
         return None
     bounds = [constant_value(t) if t.name else None for t in node.inputs[1:]]
@@ -406,6 +409,15 @@ def _reduced_axes(node: gs.Node, opset: int) -> list[int] | None:
     else:
         axes = node.attrs.get("axes")
     return None if axes is None else sorted({int(a) % rank for a in np.ravel(axes)})
+
+
+def _pads(node: gs.Node, opset: int) -> list[int] | None:
+    """A Pad's constant pads (begins then ends, every axis), None in the attribute form (opset
+    < 11), with an `axes` input or with computed pads."""
+    if opset < 11 or (len(node.inputs) > 3 and node.inputs[3].name):
+        return None
+    pads = constant_value(node.inputs[1])
+    return None if pads is None else [int(p) for p in pads.reshape(-1)]
 
 
 def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
@@ -745,7 +757,7 @@ def _broadcast_constant(operand: gs.Tensor, y_shape) -> bool:
 
 def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]], grouped,
                      targets: list[gs.Tensor], axes: list[int]) -> None:
-    """A Slice/Split/Concat/Softmax along the groups its axes became: every tensor is viewed on
+    """A Slice/Split/Concat/Softmax/Pad along the groups its axes became: every tensor is viewed on
     the groups of the op's full-sized tensor (Concat's output, the others' input)."""
     reference = node.outputs[0] if node.op == "Concat" else node.inputs[0]
     reference_groups = groups[id(reference)]
@@ -767,6 +779,11 @@ def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[lis
         inputs += [builder.const(starts, "starts"), builder.const(ends, "ends"), builder.const(new_axes, "axes")]
         if steps is not None:
             inputs.append(builder.const(steps, "steps"))
+    elif node.op == "Pad":  # a padded axis is a group of its own (_refine_axis_op)
+        pads, rank = _pads(node, builder.site.opset), len(static_shape(node.inputs[0]))
+        on_group = [[sum(pads[a + side] for a in group) for group in reference_groups] for side in (0, rank)]
+        inputs += [builder.const(np.array(on_group[0] + on_group[1], np.int64), "pads"),
+                   *[t for t in node.inputs[2:3] if t.name]]
     else:
         attrs["axis"] = group_of(axes[0])
         inputs += list(node.inputs[1:]) if node.op == "Split" else []
