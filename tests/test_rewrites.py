@@ -507,6 +507,19 @@ def test_rank3_elementwise_chain_runs_4d_with_relabels_only_at_the_ends(tmp_path
     assert_same_outputs(model, ctx, {"x": feed([2, 5, 6])})
 
 
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_a_pool_whose_windows_tile_the_map_is_staged_under_the_limit(tmp_path, op):
+    """paddle's adaptive_avg_pool2d to 2x2 of an 8x18 map: kernel = stride = [4, 9], over the
+    limit of 7, as stages [4, 3] then [1, 3]; the rows and columns left over drop alike."""
+    nodes = [helper.make_node(op, ["x"], ["y"], name="pool", kernel_shape=[4, 9], strides=[4, 9])]
+    model = make_model(nodes, [value_info("x", [1, 3, 9, 19])], [value_info("y", [1, 3, 2, 2])])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    pools = [n for n in ctx.graph.nodes if n.op == op]
+    assert [p.attrs["kernel_shape"] for p in pools] == [[4, 3], [1, 3]]
+    assert not any(check_node(p, get_target("rk3588")) for p in pools)
+    assert_same_outputs(model, ctx, {"x": feed([1, 3, 9, 19])})
+
+
 def test_rank5_pad_of_a_4d_map_runs_4d(tmp_path):
     """paddle2onnx's F.pad of a 4-D map: Unsqueeze to 5-D, Pad of the last two axes (an odd
     constant value, as it writes one), Squeeze back. The region is redone at rank 4 and its Pad

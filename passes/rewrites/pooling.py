@@ -1,5 +1,6 @@
 """Pooling rewrites: auto_pad, ceil mode and excluded pads as the NPU's floor-mode pools, MaxPool
-kernels over the window limit as cascades of smaller MaxPools, global pools
+kernels over the window limit as cascades of smaller MaxPools, pools whose windows tile the map
+as stages of smaller such pools, global pools
 over the window limit as staged pools, and ReduceMean over the spatial axes as global pooling."""
 from __future__ import annotations
 
@@ -320,12 +321,61 @@ def reducemean_to_global_pool(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def _exact_factors(kernel: int, limit: int) -> list[int] | None:
+    """`kernel` as a product of factors <= limit, largest first, or None when a prime above the
+    limit divides it."""
+    factors = []
+    while kernel > 1:
+        factor = next((f for f in range(min(limit, kernel), 1, -1) if kernel % f == 0), None)
+        if factor is None:
+            return None
+        factors.append(factor)
+        kernel //= factor
+    return factors
+
+
+def tiling_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
+    """A pool whose windows tile the map (kernel = stride, no pads, floor mode: paddle's
+    adaptive_avg_pool2d to 2x2 of an 8x16 map is kernel [4, 8]) with a kernel over the window
+    limit as pools whose kernels, each its own stride, multiply to it: a window of the pool is
+    exactly a window of windows of the stages, all of one size, so the mean of the stage means
+    (or the max of the maxima) is the pool's, and floor(floor(n / a) / b) = floor(n / ab) keeps
+    its output size."""
+    x = node.inputs[0]
+    shape = static_shape(x)
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", ())]
+    if shape is None or len(shape) != len(kernel) + 2:
+        return "the input shape is unknown"
+    if (list(node.attrs.get("strides", [1] * len(kernel))) != kernel or any(node.attrs.get("pads", ()))
+            or node.attrs.get("ceil_mode", 0) or any(d != 1 for d in node.attrs.get("dilations", ()))
+            or node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET")):
+        return "its windows do not tile the map (stride != kernel, pads, dilations or ceil mode)"
+    limit = site.target.rule_parameter(node.op, "pool_window", "kernel")
+    if limit is None or all(k <= limit for k in kernel):
+        return "its kernel is within the limit"
+    per_axis = [_exact_factors(k, limit) for k in kernel]
+    if any(factors is None for factors in per_axis):
+        return f"a kernel in {kernel} has a prime factor above the limit {limit}"
+    count = max(len(factors) for factors in per_axis)
+    per_axis = [factors + [1] * (count - len(factors)) for factors in per_axis]
+    builder = site.builder(node)
+    current, sizes = x, list(shape[2:])
+    for index in range(count):
+        stage = [factors[index] for factors in per_axis]
+        sizes = [size // k for size, k in zip(sizes, stage)]
+        current = builder.op(node.op, [current], [*shape[:2], *sizes], x.dtype,
+                             out=node.outputs[0] if index == count - 1 else None,
+                             kernel_shape=stage, strides=stage, pads=[0] * 2 * len(stage))
+    yield builder.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(pool_auto_pad_to_pads, frozenset({"MaxPool", "AveragePool"})),
     RewriteRule(maxpool_ceil_to_pads, frozenset({"MaxPool"})),
     RewriteRule(average_pool_ceil_to_pads, frozenset({"AveragePool"})),
     RewriteRule(maxpool_kernel_to_cascade, frozenset({"MaxPool"})),
     RewriteRule(average_pool_excluding_pads, frozenset({"AveragePool"})),
+    RewriteRule(tiling_pool_to_stages, frozenset({"MaxPool", "AveragePool"})),
     RewriteRule(global_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"})),
     RewriteRule(sequence_pool_to_stages, frozenset({"GlobalAveragePool", "GlobalMaxPool"}), late=True),
     RewriteRule(reducemean_to_global_pool, frozenset({"ReduceMean"})),
