@@ -906,6 +906,25 @@ def detector_with_nms_like_tail() -> onnx.ModelProto:
                        weight("two", np.array(2.0, np.float32))])
 
 
+def test_a_host_tail_reading_a_layer_norm_the_plan_made_below_opset_17(save, tmp_path):
+    """The NPU part hands the host part a LayerNormalization's output (the plan's exNorm, made at
+    opset 15 as tf2onnx writes a Keras model): its element type is inferred from the older form
+    it is written in, as onnx infers nothing for LayerNormalization at opset 15."""
+    model = decomposed_layer_norm([1, 24, 64], [-1], 15)
+    model.graph.node.append(helper.make_node("NonZero", ["y"], ["where"], name="where"))
+    model.graph.output.append(helper.make_tensor_value_info("where", TensorProto.INT64, [3, "n"]))
+    original = save(model)
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    assert [o.type.tensor_type.elem_type for o in npu.graph.output] == [TensorProto.FLOAT]
+    assert "LayerNormalization" not in {n.op_type for n in npu.graph.node}
+    x = np.random.default_rng(0).standard_normal((1, 24, 64)).astype(np.float32)
+    handed = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    found = onnxruntime_run(host, {i.name: ({"x": x} | handed)[i.name] for i in host.graph.input})
+    for got, want in zip(found, onnxruntime_run(original, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_data_dependent_tail_is_refused_without_host_tail(save, tmp_path):
     with pytest.raises(CompileError, match="shape the data decides.*--host-tail"):
         rkcompile.export(save(detector_with_nms_like_tail()), tmp_path / "out.onnx", "rk3588")

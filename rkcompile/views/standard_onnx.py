@@ -204,10 +204,13 @@ def _model(graph: onnx.GraphProto, opsets: list[onnx.OperatorSetIdProto]) -> onn
 def _element_types(protos: Sequence[onnx.NodeProto], plan: PlanRecord, weights: Mapping[str, onnx.TensorProto],
                    opsets: list[onnx.OperatorSetIdProto]) -> dict[str, int]:
     """The ONNX element type of each tensor `protos` write, by onnx's inference from the model's
-    inputs (the plan's dtype is the NPU's storage, float16 for a float32 tensor)."""
+    inputs (the plan's dtype is the NPU's storage, float16 for a float32 tensor). Ops newer than
+    the model's opset (OLDER_FORMS) are inferred in their older forms, as they are written: onnx
+    infers nothing for an op its opset does not have."""
     read = reads(protos)
     graph = helper.make_graph(protos, "types", [_value_info(spec) for spec in plan.model.inputs], [],
                               [tensor for name, tensor in weights.items() if name in read])
+    _write_older_forms(graph, plan.model.opset, plan)
     inferred = onnx.shape_inference.infer_shapes(_model(graph, opsets))
     return {value.name: value.type.tensor_type.elem_type for value in inferred.graph.value_info}
 
