@@ -507,6 +507,25 @@ def test_rank3_elementwise_chain_runs_4d_with_relabels_only_at_the_ends(tmp_path
     assert_same_outputs(model, ctx, {"x": feed([2, 5, 6])})
 
 
+def test_a_scale_and_shift_before_a_relu_run_as_one_conv_relu(tmp_path):
+    """tf2onnx's Keras BatchNormalization after a Concat (DenseNet): x * scale + shift, per
+    channel, then Relu, as a depthwise 1x1 Conv that fuses with the Relu: one step, not two."""
+    nodes = [helper.make_node("Concat", ["a", "b"], ["x"], name="concat", axis=1),
+             helper.make_node("Mul", ["x", "scale"], ["scaled"], name="bn_mul"),
+             helper.make_node("Add", ["scaled", "shift"], ["shifted"], name="bn_add"),
+             helper.make_node("Relu", ["shifted"], ["y"], name="relu")]
+    model = make_model(nodes, [value_info("a", [1, 2, 5, 5]), value_info("b", [1, 3, 5, 5])],
+                       [value_info("y", [1, 5, 5, 5])],
+                       [weight("scale", RNG.uniform(0.5, 2, [1, 5, 1, 1]).astype(np.float32)),
+                        weight("shift", RNG.normal(size=[5, 1, 1]).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "scale_and_shift_before_activation_as_conv" in rules_fired(ctx)
+    (conv,) = [n for n in ctx.graph.nodes if n.op == "Conv"]
+    assert conv.attrs["group"] == 5 and [r.op for r in conv.outputs[0].outputs] == ["Relu"]
+    assert not any(n.op in ("Mul", "Add") for n in ctx.graph.nodes)
+    assert_same_outputs(model, ctx, {"a": feed([1, 2, 5, 5]), "b": feed([1, 3, 5, 5])})
+
+
 @pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
 def test_a_pool_whose_windows_tile_the_map_is_staged_under_the_limit(tmp_path, op):
     """paddle's adaptive_avg_pool2d to 2x2 of an 8x18 map: kernel = stride = [4, 9], over the

@@ -10,7 +10,7 @@ from rkcompile.ir.graph import constant_value, dtype_name, element_count, static
 from rkcompile.numerics.nc1hwc2 import as_nchw
 
 from rkcompile.passes.fusion_table import conv_activation_kernels
-from rkcompile.passes.rewrites.affine import batchnorm_affine
+from rkcompile.passes.rewrites.affine import _affine_of, _per_channel, batchnorm_affine
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, producer, scalar
 
 
@@ -38,22 +38,60 @@ def batchnorm_before_activation_as_conv(node: gs.Node, site: Site) -> Candidates
     kernel instead of two steps, as rknn-toolkit2 runs BatchNormalizationRelu. Within one
     float16 rounding of the scale and shift, as every affine fold (rewrites.affine)."""
     affine = batchnorm_affine(node)
-    x, y = node.inputs[0], node.outputs[0]
-    shape = static_shape(x)
+    shape = static_shape(node.inputs[0])
     if affine is None or shape is None or len(shape) != 4:
         return "its statistics are not constant (or training mode), or the input is not 4-D of known shape"
+    return (yield from _affine_as_conv_before_activation(node.inputs[0], *affine, [node], site))
+
+
+def scale_and_shift_before_activation_as_conv(node: gs.Node, site: Site) -> Candidates:
+    """A constant per-channel scale and then shift (tf2onnx writes a Keras BatchNormalization as
+    Mul and Add: DenseNet's pre-activation BN after a Concat) read only by an activation the
+    target runs fused after a convolution, as the depthwise 1x1 Conv of
+    `batchnorm_before_activation_as_conv`: one Conv+Relu kernel instead of Mul and Add+Relu."""
+    shape = static_shape(node.outputs[0])
+    if shape is None or len(shape) != 4:
+        return "the result is not 4-D of known shape"
+    shifted = _affine_of(node)
+    if isinstance(shifted, str):
+        return shifted
+    scaled_tensor, outer_scale, outer_shift = shifted
+    scaling = producer(scaled_tensor)
+    if (scaling is None or scaling.op not in ("Mul", "Div") or len(scaled_tensor.outputs) != 1
+            or scaled_tensor.name in site.graph_outputs):
+        return "its input is not a scale by a constant that it alone reads"
+    scaled = _affine_of(scaling)
+    if isinstance(scaled, str):
+        return f"its input's {scaling.op}: {scaled}"
+    x, inner_scale, inner_shift = scaled
+    if all(v.size == 1 for v in (inner_scale, outer_shift)):
+        return "a scalar scale and shift (a batch norm's vary per channel): element-wise ops, as other rules make"
+    channels = [_per_channel(v, 4, 1, shape[1]) for v in (inner_scale, inner_shift, outer_scale, outer_shift)]
+    if any(v is None for v in channels):
+        return "a constant varies along another axis than the channels"
+    inner_scale, inner_shift, outer_scale, outer_shift = channels
+    return (yield from _affine_as_conv_before_activation(x, outer_scale * inner_scale,
+                                                         outer_scale * inner_shift + outer_shift,
+                                                         [scaling, node], site))
+
+
+def _affine_as_conv_before_activation(x: gs.Tensor, scale: np.ndarray, shift: np.ndarray, old: list[gs.Node],
+                                      site: Site) -> Candidates:
+    """scale*x + shift per channel of the 4-D `x`, which the last of `old` writes, as a depthwise
+    1x1 Conv, where that result is read by one activation the target fuses after a Conv."""
+    y = old[-1].outputs[0]
     readers = y.outputs
     if len(readers) != 1 or y.name in site.graph_outputs:
         return "its result is read by more than one node, or is a graph output"
     kernels = conv_activation_kernels().get(readers[0].op, ())
     if not any(site.target.has_kernel(kernel) for kernel in kernels):
         return f"its reader, a {readers[0].op}, is no activation {site.target.name} runs fused after a Conv"
-    channels, dtype = shape[1], dtype_name(x.dtype)
-    scale, shift = (a.astype(dtype) for a in affine)
-    builder = site.builder(node)
-    builder.op("Conv", [x, builder.const(scale.reshape(channels, 1, 1, 1), "scale"), builder.const(shift, "shift")],
+    channels, dtype = static_shape(x)[1], dtype_name(x.dtype)
+    builder = site.builder(old[-1])
+    builder.op("Conv", [x, builder.const(scale.astype(dtype).reshape(channels, 1, 1, 1), "scale"),
+                        builder.const(shift.astype(dtype).reshape(channels), "shift")],
                out=y, kernel_shape=[1, 1], group=channels)
-    yield builder.finish()
+    yield builder.finish(*old)
 
 
 #: x^-beta as NPU Pows (exponents from seed 000, Pow: {0, 1, 2, 3, 0.5, -0.5}) and Muls: the
@@ -148,6 +186,7 @@ def softmax_to_supported_axis(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(batchnorm_before_activation_as_conv, frozenset({"BatchNormalization"}), always=True),
+    RewriteRule(scale_and_shift_before_activation_as_conv, frozenset({"Add", "Sub"}), always=True),
     RewriteRule(batchnorm_to_mul_add, frozenset({"BatchNormalization"})),
     RewriteRule(lrn_to_conv_and_pows, frozenset({"LRN"})),
     RewriteRule(layernorm_to_channel_axis, frozenset({"LayerNormalization"})),
