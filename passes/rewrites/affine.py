@@ -49,7 +49,7 @@ def batchnorm_affine(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
     return scale, beta - mean * scale
 
 
-def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | str:
+def affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | str:
     """(x, scale, shift) with node(x) = scale*x + shift, scale and shift float64 arrays laid out
     to broadcast against x as ONNX broadcasts; else why node is not such an op."""
     if node.op == "BatchNormalization":
@@ -86,7 +86,7 @@ def _affine_of(node: gs.Node) -> tuple[gs.Tensor, np.ndarray, np.ndarray] | str:
     return "a division of a constant, or by zero"
 
 
-def _per_channel(values: np.ndarray, rank: int, axis: int | None, channels: int) -> np.ndarray | None:
+def per_channel_values(values: np.ndarray, rank: int, axis: int | None, channels: int) -> np.ndarray | None:
     """`values` as one value per channel of axis `axis` of a rank-`rank` tensor with `channels`
     channels, or None when they vary along any other axis, or would broadcast the tensor to
     a higher rank. `axis` None: the values may be one scalar only."""
@@ -238,7 +238,7 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     projection's Split). One kernel instead of two
     passes over the feature map, as rknn-toolkit2 does. Within one rounding of the weight's
     dtype (module docstring); a chain folds one op at a time, each into the op the last made."""
-    affine = _affine_of(node)
+    affine = affine_of(node)
     if isinstance(affine, str):
         return affine
     x, scale, shift = affine
@@ -250,7 +250,7 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     if shape is None or made is None or static_shape(node.outputs[0]) != shape:
         return "the constant broadcasts its input to another shape, or a shape is unknown"
     channels = made[WEIGHTED[weighted.op]]
-    scale, shift = (_per_channel(v, len(shape), axis, channels if part is None else part[1]) for v in (scale, shift))
+    scale, shift = (per_channel_values(v, len(shape), axis, channels if part is None else part[1]) for v in (scale, shift))
     if scale is None or shift is None:
         return f"the constant varies on an axis other than the {weighted.op}'s output channels"
     if part is not None:  # the other parts' channels are scaled by 1 and shifted by 0: unchanged
@@ -423,7 +423,7 @@ def scale_into_constant_products(node: gs.Node, site: Site) -> Candidates:
     (passes/simplify_layout/), as rknn-toolkit2 runs no step for the scale. One rounding of the
     constants' dtype instead of a rounding of the sum: within float16 rounding (exact for a
     power-of-two scale such as a head size's 1/sqrt(sqrt(d)))."""
-    affine = _affine_of(node)
+    affine = affine_of(node)
     if isinstance(affine, str):
         return affine
     x, scale, shift = affine
@@ -519,7 +519,7 @@ def scalar_factors_out_of_concat(node: gs.Node, site: Site) -> Candidates:
 
 
 def _input_channel_vector(values: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray | None:
-    return _per_channel(values, len(x_shape), 1, x_shape[1])
+    return per_channel_values(values, len(x_shape), 1, x_shape[1])
 
 
 def _recognised_only_with(node: gs.Node, x: gs.Tensor) -> str | None:
@@ -562,7 +562,7 @@ def fold_affine_into_next_weighted_op(node: gs.Node, site: Site) -> Candidates:
     1 - p before the classifier's Flatten and MatMul, which rknn-toolkit2 folds into the
     MatMul (its fuse_mul_exmatmul), so the scaled feature map is never rounded to float16 on
     its own. Within one rounding of the weight's dtype."""
-    affine = _affine_of(node)
+    affine = affine_of(node)
     if isinstance(affine, str):
         return affine
     x, scale, shift = affine

@@ -10,7 +10,7 @@ from rkcompile.ir.graph import constant_value, dtype_name, element_count, static
 from rkcompile.numerics.nc1hwc2 import as_nchw
 
 from rkcompile.passes.fusion_table import conv_activation_kernels
-from rkcompile.passes.rewrites.affine import _affine_of, _per_channel, batchnorm_affine
+from rkcompile.passes.rewrites.affine import affine_of, per_channel_values, batchnorm_affine
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, producer, scalar
 
 
@@ -52,7 +52,7 @@ def scale_and_shift_before_activation_as_conv(node: gs.Node, site: Site) -> Cand
     shape = static_shape(node.outputs[0])
     if shape is None or len(shape) != 4:
         return "the result is not 4-D of known shape"
-    shifted = _affine_of(node)
+    shifted = affine_of(node)
     if isinstance(shifted, str):
         return shifted
     scaled_tensor, outer_scale, outer_shift = shifted
@@ -60,13 +60,13 @@ def scale_and_shift_before_activation_as_conv(node: gs.Node, site: Site) -> Cand
     if (scaling is None or scaling.op not in ("Mul", "Div") or len(scaled_tensor.outputs) != 1
             or scaled_tensor.name in site.graph_outputs):
         return "its input is not a scale by a constant that it alone reads"
-    scaled = _affine_of(scaling)
+    scaled = affine_of(scaling)
     if isinstance(scaled, str):
         return f"its input's {scaling.op}: {scaled}"
     x, inner_scale, inner_shift = scaled
     if all(v.size == 1 for v in (inner_scale, outer_shift)):
         return "a scalar scale and shift (a batch norm's vary per channel): element-wise ops, as other rules make"
-    channels = [_per_channel(v, 4, 1, shape[1]) for v in (inner_scale, inner_shift, outer_scale, outer_shift)]
+    channels = [per_channel_values(v, 4, 1, shape[1]) for v in (inner_scale, inner_shift, outer_scale, outer_shift)]
     if any(v is None for v in channels):
         return "a constant varies along another axis than the channels"
     inner_scale, inner_shift, outer_scale, outer_shift = channels
