@@ -367,6 +367,34 @@ def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
 
 
+def scaled_boxes() -> onnx.ModelProto:
+    """Conv -> Reshape to [1, 4, 64] -> Mul by a stride per box of shape [1, 64], as YOLOv8
+    scales its decoded boxes."""
+    rng = np.random.default_rng(0)
+    strides = np.repeat(np.array([8, 16, 32, 64], np.float32), 16).reshape(1, 64)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "flat"], ["boxes"], name="flatten"),
+             helper.make_node("Mul", ["boxes", "strides"], ["y"], name="scale")]
+    return make_model(nodes, [value_info("x", [1, 8, 8, 8])], [value_info("y", [1, 4, 64])],
+                      [weight("w", rng.standard_normal((4, 8, 1, 1)).astype(np.float32)),
+                       weight("flat", np.array([1, 4, 64])), weight("strides", strides)], opset=13)
+
+
+def test_a_rank3_tails_constant_of_lower_rank_is_written_at_rank_4():
+    """The strides [1, 64] broadcast against [1, 4, 64] become [1, 1, 1, 64] against
+    [1, 4, 1, 64], not [1, 1, 64] (rknn-toolkit2 2.5.0 crashes building an int8 export that
+    broadcasts the lower rank): the same values."""
+    model = scaled_boxes()
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    assert rank3_tails_as_rank4(model) == 2
+    scale = next(node for node in model.graph.node if node.name == "scale")
+    constants = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    assert constants[scale.input[1]].shape == (1, 1, 1, 64)
+    x = np.random.default_rng(1).standard_normal((1, 8, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
 def test_a_rank3_region_read_by_a_reshape_copying_its_last_axis_stays():
     """A Reshape by [0, 0, 0, 1] reads the input's third dimension: the region before it keeps
     its rank."""
@@ -764,6 +792,23 @@ def test_the_toolkit_builds_the_int8_export_without_calibrating(save, tmp_path):
     convs = {layer["full_name"].split(":")[-1].split("_")[0]: layer["dtype"] for layer in result["layers"]
              if layer["op_type"].startswith("Conv")}
     assert convs == {"conv1": "INT8", "conv2": "FLOAT16", "conv3": "INT8"}
+
+
+@needs_peer
+def test_the_toolkit_builds_the_int8_export_of_a_scaled_rank3_tail(save, tmp_path):
+    """YOLOv8's boxes times their strides, lifted to rank 4, in an int8 export: rknn-toolkit2
+    2.5.0 builds it without calibrating (it crashed, signal 11, on the strides at rank 3)."""
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).standard_normal((1, 8, 8, 8)).astype(np.float32))
+    plan = rkcompile.compile(save(scaled_boxes()), "rk3588", dtype="int8", calibration=calib)
+    written = rkcompile.export(plan, tmp_path / "out.onnx")
+    assert written.report["toolkit_shapings"]["rank3_tails_as_rank4"] == 2
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout[-2000:]
 
 
 def test_an_int8_export_reads_every_weight_through_the_plans_integers(save, tmp_path):

@@ -400,6 +400,16 @@ def _unit_axis_inserted(shape: Sequence[int]) -> list[int]:
     return [*shape[:-1], 1, shape[-1]] if len(shape) >= 2 else list(shape)
 
 
+def _rank4_constant(value: np.ndarray) -> np.ndarray:
+    """A constant operand of rank 1 to 3 read with a rank-3 tensor, at rank 4 for the tensor
+    lifted: unit axes before it up to rank 3, then one before its last axis (the same values
+    broadcast alike). Full rank because rknn-toolkit2 2.5.0 crashes (signal 11) building an
+    int8 export whose element-by-element op broadcasts a constant of lower rank against its
+    rank-4 input (YOLOv8's strides [1, boxes] as [1, 1, boxes] times the boxes [1, 4, 1, boxes]);
+    its float build takes either."""
+    return value.reshape(_unit_axis_inserted([1] * (3 - value.ndim) + list(value.shape)))
+
+
 def _liftable_constants(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
     """Whether the constant operands of `node` stay right with a unit axis inserted: operands
     of at most rank 3 of an element-by-element op, of rank 3 of a Concat, the bounds of a
@@ -431,8 +441,8 @@ def _lift(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[st
         return
     if node.op_type in ELEMENTWISE or node.op_type == "Concat":
         node.input[:] = [
-            constant(f"rank4_operand_{index}", constants[name].reshape(_unit_axis_inserted(constants[name].shape)))
-            if name in constants and constants[name].ndim >= 2 else name for index, name in enumerate(node.input)]
+            constant(f"rank4_operand_{index}", _rank4_constant(constants[name]))
+            if name in constants and constants[name].ndim >= 1 else name for index, name in enumerate(node.input)]
         if node.op_type in ELEMENTWISE:
             return
     attributes = {a.name: a for a in node.attribute}
