@@ -426,9 +426,12 @@ def test_strided_or_dilated_parallel_convs_merge_where_their_taps_align(tmp_path
 @pytest.mark.parametrize("case, reason", [
     ("crossed", "the merged kernel [3, 3] has more taps than the branches together"),
     ("two inputs", "the terms read different tensors"),
-    ("groups", "the Convs' groups differ")])
+    ("groups", "the Convs' groups differ"),
+    ("over the limit", "the merged kernel [9, 9] is over rk3588's limit of 8")])
 def test_parallel_convs_that_do_not_merge_say_why(tmp_path, case, reason):
-    if case == "crossed":  # ACNet's 1x3 and 3x1: one 3x3 would compute 9 taps where they compute 6
+    if case == "over the limit":  # a 9x9 depthwise kernel tiled into 8x8 windows stays tiled
+        branches = [branch_conv("a", 8, (4, 4, 3, 3), group=8), branch_conv("b", 8, (3, 3, 4, 4), group=8)]
+    elif case == "crossed":  # ACNet's 1x3 and 3x1: one 3x3 would compute 9 taps where they compute 6
         branches = [branch_conv("a", (1, 3), (0, 1, 0, 1)), branch_conv("b", (3, 1), (1, 0, 1, 0))]
     elif case == "two inputs":
         branches = [branch_conv("a", 3, 1), branch_conv("b", 3, 1, x="z")]

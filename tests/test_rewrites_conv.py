@@ -3,6 +3,8 @@ convolutions within them that compute exactly what it computes, for strides, ker
 groups other than the repros', at every primary target."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -69,6 +71,9 @@ CASES = {
     "stride_32_in_two_stages": dict(channels=2, out_channels=3, size=70, kernel=4, strides=32),
     "tiles_kernel_33_stride_1": dict(channels=2, out_channels=3, size=40, kernel=33, strides=1, pads=(16, 16, 16, 16)),
     "tiles_depthwise_kernel_11": dict(channels=4, out_channels=4, size=24, kernel=11, strides=2, pads=(5, 5, 5, 5), group=4),
+    "tiles_depthwise_kernel_9_unpadded": dict(channels=4, out_channels=4, size=20, kernel=9, strides=1, group=4),
+    "tiles_depthwise_kernel_9_asymmetric": dict(channels=4, out_channels=4, size=(14, 17), kernel=(9, 12), strides=(1, 3),
+                                                pads=(4, 4, 4, 3), group=4),
 }
 
 
@@ -111,6 +116,24 @@ def test_a_1d_conv_over_the_limits_is_lifted_to_2d_and_legalized(tmp_path, targe
     assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, channels, length)).astype(np.float32)})
     plan, _ = compile_model(tmp_path / "model.onnx", target)
     assert not [n.op for n in plan.nodes if n.device == "cpu"]
+
+
+@pytest.mark.parametrize("name, copies", [("tiles_depthwise_kernel_11", []), ("tiles_depthwise_kernel_9_asymmetric", []),
+                                           ("tiles_depthwise_kernel_9_unpadded", ["Slice"] * 4),
+                                           ("tiles_kernel_33_stride_1", ["Pad"] + ["Slice"] * 4)])
+def test_kernel_tiles_read_the_input_through_their_own_pads_where_the_pads_allow(tmp_path, name, copies):
+    """mixnet's 9x9 and 11x11 depthwise kernels (pads 4 and 5, limit 8): each tile a Conv of the
+    input itself, one step per tile as rknn-toolkit2 keeps one step per Conv. Without pads to
+    hold a window, the tiles read Slices of the input; with pads over the limit (16 > 15), of
+    one Pad of it."""
+    ctx = rewritten(conv_model(**CASES[name]), tmp_path, "rk3588")
+    ops = [node.op for node in ctx.graph.nodes]
+    assert [op for op in ops if op not in ("Conv", "Add")] == copies
+    kernel = CASES[name]["kernel"]
+    limit = get_target("rk3588").rule_parameter(
+        "Conv", "conv_window", "depthwise_kernel" if CASES[name].get("group", 1) > 1 else "kernel")
+    tiles = math.prod(-(-k // limit) for k in ((kernel, kernel) if isinstance(kernel, int) else kernel))
+    assert ops.count("Conv") == tiles
 
 
 def test_a_stride_with_a_prime_factor_over_the_limit_stays_and_says_why(tmp_path):

@@ -26,6 +26,7 @@ from rkcompile.ir.patterns import matches
 
 from rkcompile.passes.fusion_table import RECOGNISERS
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, RewriteRule, Site, producer
+from rkcompile.passes.rewrites.conv_windows import conv_limits
 
 #: ops that compute x*W (+ bias) with constant W, and the axis of their output that indexes W's
 #: output channels (-1: the last)
@@ -336,7 +337,8 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
     mobileone_s0: 62 Conv layers for 191 Convs). Exact but for one rounding of the summed
     weights (module docstring). Both Convs share x, group, strides and dilations, their
     windows align, the sum does not broadcast, and the merged kernel has no more taps than the
-    branches together."""
+    branches together and is within the target's kernel limit (conv_windows' tiles of a kernel
+    over it are such a sum)."""
     if len(node.inputs) != 2:
         return "not a sum of two tensors"
     branches = [_branch_node(t, site) for t in node.inputs]
@@ -369,10 +371,16 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
     kernel, begin, end = window
     if np.prod(kernel) > sum(np.prod(constant_value(c.inputs[1]).shape[2:]) for c in convs) + (len(terms) - len(convs)):
         return f"the merged kernel {kernel} has more taps than the branches together"
+    limits = conv_limits(site)
+    per_group = shape[1] // group
+    if limits is not None:
+        depthwise = group > 1 and per_group == 1 and made[1] == group
+        limit = limits.depthwise_kernel if depthwise else limits.kernel
+        if max(kernel) > limit:  # conv_kernel_to_tiles would split it into these terms again
+            return f"the merged kernel {kernel} is over {site.target.name}'s limit of {limit}"
     dilation = list(convs[0].attrs.get("dilations", [1] * spatial))
     if any(begin[axis] % dilation[axis] for axis in range(spatial)) and len(convs) < len(terms):
         return "a BatchNormalization branch's position falls between the merged window's taps"
-    per_group = shape[1] // group
     weight, bias = np.zeros((made[1], per_group, *kernel)), np.zeros(made[1])
     for branch, _, w, b in terms:
         if branch.op == "BatchNormalization":  # x[c] * scale[c]: the diagonal, at x's own position

@@ -202,17 +202,79 @@ def conv_stride_to_space_to_depth(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+def _kernel_tiles(conv: ConvGeometry, kernel_limit: int) -> list[list[tuple[int, int]]]:
+    """Per axis, the (start, size) of the kernel's tiles: runs of at most `kernel_limit` taps."""
+    return [[(start, min(kernel_limit, size - start)) for start in range(0, size, kernel_limit)]
+            for size in conv.kernel]
+
+
+def _windows_within_pads(conv: ConvGeometry, kernel_limit: int) -> list[list[tuple[int, int, int, int]]] | None:
+    """Per axis and tile, (window start, window size, pad before, pad after): the window of taps,
+    the tile and zeros beside it, that a Conv reading the unpadded input through its own pads
+    computes the tile with. A window starting at tap w reads the input from w - pad_before, so
+    w must not pass the pad before; it must reach far enough that the last output's taps end
+    inside the pad after, or short of the input's end by less than a stride (the output count
+    rounds down alike). None when a window would be over `kernel_limit`."""
+    axes = []
+    for axis, tiles in enumerate(_kernel_tiles(conv, kernel_limit)):
+        before, size, stride = conv.pads[axis], conv.x_shape[2 + axis], conv.strides[axis]
+        span = stride * (conv.y_shape[2 + axis] - 1)
+        windows = []
+        for start, tile in tiles:
+            begin, end = min(start, before), max(start + tile, size + before - span - (stride - 1))
+            if end - begin > kernel_limit:
+                return None
+            windows.append((begin, end - begin, before - begin, max(0, span + end - size - before)))
+        axes.append(windows)
+    return axes
+
+
+def _sum_of_tile_convs(builder: Builder, node: gs.Node, conv: ConvGeometry,
+                       parts: list[tuple[gs.Tensor, np.ndarray, list[int]]]) -> None:
+    """Conv(input, weight, pads) per part, the first with the bias, added in order into the
+    node's output."""
+    total = None
+    for index, (window, weight, pads) in enumerate(parts):
+        last = index == len(parts) - 1
+        bias = [conv.bias] if conv.bias is not None and total is None else []
+        part = builder.op("Conv", [window, builder.const(weight, "weight"), *bias], conv.y_shape, window.dtype,
+                          out=node.outputs[0] if last and total is None else None,
+                          kernel_shape=list(weight.shape[2:]), strides=list(conv.strides), group=conv.group,
+                          **({"pads": pads} if any(pads) else {}))
+        if total is not None:
+            part = builder.op("Add", [total, part], out=node.outputs[0] if last else None,
+                              shape=conv.y_shape, dtype=window.dtype)
+        total = part
+
+
 def conv_kernel_to_tiles(node: gs.Node, site: Site) -> Candidates:
     """A Conv whose kernel is over the target's limit (a separate, smaller one depthwise: oplist
-    V2.3.2, Convolution and Depthwise Convolution) as the sum of convolutions of kernel tiles within it,
-    each reading the padded input from its tile's offset: sum over tiles of the taps in the tile
-    is the sum over all taps. The padding becomes one Pad before the tiles."""
+    V2.3.2, Convolution and Depthwise Convolution) as the sum of convolutions of kernel tiles within it:
+    sum over tiles of the taps in the tile is the sum over all taps. Preferred: each tile's Conv
+    reads the input itself through its own pads, its weight the tile within a window of at most
+    the limit (zeros beside the tile) placed so the pads stay between zero and the original's;
+    no copies of the input, one step per tile. Where a window would be over the limit (pads
+    smaller than the kernel's overhang), the padding becomes one Pad and each tile reads a Slice
+    of it from its tile's offset. Exact: the zeros add nothing."""
     read = _geometry_and_limits(node, site)
     if isinstance(read, str):
         return read
     conv, limits, kernel_limit = read
     if all(k <= kernel_limit for k in conv.kernel):
         return "its kernel is within the limit"
+    tiles = _kernel_tiles(conv, kernel_limit)
+    windows = _windows_within_pads(conv, kernel_limit)
+    if windows is not None:
+        builder = site.builder(node)
+        parts = []
+        for (row, tile_h), (top, height, pad_top, pad_bottom) in zip(tiles[0], windows[0]):
+            for (column, tile_w), (left, width, pad_left, pad_right) in zip(tiles[1], windows[1]):
+                weight = np.zeros((*conv.weight.shape[:2], height, width), conv.weight.dtype)
+                weight[:, :, row - top:row - top + tile_h, column - left:column - left + tile_w] = \
+                    conv.weight[:, :, row:row + tile_h, column:column + tile_w]
+                parts.append((node.inputs[0], weight, [pad_top, pad_left, pad_bottom, pad_right]))
+        _sum_of_tile_convs(builder, node, conv, parts)
+        yield builder.finish()
     x, (n, channels, height, width) = node.inputs[0], conv.x_shape
     builder = site.builder(node)
     if any(conv.pads):
@@ -221,9 +283,7 @@ def conv_kernel_to_tiles(node: gs.Node, site: Site) -> Candidates:
         pads = builder.const(np.array([0, 0, top, left, 0, 0, bottom, right], dtype=np.int64), "pads")
         x = builder.op("Pad", [x, pads], [n, channels, height, width], x.dtype, mode="constant")
     out_h, out_w = conv.y_shape[2:]
-    tiles = [[(start, min(kernel_limit, size - start)) for start in range(0, size, kernel_limit)]
-             for size in conv.kernel]
-    total = None
+    parts = []
     for (row, tile_h) in tiles[0]:
         for (column, tile_w) in tiles[1]:
             extent = [conv.strides[0] * (out_h - 1) + tile_h, conv.strides[1] * (out_w - 1) + tile_w]
@@ -232,19 +292,9 @@ def conv_kernel_to_tiles(node: gs.Node, site: Site) -> Candidates:
                 bounds = [builder.const(np.array(v, dtype=np.int64), name) for v, name in (
                     ([row, column], "starts"), ([row + extent[0], column + extent[1]], "ends"), ([2, 3], "axes"))]
                 window = builder.op("Slice", [x, *bounds], [n, channels, *extent], x.dtype)
-            weight = builder.const(conv.weight[:, :, row:row + tile_h, column:column + tile_w], "weight")
-            bias = [conv.bias] if conv.bias is not None and total is None else []
-            last = (row, column) == (tiles[0][-1][0], tiles[1][-1][0])
-            part = builder.op("Conv", [window, weight, *bias], conv.y_shape, x.dtype,
-                              out=node.outputs[0] if last and total is None else None,
-                              kernel_shape=[tile_h, tile_w], strides=list(conv.strides), group=conv.group)
-            if total is not None:
-                part = builder.op("Add", [total, part], out=node.outputs[0] if last else None,
-                                  shape=conv.y_shape, dtype=x.dtype)
-            total = part
+            parts.append((window, conv.weight[:, :, row:row + tile_h, column:column + tile_w], [0, 0, 0, 0]))
+    _sum_of_tile_convs(builder, node, conv, parts)
     yield builder.finish()
-
-
 
 
 def slice_picks(node: gs.Node) -> tuple[list[int], list[tuple[int, int, int]]] | str:
