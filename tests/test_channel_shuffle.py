@@ -10,6 +10,7 @@ import onnxruntime
 from onnx import helper
 
 import rkcompile
+from rkcompile.compiler.pipeline import compile_model
 from conftest import make_model, value_info, weight
 
 RNG = np.random.default_rng(11)
@@ -86,3 +87,27 @@ def test_a_transpose_that_moves_pixels_is_no_pick(tmp_path):
     inits = conv_w + [shape_const("rows", [1, 4, 2, 3, 6]), shape_const("back", [1, 4, 6, 6])]
     kernels = planned(tmp_path, [conv, *moves], inits, (1, 4, 6, 6), (1, 4, 6, 6))
     assert "Conv" in kernels and LAYOUT_KERNELS & set(kernels), kernels
+
+
+def test_a_split_conv_is_a_conv_per_part_and_the_residual_add_fuses(tmp_path):
+    """rexnet's partial residual: a 1x1 Conv's first channels plus the block input, the rest
+    concatenated: a Conv per part, the first a ConvAdd, as rknn-toolkit2 builds it (no Split
+    step)."""
+    conv, conv_w = conv_1x1("x", "c", 12, 8)
+    nodes = [conv, node("Split", ["c", "sizes"], ["head", "tail"], axis=1), node("Add", ["head", "x"], "sum"),
+             node("Concat", ["sum", "tail"], "y", axis=1)]
+    kernels = planned(tmp_path, nodes, conv_w + [shape_const("sizes", [8, 4])], (1, 8, 5, 5), (1, 12, 5, 5))
+    assert sorted(kernels) == ["Concat", "Conv", "ConvAdd"]
+
+
+def test_a_conv_split_in_three_stays_one_conv_and_says_why(tmp_path):
+    conv, conv_w = conv_1x1("x", "c", 12, 8)
+    nodes = [conv, node("Split", ["c", "sizes"], ["p0", "p1", "p2"], axis=1),
+             node("Concat", ["p2", "p0", "p1"], "y", axis=1)]
+    model = make_model(nodes, [value_info("x", (1, 8, 5, 5))], [value_info("y", (1, 12, 5, 5))],
+                       conv_w + [shape_const("sizes", [4, 4, 4])])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    _, ctx = compile_model(path, "rk3588")
+    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["p0"]}
+    assert "3 parts would be as many Conv steps" in outcomes["split_of_conv"]

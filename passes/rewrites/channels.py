@@ -4,8 +4,9 @@ A channel shuffle (ShuffleNet's Reshape [N, g, C/g, H, W] -> Transpose -> Reshap
 in any exporter's spelling) only reorders channels, and the NPU runs a reorder of channels as
 one 1x1 Conv whose weights are one-hot rows (rknn-toolkit2 turns the shuffle into one Conv)
 where the relabels and the Transpose are three layout steps. A Split of such a pick is picks of
-the pick's input, one per part, and a Conv reading a pick reads the pick's input with its
-weight columns moved instead: the pick goes. Every output of a pick is one input times 1 and a
+the pick's input, one per part (a Split of another Conv is a Conv per part, its weight and
+bias rows), and a Conv reading a pick reads the pick's input with its weight columns moved
+instead: the pick goes. Every output of a pick is one input times 1 and a
 moved weight column is the same weights in other places: all of it is exact.
 """
 from __future__ import annotations
@@ -101,27 +102,45 @@ def channel_shuffle_to_pick(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish(*chain)
 
 
-def split_of_pick(node: gs.Node, site: Site) -> Candidates:
-    """A Split along the channels of a channel pick read by nothing else as one pick per part,
-    each from the pick's input: no Split step, and each part's pick can fold into its readers."""
+def split_of_conv(node: gs.Node, site: Site) -> Candidates:
+    """A Split along the channels of a Conv of one group read by nothing else as one Conv per
+    part, each with the part's rows of the weight and bias: part j's channels are the Conv's
+    output channels in that range, computed alike. No Split step, and each part's Conv can fuse
+    with what reads it: rexnet's partial residual (a Split of a 1x1 Conv, an Add on one part,
+    a Concat) becomes a ConvAdd, as in rknn-toolkit2's layer table for timm's rexnet_100. A
+    channel pick's parts are picks, which fold into their readers; another Conv is split in two
+    parts at most, since each part is a step where the Conv and the Split were two."""
     x = node.inputs[0]
     shape = static_shape(x)
-    pick = producer(x)
+    conv = producer(x)
     if shape is None or len(shape) != 4 or node.attrs.get("axis", 0) not in (1, -3):
         return "not a Split of the channels of a 4-D tensor"
-    if pick is None or pick.op != "Conv" or len(x.outputs) != 1 or x.name in site.graph_outputs:
+    if conv is None or conv.op != "Conv" or len(x.outputs) != 1 or x.name in site.graph_outputs:
         return "its input is not a Conv that only it reads"
-    picked = channel_picks(pick)
-    if picked is None:
-        return f"Conv {pick.name} does more than pick channels"
     sizes = [static_shape(part)[1] if static_shape(part) else None for part in node.outputs]
     if None in sizes or sum(sizes) != shape[1]:
         return "a part's size is unknown"
-    builder = site.builder(node)
     starts = np.cumsum([0] + sizes)
+    builder = site.builder(node)
+    picked = channel_picks(conv)
+    if picked is not None:
+        for part, start, end in zip(node.outputs, starts, starts[1:]):
+            _pick(builder, conv.inputs[0], picked[start:end], out=part)
+        yield builder.finish(node, conv)
+        return
+    weight = constant_value(conv.inputs[1]) if len(conv.inputs) > 1 else None
+    has_bias = len(conv.inputs) > 2 and bool(conv.inputs[2].name)
+    bias = constant_value(conv.inputs[2]) if has_bias else None
+    if weight is None or conv.attrs.get("group", 1) != 1 or (has_bias and bias is None):
+        return f"Conv {conv.name} has groups, or weights or a bias that are not constant"
+    if len(node.outputs) > 2:
+        return f"{len(node.outputs)} parts would be as many Conv steps where the Conv and the Split are two"
     for part, start, end in zip(node.outputs, starts, starts[1:]):
-        _pick(builder, pick.inputs[0], picked[start:end], out=part)
-    yield builder.finish(node, pick)
+        rows = [builder.const(weight[start:end], "weight")]
+        if has_bias:
+            rows.append(builder.const(bias[start:end], "bias"))
+        builder.op("Conv", [conv.inputs[0], *rows], out=part, **conv.attrs)
+    yield builder.finish(node, conv)
 
 
 def conv_of_pick(node: gs.Node, site: Site) -> Candidates:
@@ -150,6 +169,6 @@ def conv_of_pick(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(channel_shuffle_to_pick, MOVEMENT, always=True),
-    RewriteRule(split_of_pick, frozenset({"Split"}), always=True),
+    RewriteRule(split_of_conv, frozenset({"Split"}), always=True),
     RewriteRule(conv_of_pick, frozenset({"Conv"}), always=True),
 )
