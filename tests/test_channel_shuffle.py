@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime
+import pytest
 from onnx import helper
 
 import rkcompile
@@ -100,14 +101,17 @@ def test_a_split_conv_is_a_conv_per_part_and_the_residual_add_fuses(tmp_path):
     assert sorted(kernels) == ["Concat", "Conv", "ConvAdd"]
 
 
-def test_a_conv_split_in_three_stays_one_conv_and_says_why(tmp_path):
+@pytest.mark.parametrize("sizes, reason", [
+    ([4, 4, 4], "3 parts would be as many Conv steps"),
+    ([8, 4], "no part is read by one node alone, other than a Concat")])
+def test_a_split_conv_that_would_not_lose_a_step_stays_one_conv_and_says_why(tmp_path, sizes, reason):
     conv, conv_w = conv_1x1("x", "c", 12, 8)
-    nodes = [conv, node("Split", ["c", "sizes"], ["p0", "p1", "p2"], axis=1),
-             node("Concat", ["p2", "p0", "p1"], "y", axis=1)]
+    parts = [f"p{i}" for i in range(len(sizes))]
+    nodes = [conv, node("Split", ["c", "sizes"], parts, axis=1), node("Concat", parts[::-1], "y", axis=1)]
     model = make_model(nodes, [value_info("x", (1, 8, 5, 5))], [value_info("y", (1, 12, 5, 5))],
-                       conv_w + [shape_const("sizes", [4, 4, 4])])
+                       conv_w + [shape_const("sizes", sizes)])
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
     _, ctx = compile_model(path, "rk3588")
     outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["p0"]}
-    assert "3 parts would be as many Conv steps" in outcomes["split_of_conv"]
+    assert reason in outcomes["split_of_conv"]

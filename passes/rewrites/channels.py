@@ -109,7 +109,9 @@ def split_of_conv(node: gs.Node, site: Site) -> Candidates:
     with what reads it: rexnet's partial residual (a Split of a 1x1 Conv, an Add on one part,
     a Concat) becomes a ConvAdd, as in rknn-toolkit2's layer table for timm's rexnet_100. A
     channel pick's parts are picks, which fold into their readers; another Conv is split in two
-    parts at most, since each part is a step where the Conv and the Split were two."""
+    parts at most, since each part is a step where the Conv and the Split were two, and only
+    when a part has one reader for its Conv to fuse with (a Concat of the parts, YOLOv8's C2f,
+    moves them in place)."""
     x = node.inputs[0]
     shape = static_shape(x)
     conv = producer(x)
@@ -135,6 +137,9 @@ def split_of_conv(node: gs.Node, site: Site) -> Candidates:
         return f"Conv {conv.name} has groups, or weights or a bias that are not constant"
     if len(node.outputs) > 2:
         return f"{len(node.outputs)} parts would be as many Conv steps where the Conv and the Split are two"
+    if not any(len(part.outputs) == 1 and part.outputs[0].op != "Concat" and part.name not in site.graph_outputs
+               for part in node.outputs):
+        return "no part is read by one node alone, other than a Concat, that its Conv could fuse with"
     for part, start, end in zip(node.outputs, starts, starts[1:]):
         rows = [builder.const(weight[start:end], "weight")]
         if has_bias:
