@@ -11,8 +11,8 @@ import pytest
 from onnx import helper
 
 import rkcompile
-from rkcompile.compiler.pipeline import compile_model
 from conftest import make_model, value_info, weight
+from test_rewrites_conv import rewritten
 
 RNG = np.random.default_rng(11)
 LAYOUT_KERNELS = {"Reshape", "Transpose", "Split", "Flatten", "Squeeze", "Unsqueeze"}
@@ -110,8 +110,6 @@ def test_a_split_conv_that_would_not_lose_a_step_stays_one_conv_and_says_why(tmp
     nodes = [conv, node("Split", ["c", "sizes"], parts, axis=1), node("Concat", parts[::-1], "y", axis=1)]
     model = make_model(nodes, [value_info("x", (1, 8, 5, 5))], [value_info("y", (1, 12, 5, 5))],
                        conv_w + [shape_const("sizes", sizes)])
-    path = tmp_path / "model.onnx"
-    path.write_bytes(model.SerializeToString())
-    _, ctx = compile_model(path, "rk3588")
-    outcomes = {attempt.rule: attempt.outcome for attempt in ctx.rewrite_attempts["p0"]}
+    attempts = rewritten(model, tmp_path, "rk3588").rewrite_attempts["p0"]
+    outcomes = {attempt.rule: attempt.outcome for attempt in attempts}
     assert reason in outcomes["split_of_conv"]
