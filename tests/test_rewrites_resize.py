@@ -97,39 +97,3 @@ def test_integer_data_is_not_rewritten(tmp_path):
                        [value_info("y", [1, 1, 24, 24], TensorProto.INT32)], [sizes])
     ctx = rewritten(model, tmp_path, "rk3588")
     assert not ctx.rewrites
-
-
-NEAREST_PICKS = {
-    # ghostnetv2's gate: floor(3i / 7) = floor(2i / 5), an upscale by 5 and every second row
-    "ghostnet_3_to_7": dict(ops=["Resize", "Conv"], shape=(1, 4, 3, 3), out_hw=(7, 7), mode="nearest",
-                            coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
-    # a nearest downscale (half_pixel, round_prefer_floor: rows 1, 3, 5, ... of 12) and a width left alone
-    "half_pixel_downscale_height": dict(ops=["Conv"], shape=(1, 3, 12, 5), out_hw=(6, 5), mode="nearest",
-                                        coordinate_transformation_mode="half_pixel"),
-    "rectangular_upscale_and_downscale": dict(ops=["Resize", "Conv"], shape=(1, 2, 4, 9), out_hw=(10, 6), mode="nearest",
-                                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
-}
-
-
-@pytest.mark.parametrize("target", PRIMARY_TARGETS)
-@pytest.mark.parametrize("name", sorted(NEAREST_PICKS))
-def test_a_nearest_resize_on_a_stride_of_an_upscale_is_that_upscale_and_a_pick(tmp_path, name, target):
-    case = dict(NEAREST_PICKS[name])
-    shape, ops = case.pop("shape"), case.pop("ops")
-    model = resize_model(shape, **case)
-    ctx = rewritten(model, tmp_path, target)
-    assert [r.rule for r in ctx.rewrites] == ["nearest_resize_as_upscale_and_pick"]
-    assert [n.op for n in ctx.graph.nodes] == ops
-    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal(shape).astype(np.float32)})
-    plan, _ = compile_model(tmp_path / "model.onnx", target)
-    assert not [n.op for n in plan.nodes if n.device == "cpu"]
-    assert len(plan.steps) - sum(step.device == "host" for step in plan.steps) == len(ops)
-
-
-def test_a_nearest_resize_beyond_the_upscale_limit_is_matrix_products_and_says_why(tmp_path):
-    model = resize_model((1, 2, 3, 4), (39, 52), scales=(13.0, 13.0), mode="nearest",
-                         coordinate_transformation_mode="asymmetric", nearest_mode="floor")
-    ctx = rewritten(model, tmp_path, "rk3588")
-    outcomes = {a.rule: a.outcome for a in ctx.rewrite_attempts["resize"]}
-    assert "no stride of an integer upscale within the limits" in outcomes["nearest_resize_as_upscale_and_pick"]
-    assert [r.rule for r in ctx.rewrites][:1] == ["resize_as_matrix_products"]

@@ -1,7 +1,6 @@
 """Resize rewrites: a Resize the NPU's Resize kernel does not take (a scale that is not an
 integer within the target's limit, a downscale, cubic interpolation, ...) as constant-weight
-matrix products, which the matmul family runs as 1x1 convolutions; a nearest one whose rows
-and columns are every S-th of an integer upscale, as that upscale and a strided pick."""
+matrix products, which the matmul family runs as 1x1 convolutions."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +12,6 @@ from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_
 from rkcompile.onnx_backends import make_session
 
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site
-from rkcompile.passes.rewrites.conv_windows import conv_limits
 
 
 def resize_as_matrix_products(node: gs.Node, site: Site) -> Candidates:
@@ -129,77 +127,6 @@ def interpolation_matrix(node: gs.Node, opset: int, size: int, out_size: int, st
     return matrix
 
 
-def _upscale_and_stride(picked: np.ndarray, size: int, largest: int, limits) -> tuple[int, int, int] | None:
-    """(U, S, o), U smallest, then S, then o: output i reads input floor((o + S*i) / U), the
-    row o + S*i of an integer upscale by U, for every i, and a one-hot depthwise Conv of
-    kernel o + 1 and stride S within `limits` picks those rows from the upscale."""
-    steps = np.arange(len(picked))
-    for upscale in range(1, largest + 1):
-        for stride in range(1, limits.stride + 1):
-            for offset in range(min(limits.depthwise_kernel, upscale * size)):
-                rows = offset + stride * steps
-                if (rows[-1] < upscale * size and (upscale * size - offset - 1) // stride + 1 == len(picked)
-                        and np.array_equal(rows // upscale, picked)):
-                    return upscale, stride, offset
-    return None
-
-
-def nearest_resize_as_upscale_and_pick(node: gs.Node, site: Site) -> Candidates:
-    """A nearest Resize of height and width whose output row i is input row floor((o + S*i) / U)
-    (likewise columns), as an integer nearest upscale by U, which the NPU's Resize takes, then
-    a depthwise Conv of stride S whose one-hot kernel picks tap o: two steps where the matrix
-    products are five (timm's ghostnetv2 resizes its 3x3 gate to 7x7: floor(3i / 7) =
-    floor(2i / 5), an upscale by 5 and a pick of every second row, as rknn-toolkit2 keeps one
-    step). Exact: every output is one input times 1. Each axis's picks are the node's own,
-    read from its interpolation matrix (`interpolation_matrix`), so any coordinate mode and
-    rounding that picks such rows qualifies. Limits: the target's Resize scale and depthwise
-    Conv kernel and stride (oplist V2.3.2, Resize and Depthwise Convolution)."""
-    x, y = node.inputs[0], node.outputs[0]
-    in_shape, out_shape = static_shape(x), static_shape(y)
-    if node.attrs.get("mode", "nearest") != "nearest" or site.opset < 11:
-        return "not a nearest Resize of opset 11 or later"
-    if in_shape is None or out_shape is None or len(in_shape) != 4 or dtype_name(x.dtype) not in FLOAT_DTYPES:
-        return "not a 4-D floating-point tensor of known shape"
-    scales = _axis_scales(node, site.opset, in_shape, out_shape)
-    if isinstance(scales, str):
-        return scales
-    if scales[0] is not None or scales[1] is not None:
-        return "it resizes the batch or the channels"
-    largest = site.target.rule_parameter("Resize", "resize_scale", "largest")
-    limits = conv_limits(site)
-    if largest is None or limits is None:
-        return f"{site.target.name} has no Resize scale or Conv window rule to work to"
-    plan = []
-    for axis in (2, 3):
-        if scales[axis] is None:
-            plan.append((1, 1, 0))
-            continue
-        matrix = interpolation_matrix(node, site.opset, in_shape[axis], out_shape[axis], scales[axis])
-        if isinstance(matrix, str):
-            return matrix
-        picked = matrix.argmax(axis=1)
-        if not np.array_equal(matrix, np.eye(in_shape[axis], dtype=matrix.dtype)[picked]):
-            return f"axis {axis}'s output is not one input each"
-        found = _upscale_and_stride(picked, in_shape[axis], largest, limits)
-        if found is None:
-            return f"axis {axis}'s picks are no stride of an integer upscale within the limits"
-        plan.append(found)
-    (up_h, stride_h, row), (up_w, stride_w, column) = plan
-    n, c, h, w = in_shape
-    builder = site.builder(node)
-    upscaled = x
-    if (up_h, up_w) != (1, 1):  # a downscale is the pick alone
-        scales = builder.const(np.array([1, 1, up_h, up_w], np.float32), "scales")
-        upscaled = builder.op("Resize", [x, gs.Variable.empty(), scales], [n, c, h * up_h, w * up_w], x.dtype,
-                              mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
-    one_hot = np.zeros((c, 1, row + 1, column + 1), dtype_name(x.dtype))
-    one_hot[:, 0, row, column] = 1
-    builder.op("Conv", [upscaled, builder.const(one_hot, "pick")], out=y, kernel_shape=[row + 1, column + 1],
-               strides=[stride_h, stride_w], group=c)
-    yield builder.finish()
-
-
 RULES: tuple[RewriteRule, ...] = (
-    RewriteRule(nearest_resize_as_upscale_and_pick, frozenset({"Resize"})),
     RewriteRule(resize_as_matrix_products, frozenset({"Resize"})),
 )
