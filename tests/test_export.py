@@ -18,7 +18,8 @@ from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.toolkit_shapings import (rank3_tails_as_rank4, reshapes_after_elementwise_ops,
-                                              token_rows_as_sequences, transposes_from_splits)
+                                              token_rows_as_sequences, transpose_steps_as_one,
+                                              transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
 from test_rewrites_reductions import decomposed_layer_norm
@@ -1436,3 +1437,52 @@ def test_a_transpose_done_as_a_split_is_written_back_unless_it_makes_rows(read_a
     assert ops == ([("Transpose", [0, 2, 1, 3]), ("Reshape", None)] if written
                    else [("Split", None), ("Reshape", None), ("Reshape", None), ("Concat", None), ("Reshape", None)])
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
+def patch_unfold_in_steps(second_perm: list[int]) -> onnx.ModelProto:
+    """MobileViTv2's unfold of [1, 8, 8, 8] into 2x2 patches, [1, 8, 4, 16], in the plan's two
+    4-D steps ([32, 2, 4, 2] -> [32, 4, 2, 2], then [8, 16, 1, 4] moved by `second_perm`), read
+    by a Sigmoid and, flattened, by a Relu."""
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["r0"], name="r0"),
+             helper.make_node("Transpose", ["r0"], ["t0"], name="t0", perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["t0", "patches"], ["r1"], name="r1"),
+             helper.make_node("Transpose", ["r1"], ["t1"], name="t1", perm=second_perm),
+             helper.make_node("Sigmoid", ["t1"], ["y"], name="sigmoid"),
+             helper.make_node("Reshape", ["t1", "flat"], ["f"], name="flatten"),
+             helper.make_node("Relu", ["f"], ["z"], name="relu")]
+    moved = [[8, 16, 1, 4][axis] for axis in second_perm]
+    return make_model(nodes, [value_info("x", [1, 8, 8, 8])],
+                      [value_info("y", moved), value_info("z", [1, 512, 1, 1])],
+                      [weight("rows", np.array([32, 2, 4, 2])), weight("patches", np.array([8, 16, 1, 4])),
+                       weight("flat", np.array([1, 512, 1, 1]))])
+
+
+def test_the_steps_of_a_patch_unfold_are_written_as_its_one_transpose():
+    """The two steps become the exporters' rank-6 form, Reshape [1, 8, 4, 2, 4, 2], Transpose
+    (0, 1, 3, 5, 2, 4), Reshape [1, 8, 4, 16] (rknn-toolkit2 2.5.0 runs some of the steps'
+    Reshapes on its CPU); the flattened tensor, the same elements in the same order, is a
+    Reshape of it. The same values."""
+    model = patch_unfold_in_steps([2, 0, 3, 1])
+    x = np.random.default_rng(0).standard_normal((1, 8, 8, 8)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert transpose_steps_as_one(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    transposes = [n for n in model.graph.node if n.op_type == "Transpose"]
+    assert [list(n.attribute[0].ints) for n in transposes] == [[0, 1, 3, 5, 2, 4]]
+    assert [n.op_type for n in model.graph.node] == ["Reshape", "Transpose", "Reshape", "Sigmoid", "Reshape", "Relu"]
+    for got, wanted in zip(onnxruntime_run(model, {"x": x}), expected):
+        np.testing.assert_array_equal(got, wanted)
+
+
+def test_steps_that_no_one_transpose_makes_stay():
+    """A second step that moves the unit axis of [8, 16, 1, 4] differently still makes one
+    Transpose; steps whose order no Transpose gives (a Reshape that cuts a moved axis apart
+    and moves its pieces) stay as they are."""
+    assert transpose_steps_as_one(patch_unfold_in_steps([2, 0, 1, 3])) == 2
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 1, 3, 2]),
+             helper.make_node("Reshape", ["t0", "cut"], ["r0"], name="r0"),
+             helper.make_node("Transpose", ["r0"], ["y"], name="t1", perm=[0, 1, 3, 2])]
+    model = make_model(nodes, [value_info("x", [1, 1, 4, 6])], [value_info("y", [1, 4, 3, 2])],
+                       [weight("cut", np.array([1, 4, 2, 3]))])
+    assert transpose_steps_as_one(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose"]

@@ -19,7 +19,7 @@ from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, l
                                                            vectors_into_channels)
 from rkcompile.views.toolkit_shapings.layouts import (flattened_planes_padded, gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
-                                                      splits_of_concats_bypassed)
+                                                      splits_of_concats_bypassed, transpose_steps_as_one)
 from rkcompile.views.toolkit_shapings.norms import (group_norms_on_their_planes, mean_biases_apart,
                                                     squares_before_reshapes)
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
@@ -64,6 +64,9 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # rows reads: rows this one did not write back as sequences
     token_rows_as_sequences,
     transposes_from_splits,
+    # after the shapings that write Transposes back (transposes_from_splits): a run of them that
+    # one Transpose makes becomes that Transpose
+    transpose_steps_as_one,
     # last: writes the defaults of the nodes the other shapings write too
     defaults_written,
 )

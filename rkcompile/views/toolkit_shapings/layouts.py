@@ -2,19 +2,21 @@
 Slices and Splits moved before a Reshape (`slices_before_reshapes`), one-index Gathers as Slices
 (`gathers_as_slices`), planes padded to a multiple of 8 before they are flattened
 (`flattened_planes_padded`), a Concat's Split bypassed (`splits_of_concats_bypassed`),
-element-wise ops moved before an output's Reshapes (`reshapes_after_elementwise_ops`), and rank-3
-tails given a unit axis (`rank3_tails_as_rank4`)."""
+element-wise ops moved before an output's Reshapes (`reshapes_after_elementwise_ops`), rank-3
+tails given a unit axis (`rank3_tails_as_rank4`), and a rank > 4 Transpose's steps written as the
+one Transpose they make (`transpose_steps_as_one`)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.partitioned_onnx import proto_subgraphs
-from rkcompile.views.proto_graph import (ai_onnx_opset, all_nodes, drop_unread_nodes, nodes_rewritten, output_names,
-                                         readers_of, set_attribute, static_shapes)
+from rkcompile.views.proto_graph import (ai_onnx_opset, all_nodes, drop_unread_nodes, node_attributes, nodes_rewritten,
+                                         output_names, readers_of, set_attribute, static_shapes)
 from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping
 
 
@@ -461,6 +463,117 @@ def _lift(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[st
         set_attribute(node, "axis", _rank4_axis(axis))
 
 
+#: Most axes the Transpose transpose_steps_as_one writes has, a unit batch axis included: the
+#: rank of the window partitions and patch unfolds exporters write (Reshape to 6-D, Transpose).
+MOST_JOINED_AXES = 6
+
+
+def transpose_steps_as_one(model: onnx.ModelProto) -> int:
+    """Write each tensor that a run of Reshapes and two Transposes or more makes of a tensor
+    (the plan's steps of a rank > 4 Transpose, each on a 4-D view) as one Reshape that groups its
+    source's elements, the one Transpose of those groups the run makes, and a Reshape to its
+    shape (`_one_transpose_of`): the same values. Two such tensors with their elements in one
+    order share the Transpose, the later a Reshape of the earlier. rknn-toolkit2 2.5.0 runs
+    some of the steps' Reshapes on its CPU (timm_mobilevitv2_050's unfold of 8x8 planes into
+    2x2 patches, [128, 16, 2, 2] -> [256, 2, 2, 8] and on: 3 CPU layers) and keeps the rank-6
+    Reshape and Transpose the exporters write on its NPU. A run whose Transpose needs over
+    MOST_JOINED_AXES axes, or that would not get fewer nodes, stays. Returns how many tensors
+    it wrote so."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    nodes = list(graph.node)
+    made_by = {name: node for node in nodes for name in node.output}
+    readers = readers_of(graph)
+    graph_outputs = output_names(graph)
+
+    def moves_elements(node: onnx.NodeProto | None) -> bool:
+        return node is not None and node.output[0] in shapes and (
+            node.op_type == "Transpose" or (node.op_type == "Reshape" and node.input[1] in constants))
+
+    written: dict[int, list[onnx.NodeProto]] = {}
+    orders: list[tuple[str, np.ndarray, str]] = []   # (source, element order, tensor written) so far
+    for node in nodes:
+        if not moves_elements(node) or (node.output[0] not in graph_outputs and all(
+                moves_elements(reader) for reader in readers.get(node.output[0], []))):
+            continue
+        run, source = [node], node.input[0]
+        while moves_elements(made_by.get(source)):
+            run.insert(0, made_by[source])
+            source = run[0].input[0]
+        if sum(step.op_type == "Transpose" for step in run) < 2 or source not in shapes:
+            continue
+        elements = np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source])
+        for step in run:
+            elements = elements.transpose(node_attributes(step).get("perm")) if step.op_type == "Transpose" \
+                else elements.reshape(shapes[step.output[0]])
+        order = elements.reshape(-1)
+        result = node.output[0]
+        prefix = f"{node.name}/one_transpose"
+        same = next((tensor for earlier, seen, tensor in orders if earlier == source and np.array_equal(seen, order)),
+                    None)
+        if same is not None:
+            written[id(node)] = [_reshape_node(graph, same, shapes[result], result, prefix)]
+            continue
+        found = _one_transpose_of(order)
+        if found is None:
+            continue
+        sizes, perm = found
+        if shapes[source][0] == 1:   # keep the batch axis, as the exporters write it
+            sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
+        steps = []
+        if len(sizes) > MOST_JOINED_AXES:
+            continue
+        grouped = source
+        if sizes != shapes[source]:
+            grouped = f"{prefix}/grouped"
+            steps.append(_reshape_node(graph, source, sizes, grouped, f"{prefix}/group"))
+        moved = [sizes[axis] for axis in perm]
+        steps.append(helper.make_node("Transpose", [grouped], [result if moved == shapes[result] else f"{prefix}/moved"],
+                                      f"{prefix}/transpose", perm=perm))
+        if moved != shapes[result]:
+            steps.append(_reshape_node(graph, steps[-1].output[0], shapes[result], result, f"{prefix}/ungroup"))
+        if len(steps) >= len(run):
+            continue
+        written[id(node)] = steps
+        orders.append((source, order, result))
+    changed = nodes_rewritten(graph, nodes, written)
+    drop_unread_nodes(graph)
+    return changed
+
+
+def _reshape_node(graph: onnx.GraphProto, source: str, shape: Sequence[int], result: str, name: str) -> onnx.NodeProto:
+    """A Reshape of `source` to `shape` named `name`, its shape constant added to `graph`."""
+    graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), f"{name}/shape"))
+    return helper.make_node("Reshape", [source, f"{name}/shape"], [result], name)
+
+
+def _one_transpose_of(order: np.ndarray) -> tuple[list[int], list[int]] | None:
+    """The sizes and the perm, fewest axes, of the Transpose that reads `order.size` elements
+    grouped by those sizes and writes them in `order` (the source index of each result element):
+    `np.arange(n).reshape(sizes).transpose(perm).reshape(-1) == order`; None when no Transpose
+    does. The result's axes come innermost first: each is the longest run of equal strides
+    through the source from where the axes within it repeat."""
+    count = order.size
+    runs: list[tuple[int, int]] = []   # (length, stride in the source) of the result's axes, innermost first
+    span = 1   # result elements one step of the next axis crosses
+    while span < count:
+        stride = int(order[span])
+        length = 1
+        while span * length < count and int(order[span * length]) == stride * length:
+            length += 1
+        if stride == 0 or length == 1 or count % (span * length):
+            return None
+        runs.append((length, stride))
+        span *= length
+    by_stride = sorted(range(len(runs)), key=lambda axis: -runs[axis][1])
+    sizes = [runs[axis][0] for axis in by_stride]
+    perm = [by_stride.index(axis) for axis in reversed(range(len(runs)))]
+    if not np.array_equal(np.arange(count).reshape(sizes).transpose(perm).reshape(-1), order):
+        return None
+    return sizes, perm
+
+
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
 SHAPINGS: tuple[Shaping, ...] = (
     slices_before_reshapes,
@@ -469,4 +582,5 @@ SHAPINGS: tuple[Shaping, ...] = (
     rank3_tails_as_rank4,
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
+    transpose_steps_as_one,
 )
