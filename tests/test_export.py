@@ -1486,3 +1486,15 @@ def test_steps_that_no_one_transpose_makes_stay():
                        [weight("cut", np.array([1, 4, 2, 3]))])
     assert transpose_steps_as_one(model) == 0
     assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose"]
+
+
+def test_steps_that_undo_each_other_are_one_reshape():
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 1, 3, 2]),
+             helper.make_node("Reshape", ["t0", "view"], ["r0"], name="r0"),
+             helper.make_node("Transpose", ["r0"], ["y"], name="t1", perm=[3, 0, 2, 1])]
+    model = make_model(nodes, [value_info("x", [1, 2, 3, 4])], [value_info("y", [1, 2, 3, 4])],
+                       [weight("view", np.array([2, 4, 3, 1]))])
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    assert transpose_steps_as_one(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Reshape"]
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], x)

@@ -477,8 +477,8 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
     some of the steps' Reshapes on its CPU (timm_mobilevitv2_050's unfold of 8x8 planes into
     2x2 patches, [128, 16, 2, 2] -> [256, 2, 2, 8] and on: 3 CPU layers) and keeps the rank-6
     Reshape and Transpose the exporters write on its NPU. A run whose Transpose needs over
-    MOST_JOINED_AXES axes, or that would not get fewer nodes, stays. Returns how many tensors
-    it wrote so."""
+    MOST_JOINED_AXES axes, or that would not get fewer nodes, stays; one whose Transposes undo
+    each other is one Reshape. Returns how many tensors it wrote so."""
     shapes = static_shapes(model)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
@@ -509,7 +509,7 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
                 else elements.reshape(shapes[step.output[0]])
         order = elements.reshape(-1)
         result = node.output[0]
-        prefix = f"{node.name}/one_transpose"
+        prefix = f"{result}/one_transpose"   # a tensor's name is unique, a node's may be empty
         same = next((tensor for earlier, seen, tensor in orders if earlier == source and np.array_equal(seen, order)),
                     None)
         if same is not None:
@@ -519,22 +519,21 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
         if found is None:
             continue
         sizes, perm = found
-        if shapes[source][0] == 1:   # keep the batch axis, as the exporters write it
+        if perm == sorted(perm):   # the Transposes undo each other: the run only relabels
+            written[id(node)] = [_reshape_node(graph, source, shapes[result], result, prefix)]
+            continue
+        if shapes[source][:1] == [1]:   # keep the batch axis, as the exporters write it
             sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
-        steps = []
-        if len(sizes) > MOST_JOINED_AXES:
-            continue
-        grouped = source
-        if sizes != shapes[source]:
-            grouped = f"{prefix}/grouped"
-            steps.append(_reshape_node(graph, source, sizes, grouped, f"{prefix}/group"))
         moved = [sizes[axis] for axis in perm]
-        steps.append(helper.make_node("Transpose", [grouped], [result if moved == shapes[result] else f"{prefix}/moved"],
-                                      f"{prefix}/transpose", perm=perm))
-        if moved != shapes[result]:
-            steps.append(_reshape_node(graph, steps[-1].output[0], shapes[result], result, f"{prefix}/ungroup"))
-        if len(steps) >= len(run):
+        grouping, ungrouping = sizes != shapes[source], moved != shapes[result]
+        if len(sizes) > MOST_JOINED_AXES or grouping + 1 + ungrouping >= len(run):
             continue
+        grouped = f"{prefix}/grouped" if grouping else source
+        steps = [_reshape_node(graph, source, sizes, grouped, f"{prefix}/group")] if grouping else []
+        steps.append(helper.make_node("Transpose", [grouped], [f"{prefix}/moved" if ungrouping else result],
+                                      f"{prefix}/transpose", perm=perm))
+        if ungrouping:
+            steps.append(_reshape_node(graph, steps[-1].output[0], shapes[result], result, f"{prefix}/ungroup"))
         written[id(node)] = steps
         orders.append((source, order, result))
     changed = nodes_rewritten(graph, nodes, written)
@@ -562,7 +561,7 @@ def _one_transpose_of(order: np.ndarray) -> tuple[list[int], list[int]] | None:
         length = 1
         while span * length < count and int(order[span * length]) == stride * length:
             length += 1
-        if stride == 0 or length == 1 or count % (span * length):
+        if stride == 0 or count % (span * length):
             return None
         runs.append((length, stride))
         span *= length
