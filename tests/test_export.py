@@ -17,9 +17,9 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
-from rkcompile.views.toolkit_shapings import (rank3_tails_as_rank4, reshapes_after_elementwise_ops,
-                                              token_rows_as_sequences, transpose_steps_as_one,
-                                              transposes_from_splits)
+from rkcompile.views.toolkit_shapings import (radix_sums_as_channel_slices, rank3_tails_as_rank4,
+                                              reshapes_after_elementwise_ops, token_rows_as_sequences,
+                                              transpose_steps_as_one, transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
 from test_rewrites_reductions import decomposed_layer_norm
@@ -552,6 +552,80 @@ def test_a_sum_written_to_an_output_stays_a_conv(save, tmp_path):
     assert [n.op_type for n in onnx.load(str(written.path)).graph.node].count("Conv") == 1
 
 
+def split_attention() -> onnx.ModelProto:
+    """timm's ResNeSt split attention of radix 2 over x = [1, 32, 6, 6]: the sum of x's two
+    channel halves (Reshape [1, 2, 16, 6, 6], ReduceSum over axis 1), its pooled attention as a
+    softmax over the radix [1, 2, 1, 16], and the sum of the halves weighted by it."""
+    nodes = [helper.make_node("Reshape", ["x", "radix_shape"], ["halves"], name="split"),
+             helper.make_node("ReduceSum", ["halves", "radix_axis"], ["gap"], name="sum", keepdims=0),
+             helper.make_node("ReduceMean", ["gap"], ["pooled"], name="pool", axes=[2, 3], keepdims=1),
+             helper.make_node("Conv", ["pooled", "fc"], ["logits"], name="fc"),
+             helper.make_node("Reshape", ["logits", "radix_rows"], ["rows"], name="rows"),
+             helper.make_node("Softmax", ["rows"], ["attention"], name="softmax", axis=1),
+             helper.make_node("Reshape", ["attention", "weights_shape"], ["weights"], name="weights"),
+             helper.make_node("Mul", ["halves", "weights"], ["weighted"], name="mul"),
+             helper.make_node("ReduceSum", ["weighted", "radix_axis"], ["y"], name="weighted_sum", keepdims=0)]
+    return make_model(nodes, [value_info("x", [1, 32, 6, 6])], [value_info("y", [1, 16, 6, 6])],
+                      [weight("radix_shape", np.array([1, 2, 16, 6, 6])), weight("radix_axis", np.array([1])),
+                       weight("fc", np.random.default_rng(0).standard_normal((32, 16, 1, 1)).astype(np.float32)),
+                       weight("radix_rows", np.array([1, 2, 1, 16])),
+                       weight("weights_shape", np.array([1, 2, 16, 1, 1]))])
+
+
+def test_split_attention_sums_are_channel_slices(save, tmp_path):
+    """The plan sums the radix halves on layouts whose Reshapes rknn-toolkit2 2.5.0 runs on its
+    CPU ([1, 2, M, 1] into a Conv, [2, 16, 36] into a ReduceSum); the export writes both sums as
+    two channel Slices and an Add of x (times the attention Reshaped to [1, 32, 1, 1]), which it
+    keeps on its NPU: no Transpose or ReduceSum left, the same values."""
+    original = save(split_attention())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    ops = [n.op_type for n in onnx.load(str(written.path)).graph.node]
+    assert written.report["toolkit_shapings"]["radix_sums_as_channel_slices"] == 2
+    assert ops.count("Slice") == 4 and ops.count("Add") == 2
+    assert not {"ReduceSum", "Transpose"} & set(ops)
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 32, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(written.path, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-6, atol=1e-6)
+
+
+def regrouped_sum(grouped: list[int], factor: list[int]) -> onnx.ModelProto:
+    """x = [1, 8, 4, 4] Reshaped to `grouped`, times a factor input of shape `factor`, summed
+    over axis 0 (keepdims) and Reshaped to [1, C, 4, 4] (C = grouped[1])."""
+    nodes = [helper.make_node("Reshape", ["x", "grouped"], ["regrouped"], name="regroup"),
+             helper.make_node("Mul", ["w", "regrouped"], ["weighted"], name="mul"),
+             helper.make_node("ReduceSum", ["weighted", "first"], ["summed"], name="sum", keepdims=1),
+             helper.make_node("Reshape", ["summed", "planes"], ["y"], name="planes")]
+    return make_model(nodes, [value_info("x", [1, 8, 4, 4]), value_info("w", factor)],
+                      [value_info("y", [1, grouped[1], 4, 4])],
+                      [weight("grouped", np.array(grouped)), weight("first", np.array([0])),
+                       weight("planes", np.array([1, grouped[1], 4, 4]))])
+
+
+@pytest.mark.parametrize("grouped, factor, written", [
+    ([2, 4, 16], [2, 4, 1], 1),    # per channel of each radix block
+    ([2, 4, 16], [2, 4, 16], 1),   # per element
+    ([2, 4, 16], [2, 1, 1], 0),    # per block: no factor of x's channels
+    ([4, 2, 16], [4, 2, 1], 1),    # radix 4
+    ([2, 16, 4], [2, 16, 1], 0),   # the blocks are not whole channels
+])
+def test_a_weighted_radix_sum_is_written_when_its_blocks_are_channels(grouped, factor, written):
+    """The shaping writes the sum over axis 0 of [R, C, ...] as Slices of x = [1, R*C, ...] only
+    when each block is C whole channels of x and the factor lines up with them, and keeps the
+    values; otherwise it leaves the graph as it was."""
+    model = regrouped_sum(grouped, factor)
+    before = model.SerializeToString()
+    assert radix_sums_as_channel_slices(model) == written
+    if not written:
+        assert model.SerializeToString() == before
+        return
+    assert "ReduceSum" not in [n.op_type for n in model.graph.node]
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.uniform(-1, 1, (1, 8, 4, 4)).astype(np.float32),
+             "w": rng.uniform(-1, 1, factor).astype(np.float32)}
+    expected = onnxruntime_run(regrouped_sum(grouped, factor), feeds)[0]
+    np.testing.assert_allclose(onnxruntime_run(model, feeds)[0], expected, rtol=1e-6, atol=1e-6)
+
+
 def mean_over_a_middle_axis_to_an_output() -> onnx.ModelProto:
     """Box sides [1, 30, 8, 4] (after a Sigmoid) averaged over their 8 bins, axis 2, into the
     output [1, 30, 4]: the plan's Conv of weights 1/8, then a Reshape to the output."""
@@ -765,10 +839,10 @@ def test_the_toolkit_builds_the_export(save, tmp_path):
                                    lambda: token_mean_classifier(normalized=False),
                                    lambda: token_mean_classifier(normalized=True), rms_norm, gathers_of_one_index,
                                    two_linear_heads_added, detection_head, lambda: group_norm(14, 8),
-                                   lambda: group_norm(17, 5), mean_over_a_middle_axis_to_an_output],
+                                   lambda: group_norm(17, 5), mean_over_a_middle_axis_to_an_output, split_attention],
                          ids=["attention", "same_padding", "pooling", "token_mean", "token_mean_on_batch", "rms_norm",
                               "gathers", "two_heads", "detection_head", "group_norm", "group_norm_of_small_planes",
-                              "mean_to_output"])
+                              "mean_to_output", "split_attention"])
 def test_the_toolkit_builds_each_shaped_graph_on_its_npu(model, save, tmp_path):
     """Each graph the toolkit fails on, loops on or partly runs on its CPU in the plan's form
     builds from the export, no layer on its CPU where the plan has none, within a timeout

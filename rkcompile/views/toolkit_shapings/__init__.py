@@ -24,7 +24,8 @@ from rkcompile.views.toolkit_shapings.norms import (group_norms_on_their_planes,
                                                     squares_before_reshapes)
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, means_as_reduce_means,
-                                                         square_roots_written_back, sums_as_reduce_sums)
+                                                         radix_sums_as_channel_slices, square_roots_written_back,
+                                                         sums_as_reduce_sums)
 from rkcompile.views.toolkit_shapings.sequences import token_rows_as_sequences, transposes_from_splits
 
 #: The families, each a module exporting its `SHAPINGS`.
@@ -46,6 +47,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # before or after it) as any other Conv
     means_as_reduce_means,
     sums_as_reduce_sums,
+    # after sums_as_reduce_sums, whose ReduceSums over the radix axis it reads
+    radix_sums_as_channel_slices,
     vectors_into_channels,
     # before linear_layers_as_gemms, which would make two Gemms of the Convs it adds into one
     added_convs_as_one,

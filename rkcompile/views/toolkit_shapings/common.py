@@ -1,6 +1,7 @@
 """What several families of toolkit shapings read or write alike: a shaping's type (`Shaping`),
 whether a Conv is the plan's 1x1 matrix product (`pointwise`), a ReduceMean or ReduceSum in its
-opset's form (`reduction_node`), and the element-by-element ops (`ELEMENTWISE`)."""
+opset's form (`reduction_node`), a Reshape to a constant shape (`reshape_node`), a Slice of
+constant bounds (`slice_node`), and the element-by-element ops (`ELEMENTWISE`)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -29,6 +30,22 @@ def reduction_node(graph: onnx.GraphProto, reduction: str, source: str, axes: Se
 
 #: The opset from which each reduction `reduction_node` writes takes its axes as an input.
 _AXES_AS_INPUT = {"ReduceMean": 18, "ReduceSum": 13}
+
+
+def reshape_node(graph: onnx.GraphProto, source: str, shape: Sequence[int], result: str, name: str) -> onnx.NodeProto:
+    """A Reshape of `source` to `shape` named `name`, its shape constant added to `graph`."""
+    graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), f"{name}/shape"))
+    return helper.make_node("Reshape", [source, f"{name}/shape"], [result], name)
+
+
+def slice_node(graph: onnx.GraphProto, source: str, start: int, end: int, axis: int, result: str,
+               name: str) -> onnx.NodeProto:
+    """A Slice `name` of `source` from `start` to `end` along `axis` (opset >= 10: its bounds
+    are inputs), its constants added to `graph`."""
+    bounds = [numpy_helper.from_array(np.array([value], np.int64), f"{name}/{what}")
+              for what, value in (("starts", start), ("ends", end), ("axes", axis))]
+    graph.initializer.extend(bounds)
+    return helper.make_node("Slice", [source, *(b.name for b in bounds)], [result], name)
 
 
 def pointwise(conv: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:

@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from rkcompile.views.partitioned_onnx import proto_subgraphs
 from rkcompile.views.proto_graph import (ai_onnx_opset, all_nodes, drop_unread_nodes, node_attributes, nodes_rewritten,
                                          output_names, readers_of, set_attribute, static_shapes)
-from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping
+from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping, reshape_node, slice_node
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -66,10 +66,7 @@ def gathers_as_slices(model: onnx.ModelProto) -> int:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
         prefix = f"{node.name}/as_slice"
-        bounds = [numpy_helper.from_array(np.array([value], np.int64), f"{prefix}/{what}")
-                  for what, value in (("starts", int(index[0])), ("ends", int(index[0]) + 1), ("axes", axis))]
-        graph.initializer.extend(bounds)
-        node.CopyFrom(helper.make_node("Slice", [node.input[0], *(b.name for b in bounds)], [node.output[0]], prefix))
+        node.CopyFrom(slice_node(graph, node.input[0], int(index[0]), int(index[0]) + 1, axis, node.output[0], prefix))
         changed += 1
     return changed
 
@@ -514,14 +511,14 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
         same = next((tensor for earlier, seen, tensor in orders if earlier == source and np.array_equal(seen, order)),
                     None)
         if same is not None:
-            written[id(node)] = [_reshape_node(graph, same, shapes[result], result, prefix)]
+            written[id(node)] = [reshape_node(graph, same, shapes[result], result, prefix)]
             continue
         found = _one_transpose_of(order)
         if found is None:
             continue
         sizes, perm = found
         if perm == sorted(perm):   # the Transposes undo each other: the run only relabels
-            written[id(node)] = [_reshape_node(graph, source, shapes[result], result, prefix)]
+            written[id(node)] = [reshape_node(graph, source, shapes[result], result, prefix)]
             continue
         if shapes[source][:1] == [1]:   # keep the batch axis, as the exporters write it
             sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
@@ -530,22 +527,16 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
         if len(sizes) > MOST_JOINED_AXES or grouping + 1 + ungrouping >= len(run):
             continue
         grouped = f"{prefix}/grouped" if grouping else source
-        steps = [_reshape_node(graph, source, sizes, grouped, f"{prefix}/group")] if grouping else []
+        steps = [reshape_node(graph, source, sizes, grouped, f"{prefix}/group")] if grouping else []
         steps.append(helper.make_node("Transpose", [grouped], [f"{prefix}/moved" if ungrouping else result],
                                       f"{prefix}/transpose", perm=perm))
         if ungrouping:
-            steps.append(_reshape_node(graph, steps[-1].output[0], shapes[result], result, f"{prefix}/ungroup"))
+            steps.append(reshape_node(graph, steps[-1].output[0], shapes[result], result, f"{prefix}/ungroup"))
         written[id(node)] = steps
         orders.append((source, order, result))
     changed = nodes_rewritten(graph, nodes, written)
     drop_unread_nodes(graph)
     return changed
-
-
-def _reshape_node(graph: onnx.GraphProto, source: str, shape: Sequence[int], result: str, name: str) -> onnx.NodeProto:
-    """A Reshape of `source` to `shape` named `name`, its shape constant added to `graph`."""
-    graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), f"{name}/shape"))
-    return helper.make_node("Reshape", [source, f"{name}/shape"], [result], name)
 
 
 def _one_transpose_of(order: np.ndarray) -> tuple[list[int], list[int]] | None:

@@ -9,8 +9,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import ai_onnx_opset, nodes_rewritten, output_names, readers_of, static_shapes
-from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node
+from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
+                                         static_shapes)
+from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node, reshape_node, slice_node
 
 
 def means_as_reduce_means(model: onnx.ModelProto) -> int:
@@ -43,6 +44,170 @@ def sums_as_reduce_sums(model: onnx.ModelProto) -> int:
     stays a Conv: from the ReduceSum the toolkit runs that Reshape to the output on its CPU,
     from the Conv on its NPU (PicoDet's box sides [1, 2100, 4]). Returns how many it wrote."""
     return _reductions_written_back(model, "ReduceSum", before_outputs=False)
+
+
+def radix_sums_as_channel_slices(model: onnx.ModelProto) -> int:
+    """Write a sum over R blocks of the channels of x = [N, R*C, ...] (ResNeSt's split
+    attention: the radix Conv's R halves, each weighted or not) as R Slices of x along its
+    channels and the Adds of them, in x's own shape, where the plan sums them on another
+    layout: (a) a Reshape x -> [N, R, M, 1] then a 1x1 Conv of weights all 1, one output channel
+    and no bias (a sum `sums_as_reduce_sums` cannot write as a ReduceSum of x: R is not a
+    product of x's axes), or (b) with N = 1, a Reshape x -> [R, C, ...] then a ReduceSum over
+    axis 0, maybe of its Mul by a factor w of shape [R, C, 1...] or [R, C, ...] (x times w
+    Reshaped to [1, R*C, 1...] or x's shape, then the Slices), or in place of that ReduceSum the
+    plan's Conv form (a) of it (a sum written to an output). The Reshapes and Transposes after
+    the sum that keep its order and give it [N, C, ...] go; else a Reshape gives the Adds' sum
+    the shape of the one written before. rknn-toolkit2 2.5.0 runs on its CPU the Reshapes into
+    and out of those layouts (ten in timm_resnest14d); the Slices it fuses into one Split and
+    keeps all on its NPU. The same values up to float32 rounding (exact for R = 2). Returns how
+    many sums it wrote."""
+    if ai_onnx_opset(model) < 10:   # a Slice of opset < 10 takes its bounds as attributes
+        return 0
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = readers_of(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = output_names(graph)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        found = _radix_sum(node, shapes, constants, readers, made_by)
+        if found is None or node.output[0] in graph_outputs:
+            continue
+        source, radix, factor, factor_shape, inputs = found
+        shape = shapes[source]
+        block = shape[1] // radix
+        summed = [shape[0], block, *shape[2:]]
+        chain = _order_kept_after(node.output[0], summed, shapes, readers, graph_outputs)
+        prefix = f"{node.name}/radix"
+        reshaped = not chain and shapes.get(node.output[0]) != summed
+        target = chain[-1].output[0] if chain else prefix if reshaped else node.output[0]
+        steps = []
+        if factor is not None:
+            factor_source = made_by.get(factor)
+            if factor_source is not None and factor_source.op_type == "Reshape" and len(readers[factor]) == 1:
+                removed.add(id(factor_source))   # one Reshape of the factor's source in place of two
+                factor = factor_source.input[0]
+            steps.append(reshape_node(graph, factor, factor_shape, f"{prefix}/factor", f"{prefix}/factor"))
+            steps.append(helper.make_node("Mul", [source, f"{prefix}/factor"], [f"{prefix}/weighted"],
+                                          f"{prefix}/weighted"))
+            source = f"{prefix}/weighted"
+        steps.extend(slice_node(graph, source, index * block, (index + 1) * block, 1, f"{prefix}/block_{index}",
+                                f"{prefix}/block_{index}") for index in range(radix))
+        total = f"{prefix}/block_0"
+        for index in range(1, radix):
+            added = target if index == radix - 1 else f"{prefix}/sum_{index}"
+            steps.append(helper.make_node("Add", [total, f"{prefix}/block_{index}"], [added], f"{prefix}/add_{index}"))
+            total = added
+        if reshaped:
+            steps.append(reshape_node(graph, prefix, shapes[node.output[0]], node.output[0], f"{prefix}/reshape"))
+        written[id(node)] = steps
+        removed.update(id(n) for n in (*inputs, *chain))
+    return nodes_rewritten(graph, originals, written, removed)
+
+
+def _radix_sum(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray],
+               readers: dict[str, list[onnx.NodeProto]], made_by: dict[str, onnx.NodeProto]
+               ) -> tuple[str, int, str | None, list[int] | None, list[onnx.NodeProto]] | None:
+    """When `node` sums R blocks of the channels of x, in a form `radix_sums_as_channel_slices`
+    writes: x, R, the factor multiplying x (None if none) with the shape that lines it up with x,
+    and the nodes only the sum read between x and `node` (they go with it); else None."""
+    if node.op_type == "ReduceSum":
+        return _stacked_blocks(made_by.get(node.input[0]), shapes, readers, made_by) \
+            if _reduced_axes(node, constants) == [0] else None
+    weights = constants.get(node.input[1]) if node.op_type == "Conv" else None
+    regroup = made_by.get(node.input[0])
+    if weights is None or regroup is None or regroup.op_type != "Reshape" \
+            or len(readers[regroup.output[0]]) != 1 or not pointwise(node, weights.shape) \
+            or (len(node.input) > 2 and node.input[2]) or weights.shape[:2] != (1, weights.size) \
+            or not (weights == 1).all():
+        return None
+    source, grouped = shapes.get(regroup.input[0]), shapes.get(regroup.output[0])
+    radix = weights.size
+    if source is None or grouped is None or len(source) < 3 or radix < 2:
+        return None
+    if source[1] % radix == 0 and grouped == [source[0], radix, int(np.prod(source[1:])) // radix, 1]:
+        return regroup.input[0], radix, None, None, [regroup]
+    # the blocks stacked on axis 0 as a ReduceSum over it reads them (a sum written to an output)
+    found = _stacked_blocks(made_by.get(regroup.input[0]), shapes, readers, made_by) \
+        if grouped == [1, radix, int(np.prod(source[1:])), 1] else None
+    return found and found[1] == radix and (*found[:4], [*found[4], regroup])
+
+
+def _stacked_blocks(product: onnx.NodeProto | None, shapes: dict[str, list[int]],
+                    readers: dict[str, list[onnx.NodeProto]], made_by: dict[str, onnx.NodeProto]
+                    ) -> tuple[str, int, str | None, list[int] | None, list[onnx.NodeProto]] | None:
+    """When `product`, read by the sum alone, is a Reshape of x = [1, R*C, ...] into [R, C, ...]
+    or the Mul of one by a factor that lines up with x's channels, what `_radix_sum` gives."""
+    if product is None or len(readers[product.output[0]]) != 1:
+        return None
+    if product.op_type == "Reshape":
+        found = _radix_of(product, None, shapes, readers)
+        return found and (product.input[0], found[0], None, None, [product])
+    if product.op_type != "Mul" or product.input[0] == product.input[1]:
+        return None
+    for regroup_name, factor in (product.input, reversed(product.input)):
+        regroup = made_by.get(regroup_name)
+        found = _radix_of(regroup, factor, shapes, readers) if regroup is not None else None
+        if found is not None:
+            return regroup.input[0], found[0], factor, found[1], [regroup, product]
+    return None
+
+
+def _radix_of(regroup: onnx.NodeProto, factor: str | None, shapes: dict[str, list[int]],
+              readers: dict[str, list[onnx.NodeProto]]) -> tuple[int, list[int] | None] | None:
+    """When `regroup` is a Reshape of x = [1, R*C, ...] into [R, C, ...] that only the sum (or
+    its product with `factor`) reads, and `factor` is None or of shape [R, C, 1...] or
+    [R, C, ...]: R and the shape that lines the factor up with x (None without one); else None."""
+    if regroup.op_type != "Reshape" or len(readers[regroup.output[0]]) != 1:
+        return None
+    source, grouped = shapes.get(regroup.input[0]), shapes.get(regroup.output[0])
+    if source is None or grouped is None or len(source) < 3 or source[0] != 1 or len(grouped) < 2 \
+            or grouped[0] < 2 or grouped[0] * grouped[1] != source[1] \
+            or int(np.prod(grouped[2:])) != int(np.prod(source[2:])):
+        return None
+    if factor is None:
+        return grouped[0], None
+    weighting = shapes.get(factor)
+    if weighting is None or len(weighting) != len(grouped) or weighting[:2] != grouped[:2]:
+        return None
+    if all(size == 1 for size in weighting[2:]):
+        return grouped[0], [1, source[1], *(1 for _ in source[2:])]
+    return (grouped[0], source) if weighting == grouped else None
+
+
+def _reduced_axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
+    """The axes the reduction `node` reduces, from its input or its attribute; None when they
+    are not constant or it reduces every axis."""
+    if len(node.input) > 1 and node.input[1]:
+        return [int(axis) for axis in constants[node.input[1]].reshape(-1)] if node.input[1] in constants else None
+    axes = node_attributes(node).get("axes")
+    return list(axes) if axes else None
+
+
+def _order_kept_after(name: str, shape: list[int], shapes: dict[str, list[int]],
+                      readers: dict[str, list[onnx.NodeProto]], graph_outputs: set[str]) -> list[onnx.NodeProto]:
+    """The chain of Reshapes and Transposes, each the only reader of the one before, that
+    `name` starts and that keeps its elements' order, up to the last that writes `shape`; empty
+    when none does."""
+    chain: list[onnx.NodeProto] = []
+    ending = 0
+    while name not in graph_outputs and len(readers.get(name, [])) == 1:
+        step = readers[name][0]
+        if step.op_type == "Transpose":
+            perm = node_attributes(step).get("perm")
+            moved = [axis for axis in perm if shapes.get(name, [0] * len(perm))[axis] != 1] if perm else None
+            if moved is None or moved != sorted(moved):
+                break
+        elif step.op_type != "Reshape":
+            break
+        chain.append(step)
+        name = step.output[0]
+        if shapes.get(name) == shape:
+            ending = len(chain)
+    return chain[:ending]
 
 
 def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outputs: bool = True) -> int:
@@ -230,5 +395,6 @@ SHAPINGS: tuple[Shaping, ...] = (
     binned_sums_as_grouped_convs,
     means_as_reduce_means,
     sums_as_reduce_sums,
+    radix_sums_as_channel_slices,
     square_roots_written_back,
 )
