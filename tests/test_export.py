@@ -588,6 +588,20 @@ def test_split_attention_sums_are_channel_slices(save, tmp_path):
                                rtol=1e-6, atol=1e-6)
 
 
+def test_an_int8_export_writes_split_attention_on_the_plans_grid(save, tmp_path):
+    """The weighted radix sum's product keeps its name in its new shape (the same values in the
+    same order), so the int8 export quantizes it with the plan's parameters and agrees with the
+    emulator (with a new, float product it differed by 0.0024 of cosine and was not written)."""
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).uniform(-1, 1, (1, 32, 6, 6)).astype(np.float32))
+    plan = rkcompile.compile(save(split_attention()), "rk3588", dtype="int8", calibration=calib)
+    written = rkcompile.export(plan, tmp_path / "int8.onnx")
+    assert written.report["toolkit_shapings"]["radix_sums_as_channel_slices"] == 2
+    assert "ReduceSum" not in {n.op_type for n in onnx.load(str(written.path)).graph.node}
+
+
 def regrouped_sum(grouped: list[int], factor: list[int]) -> onnx.ModelProto:
     """x = [1, 8, 4, 4] Reshaped to `grouped`, times a factor input of shape `factor`, summed
     over axis 0 (keepdims) and Reshaped to [1, C, 4, 4] (C = grouped[1])."""

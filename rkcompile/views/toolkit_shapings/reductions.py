@@ -91,9 +91,11 @@ def radix_sums_as_channel_slices(model: onnx.ModelProto) -> int:
                 removed.add(id(factor_source))   # one Reshape of the factor's source in place of two
                 factor = factor_source.input[0]
             steps.append(reshape_node(graph, factor, factor_shape, f"{prefix}/factor", f"{prefix}/factor"))
-            steps.append(helper.make_node("Mul", [source, f"{prefix}/factor"], [f"{prefix}/weighted"],
-                                          f"{prefix}/weighted"))
-            source = f"{prefix}/weighted"
+            # the product keeps its name: it holds the same values in the same order (an int8
+            # export quantizes it on the plan's grid)
+            product = inputs[0]
+            steps.append(helper.make_node("Mul", [source, f"{prefix}/factor"], [product.output[0]], product.name))
+            source = product.output[0]
         steps.extend(slice_node(graph, source, index * block, (index + 1) * block, 1, f"{prefix}/block_{index}",
                                 f"{prefix}/block_{index}") for index in range(radix))
         total = f"{prefix}/block_0"
@@ -113,7 +115,8 @@ def _radix_sum(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: di
                ) -> tuple[str, int, str | None, list[int] | None, list[onnx.NodeProto]] | None:
     """When `node` sums R blocks of the channels of x, in a form `radix_sums_as_channel_slices`
     writes: x, R, the factor multiplying x (None if none) with the shape that lines it up with x,
-    and the nodes only the sum read between x and `node` (they go with it); else None."""
+    and the nodes only the sum read between x and `node` (they go with it; with a factor, its Mul
+    first); else None."""
     if node.op_type == "ReduceSum":
         return _stacked_blocks(made_by.get(node.input[0]), shapes, readers, made_by) \
             if _reduced_axes(node, constants) == [0] else None
@@ -152,7 +155,7 @@ def _stacked_blocks(product: onnx.NodeProto | None, shapes: dict[str, list[int]]
         regroup = made_by.get(regroup_name)
         found = _radix_of(regroup, factor, shapes, readers) if regroup is not None else None
         if found is not None:
-            return regroup.input[0], found[0], factor, found[1], [regroup, product]
+            return regroup.input[0], found[0], factor, found[1], [product, regroup]
     return None
 
 
