@@ -272,7 +272,13 @@ def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: Ex
     if unknown:
         raise CompileError(f"{unknown[0]!r} is not an input of the exported model (inputs: {', '.join(names)})")
     inputs = make_inputs(plan.record, {name: given[name] for name in names if name in given}, export_options.seed)
-    expected = onnxruntime_outputs(original, {**inputs, **frozen})
+    try:
+        expected = onnxruntime_outputs(original, {**inputs, **frozen})
+    except Exception as exc:  # onnxruntime's error types derive from Exception alone
+        drawn = [name for name in names if name not in given]
+        values = f"seeded random values for {', '.join(drawn)}" if drawn else "the given inputs"
+        raise CompileError(f"the export's check: onnxruntime fails on {Path(original).name} with {values} "
+                           f"({str(exc).splitlines()[0]}); give inputs the model accepts (--inputs FILE.npz)") from exc
     actual = onnxruntime_outputs(model.SerializeToString(), inputs)
     if host is not None:
         actual = onnxruntime_outputs(host.SerializeToString(), {**inputs, **actual})

@@ -713,6 +713,22 @@ def test_an_export_that_disagrees_is_not_written(save, tmp_path):
     assert list(tmp_path.glob("out*")) == []
 
 
+def test_a_check_the_seeded_inputs_cannot_run_asks_for_inputs(save, tmp_path):
+    """Seeded random token ids (0..99) index past a 2-row table (BERT's token types): the
+    export's check names the inputs it drew and asks for real ones, writing nothing; with
+    ids the table holds, it exports."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [2, 8], np.arange(16, dtype=np.float32))
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"], name="types")], "types",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], [table])
+    original = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(CompileError, match="seeded random values for ids .*--inputs"):
+        rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    assert list(tmp_path.glob("out*")) == []
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", inputs={"ids": np.array([[0, 1, 1, 0]])})
+    assert written.report["check"]["outputs"][0]["max_rel"] == 0
+
+
 def test_bad_input_is_one_error_line(save, tmp_path, capsys):
     original = save(sample_rate_model())
     cases = [([str(tmp_path / "missing.onnx")], "no such file"),
