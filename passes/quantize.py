@@ -66,7 +66,8 @@ def run(ctx: CompileContext) -> None:
     _own_bias_copies(ctx, ordered, devices)
     _keep_parameters_float(ctx, ordered, devices)
     distributions = _float16_distributions(ctx, ordered, devices)
-    _make_float16_islands(ctx, ordered, devices, set(ctx.options.float16_tensors) | set(distributions))
+    scores = [] if ctx.target.builds_int8_attention_scores else _float16_attention_scores(ctx, ordered, devices)
+    _make_float16_islands(ctx, ordered, devices, set(ctx.options.float16_tensors) | set(distributions) | set(scores))
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
     ranges = _calibrate(ctx, ordered, devices, weight_errors)
     if weight_errors is not None:
@@ -478,6 +479,44 @@ def _float16_distributions(ctx: CompileContext, ordered: list[gs.Node], devices:
             + ", ".join(f"{name}: {classes} classes" for name, classes in chosen)
             + f"; int8 on [0, 1] would give the mean probability fewer than {DROWNED_LEVELS} steps)"))
     return [name for name, _ in chosen]
+
+
+def _float16_attention_scores(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> list[str]:
+    """The scores of an NPU attention, on a target whose toolkit cannot build them in int8
+    (`Target.builds_int8_attention_scores`): the int8 output of a MatMul of two activations that
+    a Softmax reads, where a MatMul reads the Softmax's output (through Transposes and Reshapes).
+    The MatMul writing them computes in float16, as the toolkit's hybrid quantization would; the
+    Softmax and the second MatMul stay int8. Records which in the plan's int8 techniques."""
+    npu = {node.name for node, device in zip(ordered, devices) if device == "npu"}
+    chosen = []
+    for node in ordered:
+        if node.name not in npu or node.op != "Softmax" or not node.inputs[0].inputs:
+            continue
+        scores, (source,) = node.inputs[0], node.inputs[0].inputs
+        if (source.name not in npu or source.op != "MatMul" or not _is_quantized(ctx, scores.name)
+                or any(isinstance(operand, gs.Constant) for operand in source.inputs)):
+            continue
+        if _reaches_matmul(node.outputs[0], npu):
+            chosen.append(scores.name)
+    if chosen:
+        ctx.int8_techniques.append(Int8Technique(
+            "float16_attention_scores", tuple(chosen), (),
+            f"{len(chosen)} attention score tensor(s) computed in float16 ({', '.join(chosen)}): "
+            f"{ctx.target.name}'s toolkit cannot build an int8 MatMul -> Softmax -> MatMul"))
+    return chosen
+
+
+def _reaches_matmul(tensor: gs.Variable, npu: set[str]) -> bool:
+    """Whether an NPU MatMul reads `tensor`, directly, through NPU Transposes and Reshapes, or
+    as a step fused around one (the plan's exMatMul of a Transpose, a MatMul and a Reshape)."""
+    for reader in tensor.outputs:
+        if reader.name not in npu:
+            continue
+        if any(member.op == "MatMul" for member in _members(reader)[0]):
+            return True
+        if reader.op in ("Transpose", "Reshape") and _reaches_matmul(reader.outputs[0], npu):
+            return True
+    return False
 
 
 def _softmax_classes(node: gs.Node, opset: int) -> int | None:

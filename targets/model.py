@@ -144,6 +144,15 @@ class Target:
     #: plan moves such a grid to zero point -1 or 1 (`activation_params`), and the toolkit
     #: builds the plan the emulator runs.
     allows_activation_zero_point_0: bool = False
+    #: Whether the toolkit builds an int8 attention: an int8 MatMul of two activations whose
+    #: result a Softmax reads and whose Softmax a MatMul reads. rknn-toolkit2 2.5.0's librknnc
+    #: crashes (signal 11) building such a QDQ model: yolo11n's C2PSA attention, and a 10-node
+    #: Conv -> Split -> softmax(s * q^T k) -> v @ attn^T whatever its scales (all set to 0.01 it
+    #: crashes too; with a Sigmoid for the Softmax it builds; disable_rules of its sdpa fusion
+    #: moves the crash to a later pass). With the score MatMul in float16 (its hybrid
+    #: quantization: exMatMul and exSoftmax13 in FLOAT16, the second exMatMul INT8) both build,
+    #: so an int8 plan computes such scores in float16 (passes/quantize.py).
+    builds_int8_attention_scores: bool = False
 
     def has_kernel(self, kernel: str) -> bool:
         """Whether the oplist names `kernel` (fused ones included, e.g. ConvolutionRelu) here."""

@@ -22,6 +22,7 @@ from rkcompile.views.toolkit_shapings import (radix_sums_as_channel_slices, rank
                                               transpose_steps_as_one, transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
+from test_quantize import attention_block
 from test_rewrites_reductions import decomposed_layer_norm
 
 PEER_PYTHON = os.environ.get("RKNN_PEER_PYTHON")
@@ -914,6 +915,25 @@ def test_the_toolkit_builds_the_int8_export_of_a_scaled_rank3_tail(save, tmp_pat
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout[-2000:]
+
+
+@needs_peer
+def test_the_toolkit_builds_the_int8_export_of_an_attention(tmp_path):
+    """yolo11n's C2PSA attention, int8: rknn-toolkit2 2.5.0 crashed (signal 11) building the
+    export with int8 scores, whatever their scales; with them in float16 (the plan's choice,
+    `Target.builds_int8_attention_scores`) it builds, the second MatMul in int8."""
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).uniform(-1, 1, (1, 64, 8, 8)).astype(np.float32))
+    plan = rkcompile.compile(attention_block(tmp_path / "attention.onnx"), "rk3588", dtype="int8", calibration=calib)
+    written = rkcompile.export(plan, tmp_path / "out.onnx")
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["ok"], done.stdout[-2000:]
+    assert {layer["dtype"] for layer in result["layers"] if layer["op_type"] == "exMatMul"} >= {"INT8", "FLOAT16"}
 
 
 def test_an_int8_export_reads_every_weight_through_the_plans_integers(save, tmp_path):

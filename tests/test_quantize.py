@@ -357,6 +357,43 @@ def test_no_int8_activation_gets_zero_point_0_on_a_toolkit_target(cnn, tmp_path,
     assert activations[first_conv.inputs[0]].zero_points in ((-1,), (1,))
 
 
+def attention_block(path: Path, normalize: str = "Softmax") -> Path:
+    """A C2PSA-like attention (yolo11n's): a Conv's q, k and v, `normalize`(s * q^T k), then
+    v @ attn^T, with weights small enough that int8 follows the float model closely."""
+    generator = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["qkv"], name="qkv"),
+             helper.make_node("Reshape", ["qkv", "heads"], ["r"], name="r"),
+             helper.make_node("Split", ["r", "split"], ["q", "k", "v"], axis=2, name="split"),
+             helper.make_node("Mul", ["q", "scale"], ["qs"], name="scale"),
+             helper.make_node("Transpose", ["qs"], ["qt"], perm=[0, 1, 3, 2], name="qt"),
+             helper.make_node("MatMul", ["qt", "k"], ["scores"], name="scores"),
+             helper.make_node(normalize, ["scores"], ["attn"], name="normalize"),
+             helper.make_node("Transpose", ["attn"], ["attnt"], perm=[0, 1, 3, 2], name="attnt"),
+             helper.make_node("MatMul", ["v", "attnt"], ["o"], name="o"),
+             helper.make_node("Reshape", ["o", "planes"], ["y"], name="y")]
+    weights = {"w": (generator.standard_normal((128, 64, 1, 1)) * 0.03).astype(np.float32),
+               "heads": np.array([1, 2, 64, 64], np.int64), "split": np.array([16, 16, 32], np.int64),
+               "scale": np.array(16 ** -0.5, np.float32), "planes": np.array([1, 64, 8, 8], np.int64)}
+    return save_model(path, nodes, [vi("x", [1, 64, 8, 8])], [vi("y", [1, 64, 8, 8])], weights)
+
+
+@pytest.mark.parametrize("normalize", ["Softmax", "Sigmoid"])
+def test_int8_attention_scores_are_float16_on_a_toolkit_target(tmp_path, normalize):
+    """rknn-toolkit2 2.5.0 crashes building an int8 MatMul -> Softmax -> MatMul
+    (`Target.builds_int8_attention_scores`): the score MatMul computes in float16, the Softmax
+    and the second MatMul stay int8; scores another op reads stay int8."""
+    np.savez(tmp_path / "calib.npz", x=rng.uniform(-1, 1, (4, 1, 64, 8, 8)).astype(np.float32))
+    plan, _ = compile_model(attention_block(tmp_path / "attention.onnx", normalize), "rk3588",
+                            Options(dtype="int8", calibration=tmp_path / "calib.npz"), runtime=EMULATOR_RUNTIME)
+    chosen = [t.applied for t in plan.int8_techniques if t.name == "float16_attention_scores"]
+    assert plan.quantization["attn"].dtype == "int8" and plan.quantization["v"].dtype == "int8"
+    if normalize == "Softmax":
+        assert chosen == [("scores",)] and "scores" not in plan.quantization
+        assert plan.tensors["scores"].dtype == "float16"
+    else:
+        assert chosen == [] and plan.quantization["scores"].dtype == "int8"
+
+
 def test_float16_plans_have_no_quantization(cnn):
     plan, _ = compile_model(cnn, "rk3588", Options())
     assert plan.quantization == {} and "quantization" in json.loads(plan.to_json())
