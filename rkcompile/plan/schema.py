@@ -184,7 +184,8 @@ class Int8Technique:
     "equalization" (cross-layer, `applied` lists the Conv step pairs), "bias_correction"
     (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift),
     "auto_float16" (`applied` lists the tensors it kept in float16), "float16_softmax_outputs"
-    (`applied` lists the Softmax model outputs computed in float16) or "int8_settings" (the int8
+    (`applied` lists the Softmax model outputs computed in float16), "float16_attention_scores"
+    (`applied` lists the attention scores computed in float16) or "int8_settings" (the int8
     settings chosen on the calibration data: `applied` the chosen candidate, `declined` each
     other with its worst calibration cosine); `declined` says, per candidate left alone, why;
     `note` sums up."""
