@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import ai_onnx_opset, readers_of
+from rkcompile.views.proto_graph import ai_onnx_opset, nodes_rewritten, readers_of
 from rkcompile.views.toolkit_shapings.common import Shaping
 
 
@@ -95,9 +95,10 @@ def scale_after_scores(model: onnx.ModelProto) -> int:
     constants = {tensor.name: tensor for tensor in graph.initializer}
     readers = readers_of(graph)
     made_by = {name: node for node in graph.node for name in node.output}
-    moved: dict[int, onnx.NodeProto] = {}   # id(score MatMul) -> the Mul now on its result
+    originals = list(graph.node)
+    written: dict[int, list[onnx.NodeProto]] = {}   # id(score MatMul) -> it and the Mul now on its result
     removed = set()
-    for node in graph.node:
+    for node in originals:
         if node.op_type != "MatMul" or [r.op_type for r in readers.get(node.output[0], [])] != ["Softmax"]:
             continue
         for operand in node.input:
@@ -115,14 +116,10 @@ def scale_after_scores(model: onnx.ModelProto) -> int:
             first.input[list(first.input).index(source.output[0])] = next(n for n in source.input if n != scalars[0])
             scores = node.output[0]
             node.output[0] = f"{scores}/unscaled"
-            moved[id(node)] = helper.make_node("Mul", [node.output[0], scalars[0]], [scores], f"{source.name}/on_scores")
+            written[id(node)] = [node, helper.make_node("Mul", [node.output[0], scalars[0]], [scores], f"{source.name}/on_scores")]
             removed.add(id(source))
             break
-    nodes = [new for node in graph.node if id(node) not in removed
-             for new in ([node, moved[id(node)]] if id(node) in moved else [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(moved)
+    return nodes_rewritten(graph, originals, written, removed)
 
 
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them

@@ -180,9 +180,10 @@ def transposes_from_splits(model: onnx.ModelProto) -> int:
     graph = model.graph
     readers = readers_of(graph)
     made_by = {name: node for node in graph.node for name in node.output}
-    written: dict[int, onnx.NodeProto] = {}
+    originals = list(graph.node)
+    written: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
-    for node in graph.node:
+    for node in originals:
         pieces = [made_by.get(name) for name in node.input] if node.op_type == "Concat" else []
         split = made_by.get(pieces[0].input[0]) if pieces and pieces[0] is not None else None
         if split is None or split.op_type != "Split" or len(pieces) < 2 \
@@ -204,13 +205,10 @@ def transposes_from_splits(model: onnx.ModelProto) -> int:
         if cut == joined or source[cut] != len(pieces) or [source[axis] for axis in perm] != result \
                 or any(shapes.get(p.output[0]) != piece for p in pieces):
             continue
-        written[id(node)] = helper.make_node("Transpose", [split.input[0]], [node.output[0]],
-                                             f"{node.name}/transpose", perm=perm)
+        written[id(node)] = [helper.make_node("Transpose", [split.input[0]], [node.output[0]],
+                                              f"{node.name}/transpose", perm=perm)]
         removed.update([id(split), *(id(p) for p in pieces)])
-    nodes = [written.get(id(node), node) for node in graph.node if id(node) not in removed]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(written)
+    return nodes_rewritten(graph, originals, written, removed)
 
 
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
