@@ -104,8 +104,10 @@ def run(ctx: CompileContext) -> None:
         fates.update((original, ("removed", ALIASED_BECAUSE)) for original in ctx.origins[name]
                      if original not in running)
     ctx.fates = fates
+    # a fused step's quantized intermediate (passes/quantize.py) was never a stored tensor: kept
+    dropped = set(ctx.tensors) - set(tensors)
     ctx.tensors = tensors
-    ctx.quantization = {name: quant for name, quant in quantization.items() if name in tensors}
+    ctx.quantization = {name: quant for name, quant in quantization.items() if name not in dropped}
 
 
 def _is_relabel(node: gs.Node, ctx: CompileContext) -> bool:

@@ -86,6 +86,8 @@ def run(ctx: CompileContext) -> None:
     _share_concat_parameters(ordered, devices, quantization, {t.name for t in ctx.graph.outputs})
     _quantize_weights(ctx, ordered, devices, quantization)
     _warn_of_drowned_operands(ordered, devices, ranges, quantization)
+    if not ctx.target.builds_int8_attention_scores:
+        quantization.update(_int8_fused_attention_probabilities(ctx, ordered, devices))
     ctx.quantization = quantization
 
 
@@ -504,6 +506,55 @@ def _float16_attention_scores(ctx: CompileContext, ordered: list[gs.Node], devic
             f"{len(chosen)} attention score tensor(s) computed in float16 ({', '.join(chosen)}): "
             f"{ctx.target.name}'s toolkit cannot build an int8 MatMul -> Softmax -> MatMul"))
     return chosen
+
+
+#: the grid of attention probabilities (a Softmax's output, in [0, 1]): `activation_params`
+#: of that range, scale 1/255 and zero point -128
+PROBABILITIES_RANGE = (0.0, 1.0)
+
+
+def _int8_fused_attention_probabilities(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]
+                                        ) -> dict[str, Quantization]:
+    """The probabilities inside a fused NPU attention (the exSDPAttention step's Softmax
+    output, which its second MatMul reads) on an int8 grid for [0, 1], on a target whose toolkit
+    cannot build an int8 attention (`Target.builds_int8_attention_scores`): rknn-toolkit2 2.5.0
+    builds such an attention with float16 scores and int8 probabilities, and crashes (signal 11)
+    on the QDQ export of one whose inside is all float (transformer_encoder) or all int8. The
+    plan stores these parameters of the step's intermediate, the emulator rounds the
+    probabilities to them inside the step, and the export writes their pair."""
+    chosen: dict[str, Quantization] = {}
+    for node, device in zip(ordered, devices):
+        if device != "npu" or "body" not in node.attrs:
+            continue
+        members = node.attrs["body"].nodes  # the kernel's own members, those the emulator rounds
+        member_names, step_outputs = {member.name for member in members}, {t.name for t in node.outputs}
+        for member in members:
+            probabilities = member.outputs[0] if member.op == "Softmax" else None
+            if (probabilities is None or probabilities.name in step_outputs
+                    or not _is_quantized(ctx, node.outputs[0].name)):
+                continue
+            scores = _scaled_source(member.inputs[0])
+            if (scores is not None and scores.name in member_names and scores.op == "MatMul"
+                    and any(reader.name in member_names and reader.op == "MatMul" for reader in probabilities.outputs)):
+                chosen[probabilities.name] = activation_params(*PROBABILITIES_RANGE, "attention probabilities",
+                                                               ctx.target.allows_activation_zero_point_0)
+    if chosen:
+        ctx.int8_techniques.append(Int8Technique(
+            "int8_attention_probabilities", tuple(chosen), (),
+            f"{len(chosen)} fused attention probability tensor(s) on an int8 grid for [0, 1] "
+            f"({', '.join(chosen)}): {ctx.target.name}'s toolkit builds a fused attention with int8 "
+            f"probabilities and float16 scores"))
+    return chosen
+
+
+def _scaled_source(tensor: gs.Variable) -> gs.Node | None:
+    """The node writing `tensor`, past Muls and Divs by a constant (an attention's scaling of its
+    scores)."""
+    source = tensor.inputs[0] if tensor.inputs else None
+    while (source is not None and source.op in ("Mul", "Div") and len(source.inputs) == 2
+           and isinstance(source.inputs[1], gs.Constant) and source.inputs[0].inputs):
+        source = source.inputs[0].inputs[0]
+    return source
 
 
 def _reaches_matmul(tensor: gs.Variable, npu: set[str]) -> bool:

@@ -187,7 +187,7 @@ def stored_weight_integers(plan: Plan) -> dict[str, np.ndarray]:
     (after equalization), int32 convolution biases (after bias correction)."""
     storage = Executor(plan.record, plan.weights, get_target(plan.target)).storage
     return {name: storage.read(name) for name in plan.record.quantization
-            if plan.record.tensors[name].region == "weight"}
+            if name in plan.record.tensors and plan.record.tensors[name].region == "weight"}
 
 
 def frozen_model(path: Path, values: Mapping[str, Any], folder: Path) -> tuple[Path, dict[str, np.ndarray]]:

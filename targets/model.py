@@ -151,7 +151,11 @@ class Target:
     #: crashes too; with a Sigmoid for the Softmax it builds; disable_rules of its sdpa fusion
     #: moves the crash to a later pass). With the score MatMul in float16 (its hybrid
     #: quantization: exMatMul and exSoftmax13 in FLOAT16, the second exMatMul INT8) both build,
-    #: so an int8 plan computes such scores in float16 (passes/quantize.py).
+    #: so an int8 plan computes such scores in float16 (passes/quantize.py). An attention the
+    #: plan fuses into one exSDPAttention step, written all float inside, crashes it as well
+    #: (transformer_encoder; a fused 24-token, 4-head attention, tests/test_export.py); with its
+    #: probabilities int8 (a QDQ pair on the Softmax output) it builds, so the plan quantizes
+    #: those inside the step.
     builds_int8_attention_scores: bool = False
 
     def has_kernel(self, kernel: str) -> bool:

@@ -936,6 +936,27 @@ def test_the_toolkit_builds_the_int8_export_of_an_attention(tmp_path):
     assert {layer["dtype"] for layer in result["layers"] if layer["op_type"] == "exMatMul"} >= {"INT8", "FLOAT16"}
 
 
+@needs_peer
+def test_the_toolkit_builds_the_int8_export_of_a_fused_attention(tmp_path):
+    """transformer_encoder's attention, fused into one exSDPAttention step, int8: rknn-toolkit2
+    2.5.0 crashed (signal 11) building the export with the step's inside all float; with the
+    probabilities on the plan's int8 grid (their QDQ pair) it builds."""
+    from test_attention_operands import TOKENS, WIDTH, fused_projection_split
+
+    path = tmp_path / "attention.onnx"
+    onnx.save(fused_projection_split("Gather"), path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).uniform(-1, 1, (1, TOKENS, WIDTH)).astype(np.float32))
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=calib)
+    written = rkcompile.export(plan, tmp_path / "out.onnx")
+    done = subprocess.run([PEER_PYTHON, str(PEER), str(written.path), "--target", "rk3588"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout[-2000:]
+
+
 def test_an_int8_export_reads_every_weight_through_the_plans_integers(save, tmp_path):
     """levit's two linear heads added: the float export writes them as one Gemm of the summed
     weights, a weight the int8 plan never stored; the int8 export keeps the plan's two, each

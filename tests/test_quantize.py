@@ -394,6 +394,36 @@ def test_int8_attention_scores_are_float16_on_a_toolkit_target(tmp_path, normali
         assert chosen == [] and plan.quantization["scores"].dtype == "int8"
 
 
+def test_fused_attention_probabilities_are_int8_on_a_toolkit_target(tmp_path):
+    """rknn-toolkit2 2.5.0 builds a fused attention (exSDPAttention) with float16 scores and
+    int8 probabilities, and crashes on one whose inside is all float
+    (`Target.builds_int8_attention_scores`): the int8 plan quantizes the Softmax output inside
+    the step on [0, 1], the emulator rounds it there, and the export's QDQ pair on it makes
+    onnxruntime compute what the emulator does."""
+    from test_attention_operands import TOKENS, WIDTH, fused_projection_split
+
+    path = tmp_path / "attention.onnx"
+    onnx.save(fused_projection_split("Gather"), path)
+    samples = rng.uniform(-1, 1, (4, 1, TOKENS, WIDTH)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=samples)
+    plan = rkcompile.compile(path, "rk3588", dtype="int8", calibration=tmp_path / "calib.npz")
+    record = plan.record
+    assert [s.kernel for s in record.steps if s.device == "npu"].count("exSDPAttention") == 1
+    assert "probs" not in record.tensors and contract_violations(record) == []
+    assert record.quantization["probs"] == activation_params(0.0, 1.0, "attention probabilities", False)
+    assert [t.applied for t in record.int8_techniques if t.name == "int8_attention_probabilities"] == [("probs",)]
+    x = {"x": samples[0]}
+    unrounded = rkcompile.Plan(dataclasses.replace(record, quantization={
+        name: quant for name, quant in record.quantization.items() if name != "probs"}), plan.weights)
+    written = rkcompile.export(plan, tmp_path / "out.onnx")
+    exported = onnx.load(written.path)
+    assert "probs/QuantizeLinear" in {node.name for node in exported.graph.node}
+    (through_onnxruntime,) = onnxruntime_outputs(written.path, x).values()
+    rounded_error = np.abs(rkcompile.run(plan, x)["y"] - through_onnxruntime).max()
+    unrounded_error = np.abs(rkcompile.run(unrounded, x)["y"] - through_onnxruntime).max()
+    assert rounded_error < unrounded_error / 2, (rounded_error, unrounded_error)
+
+
 def test_float16_plans_have_no_quantization(cnn):
     plan, _ = compile_model(cnn, "rk3588", Options())
     assert plan.quantization == {} and "quantization" in json.loads(plan.to_json())

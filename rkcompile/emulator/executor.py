@@ -18,7 +18,7 @@ import numpy as np
 
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.numerics.dtypes import dtype_name, element_count
-from rkcompile.plan.plain_nodes import (ACCUMULATING_OPS, Constant, Node, Tensor, accumulator_stages, fused_body,
+from rkcompile.plan.plain_nodes import (ACCUMULATING_OPS, Constant, Graph, Node, Tensor, accumulator_stages, fused_body,
     node_operands)
 from rkcompile.plan.operations import rebuild
 from rkcompile.plan.schema import PlanRecord, Step
@@ -447,6 +447,22 @@ class Executor:
         wanted = dtype_name(tensor.dtype)
         return value.astype(wanted, copy=False) if wanted and wanted != value.dtype.name else value
 
+    def _quantized_intermediates(self, body: Graph, rounding: tuple[frozenset[str], Callable]
+                                 ) -> tuple[frozenset[str], Callable]:
+        """`rounding` for a fused step of an int8 plan, extended to the intermediates the plan
+        quantizes (an attention's probabilities, passes/quantize.py): each rounded to its grid as
+        it is made, as a QuantizeLinear/DequantizeLinear pair in the export rounds it."""
+        rounded, round_value = rounding
+        quantized = frozenset(t.name for member in body.nodes for t in member.outputs if t.name in self.quantization)
+        if not quantized:
+            return rounding
+
+        def to_grid(name: str, value: np.ndarray) -> np.ndarray:
+            quant = self.quantization.get(name) if name in quantized else None
+            return round_value(name, value) if quant is None else dequantize(quantize(value, quant), quant)
+
+        return rounded | quantized, to_grid
+
     def _weight(self, name: str) -> np.ndarray:
         """A weight's real value as the weight region holds it: float32 for float weights."""
         cached = self.weight_cache.decoded.get(name)
@@ -470,9 +486,11 @@ class Executor:
         """The node's results; `leaving` is `_leaving_accumulator(node)`, worked out here when not given."""
         body = fused_body(node)
         rounded, dtype = self._leaving_accumulator(node) if leaving is None else leaving
-        rounding = (rounded, lambda value: self._leaving(value, dtype))
+        rounding = (rounded, lambda name, value: self._leaving(value, dtype))
         if self.quantization:  # a float16 step of an int8 plan rounds as a float16 plan's does
             out_quants = [self.quantization.get(t.name) for t in node.outputs]
+            if body is not None:
+                rounding = self._quantized_intermediates(body, rounding)
             return run_int8(node, values, out_quants, self.opset, is_movement, rounding)
         if body is not None:
             return run_fused(node, values, self._npu_node, self._npu_in_place, *rounding)

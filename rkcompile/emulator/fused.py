@@ -16,7 +16,7 @@ InPlace = Callable[[Node, Sequence["np.ndarray | None"], Sequence[int]], "list |
 
 def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNode,
               in_place: InPlace | None = None, rounded: Collection[str] = (),
-              round_value: Callable[[np.ndarray], np.ndarray] | None = None) -> list:
+              round_value: Callable[[str, np.ndarray], np.ndarray] | None = None) -> list:
     """A fused node as one kernel: its `body` members run in order on unrounded intermediate
     values, so only the fused node's outputs are rounded, when they are stored.
 
@@ -29,8 +29,9 @@ def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNo
     other live intermediate's (a view of one, a Reshape's, is not): the values are the same,
     without a new array per member.
 
-    The intermediates named in `rounded` are passed through `round_value` as they are made (the
-    executor's accumulator results, which leave the NPU's convolution core rounded)."""
+    The intermediates named in `rounded` are passed through `round_value` with their names as
+    they are made (the executor's accumulator results, which leave the NPU's convolution core
+    rounded; an int8 plan's quantized intermediates, rounded to their grids)."""
     body: Graph = node.attrs["body"]
     env: dict[str, np.ndarray] = {}
     variables = [(t, v) for t, v in zip(node.inputs, values) if t.name and not isinstance(t, Constant)]
@@ -54,7 +55,7 @@ def run_fused(node: Node, values: Sequence[np.ndarray | None], run_member: RunNo
         if results is None:
             results = run_member(member, operands)
         if rounded:
-            results = [round_value(v) if t.name in rounded else v for t, v in zip(member.outputs, results)]
+            results = [round_value(t.name, v) if t.name in rounded else v for t, v in zip(member.outputs, results)]
         env.update((t.name, v) for t, v in zip(member.outputs, results) if t.name)
         produced.update(t.name for t in member.outputs if t.name)
     return [env[t.name] for t in body.outputs]

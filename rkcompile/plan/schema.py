@@ -185,7 +185,8 @@ class Int8Technique:
     (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift),
     "auto_float16" (`applied` lists the tensors it kept in float16), "float16_softmax_outputs"
     (`applied` lists the Softmax model outputs computed in float16), "float16_attention_scores"
-    (`applied` lists the attention scores computed in float16) or "int8_settings" (the int8
+    (`applied` lists the attention scores computed in float16), "int8_attention_probabilities"
+    (`applied` lists the fused attention probabilities quantized inside their step) or "int8_settings" (the int8
     settings chosen on the calibration data: `applied` the chosen candidate, `declined` each
     other with its worst calibration cosine); `declined` says, per candidate left alone, why;
     `note` sums up."""
@@ -593,12 +594,32 @@ def contract_violations(plan: PlanRecord, original_nodes: list[str] | None = Non
     for name, tensor in plan.tensors.items():
         if tensor.dtype in QUANTIZED_DTYPES and plan.dtype in QUANTIZED_DTYPES and name not in plan.quantization:
             problems.append(f"tensor {name}: stored {tensor.dtype} without quantization parameters")
+    intermediates = fused_intermediates(plan)
     for name, quant in plan.quantization.items():
-        if name not in plan.tensors:
+        if name not in plan.tensors and name not in intermediates:
             problems.append(f"quantization: {name} is not a tensor of the plan")
         elif len(quant.scales) != len(quant.zero_points) or not all(s > 0 for s in quant.scales):
             problems.append(f"quantization of {name}: scales must be positive, one zero point each")
     return problems + _multicore_violations(plan, steps_by_id)
+
+
+def fused_intermediates(plan: PlanRecord) -> set[str]:
+    """The tensors NPU fused steps compute inside their bodies and store nowhere: an int8 plan
+    may give one quantization parameters the step rounds it to (passes/quantize.py)."""
+    found: set[str] = set()
+
+    def visit(graph: dict) -> None:
+        for node in graph["nodes"]:
+            found.update(node["outputs"])
+            body = node.get("attributes", {}).get("body")
+            if isinstance(body, dict) and "graph" in body:
+                visit(body["graph"])
+
+    for step in plan.steps:
+        if step.device == "npu" and step.operation is not None and step.operation.fused:
+            visit(step.operation.attributes["body"]["graph"])
+            found.difference_update(step.outputs)
+    return found
 
 
 def aliases_of(tensors: dict[str, TensorPlacement]) -> dict[str, list[str]]:

@@ -46,14 +46,15 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
       a Softmax output) and those the CPU computes get no pair, so they stay float.
 
     The members of a fused kernel write no pair between them, as the plan stores none: the
-    toolkit fuses them again. The tensors are renamed as the export renames them (the host
+    toolkit fuses them again; an intermediate the plan quantizes all the same (a fused
+    attention's probabilities, rounded to their grid inside the step) gets its pair. The tensors are renamed as the export renames them (the host
     conversions left out, `host_renames`)."""
     graph = model.graph
     renames = host_renames(plan)
     activations: dict[str, Quantization] = {}
     for name, quant in plan.quantization.items():
-        placed = plan.tensors.get(name)
-        if placed is not None and placed.region != "weight" and quant.dtype in QUANTIZED_DTYPES:
+        placed = plan.tensors.get(name)  # None for a fused step's intermediate the plan quantizes
+        if (placed is None or placed.region != "weight") and quant.dtype in QUANTIZED_DTYPES:
             activations.setdefault(renames.get(name, name), quant)
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     weights = {name: (np.asarray(integers), plan.quantization[name]) for name, integers in weight_integers.items()
