@@ -13,6 +13,7 @@ from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_
 from rkcompile.plan.schema import QUANTIZED_DTYPES
 
 from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, scalar
+from rkcompile.passes.rewrites.conv_windows import factors_within
 
 
 def pool_auto_pad_to_pads(node: gs.Node, site: Site) -> Candidates:
@@ -321,19 +322,6 @@ def reducemean_to_global_pool(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
-def _exact_factors(kernel: int, limit: int) -> list[int] | None:
-    """`kernel` as a product of factors <= limit, largest first, or None when a prime above the
-    limit divides it."""
-    factors = []
-    while kernel > 1:
-        factor = next((f for f in range(min(limit, kernel), 1, -1) if kernel % f == 0), None)
-        if factor is None:
-            return None
-        factors.append(factor)
-        kernel //= factor
-    return factors
-
-
 def tiling_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     """A pool whose windows tile the map (kernel = stride, no pads, floor mode: paddle's
     adaptive_avg_pool2d to 2x2 of an 8x16 map is kernel [4, 8]) with a kernel over the window
@@ -353,7 +341,7 @@ def tiling_pool_to_stages(node: gs.Node, site: Site) -> Candidates:
     limit = site.target.rule_parameter(node.op, "pool_window", "kernel")
     if limit is None or all(k <= limit for k in kernel):
         return "its kernel is within the limit"
-    per_axis = [_exact_factors(k, limit) for k in kernel]
+    per_axis = [factors_within(k, limit) for k in kernel]
     if any(factors is None for factors in per_axis):
         return f"a kernel in {kernel} has a prime factor above the limit {limit}"
     count = max(len(factors) for factors in per_axis)
