@@ -24,7 +24,8 @@ from rkcompile.ir.edits import detach
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
 from rkcompile.passes.legalize import check_node
-from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
+from rkcompile.passes.rewrites.reductions import block_reduction_as_conv
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
 
@@ -41,8 +42,8 @@ PRODUCTS = frozenset({"MatMul", "Einsum"})
 BROADCASTS = ELEMENTWISE | {"Expand"}
 #: Sums and means over one block of neighbouring axes: each reduced axis is a group of its own,
 #: the kept axes merge as in the result (ResNeSt's split attention sums its [N, radix, C, H, W]
-#: over the radix), and the reduction is rebuilt as reductions.reduce_mean_or_sum_as_conv
-#: builds it, a 1x1 Conv on the [outer, D, inner, 1] view of the groups.
+#: over the radix), and the reduction is rebuilt by reductions.block_reduction_as_conv, a 1x1
+#: Conv on the [outer, D, inner, 1] view of the groups.
 REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
 #: 3-D convolutions and global pools, of [N, C, D, H, W]: a Conv runs as a 2-D Conv with the depth
 #: folded into its channels (conv3d_as_conv2d), a pool over the spatial axes as one 2-D pool.
@@ -628,11 +629,7 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
     source = grouped(x, _grouped_shape(shape, groups[id(x)]))
     if node.op in REDUCTIONS:  # the channel sum of a 1x1 Conv over the reduced groups, one block
         reduced = sorted({g for g, group in enumerate(groups[id(x)]) for a in _reduced_axes(node, opset) if a in group})
-        sizes = static_shape(source)
-        outer, depth = element_count(sizes[:reduced[0]]), element_count(sizes[reduced[0]:reduced[-1] + 1])
-        inner = element_count(sizes[reduced[-1] + 1:])
-        weight = np.full((1, depth), 1 / depth if node.op == "ReduceMean" else 1.0, dtype_name(x.dtype))
-        summed = conv_1x1(builder, builder.reshape(source, [outer, depth, inner, 1]), weight, None, [outer, 1, inner, 1])
+        summed = block_reduction_as_conv(builder, source, static_shape(source), reduced[0], len(reduced), node.op)
         builder.reshape(summed, static_shape(target), out=target)
         return
     if node.op == "Transpose":

@@ -401,19 +401,28 @@ def reduce_mean_or_sum_as_conv(node: gs.Node, site: Site) -> Candidates:
     if isinstance(block, str):
         return block
     shape, first, count = block
-    outer, depth = element_count(shape[:first]), element_count(shape[first:first + count])
-    inner = element_count(shape[first + count:])
-    weight = 1 / depth if node.op == "ReduceMean" else 1.0
     builder = site.builder(node)
     x = node.inputs[0]
-    view = builder.reshape(x, [outer, depth, inner, 1])
-    if node.op in ("ReduceSumSquare", "ReduceL2"):
-        view = builder.op("Mul", [view, view], [outer, depth, inner, 1], x.dtype)
-    summed = conv_1x1(builder, view, np.full((1, depth), weight, dtype_name(view.dtype)), None, [outer, 1, inner, 1])
+    summed = block_reduction_as_conv(builder, x, shape, first, count, node.op)
     if node.op == "ReduceL2":
-        summed = builder.op("Pow", [summed, scalar(builder, 0.5, x)], [outer, 1, inner, 1], x.dtype)
+        summed = builder.op("Pow", [summed, scalar(builder, 0.5, x)], static_shape(summed), x.dtype)
     builder.reshape(summed, static_shape(node.outputs[0]), out=node.outputs[0])
     yield builder.finish()
+
+
+def block_reduction_as_conv(builder: Builder, x: gs.Tensor, shape: list[int], first: int, count: int,
+                            op: str) -> gs.Tensor:
+    """The sum (mean for ReduceMean, sum of squares for ReduceSumSquare and ReduceL2) of `x`, of
+    `shape`, over its axes first .. first + count - 1, as a 1x1 Conv of weights 1/D (or 1) on the
+    [outer, D, inner, 1] view: the convolution's channel sum is the sum over D. Returns the
+    [outer, 1, inner, 1] result."""
+    outer, depth = element_count(shape[:first]), element_count(shape[first:first + count])
+    inner = element_count(shape[first + count:])
+    view = builder.reshape(x, [outer, depth, inner, 1])
+    if op in ("ReduceSumSquare", "ReduceL2"):
+        view = builder.op("Mul", [view, view], [outer, depth, inner, 1], x.dtype)
+    weight = np.full((1, depth), 1 / depth if op == "ReduceMean" else 1.0, dtype_name(view.dtype))
+    return conv_1x1(builder, view, weight, None, [outer, 1, inner, 1])
 
 
 def sqrt_as_pow(node: gs.Node, site: Site) -> Candidates:
