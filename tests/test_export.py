@@ -975,6 +975,33 @@ def test_an_int8_export_reads_every_weight_through_the_plans_integers(save, tmp_
     assert len(weights) == 2 and all(made_by.get(name) == "DequantizeLinear" for name in weights)
 
 
+def test_an_int8_export_keeps_a_one_channel_convs_bias_on_its_integers(save, tmp_path):
+    """A 1x1 Conv of one output channel with a bias (yolo11n_obb's angle head): the float export
+    writes its bias as an Add after it (mean_biases_apart, for a norm's mean), a float value the
+    int8 plan never stored; the int8 export keeps the Conv's own bias, read through a
+    DequantizeLinear of the plan's int32 integers (rknn-toolkit2 2.5.0 failed to build the Add's
+    form: "Invalid w_par['dtype'] = float16")."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="angle")]
+    model = save(make_model(nodes, [value_info("x", [1, 3, 8, 8])], [value_info("y", [1, 1, 8, 8])],
+                            [weight("w1", rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.5),
+                             weight("b1", rng.standard_normal(8).astype(np.float32) * 0.1),
+                             weight("w2", rng.standard_normal((1, 8, 1, 1)).astype(np.float32) * 0.5),
+                             weight("b2", np.array([0.3], np.float32))]))
+    assert rkcompile.export(model, tmp_path / "float.onnx", "rk3588").report["toolkit_shapings"]["mean_biases_apart"] == 1
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).standard_normal((1, 3, 8, 8)).astype(np.float32))
+    plan = rkcompile.compile(model, "rk3588", dtype="int8", calibration=calib)
+    written = onnx.load(str(rkcompile.export(plan, tmp_path / "int8.onnx").path))
+    made_by = {name: node.op_type for node in written.graph.node for name in node.output}
+    angle = next(node for node in written.graph.node if node.op_type == "Conv" and node.input[1].startswith("w2"))
+    assert len(angle.input) == 3 and made_by.get(angle.input[2]) == "DequantizeLinear"
+
+
 @needs_peer
 def test_the_toolkit_computes_an_int8_export_of_a_symmetric_input_as_the_file_says(save, tmp_path):
     """An input calibrated on [-1, 1] would have zero point 0, which rknn-toolkit2 reads as a
