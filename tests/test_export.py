@@ -1088,10 +1088,38 @@ def test_the_int8_table_gives_the_toolkit_an_export_its_check_refuses(save, tmp_
     monkeypatch.setattr(export_int8_table.rkcompile, "export", strict)
     judged = []
     monkeypatch.setattr(export_int8_table, "toolkit_cosine",
-                        lambda python, built, *rest: judged.append(Path(built)) or {"worst_cosine": 0.5})
+                        lambda python, built, *rest, **options: judged.append(Path(built)) or {"worst_cosine": 0.5})
     row = export_int8_table.row(model, tmp_path / "out", "python", {})
     assert judged[-1].is_file() and row["toolkit_on_export"] == 0.5
     assert row["errors"]["export check"].startswith("refused, written here without it: onnxruntime on the file 0.")
+
+
+def test_the_int8_table_compares_the_sides_on_more_inputs(save, tmp_path, monkeypatch):
+    """--more-inputs: the toolkit runs on the calibration set and the held-out inputs too, the
+    emulator on the same 7 inputs, and a second table gives each side's mean and worst; a
+    toolkit line run on the npz input alone is not taken for its own int8 there."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    import export_int8_table
+
+    model = save(residual_cnn())
+    np.savez(model.with_suffix(".npz"), x=np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32))
+    commands = []
+
+    def toolkit(python, built, calib, sample, original=None, held_out=None):
+        commands.append((original, [path.is_file() for path in held_out or []]))
+        base = 0.9 if original is None else 0.8
+        return {"worst_cosine": base, "calibration_cosines": [base, base + 0.01, base + 0.02, base + 0.03],
+                "held_out_cosines": [base + 0.04, base + 0.05, base + 0.06]}
+
+    monkeypatch.setattr(export_int8_table, "toolkit_cosine", toolkit)
+    row = export_int8_table.row(model, tmp_path / "out", "python", {model.stem: {"worst_cosine": 0.95}},
+                                more_inputs=True)
+    assert commands == [(None, [True] * 3), (model, [True] * 3)]  # its own line lacked the other inputs
+    assert row["inputs"]["toolkit_own"][-1] == pytest.approx(0.96) and len(row["inputs"]["emulator"]) == 7
+    assert row["inputs"]["emulator"][0] == pytest.approx(row["emulator"])
+    table = export_int8_table.render([row])
+    assert "| 7 | 0.93000 (0.90000) | 0.83000 (0.80000) |" in table and "| -0.10000 (-0.10000) |" in table
+    assert export_int8_table.every_input({"worst_cosine": 0.9, "calibration_cosines": [0.9]}) is None
 
 
 def detector_with_nms_like_tail() -> onnx.ModelProto:
