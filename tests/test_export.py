@@ -1,6 +1,7 @@
 """`rkcompile export` and `rkcompile.export`: the planned graph as standard ONNX for rknn-toolkit2."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -831,6 +832,57 @@ def test_an_average_pool_is_written_as_the_convolution_it_is(save, tmp_path):
     pooled = [n for n in exported.graph.node if n.op_type == "Conv" and n.output[0] == "y/float"]
     assert [a.i for a in pooled[0].attribute if a.name == "group"] == [8]
     assert abs(written.agreements[0].cosine - written.emulated[0].cosine) < 1e-4
+
+
+def test_an_int8_export_is_compared_with_the_plan_step_by_step(save, tmp_path):
+    """Each int8 step of the file, run by onnxruntime, against the plan's step on the file's own
+    values of its inputs: every NPU step and the input's conversion are compared and agree;
+    the CPU step (Erf) and the conversion after it (it reads the CPU's float output, which
+    the file quantizes in place) are named as not compared."""
+    plan, written, _ = int8_export(save, tmp_path)
+    steps = written.report["check"]["steps"]
+    converted = [step.id for step in plan.record.steps if step.device == "host" and step.outputs[0] == "e@npu"]
+    assert steps["compared"] == 4  # x@npu, r1, s, y@npu
+    assert steps["worst"]["differing"] <= 2
+    assert steps["not_compared"] == ["step 4 (Erf): a cpu step",
+                                     f"step {converted[0]} (NCHW float32 -> NC1HWC2 int8): the file does not hold e"]
+
+
+def test_an_int8_export_missing_a_quantization_point_is_refused(save, tmp_path, monkeypatch):
+    """A file that leaves out the pair of an int8 activation the plan stores (r1, a Conv's
+    output the next Conv reads) computes the next step on unrounded values: its outputs' cosine
+    stays within 0.002 of the emulator's, but the step differs from the plan's on a sixth of its
+    integers, and the check refuses it."""
+    from rkcompile.views import standard_onnx
+
+    write_pairs = standard_onnx.quantize_dequantize
+
+    def without_r1(model, plan, weight_integers):
+        quantization = {name: quant for name, quant in plan.quantization.items() if name != "r1"}
+        write_pairs(model, dataclasses.replace(plan, quantization=quantization), weight_integers)
+
+    monkeypatch.setattr(standard_onnx, "quantize_dequantize", without_r1)
+    with pytest.raises(CompileError, match=r"computes step 2 \(ConvAdd\) otherwise than the plan: "
+                                           r"\d+ of the 2048 integers of s differ"):
+        int8_export(save, tmp_path)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_an_int8_exports_outputs_apart_from_the_emulators_pass_when_every_step_agrees():
+    """Outputs further than the tolerance from the emulator's (a plan sensitive to a tie rounded
+    apart) pass when every step was compared and agrees, and are refused when a step could not be
+    compared; a step that differs is refused whatever the outputs."""
+    from rkcompile.emulator.closeness import Agreement
+    from rkcompile.onnx_export import StepComparison, refuse_int8_export
+
+    near, far, emulated = (Agreement("y", cosine, 0.1, 0.1) for cosine in (0.9835, 0.9817, 0.9842))
+    agree, differ = StepComparison(1, "ConvHardSwish", "h", 1000, 2, 1), StepComparison(1, "Conv", "h", 1000, 100, 1)
+    refuse_int8_export(Path("m.onnx"), [far], [emulated], [agree], [], 0.002)
+    with pytest.raises(CompileError, match=r"further than 0.002 .* 1 steps could not be compared one by one "
+                                           r"\(step 4 \(Erf\): a cpu step\)"):
+        refuse_int8_export(Path("m.onnx"), [far], [emulated], [agree], ["step 4 (Erf): a cpu step"], 0.002)
+    with pytest.raises(CompileError, match=r"step 1 \(Conv\) otherwise than the plan: 100 of the 1000 integers"):
+        refuse_int8_export(Path("m.onnx"), [near], [emulated], [differ], [], 0.002)
 
 
 def test_float16_islands_of_an_int8_export_stay_float(save, tmp_path):
