@@ -28,6 +28,7 @@ from rkcompile.emulator.session import make_inputs
 from rkcompile.quantization.params import dequantize, quantize
 from rkcompile.errors import CompileError
 from rkcompile.targets import get_target
+from rkcompile.plan.aliases import viewed_indices
 from rkcompile.plan.schema import QUANTIZED_DTYPES, write_atomically
 from rkcompile.views.host_tail import SELECTIONS
 from rkcompile.views.partitioned_onnx import host_renames
@@ -360,8 +361,9 @@ def compare_steps(plan: Plan, model: onnx.ModelProto,
     steps (squeeze-and-excitation gates spread one over a channel, layer after layer) computes
     on two runtimes that round a tie apart outputs as far apart as their int8 error, though each
     step computes the same. A step's int8 output is compared where the file holds its integers
-    and every activation the step reads; the steps left out (CPU steps, those whose tensors the
-    file does not hold, float outputs) are named, by step, kernel and reason."""
+    and every activation the step reads (an alias, which the export may write no view for, as
+    its source's values through its view); the steps left out (CPU steps, those whose tensors
+    the file does not hold, float outputs) are named, by step, kernel and reason."""
     record = plan.record
     renames = host_renames(record)
     made = {output for node in model.graph.node for output in node.output} | {v.name for v in model.graph.input}
@@ -369,9 +371,10 @@ def compare_steps(plan: Plan, model: onnx.ModelProto,
     def held(name: str) -> str | None:
         """The file's tensor holding plan tensor `name`: its QuantizeLinear's integers where the
         file has its pair, else the tensor itself (a float one, or an int8 one whose pair the
-        file lacks), None where the file does not hold it."""
+        file lacks; a CPU step's float output that the plan converts to int8 is the float input
+        of its pair), None where the file does not hold it."""
         written = renames.get(name, name)
-        forms = (f"{written}/quantized", written) if name in record.quantization else (written,)
+        forms = (f"{written}/quantized", written) if name in record.quantization else (written, f"{written}/float")
         return next((held for held in forms if held in made), None)
 
     wanted = {name: held(name) for step in record.steps for name in (*step.inputs, *step.outputs)}
@@ -384,6 +387,11 @@ def compare_steps(plan: Plan, model: onnx.ModelProto,
     # what the file's readers read: the dequantized pair, or the float tensor where the file has no pair
     real = {name: dequantize(computed[tensor], record.quantization[name]) if tensor.endswith("/quantized")
             else computed[tensor] for name, tensor in wanted.items() if tensor is not None}
+    for name in wanted.keys() - real.keys():  # an alias the export wrote no view for: its source's bytes
+        placed = record.tensors.get(name)
+        if placed is not None and placed.aliases in real:
+            source = real[placed.aliases]
+            real[name] = source.reshape(-1)[viewed_indices(source.shape, placed.shape, placed.view)]
     alone = Executor(record, plan.weights, get_target(plan.target), plan.prepared().weight_cache)
     compared, not_compared = [], []
     for index, step in enumerate(record.steps):
