@@ -1172,6 +1172,27 @@ def test_the_int8_table_compares_the_sides_on_more_inputs(save, tmp_path, monkey
     assert export_int8_table.every_input({"worst_cosine": 0.9, "calibration_cosines": [0.9]}) is None
 
 
+def test_the_int8_table_gives_the_toolkit_no_export_a_step_check_refuses(save, tmp_path, monkeypatch):
+    """An export refused for a step the file computes otherwise than the plan (which no tolerance
+    lifts) is not given to the toolkit: the row says why, the toolkit's own int8 still judged."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    import export_int8_table
+
+    model = save(residual_cnn())
+    np.savez(model.with_suffix(".npz"), x=np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32))
+
+    def refused(plan, path, **kwargs):
+        raise CompileError("the int8 export computes step 2 (ConvAdd) otherwise than the plan: ...; nothing written")
+
+    monkeypatch.setattr(export_int8_table.rkcompile, "export", refused)
+    judged = []
+    monkeypatch.setattr(export_int8_table, "toolkit_cosine",
+                        lambda python, built, *rest, **options: judged.append(Path(built)) or {"worst_cosine": 0.5})
+    row = export_int8_table.row(model, tmp_path / "out", "python", {})
+    assert judged == [model] and row["toolkit_own"] == 0.5 and row["toolkit_on_export"] is None
+    assert row["errors"]["export check"].startswith("refused: the int8 export computes step 2")
+
+
 def detector_with_nms_like_tail() -> onnx.ModelProto:
     """A Conv network (features: a static output) with a detector's post-processing: a static
     CPU chain (Erf, then TopK of a constant k: top scores and their indices, scaled), then a
