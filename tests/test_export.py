@@ -846,6 +846,20 @@ def test_an_int8_export_is_compared_with_the_plan_step_by_step(save, tmp_path):
     assert steps["not_compared"] == ["step 4 (Erf): a cpu step"]
 
 
+def test_an_int8_exports_rank3_tail_lifted_to_rank4_is_compared_at_the_plans_shape(save, tmp_path):
+    """YOLOv8's scaled boxes, which the export writes at rank 4 ([1, 4, 1, 64]) where the plan
+    holds [1, 4, 64]: the file's values are read back at the plan's shape, and every step agrees."""
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for index in range(4):
+        np.save(calib / f"{index}.npy", np.random.default_rng(index).standard_normal((1, 8, 8, 8)).astype(np.float32))
+    plan = rkcompile.compile(save(scaled_boxes()), "rk3588", dtype="int8", calibration=calib)
+    steps = rkcompile.export(plan, tmp_path / "out.onnx").report["check"]["steps"]
+    assert steps["not_compared"] == [] and steps["worst"]["differing"] <= 2
+    assert steps["compared"] == sum(1 for step in plan.record.steps for name in step.outputs
+                                    if name in plan.record.quantization)
+
+
 def test_an_int8_export_missing_a_quantization_point_is_refused(save, tmp_path, monkeypatch):
     """A file that leaves out the pair of an int8 activation the plan stores (r1, a Conv's
     output the next Conv reads) computes the next step on unrounded values: its outputs' cosine
