@@ -55,13 +55,14 @@ SELECTED_MIN_COSINE = 0.9999
 #: an int8 export's outputs may differ from the emulator's prediction for the plan by this much of
 #: cosine against the original (each on onnxruntime): the file computes the plan's arithmetic,
 #: but onnxruntime rounds a requantization in float32 where the emulator uses the NPU's
-#: fixed-point multiplier, so a value here and there lands one int8 step apart
+#: fixed-point multiplier, so a value here and there lands one int8 step apart. Judged where not
+#: every step could be compared with the file's (`refuse_int8_export`)
 INT8_COSINE_TOLERANCE = 0.002
 #: an int8 step of the export computes the plan's step when, run on the file's own values of its
 #: inputs, its output integers differ from the emulator's for the step on the same values in at
 #: most this share of elements (or STEP_DIFFERING_ELEMENTS, for a small tensor): onnxruntime's
 #: float32 requantization lands a value at a tie one step apart here and there (at most 0.51% of
-#: a step's integers on 26 zoo models: timm_convnext_atto's ConvAdd, yolov8n's Softmax 0.49%),
+#: a step's integers on 34 zoo models: timm_convnext_atto's ConvAdd, yolov8n's Softmax 0.49%),
 #: where a quantization point the file adds or leaves out moves a sixth or more, another zero
 #: point all
 STEP_DIFFERING_SHARE = 0.02
