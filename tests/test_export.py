@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import rkcompile
 from rkcompile.cli import main
@@ -535,7 +535,11 @@ def test_a_sum_made_a_conv_is_written_back_as_a_reduce_sum(save, tmp_path):
     exported = onnx.load(str(written.path))
     sums = [n for n in exported.graph.node if n.op_type == "ReduceSum"]
     assert len(sums) == 1 and written.report["toolkit_shapings"]["sums_as_reduce_sums"] == 1
-    assert [n.op_type for n in exported.graph.node].count("Conv") == 1   # the projection alone
+    weights = {t.name: numpy_helper.to_array(t) for t in exported.graph.initializer}
+    # the projection and the attention weights' broadcast over the 16 channels (a Conv of ones
+    # from one channel); no Conv sums over the points
+    assert sorted(weights[n.input[1]].shape[:2] for n in exported.graph.node if n.op_type == "Conv") == [(16, 1),
+                                                                                                        (32, 32)]
     rng = np.random.default_rng(1)
     feeds = {i.name: rng.uniform(-1, 1, [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in onnx.load(str(original)).graph.input}

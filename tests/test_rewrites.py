@@ -639,17 +639,21 @@ def test_neg_becomes_a_mul_by_minus_one_and_an_integer_neg_is_left(tmp_path):
                         rtol=0, atol=0)
 
 
-def test_unlisted_broadcast_repeats_the_computed_operand_by_concat(tmp_path):
-    """bert's attention mask: [1, 1, 8, 8] + [1, 4, 8, 8] is none of the Expand patterns."""
+@pytest.mark.parametrize("rank, repeat", [(4, "Conv"), (3, "Concat")])
+def test_unlisted_broadcast_repeats_the_computed_operand(tmp_path, rank, repeat):
+    """bert's attention mask: [1, 1, 8, 8] + [1, 4, 8, 8] is none of the Expand patterns. At rank
+    4 a 1x1 Conv of ones makes the channels (it reads one C2 block where a Concat of 4 copies
+    reads 4); at rank 3 a Concat of copies (the Conv would need relabels to and from 4-D)."""
+    shape = [1, 4, 8, 8][4 - rank:]
+    mask = [1] * (rank - 3) + [1, 8, 8]
     model = make_model([helper.make_node("Add", ["scores", "mask"], ["y"], name="add")],
-                       [value_info("scores", [1, 4, 8, 8]), value_info("mask", [1, 1, 8, 8])],
-                       [value_info("y", [1, 4, 8, 8])])
+                       [value_info("scores", shape), value_info("mask", mask)], [value_info("y", shape)])
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
     assert rules_fired(ctx) == []  # a late rule: fusion patterns get their chance first
     rewrite_late.run(ctx)
     assert rules_fired(ctx) == ["broadcast_by_concat"]
-    assert ops_of(ctx) == ["Concat", "Add"]
-    assert_same_outputs(model, ctx, {"scores": feed([1, 4, 8, 8]), "mask": feed([1, 1, 8, 8])})
+    assert ops_of(ctx) == [repeat, "Add"]
+    assert_same_outputs(model, ctx, {"scores": feed(shape), "mask": feed(mask)}, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rank", [3, 4])

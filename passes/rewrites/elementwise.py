@@ -230,10 +230,12 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
     """A binary element-wise op whose broadcast is none of the NPU's Expand patterns (oplist
     V2.3.2, Expand; Add/Mul/Div/Max inherit them), with both operands made full-sized first: a
     constant operand is stored broadcast, a computed one is repeated by a Concat along each
-    broadcast axis (as many copies as that axis has, at most 64), or, to more channels than that
-    along the channel axis of a float operand of rank 2 to 4, by a 1x1 Conv of ones from its one
-    channel to all of them (x * 1, exact; rknn-toolkit2 broadcasts a LayerNorm's mean over 512
-    channels so). Equal shapes need no broadcast."""
+    broadcast axis (as many copies as that axis has, at most 64), or along the channel axis of a
+    float operand by a 1x1 Conv of ones from its one channel to all of them (x * 1, exact;
+    rknn-toolkit2 broadcasts a LayerNorm's mean over 512 channels so): always at rank 4, where a
+    one-channel tensor fills a whole C2 block of NC1HWC2 and a Concat of k copies reads k blocks
+    where the Conv reads one; at rank 2 or 3, whose 4-D view costs two relabels, only to more
+    channels than a Concat copies. Equal shapes need no broadcast."""
     out_shape = static_shape(node.outputs[0])
     operands = [t for t in node.inputs if t.name]
     if out_shape is None or len(operands) != 2 or any(static_shape(t) is None for t in operands):
@@ -251,7 +253,7 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
         for axis, (have, want) in enumerate(zip(shape, out_shape)):
             if have == want:
                 continue
-            if (axis == 1 and have == 1 and want > BROADCAST_COPIES and 2 <= len(shape) <= 4
+            if (axis == 1 and have == 1 and (len(shape) == 4 or want > BROADCAST_COPIES) and 2 <= len(shape) <= 4
                     and dtype_name(operand.dtype) in FLOAT_DTYPES):
                 shape[axis] = want
                 tensor = _channels_by_conv(builder, tensor, list(shape))
