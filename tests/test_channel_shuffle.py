@@ -1,8 +1,9 @@
 """Channel shuffles as channel-picking 1x1 Convs (passes/rewrites/channels.py), in the form
 paddle2onnx and torch write ShuffleNet's: Reshape [N, g, C/g, H, W] -> Transpose [0, 2, 1, 3,
 4] -> Reshape [N, C, H, W], then a Split of the channels whose parts a Concat and a 1x1 Conv
-read. Each case asserts the plan's NPU steps and that the emulator's float16 outputs match
-onnxruntime's."""
+read; and a map's blocks stacked on its channels (MobileViT's unfold, SpaceToDepth) as a
+strided Conv that picks. Each case asserts the plan's NPU steps and that the emulator's float16
+outputs match onnxruntime's."""
 from __future__ import annotations
 
 import numpy as np
@@ -113,3 +114,35 @@ def test_a_split_conv_that_would_not_lose_a_step_stays_one_conv_and_says_why(tmp
     attempts = rewritten(model, tmp_path, "rk3588").rewrite_attempts["p0"]
     outcomes = {attempt.rule: attempt.outcome for attempt in attempts}
     assert reason in outcomes["split_of_conv"]
+
+
+def unfold(x, out, channels, size, block=2):
+    """MobileViTv2's unfold of `x` [1, channels, size, size] into [1, channels, block*block,
+    patches]: Reshape to 6-D, Transpose the block offsets ahead of the block positions, Reshape."""
+    cells = size // block
+    return ([node("Reshape", [x, f"{out}/blocks"], f"{out}/r"),
+             node("Transpose", [f"{out}/r"], f"{out}/t", perm=[0, 1, 3, 5, 2, 4]),
+             node("Reshape", [f"{out}/t", f"{out}/patches"], out)],
+            [shape_const(f"{out}/blocks", [1, channels, cells, block, cells, block]),
+             shape_const(f"{out}/patches", [1, channels, block * block, cells * cells])])
+
+
+def test_an_unfold_of_patches_is_a_strided_conv_of_one_group_per_channel(tmp_path):
+    conv, conv_w = conv_1x1("x", "c", 8, 4)
+    moves, shapes = unfold("c", "u", 8, 8)
+    nodes = [conv, *moves, node("Relu", ["u"], "y")]
+    kernels = planned(tmp_path, nodes, conv_w + shapes, (1, 4, 8, 8), (1, 8, 4, 16))
+    # the 1x1 Conv, the pick (its Relu fused), one relabel to [1, 8, 4, 16]; the chain's 6-D
+    # Transpose cut to 4-D was five layout steps
+    assert kernels == ["Conv", "ConvRelu", "Reshape"], kernels
+    model = make_model(nodes, [value_info("x", (1, 4, 8, 8))], [value_info("y", (1, 8, 4, 16))], conv_w + shapes)
+    ctx = rewritten(model, tmp_path, "rk3588")
+    (pick,) = [n for n in ctx.graph.nodes if n.op == "Conv" and n.attrs.get("strides") == [2, 2]]
+    assert pick.attrs["group"] == 8 and list(pick.inputs[1].values.shape) == [32, 1, 2, 2]
+
+
+def test_space_to_depth_of_an_image_is_one_strided_conv(tmp_path):
+    """SpaceToDepth (DCR: the block offsets ahead of the channels) on a 3-channel image: a pick
+    of one group, 12 multiply-adds per output, where its Transposes were five layout steps."""
+    kernels = planned(tmp_path, [node("SpaceToDepth", ["x"], "y", blocksize=2)], [], (1, 3, 8, 8), (1, 12, 4, 4))
+    assert kernels == ["Conv"], kernels

@@ -6,8 +6,12 @@ one 1x1 Conv whose weights are one-hot rows (rknn-toolkit2 turns the shuffle int
 where the relabels and the Transpose are three layout steps. A Split of such a pick is picks of
 the pick's input, one per part (a Split of another Conv is a Conv per part, its weight and
 bias rows), and a Conv reading a pick reads the pick's input with its weight columns moved
-instead: the pick goes. Every output of a pick is one input times 1 and a
-moved weight column is the same weights in other places: all of it is exact.
+instead: the pick goes. Relabels and Transposes that cut a map into b x b blocks and stack
+each block's offsets on the channels (MobileViT's unfold of patches, SpaceToDepth written out)
+are a Conv of kernel and stride b picking one input per output: one step and a relabel where
+the chain is five steps once its 6-D Transpose is cut to 4-D. Every output of a pick is one
+input times 1 and a moved weight column is the same weights in other places: all of it is
+exact.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, producer
+from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, Replacement, RewriteRule, Site,
+    producer)
 
 MOVEMENT = RESHAPE_LIKE | {"Transpose"}
 
@@ -32,22 +37,28 @@ def _moved_indices(chain: list[gs.Node], shape: tuple[int, ...]) -> np.ndarray:
     return values
 
 
-def _movement_chain(node: gs.Node, site: Site) -> tuple[gs.Tensor, list[gs.Node]] | None:
-    """The longest run of relabels and Transposes ending at `node` that starts from a 4-D tensor
-    of `node`'s output shape, each tensor inside it read by the next node alone; None if none."""
-    shape = static_shape(node.outputs[0])
-    chain, best = [node], None
+def _movement_chains(node: gs.Node, site: Site) -> list[tuple[gs.Tensor, list[gs.Node]]]:
+    """The runs of relabels and Transposes ending at `node` that start from a tensor of known
+    shape, each tensor inside a run read by the next node alone, longest first."""
+    chain, found = [node], []
     while True:
         source = chain[0].inputs[0]
         if static_shape(source) is None:
-            return best
-        if static_shape(source) == shape:
-            best = (source, list(chain))
+            break
+        found.insert(0, (source, list(chain)))
         earlier = producer(source)
         if (earlier is None or earlier.op not in MOVEMENT or len(source.outputs) != 1
                 or source.name in site.graph_outputs or len(earlier.outputs) != 1):
-            return best
+            break
         chain.insert(0, earlier)
+    return found
+
+
+def _movement_chain(node: gs.Node, site: Site) -> tuple[gs.Tensor, list[gs.Node]] | None:
+    """The longest of `_movement_chains` that starts from a 4-D tensor of `node`'s output shape."""
+    shape = static_shape(node.outputs[0])
+    return next(((source, chain) for source, chain in _movement_chains(node, site)
+                 if static_shape(source) == shape), None)
 
 
 def _pick(builder: Builder, x: gs.Tensor, picked: np.ndarray, out: gs.Tensor | None = None) -> gs.Tensor:
@@ -100,6 +111,112 @@ def channel_shuffle_to_pick(node: gs.Node, site: Site) -> Candidates:
     builder = site.builder(node)
     _pick(builder, x, picked, out=y)
     yield builder.finish(*chain)
+
+
+#: Largest block side of a patch rearrangement made a Conv (the Conv stride limit is 7 or more
+#: on every target; legalize checks the rest).
+LARGEST_BLOCK = 7
+
+
+#: Most multiply-adds per output a one-group pick may spend (a 4-channel map in 2 x 2 blocks, an
+#: RGB image's SpaceToDepth takes 12): beyond that the moves cost less than the Conv's
+#: arithmetic, and a chain that only reorders channels before a flattening relabel would pass
+#: for a pick along the flattened axis.
+MOST_PICK_TAPS = 16
+
+
+def _blocks(size: int) -> list[int]:
+    return [b for b in range(1, LARGEST_BLOCK + 1) if size % b == 0]
+
+
+def _unfold_weight(moved: np.ndarray, source: tuple[int, ...], rows: int, cols: int) -> np.ndarray | None:
+    """The Conv weight [C*rows*cols, C, rows, cols] (kernel and stride rows x cols) whose output
+    is `moved` (per output element of the Conv's shape, the flat index of the source element it
+    holds), each output one source element times 1; None when no such Conv gives it."""
+    n, c, h, w = source
+    images, channels, height, width = moved.shape
+    batch, origin, row, col = np.unravel_index(moved, source)
+    row_offset = row - np.arange(height)[:, None] * rows
+    col_offset = col - np.arange(width) * cols
+    per_channel = [a[:1, :, :1, :1] for a in (origin, row_offset, col_offset)]
+    if (np.any(batch != np.arange(images)[:, None, None, None])
+            or any(np.any(a != first) for a, first in zip((origin, row_offset, col_offset), per_channel))):
+        return None
+    origin, row_offset, col_offset = (a.reshape(-1) for a in per_channel)
+    if np.any(row_offset < 0) or np.any(row_offset >= rows) or np.any(col_offset < 0) or np.any(col_offset >= cols):
+        return None
+    weight = np.zeros((channels, c, rows, cols))
+    weight[np.arange(channels), origin, row_offset, col_offset] = 1
+    return weight
+
+
+def patches_as_strided_pick(node: gs.Node, site: Site) -> Candidates:
+    """Relabels and Transposes that stack each b x b block of a 4-D map's offsets on its channels
+    (the unfold of patches, SpaceToDepth written out) as a Conv of kernel and stride b whose
+    one-hot weights pick the offset, grouped per channel when each channel's offsets stay
+    together, and a relabel where the chain ends in another view of the same data. Tried at the
+    end of a chain only (an inner node's shorter chain would take part of the rearrangement, or
+    see a view's axes as images), on chains of two Transposes or more (a block's rows and
+    columns each move; one Transpose is one step, and attention's fusion reads its head merge),
+    and kept only when fewer steps than the chain. The way back
+    (the fold) stays moves: as a ConvTranspose it needs one group (the targets' ConvTranspose
+    takes one group or one per channel, not b*b channels per output), b*b*C times the MACs of
+    the moves' elements, which the cost model puts above the moves it replaces."""
+    y = node.outputs[0]
+    shape = static_shape(y)
+    if shape is None or y.dtype is None or dtype_name(y.dtype) not in FLOAT_DTYPES:
+        return "not a float tensor of known shape"
+    if len(y.outputs) == 1 and y.outputs[0].op in MOVEMENT and y.name not in site.graph_outputs:
+        return "not the end of a chain of relabels and Transposes: its reader continues it"
+    chains = [(x, chain) for x, chain in _movement_chains(node, site)
+              if len(static_shape(x)) == 4 and sum(n.op == "Transpose" for n in chain) >= 2]
+    if not chains:
+        return "fewer than two Transposes between it and a 4-D tensor"
+    for x, chain in chains:
+        source = tuple(static_shape(x))
+        n, c, h, w = source
+        moved = _moved_indices(chain, source)
+        for rows, cols in _block_sides(h, w):
+            unfolded = [n, c * rows * cols, h // rows, w // cols]
+            weight = _unfold_weight(moved.reshape(unfolded), source, rows, cols)
+            if weight is not None and 1 + (unfolded != list(shape)) < len(chain):
+                candidate = _strided_pick(site, node, chain, x, weight, unfolded, rows, cols)
+                if candidate is not None:
+                    yield candidate
+    return "it does not stack a 4-D map's blocks on its channels, or not in fewer steps than its own"
+
+
+def _block_sides(height: int, width: int) -> list[tuple[int, int]]:
+    """Block heights and widths up to LARGEST_BLOCK that divide the map, other than 1 x 1."""
+    return [(rows, cols) for rows in _blocks(height) for cols in _blocks(width) if rows * cols > 1]
+
+
+def _strided_pick(site: Site, node: gs.Node, chain: list[gs.Node], x: gs.Tensor, weight: np.ndarray,
+                  unfolded: list[int], rows: int, cols: int) -> Replacement | None:
+    """The unfold's Conv and the relabel to the chain's output shape. The Conv has one group per
+    input channel when output channel c*b*b + i*b + j picks channel c at block offset (i, j),
+    the order the exporters' unfold gives and the export writes back for rknn-toolkit2
+    (rkcompile/views/toolkit_shapings/convolutions.py); otherwise one group, C*b*b multiply-adds
+    per output: None when that is over MOST_PICK_TAPS."""
+    y = node.outputs[0]
+    channels = static_shape(x)[1]
+    offsets = rows * cols
+    in_order = np.zeros((channels, offsets, channels, offsets))
+    in_order[np.arange(channels), :, np.arange(channels)] = np.eye(offsets)
+    if np.array_equal(weight.reshape(in_order.shape), in_order):
+        group, weight = channels, np.tile(np.eye(offsets), (channels, 1)).reshape(-1, 1, rows, cols)
+    elif channels * offsets <= MOST_PICK_TAPS:
+        group = 1
+    else:
+        return None
+    builder = site.builder(node)
+    weight = builder.const(weight.astype(dtype_name(y.dtype)), "patch_pick")
+    out = y if unfolded == list(static_shape(y)) else None
+    conv = builder.op("Conv", [x, weight], unfolded, y.dtype, out=out, kernel_shape=[rows, cols],
+                      strides=[rows, cols], group=group)
+    if out is None:
+        builder.reshape(conv, static_shape(y), out=y)
+    return builder.finish(*chain)
 
 
 def split_of_conv(node: gs.Node, site: Site) -> Candidates:
@@ -174,6 +291,7 @@ def conv_of_pick(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(channel_shuffle_to_pick, MOVEMENT, always=True),
+    RewriteRule(patches_as_strided_pick, MOVEMENT, always=True),
     RewriteRule(split_of_conv, frozenset({"Split"}), always=True),
     RewriteRule(conv_of_pick, frozenset({"Conv"}), always=True),
 )
