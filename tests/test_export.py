@@ -1388,10 +1388,15 @@ def test_a_group_norm_keeps_height_and_width_apart(opset, side, form, save, tmp_
                                rtol=1e-5, atol=1e-5)
 
 
-def test_a_group_norm_scaled_within_its_groups_stays_as_planned(save, tmp_path):
-    """A scale that differs within a group is no InstanceNormalization's: the shaping declines."""
+def test_a_group_norm_scaled_within_its_groups_is_written_up_to_that_scale(save, tmp_path):
+    """A scale that differs within a group is no InstanceNormalization's: the norm is written on
+    its planes up to that scale, which stays a Mul after it."""
     written = rkcompile.export(save(group_norm(14, 5, per_element_scale=True)), tmp_path / "out.onnx", "rk3588")
-    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 0
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 1
+    exported = onnx.load(str(written.path))
+    within = [n for n in exported.graph.node if n.op_type == "Mul" and any(
+        numpy_helper.to_array(t).size == 4 * 5 * 5 for t in exported.graph.initializer if t.name in n.input)]
+    assert len(within) == 1
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 
 
@@ -1787,3 +1792,50 @@ def test_steps_that_undo_each_other_are_one_reshape():
     assert transpose_steps_as_one(model) == 1
     assert [n.op_type for n in model.graph.node] == ["Reshape"]
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], x)
+
+
+def patch_block(opset: int = 14) -> onnx.ModelProto:
+    """MobileViTv2's patch block on [1, 8, 8, 8]: a 1x1 Conv, the unfold into 2x2 patches
+    ([1, 8, 4, 16]), a GroupNorm of one group (Reshape [1, 1, 512], InstanceNormalization,
+    Reshape back) whose per-channel scale the plan folds into the next Conv, the fold back to
+    [1, 8, 8, 8] and that Conv."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "blocks"], ["b"], name="blocks"),
+             helper.make_node("Transpose", ["b"], ["t"], name="unfold", perm=[0, 1, 3, 5, 2, 4]),
+             helper.make_node("Reshape", ["t", "patches"], ["p"], name="patches"),
+             helper.make_node("Reshape", ["p", "one_group"], ["g"], name="group"),
+             helper.make_node("InstanceNormalization", ["g", "one", "zero"], ["n"], name="norm", epsilon=1e-5),
+             helper.make_node("Reshape", ["n", "patches"], ["u"], name="ungroup"),
+             helper.make_node("Mul", ["u", "gamma"], ["s"], name="gamma"),
+             helper.make_node("Reshape", ["s", "offsets"], ["o"], name="offsets"),
+             helper.make_node("Transpose", ["o"], ["f"], name="fold", perm=[0, 1, 4, 2, 5, 3]),
+             helper.make_node("Reshape", ["f", "image"], ["i"], name="image"),
+             helper.make_node("Conv", ["i", "w2"], ["y"], name="project")]
+    return make_model(nodes, [value_info("x", [1, 8, 8, 8])], [value_info("y", [1, 8, 8, 8])],
+                      [weight("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)),
+                       weight("w2", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)),
+                       weight("blocks", np.array([1, 8, 4, 2, 4, 2])), weight("patches", np.array([1, 8, 4, 16])),
+                       weight("one_group", np.array([1, 1, 512])), weight("offsets", np.array([1, 8, 2, 2, 4, 4])),
+                       weight("image", np.array([1, 8, 8, 8])), weight("one", np.ones(1, np.float32)),
+                       weight("zero", np.zeros(1, np.float32)),
+                       weight("gamma", rng.uniform(0.5, 2, (8, 1, 1)).astype(np.float32))], opset=opset)
+
+
+def test_a_group_norm_whose_scale_went_into_the_next_conv_is_written_on_its_planes(save, tmp_path):
+    """MobileViTv2's norm: the plan runs it as the mean and variance of a [1, 512, 1, 1] row by
+    Convs and folds its per-channel scale into the Conv after the fold, so no Reshape back to
+    the input's shape follows the row. rknn-toolkit2 2.5.0 cuts a long row's mean into Convs
+    added up (timm_mobilevitv2_050: 62 layers a norm); the export writes the norm as an
+    InstanceNormalization (its exNorm) as far as the row's chain of relabels goes: the same
+    values."""
+    original = save(patch_block())
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 1
+    exported = onnx.load(str(written.path))
+    assert "InstanceNormalization" in {n.op_type for n in exported.graph.node}
+    weights = {t.name: numpy_helper.to_array(t) for t in exported.graph.initializer}
+    assert not [n for n in exported.graph.node if n.op_type == "Conv" and weights[n.input[1]].shape[:2] == (1, 512)]
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)

@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
                                          static_shapes)
-from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node
+from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node, reshape_node
 
 
 def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
@@ -20,15 +20,19 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
     (G groups of L = C/G*H*W values, one per row), the rows normalized (a LayerNormalization
     over axis 1, or the mean and variance by 1x1 Convs of uniform weights and
     (x - mean) / sqrt(variance + eps)), then Reshapes and Muls and Adds by constants equal
-    along each row (the norm's scale and bias) to x's shape, as a norm of the same statistics
-    that keeps H and W apart (torchvision's GroupNorm; float32 rounding apart): the Reshape of x
-    to [N, G, C/G*H, W], an InstanceNormalization and the Reshape back when C/G or H*W is a
-    multiple of 8, else on x's own shape by per-channel means averaged within each group.
+    along each row (the norm's scale and bias) to x's shape, or as far as they go when another
+    op reads them first (a norm whose scale the plan folded into the next Conv: MobileViTv2's),
+    as a norm of the same statistics that keeps H and W apart (torchvision's GroupNorm; float32
+    rounding apart): the Reshape of x to [N, G, C/G*H, W], an InstanceNormalization and the
+    Reshape back when C/G or H*W is a multiple of 8, else on x's own shape by per-channel means
+    averaged within each group, and a Reshape to the shape where the chain stopped.
     rknn-toolkit2 2.5.0 runs both Reshapes of the plan's form on its CPU where H*W is not a
     multiple of 8 (FCOS's head at 10x10, 5x5, 3x3), and either form here on its NPU (the first
     as one exNorm of [N*G, C/G, H, W], whose Reshapes it runs on its CPU when neither size is a
-    multiple of 8). Groups of one channel (an InstanceNormalization, or a norm of rows held
-    as channels) stay as planned. Returns how many norms it wrote."""
+    multiple of 8); it cuts the plan's mean of a long row into Convs of 1024 channels added up
+    (timm_mobilevitv2_050: 62 ConvAdd layers a norm of 65,536 values). Groups of one channel
+    (an InstanceNormalization, or a norm of rows held as channels) stay as planned. Returns how
+    many norms it wrote."""
     shapes = static_shapes(model)
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
@@ -37,6 +41,7 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
     opset = ai_onnx_opset(model)
     written: dict[int, list[onnx.NodeProto]] = {}
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    made_by = {name: node for node in originals for name in node.output}
     for node in originals:
         source, view = shapes.get(node.input[0]), shapes.get(node.output[0])
         if node.op_type != "Reshape" or source is None or view is None or len(source) != 4 or len(view) != 4 \
@@ -45,16 +50,15 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
         batch, channels, height, width = source
         groups = view[0] // batch
         normed = _row_norm(node.output[0], view[1], readers, constants, graph_outputs)
-        affine = _affine_to_shape(normed[0], normed[3:], source, shapes, readers, constants, graph_outputs) \
-            if normed else None
-        if affine is None or channels % groups or channels == groups:   # one channel a group: a row norm
+        if normed is None or channels % groups or channels == groups:   # one channel a group: a row norm
             continue
-        end, scale, bias = affine
+        end, scale, bias = _affine_to_shape(made_by[normed[0]], normed[3:], source, groups, shapes, readers,
+                                            constants, graph_outputs)
+        if end.output[0] not in shapes:
+            continue
         scale, bias = (values.reshape(batch, groups, -1) for values in (scale, bias))
-        if any((values != values[:1, :, :1]).any() for values in (scale, bias)):
-            continue   # the scale or bias differs within a group or between images
         group_norm = GroupNorm(node.input[0], source, groups, normed[1], scale[0, :, 0].astype(normed[2]),
-                               bias[0, :, 0].astype(normed[2]), end.output[0])
+                               bias[0, :, 0].astype(normed[2]), end.output[0], shapes[end.output[0]])
         written[id(end)] = (_instance_norm_of_groups(graph, group_norm, f"{node.name}/instance_norm")
                             if channels // groups % 8 == 0 or height * width % 8 == 0
                             else _group_norm_by_channel_means(graph, group_norm, f"{node.name}/channel_means", opset))
@@ -63,7 +67,8 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
 
 class GroupNorm(NamedTuple):
     """A norm of `groups` groups of channels of `source` [N, C, H, W] (the mean and variance
-    of each group's C/G*H*W values), then each group's scale and bias, into `result`."""
+    of each group's C/G*H*W values), then each group's scale and bias, into `result` (of
+    `result_shape`, a view of the same elements)."""
     source: str
     shape: list[int]
     groups: int
@@ -71,6 +76,7 @@ class GroupNorm(NamedTuple):
     scale: np.ndarray
     bias: np.ndarray
     result: str
+    result_shape: list[int]
 
 
 def _instance_norm_of_groups(graph: onnx.GraphProto, norm: GroupNorm, prefix: str) -> list[onnx.NodeProto]:
@@ -80,7 +86,7 @@ def _instance_norm_of_groups(graph: onnx.GraphProto, norm: GroupNorm, prefix: st
     batch, channels, height, width = norm.shape
     tensors = [numpy_helper.from_array(values, f"{prefix}/{what}") for what, values in (
         ("grouped_shape", np.array([batch, norm.groups, channels // norm.groups * height, width], np.int64)),
-        ("scale", norm.scale), ("bias", norm.bias), ("shape", np.array(norm.shape, np.int64)))]
+        ("scale", norm.scale), ("bias", norm.bias), ("shape", np.array(norm.result_shape, np.int64)))]
     graph.initializer.extend(tensors)
     grouped, normalized = f"{prefix}/grouped", f"{prefix}/normalized"
     return [helper.make_node("Reshape", [norm.source, tensors[0].name], [grouped], grouped),
@@ -107,7 +113,7 @@ def _group_norm_by_channel_means(graph: onnx.GraphProto, norm: GroupNorm, prefix
         ("bias", np.repeat(norm.bias, size).reshape(1, channels, 1, 1)))]
     graph.initializer.extend(tensors)
     names = {what: f"{prefix}/{what}" for what in ("channel_means", "means", "centred", "squares", "channel_variances",
-                                                   "variances", "shifted", "deviations", "normalized", "scaled")}
+                                                   "variances", "shifted", "deviations", "normalized", "scaled", "biased")}
     return [
         reduction_node(graph, "ReduceMean", norm.source, [2, 3], names["channel_means"], names["channel_means"], opset),
         helper.make_node("Conv", [names["channel_means"], tensors[0].name], [names["means"]], names["means"]),
@@ -121,7 +127,10 @@ def _group_norm_by_channel_means(graph: onnx.GraphProto, norm: GroupNorm, prefix
         helper.make_node("Sqrt", [names["shifted"]], [names["deviations"]], names["deviations"]),
         helper.make_node("Div", [names["centred"], names["deviations"]], [names["normalized"]], names["normalized"]),
         helper.make_node("Mul", [names["normalized"], tensors[2].name], [names["scaled"]], names["scaled"]),
-        helper.make_node("Add", [names["scaled"], tensors[3].name], [norm.result], f"{prefix}/bias")]
+        *([helper.make_node("Add", [names["scaled"], tensors[3].name], [norm.result], f"{prefix}/bias")]
+          if norm.result_shape == norm.shape else
+          [helper.make_node("Add", [names["scaled"], tensors[3].name], [names["biased"]], f"{prefix}/bias"),
+           reshape_node(graph, names["biased"], norm.result_shape, norm.result, f"{prefix}/reshape")])]
 
 
 def _row_norm(rows: str, length: int, readers: dict[str, list[onnx.NodeProto]], constants: dict[str, np.ndarray],
@@ -188,30 +197,37 @@ def _layer_norm_of_rows(norm: onnx.NodeProto, constants: dict[str, np.ndarray]) 
             float(bias.reshape(-1)[0]))
 
 
-def _affine_to_shape(start: str, affine: Sequence[float], shape: list[int], shapes: dict[str, list[int]],
-                     readers: dict[str, list[onnx.NodeProto]], constants: dict[str, np.ndarray],
-                     graph_outputs: set[str]) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray] | None:
+def _affine_to_shape(start: onnx.NodeProto, affine: Sequence[float], shape: list[int], groups: int,
+                     shapes: dict[str, list[int]], readers: dict[str, list[onnx.NodeProto]],
+                     constants: dict[str, np.ndarray], graph_outputs: set[str],
+                     ) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray]:
     """(the last node, scale, bias) of the chain of Reshapes and of Muls and Adds by constants
-    that `start` alone feeds, up to a Reshape to `shape`: (`start` * a + b, with `affine` (a,
-    b)) through that chain is the `start` of the norm * scale + bias, `scale` and `bias` flat
-    in the elements' order (Reshapes keep it); None when `start` reaches `shape` otherwise."""
+    that the norm's result (`start`'s output) alone feeds, up to a Reshape to `shape` (x's, of
+    `groups` groups of channels) or else as far as it goes while each group's scale and bias
+    stay one value (`start` itself when it goes nowhere): (the result * a + b, with `affine`
+    (a, b)) through that chain is the norm * scale + bias, `scale` and `bias` flat in the
+    elements' order (Reshapes keep it)."""
     scale, bias = (np.full(int(np.prod(shape)), value, np.float64) for value in affine)
-    name = start
+    end, name = start, start.output[0]
     while len(readers.get(name, [])) == 1 and name not in graph_outputs and name in shapes:
         node, current = readers[name][0], shapes[name]
-        if node.op_type == "Reshape" and shapes.get(node.output[0]) == list(shape):
-            return node, scale, bias
         if node.op_type in ("Mul", "Add") and list(node.input).count(name) == 1:
             operand = constants.get(next(n for n in node.input if n != name))
             if operand is None or shapes.get(node.output[0]) != current \
                     or list(np.broadcast_shapes(operand.shape, current)) != current:
-                return None
+                break
             values = np.broadcast_to(operand, current).reshape(-1)
-            scale, bias = (scale * values, bias * values) if node.op_type == "Mul" else (scale, bias + values)
-        elif node.op_type != "Reshape":
-            return None
-        name = node.output[0]
-    return None
+            scaled = (scale * values, bias * values) if node.op_type == "Mul" else (scale, bias + values)
+            if any((per_group != per_group[:1, :, :1]).any()
+                   for per_group in (values.reshape(shape[0], groups, -1) for values in scaled)):
+                break   # the scale or bias would differ within a group or between images
+            scale, bias = scaled
+        elif node.op_type != "Reshape" or node.output[0] not in shapes:
+            break
+        end, name = node, node.output[0]
+        if node.op_type == "Reshape" and shapes[name] == list(shape):
+            break
+    return end, scale, bias
 
 
 def squares_before_reshapes(model: onnx.ModelProto) -> int:
