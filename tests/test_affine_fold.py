@@ -413,6 +413,19 @@ def test_parallel_convs_and_a_batch_norm_of_one_input_summed_are_one_conv(tmp_pa
     assert_close(got, expected)
 
 
+@pytest.mark.parametrize("group", [1, 8])
+def test_a_conv_plus_its_own_input_is_one_conv(tmp_path, group):
+    """RepViT's token mixer as exported, Conv3x3(x) + Conv1x1(x) + x: the identity lands on the
+    merged window's diagonal as a scale of 1, and the sum is one Conv (rknn-toolkit2 folds the
+    identity too, and cannot build that fold from an int8 QDQ file)."""
+    (conv, conv_w), (scale, scale_w) = branch_conv("k", 3, 1, group=group), branch_conv("scale", 1, 0, group=group)
+    nodes = [conv, scale, node("Add", ["k", "scale"], "branches"), node("Add", ["branches", "x"], "with_identity"),
+             node("Relu", ["with_identity"], "y")]
+    kernels, got, expected = planned(tmp_path, nodes, conv_w + scale_w, [("x", (1, 8, 10, 10))], (1, 8, 10, 10))
+    assert kernels == ["ConvRelu"]
+    assert_close(got, expected)
+
+
 @pytest.mark.parametrize("strides, dilation", [(2, 1), (1, 2)])
 def test_strided_or_dilated_parallel_convs_merge_where_their_taps_align(tmp_path, strides, dilation):
     size = 10 // strides

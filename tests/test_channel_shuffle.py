@@ -94,12 +94,14 @@ def test_a_transpose_that_moves_pixels_is_no_pick(tmp_path):
 def test_a_split_conv_is_a_conv_per_part_and_the_residual_add_fuses(tmp_path):
     """rexnet's partial residual: a 1x1 Conv's first channels plus the block input, the rest
     concatenated: a Conv per part, the first a ConvAdd, as rknn-toolkit2 builds it (no Split
-    step)."""
-    conv, conv_w = conv_1x1("x", "c", 12, 8)
-    nodes = [conv, node("Split", ["c", "sizes"], ["head", "tail"], axis=1), node("Add", ["head", "x"], "sum"),
+    step). (The Conv reads the block's inner tensor: a Conv of the block input itself would take
+    the residual into its weights.)"""
+    inner, inner_w = conv_1x1("x", "inner", 8, 8)
+    conv, conv_w = conv_1x1("inner", "c", 12, 8)
+    nodes = [inner, conv, node("Split", ["c", "sizes"], ["head", "tail"], axis=1), node("Add", ["head", "x"], "sum"),
              node("Concat", ["sum", "tail"], "y", axis=1)]
-    kernels = planned(tmp_path, nodes, conv_w + [shape_const("sizes", [8, 4])], (1, 8, 5, 5), (1, 12, 5, 5))
-    assert sorted(kernels) == ["Concat", "Conv", "ConvAdd"]
+    kernels = planned(tmp_path, nodes, inner_w + conv_w + [shape_const("sizes", [8, 4])], (1, 8, 5, 5), (1, 12, 5, 5))
+    assert sorted(kernels) == ["Concat", "Conv", "Conv", "ConvAdd"]
 
 
 @pytest.mark.parametrize("sizes, reason", [

@@ -288,10 +288,16 @@ def _branch_node(tensor: gs.Tensor, site: Site) -> gs.Node | str:
     return node
 
 
-def _conv_branch(node: gs.Node) -> tuple[gs.Node, gs.Tensor, np.ndarray, np.ndarray] | str:
+def _conv_branch(node: gs.Node | gs.Tensor) -> tuple[gs.Node | gs.Tensor, gs.Tensor, np.ndarray, np.ndarray] | str:
     """(node, x, W, b) for a _branch_node: a Conv by constant weights of x or a
     BatchNormalization of x with constant statistics, W in float64, a BatchNormalization's as
-    [C, 1] per-channel scales to place on the diagonal; else why not."""
+    [C, 1] per-channel scales to place on the diagonal; for x itself (an identity branch) scales
+    of 1; else why not."""
+    if isinstance(node, gs.Tensor):
+        shape = static_shape(node)
+        if shape is None or len(shape) < 3:
+            return "the identity term's shape is unknown or has no channels and map"
+        return node, node, np.ones((shape[1], 1)), np.zeros(shape[1])
     if node.op == "BatchNormalization":
         affine = batchnorm_affine(node)
         if affine is None:
@@ -331,10 +337,13 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
     """Add(Conv_a(x), Conv_b(x)) as one Conv of x whose weights are the sum of both: W = W_a +
     W_b with each placed in the merged window where its taps read (a 1x1 branch at the centre
     of a 3x3), b = b_a + b_b; a BatchNormalization of x as a branch adds its per-channel scale
-    on the window's diagonal and its shift to the bias. Training-time branches (RepVGG,
-    MobileOne, DBB, ACNet) written out as one Conv per branch and a chain of Adds become the
-    one Conv they stand for, as rknn-toolkit2 merges them (its layer table for timm's
-    mobileone_s0: 62 Conv layers for 191 Convs). Exact but for one rounding of the summed
+    on the window's diagonal and its shift to the bias, and x itself (the identity branch of
+    RepVGG and RepViT) a scale of 1. Training-time branches (RepVGG, MobileOne, DBB, ACNet)
+    written out as one Conv per branch and a chain of Adds become the one Conv they stand for,
+    as rknn-toolkit2 merges them (its layer table for timm's mobileone_s0: 62 Conv layers for
+    191 Convs; its `fuse_branch_add_into_conv` folds the identity, and fails to build that fold
+    from an int8 QDQ file: "Invalid w_par['dtype'] = float16", timm_repvit_m0_9's export, which
+    this fold in the plan leaves nothing to fold). Exact but for one rounding of the summed
     weights (module docstring). Both Convs share x, group, strides and dilations, their
     windows align, the sum does not broadcast, and the merged kernel has no more taps than the
     branches together and is within the target's kernel limit (conv_windows' tiles of a kernel
@@ -342,20 +351,22 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
     if len(node.inputs) != 2:
         return "not a sum of two tensors"
     branches = [_branch_node(t, site) for t in node.inputs]
+    for index, (term, other) in enumerate(zip(node.inputs, reversed(branches))):
+        if isinstance(other, gs.Node) and other.op == "Conv" and other.inputs[0] is term:
+            branches[index] = term   # the Conv's own input: an identity branch
     reasons = [b for b in branches if isinstance(b, str)]
     if reasons:
         return reasons[0]
-    first, second = branches
-    if first.inputs[0] is not second.inputs[0]:
-        return "the terms read different tensors"
-    convs = [b for b in branches if b.op == "Conv"]
+    convs = [b for b in branches if isinstance(b, gs.Node) and b.op == "Conv"]
     if not convs:
         return "neither term is a Conv"
     terms = [_conv_branch(b) for b in branches]
     reasons = [t for t in terms if isinstance(t, str)]
     if reasons:
         return reasons[0]
-    x = first.inputs[0]
+    if terms[0][1] is not terms[1][1]:
+        return "the terms read different tensors"
+    x = terms[0][1]
     shape, made = static_shape(x), static_shape(node.outputs[0])
     if shape is None or made is None or any(static_shape(t) != made for t in node.inputs):
         return "the sum broadcasts, or a shape is unknown"
@@ -363,8 +374,8 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
     if len(groups) != 1:
         return "the Convs' groups differ"
     group, spatial = groups.pop(), len(shape) - 2
-    if any(c.op == "BatchNormalization" for c, *_ in terms) and made[1] != shape[1]:
-        return "a BatchNormalization branch beside a Conv that changes the channel count"
+    if any(w.ndim == 2 for _, _, w, _ in terms) and made[1] != shape[1]:
+        return "a BatchNormalization or identity branch beside a Conv that changes the channel count"
     window = _merged_window(convs, spatial)
     if isinstance(window, str):
         return window
@@ -380,10 +391,10 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
             return f"the merged kernel {kernel} is over {site.target.name}'s limit of {limit}"
     dilation = list(convs[0].attrs.get("dilations", [1] * spatial))
     if any(begin[axis] % dilation[axis] for axis in range(spatial)) and len(convs) < len(terms):
-        return "a BatchNormalization branch's position falls between the merged window's taps"
+        return "a BatchNormalization or identity branch's position falls between the merged window's taps"
     weight, bias = np.zeros((made[1], per_group, *kernel)), np.zeros(made[1])
     for branch, _, w, b in terms:
-        if branch.op == "BatchNormalization":  # x[c] * scale[c]: the diagonal, at x's own position
+        if w.ndim == 2:  # x[c] * scale[c]: the diagonal, at x's own position
             channels = np.arange(made[1])
             weight[(channels, channels % per_group, *(begin[axis] // dilation[axis] for axis in range(spatial)))] += w[:, 0]
         else:
@@ -398,7 +409,7 @@ def sum_of_convs_of_one_input(node: gs.Node, site: Site) -> Candidates:
     attrs = {key: value for key, value in convs[0].attrs.items() if key not in ("kernel_shape", "pads")}
     builder.op("Conv", [x, builder.const(weight.astype(dtype), "weight"), builder.const(bias.astype(dtype), "bias")],
                out=node.outputs[0], **attrs, kernel_shape=kernel, pads=begin + end)
-    yield builder.finish(first, second, node)
+    yield builder.finish(*(b for b in branches if isinstance(b, gs.Node)), node)
 
 
 def _scaled_constant_product(tensor: gs.Tensor, scale: float, builder, site: Site) -> tuple[gs.Node, gs.Tensor] | str:
