@@ -24,7 +24,7 @@ from rkcompile.views.toolkit_shapings import (radix_sums_as_channel_slices, rank
 
 from conftest import ZOO, make_model, value_info, weight
 from test_quantize import attention_block
-from test_rewrites_reductions import decomposed_layer_norm
+from test_rewrites_reductions import decomposed_layer_norm, l2_normalize
 
 PEER_PYTHON = os.environ.get("RKNN_PEER_PYTHON")
 PEER = ZOO.parent / "peer" / "rknn_peer.py"
@@ -1839,3 +1839,19 @@ def test_a_group_norm_whose_scale_went_into_the_next_conv_is_written_on_its_plan
     x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_an_l2_normalize_is_written_with_a_reduce_sum(save, tmp_path):
+    """torch's F.normalize: the plan runs it as v / sqrt(s * sum(v^2) + b) * sqrt(s) with the sum
+    by a Conv of weights s = 2^15 (one exNorm); rknn-toolkit2 2.5.0 runs that form as five
+    layers, and Mul -> ReduceSum -> Add -> Sqrt -> Div as one exNorm. The export writes the
+    latter: the same values up to rounding."""
+    original = save(l2_normalize([1, 4, 12, 64]))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["l2_norms_written_back"] == 1
+    exported = onnx.load(str(written.path))
+    ops = [n.op_type for n in exported.graph.node]
+    assert "ReduceSum" in ops and "Conv" not in ops and ops.count("Mul") == 1   # the square alone
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 4, 12, 64)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_run(exported, {"x": x})[0], onnxruntime_run(original, {"x": x})[0],
+                               rtol=1e-5, atol=1e-6)

@@ -23,9 +23,9 @@ from rkcompile.views.toolkit_shapings.layouts import (flattened_planes_padded, g
 from rkcompile.views.toolkit_shapings.norms import (group_norms_on_their_planes, mean_biases_apart,
                                                     squares_before_reshapes)
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
-from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, means_as_reduce_means,
-                                                         radix_sums_as_channel_slices, square_roots_written_back,
-                                                         sums_as_reduce_sums)
+from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
+                                                         means_as_reduce_means, radix_sums_as_channel_slices,
+                                                         square_roots_written_back, sums_as_reduce_sums)
 from rkcompile.views.toolkit_shapings.sequences import token_rows_as_sequences, transposes_from_splits
 
 #: The families, each a module exporting its `SHAPINGS`.
@@ -55,6 +55,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     linear_layers_as_gemms,
     # before group_norms_on_their_planes, which reads a norm's Sqrt (the rewrites make it a Pow)
     square_roots_written_back,
+    # after square_roots_written_back and mean_biases_apart, whose Sqrt and Add it reads
+    l2_norms_written_back,
     group_norms_on_their_planes,
     gathers_as_slices,
     flattened_planes_padded,

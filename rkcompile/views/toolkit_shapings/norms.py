@@ -231,17 +231,28 @@ def _affine_to_shape(start: onnx.NodeProto, affine: Sequence[float], shape: list
 
 
 def squares_before_reshapes(model: onnx.ModelProto) -> int:
-    """Write the square of a reshaped tensor, Mul(r, r) with r = Reshape(x), as the Reshape of
-    Mul(x, x): the same values (the square is element by element), and the Reshape then feeds
-    the mean's Conv directly, as `means_as_reduce_means` reads it (an RMSNorm the plan runs
-    from its 1x1 Conv form). Returns how many squares it moved."""
+    """Write the square of a reshaped tensor, Mul(r, r) with r = Reshape(x), that a mean's Conv
+    reads (a 1x1 Conv of weights 1/K, one output channel), as the Reshape of Mul(x, x): the same
+    values (the square is element by element), and the Reshape then feeds the mean's Conv
+    directly, as `means_as_reduce_means` reads it (an RMSNorm the plan runs from its 1x1 Conv
+    form). A square an L2 normalization sums stays (`l2_norms_written_back` reads it). Returns
+    how many squares it moved."""
     graph = model.graph
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     made_by = {name: node for node in graph.node for name in node.output}
+    readers = readers_of(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+
+    def mean(conv: onnx.NodeProto) -> bool:
+        weights = constants.get(conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
+        return weights is not None and weights.ndim == 4 and weights.shape[0] == 1 \
+            and np.allclose(weights, 1.0 / weights[0].size, rtol=1e-6, atol=0)
+
     for node in originals:
         reshape = made_by.get(node.input[0]) if node.op_type == "Mul" and len(node.input) == 2 else None
-        if reshape is None or node.input[0] != node.input[1] or reshape.op_type != "Reshape":
+        if reshape is None or node.input[0] != node.input[1] or reshape.op_type != "Reshape" \
+                or not any(mean(reader) for reader in readers.get(node.output[0], [])):
             continue
         squared = f"{node.name}/before_reshape"
         written[id(node)] = [helper.make_node("Mul", [reshape.input[0], reshape.input[0]], [squared], squared),

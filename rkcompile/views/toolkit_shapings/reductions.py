@@ -1,8 +1,9 @@
 """Shapings of the plan's reductions written as Convs back into the forms the toolkit builds: a
 Softmax over bins then a Conv of one channel as a Conv of one group per box side
 (`binned_sums_as_grouped_convs`, YOLOv8's DFL), means and sums as ReduceMean and ReduceSum
-(`means_as_reduce_means`, `sums_as_reduce_sums`), and the Pows the rewrites made of square roots as
-Sqrt (`square_roots_written_back`)."""
+(`means_as_reduce_means`, `sums_as_reduce_sums`), the Pows the rewrites made of square roots as
+Sqrt (`square_roots_written_back`), and L2 normalizations by a scaled sum as a ReduceSum
+(`l2_norms_written_back`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -316,6 +317,57 @@ def square_roots_written_back(model: onnx.ModelProto) -> int:
     return changed
 
 
+def l2_norms_written_back(model: onnx.ModelProto) -> int:
+    """Write the plan's L2 normalization of rows, v / sqrt(s * sum(v^2) + b) * sqrt(s) (the
+    sum by a 1x1 Conv of one output channel and uniform weights s, passes/rewrites/reductions.py
+    `l2_normalize_on_channel_view`; its bias an Add after `mean_biases_apart`, its Pow a Sqrt
+    after `square_roots_written_back`), as v / sqrt(ReduceSum(v^2) + b / s) over the channels:
+    the same values up to rounding. rknn-toolkit2 2.5.0 runs the plan's form as five layers
+    (Mul, Conv, Sqrt, Div, Mul: timm_edgenext_xx_small's normalized queries and keys, six of
+    them) and the ReduceSum form as one exNorm. Returns how many it wrote."""
+    graph = model.graph
+    opset = ai_onnx_opset(model)
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    readers = readers_of(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = output_names(graph)
+
+    def only_reader(name: str, op_type: str) -> onnx.NodeProto | None:
+        found = readers.get(name, [])
+        return found[0] if len(found) == 1 and found[0].op_type == op_type and name not in graph_outputs else None
+
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for conv in originals:
+        weights = constants.get(conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
+        if (weights is None or (len(conv.input) > 2 and conv.input[2]) or weights.ndim != 4 or weights.shape[0] != 1
+                or not pointwise(conv, weights.shape) or not np.all(weights == weights.flat[0])
+                or weights.flat[0] <= 0 or len(readers.get(conv.input[0], [])) != 1):
+            continue
+        scale = float(weights.flat[0])
+        shift = only_reader(conv.output[0], "Add")
+        bias = constants.get(next((n for n in shift.input if n != conv.output[0]), "")) if shift is not None else None
+        root = only_reader(shift.output[0], "Sqrt") if bias is not None and bias.size == 1 else None
+        divide = only_reader(root.output[0], "Div") if root is not None else None
+        square = made_by.get(conv.input[0])
+        product = only_reader(divide.output[0], "Mul") if divide is not None and square is not None \
+            and square.op_type == "Mul" \
+            and list(square.input) == [divide.input[0]] * 2 and divide.input[1] == root.output[0] else None
+        factor = constants.get(next((n for n in product.input if n != divide.output[0]), "")) if product else None
+        if factor is None or factor.size != 1 or not np.isclose(float(factor.flat[0]) ** 2, scale, rtol=1e-6):
+            continue
+        epsilon = numpy_helper.from_array((bias / scale).astype(bias.dtype), f"{shift.name}/unscaled")
+        graph.initializer.append(epsilon)
+        written[id(conv)] = [reduction_node(graph, "ReduceSum", conv.input[0], [1], conv.output[0],
+                                            f"{conv.name}/reducesum", opset)]
+        written[id(shift)] = [helper.make_node("Add", [conv.output[0], epsilon.name], list(shift.output), shift.name)]
+        written[id(divide)] = [helper.make_node("Div", list(divide.input), list(product.output), divide.name)]
+        removed.add(id(product))
+    nodes_rewritten(graph, originals, written, removed)
+    return len(removed)
+
+
 def binned_sums_as_grouped_convs(model: onnx.ModelProto) -> int:
     """Write a 1x1 Conv of one output channel over a Softmax across the K channels of
     T = [1, K, G, N], where T is a chain of Reshapes and Transposes of a tensor X holding the
@@ -400,4 +452,5 @@ SHAPINGS: tuple[Shaping, ...] = (
     sums_as_reduce_sums,
     radix_sums_as_channel_slices,
     square_roots_written_back,
+    l2_norms_written_back,
 )
