@@ -57,6 +57,17 @@ def pointwise(conv: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:
             and attributes.get("auto_pad", b"NOTSET") in (b"NOTSET", b""))
 
 
+def uniform_channel_sum(conv: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tuple[float, int] | None:
+    """(w, K) when `conv` is a 1x1 Conv of one output channel (`pointwise`) whose K weights are
+    all w: the plan's reductions over the channels (a mean's w = 1/K, a sum's 1, an L2
+    normalization's scale); else None."""
+    weights = constants.get(conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
+    if weights is None or weights.ndim != 4 or weights.shape[0] != 1 or not pointwise(conv, weights.shape) \
+            or not np.all(weights == weights.flat[0]):
+        return None
+    return float(weights.flat[0]), weights.size
+
+
 #: Ops computing each element of their result from the same place in their inputs (numpy
 #: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Sigmoid", "Relu", "Tanh",

@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
                                          static_shapes)
-from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node, reshape_node
+from rkcompile.views.toolkit_shapings.common import (Shaping, pointwise, reduction_node, reshape_node,
+                                                    uniform_channel_sum)
 
 
 def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
@@ -245,9 +246,8 @@ def squares_before_reshapes(model: onnx.ModelProto) -> int:
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
 
     def mean(conv: onnx.NodeProto) -> bool:
-        weights = constants.get(conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
-        return weights is not None and weights.ndim == 4 and weights.shape[0] == 1 \
-            and np.allclose(weights, 1.0 / weights[0].size, rtol=1e-6, atol=0)
+        found = uniform_channel_sum(conv, constants)
+        return found is not None and np.isclose(found[0] * found[1], 1.0, rtol=1e-6, atol=0)
 
     for node in originals:
         reshape = made_by.get(node.input[0]) if node.op_type == "Mul" and len(node.input) == 2 else None

@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
                                          static_shapes)
-from rkcompile.views.toolkit_shapings.common import Shaping, pointwise, reduction_node, reshape_node, slice_node
+from rkcompile.views.toolkit_shapings.common import (Shaping, pointwise, reduction_node, reshape_node, slice_node,
+                                                    uniform_channel_sum)
 
 
 def means_as_reduce_means(model: onnx.ModelProto) -> int:
@@ -340,12 +341,11 @@ def l2_norms_written_back(model: onnx.ModelProto) -> int:
     removed: set[int] = set()
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
     for conv in originals:
-        weights = constants.get(conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
-        if (weights is None or (len(conv.input) > 2 and conv.input[2]) or weights.ndim != 4 or weights.shape[0] != 1
-                or not pointwise(conv, weights.shape) or not np.all(weights == weights.flat[0])
-                or weights.flat[0] <= 0 or len(readers.get(conv.input[0], [])) != 1):
+        found = uniform_channel_sum(conv, constants)
+        if found is None or found[0] <= 0 or (len(conv.input) > 2 and conv.input[2]) \
+                or len(readers.get(conv.input[0], [])) != 1:
             continue
-        scale = float(weights.flat[0])
+        scale = found[0]
         shift = only_reader(conv.output[0], "Add")
         bias = constants.get(next((n for n in shift.input if n != conv.output[0]), "")) if shift is not None else None
         root = only_reader(shift.output[0], "Sqrt") if bias is not None and bias.size == 1 else None
