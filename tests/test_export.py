@@ -684,9 +684,11 @@ def test_an_rms_norm_keeps_its_reduce_mean_and_sqrt(save, tmp_path):
     ops = [n.op_type for n in onnx.load(str(written.path)).graph.node]
     assert "ReduceMean" in ops and "Sqrt" in ops and "Conv" not in ops
     assert written.report["toolkit_shapings"]["square_roots_written_back"] == 1
-    # the plan runs it as exNorm from its Conv form: square on the view, mean + eps as a biased Conv
-    assert written.report["toolkit_shapings"]["squares_before_reshapes"] == 1
+    # the plan runs it as exNorm from its Conv form: mean + eps as a biased Conv, over the
+    # channels of the square of x's rows view [32, 64, 1, 1], where the export keeps the mean
     assert written.report["toolkit_shapings"]["mean_biases_apart"] == 1
+    means = [n for n in onnx.load(str(written.path)).graph.node if n.op_type == "ReduceMean"]
+    assert [list(next(a for a in n.attribute if a.name == "axes").ints) for n in means] == [[1]]
     assert "Div" in ops and "Pow" not in ops
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
 

@@ -20,8 +20,7 @@ from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, l
 from rkcompile.views.toolkit_shapings.layouts import (flattened_planes_padded, gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       splits_of_concats_bypassed, transpose_steps_as_one)
-from rkcompile.views.toolkit_shapings.norms import (group_norms_on_their_planes, mean_biases_apart,
-                                                    squares_before_reshapes)
+from rkcompile.views.toolkit_shapings.norms import group_norms_on_their_planes, mean_biases_apart
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
                                                          means_as_reduce_means, radix_sums_as_channel_slices,
@@ -39,25 +38,24 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     erf_of_a_quotient,
     scale_after_scores,
     pads_into_convs,
-    # these two leave a mean's Conv reading its Reshape and its epsilon an Add after it, the form
-    # means_as_reduce_means writes back
-    squares_before_reshapes,
+    # leaves a mean's epsilon an Add after its Conv, the form means_as_reduce_means writes back
     mean_biases_apart,
+    # before group_norms_on_their_planes, which reads a norm's Sqrt (the rewrites make it a Pow)
+    square_roots_written_back,
+    # before means_as_reduce_means, which would write the means of its rows as ReduceMeans
+    group_norms_on_their_planes,
     # before the Conv shapings below, which would take a mean's or a sum's Conv (with the Reshape
     # before or after it) as any other Conv
     means_as_reduce_means,
     sums_as_reduce_sums,
     # after sums_as_reduce_sums, whose ReduceSums over the radix axis it reads
     radix_sums_as_channel_slices,
+    # after square_roots_written_back and mean_biases_apart, whose Sqrt and Add it reads
+    l2_norms_written_back,
     vectors_into_channels,
     # before linear_layers_as_gemms, which would make two Gemms of the Convs it adds into one
     added_convs_as_one,
     linear_layers_as_gemms,
-    # before group_norms_on_their_planes, which reads a norm's Sqrt (the rewrites make it a Pow)
-    square_roots_written_back,
-    # after square_roots_written_back and mean_biases_apart, whose Sqrt and Add it reads
-    l2_norms_written_back,
-    group_norms_on_their_planes,
     gathers_as_slices,
     flattened_planes_padded,
     rank3_tails_as_rank4,

@@ -1,7 +1,6 @@
-"""Shapings of the plan's norms: the square of a reshaped tensor before the Reshape and a mean's
-epsilon apart from its Conv (`squares_before_reshapes`, `mean_biases_apart`, so that the mean is
-written back as a ReduceMean and the norm reads as the toolkit fuses it), and GroupNorm's rows
-written on the input's planes (`group_norms_on_their_planes`)."""
+"""Shapings of the plan's norms: a mean's epsilon apart from its Conv (`mean_biases_apart`, so
+that the mean is written back as a ReduceMean and the norm reads as the toolkit fuses it), and
+GroupNorm's rows written on the input's planes (`group_norms_on_their_planes`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -231,36 +230,6 @@ def _affine_to_shape(start: onnx.NodeProto, affine: Sequence[float], shape: list
     return end, scale, bias
 
 
-def squares_before_reshapes(model: onnx.ModelProto) -> int:
-    """Write the square of a reshaped tensor, Mul(r, r) with r = Reshape(x), that a mean's Conv
-    reads (a 1x1 Conv of weights 1/K, one output channel), as the Reshape of Mul(x, x): the same
-    values (the square is element by element), and the Reshape then feeds the mean's Conv
-    directly, as `means_as_reduce_means` reads it (an RMSNorm the plan runs from its 1x1 Conv
-    form). A square an L2 normalization sums stays (`l2_norms_written_back` reads it). Returns
-    how many squares it moved."""
-    graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    made_by = {name: node for node in graph.node for name in node.output}
-    readers = readers_of(graph)
-    written: dict[int, list[onnx.NodeProto]] = {}
-    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
-
-    def mean(conv: onnx.NodeProto) -> bool:
-        found = uniform_channel_sum(conv, constants)
-        return found is not None and np.isclose(found[0] * found[1], 1.0, rtol=1e-6, atol=0)
-
-    for node in originals:
-        reshape = made_by.get(node.input[0]) if node.op_type == "Mul" and len(node.input) == 2 else None
-        if reshape is None or node.input[0] != node.input[1] or reshape.op_type != "Reshape" \
-                or not any(mean(reader) for reader in readers.get(node.output[0], [])):
-            continue
-        squared = f"{node.name}/before_reshape"
-        written[id(node)] = [helper.make_node("Mul", [reshape.input[0], reshape.input[0]], [squared], squared),
-                             helper.make_node("Reshape", [squared, reshape.input[1]], list(node.output),
-                                              f"{node.name}/reshape")]
-    return nodes_rewritten(graph, originals, written)
-
-
 def mean_biases_apart(model: onnx.ModelProto) -> int:
     """Write a 1x1 Conv of one output channel whose bias is one value b (a mean plus an epsilon,
     as the plan's norms compute a variance) as the Conv without bias, then an Add of b: the same
@@ -289,7 +258,6 @@ def mean_biases_apart(model: onnx.ModelProto) -> int:
 
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
 SHAPINGS: tuple[Shaping, ...] = (
-    squares_before_reshapes,
     mean_biases_apart,
     group_norms_on_their_planes,
 )

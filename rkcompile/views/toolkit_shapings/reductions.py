@@ -18,9 +18,11 @@ from rkcompile.views.toolkit_shapings.common import (Shaping, pointwise, reducti
 
 def means_as_reduce_means(model: onnx.ModelProto) -> int:
     """Write the plan's mean as a Conv, Reshape x -> [N, K, H, W] then a 1x1 Conv of uniform
-    weights 1/K, one output channel and no bias, back as the ReduceMean of x over its axes
-    that make K (those of x regroup whole into [N | K | H, W]): the same values up to
-    rounding. The Reshape or Transpose after the Conv that gives the mean the ReduceMean's
+    weights 1/K, one output channel and no bias (or that Conv of rows x [R, K, 1, 1] as they
+    are), back as the ReduceMean of x over its axes that make K (those of x regroup whole into
+    [N | K | H, W]): the same values up to rounding. An RMSNorm on rows, Mul(v, v), the mean
+    over the channels, Add, Sqrt, Div(v, ...), the toolkit fuses into one exNorm (from the mean
+    of x before its Reshape into rows it runs the five ops apart: hf_llama_tiny_ts). The Reshape or Transpose after the Conv that gives the mean the ReduceMean's
     shape goes too; a Reshape to another shape reads the ReduceMean; else a Reshape gives it
     the Conv's shape. rknn-toolkit2 2.5.0 fuses an RMS
     norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
@@ -218,8 +220,9 @@ def _order_kept_after(name: str, shape: list[int], shapes: dict[str, list[int]],
 def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outputs: bool = True) -> int:
     """Write each of the plan's means (`reduction` "ReduceMean") or sums ("ReduceSum") as a
     Conv back as `reduction`, as `means_as_reduce_means` describes, but for one that is a graph
-    output or that a Reshape or Transpose writes to one unless `before_outputs`; returns how
-    many."""
+    output or that a Reshape or Transpose writes to one unless `before_outputs`. The Conv reads
+    a Reshape of x, or x itself when x is rows [R, K, 1, 1] (a reduction over their channels,
+    written over axis 1); returns how many."""
     shapes = static_shapes(model)
     graph = model.graph
     opset = ai_onnx_opset(model)
@@ -230,11 +233,15 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outp
     written: dict[int, list[onnx.NodeProto]] = {}
     removed = set()
     for node in graph.node:
-        reshape = made_by.get(node.input[0]) if node.op_type == "Conv" else None
-        if reshape is None or reshape.op_type != "Reshape" or len(readers[reshape.output[0]]) != 1 \
-                or node.input[1] not in constants or not pointwise(node, constants[node.input[1]].shape):
+        if node.op_type != "Conv" or node.input[1] not in constants \
+                or not pointwise(node, constants[node.input[1]].shape):
             continue
-        source, grouped, result = shapes.get(reshape.input[0]), shapes.get(node.input[0]), shapes.get(node.output[0])
+        reshape = made_by.get(node.input[0])
+        viewed = reshape is not None and reshape.op_type == "Reshape" and len(readers[reshape.output[0]]) == 1
+        if not viewed and shapes.get(node.input[0], [])[2:] != [1, 1]:
+            continue   # a Conv of uniform weights over a map's channels, not the plan's reduction
+        x = reshape.input[0] if viewed else node.input[0]
+        source, grouped, result = shapes.get(x), shapes.get(node.input[0]), shapes.get(node.output[0])
         weights = constants[node.input[1]]
         bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if source is None or grouped is None or result is None or len(grouped) != 4 \
@@ -262,7 +269,7 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outp
             target = node.output[0]
         else:
             target = prefix
-        written[id(node)] = [reduction_node(graph, reduction, reshape.input[0], axes, target, prefix, opset)]
+        written[id(node)] = [reduction_node(graph, reduction, x, axes, target, prefix, opset)]
         if reshaped_after:  # a Reshape reads the mean in any shape of the same element order
             after[0].input[0] = prefix
         elif target == prefix:
@@ -270,7 +277,8 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outp
             graph.initializer.append(shape)
             written[id(node)].append(helper.make_node("Reshape", [prefix, shape.name], [node.output[0]],
                                                       f"{prefix}/reshape"))
-        removed.add(id(reshape))
+        if viewed:
+            removed.add(id(reshape))
         if replaced:
             removed.add(id(after[0]))
     return nodes_rewritten(graph, graph.node, written, removed)
@@ -448,9 +456,9 @@ def _moved_from(name: str, made_by: dict[str, onnx.NodeProto], shapes: dict[str,
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
 SHAPINGS: tuple[Shaping, ...] = (
     binned_sums_as_grouped_convs,
+    square_roots_written_back,
     means_as_reduce_means,
     sums_as_reduce_sums,
     radix_sums_as_channel_slices,
-    square_roots_written_back,
     l2_norms_written_back,
 )
