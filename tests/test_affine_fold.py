@@ -426,6 +426,23 @@ def test_a_conv_plus_its_own_input_is_one_conv(tmp_path, group):
     assert_close(got, expected)
 
 
+def test_a_batch_norm_of_concatenated_convs_folds_into_each(tmp_path):
+    """MixNet's mixed kernels: the channels Split, each part through a depthwise Conv of its own
+    size, joined, one BatchNormalization: each part's scale and shift fold into its Conv, no
+    BatchNormalization step (rknn-toolkit2's layer table for timm's mixnet_s has none)."""
+    (small, small_w), (large, large_w) = (branch_conv("small", 3, 1, channels=4, inputs=4, group=4, x="left"),
+                                          branch_conv("large", 5, 2, channels=4, inputs=4, group=4, x="right"))
+    bn = node("BatchNormalization", ["mixed", "g", "beta", "mean", "var"], "bn")
+    stats = [const("g", (8,), 0.5, 1.5), const("beta", (8,)), const("mean", (8,)), const("var", (8,), 0.5, 2)]
+    nodes = [node("Split", ["x"], "left", axis=1), small, large, node("Concat", ["small", "large"], "mixed", axis=1),
+             bn, node("Relu", ["bn"], "y")]
+    nodes[0] = helper.make_node("Split", ["x", "halves"], ["left", "right"], name="split", axis=1)
+    inits = small_w + large_w + stats + [weight("halves", np.array([4, 4], np.int64))]
+    kernels, got, expected = planned(tmp_path, nodes, inits, [("x", (1, 8, 10, 10))], (1, 8, 10, 10))
+    assert "BatchNormalization" not in kernels and sorted(kernels) == ["Concat", "Conv", "Conv", "Relu", "Split"]
+    assert_close(got, expected)
+
+
 @pytest.mark.parametrize("strides, dilation", [(2, 1), (1, 2)])
 def test_strided_or_dilated_parallel_convs_merge_where_their_taps_align(tmp_path, strides, dilation):
     size = 10 // strides

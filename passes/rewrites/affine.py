@@ -277,6 +277,44 @@ def fold_affine_into_weighted_op(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish(weighted, *chain, node)
 
 
+def fold_affine_into_concatenated_convs(node: gs.Node, site: Site) -> Candidates:
+    """scale*y + shift by constants (as `fold_affine_into_weighted_op` takes them) after a
+    Concat along the channels of Convs or ConvTransposes whose outputs it alone reads, each
+    part's channels folded into the Conv that makes them: MixNet's mixed kernels (a Split's
+    parts each through a depthwise Conv of its own size, joined, then one BatchNormalization)
+    run as the Convs and the Concat, as rknn-toolkit2 builds them (its layer table for timm's
+    mixnet_s has no BatchNormalization layer). Within one rounding of the weights' dtype."""
+    affine = affine_of(node)
+    if isinstance(affine, str):
+        return affine
+    x, scale, shift = affine
+    concat, shape = producer(x), static_shape(x)
+    if concat is None or concat.op != "Concat" or not _sole_reader(x, site):
+        return "its input is not a Concat that it alone reads"
+    if shape is None or len(shape) < 2 or int(concat.attrs.get("axis", 0)) % len(shape) != 1 \
+            or static_shape(node.outputs[0]) != shape:
+        return "not a Concat along the channels of a shape it keeps"
+    parts = [producer(t) for t in concat.inputs]
+    if len({id(t) for t in concat.inputs}) != len(concat.inputs) or any(
+            part is None or part.op not in ("Conv", "ConvTranspose") or not _sole_reader(t, site)
+            or static_shape(t) is None for part, t in zip(parts, concat.inputs)):
+        return "a part of the Concat is not a Conv that the Concat alone reads, once"
+    scale, shift = (per_channel_values(v, len(shape), 1, shape[1]) for v in (scale, shift))
+    if scale is None or shift is None:
+        return "the constant varies on an axis other than the channels"
+    builder, folded, start = site.builder(node), [], 0
+    for part, t in zip(parts, concat.inputs):
+        count = static_shape(t)[1]
+        made = scaled_weighted_op(builder, part, scale[start:start + count], shift[start:start + count], None)
+        if isinstance(made, str):
+            builder.discard()
+            return made
+        folded.append(made)
+        start += count
+    builder.op("Concat", folded, out=node.outputs[0], **concat.attrs)
+    yield builder.finish(*parts, concat, node)
+
+
 def _branch_node(tensor: gs.Tensor, site: Site) -> gs.Node | str:
     """The Conv (auto_pad unset) or BatchNormalization computing a term of a sum that the sum
     alone reads; else why not. Reads no weights, which stay unloaded where the rule declines."""
@@ -653,6 +691,7 @@ def _folded_into_conv_input(node: gs.Node, x: gs.Tensor, scale: np.ndarray, shif
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(sum_of_convs_of_one_input, frozenset({"Add"}), always=True),
     RewriteRule(fold_affine_into_weighted_op, AFFINE_OPS, always=True),
+    RewriteRule(fold_affine_into_concatenated_convs, AFFINE_OPS, always=True),
     RewriteRule(fold_affine_into_next_weighted_op, AFFINE_OPS, always=True),
     # again after fusion, for the weighted ops late rules make: a ReduceSum becomes a Conv of
     # ones only then (passes/rewrites/reductions.py), and the 1/n a written-out mean or variance
