@@ -200,7 +200,7 @@ def _fit(index: int, placement: _Placement, buffers: _Conflicts, smallest_gap: b
 
 
 def plan_arena(buffers: Mapping[str, Buffer], slack: float = 0.0, exact_limit: int = 8,
-               work_budget: int = 1_000_000) -> Allocation:
+               work_budget: int = 8_000_000) -> Allocation:
     """Offsets for `buffers`, stopping as soon as the arena is within `slack` of the lower bound.
 
     Greedy placement in a few orders (by size, the paper's rule; by lifetime then size; by
