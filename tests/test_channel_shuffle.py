@@ -148,3 +148,13 @@ def test_space_to_depth_of_an_image_is_one_strided_conv(tmp_path):
     of one group, 12 multiply-adds per output, where its Transposes were five layout steps."""
     kernels = planned(tmp_path, [node("SpaceToDepth", ["x"], "y", blocksize=2)], [], (1, 3, 8, 8), (1, 12, 4, 4))
     assert kernels == ["Conv"], kernels
+
+
+def test_an_unfold_of_many_channels_in_large_blocks_is_one_grouped_pick(tmp_path):
+    """7 x 7 blocks of 1024 channels: 50,176 output channels, whose one-group weight (each output
+    reading every input channel) would hold 2.5e9 values; the pick is grouped and holds 2.5e6."""
+    moves, shapes = unfold("x", "y", 1024, 14, block=7)
+    model = make_model(moves, [value_info("x", (1, 1024, 14, 14))], [value_info("y", (1, 1024, 49, 4))], shapes)
+    ctx = rewritten(model, tmp_path, "rk3588")
+    (pick,) = [n for n in ctx.graph.nodes if n.op == "Conv"]
+    assert pick.attrs["group"] == 1024 and list(pick.inputs[1].values.shape) == [50176, 1, 7, 7]

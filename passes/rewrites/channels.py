@@ -129,11 +129,12 @@ def _blocks(size: int) -> list[int]:
     return [b for b in range(1, LARGEST_BLOCK + 1) if size % b == 0]
 
 
-def _unfold_weight(moved: np.ndarray, source: tuple[int, ...], rows: int, cols: int) -> np.ndarray | None:
-    """The Conv weight [C*rows*cols, C, rows, cols] (kernel and stride rows x cols) whose output
-    is `moved` (per output element of the Conv's shape, the flat index of the source element it
-    holds), each output one source element times 1; None when no such Conv gives it."""
-    n, c, h, w = source
+def _unfold_picks(moved: np.ndarray, source: tuple[int, ...], rows: int,
+                  cols: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(input channel, block offset i*cols + j) each output channel of a Conv of kernel and
+    stride rows x cols picks, when that Conv's output is `moved` (per output element of the
+    Conv's shape, the flat index of the source element it holds), each output one source
+    element times 1; None when no such Conv gives it."""
     images, channels, height, width = moved.shape
     batch, origin, row, col = np.unravel_index(moved, source)
     row_offset = row - np.arange(height)[:, None] * rows
@@ -145,9 +146,7 @@ def _unfold_weight(moved: np.ndarray, source: tuple[int, ...], rows: int, cols: 
     origin, row_offset, col_offset = (a.reshape(-1) for a in per_channel)
     if np.any(row_offset < 0) or np.any(row_offset >= rows) or np.any(col_offset < 0) or np.any(col_offset >= cols):
         return None
-    weight = np.zeros((channels, c, rows, cols))
-    weight[np.arange(channels), origin, row_offset, col_offset] = 1
-    return weight
+    return origin, row_offset * cols + col_offset
 
 
 def patches_as_strided_pick(node: gs.Node, site: Site) -> Candidates:
@@ -158,10 +157,10 @@ def patches_as_strided_pick(node: gs.Node, site: Site) -> Candidates:
     end of a chain only (an inner node's shorter chain would take part of the rearrangement, or
     see a view's axes as images), on chains of two Transposes or more (a block's rows and
     columns each move; one Transpose is one step, and attention's fusion reads its head merge),
-    and kept only when fewer steps than the chain. The way back
-    (the fold) stays moves: as a ConvTranspose it needs one group (the targets' ConvTranspose
-    takes one group or one per channel, not b*b channels per output), b*b*C times the MACs of
-    the moves' elements, which the cost model puts above the moves it replaces."""
+    and kept only when fewer steps than the chain. The way back (the fold) stays moves: as a
+    ConvTranspose it needs one group (the targets' ConvTranspose takes one group or one per
+    channel, not b*b channels per output), b*b*C times the MACs of the moves' elements, which
+    the cost model puts above the moves it replaces."""
     y = node.outputs[0]
     shape = static_shape(y)
     if shape is None or y.dtype is None or dtype_name(y.dtype) not in FLOAT_DTYPES:
@@ -178,9 +177,9 @@ def patches_as_strided_pick(node: gs.Node, site: Site) -> Candidates:
         moved = _moved_indices(chain, source)
         for rows, cols in _block_sides(h, w):
             unfolded = [n, c * rows * cols, h // rows, w // cols]
-            weight = _unfold_weight(moved.reshape(unfolded), source, rows, cols)
-            if weight is not None and 1 + (unfolded != list(shape)) < len(chain):
-                candidate = _strided_pick(site, node, chain, x, weight, unfolded, rows, cols)
+            picks = _unfold_picks(moved.reshape(unfolded), source, rows, cols)
+            if picks is not None and 1 + (unfolded != list(shape)) < len(chain):
+                candidate = _strided_pick(site, node, chain, x, picks, unfolded, rows, cols)
                 if candidate is not None:
                     yield candidate
     return "it does not stack a 4-D map's blocks on its channels, or not in fewer steps than its own"
@@ -191,26 +190,28 @@ def _block_sides(height: int, width: int) -> list[tuple[int, int]]:
     return [(rows, cols) for rows in _blocks(height) for cols in _blocks(width) if rows * cols > 1]
 
 
-def _strided_pick(site: Site, node: gs.Node, chain: list[gs.Node], x: gs.Tensor, weight: np.ndarray,
-                  unfolded: list[int], rows: int, cols: int) -> Replacement | None:
-    """The unfold's Conv and the relabel to the chain's output shape. The Conv has one group per
-    input channel when output channel c*b*b + i*b + j picks channel c at block offset (i, j),
-    the order the exporters' unfold gives and the export writes back for rknn-toolkit2
-    (rkcompile/views/toolkit_shapings/convolutions.py); otherwise one group, C*b*b multiply-adds
-    per output: None when that is over MOST_PICK_TAPS."""
+def _strided_pick(site: Site, node: gs.Node, chain: list[gs.Node], x: gs.Tensor,
+                  picks: tuple[np.ndarray, np.ndarray], unfolded: list[int], rows: int,
+                  cols: int) -> Replacement | None:
+    """The unfold's Conv, picking for each output channel its (input channel, block offset) of
+    `picks`, and the relabel to the chain's output shape. The Conv has one group per input
+    channel when output channel c*b*b + i*b + j picks channel c at offset (i, j), the order the
+    exporters' unfold gives (rknn-toolkit2 builds it as one Conv layer); otherwise one group,
+    C*b*b multiply-adds per output: None when that is over MOST_PICK_TAPS."""
     y = node.outputs[0]
-    channels = static_shape(x)[1]
-    offsets = rows * cols
-    in_order = np.zeros((channels, offsets, channels, offsets))
-    in_order[np.arange(channels), :, np.arange(channels)] = np.eye(offsets)
-    if np.array_equal(weight.reshape(in_order.shape), in_order):
-        group, weight = channels, np.tile(np.eye(offsets), (channels, 1)).reshape(-1, 1, rows, cols)
+    channels, offsets = static_shape(x)[1], rows * cols
+    origin, offset = picks
+    outputs = np.arange(origin.size)
+    if np.array_equal(origin, outputs // offsets) and np.array_equal(offset, outputs % offsets):
+        group, weight = channels, np.zeros((origin.size, 1, offsets))
+        weight[outputs, 0, offset] = 1
     elif channels * offsets <= MOST_PICK_TAPS:
-        group = 1
+        group, weight = 1, np.zeros((origin.size, channels, offsets))
+        weight[outputs, origin, offset] = 1
     else:
         return None
     builder = site.builder(node)
-    weight = builder.const(weight.astype(dtype_name(y.dtype)), "patch_pick")
+    weight = builder.const(weight.reshape(*weight.shape[:2], rows, cols).astype(dtype_name(y.dtype)), "patch_pick")
     out = y if unfolded == list(static_shape(y)) else None
     conv = builder.op("Conv", [x, weight], unfolded, y.dtype, out=out, kernel_shape=[rows, cols],
                       strides=[rows, cols], group=group)
