@@ -16,8 +16,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-from rkcompile.plan.plain_nodes import (Constant, Node, fused_body, is_onnx_domain, node_inputs, plain_attribute_key,
-    subgraphs)
+from rkcompile.plan.plain_nodes import (Constant, Node, expanded_members, is_onnx_domain, node_inputs,
+    plain_attribute_key, subgraphs)
 from rkcompile.plan.onnx_protos import node_proto, single_node_graph
 
 ONNXRUNTIME = "onnxruntime"
@@ -68,8 +68,7 @@ def cpu_backend(node: Node, opsets: Mapping[str, int]) -> str | None:
     """The backend a CPU step runs on: onnxruntime when it takes the node (every member of a
     fused node) with the types the graph gives, else onnx.reference when it has the op, else
     None: nothing here can run it (`rkcompile run` refuses the plan, naming the op)."""
-    body = fused_body(node)
-    members = body.nodes if body is not None else [node]
+    members = expanded_members(node)   # a fused member's own members too (a Gemm's exGelu)
     if all(runs_on_onnxruntime(member, opsets) for member in members):
         return ONNXRUNTIME
     if all(reference_has(member, opsets) for member in members):
