@@ -30,8 +30,9 @@ FAMILIES = (
                   # ReduceMean as pooling
     resize_as_matmul,  # Resize scales the NPU's kernel lacks as constant-weight MatMuls
                        # (matmul_as_conv's rules then make 1x1 Convs of them)
-    channels,     # channel shuffles as channel-picking 1x1 Convs, folded into the Convs reading them
-                  # (before rank and layout, whose rules would break the shuffle's chain apart)
+    channels,     # channel shuffles as channel-picking 1x1 Convs, folded into the Convs reading them,
+                  # and patch unfolds as strided picks (before rank and layout, whose rules would
+                  # break the shuffle's chain apart)
     rank,         # regions of tensors above rank 4 redone on merged axes (before layout: whole regions
                   # first, so no lone rank-5 relabel is left for layout's rules)
     layout_ops,   # DepthToSpace/SpaceToDepth as Transposes, Transpose limits, Gather of one index,

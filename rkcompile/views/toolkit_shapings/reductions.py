@@ -22,12 +22,13 @@ def means_as_reduce_means(model: onnx.ModelProto) -> int:
     are), back as the ReduceMean of x over its axes that make K (those of x regroup whole into
     [N | K | H, W]): the same values up to rounding. An RMSNorm on rows, Mul(v, v), the mean
     over the channels, Add, Sqrt, Div(v, ...), the toolkit fuses into one exNorm (from the mean
-    of x before its Reshape into rows it runs the five ops apart: hf_llama_tiny_ts). The Reshape or Transpose after the Conv that gives the mean the ReduceMean's
-    shape goes too; a Reshape to another shape reads the ReduceMean; else a Reshape gives it
-    the Conv's shape. rknn-toolkit2 2.5.0 fuses an RMS
-    norm into its exNorm only from the ReduceMean (from the Conv its Div runs on its CPU:
-    t5), runs the Reshape of tokens held on the batch axis as a Transpose on its CPU (levit)
-    and loops on the Reshape -> Conv pairs around it (swin_tiny). Unlike a sum
+    of x before its Reshape into rows it runs the five ops apart: hf_llama_tiny_ts). The
+    Reshape or Transpose after the Conv that gives the mean the ReduceMean's shape goes too; a
+    Reshape to another shape reads the ReduceMean; else a Reshape gives it the Conv's shape.
+    rknn-toolkit2 2.5.0 fuses an RMS norm into its exNorm only from the ReduceMean (from the
+    Conv its Div runs on its CPU: t5), runs the Reshape of tokens held on the batch axis as a
+    Transpose on its CPU (levit) and loops on the Reshape -> Conv pairs around it (swin_tiny).
+    Unlike a sum
     (`sums_as_reduce_sums`), a mean written to a graph output is written back too: the toolkit
     takes a ReduceMean as a MatMul, then a Conv, and keeps the Reshape to the output on its NPU;
     from the plan's Conv of a mean over a middle axis ([1, 2100, 8, 4] into [1, 2100, 4]) it runs
@@ -233,21 +234,20 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outp
     written: dict[int, list[onnx.NodeProto]] = {}
     removed = set()
     for node in graph.node:
-        if node.op_type != "Conv" or node.input[1] not in constants \
-                or not pointwise(node, constants[node.input[1]].shape):
+        found = uniform_channel_sum(node, constants)
+        if found is None:
             continue
+        weight, count = found
         reshape = made_by.get(node.input[0])
         viewed = reshape is not None and reshape.op_type == "Reshape" and len(readers[reshape.output[0]]) == 1
         if not viewed and shapes.get(node.input[0], [])[2:] != [1, 1]:
             continue   # a Conv of uniform weights over a map's channels, not the plan's reduction
         x = reshape.input[0] if viewed else node.input[0]
         source, grouped, result = shapes.get(x), shapes.get(node.input[0]), shapes.get(node.output[0])
-        weights = constants[node.input[1]]
         bias = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if source is None or grouped is None or result is None or len(grouped) != 4 \
-                or weights.shape != (1, grouped[1], 1, 1) or grouped[1] < 2 \
-                or not np.allclose(weights, 1.0 / grouped[1] if reduction == "ReduceMean" else 1.0,
-                                   rtol=1e-6, atol=0) \
+                or count != grouped[1] or count < 2 \
+                or not np.isclose(weight, 1.0 / count if reduction == "ReduceMean" else 1.0, rtol=1e-6, atol=0) \
                 or (bias is None and len(node.input) > 2 and node.input[2]) or (bias is not None and bias.any()):
             continue
         axes = _regrouped_axes(source, grouped[0], grouped[1])
