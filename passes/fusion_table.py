@@ -575,7 +575,8 @@ KERNEL_FUSIONS: tuple[FusionRule, ...] = (
     FusionRule("ConvExSwish", "ConvolutionSwish", _conv_then("exSwish")),
     # The oplist V2.3.2 has no ConvolutionGelu; rknn-toolkit2 runs ConvExGelu on a target with
     # exGelu (peer/zoo_rk3588.json, transformer_encoder and bert_mini), so the row requires exGelu.
-    FusionRule("ConvExGelu", "exGelu", _conv_then("exGelu")),
+    # ONNX's own Gelu (opset 20) runs as exGelu too, and the toolkit fuses it the same way.
+    FusionRule("ConvExGelu", "exGelu", _conv_then(("exGelu", "Gelu"))),
     FusionRule("ConvExMish", "ConvolutionMish", _conv_then(("exMish", "Mish"))),
     FusionRule("exMatMul", "exMatMul", _add(Op("MatMul", label="matmul"), Any("c")),
                attributes=lambda m: {"c_type": "add"}),

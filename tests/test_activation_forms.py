@@ -1,13 +1,16 @@
 """An activation after a Conv is one fused NPU step in every form exporters write it: ReLU6 as
 Clip or as a Min/Max pair (tf2onnx, paddle2onnx), ReLU as Max(x, 0), HardSwish as the op, as
 x * HardSigmoid(x) or as x * relu6(x + 3) / 6, Swish as x * sigmoid(x) in either order, GELU
-written out with Erf (ConvExGelu, as rknn-toolkit2 fuses it). Each case asserts the plan's NPU
+written out with Erf or as ONNX's Gelu op (ConvExGelu, as rknn-toolkit2 fuses it). Each case asserts the plan's NPU
 steps and that the emulator's float16 outputs match onnxruntime's."""
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime
 import pytest
 
+import rkcompile
+from conftest import make_model, value_info
 from test_affine_fold import assert_close, const, conv_3x3, node, planned, scalar
 
 X = [("x", (1, 4, 8, 8))]
@@ -48,6 +51,21 @@ def test_activation_form_fuses_with_the_conv_before_it(tmp_path, form):
     kernels, got, expected = planned(tmp_path, [conv, *build()], inits, X, Y)
     assert kernels == [kernel]
     assert_close(got, expected)
+
+
+def test_onnx_gelu_op_fuses_with_the_conv_before_it(tmp_path):
+    """ONNX's own Gelu (opset 20, the dynamo exporter's form) runs as exGelu, and fuses with the
+    Conv before it as the Erf form does: one ConvExGelu step (rknn-toolkit2 fuses it too)."""
+    conv, inits = conv_3x3()
+    model = make_model([conv, node("Gelu", ["c"], "y")], [value_info("x", X[0][1])], [value_info("y", Y)], inits,
+                       opset=20)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan = rkcompile.compile(path, target="rk3588")
+    assert [step.kernel for step in plan.record.steps if step.device == "npu"] == ["ConvExGelu"]
+    feeds = {"x": np.random.default_rng(0).standard_normal(X[0][1]).astype(np.float32)}
+    expected = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert_close(rkcompile.run(plan, feeds)["y"], expected)
 
 
 def test_min_max_with_crossed_bounds_is_not_a_clip(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -439,12 +440,20 @@ def test_a_zero_pad_folds_into_its_conv(save, tmp_path):
 
 def test_a_gelu_of_opset_20_is_written_in_older_ops(save, tmp_path):
     """onnx's converter knows no Gelu before opset 20; the export writes it as Div -> Erf (the
-    form rknn-toolkit2 fuses) before converting down to 19, both approximations."""
-    for approximate, core in (("none", "Erf"), ("tanh", "Tanh")):
-        nodes = [helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate=approximate)]
+    form rknn-toolkit2 fuses) before converting down to 19, both approximations, alone and as
+    the member of a ConvExGelu (whose input is no tensor of the plan)."""
+    rng = np.random.default_rng(0)
+    conv = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    weights = [weight("w", rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1),
+               weight("b", rng.standard_normal(16).astype(np.float32) * 0.1)]
+    for (approximate, core), fused in itertools.product((("none", "Erf"), ("tanh", "Tanh")), (False, True)):
+        nodes = [*(conv if fused else ()),
+                 helper.make_node("Gelu", ["c" if fused else "x"], ["y"], name="gelu", approximate=approximate)]
         original = save(make_model(nodes, [value_info("x", [1, 16, 8, 8])], [value_info("y", [1, 16, 8, 8])],
-                                   opset=20), f"{approximate}.onnx")
-        written = rkcompile.export(original, tmp_path / f"{approximate}_out.onnx", "rk3588")
+                                   weights if fused else (), opset=20), f"{approximate}_{fused}.onnx")
+        kernels = [step.kernel for step in rkcompile.compile(original, "rk3588").record.steps if step.device == "npu"]
+        assert kernels == (["ConvExGelu"] if fused else ["Gelu"])
+        written = rkcompile.export(original, tmp_path / f"{approximate}_{fused}_out.onnx", "rk3588")
         exported = onnx.load(str(written.path))
         ops = [n.op_type for n in exported.graph.node]
         assert "Gelu" not in ops and core in ops and exported.opset_import[0].version == 19

@@ -302,15 +302,15 @@ OLDER_FORMS = {"Gelu": (20, _gelu_older_form), "LayerNormalization": (17, _layer
 
 def _write_older_forms(graph: onnx.GraphProto, opset: int, plan: PlanRecord) -> None:
     """Replace each node of `graph` whose op is newer than `opset` and in OLDER_FORMS by its
-    older form (given its first input's rank in `plan`), for the version converter to take the
-    rest down."""
+    older form (given its data's rank in `plan`, read from its output: the input of a fused
+    member is no tensor of the plan), for the version converter to take the rest down."""
     nodes = []
     for node in graph.node:
         since, older_form = OLDER_FORMS.get(node.op_type, (0, None))
         if older_form is None or node.domain not in ("", "ai.onnx") or since <= opset:
             nodes.append(node)
             continue
-        constants, replacement = older_form(node, len(plan.tensors[node.input[0]].shape))
+        constants, replacement = older_form(node, len(plan.tensors[node.output[0]].shape))
         graph.initializer.extend(constants)
         nodes.extend(replacement)
     del graph.node[:]
