@@ -828,25 +828,55 @@ def test_an_int8_export_carries_the_plan_as_qdq(save, tmp_path):
     assert closeness < 0.05, closeness
 
 
-def test_an_average_pool_is_written_as_the_convolution_it_is(save, tmp_path):
-    """An int8 GlobalAveragePool whose output the plan quantizes apart from its input becomes a
-    depthwise Conv of weights 1/window (rknn-toolkit2 would give a pool's output its input's
-    parameters), and the file still computes the plan."""
+POOLS = {
+    "global": (dict(op_type="GlobalAveragePool"), [1, 8, 1, 1], "Conv"),
+    "strided windows": (dict(op_type="AveragePool", kernel_shape=[2, 2], strides=[2, 2]), [1, 8, 3, 3], "Conv"),
+    "padding counted": (dict(op_type="AveragePool", kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1),
+                        [1, 8, 6, 6], "Conv"),
+}
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_an_average_pool_is_written_as_the_convolution_it_is(save, tmp_path, pool):
+    """An int8 average pool whose output the plan quantizes apart from its input becomes a
+    depthwise Conv of weights 1/window where every window is of that size (rknn-toolkit2 would
+    give a pool's output its input's parameters), and the file still computes the plan."""
+    attributes, shape, written_as = POOLS[pool]
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("GlobalAveragePool", ["r"], ["y"], name="pool")]
-    model = make_model(nodes, [value_info("x", [1, 8, 7, 7])], [value_info("y", [1, 8, 1, 1])],
+             helper.make_node(inputs=["r"], outputs=["y"], name="pool", **attributes)]
+    model = make_model(nodes, [value_info("x", [1, 8, 6, 6])], [value_info("y", shape)],
                        [weight("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3),
                         weight("b", rng.standard_normal(8).astype(np.float32) * 0.1)])
-    inputs = {"x": rng.standard_normal((1, 8, 7, 7)).astype(np.float32)}
+    inputs = {"x": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)}
     plan = rkcompile.compile(save(model), "rk3588", dtype="int8")
+    assert [step.kernel for step in plan.record.steps if step.device == "npu"][-1] == attributes["op_type"]
     written = rkcompile.export(plan, tmp_path / "out.onnx", inputs=inputs)
     exported = onnx.load(str(written.path))
-    assert "GlobalAveragePool" not in {n.op_type for n in exported.graph.node}
-    pooled = [n for n in exported.graph.node if n.op_type == "Conv" and n.output[0] == "y/float"]
-    assert [a.i for a in pooled[0].attribute if a.name == "group"] == [8]
+    (pooled,) = [n for n in exported.graph.node if n.output[0] == "y/float"]
+    assert pooled.op_type == written_as
+    if written_as == "Conv":
+        conv_attributes = {a.name: helper.get_attribute_value(a) for a in pooled.attribute}
+        assert conv_attributes["group"] == 8
+        assert conv_attributes.get("strides", [1, 1]) == attributes.get("strides", [1, 1])
+        assert conv_attributes.get("pads", [0] * 4) == attributes.get("pads", [0] * 4)
+    assert written.report["check"]["steps"]["worst"]["differing"] <= 2
     assert abs(written.agreements[0].cosine - written.emulated[0].cosine) < 1e-4
+
+
+@pytest.mark.parametrize("attributes, sizes, out_sizes, uniform", [
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}, [6, 6], [6, 6], True),
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, [6, 6], [6, 6], False),  # the border windows average fewer
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, [5, 5], [3, 3], False),  # the last is 1 wide
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, [6, 6], [3, 3], True),
+])
+def test_only_pools_whose_windows_are_all_full_are_convolutions(attributes, sizes, out_sizes, uniform):
+    """The plan's rewrites leave no such pool (passes/rewrites/pooling.py counts the padding
+    itself), but a pool the export is given is only written as a convolution when it is one."""
+    from rkcompile.views.qdq import _windows_of_one_size
+
+    assert _windows_of_one_size(attributes, sizes, attributes["kernel_shape"], out_sizes) is uniform
 
 
 def test_an_int8_export_is_compared_with_the_plan_step_by_step(save, tmp_path):

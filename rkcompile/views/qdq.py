@@ -101,31 +101,62 @@ def quantize_dequantize(model: onnx.ModelProto, plan: PlanRecord, weight_integer
 
 def _pools_as_convolutions(model: onnx.ModelProto, activations: Mapping[str, Quantization]
                            ) -> dict[str, tuple[np.ndarray, Quantization]]:
-    """Write each GlobalAveragePool with int8 input and output of different parameters as the
+    """Write each average pool with int8 input and output of different parameters as the
     depthwise convolution it is (every weight 1 / the window's size, int8 127 at a scale of 1/127
     of it, exact to float32 rounding). rknn-toolkit2 2.5.0 gives an average pool's output its
-    input's parameters (its rule `adjust_avgpool`), dropping the plan's: on timm_regnetx_002's
-    head, a 7.7 times coarser grid for the pooled features, 0.00012 of output cosine; a
-    convolution keeps its output's. The plan computes the pool exactly and rounds once, as the
-    convolution does. An AveragePool (the stages a large global pool is planned as) stays: as a
-    strided convolution the toolkit computed tv_regnet_y_400mf worse (0.98872 against 0.99015).
-    The windows' weights are returned by name, for `quantize_dequantize` to store."""
+    input's parameters (its rule `adjust_avgpool`, on GlobalAveragePool and AveragePool alike),
+    dropping the plan's: on timm_regnetx_002's head, a 7.7 times coarser grid for the pooled
+    features; on timm_repvit_m0_9's staged squeeze-and-excitation means, values up to 3.5 steps of
+    the plan's grid away after the first stage, its output 0.0058 of cosine above what the
+    emulator promised on a 7-input mean. A convolution keeps its output's parameters. The plan
+    computes the pool exactly and rounds once, as the convolution does. An AveragePool whose
+    windows are not all of one size (padding it does not count, a window cut short by ceil_mode)
+    is no convolution and stays. The windows' weights are returned by name, for
+    `quantize_dequantize` to store."""
     shapes = static_shapes(model)
     converted = {}
     for node in model.graph.node:
-        source, result = (node.input[0], node.output[0]) if node.op_type == "GlobalAveragePool" else ("", "")
-        if (source not in activations or result not in activations or activations[source] == activations[result]
-                or len(shapes.get(source, ())) < 3):
+        if node.op_type not in ("GlobalAveragePool", "AveragePool"):
             continue
-        channels, *window = shapes[source][1:]
+        source, result = node.input[0], node.output[0]
+        if (source not in activations or result not in activations or activations[source] == activations[result]
+                or len(shapes.get(source, ())) < 3 or len(shapes.get(result, ())) < 3):
+            continue
+        channels, *sizes = shapes[source][1:]
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "AveragePool":
+            window = list(attributes["kernel_shape"])
+            if not _windows_of_one_size(attributes, sizes, window, shapes[result][2:]):
+                continue
+            kept = {name: attributes[name] for name in ("strides", "pads", "dilations") if name in attributes}
+        else:
+            window, kept = sizes, {}
         name = f"{node.name}/window"
         scale = 1.0 / float(np.prod(window)) / WEIGHT_INT8_MAX
         converted[name] = (np.full([channels, 1, *window], WEIGHT_INT8_MAX, np.int8),
                            Quantization("int8", (scale,), (0,), None, "weights"))
         node.op_type = "Conv"
         node.input[:] = [source, name]
-        node.attribute.extend([helper.make_attribute("group", channels), helper.make_attribute("kernel_shape", window)])
+        del node.attribute[:]
+        node.attribute.extend([helper.make_attribute("group", channels), helper.make_attribute("kernel_shape", window),
+                               *(helper.make_attribute(key, value) for key, value in kept.items())])
     return converted
+
+
+def _windows_of_one_size(attributes: Mapping, sizes: list[int], window: list[int], out_sizes: list[int]) -> bool:
+    """Whether every window of an AveragePool averages its full size: padding, if any, counted
+    (count_include_pad, the zeros a convolution's padding adds), and no window cut short by the
+    map's end (ceil_mode's last window, when it starts inside the map but ends past the padding)."""
+    pads = list(attributes.get("pads", [0] * 2 * len(window)))
+    if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
+        return False
+    if any(pads) and not attributes.get("count_include_pad", 0):
+        return False
+    strides = list(attributes.get("strides", [1] * len(window)))
+    dilations = list(attributes.get("dilations", [1] * len(window)))
+    rank = len(window)
+    return all((out - 1) * stride + (k - 1) * dilation + 1 <= size + pads[axis] + pads[axis + rank]
+               for axis, (size, out, k, stride, dilation) in enumerate(zip(sizes, out_sizes, window, strides, dilations)))
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:
