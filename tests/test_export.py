@@ -19,8 +19,8 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
-from rkcompile.views.toolkit_shapings import (radix_sums_as_channel_slices, rank3_tails_as_rank4,
-                                              reshapes_after_elementwise_ops, token_rows_as_sequences,
+from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, radix_sums_as_channel_slices,
+                                              rank3_tails_as_rank4, reshapes_after_elementwise_ops, token_rows_as_sequences,
                                               transpose_steps_as_one, transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
@@ -1833,6 +1833,58 @@ def test_steps_that_undo_each_other_are_one_reshape():
     assert transpose_steps_as_one(model) == 1
     assert [n.op_type for n in model.graph.node] == ["Reshape"]
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], x)
+
+
+def attention_in_steps(k_reader: str = "MatMul") -> onnx.ModelProto:
+    """torchvision ViT's attention as the plan's 4-D steps write it (tv_vit_tiny's export): the
+    projection's [T, 3 * H * D, 1, 1] rows (T = 5 tokens, H = 2 heads, D = 4) Reshaped to
+    [5, 3, 2, 4], moved (1, 0, 2, 3) and split into q, k, v, each then moved on its own into
+    [1, H, T, D] (k into [1, H, D, T], scaled), the two products and a Softmax between them.
+    `k_reader`, when not "MatMul", reads the scaled k before the first MatMul does."""
+    nodes = [helper.make_node("Reshape", ["x", "cut"], ["r"], name="r"),
+             helper.make_node("Transpose", ["r"], ["t"], name="t", perm=[1, 0, 2, 3]),
+             helper.make_node("Split", ["t", "thirds"], ["q0", "k0", "v0"], name="split", axis=0),
+             helper.make_node("Reshape", ["q0", "heads"], ["q1"], name="q1"),
+             helper.make_node("Transpose", ["q1"], ["q"], name="q", perm=[2, 1, 0, 3]),
+             helper.make_node("Reshape", ["k0", "flat"], ["k1"], name="k1"),
+             helper.make_node("Transpose", ["k1"], ["k2"], name="k2", perm=[0, 3, 1, 2]),
+             helper.make_node("Reshape", ["k2", "keys"], ["k"], name="k"),
+             helper.make_node("Mul", ["k", "scale"], ["ks"], name="scale"),
+             helper.make_node("Reshape", ["v0", "heads"], ["v1"], name="v1"),
+             helper.make_node("Transpose", ["v1"], ["v"], name="v", perm=[2, 1, 0, 3]),
+             *([] if k_reader == "MatMul" else [helper.make_node(k_reader, ["ks"], ["kr"], name="k_reader")]),
+             helper.make_node("MatMul", ["q", "ks" if k_reader == "MatMul" else "kr"], ["s"], name="scores"),
+             helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="mix")]
+    return make_model(nodes, [value_info("x", [5, 24, 1, 1])], [value_info("y", [1, 2, 5, 4])],
+                      [weight("cut", np.array([5, 3, 2, 4])), weight("thirds", np.array([1, 1, 1])),
+                       weight("heads", np.array([5, 2, 1, 4])), weight("flat", np.array([1, 5, 1, 8])),
+                       weight("keys", np.array([1, 2, 4, 5])), weight("scale", np.array(0.5, np.float32))])
+
+
+def test_an_attentions_operands_from_one_projection_are_one_transpose_and_a_split():
+    """q, k and v become Reshape [5, 3, 2, 4], Transpose (1, 2, 0, 3) and the Split of the result
+    along its first axis, k then transposed (0, 1, 3, 2): the form rknn-toolkit2 2.5.0 fuses
+    into exSDPAttention with no layers around it (tv_vit_tiny: 49 layers, from the steps 77).
+    The same values."""
+    model = attention_in_steps()
+    x = np.random.default_rng(0).standard_normal((5, 24, 1, 1)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert attention_operands_in_one_transpose(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    moves = [(n.op_type, list(n.attribute[0].ints) if n.op_type == "Transpose" else None)
+             for n in model.graph.node if n.op_type in ("Reshape", "Transpose", "Split")]
+    assert moves == [("Reshape", None), ("Transpose", [1, 2, 0, 3]), ("Split", None), ("Transpose", [0, 1, 3, 2])]
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
+def test_operands_read_by_more_than_products_stay():
+    """Where a part's steps lead to an op other than the products (here a Sigmoid reads k),
+    nothing changes."""
+    model = attention_in_steps(k_reader="Sigmoid")
+    before = [n.op_type for n in model.graph.node]
+    assert attention_operands_in_one_transpose(model) == 0
+    assert [n.op_type for n in model.graph.node] == before
 
 
 def patch_block(opset: int = 14) -> onnx.ModelProto:

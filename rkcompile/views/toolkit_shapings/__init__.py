@@ -17,7 +17,8 @@ from rkcompile.views.toolkit_shapings import convolutions, layouts, norms, op_fo
 from rkcompile.views.toolkit_shapings.common import Shaping
 from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, linear_layers_as_gemms, pads_into_convs,
                                                            vectors_into_channels)
-from rkcompile.views.toolkit_shapings.layouts import (flattened_planes_padded, gathers_as_slices, rank3_tails_as_rank4,
+from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, flattened_planes_padded,
+                                                      gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       splits_of_concats_bypassed, transpose_steps_as_one)
 from rkcompile.views.toolkit_shapings.norms import group_norms_on_their_planes, mean_biases_apart
@@ -67,6 +68,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # rows reads: rows this one did not write back as sequences
     token_rows_as_sequences,
     transposes_from_splits,
+    # after transposes_from_splits, whose Transposes may be among an attention's operands' steps
+    attention_operands_in_one_transpose,
     # after the shapings that write Transposes back (transposes_from_splits): a run of them that
     # one Transpose makes becomes that Transpose
     transpose_steps_as_one,

@@ -477,18 +477,8 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
     41 CPU layers on the export before, 35 after). A run whose Transpose needs over
     MOST_JOINED_AXES axes, or that would not get fewer nodes, stays; one whose Transposes undo
     each other is one Reshape. Returns how many tensors it wrote so."""
-    shapes = static_shapes(model)
     graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    nodes = list(graph.node)
-    made_by = {name: node for node in nodes for name in node.output}
-    readers = readers_of(graph)
-    graph_outputs = output_names(graph)
-
-    def moves_elements(node: onnx.NodeProto | None) -> bool:
-        return node is not None and node.output[0] in shapes and (
-            node.op_type == "Transpose" or (node.op_type == "Reshape" and node.input[1] in constants))
-
+    shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
     written: dict[int, list[onnx.NodeProto]] = {}
     orders: list[tuple[str, np.ndarray, str]] = []   # (source, element order, tensor written) so far
     for node in nodes:
@@ -502,10 +492,7 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
         if sum(step.op_type == "Transpose" for step in run) < 2 or source not in shapes:
             continue
         elements = np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source])
-        for step in run:
-            elements = elements.transpose(node_attributes(step).get("perm")) if step.op_type == "Transpose" \
-                else elements.reshape(shapes[step.output[0]])
-        order = elements.reshape(-1)
+        order = _elements_moved(elements, run, shapes).reshape(-1)
         result = node.output[0]
         prefix = f"{result}/one_transpose"   # a tensor's name is unique, a node's may be empty
         same = next((tensor for earlier, seen, tensor in orders if earlier == source and np.array_equal(seen, order)),
@@ -513,30 +500,180 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
         if same is not None:
             written[id(node)] = [reshape_node(graph, same, shapes[result], result, prefix)]
             continue
-        found = _one_transpose_of(order)
-        if found is None:
+        steps = _one_transpose_nodes(graph, source, shapes[source], order, result, shapes[result], prefix)
+        if steps is None or (len(steps) >= len(run) and any(step.op_type == "Transpose" for step in steps)):
             continue
-        sizes, perm = found
-        if perm == sorted(perm):   # the Transposes undo each other: the run only relabels
-            written[id(node)] = [reshape_node(graph, source, shapes[result], result, prefix)]
-            continue
-        if shapes[source][:1] == [1]:   # keep the batch axis, as the exporters write it
-            sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
-        moved = [sizes[axis] for axis in perm]
-        grouping, ungrouping = sizes != shapes[source], moved != shapes[result]
-        if len(sizes) > MOST_JOINED_AXES or grouping + 1 + ungrouping >= len(run):
-            continue
-        grouped = f"{prefix}/grouped" if grouping else source
-        steps = [reshape_node(graph, source, sizes, grouped, f"{prefix}/group")] if grouping else []
-        steps.append(helper.make_node("Transpose", [grouped], [f"{prefix}/moved" if ungrouping else result],
-                                      f"{prefix}/transpose", perm=perm))
-        if ungrouping:
-            steps.append(reshape_node(graph, steps[-1].output[0], shapes[result], result, f"{prefix}/ungroup"))
         written[id(node)] = steps
         orders.append((source, order, result))
     changed = nodes_rewritten(graph, nodes, written)
     drop_unread_nodes(graph)
     return changed
+
+
+def attention_operands_in_one_transpose(model: onnx.ModelProto) -> int:
+    """Write the operands an attention's matrix products read from one tensor (q, k and v cut
+    from one projection by a Split, each part moved by its own Reshapes and Transposes) as one
+    Reshape grouping the tensor's elements, one Transpose, the Split into the operands along the
+    first axis and, for an operand in another order than the others (k transposed), its own
+    Transpose (`_one_transpose_nodes`): the same values. The plan's steps on a 4-D view (the
+    rewrites' form of a rank-5 Transpose and its Gathers) leave each operand behind two
+    Transposes; from those rknn-toolkit2 2.5.0 builds the attention with 4 Transposes and 3
+    Reshapes more than from the original (tv_vit_tiny: 77 layers against 49), from the one
+    Transpose as it builds the original (49). Only where the parts are read by MatMuls alone,
+    and where fewer nodes result. Returns how many Splits it wrote so."""
+    graph = model.graph
+    shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
+    scalars = {tensor.name for tensor in graph.initializer if int(np.prod(tensor.dims)) == 1}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    for split in nodes:
+        if split.op_type != "Split" or split.input[0] not in shapes or any(name not in shapes for name in split.output):
+            continue
+        before, source = [], split.input[0]
+        while moves_elements(made_by.get(source)) and len(readers[source]) == 1 and source not in graph_outputs:
+            before.insert(0, made_by[source])
+            source = before[0].input[0]
+        operands = [_run_to_products(part, readers, moves_elements, graph_outputs, scalars)
+                    for part in split.output]
+        if source not in shapes or any(found is None for found in operands):
+            continue
+        axis = node_attributes(split).get("axis", 0) % len(shapes[split.input[0]])
+        elements = _elements_moved(np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source]),
+                                   before, shapes)
+        cuts = np.cumsum([shapes[name][axis] for name in split.output])[:-1]
+        orders = [_elements_moved(part, run, shapes).reshape(-1)
+                  for part, (run, _) in zip(np.split(elements, cuts, axis=axis), operands)]
+        steps = _operands_written(graph, source, shapes[source], orders, [shapes[leaf] for _, leaf in operands],
+                                  [leaf for _, leaf in operands], f"{split.output[0]}/one_transpose",
+                                  ai_onnx_opset(model))
+        if steps is None or len(steps) >= len(before) + 1 + sum(len(run) for run, _ in operands):
+            continue
+        written[id(split)] = steps
+        removed.update(id(step) for step in [*before, *(step for run, _ in operands for step in run)])
+    changed = nodes_rewritten(graph, nodes, written, removed)
+    drop_unread_nodes(graph)
+    return changed
+
+
+def _run_to_products(part: str, readers: dict[str, list[onnx.NodeProto]], moves_elements,
+                     graph_outputs: set[str], scalars: set[str]) -> tuple[list[onnx.NodeProto], str] | None:
+    """The run of single-reader Reshapes and Transposes from `part` to a tensor MatMuls alone
+    read (or one Mul by a constant scalar, an attention's scale, whose result they alone read),
+    and that tensor; None when the run ends anywhere else."""
+    run, tensor = [], part
+    while tensor not in graph_outputs and len(readers.get(tensor, [])) == 1 and moves_elements(readers[tensor][0]):
+        run.append(readers[tensor][0])
+        tensor = run[-1].output[0]
+    found = readers.get(tensor, [])
+    if len(found) == 1 and found[0].op_type == "Mul" and found[0].output[0] not in graph_outputs and any(
+            name in scalars for name in found[0].input):
+        found = readers.get(found[0].output[0], [])
+    if tensor in graph_outputs or not found or any(reader.op_type != "MatMul" for reader in found):
+        return None
+    return run, tensor
+
+
+def _operands_written(graph: onnx.GraphProto, source: str, source_shape: list[int], orders: list[np.ndarray],
+                      shapes: list[list[int]], results: list[str], prefix: str, opset: int) -> list[onnx.NodeProto] | None:
+    """The nodes writing `results` (of `shapes`), each the elements of `source` in its `orders`,
+    as one Transpose's result split along its first axis, then a Reshape or a Transpose of each
+    part where its shape or its order differs (the order most operands share is the Transpose's);
+    None when the operands are not that, or need more than MOST_JOINED_AXES axes."""
+    lows = [int(order.min()) for order in orders]
+    relative = [order - low for order, low in zip(orders, lows)]
+    shared = max(relative, key=lambda order: sum(np.array_equal(order, other) for other in relative))
+    by_place = sorted(range(len(orders)), key=lambda index: lows[index])
+    joined = np.concatenate([lows[index] + shared for index in by_place])
+    found = _one_transpose_of(joined) if joined.size == int(np.prod(source_shape)) else None
+    if found is None or found[1] == sorted(found[1]) or found[0][found[1][0]] % len(orders):
+        return None
+    sizes, perm = found
+    if sizes[perm[0]] != len(orders):   # the operands' axis joined with the next: apart, so each part is one
+        axis, inner = perm[0], sizes[perm[0]] // len(orders)
+        sizes = [*sizes[:axis], len(orders), inner, *sizes[axis + 1:]]
+        perm = [axis, axis + 1, *(other + (other > axis) for other in perm[1:])]
+    if len(sizes) > MOST_JOINED_AXES:
+        return None
+    transposed = [sizes[axis] for axis in perm]
+    steps = [reshape_node(graph, source, sizes, f"{prefix}/grouped", f"{prefix}/group")] if sizes != source_shape else []
+    steps.append(helper.make_node("Transpose", [steps[-1].output[0] if steps else source], [f"{prefix}/moved"],
+                                  f"{prefix}/transpose", perm=perm))
+    part_shape = [transposed[0] // len(orders), *transposed[1:]]
+    ordered, place_of = np.sort(shared), np.argsort(shared)   # shared[place_of[k]] == ordered[k]
+    pieces, rest = [], []
+    for place, index in enumerate(by_place):
+        at = np.minimum(np.searchsorted(ordered, relative[index]), ordered.size - 1)
+        if not np.array_equal(ordered[at], relative[index]):
+            return None
+        within = place_of[at]   # where in its part each element of the operand stands
+        if np.array_equal(within, np.arange(within.size)) and part_shape == shapes[index]:
+            pieces.append(results[index])
+            continue
+        pieces.append(f"{prefix}/part_{place}")
+        found = _one_transpose_nodes(graph, pieces[-1], part_shape, within, results[index], shapes[index],
+                                     f"{prefix}/operand_{place}")
+        if found is None:
+            return None
+        rest += found
+    cut = [part_shape[0]] * len(orders)
+    if opset >= 13:
+        graph.initializer.append(numpy_helper.from_array(np.array(cut, np.int64), f"{prefix}/split"))
+        steps.append(helper.make_node("Split", [f"{prefix}/moved", f"{prefix}/split"], pieces, f"{prefix}/split", axis=0))
+    else:
+        steps.append(helper.make_node("Split", [f"{prefix}/moved"], pieces, f"{prefix}/split", axis=0, split=cut))
+    return steps + rest
+
+
+def _moves_index(model: onnx.ModelProto):
+    """What the shapings of runs of moves look up: the static shapes, the nodes in order, each
+    tensor's producer and readers, the graph's outputs, and whether a node only moves its
+    input's elements (a Transpose, or a Reshape to a constant shape, its result's shape known)."""
+    shapes = static_shapes(model)
+    constants = {tensor.name for tensor in model.graph.initializer}
+    nodes = list(model.graph.node)
+
+    def moves_elements(node: onnx.NodeProto | None) -> bool:
+        return node is not None and node.output[0] in shapes and (
+            node.op_type == "Transpose" or (node.op_type == "Reshape" and node.input[1] in constants))
+
+    return (shapes, nodes, {name: node for node in nodes for name in node.output}, readers_of(model.graph),
+            output_names(model.graph), moves_elements)
+
+
+def _elements_moved(elements: np.ndarray, run: Sequence[onnx.NodeProto], shapes: dict[str, list[int]]) -> np.ndarray:
+    """`elements` moved by each of `run`'s Transposes and Reshapes in turn."""
+    for step in run:
+        elements = elements.transpose(node_attributes(step).get("perm")) if step.op_type == "Transpose" \
+            else elements.reshape(shapes[step.output[0]])
+    return elements
+
+
+def _one_transpose_nodes(graph: onnx.GraphProto, source: str, source_shape: list[int], order: np.ndarray,
+                         result: str, result_shape: list[int], prefix: str) -> list[onnx.NodeProto] | None:
+    """The nodes writing `result` (`result_shape`) as the elements of `source` (`source_shape`) in
+    `order` (`_one_transpose_of`): a Reshape grouping the source's elements, the Transpose of
+    those groups and a Reshape to the result's shape, each left out where it would change
+    nothing; one Reshape where the order is the source's own. None when no Transpose of at most
+    MOST_JOINED_AXES axes writes that order."""
+    found = _one_transpose_of(order)
+    if found is None:
+        return None
+    sizes, perm = found
+    if perm == sorted(perm):   # the elements keep their order: a relabel
+        return [reshape_node(graph, source, result_shape, result, prefix)]
+    if source_shape[:1] == [1]:   # keep the batch axis, as the exporters write it
+        sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
+    if len(sizes) > MOST_JOINED_AXES:
+        return None
+    moved = [sizes[axis] for axis in perm]
+    grouping, ungrouping = sizes != source_shape, moved != result_shape
+    grouped = f"{prefix}/grouped" if grouping else source
+    steps = [reshape_node(graph, source, sizes, grouped, f"{prefix}/group")] if grouping else []
+    steps.append(helper.make_node("Transpose", [grouped], [f"{prefix}/moved" if ungrouping else result],
+                                  f"{prefix}/transpose", perm=perm))
+    if ungrouping:
+        steps.append(reshape_node(graph, steps[-1].output[0], result_shape, result, f"{prefix}/ungroup"))
+    return steps
 
 
 def _one_transpose_of(order: np.ndarray) -> tuple[list[int], list[int]] | None:
@@ -573,5 +710,6 @@ SHAPINGS: tuple[Shaping, ...] = (
     rank3_tails_as_rank4,
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
+    attention_operands_in_one_transpose,
     transpose_steps_as_one,
 )
