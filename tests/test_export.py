@@ -1915,18 +1915,19 @@ def patch_block(opset: int = 14) -> onnx.ModelProto:
                        weight("gamma", rng.uniform(0.5, 2, (8, 1, 1)).astype(np.float32))], opset=opset)
 
 
-def test_a_group_norm_whose_scale_went_into_the_next_conv_is_written_on_its_planes(save, tmp_path):
-    """MobileViTv2's norm: the plan runs it as the mean and variance of a [1, 512, 1, 1] row by
-    Convs and folds its per-channel scale into the Conv after the fold, so no Reshape back to
-    the input's shape follows the row. rknn-toolkit2 2.5.0 cuts a long row's mean into Convs
-    added up (timm_mobilevitv2_050: 62 layers a norm); the export writes the norm as an
-    InstanceNormalization (its exNorm) as far as the row's chain of relabels goes: the same
-    values."""
+def test_a_group_norm_of_patches_is_written_as_the_layer_norm_it_is(save, tmp_path):
+    """MobileViTv2's norm: the plan runs it as one exNorm on the patches [1, 8, 4, 16]
+    (passes/rewrites/reductions.py `single_group_norm_as_layer_norm`), not as the mean and
+    variance of a [1, 512, 1, 1] row by Convs, which rknn-toolkit2 2.5.0 cuts into Convs added up
+    (timm_mobilevitv2_050: 62 layers a norm). The export writes LayerNorm's ops at opset 14,
+    which the toolkit fuses into exNorm: the same values."""
     original = save(patch_block())
-    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
-    assert written.report["toolkit_shapings"]["group_norms_on_their_planes"] == 1
+    plan = rkcompile.compile(original, "rk3588")
+    (norm,) = [step for step in plan.record.steps if step.kernel == "exNorm"]
+    assert list(plan.record.tensors[norm.inputs[0]].shape) == [1, 8, 4, 16]
+    written = rkcompile.export(plan, tmp_path / "out.onnx", "rk3588")
     exported = onnx.load(str(written.path))
-    assert "InstanceNormalization" in {n.op_type for n in exported.graph.node}
+    assert [n.op_type for n in exported.graph.node].count("ReduceMean") == 2
     weights = {t.name: numpy_helper.to_array(t) for t in exported.graph.initializer}
     assert not [n for n in exported.graph.node if n.op_type == "Conv" and weights[n.input[1]].shape[:2] == (1, 512)]
     x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 8, 8)).astype(np.float32)

@@ -177,6 +177,37 @@ def test_group_norm_with_one_group_is_one_exnorm(save, target, shape, opset, aff
     assert sum(t.aliases is not None for t in plan.record.tensors.values()) == (0 if len(shape) == 4 else 2)
 
 
+@pytest.mark.parametrize("source, result, normed", [
+    # MobileViTv2's patches: the relabels before the norm composed with its own, x arrives as
+    # [1, 256, 4, 4]; normalized on its result's [1, 64, 4, 16], the affine taken in
+    ([1, 256, 4, 4], [1, 64, 4, 16], [1, 64, 4, 16]),
+    # its result relabelled on into a shape of no image axis (the fold's view): normalized on x
+    ([1, 64, 4, 16], [128, 2, 1, 16], [1, 64, 4, 16]),
+])
+def test_group_norm_with_one_group_is_normalized_in_any_shape_of_the_image(save, source, result, normed):
+    """The one group is every value of the image, so the norm is one exNorm in a shape of the
+    image whatever shapes the relabels around it have, with one relabel: not on a [1, C*S, 1, 1]
+    view with a Reshape each way."""
+    nodes = [helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]),
+             helper.make_node("InstanceNormalization", ["grouped", "ones", "zeros"], ["normed"], epsilon=1e-5),
+             helper.make_node("Reshape", ["normed", "result_shape"], ["restored"])]
+    consts = [weight("grouped_shape", np.array([1, 1, -1], np.int64)), weight("result_shape", np.array(result, np.int64)),
+              _constant("ones", [1.0]), _constant("zeros", [0.0])]
+    if result[0] == 1:
+        nodes += [helper.make_node("Mul", ["restored", "gamma"], ["scaled"]), helper.make_node("Add", ["scaled", "beta"], ["y"])]
+        consts += [_constant("gamma", RNG.uniform(0.5, 2, [result[1], 1, 1])),
+                   _constant("beta", RNG.uniform(-1, 1, [result[1], 1, 1]))]
+    else:
+        nodes.append(helper.make_node("Relu", ["restored"], ["y"]))
+    model = make_model(nodes, [value_info("x", source)], [value_info("y", result)], consts, opset=17)
+    plan, on_cpu = plan_and_compare(model, save, "rk3588")
+    assert on_cpu == []
+    npu = [s for s in plan.record.steps if s.device == "npu"]
+    (norm,) = [s for s in npu if s.kernel == "exNorm"]
+    assert list(plan.record.tensors[norm.inputs[0]].shape) == normed
+    assert [s.kernel for s in npu].count("Reshape") == 1, [s.kernel for s in npu]
+
+
 def test_group_norm_whose_grouped_input_is_read_elsewhere_declines(save, capsys):
     from rkcompile.cli import main
 

@@ -26,6 +26,7 @@ from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
 from rkcompile.passes.rewrites.reductions import block_reduction_as_conv
+from rkcompile.targets.constraints import NPU_RANK
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
 
@@ -55,7 +56,6 @@ MAX_REGION_NODES = 64
 #: of the convolution: folding depth D into the channels costs D / kernel depth (R3D-18's layers
 #: at 8 frames: 8/3); a clip much longer than its kernel is left as it is.
 MAX_DEPTH_FOLD = 8
-NPU_RANK = 4
 
 
 def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:

@@ -32,6 +32,7 @@ from rkcompile.passes.fusion_table import (MEAN_OPS, layer_norm_core, mean_axes,
                                            statistics_restate_the_input)
 from rkcompile.passes.rewrites.base import (RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, conv_1x1, producer,
                                             scalar)
+from rkcompile.targets.constraints import NPU_RANK
 
 #: First opset with LayerNormalization.
 LAYER_NORMALIZATION_OPSET = 17
@@ -234,30 +235,59 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
     is one LayerNormalization on x [N, C, H, W] (on [N, C, S, 1] for other ranks), exNorm's axes
     [1, 2, 3] (seed 001, exNorm): no relabel steps, and the InstanceNormalization's scale and
     bias with the affine after it as its [C, 1, 1] scale and bias (exact: the same statistics
-    and the same products, regrouped)."""
+    and the same products, regrouped). The one group being every value of the image, the shape
+    it is normalized in is free: where the relabels around the norm were composed with others
+    (MobileViTv2's patches: x came as [64, 4, 256], the result goes on as [1, 64, 4, 256], or on
+    into the fold's 6-D view), it is normalized in its result's shape, else in x's, handing on
+    the [N, 1, C*S] the relabels after it read."""
     reshape_in = producer(node.inputs[0])
     grouped = static_shape(node.inputs[0])
     if reshape_in is None or reshape_in.op not in RESHAPE_LIKE or grouped is None or len(grouped) != 3 or grouped[1] != 1:
         return "its input is not a relabel to [N, 1, C*S] (GroupNorm with one group)"
     x = reshape_in.inputs[0]
     shape = static_shape(x)
-    if shape is None or len(shape) < 3 or shape[0] != grouped[0] or dtype_name(x.dtype) not in FLOAT_DTYPES:
-        return "the relabelled tensor is not a float [N, C, spatial...] of known shape"
+    if shape is None or element_count(shape) != element_count(grouped) or dtype_name(x.dtype) not in FLOAT_DTYPES:
+        return "the relabelled tensor is not a float tensor of known shape"
     readers = node.outputs[0].outputs
     reshape_out = readers[0] if len(readers) == 1 else None
-    if (reshape_out is None or reshape_out.op not in RESHAPE_LIKE or static_shape(reshape_out.outputs[0]) != shape
-            or node.outputs[0].name in site.graph_outputs):
-        return "its result is not relabelled back to the shape of its input alone"
+    if reshape_out is None or reshape_out.op not in RESHAPE_LIKE or node.outputs[0].name in site.graph_outputs:
+        return "its result is not relabelled alone"
     if reshape_in.outputs[0].name in site.graph_outputs or len(reshape_in.outputs[0].outputs) != 1:
         return "the relabelled input is read outside the norm"
+    relabelled = static_shape(reshape_out.outputs[0])
+    images = [candidate for candidate in (relabelled, shape)
+              if candidate is not None and 3 <= len(candidate) <= NPU_RANK and candidate[0] == grouped[0]]
+    if not images:
+        return "neither its input nor its relabelled result is an [N, C, spatial...]"
     group_scale, group_bias = (constant_value(t) for t in node.inputs[1:3])
     if group_scale is None or group_bias is None:
         return "its scale or bias is not constant"
     if not _layer_normalization_allowed(site):
         return f"opset {site.opset} has no LayerNormalization and {site.target.name} no exNorm"
-    affine, scale, bias = _affine_after(reshape_out, shape, 1, len(shape), site)
     group_scale, group_bias = (float(np.asarray(v).reshape(-1)[0]) for v in (group_scale, group_bias))
-    scale, bias = scale * group_scale, scale * group_bias + bias
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    builder = site.builder(node)
+    if images[0] is relabelled:
+        affine, scale, bias = _affine_after(reshape_out, relabelled, 1, len(relabelled), site)
+        source = x if relabelled == shape else builder.reshape(x, relabelled)
+        _layer_normalized(builder, source, epsilon, scale * group_scale, scale * group_bias + bias,
+                          (affine[-1] if affine else reshape_out).outputs[0])
+        yield builder.finish(reshape_in, node, reshape_out, *affine)
+        return
+    unit = np.ones((1,) * (len(shape) - 1), dtype_name(x.dtype))
+    normed = _layer_normalized(builder, x, epsilon, unit * group_scale, unit * group_bias)
+    builder.reshape(normed, grouped, out=node.outputs[0])   # the relabels after it, as they were
+    yield builder.finish(reshape_in, node)
+
+
+def _layer_normalized(builder: Builder, x: gs.Tensor, epsilon: float, scale: np.ndarray, bias: np.ndarray,
+                      out: gs.Tensor | None = None) -> gs.Tensor:
+    """A LayerNormalization of x [N, C, spatial...] over axes [1, ...] with `scale` and `bias` of
+    x's shape less N (1s where they do not vary): on x itself at rank 4, else on its
+    [N, C, S, 1] view, relabelled back."""
+    shape = static_shape(x)
+    if len(shape) == 4:
+        return _layer_normalization(builder, x, epsilon, scale, bias, out=out)
     spatial = element_count(shape[2:])
 
     def on_view(param: np.ndarray) -> np.ndarray:
@@ -265,15 +295,8 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
             return param.reshape(param.shape[0], 1, 1)
         return np.broadcast_to(param, shape[1:]).reshape(shape[1], spatial, 1)
 
-    builder = site.builder(node)
-    epsilon = float(node.attrs.get("epsilon", 1e-5))
-    result = (affine[-1] if affine else reshape_out).outputs[0]
-    if len(shape) == 4:
-        _layer_normalization(builder, x, epsilon, scale, bias, out=result)
-    else:
-        view = builder.reshape(x, [shape[0], shape[1], spatial, 1])
-        builder.reshape(_layer_normalization(builder, view, epsilon, on_view(scale), on_view(bias)), shape, out=result)
-    yield builder.finish(reshape_in, node, reshape_out, *affine)
+    view = builder.reshape(x, [shape[0], shape[1], spatial, 1])
+    return builder.reshape(_layer_normalization(builder, view, epsilon, on_view(scale), on_view(bias)), shape, out=out)
 
 
 def instance_norm_on_channel_view(node: gs.Node, site: Site) -> Candidates:
