@@ -19,8 +19,10 @@ import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
+from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, radix_sums_as_channel_slices,
-                                              rank3_tails_as_rank4, reshapes_after_elementwise_ops, token_rows_as_sequences,
+                                              rank3_tails_as_rank4, reshapes_after_elementwise_ops,
+                                              softmaxes_before_layout_runs, token_rows_as_sequences,
                                               transpose_steps_as_one, transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
@@ -1833,6 +1835,58 @@ def test_steps_that_undo_each_other_are_one_reshape():
     assert transpose_steps_as_one(model) == 1
     assert [n.op_type for n in model.graph.node] == ["Reshape"]
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], x)
+
+
+def class_heads(levels=((2, 2), (1, 1)), anchors: int = 3, classes: int = 5) -> onnx.ModelProto:
+    """An SSD's class heads as the export writes them: per level the head's [1, A*K, H, W] (here a
+    Relu of the input) moved to [1, H, W, A*K] and Reshaped to [1, H*W*A, 1, K], the levels
+    joined along axis 1, a Softmax over the classes, the output."""
+    nodes, inputs, inits, parts = [], [], [], []
+    for level, (height, width) in enumerate(levels):
+        rows = height * width * anchors
+        inputs.append(value_info(f"x{level}", [1, anchors * classes, height, width]))
+        inits.append(weight(f"rows{level}", np.array([1, rows, 1, classes])))
+        nodes += [helper.make_node("Relu", [f"x{level}"], [f"h{level}"], name=f"head{level}"),
+                  helper.make_node("Transpose", [f"h{level}"], [f"t{level}"], name=f"t{level}", perm=[0, 2, 3, 1]),
+                  helper.make_node("Reshape", [f"t{level}", f"rows{level}"], [f"r{level}"], name=f"r{level}")]
+        parts.append((f"r{level}", rows))
+    nodes += [helper.make_node("Concat", [name for name, _ in parts], ["joined"], name="join", axis=1),
+              helper.make_node("Softmax", ["joined"], ["y"], name="softmax", axis=3)]
+    total = sum(rows for _, rows in parts)
+    return make_model(nodes, inputs, [value_info("y", [1, total, 1, classes])], inits)
+
+
+def test_a_softmax_after_joined_class_heads_goes_before_their_moves():
+    """Each level's Softmax runs on [A, K, H, W] over its channels (rknn-toolkit2 2.5.0: on its
+    NPU), then the moves and the Concat, which end the output (the host tail takes them:
+    tv_ssdlite320_mobilenet_v3_large's six Reshapes the toolkit ran on its CPU). The same
+    values."""
+    model = class_heads()
+    rng = np.random.default_rng(0)
+    feeds = {"x0": rng.standard_normal((1, 15, 2, 2)).astype(np.float32),
+             "x1": rng.standard_normal((1, 15, 1, 1)).astype(np.float32)}
+    expected = onnxruntime_run(model, feeds)[0]
+    assert softmaxes_before_layout_runs(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    softmaxes = [n for n in model.graph.node if n.op_type == "Softmax"]
+    assert [helper.get_attribute_value(n.attribute[0]) for n in softmaxes] == [1, 1]
+    made_by = {n.output[0]: n for n in model.graph.node}
+    assert made_by["y"].op_type == "Concat"
+    shapes = static_shapes(model)
+    assert [shapes[n.input[0]] for n in softmaxes] == [[3, 5, 2, 2], [3, 5, 1, 1]]
+    np.testing.assert_allclose(onnxruntime_run(model, feeds)[0], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_softmax_whose_rows_no_view_holds_stays():
+    """Rows of 6 of a head's 15 channels a pixel: a row crosses from one pixel into the next, so
+    no view of the head holds it on one axis, and nothing changes."""
+    model = class_heads(levels=((2, 2),))
+    model.graph.initializer[0].CopyFrom(weight("rows0", np.array([1, 10, 1, 6])))
+    del model.graph.output[:]
+    model.graph.output.append(value_info("y", [1, 10, 1, 6]))
+    before = [n.op_type for n in model.graph.node]
+    assert softmaxes_before_layout_runs(model) == 0
+    assert [n.op_type for n in model.graph.node] == before
 
 
 def attention_in_steps(k_reader: str = "MatMul") -> onnx.ModelProto:

@@ -155,8 +155,9 @@ def _windows_of_one_size(attributes: Mapping, sizes: list[int], window: list[int
     strides = list(attributes.get("strides", [1] * len(window)))
     dilations = list(attributes.get("dilations", [1] * len(window)))
     rank = len(window)
+    reach = zip(sizes, out_sizes, window, strides, dilations)
     return all((out - 1) * stride + (k - 1) * dilation + 1 <= size + pads[axis] + pads[axis + rank]
-               for axis, (size, out, k, stride, dilation) in enumerate(zip(sizes, out_sizes, window, strides, dilations)))
+               for axis, (size, out, k, stride, dilation) in enumerate(reach))
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:

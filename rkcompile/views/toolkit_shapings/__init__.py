@@ -20,7 +20,8 @@ from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, l
 from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, flattened_planes_padded,
                                                       gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
-                                                      splits_of_concats_bypassed, transpose_steps_as_one)
+                                                      softmaxes_before_layout_runs, splits_of_concats_bypassed,
+                                                      transpose_steps_as_one)
 from rkcompile.views.toolkit_shapings.norms import group_norms_on_their_planes, mean_biases_apart
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
@@ -64,6 +65,9 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # ops after it, which that shaping cannot move then
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
+    # after rank3_tails_as_rank4 and reshapes_after_elementwise_ops, whose forms of an output's
+    # runs of moves it reads
+    softmaxes_before_layout_runs,
     # before transposes_from_splits, which keeps the Split form of a Transpose that a Reshape into
     # rows reads: rows this one did not write back as sequences
     token_rows_as_sequences,

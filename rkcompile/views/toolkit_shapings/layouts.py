@@ -555,6 +555,90 @@ def attention_operands_in_one_transpose(model: onnx.ModelProto) -> int:
     return changed
 
 
+def softmaxes_before_layout_runs(model: onnx.ModelProto) -> int:
+    """Write a Softmax whose input joins (a Concat along another axis) or is the result of runs of
+    Reshapes and Transposes (one Transpose at least) from tensors computed before, and whose
+    result reaches a graph output through such runs alone, as a Softmax of each source on a
+    view that holds the softmax's rows along one axis ([A, K, H, W] for a detector's
+    [1, A*K, H, W] anchors and classes), the runs and the Concat after it: the same values.
+    The runs then end the output,
+    where the host tail (`--host-tail`) hands them to the host part: rknn-toolkit2 2.5.0 runs on
+    its CPU the Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] (tv_ssdlite320_mobilenet_v3_large's
+    six class heads), and the Softmax of each [A, K, H, W] over its channels on its NPU.
+    Returns how many Softmaxes it moved."""
+    graph = model.graph
+    shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
+    opset = ai_onnx_opset(model)
+
+    def ends_outputs(name: str) -> bool:
+        after = readers.get(name, [])
+        return name in graph_outputs or (bool(after) and all(moves_elements(node) and ends_outputs(node.output[0])
+                                                             for node in after))
+
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    for softmax in nodes:
+        if softmax.op_type != "Softmax" or softmax.input[0] not in shapes or not ends_outputs(softmax.output[0]):
+            continue
+        rank = len(shapes[softmax.input[0]])
+        axis = node_attributes(softmax).get("axis", -1 if opset >= 13 else 1) % rank
+        joined = made_by.get(softmax.input[0])
+        concat = joined if joined is not None and joined.op_type == "Concat" else None
+        if (opset < 13 and axis != rank - 1) or len(readers[softmax.input[0]]) != 1 \
+                or (concat is not None and node_attributes(concat).get("axis", 0) % rank == axis):
+            continue
+        sources = []
+        for part in (concat.input if concat is not None else [softmax.input[0]]):
+            run, source = [], part
+            while moves_elements(made_by.get(source)) and len(readers[source]) == 1:
+                run.insert(0, made_by[source])
+                source = run[0].input[0]
+            view = _rows_view(shapes[source], _elements_moved(
+                np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source]), run, shapes), axis) \
+                if run and source in made_by and source in shapes else None
+            if view is None or id(made_by[source]) in written:
+                sources = None
+                break
+            sources.append((run, source, view))
+        if not sources or not any(step.op_type == "Transpose" for run, _, _ in sources for step in run):
+            continue   # Reshapes alone: the Softmax reads a relabel of its source, as the toolkit runs it
+        for index, (run, source, view) in enumerate(sources):
+            prefix = f"{softmax.output[0]}/before_moves/{index}"
+            if view == shapes[source]:   # the rows are the source's channels already
+                steps = [helper.make_node("Softmax", [source], [f"{prefix}/softmaxed"], f"{prefix}/softmax", axis=1)]
+            else:
+                steps = [reshape_node(graph, source, view, f"{prefix}/rows", f"{prefix}/view"),
+                         helper.make_node("Softmax", [f"{prefix}/rows"], [f"{prefix}/softmax"], f"{prefix}/softmax",
+                                          axis=1),
+                         reshape_node(graph, f"{prefix}/softmax", shapes[source], f"{prefix}/softmaxed",
+                                      f"{prefix}/back")]
+            written[id(made_by[source])] = [made_by[source], *steps]
+            run[0].input[0] = f"{prefix}/softmaxed"
+        last = concat if concat is not None else made_by[softmax.input[0]]
+        last.output[0] = softmax.output[0]
+        removed.add(id(softmax))
+    nodes_rewritten(graph, nodes, written, removed)
+    return len(removed)
+
+
+def _rows_view(source_shape: list[int], elements: np.ndarray, axis: int) -> list[int] | None:
+    """A view of a tensor of `source_shape` (at most 4 axes) whose axis 1 holds, for each row of
+    `elements` (the source's indices, moved) along `axis`, that row's elements: when each row's
+    K elements stand at one stride st of the source, at the digits k * st of its flat index
+    ([outer, K, inner], the inner axes the source's own when they make st); None otherwise."""
+    rows = np.moveaxis(elements, axis, -1).reshape(-1, elements.shape[axis])
+    count = rows.shape[1]
+    if count < 2:
+        return None
+    stride = int(rows[0, 1] - rows[0, 0])
+    if stride <= 0 or np.any(np.diff(rows, axis=1) != stride) or np.any((rows[:, 0] // stride) % count):
+        return None
+    outer = int(np.prod(source_shape)) // (count * stride)
+    inner = next((list(source_shape[start:]) for start in range(len(source_shape))
+                  if int(np.prod(source_shape[start:])) == stride and len(source_shape[start:]) <= 2), [stride, 1])
+    return [outer, count, *inner] if len(inner) == 2 else [outer, count, *inner, 1]
+
+
 def _run_to_products(part: str, readers: dict[str, list[onnx.NodeProto]], moves_elements,
                      graph_outputs: set[str], scalars: set[str]) -> tuple[list[onnx.NodeProto], str] | None:
     """The run of single-reader Reshapes and Transposes from `part` to a tensor MatMuls alone
@@ -574,7 +658,8 @@ def _run_to_products(part: str, readers: dict[str, list[onnx.NodeProto]], moves_
 
 
 def _operands_written(graph: onnx.GraphProto, source: str, source_shape: list[int], orders: list[np.ndarray],
-                      shapes: list[list[int]], results: list[str], prefix: str, opset: int) -> list[onnx.NodeProto] | None:
+                      shapes: list[list[int]], results: list[str], prefix: str,
+                      opset: int) -> list[onnx.NodeProto] | None:
     """The nodes writing `results` (of `shapes`), each the elements of `source` in its `orders`,
     as one Transpose's result split along its first axis, then a Reshape or a Transpose of each
     part where its shape or its order differs (the order most operands share is the Transpose's);
@@ -595,7 +680,8 @@ def _operands_written(graph: onnx.GraphProto, source: str, source_shape: list[in
     if len(sizes) > MOST_JOINED_AXES:
         return None
     transposed = [sizes[axis] for axis in perm]
-    steps = [reshape_node(graph, source, sizes, f"{prefix}/grouped", f"{prefix}/group")] if sizes != source_shape else []
+    grouping = sizes != source_shape
+    steps = [reshape_node(graph, source, sizes, f"{prefix}/grouped", f"{prefix}/group")] if grouping else []
     steps.append(helper.make_node("Transpose", [steps[-1].output[0] if steps else source], [f"{prefix}/moved"],
                                   f"{prefix}/transpose", perm=perm))
     part_shape = [transposed[0] // len(orders), *transposed[1:]]
@@ -618,7 +704,8 @@ def _operands_written(graph: onnx.GraphProto, source: str, source_shape: list[in
     cut = [part_shape[0]] * len(orders)
     if opset >= 13:
         graph.initializer.append(numpy_helper.from_array(np.array(cut, np.int64), f"{prefix}/split"))
-        steps.append(helper.make_node("Split", [f"{prefix}/moved", f"{prefix}/split"], pieces, f"{prefix}/split", axis=0))
+        steps.append(helper.make_node("Split", [f"{prefix}/moved", f"{prefix}/split"], pieces, f"{prefix}/split",
+                                      axis=0))
     else:
         steps.append(helper.make_node("Split", [f"{prefix}/moved"], pieces, f"{prefix}/split", axis=0, split=cut))
     return steps + rest
@@ -710,6 +797,7 @@ SHAPINGS: tuple[Shaping, ...] = (
     rank3_tails_as_rank4,
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
+    softmaxes_before_layout_runs,
     attention_operands_in_one_transpose,
     transpose_steps_as_one,
 )
