@@ -1,5 +1,5 @@
 """What several families of toolkit shapings read or write alike: a shaping's type (`Shaping`),
-whether a Conv is the plan's 1x1 matrix product (`pointwise`), a ReduceMean or ReduceSum in its
+the graph's lookups (`lookups`), whether a Conv is the plan's 1x1 matrix product (`pointwise`), a ReduceMean or ReduceSum in its
 opset's form (`reduction_node`), a Reshape to a constant shape (`reshape_node`), a Slice of
 constant bounds (`slice_node`), and the element-by-element ops (`ELEMENTWISE`)."""
 from __future__ import annotations
@@ -10,10 +10,18 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import node_attributes
+from rkcompile.views.proto_graph import node_attributes, output_names, readers_of
 
 #: A toolkit shaping: it rewrites the model in place and returns how many places it changed.
 Shaping = Callable[[onnx.ModelProto], int]
+
+
+def lookups(graph: onnx.GraphProto) -> tuple[dict[str, np.ndarray], dict[str, list[onnx.NodeProto]],
+                                             dict[str, onnx.NodeProto], set[str]]:
+    """What a shaping looks a graph's tensors up by, as the graph stands: each constant's values,
+    each tensor's readers and the node that makes it, and the graph's outputs."""
+    return ({tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}, readers_of(graph),
+            {name: node for node in graph.node for name in node.output}, output_names(graph))
 
 
 def reduction_node(graph: onnx.GraphProto, reduction: str, source: str, axes: Sequence[int], target: str, name: str,

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import node_attributes, nodes_rewritten, output_names, readers_of, static_shapes
-from rkcompile.views.toolkit_shapings.common import Shaping, pointwise
+from rkcompile.views.proto_graph import node_attributes, nodes_rewritten, readers_of, static_shapes
+from rkcompile.views.toolkit_shapings.common import Shaping, lookups, pointwise
 
 
 def pads_into_convs(model: onnx.ModelProto) -> int:
@@ -19,9 +19,7 @@ def pads_into_convs(model: onnx.ModelProto) -> int:
     assignment destination is read-only; tf2onnx's "same" padding of a strided Conv). Returns
     how many Pads it folded."""
     graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers = readers_of(graph)
-    graph_outputs = output_names(graph)
+    constants, readers, _, graph_outputs = lookups(graph)
     folded = set()
     for node in graph.node:
         conv = readers.get(node.output[0], []) if node.op_type == "Pad" else []

@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from rkcompile.views.partitioned_onnx import proto_subgraphs
 from rkcompile.views.proto_graph import (ai_onnx_opset, all_nodes, drop_unread_nodes, node_attributes, nodes_rewritten,
                                          output_names, readers_of, set_attribute, static_shapes)
-from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping, reshape_node, slice_node
+from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping, lookups, reshape_node, slice_node
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -31,9 +31,7 @@ def slices_before_reshapes(model: onnx.ModelProto) -> int:
     shapes = static_shapes(model)
     opset = ai_onnx_opset(model)
     graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers = readers_of(graph)
-    graph_outputs = output_names(graph)
+    constants, readers, _, graph_outputs = lookups(graph)
     replaced: dict[str, list[onnx.NodeProto]] = {}   # a Reshape's name -> the nodes written in its place
     dropped: set[str] = set()
     for node in graph.node:

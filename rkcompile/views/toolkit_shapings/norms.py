@@ -9,10 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
-                                         static_shapes)
-from rkcompile.views.toolkit_shapings.common import (Shaping, pointwise, reduction_node, reshape_node,
-                                                    uniform_channel_sum)
+from rkcompile.views.proto_graph import ai_onnx_opset, node_attributes, nodes_rewritten, static_shapes
+from rkcompile.views.toolkit_shapings.common import Shaping, lookups, pointwise, reduction_node, reshape_node
 
 
 def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
@@ -35,9 +33,7 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
     many norms it wrote."""
     shapes = static_shapes(model)
     graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers = readers_of(graph)
-    graph_outputs = output_names(graph)
+    constants, readers, _, graph_outputs = lookups(graph)
     opset = ai_onnx_opset(model)
     written: dict[int, list[onnx.NodeProto]] = {}
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it

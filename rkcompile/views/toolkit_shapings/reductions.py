@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
-                                         static_shapes)
-from rkcompile.views.toolkit_shapings.common import (Shaping, pointwise, reduction_node, reshape_node, slice_node,
+from rkcompile.views.proto_graph import ai_onnx_opset, node_attributes, nodes_rewritten, readers_of, static_shapes
+from rkcompile.views.toolkit_shapings.common import (Shaping, lookups, pointwise, reduction_node, reshape_node,
+                                                    slice_node,
                                                     uniform_channel_sum)
 
 
@@ -70,10 +70,7 @@ def radix_sums_as_channel_slices(model: onnx.ModelProto) -> int:
         return 0
     shapes = static_shapes(model)
     graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers = readers_of(graph)
-    made_by = {name: node for node in graph.node for name in node.output}
-    graph_outputs = output_names(graph)
+    constants, readers, made_by, graph_outputs = lookups(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
@@ -227,10 +224,7 @@ def _reductions_written_back(model: onnx.ModelProto, reduction: str, before_outp
     shapes = static_shapes(model)
     graph = model.graph
     opset = ai_onnx_opset(model)
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers = readers_of(graph)
-    made_by = {name: node for node in graph.node for name in node.output}
-    graph_outputs = output_names(graph)
+    constants, readers, made_by, graph_outputs = lookups(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     removed = set()
     for node in graph.node:
@@ -336,10 +330,7 @@ def l2_norms_written_back(model: onnx.ModelProto) -> int:
     them) and the ReduceSum form as one exNorm. Returns how many it wrote."""
     graph = model.graph
     opset = ai_onnx_opset(model)
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    readers = readers_of(graph)
-    made_by = {name: node for node in graph.node for name in node.output}
-    graph_outputs = output_names(graph)
+    constants, readers, made_by, graph_outputs = lookups(graph)
 
     def only_reader(name: str, op_type: str) -> onnx.NodeProto | None:
         found = readers.get(name, [])
@@ -389,9 +380,7 @@ def binned_sums_as_grouped_convs(model: onnx.ModelProto) -> int:
         return 0
     shapes = static_shapes(model)
     graph = model.graph
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    made_by = {name: node for node in graph.node for name in node.output}
-    readers = readers_of(graph)
+    constants, readers, made_by, _ = lookups(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
     for node in originals:
