@@ -26,9 +26,9 @@ from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element
 from rkcompile.passes.legalize import check_node
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
 from rkcompile.passes.rewrites.reductions import block_reduction_as_conv
-from rkcompile.targets.constraints import NPU_RANK
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
+from rkcompile.targets.constraints import NPU_RANK
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
 #: group of its own, the other axes merge as in their operands.

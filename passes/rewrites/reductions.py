@@ -255,9 +255,11 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
     if reshape_in.outputs[0].name in site.graph_outputs or len(reshape_in.outputs[0].outputs) != 1:
         return "the relabelled input is read outside the norm"
     relabelled = static_shape(reshape_out.outputs[0])
-    images = [candidate for candidate in (relabelled, shape)
-              if candidate is not None and 3 <= len(candidate) <= NPU_RANK and candidate[0] == grouped[0]]
-    if not images:
+
+    def an_image(candidate) -> bool:   # [N, C, spatial...] of the NPU's rank
+        return candidate is not None and 3 <= len(candidate) <= NPU_RANK and candidate[0] == grouped[0]
+
+    if not an_image(relabelled) and not an_image(shape):
         return "neither its input nor its relabelled result is an [N, C, spatial...]"
     group_scale, group_bias = (constant_value(t) for t in node.inputs[1:3])
     if group_scale is None or group_bias is None:
@@ -267,7 +269,7 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
     group_scale, group_bias = (float(np.asarray(v).reshape(-1)[0]) for v in (group_scale, group_bias))
     epsilon = float(node.attrs.get("epsilon", 1e-5))
     builder = site.builder(node)
-    if images[0] is relabelled:
+    if an_image(relabelled):
         affine, scale, bias = _affine_after(reshape_out, relabelled, 1, len(relabelled), site)
         source = x if relabelled == shape else builder.reshape(x, relabelled)
         _layer_normalized(builder, source, epsilon, scale * group_scale, scale * group_bias + bias,

@@ -148,7 +148,7 @@ def _windows_of_one_size(attributes: Mapping, sizes: list[int], window: list[int
     (count_include_pad, the zeros a convolution's padding adds), and no window cut short by the
     map's end (ceil_mode's last window, when it starts inside the map but ends past the padding)."""
     pads = list(attributes.get("pads", [0] * 2 * len(window)))
-    if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
+    if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
         return False
     if any(pads) and not attributes.get("count_include_pad", 0):
         return False

@@ -1,7 +1,8 @@
 """What several families of toolkit shapings read or write alike: a shaping's type (`Shaping`),
-the graph's lookups (`lookups`), whether a Conv is the plan's 1x1 matrix product (`pointwise`), a ReduceMean or ReduceSum in its
-opset's form (`reduction_node`), a Reshape to a constant shape (`reshape_node`), a Slice of
-constant bounds (`slice_node`), and the element-by-element ops (`ELEMENTWISE`)."""
+the graph's lookups (`lookups`), whether a Conv is the plan's 1x1 matrix product (`pointwise`),
+a ReduceMean or ReduceSum in its opset's form (`reduction_node`), a Reshape to a constant shape
+(`reshape_node`), a Slice of constant bounds (`slice_node`), a Split of constant sizes in its
+opset's form (`split_node`), and the element-by-element ops (`ELEMENTWISE`)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -54,6 +55,17 @@ def slice_node(graph: onnx.GraphProto, source: str, start: int, end: int, axis: 
               for what, value in (("starts", start), ("ends", end), ("axes", axis))]
     graph.initializer.extend(bounds)
     return helper.make_node("Slice", [source, *(b.name for b in bounds)], [result], name)
+
+
+def split_node(source: str, sizes: Sequence[int], results: Sequence[str], name: str, axis: int,
+               opset: int) -> tuple[list[onnx.TensorProto], onnx.NodeProto]:
+    """A Split `name` of `source` along `axis` into `results` of `sizes`, and the constant it reads
+    its sizes from (opset >= 13: an input `name`/split; before, the attribute)."""
+    if opset >= 13:
+        sizes_constant = numpy_helper.from_array(np.array(sizes, np.int64), f"{name}/split")
+        return [sizes_constant], helper.make_node("Split", [source, sizes_constant.name], list(results), name,
+                                                  axis=axis)
+    return [], helper.make_node("Split", [source], list(results), name, axis=axis, split=list(sizes))
 
 
 def pointwise(conv: onnx.NodeProto, weight_shape: Sequence[int]) -> bool:

@@ -17,7 +17,8 @@ from onnx import helper, numpy_helper
 from rkcompile.views.partitioned_onnx import proto_subgraphs
 from rkcompile.views.proto_graph import (ai_onnx_opset, all_nodes, drop_unread_nodes, node_attributes, nodes_rewritten,
                                          output_names, readers_of, set_attribute, static_shapes)
-from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping, lookups, reshape_node, slice_node
+from rkcompile.views.toolkit_shapings.common import (ELEMENTWISE, Shaping, lookups, reshape_node, slice_node,
+                                                    split_node)
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -85,12 +86,9 @@ def _cut_before(reshape: onnx.NodeProto, node: onnx.NodeProto, shapes: dict[str,
         kept = _kept_axis(source, result, axis)
         if kept is None or any(part is None for part in parts):
             return None
-        sizes = numpy_helper.from_array(np.array([part[axis] for part in parts], np.int64), f"{prefix}/split")
         cut = [f"{prefix}/part_{index}" for index in range(len(parts))]
-        split = (helper.make_node("Split", [reshape.input[0], sizes.name], cut, prefix, axis=kept) if opset >= 13
-                 else helper.make_node("Split", [reshape.input[0]], cut, prefix, axis=kept,
-                                       split=[part[axis] for part in parts]))
-        tensors, nodes = ([sizes] if opset >= 13 else []), [split]
+        tensors, split = split_node(reshape.input[0], [part[axis] for part in parts], cut, prefix, kept, opset)
+        nodes = [split]
         for index, (piece, name, part) in enumerate(zip(cut, node.output, parts)):
             shape = numpy_helper.from_array(np.array(part, np.int64), f"{prefix}/shape_{index}")
             tensors.append(shape)
@@ -559,11 +557,10 @@ def softmaxes_before_layout_runs(model: onnx.ModelProto) -> int:
     result reaches a graph output through such runs alone, as a Softmax of each source on a
     view that holds the softmax's rows along one axis ([A, K, H, W] for a detector's
     [1, A*K, H, W] anchors and classes), the runs and the Concat after it: the same values.
-    The runs then end the output,
-    where the host tail (`--host-tail`) hands them to the host part: rknn-toolkit2 2.5.0 runs on
-    its CPU the Reshape of [1, H, W, A*K] into [1, H*W*A, 1, K] (tv_ssdlite320_mobilenet_v3_large's
-    six class heads), and the Softmax of each [A, K, H, W] over its channels on its NPU.
-    Returns how many Softmaxes it moved."""
+    The runs then end the output, where the host tail (`--host-tail`) hands them to the host
+    part: rknn-toolkit2 2.5.0 runs on its CPU the Reshape of [1, H, W, A*K] into
+    [1, H*W*A, 1, K] (tv_ssdlite320_mobilenet_v3_large's six class heads), and the Softmax of
+    each [A, K, H, W] over its channels on its NPU. Returns how many Softmaxes it moved."""
     graph = model.graph
     shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
     opset = ai_onnx_opset(model)
@@ -699,14 +696,10 @@ def _operands_written(graph: onnx.GraphProto, source: str, source_shape: list[in
         if found is None:
             return None
         rest += found
-    cut = [part_shape[0]] * len(orders)
-    if opset >= 13:
-        graph.initializer.append(numpy_helper.from_array(np.array(cut, np.int64), f"{prefix}/split"))
-        steps.append(helper.make_node("Split", [f"{prefix}/moved", f"{prefix}/split"], pieces, f"{prefix}/split",
-                                      axis=0))
-    else:
-        steps.append(helper.make_node("Split", [f"{prefix}/moved"], pieces, f"{prefix}/split", axis=0, split=cut))
-    return steps + rest
+    sizes_constant, split = split_node(f"{prefix}/moved", [part_shape[0]] * len(orders), pieces, f"{prefix}/split", 0,
+                                       opset)
+    graph.initializer.extend(sizes_constant)
+    return [*steps, split, *rest]
 
 
 def _moves_index(model: onnx.ModelProto):
