@@ -51,26 +51,34 @@ def exact_float(largest_data: int, weight_sums: np.ndarray) -> type:
     return np.float32 if largest_data * float(weight_sums.max()) < FLOAT32_EXACT else np.float64
 
 
-def integer_sums(sums: np.ndarray) -> np.ndarray:
+def integer_sums(sums: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """A BLAS product of integers (`exact_float`) as float64 integers, which hold an int32 and
-    a bias added to it exactly, and requantize in fewer passes than int64 (`requantize`):
-    float32's are below 2^24, within int32 already; float64's are saturated to int32."""
-    return sums.astype(np.float64) if sums.dtype == np.float32 else np.clip(sums, *INT32, out=sums)
+    a bias added to it exactly, and requantize in fewer passes than int64 (`requantize`), plus
+    `bias` (float64 integers) when given: float32's are below 2^24, within int32 already, and
+    convert to float64 inside the addition (one pass); float64's are saturated to int32 first."""
+    if sums.dtype == np.float32:
+        return sums.astype(np.float64) if bias is None else np.add(sums, bias, dtype=np.float64)
+    np.clip(sums, *INT32, out=sums)
+    if bias is not None:
+        sums += bias
+    return sums
 
 
 def _taps(weight: QTensor, axis: int | tuple[int, ...], largest_data: int) -> np.ndarray:
     """A weight's integers less their zero points in the float type `exact_float` picks for data
     at most `largest_data` in magnitude. The sums of |integers| along `axis` (what one output
-    adds) and the float32 form are made once per QTensor (a weight's: once per plan); a float64
-    form, rarely needed, each time."""
+    adds) and the float32 form are made once per QTensor (a weight's: once per plan), the sums
+    from the float32 form (which holds the integers exactly; summed in float64, exactly too):
+    half the bytes of an int64 pass; a float64 form, rarely needed, each time."""
     def weight_sums(weight: QTensor) -> np.ndarray:
-        taps = np.abs(weight.centered())
-        return taps.sum(axis=axis) if taps.ndim > 1 else taps.sum(keepdims=True)
+        taps = np.abs(float32(weight))
+        return taps.sum(axis=axis, dtype=np.float64) if taps.ndim > 1 else taps.sum(keepdims=True, dtype=np.float64)
+
+    def float32(weight: QTensor) -> np.ndarray:
+        return weight.derived("float32", lambda weight: weight.centered(np.float32))
 
     exact = exact_float(largest_data, weight.derived(f"sums along {axis}", weight_sums))
-    if exact is np.float32:
-        return weight.derived("float32", lambda weight: weight.centered(np.float32))
-    return weight.centered(exact)
+    return float32(weight) if exact is np.float32 else weight.centered(exact)
 
 
 @register_int8("Conv")
@@ -78,16 +86,17 @@ def conv(node, inputs, opset) -> Accumulator:
     x, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     taps = _taps(weight, tuple(range(1, weight.values.ndim)), x.largest_centered())
-    values = integer_sums(convolve(node, x.centered(taps.dtype.type), taps))
-    scale = x.quant.scales[0] * weight.scales(values.ndim, axis=1)
+    sums = convolve(node, x.centered(taps.dtype.type), taps)
+    scale = x.quant.scales[0] * weight.scales(sums.ndim, axis=1)
     if weight.quant.axis is None:
-        scale = np.full((1, values.shape[1]) + (1,) * (values.ndim - 2), scale)
-    if bias is not None:
-        integers, largest = _bias_integers(bias, scale, values.shape[1], values.ndim)
-        values += integers
-        # float32 sums are below 2^24: with a bias that leaves int32 room for them, no sum leaves it
-        if taps.dtype != np.float32 or largest > INT32[1] - FLOAT32_EXACT:
-            np.clip(values, *INT32, out=values)
+        scale = np.full((1, sums.shape[1]) + (1,) * (sums.ndim - 2), scale)
+    if bias is None:
+        return Accumulator(integer_sums(sums), scale)
+    integers, largest = _bias_integers(bias, scale, sums.shape[1], sums.ndim)
+    values = integer_sums(sums, integers)
+    # float32 sums are below 2^24: with a bias that leaves int32 room for them, no sum leaves it
+    if taps.dtype != np.float32 or largest > INT32[1] - FLOAT32_EXACT:
+        np.clip(values, *INT32, out=values)
     return Accumulator(values, scale)
 
 
