@@ -18,6 +18,7 @@ Through Weight Equalization and Bias Correction", ICCV 2019), used by the quanti
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -79,6 +80,9 @@ class Pair:
     first: gs.Node
     second_step: gs.Node
     second: gs.Node
+    #: the tensors from the first step's output to the second's data input, each of which the
+    #: equalized graph computes divided by the pair's scales along its channel axis (1)
+    scaled: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -91,6 +95,14 @@ class Equalization:
     #: "first -> second: why not" for each Conv -> ... -> Conv chain left as it is
     declined: list[str] = field(default_factory=list)
     sweeps: int = 0
+    #: per pair, the product of its scales over the sweeps (`settle`)
+    scales: list[np.ndarray] = field(default_factory=list)
+    #: constant name -> the step holding it and its equalized values (`settle`; `apply` sets them)
+    values: dict[str, tuple[gs.Node, np.ndarray]] = field(default_factory=dict)
+
+    def scaled_tensors(self) -> dict[str, np.ndarray]:
+        """Each tensor the equalized graph computes divided along axis 1: the scales it is divided by."""
+        return {name: scale for pair, scale in zip(self.pairs, self.scales) for name in pair.scaled}
 
 
 def find_pairs(ordered: list[gs.Node], devices: list[str], graph_outputs: set[str]) -> Equalization:
@@ -111,6 +123,7 @@ def find_pairs(ordered: list[gs.Node], devices: list[str], graph_outputs: set[st
             continue
         after = [member.op for member in body[1:]]
         tensor = step.outputs[0].name
+        scaled = [tensor]
         chain_reason = None
         while True:
             read_by = readers.get(tensor, [])
@@ -130,12 +143,13 @@ def find_pairs(ordered: list[gs.Node], devices: list[str], graph_outputs: set[st
                 else:
                     chain_reason = _declined_activation(after) or _shared_weights(body[0], second, weight_readers)
                     if chain_reason is None:
-                        found.pairs.append(Pair(step, body[0], reader, second))
+                        found.pairs.append(Pair(step, body[0], reader, second, tuple(scaled)))
                 if chain_reason is not None:
                     found.declined.append(f"{step.name} -> {reader.name}: {chain_reason}")
                 break
             if len(reader_body) == 1 and reader_body[0].op in SCALE_COMMUTING and len(reader.outputs) == 1:
                 tensor = reader.outputs[0].name
+                scaled.append(tensor)
                 continue
             break
     return found
@@ -161,14 +175,26 @@ def _shared_weights(first: gs.Node, second: gs.Node, weight_readers: dict[str, i
 
 def equalize(found: Equalization) -> None:
     """Scale each pair in place (weights of both Convs, the first's bias) until settled."""
+    settle(found)
+    apply(found)
+
+
+def settle(found: Equalization) -> None:
+    """The pairs' scales and equalized constants (`found.scales`, `found.values`), swept until
+    they settle, the graph untouched: the quantize pass calibrates on the model's own weights
+    and observes the pairs' tensors as the equalized graph computes them before `apply`."""
+    current: dict[str, np.ndarray] = {}  # constant name -> its values as the sweeps left them
+
+    def values(tensor: gs.Constant) -> np.ndarray:
+        # copies: a float64 model's weights must keep their values under every other holder of
+        # the array (the accuracy analysis's reference, --auto-float16's candidates)
+        return np.array(current.get(tensor.name, tensor.values), np.float64)
+
+    found.scales = [np.ones(pair.first.inputs[1].shape[0]) for pair in found.pairs]
     for sweep in range(1, SWEEPS + 1):
         largest = 0.0
-        for pair in found.pairs:
-            # copies: a float64 model's weights would be scaled in place below, under every
-            # other holder of the array (the accuracy analysis's reference, --auto-float16's
-            # candidates)
-            w1 = np.array(pair.first.inputs[1].values, np.float64)
-            w2 = np.array(pair.second.inputs[1].values, np.float64)
+        for index, pair in enumerate(found.pairs):
+            w1, w2 = values(pair.first.inputs[1]), values(pair.second.inputs[1])
             channels = w1.shape[0]
             # the second Conv's weights as [group, output of the group, input of the group, tap]:
             # channel c is input c % inputs of group c // inputs, read by all that group's outputs
@@ -181,16 +207,24 @@ def equalize(found: Equalization) -> None:
             usable = (r1 > 0) & (taps > 0)
             scale[usable] = np.sqrt(r1[usable] / taps[usable])
             largest = max(largest, float(np.abs(np.log(scale)).max(initial=0)))
+            found.scales[index] = found.scales[index] * scale
             w1 = w1 / scale.reshape((-1,) + (1,) * (w1.ndim - 1))
             w2 = (by_channel * scale.reshape(groups, 1, inputs, 1)).reshape(w2.shape)
-            set_constant(pair.first_step, pair.first.inputs[1].name, w1.astype(np.float32))
-            set_constant(pair.second_step, pair.second.inputs[1].name, w2.astype(np.float32))
+            changed = {pair.first.inputs[1].name: (pair.first_step, w1), pair.second.inputs[1].name: (pair.second_step, w2)}
             if len(pair.first.inputs) > 2 and pair.first.inputs[2].name:
-                bias = np.asarray(pair.first.inputs[2].values, np.float64) / scale
-                set_constant(pair.first_step, pair.first.inputs[2].name, bias.astype(np.float32))
+                changed[pair.first.inputs[2].name] = (pair.first_step, values(pair.first.inputs[2]) / scale)
+            for name, (step, new) in changed.items():
+                current[name] = new.astype(np.float32)
+                found.values[name] = (step, current[name])
         found.sweeps = sweep
         if largest < SETTLED:
             return
+
+
+def apply(found: Equalization) -> None:
+    """The equalized constants `settle` found, set in the graph."""
+    for name, (step, values) in found.values.items():
+        set_constant(step, name, values)
 
 
 # ---- bias correction -----------------------------------------------------------------------
@@ -211,14 +245,14 @@ class WeightErrorMeans:
     shift the int8 weights add to the Conv's output. A convolution is linear, so that mean is
     the error contracted with the mean input each kernel tap reads (`Runtime.tap_means`),
     summed here sample by sample: no convolution runs. `convs` maps a key to the Conv and the
-    name of the step input it reads as data (a fused body renames it)."""
+    name of the step input it reads as data (a fused body renames it). The errors are the
+    Conv's weights' when `means` is asked (after equalization, when the plan equalizes)."""
 
     def __init__(self, convs: dict[str, tuple[gs.Node, str]]):
         self.convs = {key: conv for key, (conv, _) in convs.items()}
         self.by_input: dict[str, list[tuple[str, gs.Node]]] = {}
         for key, (conv, data) in convs.items():
             self.by_input.setdefault(data, []).append((key, conv))
-        self.errors = {key: weight_error(conv.inputs[1].values) for key, (conv, _) in convs.items()}
         self.sums: dict[str, np.ndarray] = {}  # key -> the sum over samples of its tap means
         self.counts: dict[str, int] = {}
 
@@ -226,12 +260,29 @@ class WeightErrorMeans:
         """`value` of tensor `name` seen by the calibration run; `tap_means` is the runtime's
         (`Runtime.tap_means`)."""
         for key, conv in self.by_input.get(name, ()):
-            means = tap_means(conv, np.asarray(value), self.errors[key].shape[2:])
+            means = tap_means(conv, np.asarray(value), tuple(conv.inputs[1].shape[2:]))
             self.sums[key] = self.sums.get(key, 0) + means
             self.counts[key] = self.counts.get(key, 0) + 1
 
+    def copy(self) -> "WeightErrorMeans":
+        """A copy whose sums `divide_inputs` can change without changing this one's."""
+        copied = copy.copy(self)
+        copied.sums, copied.counts = dict(self.sums), dict(self.counts)
+        return copied
+
+    def divide_inputs(self, scales: dict[str, np.ndarray]) -> None:
+        """The sums as inputs divided by per-channel `scales` (tensor name -> scale per channel
+        of axis 1) give them, as the equalized graph computes a pair's tensors: a tap mean is
+        linear in its input."""
+        for name, scale in scales.items():
+            for key, _ in self.by_input.get(name, ()):
+                if key in self.sums:
+                    total = self.sums[key]
+                    self.sums[key] = total / scale.reshape((-1,) + (1,) * (total.ndim - 1))
+
     def means(self) -> dict[str, np.ndarray]:
-        return {key: _contracted(self.errors[key], total / self.counts[key]) for key, total in self.sums.items()}
+        return {key: _contracted(weight_error(self.convs[key].inputs[1].values), total / self.counts[key])
+                for key, total in self.sums.items()}
 
 
 def _contracted(error: np.ndarray, tap_means: np.ndarray) -> np.ndarray:

@@ -36,8 +36,8 @@ from rkcompile.quantization.params import (INT8, PER_CHANNEL_WEIGHTS, KeptDraws,
     bias_params, fit_bias, is_movement, samples_for, weight_params)
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
-from rkcompile.passes.int8_accuracy import (WeightErrorMeans, constant_weight, corrected_bias, equalize,
-    find_pairs, replace_constant, set_constant)
+from rkcompile.passes.int8_accuracy import (Equalization, WeightErrorMeans, apply, constant_weight, corrected_bias,
+    find_pairs, replace_constant, set_constant, settle)
 from rkcompile.passes.int8_accuracy import members as int8_members
 
 NAME = "quantize"
@@ -61,15 +61,16 @@ def run(ctx: CompileContext) -> None:
     nodes = {node.name: node for node in ctx.graph.nodes}
     ordered = [nodes[name] for name in ctx.order]
     devices = [ctx.placement[name].device for name in ctx.order]
-    if ctx.options.equalization:
-        _equalize(ctx, ordered, devices)
+    equalization = _equalization(ctx, ordered, devices)
     _own_bias_copies(ctx, ordered, devices)
     _keep_parameters_float(ctx, ordered, devices)
     distributions = _float16_distributions(ctx, ordered, devices)
     scores = [] if ctx.target.builds_int8_attention_scores else _float16_attention_scores(ctx, ordered, devices)
     _make_float16_islands(ctx, ordered, devices, set(ctx.options.float16_tensors) | set(distributions) | set(scores))
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
-    ranges = _calibrate(ctx, ordered, devices, weight_errors)
+    ranges = _calibrate(ctx, ordered, devices, weight_errors, equalization)
+    if ctx.options.equalization:
+        _equalize(equalization, weight_errors)
     if weight_errors is not None:
         _correct_biases(ctx, weight_errors)
     quantization: dict[str, Quantization] = {}
@@ -187,23 +188,47 @@ def _is_quantized(ctx: CompileContext, name: str) -> bool:
 
 
 def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
-               weight_errors: WeightErrorMeans | None = None) -> dict[str, tuple[float, float]]:
-    """Each int8 activation's calibrated [low, high] by the options' method."""
+               weight_errors: WeightErrorMeans | None, equalization: Equalization) -> dict[str, tuple[float, float]]:
+    """Each int8 activation's calibrated [low, high] by the options' method, the graph's
+    (equalized when the options say so: `_equalize` scales the weights after this run).
+
+    The float32 run is always the model's own weights': equalization leaves the outputs as they
+    are and divides only the tensors between each pair's Convs by the pair's scales per channel
+    (`Pair.scaled`), so those are observed a second time, divided, as the equalized graph
+    computes them (to float32 rounding), and one run serves plans with and without it."""
     options = ctx.options
     method = options.calibration_method
     wanted = {name for name, t in ctx.tensors.items() if t.dtype in QUANTIZED_DTYPES and t.region != "weight"}
-    if _reuse_calibration(ctx.calibration, wanted, weight_errors, method, options.equalization):
-        return {name: ctx.calibration.observers[name].range(method) for name in wanted}
+    scaled = {name: scale for name, scale in equalization.scaled_tensors().items() if name in wanted}
+    if not _reuse_calibration(ctx.calibration, wanted, set(scaled) if options.equalization else set(), weight_errors,
+                              method):
+        _observe(ctx, ordered, devices, wanted, scaled, weight_errors)
+    calibration = ctx.calibration
+    chosen = {**calibration.observers, **(calibration.equalized if options.equalization else {})}
+    return {name: chosen[name].range(method) for name in wanted}
+
+
+def _observe(ctx: CompileContext, ordered: list[gs.Node], devices: list[str], wanted: set[str],
+             scaled: dict[str, np.ndarray], weight_errors: WeightErrorMeans | None) -> None:
+    """The calibration run (`ctx.calibration`): the graph in float32 on the calibration samples,
+    each `wanted` tensor observed, each `scaled` one a second time divided by its scales along
+    axis 1, and with `weight_errors` each Conv's tap means."""
+    options = ctx.options
+    method = options.calibration_method
     if ctx.calibration_samples is None:
         ctx.calibration_samples = samples_for(options, ctx.model_info.inputs)
     samples = ctx.calibration_samples
     if ctx.kept_draws is None:
         ctx.kept_draws = KeptDraws()
-    observers = {name: RangeObserver(ctx.options.calibration_method, draws=ctx.kept_draws) for name in wanted}
+    observers = {name: RangeObserver(method, draws=ctx.kept_draws) for name in wanted}
+    equalized = {name: RangeObserver(method, draws=ctx.kept_draws) for name in scaled}
 
     def observe(name, value):
         if name in observers:
             observers[name].update(value)
+        if name in equalized:
+            scale = scaled[name].reshape((1, -1) + (1,) * (np.ndim(value) - 2))
+            equalized[name].update((value / scale).astype(np.float32))
         if weight_errors is not None:
             weight_errors.observe(name, value, runtime.tap_means)
 
@@ -227,16 +252,17 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
                                   description=f"int8 calibration: float32 pass ({method})", unit="sample"):
             for name, value in seen:
                 observe(name, value)
-            if not options.equalization:
-                outputs.append(produced)
-    if method != "minmax":  # the distribution methods search each tensor's clip once, here, SEARCH_THREADS at a time
+            outputs.append(produced)
+    if method != "minmax":
+        # the distribution methods search each tensor's clip once, here, SEARCH_THREADS at a time
+        # (the equalized forms' when this plan equalizes; otherwise when a plan that does asks)
+        searched = [*observers.values(), *(equalized.values() if options.equalization else ())]
         with ThreadPoolExecutor(SEARCH_THREADS) as pool:
-            for _ in bar(pool.map(RangeObserver.range, observers.values()), total=len(observers),
+            for _ in bar(pool.map(RangeObserver.range, searched), total=len(searched),
                          description=f"int8 calibration: {method} ranges", unit="tensor"):
                 pass
-    ctx.calibration = Calibration(observers, weight_errors, options.equalization, reference,
-                                  tuple(outputs) if not options.equalization else None)
-    return {name: observer.range() for name, observer in observers.items()}
+    ctx.calibration = Calibration(observers, equalized, weight_errors.copy() if weight_errors is not None else None,
+                                  reference, tuple(outputs))
 
 
 def one_ahead(runner: ThreadPoolExecutor, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
@@ -255,30 +281,32 @@ def one_ahead(runner: ThreadPoolExecutor, function: Callable[[T], R], items: Ite
 
 @dataclass(frozen=True)
 class Calibration:
-    """What one calibration run observed: each int8 tensor's range and, with bias correction,
-    each Conv's mean weight-error shift; `equalized`: on the equalized graph. `graph` is the
-    runtime's float32 graph it ran, and `outputs` its graph outputs per calibration sample when
-    that graph has the model's own constants (not equalized; the biases are corrected after
-    the run): the float32 reference a judge of candidate plans compares with, when its own
-    graph computes alike (rkcompile/compiler/auto_float16.py `Judge.expected_outputs`)."""
+    """What one calibration run observed: each int8 tensor's range, and each tensor an
+    equalized plan divides (`Pair.scaled`) as that plan computes it (`equalized`); with bias
+    correction, each Conv's tap means. `graph` is the runtime's float32 graph it ran, with the
+    model's own constants (equalization scales them after the run, and the biases are
+    corrected after it), and `outputs` its graph outputs per calibration sample: the float32
+    reference a judge of candidate plans compares with, when its own graph computes alike
+    (rkcompile/compiler/auto_float16.py `Judge.expected_outputs`)."""
     observers: dict[str, RangeObserver]
+    equalized: dict[str, RangeObserver]
     weight_errors: WeightErrorMeans | None
-    equalized: bool = False
     graph: FloatGraph | None = None
     outputs: tuple[dict[str, np.ndarray], ...] | None = None
 
 
-def _reuse_calibration(earlier: Calibration | None, wanted: set[str], weight_errors: WeightErrorMeans | None,
-                       method: str, equalized: bool) -> bool:
+def _reuse_calibration(earlier: Calibration | None, wanted: set[str], equalized: set[str],
+                       weight_errors: WeightErrorMeans | None, method: str) -> bool:
     """--auto-float16 and the choice of int8 settings plan one graph many times. The float32 run
     depends neither on which tensors are float16, nor on the range method (an observer that kept
     the values for mmse has the min and max too), nor on bias correction (the biases are
-    corrected after it), only on equalization (it changes the weights). So an earlier run of the
-    same graph, equalized alike, whose observers answer `method` and that observed every tensor
-    and Conv this plan needs (the plan without those float16 tensors, with bias correction
-    when this plan has it) serves it: its shifts are copied into `weight_errors` and True is
-    returned; otherwise False."""
-    if earlier is None or earlier.equalized != equalized or not wanted <= earlier.observers.keys():
+    corrected after it), nor on equalization (it runs on the model's own weights and observes
+    the tensors equalization divides in both forms). So an earlier run of the same graph whose
+    observers answer `method` and that observed every tensor (`wanted`, and `equalized` in
+    their equalized form) and Conv this plan needs (the plan without those float16 tensors, with
+    bias correction when this plan has it) serves it: its tap means are copied into
+    `weight_errors` and True is returned; otherwise False."""
+    if earlier is None or not wanted <= earlier.observers.keys() or not equalized <= earlier.equalized.keys():
         return False
     if not all(earlier.observers[name].answers(method) for name in wanted):
         return False
@@ -293,14 +321,27 @@ def _reuse_calibration(earlier: Calibration | None, wanted: set[str], weight_err
     return True
 
 
-def _equalize(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> None:
-    """Cross-layer equalization (passes/int8_accuracy.py) before anything is observed, so the
-    ranges are the equalized graph's; the float outputs do not change."""
+def _equalization(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> Equalization:
+    """Cross-layer equalization's pairs and scales (passes/int8_accuracy.py), found whether or
+    not this plan equalizes (the calibration run observes their tensors in both forms, for
+    every plan of the model) and recorded when it does; the weights are scaled after the
+    calibration run (`_equalize`). The float outputs do not change."""
     found = find_pairs(ordered, devices, {t.name for t in ctx.graph.outputs})
-    equalize(found)
-    ctx.int8_techniques.append(Int8Technique(
-        "equalization", tuple(pair.label for pair in found.pairs), tuple(found.declined),
-        f"{len(found.pairs)} Conv pairs equalized in {found.sweeps} sweeps, {len(found.declined)} declined"))
+    settle(found)
+    if ctx.options.equalization:
+        ctx.int8_techniques.append(Int8Technique(
+            "equalization", tuple(pair.label for pair in found.pairs), tuple(found.declined),
+            f"{len(found.pairs)} Conv pairs equalized in {found.sweeps} sweeps, {len(found.declined)} declined"))
+    return found
+
+
+def _equalize(found: Equalization, weight_errors: WeightErrorMeans | None) -> None:
+    """The pairs' weights scaled as `settle` found, after the calibration run observed their
+    tensors in the equalized form; the tap means the Convs reading a divided tensor took are
+    divided alike."""
+    apply(found)
+    if weight_errors is not None:
+        weight_errors.divide_inputs(found.scaled_tensors())
 
 
 def _bias_correction_candidates(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> WeightErrorMeans:

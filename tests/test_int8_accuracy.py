@@ -122,6 +122,53 @@ def test_equalization_is_exact_in_float_and_evens_the_pairs(chain, tmp_path):
     assert "int8 techniques             none" in plain.summary()
 
 
+def test_an_equalized_plan_is_calibrated_as_its_own_graph_computes(chain, tmp_path):
+    """The calibration run is the model's own weights'; an equalized plan takes the tensors
+    between each pair's Convs divided by the pair's scales. Its ranges are what observing its
+    own (equalized) graph gives, to float32 rounding."""
+    from rkcompile.quantization.params import activation_params
+    from rkcompile.targets import get_target
+
+    calibration = _calibration(tmp_path)
+    plan = rkcompile.compile(chain, "rk3588", dtype="int8", calibration=calibration, calibration_method="minmax",
+                             equalization=True, bias_correction=False)
+    record = plan.record
+    low, high = {}, {}
+
+    def visit(name, value):
+        low[name] = min(low.get(name, np.inf), float(value.min()))
+        high[name] = max(high.get(name, -np.inf), float(value.max()))
+
+    equalized = FloatReference(plan.reference_nodes, [s.device for s in record.steps], record.model.opset, ["y"],
+                               observed=set(record.quantization))
+    for path in sorted(calibration.glob("*.npy")):
+        equalized.run({"x": np.load(path)}, visit)
+    own = {name: quant for name, quant in record.quantization.items()
+           if name in low and quant.source == "minmax" and record.tensors[name].region != "weight"}
+    assert {"r1", "r2"} <= own.keys()  # the pairs' first steps' outputs: divided by their scales
+    for name, quant in own.items():
+        expected = activation_params(low[name], high[name], "minmax",
+                                     get_target(record.target).allows_activation_zero_point_0)
+        np.testing.assert_allclose(quant.scales, expected.scales, rtol=1e-5, err_msg=name)
+
+
+def test_tap_means_divided_are_those_of_the_divided_input():
+    """`WeightErrorMeans.divide_inputs`, how an equalized plan takes the tap means of a tensor
+    its pair divides, gives what observing the divided tensor gives."""
+    conv = gs.Node("Conv", "conv", attrs={"pads": [1, 1, 1, 1], "group": 4},
+                   inputs=[gs.Variable("x"), gs.Constant("w", uneven((4, 1, 3, 3))), gs.Constant("b", np.ones(4))],
+                   outputs=[gs.Variable("y")])
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    scale = np.exp(rng.uniform(-2, 2, 4))
+    divided, observed = WeightErrorMeans({"k": (conv, "x")}), WeightErrorMeans({"k": (conv, "x")})
+    divided.observe("x", x, EMULATOR_RUNTIME.tap_means)
+    kept = divided.copy()
+    divided.divide_inputs({"x": scale})
+    observed.observe("x", (x / scale.reshape(1, 4, 1, 1)).astype(np.float32), EMULATOR_RUNTIME.tap_means)
+    np.testing.assert_allclose(divided.means()["k"], observed.means()["k"], rtol=1e-6)
+    assert not np.allclose(kept.means()["k"], divided.means()["k"])  # the copy kept its own sums
+
+
 def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
     conv = gs.Node("Conv", "conv", attrs={"pads": [1, 1, 1, 1]},
                    inputs=[gs.Variable("x"), gs.Constant("w", uneven((16, 8, 3, 3))), gs.Constant("b", np.zeros(16, np.float32))],

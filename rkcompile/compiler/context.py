@@ -84,11 +84,11 @@ class RuleVerdicts(Protocol):
 
 class CalibrationRun(Protocol):
     """What one int8 calibration run observed (passes/quantize.py `Calibration`): a range
-    observer per tensor, on the equalized graph or not; the float32 graph it ran and, when that
-    graph has the model's own constants, its outputs per calibration sample (else None)."""
+    observer per tensor, and per tensor that equalization divides one of its equalized form;
+    the float32 graph it ran (the model's own constants) and its outputs per calibration sample."""
 
     observers: Mapping[str, RangeObserver]
-    equalized: bool
+    equalized: Mapping[str, RangeObserver]
     graph: FloatGraph | None
     outputs: Sequence[dict[str, np.ndarray]] | None
 

@@ -12,20 +12,23 @@ chosen per model"): these networks answer a range change anywhere with a cosine 
 This is a stage of the pipeline (`pipeline.compile_model`) after its shared front half, entered
 by an int8 plan that leaves a setting to choose or asks --auto-float16, never by a float16 plan.
 What the candidates share (`auto_float16.Planner`): the passes before quantize ran once; the
-float32 calibration run, once per equalization setting (its ranges serve both methods: the mmse
-observer keeps the minimum and maximum too; bias correction's shifts are measured in the same
-run and applied after it), and the float32 reference outputs once. Equalization is searched only
-when it would equalize a Conv pair, bias correction only when a Conv's bias would be corrected
-(otherwise the plans are the same). Judging goes best first (`choose_settings`): the next
-run is always the leading candidate's (the best worst cosine so far, a bound above its worst),
-and the leader that has run every sample is the choice; the others stop at the sample that put
-them below it (their recorded cosine then that sample's, an upper bound, marked as such). The
-choice is the one judging every candidate on every sample makes, with only the winner running
-every sample; the candidates' plans are kept while they are judged (`Judge.keep`). While a
-leader that has run a sample runs the next, the sample it would run after that runs on the
-runtime's other thread (`Judge.run_ahead`): a leader keeps the lead often, and a sample run
-ahead is only taken up when the order above asks for it, so the choice and every recorded
-cosine are the same.
+float32 calibration run once (its ranges serve both methods: the mmse observer keeps the
+minimum and maximum too; bias correction's shifts are measured in the same run and applied
+after it; the run is the model's own weights', and observes the tensors equalization divides in
+both forms: passes/quantize.py `_calibrate`), and with it the float32 reference outputs.
+Equalization is searched only when it would equalize a Conv pair, bias correction only when a
+Conv's bias would be corrected (otherwise the plans are the same). Judging goes best first
+(`choose_settings`): the next run is always the leading candidate's (the best worst cosine so
+far, a bound above its worst), and the leader that has run every sample is the choice; the
+others stop at the sample that put them below it (their recorded cosine then that sample's, an
+upper bound, marked as such). The choice is the one judging every candidate on every sample
+makes, with only the winner running every sample; the candidates' plans are made at once, while
+the first one's rounded float run orders the samples hardest first (`Judge.hardest_first`), and
+kept while they are judged (`Judge.keep`). While one run is made, the run likely to follow it
+(`next_run`: the next candidate yet to run, or the leader's next sample, as a leader keeps the
+lead often) is made on the thread not busy with it (`Judge.run_ahead`); a run made ahead is
+only taken up when the order above asks for it, so the choice and every recorded cosine are the
+same.
 
 `--auto-float16` then searches float16 steps on top of the chosen settings, with the same
 planner and judge.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -71,9 +75,9 @@ def candidates(values: dict[str, tuple]) -> list[dict[str, Any]]:
 
 
 def judging_order(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The candidates grouped by equalization (one calibration run each), and in each group the
-    one whose calibration serves the others first: a method that keeps the values (mmse) and
-    bias correction on (`passes/quantize.py _reuse_calibration`)."""
+    """The candidates grouped by equalization, and in each group the one whose calibration
+    serves the others first: a method that keeps the values (mmse) and bias correction on
+    (`passes/quantize.py _reuse_calibration`); the first of all calibrates for every other."""
     return sorted(found, key=lambda c: (bool(c["equalization"]), c["calibration_method"] == "minmax",
                                         not c["bias_correction"]))
 
@@ -88,10 +92,16 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
     choice judging every candidate on every sample makes, with only the winner running them
     all; each other stops once a sample puts it below the leader (`next_sample` tries first
     the samples that look hardest). Candidates no sample ran yet lead in
-    `judging_order`, so each equalization setting's first plan calibrates for the others."""
+    `judging_order`, so the first plan calibrates for the others."""
     found = candidates(searched(options, judge.planner))
     ordered = judging_order(found)
     count = len(judge.given_samples)
+    first, _ = judge.planned((), ordered[0])  # calibrates for every candidate
+    with ThreadPoolExecutor(1) as runner:  # the rounded runs (onnxruntime) while the others are planned
+        hardest = runner.submit(judge.hardest_first, first)
+        for settings in ordered:
+            judge.keep((), settings)
+        judge.order = hardest.result() or judge.order
 
     def lead(settings: dict[str, Any]) -> tuple:
         known = judge.sample_cosines.get(judge.key((), settings))
@@ -108,8 +118,10 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
                 break
             judge.keep((), leader)
             index = next_sample(judge, known)
-            if known and len(known) + 1 < count:  # a leader that has run keeps the lead often: its next sample meanwhile
-                judge.run_ahead((), leader, next_sample(judge, {**known, index: np.nan}))
+            following = next_run(judge, ordered, leader, index)
+            if following is not None:  # made meanwhile, on the thread not busy with `index`
+                judge.keep((), following[0])
+                judge.run_ahead((), *following, here=judge.in_flight((), leader, index))
             judge.sample_cosine((), leader, index)
             progress.update()
     judged = [Judged(settings, *judge.cosines[judge.key((), settings)]) for settings in ordered]
@@ -122,20 +134,41 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
     return best.settings, report(best, judged, found)
 
 
+def next_run(judge: Judge, ordered: list[dict[str, Any]], leader: dict[str, Any],
+             index: int) -> tuple[dict[str, Any], int] | None:
+    """The run likely to follow the leader's on sample `index`: while candidates no sample ran
+    remain, the next of them in `ordered` (they lead in that order) on the sample it will start
+    on, certainly; else the leader's next sample (a leader that has run keeps the lead often);
+    None when the leader runs its last sample."""
+    ran = [settings for settings in ordered if judge.sample_cosines.get(judge.key((), settings))]
+    if leader not in ran:
+        fresh = [settings for settings in ordered if settings not in ran and settings != leader]
+        if not fresh:
+            return None
+        taken = {index}.union(*(judge.sample_cosines[judge.key((), settings)] for settings in ran))
+        start = next((sample for sample in judge.order if sample not in taken), None)
+        return None if start is None else (fresh[0], start)
+    known = judge.sample_cosines[judge.key((), leader)]
+    if len(known) + 1 >= len(judge.given_samples):
+        return None
+    return leader, next_sample(judge, {**known, index: np.nan})
+
+
 def next_sample(judge: Judge, known: dict[int, float]) -> int:
     """The sample a candidate that ran `known` runs next. One that ran none starts on a sample no
     candidate ran, while there is one: the first runs spread over the samples and show which
     are hard. Otherwise the sample that looks hardest, the one some candidate that ran it found
     furthest below its own best sample so far: candidates differ in level but share their hard
     samples, so the drop below a candidate's best, not its cosine, says which sample is hard (a
-    sample only a weak candidate ran would otherwise look hardest); then the first no
-    candidate ran. (Running first the samples of least reference output energy cost more runs
-    on yolov8n and fewer on resnet18_halfwidth: no proxy of a sample's int8 difficulty held
-    across models.)"""
+    sample only a weak candidate ran would otherwise look hardest); then the first no candidate
+    ran. "First" is in the judge's order: the first candidate's plan run with its int8 tensors
+    rounded in float32 (`Judge.hardest_first`), the hardest first, so the first runs already
+    meet the hard samples that stop a losing candidate (mobilenet_v2: 76 runs -> 43). (Running
+    first the samples of least reference output energy cost more runs on yolov8n and fewer
+    on resnet18_halfwidth: that proxy did not hold across models.)"""
     ran = [cosines for cosines in judge.sample_cosines.values() if cosines]
-    count = len(judge.given_samples)
     if not known:
-        fresh = next((index for index in range(count) if not any(index in cosines for cosines in ran)), None)
+        fresh = next((index for index in judge.order if not any(index in cosines for cosines in ran)), None)
         if fresh is not None:
             return fresh
     drops: dict[int, float] = {}
@@ -143,8 +176,9 @@ def next_sample(judge: Judge, known: dict[int, float]) -> int:
         best = max(cosines.values())
         for index, cosine in cosines.items():
             drops[index] = min(drops.get(index, np.inf), cosine - best)
-    return min((index for index in range(count) if index not in known),
-               key=lambda index: (drops.get(index, np.inf), index))
+    rank = {index: position for position, index in enumerate(judge.order)}
+    return min((index for index in judge.order if index not in known),
+               key=lambda index: (drops.get(index, np.inf), rank[index]))
 
 
 def report(best: Judged, judged: list[Judged], found: list[dict[str, Any]]) -> Int8Technique:
