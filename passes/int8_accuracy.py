@@ -1,7 +1,7 @@
 """Two ways an int8 plan loses less without retraining (Nagel et al., "Data-Free Quantization
 Through Weight Equalization and Bias Correction", ICCV 2019), used by the quantize pass:
 
-- **Cross-layer equalization** (`equalize`): in Conv -> f -> Conv, where f commutes with a
+- **Cross-layer equalization** (`settle`, `apply`): in Conv -> f -> Conv, where f commutes with a
   positive scale per channel (identity, Relu, LeakyRelu, max and average pooling), dividing the
   first Conv's output channel i (weights and bias) by s_i and multiplying the second Conv's
   weights that read channel i by s_i leaves the float outputs unchanged, since
@@ -171,12 +171,6 @@ def _shared_weights(first: gs.Node, second: gs.Node, weight_readers: dict[str, i
             if tensor.name and weight_readers.get(tensor.name, 1) > 1:
                 return f"{tensor.name} is shared with another step"
     return None
-
-
-def equalize(found: Equalization) -> None:
-    """Scale each pair in place (weights of both Convs, the first's bias) until settled."""
-    settle(found)
-    apply(found)
 
 
 def settle(found: Equalization) -> None:
