@@ -213,7 +213,8 @@ def _export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("--host-tail", action="store_true",
                         help="a graph with shapes the data decides (a detector's NMS): write its static part to "
                              "OUT.onnx for the toolkit and the rest to OUT.host.onnx for onnxruntime on the host, "
-                             "checked together against MODEL")
+                             "checked together against MODEL; an output the toolkit would reshape on its CPU "
+                             "(a YOLO head's [1, 84, 2100]) is written 4-D and reshaped in OUT.host.onnx")
 
 
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
@@ -617,7 +618,8 @@ def _export(args: argparse.Namespace) -> int:
           f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
     if written.host_path is not None:
         tail = report["host_tail"]
-        starts = [*tail["selections_from"], *tail["data_dependent_from"]]
+        # a static graph's host part starts at the outputs' Reshapes it took from the NPU part
+        starts = [*tail["selections_from"], *tail["data_dependent_from"]] or tail["static_nodes_moved_to_host"]
         print(f"  the host part starts at {', '.join(starts[:3])}{' ...' if len(starts) > 3 else ''}: "
               f"{written.path.name} ends in {len(tail['cut'])} tensor(s), {written.host_path} runs the other "
               f"{tail['nodes']['host']} nodes on onnxruntime ({len(tail['cpu_nodes_in_npu_part'])} plan CPU nodes "

@@ -84,7 +84,9 @@ class ExportOptions:
     not every step of the plan could be compared with the file's (`compare_steps`).
     `max_opset`: a model of a newer ai.onnx opset is converted down to it. `host_tail`: a graph
     with tensors of data-dependent shape (a detector's NMS) is written as its static NPU part and,
-    in OUT.host.onnx (`host_path`), the rest for onnxruntime on the host, instead of refused."""
+    in OUT.host.onnx (`host_path`), the rest for onnxruntime on the host, instead of refused; so
+    is a static graph's Reshape into an output that rknn-toolkit2 would run on its CPU (a YOLO
+    head's [1, 84, 2100] at 320x320), the NPU part writing the 4-D tensor it reads."""
 
     freeze_inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     inputs: Mapping[str, np.ndarray] | None = None

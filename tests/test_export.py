@@ -1354,8 +1354,9 @@ def test_the_command_writes_the_host_tail_and_names_it(save, tmp_path, capsys):
 
 @needs_peer
 @pytest.mark.parametrize("model", [detector_with_nms_like_tail, lambda: detection_head_levels(),
-                                   lambda: scores_for_a_selection(), lambda: box_decoding_levels()],
-                         ids=["nms_like", "head_levels", "rank3_scores", "box_decoding"])
+                                   lambda: scores_for_a_selection(), lambda: box_decoding_levels(),
+                                   lambda: yolo_like_head(6)],
+                         ids=["nms_like", "head_levels", "rank3_scores", "box_decoding", "rows_off_grid"])
 def test_the_toolkit_builds_the_npu_part_of_a_host_tail(model, save, tmp_path):
     """The toolkit builds the NPU part the original's NonZero keeps it from building, with no
     layer on its CPU (the plan has none before the cut)."""
@@ -1473,6 +1474,64 @@ def test_a_cut_tensor_of_rank_3_is_written_4d_and_reshaped_on_the_host(save, tmp
     x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
     cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
     np.testing.assert_array_equal(onnxruntime_run(host, cut)[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def yolo_like_head(side: int) -> onnx.ModelProto:
+    """A YOLO head's output on two levels, `x` [1, 8, side, side] and its 2x2 max pool: each
+    level's Conv [1, 12, H, W] Reshaped into rows [1, 12, H*W], the rows joined (Concat) and a
+    Sigmoid of them, `output0` [1, 12, 5/4 side^2]; the first level's map is an output too
+    (`maps`, as a segmenter's prototypes)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MaxPool", ["x"], ["half"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
+    for level, features in enumerate(("x", "half")):
+        nodes += [helper.make_node("Conv", [features, "w"], [f"head{level}"], name=f"conv{level}"),
+                  helper.make_node("Reshape", [f"head{level}", "rows"], [f"rows{level}"], name=f"rows{level}")]
+    nodes += [helper.make_node("Concat", ["rows0", "rows1"], ["joined"], name="join", axis=2),
+              helper.make_node("Sigmoid", ["joined"], ["output0"], name="sigmoid"),
+              helper.make_node("Relu", ["head0"], ["maps"], name="maps")]
+    return make_model(nodes, [value_info("x", [1, 8, side, side])],
+                      [value_info("output0", [1, 12, side * side * 5 // 4]), value_info("maps", [1, 12, side, side])],
+                      [weight("w", rng.standard_normal((12, 8, 1, 1)).astype(np.float32)),
+                       weight("rows", np.array([1, 12, -1], np.int64))])
+
+
+def test_an_output_of_rows_off_the_toolkits_grid_is_reshaped_on_the_host(save, tmp_path):
+    """A YOLO head at 320x320 (2100 rows: 45 here, 6x6 and 3x3) ends in a Reshape of the
+    shapings' [1, 12, 1, 45] into the output's [1, 12, 45], which rknn-toolkit2 2.5.0 runs on
+    its CPU when the rows' length is not a multiple of 8. With --host-tail that Reshape alone
+    goes to the host part: the NPU part writes the 4-D Sigmoid (and the 4-D map, which passes
+    through the host part), the two together compute the original."""
+    original = save(yolo_like_head(6))
+    written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588", host_tail=True)
+    npu, host = onnx.load(str(written.path)), onnx.load(str(written.host_path))
+    made_by = {output: node.op_type for node in npu.graph.node for output in node.output}
+    assert [made_by[o.name] for o in npu.graph.output] == ["Sigmoid", "Relu"]
+    assert [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in npu.graph.output] == [[1, 12, 1, 45],
+                                                                                               [1, 12, 6, 6]]
+    assert [n.op_type for n in host.graph.node] == ["Reshape"]
+    tail = written.report["host_tail"]
+    assert tail["static_nodes_moved_to_host"] == [host.graph.node[0].name] and tail["data_dependent_from"] == []
+    assert [i.name for i in host.graph.input] == [o.name for o in npu.graph.output]
+    assert [o.name for o in host.graph.output] == ["output0", "maps"]
+    x = np.random.default_rng(1).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    cut = dict(zip([o.name for o in npu.graph.output], onnxruntime_run(npu, {"x": x})))
+    for found, expected in zip(onnxruntime_run(host, cut), onnxruntime_run(original, {"x": x})):
+        np.testing.assert_allclose(found, expected, rtol=1e-6, atol=1e-6)
+    written = rkcompile.export(original, tmp_path / "whole.onnx", "rk3588")
+    assert written.host_path is None and "host_tail" not in written.report
+
+
+def test_an_output_of_rows_on_the_toolkits_grid_is_left_whole(save, tmp_path):
+    """80 rows (8x8 and 4x4), a multiple of 8, the toolkit reshapes on its NPU (a YOLO head's
+    8400 at 640x640): --host-tail writes no host part, the same file as without it."""
+    original = save(yolo_like_head(8))
+    written = rkcompile.export(original, tmp_path / "tail.onnx", "rk3588", host_tail=True)
+    assert written.host_path is None and "host_tail" not in written.report
+    assert not (tmp_path / "tail.host.onnx").exists()
+    npu = onnx.load(str(written.path))
+    assert [len(o.type.tensor_type.shape.dim) for o in npu.graph.output] == [3, 4]
+    whole = rkcompile.export(original, tmp_path / "whole.onnx", "rk3588")
+    assert written.path.read_bytes() == whole.path.read_bytes()
 
 
 def head_levels_into_rows() -> list[onnx.NodeProto]:

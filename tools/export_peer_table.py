@@ -1,9 +1,10 @@
 """Does rknn-toolkit2 build what `rkcompile export` writes? One row per model: the toolkit on the
 original (built? CPU layers), our export (nodes, CPU nodes in our plan, the toolkit reshapings
 applied), the toolkit on the export (built? CPU layers, its simulator's worst cosine). A model
-with data-dependent shapes (a detector's NMS) is exported with its host tail (`--host-tail`):
-the toolkit builds the NPU part, and a line below the table says where the cut is, how many
-nodes the host part runs on onnxruntime and how many CPU nodes of the plan are left before it.
+with data-dependent shapes (a detector's NMS), or with an output the toolkit would reshape on
+its CPU (a YOLO head at 320x320), is exported with its host tail (`--host-tail`): the toolkit
+builds the NPU part, and a line below the table says where the cut is, how many nodes the host
+part runs on onnxruntime and how many CPU nodes of the plan are left before it.
 
     python tools/export_peer_table.py MODEL_OR_DIR ... --python PEER_VENV/bin/python
                                       [--target rk3588] [--out DIR] [--json OUT] [--timeout 900]

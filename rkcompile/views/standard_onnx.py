@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -47,7 +47,8 @@ STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 class StandardExport:
     """What `standard_model` writes: the model for rknn-toolkit2 (`model`), how many nodes each
     reshaping for it changed (`shaped`), with a host tail (`host_tail=True` on a graph with
-    data-dependent shapes) the host part for onnxruntime (`host`) and where the cut is (`cut`),
+    data-dependent shapes, or with an output the toolkit would reshape on its CPU) the host part
+    for onnxruntime (`host`) and where the cut is (`cut`),
     and the tensors whose size the data first decides (`data_dependent`, host tail or not)."""
 
     model: onnx.ModelProto
@@ -71,7 +72,9 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     on); with `host_tail`, `model` is its static NPU part, whose outputs are the model outputs
     it makes and the tensors the host part reads, and `host` the rest, in the model's own opset,
     whose inputs are the model inputs it reads and then the NPU part's outputs, and whose
-    outputs are all the model's outputs (one the NPU part makes passes through)."""
+    outputs are all the model's outputs (one the NPU part makes passes through). A static graph
+    gets a host part with `host_tail` only for the Reshapes into its outputs that rknn-toolkit2
+    would run on its CPU (`_trailing_layout_to_host`); without one, `host` is None."""
     members, weights = plain_steps(plan, nodes)
     for proto in (proto for protos in members.values() for proto in protos):
         _refuse_custom_domain(proto)
@@ -92,7 +95,7 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     outputs = [_value_info(_planned_shape(spec, plan)) for spec in plan.model.outputs
                if not cut.steps or spec.name in made]
     host = None
-    if cut.steps:
+    if host_tail:
         host_reads = reads(host_protos)
         boundary = [output for proto in npu_protos for output in proto.output
                     if output in host_reads and output not in {spec.name for spec in plan.model.outputs}]
@@ -122,8 +125,11 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
     if host is not None:
         moved = _trailing_layout_to_host(model, host)
         cut = dataclasses.replace(cut, moved=(*cut.moved, *moved))
-        host = _checked(host) if moved else host
-    return StandardExport(_checked(model), shaped, host, cut if cut.steps else None, found.first_dynamic)
+        if moved:
+            host = _checked(host)
+        elif not cut.steps:
+            host = None   # a static graph has a host part only for the outputs the toolkit would end on its CPU
+    return StandardExport(_checked(model), shaped, host, cut if host is not None else None, found.first_dynamic)
 
 
 #: the shapings that write weights or biases of their own (the sum of two Convs' weights, a
@@ -136,6 +142,11 @@ WEIGHT_WRITING_SHAPINGS = frozenset({added_convs_as_one, linear_layers_as_gemms,
 #: ops that only regroup or join values, which the NPU part's last steps hand to the host part
 TRAILING_LAYOUT = frozenset({"Reshape", "Concat"})
 
+#: rknn-toolkit2 2.5.0 runs on its CPU a Reshape writing an output of rank 2 or 3 whose last axis
+#: merges a 4-D input's H*W when that length is not a multiple of this (a YOLO head at 320x320:
+#: [1, 84, 1, 2100] into [1, 84, 2100]; 8400 boxes at 640x640 stay on its NPU)
+TOOLKIT_ROW_ALIGNMENT = 8
+
 
 def _trailing_layout_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> list[str]:
     """Move the NPU part's last nodes that only regroup or join 4-D tensors (TRAILING_LAYOUT)
@@ -145,7 +156,10 @@ def _trailing_layout_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> l
     runs on its CPU a Reshape that writes an output of rank 2 or 3, and a Reshape that splits
     the channels of [1, H, W, A*K] into [1, H*W*A, 1, K] (a detector head's anchors and classes,
     at 10x10 and smaller; the Concat of the levels is the Reshapes' only reader); in the host
-    part they are a copy at most. Returns the names of the nodes moved."""
+    part they are a copy at most. A Reshape writing a model output goes too where the toolkit
+    would run it on its CPU (`_rows_off_the_toolkit_grid`), alone: the 4-D tensor it reads, the
+    NPU part's output in its place, the toolkit keeps on its NPU. Returns the names of the nodes
+    moved."""
     inferred = {value.name: value for value in onnx.shape_inference.infer_shapes(model).graph.value_info}
     known = {**inferred, **{value.name: value for value in model.graph.output}}
     constants = {tensor.name: tensor for tensor in model.graph.initializer}
@@ -153,19 +167,27 @@ def _trailing_layout_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> l
     host_outputs = {value.name for value in host.graph.output}
     opset = next(entry.version for entry in host.opset_import if entry.domain in ("", "ai.onnx"))
     cut = [value.name for value in model.graph.output]   # the NPU part's outputs, all read by the host part
+    ending_outputs: set[str] = set()   # what a model output's moved Reshape reads: the NPU part writes it
+
+    def shape(name: str) -> list[int] | None:
+        dims = known[name].type.tensor_type.shape.dim if name in known else ()
+        return [d.dim_value for d in dims] if all(d.HasField("dim_value") for d in dims) else None
 
     def four_d(name: str) -> bool:
-        dims = known[name].type.tensor_type.shape.dim if name in known else ()
-        return len(dims) == 4 and all(d.HasField("dim_value") for d in dims)
+        return len(shape(name) or ()) == 4
 
     moved = []
     for node in reversed(list(model.graph.node)):
         sources = [name for name in node.input if name and name not in constants]
+        writes_output = any(name in host_outputs for name in node.output)
         if node.op_type not in TRAILING_LAYOUT or (node.op_type == "Reshape" and opset < 5) \
-                or any(name not in cut or name in host_outputs for name in node.output) \
+                or any(name not in cut or name in ending_outputs for name in node.output) \
+                or (writes_output and not _rows_off_the_toolkit_grid(node, shape)) \
                 or any(name in reads(model.graph.node) for name in node.output) \
                 or not all(four_d(name) and name not in model_inputs for name in sources):
             continue
+        if writes_output:
+            ending_outputs.update(sources)
         at = cut.index(node.output[0])
         cut = [name for name in cut if name not in node.output]
         cut[at:at] = [name for name in dict.fromkeys(sources) if name not in cut]
@@ -185,6 +207,17 @@ def _trailing_layout_to_host(model: onnx.ModelProto, host: onnx.ModelProto) -> l
         del host.graph.input[:]
         host.graph.input.extend([*read_inputs, *values])
     return list(reversed(moved))
+
+
+def _rows_off_the_toolkit_grid(node: onnx.NodeProto, shape: Callable[[str], list[int] | None]) -> bool:
+    """Whether `node` is a Reshape of a 4-D [N, C, H, W] (static `shape`s) into rank 2 or 3 whose
+    last axis is H*W, a length not a multiple of TOOLKIT_ROW_ALIGNMENT: rknn-toolkit2 2.5.0
+    holds the tensor 4-D and runs that Reshape, ending an output, on its CPU."""
+    source, written = shape(node.input[0]), shape(node.output[0])
+    if node.op_type != "Reshape" or source is None or written is None or len(source) != 4:
+        return False
+    merged = source[2] * source[3]
+    return len(written) in (2, 3) and written[-1] == merged and merged % TOOLKIT_ROW_ALIGNMENT != 0
 
 
 def _opset_imports(plan: PlanRecord, protos: Sequence[onnx.NodeProto]) -> list[onnx.OperatorSetIdProto]:
