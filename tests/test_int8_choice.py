@@ -138,21 +138,21 @@ class MatrixJudge(Judge):
     """A Judge whose plans are the candidates' settings and whose runs read a cosine per
     candidate and sample from `cosine(settings, index)`; it counts the runs."""
 
-    def __init__(self, cosine, count: int, hardest: list[int] | None = None):
+    def __init__(self, cosine, count: int, hardest: list[int] | None = None, weight_bytes: int = 1):
         options = Options(dtype="int8", calibration_method=CHOOSE, bias_correction=CHOOSE, equalization=CHOOSE)
         runtime = SimpleNamespace(run=lambda plan, sample: {"y": cosine(plan.settings, sample["index"])},
                                   cosine=lambda name, actual, expected: actual)
         super().__init__(SimpleNamespace(idle_techniques=set, options=options), runtime,
                          [{"index": index} for index in range(count)])
         self.runs = 0
-        self.hardest = hardest
+        self.hardest, self.weight_bytes = hardest, weight_bytes
 
     def hardest_first(self, plan):
         """The order a rounded run would give: `hardest` when given."""
         return None if self.hardest is None else list(self.hardest)
 
     def planned(self, tensors, settings=None):
-        record = SimpleNamespace(memory=SimpleNamespace(weight_bytes=1))
+        record = SimpleNamespace(memory=SimpleNamespace(weight_bytes=self.weight_bytes))
         return SimpleNamespace(settings=dict(settings), record=record), None
 
     def expected_outputs(self, plan):
@@ -287,3 +287,36 @@ def test_runs_ahead_change_neither_the_choice_nor_any_recorded_cosine(seed):
             assert len(asked) + len(elsewhere) >= judge.runs and 0 < len(asked) < judge.runs - count // 2
             assert len(elsewhere) > count // 4
     assert found[0] == found[1] == found[2]
+
+
+def test_candidates_too_large_to_hold_together_run_ahead_only_their_own_samples():
+    """Plans whose weights the judge cannot hold all at once (`KEPT_WEIGHT_BYTES`) are made as
+    each leads: a run made ahead is then the leader's own next sample, never another candidate's
+    (whose plan would push the leader's out), and the choice is the same."""
+    from rkcompile.compiler.auto_float16 import KEPT_WEIGHT_BYTES
+
+    random = np.random.default_rng(5)
+    count = 16
+    table = {_label(settings): 0.99 - random.uniform(0, 0.004, count) for settings in candidates(INT8_SETTINGS)}
+    found, others_ahead = [], []
+    for weight_bytes in (1, KEPT_WEIGHT_BYTES):
+        judge = MatrixJudge(lambda settings, index: table[_label(settings)][index], count, weight_bytes=weight_bytes)
+        events = []
+        asked = judge.sample_cosine
+
+        def sample_cosine(tensors, settings, index, asked=asked, events=events):
+            events.append(("asked", _label(settings)))
+            return asked(tensors, settings, index)
+
+        def run_ahead(plan, sample, judge=judge, events=events):
+            events.append(("ahead", _label(plan.settings)))
+            future = Future()
+            future.set_result(judge.runtime.run(plan, sample))
+            return future
+        judge.sample_cosine, judge.runtime.run_ahead = sample_cosine, run_ahead
+        found.append(choose_settings(judge, judge.planner.options, lambda text: None))
+        # a run made ahead for another candidate than the one asked next
+        others_ahead.append(sum(kind == "ahead" and events[i + 1] != ("asked", label)
+                                for i, (kind, label) in enumerate(events[:-1])))
+    assert found[0] == found[1]
+    assert others_ahead[0] > 0 and others_ahead[1] == 0

@@ -48,7 +48,7 @@ from rkcompile.compiler.context import CompileContext
 from rkcompile.options import CHOOSE, INT8_SETTINGS, Options, settings_label
 from rkcompile.plan.schema import Int8Technique, PlanRecord
 from rkcompile.progress import bar
-from rkcompile.compiler.auto_float16 import Finish, Judge, Planner, choose, judge_for
+from rkcompile.compiler.auto_float16 import KEPT_WEIGHT_BYTES, Finish, Judge, Planner, choose, judge_for
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,11 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
     ordered = judging_order(found)
     count = len(judge.given_samples)
     first, _ = judge.planned((), ordered[0])  # calibrates for every candidate
+    # the candidates' plans share their weights' size: all held at once, or each made when it leads
+    held = len(ordered) * first.record.memory.weight_bytes <= KEPT_WEIGHT_BYTES
     with ThreadPoolExecutor(1) as runner:  # the rounded runs (onnxruntime) while the others are planned
         hardest = runner.submit(judge.hardest_first, first)
-        for settings in ordered:
+        for settings in ordered if held else ordered[:1]:
             judge.keep((), settings)
         judge.order = hardest.result() or judge.order
 
@@ -119,8 +121,8 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
             judge.keep((), leader)
             index = next_sample(judge, known)
             following = next_run(judge, ordered, leader, index)
-            if following is not None:  # made meanwhile, on the thread not busy with `index`
-                judge.keep((), following[0])
+            # made meanwhile, on the thread not busy with `index` (another candidate's when held)
+            if following is not None and (held or following[0] == leader):
                 judge.run_ahead((), *following, here=judge.in_flight((), leader, index))
             judge.sample_cosine((), leader, index)
             progress.update()
