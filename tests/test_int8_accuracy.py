@@ -169,6 +169,50 @@ def test_tap_means_divided_are_those_of_the_divided_input():
     assert not np.allclose(kept.means()["k"], divided.means()["k"])  # the copy kept its own sums
 
 
+def test_equalization_sweeps_on_channel_peaks_as_on_the_weights():
+    """`settle` sweeps each weight's largest |value| per (output, input) channel instead of the
+    weights: the scales and the equalized weights are those sweeping the whole weights gives,
+    through a chain of pairs (the middle Conv, depthwise, scaled on both sides)."""
+    import onnx_graphsurgeon as gs
+
+    from rkcompile.passes.int8_accuracy import SETTLED, SWEEPS, Equalization, Pair, apply, settle
+
+    weights = {"w1": uneven((6, 4, 3, 3)), "b1": rng.standard_normal(6), "w2": uneven((6, 1, 3, 3)),
+               "b2": rng.standard_normal(6), "w3": uneven((5, 6, 1, 1), axis=1)}
+    x, y1, y2, y3 = (gs.Variable(name) for name in ("x", "y1", "y2", "y3"))
+    first = gs.Node("Conv", "first", inputs=[x, gs.Constant("w1", weights["w1"]), gs.Constant("b1", weights["b1"])],
+                    outputs=[y1])
+    middle = gs.Node("Conv", "middle", attrs={"group": 6},
+                     inputs=[y1, gs.Constant("w2", weights["w2"]), gs.Constant("b2", weights["b2"])], outputs=[y2])
+    last = gs.Node("Conv", "last", inputs=[y2, gs.Constant("w3", weights["w3"])], outputs=[y3])
+    found = Equalization(pairs=[Pair(first, first, middle, middle), Pair(middle, middle, last, last)])
+    settle(found)
+    apply(found)
+
+    expected = {name: np.array(values, np.float64) for name, values in weights.items()}
+    totals = [np.ones(6), np.ones(6)]
+    for _ in range(SWEEPS):  # the sweep over whole weights, in float64
+        largest = 0.0
+        for index, (one, two, bias, groups) in enumerate((("w1", "w2", "b1", 6), ("w2", "w3", "b2", 1))):
+            r1 = np.abs(expected[one]).reshape(6, -1).max(axis=1)
+            by_channel = expected[two].reshape(groups, -1, 6 // groups, expected[two][0, 0].size)
+            taps = np.abs(by_channel).max(axis=(1, 3)).reshape(6)
+            scale = np.sqrt(r1 / taps)
+            largest = max(largest, float(np.abs(np.log(scale)).max()))
+            totals[index] = totals[index] * scale
+            expected[one] = expected[one] / scale.reshape(-1, 1, 1, 1)
+            expected[two] = (by_channel * scale.reshape(groups, 1, 6 // groups, 1)).reshape(expected[two].shape)
+            expected[bias] = expected[bias] / scale
+        if largest < SETTLED:
+            break
+    for total, scale in zip(totals, found.scales):
+        np.testing.assert_allclose(scale, total, rtol=1e-9)
+    assert not np.allclose(totals[0], 1) and not np.allclose(totals[1], 1)
+    for node in (first, middle, last):
+        for tensor in node.inputs[1:]:
+            np.testing.assert_allclose(tensor.values, expected[tensor.name], rtol=1e-6, err_msg=tensor.name)
+
+
 def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
     conv = gs.Node("Conv", "conv", attrs={"pads": [1, 1, 1, 1]},
                    inputs=[gs.Variable("x"), gs.Constant("w", uneven((16, 8, 3, 3))), gs.Constant("b", np.zeros(16, np.float32))],
