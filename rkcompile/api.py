@@ -14,6 +14,8 @@ import collections.abc
 import dataclasses
 import functools
 import io
+import itertools
+import os
 import re
 import warnings
 import weakref
@@ -33,6 +35,7 @@ from rkcompile.emulator.kernels.conv import tap_means
 from rkcompile.numerics import float16 as half
 from rkcompile.emulator.session import Prepared, check_plan, emulate, make_inputs, plan_mismatch
 from rkcompile.emulator.storage import EmulationError, Storage
+from rkcompile.emulator.worker import RunWorker, WorkerGone
 from rkcompile.errors import CompileError
 from rkcompile.numerics.dtypes import FLOAT_DTYPES
 from rkcompile.plan.plain_nodes import Constant, Node, is_constant, node_inputs
@@ -198,12 +201,27 @@ class EmulatorRuntime:
         return emulate(plan.prepared(), inputs).outputs
 
     def run_ahead(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> Future:
-        """`run` on a thread of its own, through a second Prepared of the plan (runs of one
-        Prepared take turns: they share its executor's regions)."""
-        if len(plan._prepared) < 2:
-            plan.prepared()
-            plan._prepared.append(Prepared(plan.record, plan.weights, plan.reference_nodes))
-        return _ahead().submit(lambda: emulate(plan._prepared[1], inputs).outputs)
+        """`run` in a second process (rkcompile/emulator/worker.py: two threads of this one run
+        two plans little faster than one), sent the plan once; on a thread of this process
+        when there is no second processor or the worker is gone, through a second Prepared of
+        the plan (runs of one Prepared take turns: they share its executor's regions)."""
+        done: Future = Future()
+        worker = _run_worker()
+        if worker is None:
+            _chain(_run_here(plan, inputs), done)
+            return done
+
+        def settle(sent: Future) -> None:
+            if not sent.cancelled() and isinstance(sent.exception(), WorkerGone):
+                _chain(_run_here(plan, inputs), done)
+            else:
+                _chain(sent, done)
+
+        worker.submit(_worker_token(worker, plan), plan.record, plan.weights, inputs).add_done_callback(settle)
+        return done
+
+    def start_run_ahead(self) -> None:
+        _run_worker()
 
     def step_drops(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         rows, _ = analyse(plan.prepared(), inputs, single=False)
@@ -219,8 +237,54 @@ EMULATOR_RUNTIME = EmulatorRuntime()
 
 @functools.cache
 def _ahead() -> ThreadPoolExecutor:
-    """The thread `EmulatorRuntime.run_ahead` runs on, made on first use."""
+    """The thread `EmulatorRuntime.run_ahead` runs on without a worker, made on first use."""
     return ThreadPoolExecutor(1, thread_name_prefix="rkcompile-run-ahead")
+
+
+def _run_here(plan: Plan, inputs: Mapping[str, np.ndarray]) -> Future:
+    """`run` on the run-ahead thread of this process, through the plan's second Prepared."""
+    if len(plan._prepared) < 2:
+        plan.prepared()
+        plan._prepared.append(Prepared(plan.record, plan.weights, plan.reference_nodes))
+    return _ahead().submit(lambda: emulate(plan._prepared[1], inputs).outputs)
+
+
+@functools.cache
+def _run_worker() -> RunWorker | None:
+    """The worker process `EmulatorRuntime.run_ahead` sends runs to, started on first use; None
+    on a machine of one processor, where a second process has no processor of its own."""
+    if (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        return RunWorker()
+    except OSError:  # no interpreter to start (an embedded Python)
+        return None
+
+
+#: the plans sent to the worker, each by the token it knows it by
+_WORKER_TOKENS: weakref.WeakKeyDictionary[Plan, int] = weakref.WeakKeyDictionary()
+_NEXT_TOKEN = itertools.count()
+
+
+def _worker_token(worker: RunWorker, plan: Plan) -> int:
+    """The plan's token, made on first use; the worker forgets the plan when it is collected here."""
+    token = _WORKER_TOKENS.get(plan)
+    if token is None:
+        token = _WORKER_TOKENS[plan] = next(_NEXT_TOKEN)
+        weakref.finalize(plan, worker.forget, token)
+    return token
+
+
+def _chain(source: Future, target: Future) -> None:
+    """Complete `target` as `source` completes."""
+    def copy(done: Future) -> None:
+        if done.cancelled():
+            target.cancel()
+        elif done.exception() is not None:
+            target.set_exception(done.exception())
+        else:
+            target.set_result(done.result())
+    source.add_done_callback(copy)
 
 
 def _reference_nodes(record: PlanRecord, planned: list[gs.Node], model_values: Mapping[str, np.ndarray]) -> list[Node]:

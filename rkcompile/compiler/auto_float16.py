@@ -197,12 +197,18 @@ class Judge:
     def release(self) -> None:
         self.kept, self.ahead = {}, {}
 
+    def start_run_ahead(self) -> None:
+        """Tell the runtime that `run_ahead` calls are coming (`Runtime.start_run_ahead`, optional)."""
+        start = getattr(self.runtime, "start_run_ahead", None)
+        if start is not None:
+            start()
+
     def run_ahead(self, tensors: Sequence[str], settings: Mapping[str, Any] | None, index: int,
                   here: bool = False) -> None:
         """Run the plan on given sample `index` before it is asked for, for `sample_cosine` to
-        take up when it is: started on the runtime's other thread (when it has one:
-        `Runtime.run_ahead`), or with `here`, run on this thread now (while the other thread
-        runs another sample)."""
+        take up when it is: started on the runtime's other runner, a thread or a process (when
+        it has one: `Runtime.run_ahead`), or with `here`, run on this thread now (while the other
+        runner runs another sample)."""
         key = self.key(tensors, settings)
         run_ahead = getattr(self.runtime, "run_ahead", None)
         if run_ahead is None or index in self.sample_cosines.get(key, {}) or (key, index) in self.ahead:
@@ -215,7 +221,7 @@ class Judge:
             self.ahead[(key, index)] = run_ahead(plan, self.given_samples[index])
 
     def in_flight(self, tensors: Sequence[str], settings: Mapping[str, Any] | None, index: int) -> bool:
-        """Whether the other thread is running the plan on sample `index` (`run_ahead`)."""
+        """Whether the other runner is running the plan on sample `index` (`run_ahead`)."""
         found = self.ahead.get((self.key(tensors, settings), index))
         return found is not None and not found.done()
 

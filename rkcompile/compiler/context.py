@@ -145,8 +145,13 @@ class Runtime(Protocol):
 
     # optional: a runtime without it has every run made when asked
     def run_ahead(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> Future:
-        """`run`'s outputs, computed on another thread while the caller goes on (a judge runs
-        the sample a leading candidate would run next while it runs this one)."""
+        """`run`'s outputs, computed on another thread or process while the caller goes on (a
+        judge runs the sample a leading candidate would run next while it runs this one)."""
+
+    # optional: told that runs ahead are coming (before the plans they run are made)
+    def start_run_ahead(self) -> None:
+        """Get ready for `run_ahead`: a runtime that makes those runs in another process starts
+        it now, while the caller plans."""
 
     def step_drops(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Per tensor a step writes, the output cosine its step loses against its inputs' (the

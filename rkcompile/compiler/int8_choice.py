@@ -26,7 +26,8 @@ makes, with only the winner running every sample; the candidates' plans are made
 the first one's rounded float run orders the samples hardest first (`Judge.hardest_first`), and
 kept while they are judged (`Judge.keep`). While one run is made, the run likely to follow it
 (`next_run`: the next candidate yet to run, or the leader's next sample, as a leader keeps the
-lead often) is made on the thread not busy with it (`Judge.run_ahead`); a run made ahead is
+lead often) is made by the runtime's other runner, a process of its own for the emulator
+(`Judge.run_ahead`), or here when that is busy with the run asked for; a run made ahead is
 only taken up when the order above asks for it, so the choice and every recorded cosine are the
 same.
 
@@ -96,6 +97,7 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
     found = candidates(searched(options, judge.planner))
     ordered = judging_order(found)
     count = len(judge.given_samples)
+    judge.start_run_ahead()  # a worker process starts while the first plan calibrates
     first, _ = judge.planned((), ordered[0])  # calibrates for every candidate
     # the candidates' plans share their weights' size: all held at once, or each made when it leads
     held = len(ordered) * first.record.memory.weight_bytes <= KEPT_WEIGHT_BYTES
