@@ -247,40 +247,47 @@ def plain_mmse_search(values: np.ndarray, low: float, high: float) -> tuple[floa
     return best
 
 
-def test_mmse_dismisses_deep_clips_on_the_extremes_and_finds_the_same_clip(monkeypatch):
-    """A heavy-tailed tensor: the thresholds that clip deep into the tail are dismissed on the
-    values at its ends (their error alone is above the best), so fewer than all 100 run over
-    every value, and the clip is the one the plain search over every threshold finds."""
+def _spied_errors(monkeypatch) -> tuple[list[int], list[int]]:
+    """The sizes of the values each float32 and each float64 error computation of mmse_range
+    runs over, as it runs them."""
     from rkcompile.quantization import params
 
+    in_float32, in_float64 = [], []
+    float32_error, squared_errors = params._float32_mean_error, params._squared_errors
+    monkeypatch.setattr(params, "_float32_mean_error", lambda v, *rest: in_float32.append(v.size)
+                        or float32_error(v, *rest))
+    monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: in_float64.append(v.size)
+                        or squared_errors(v, *rest))
+    return in_float32, in_float64
+
+
+def test_mmse_dismisses_deep_clips_on_the_extremes_and_finds_the_same_clip(monkeypatch):
+    """A heavy-tailed tensor: the thresholds that clip deep into the tail are dismissed on the
+    values at its ends (their error alone is above the best), so fewer than all 100 are
+    computed, most of those only in float32, and the clip is the one the plain search over
+    every threshold finds in float64."""
     values = (rng.standard_t(3, 200_000) * 0.7).astype(np.float32)
     low, high = float(values.min()), float(values.max())
     best = plain_mmse_search(values, low, high)
-    full = []
-    squared_errors = params._squared_errors
-    monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: full.append(v.size == values.size)
-                        or squared_errors(v, *rest))
+    in_float32, in_float64 = _spied_errors(monkeypatch)
     assert mmse_range(values, low, high) == best
-    assert 0 < sum(full) < 60 and best[1] < high
+    assert len(in_float32) < 60 and in_float64.count(values.size) <= len(in_float32) / 2 and best[1] < high
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_mmse_sums_a_relus_nonzero_values_and_finds_the_same_clip(seed, monkeypatch):
-    """A ReLU's output, half of it 0 (error 0 at every grid): the errors are summed over the
-    other half, the full sums only decide between near thresholds, and the clip is the one the
-    plain search over every value finds."""
-    from rkcompile.quantization import params
-
+    """A ReLU's output, half of it 0 (error 0 at every grid): the float32 errors are summed over
+    the other half, the float64 sums over every value only decide between near thresholds, and
+    the clip is the one the plain search over every value finds."""
     generator = np.random.default_rng(seed)
     values = np.maximum(generator.standard_t(3 + seed, 100_000), 0).astype(np.float32)
     values[: 100 * seed] = 6.0  # a ReLU6's clipped top, on some
     low, high = float(values.min()), float(values.max())
     best = plain_mmse_search(values, low, high)
-    sizes = []
-    squared_errors = params._squared_errors
-    monkeypatch.setattr(params, "_squared_errors", lambda v, *rest: sizes.append(v.size) or squared_errors(v, *rest))
+    in_float32, in_float64 = _spied_errors(monkeypatch)
     assert mmse_range(values, low, high) == best
-    assert np.count_nonzero(values) in sizes and sizes.count(values.size) <= 2
+    assert set(in_float32) == {np.count_nonzero(values)}
+    assert in_float64.count(values.size) <= len(in_float32) / 2
 
 
 def test_mmse_keeps_the_range_of_a_uniform_distribution():

@@ -77,6 +77,10 @@ MMSE_SAMPLE = 1 << 13
 #: Relative margin over the float64 summations' rounding (below 1e-13 for 2^20 values) before a
 #: part of a threshold's error dismisses it
 MMSE_SAFETY = 1e-9
+#: How far a threshold's mean error computed in float32 (`_float32_mean_error`) may be from the
+#: float64 one, as a fraction of (that error + its grid's scale squared): three times the bound
+#: of its roundings (`mmse_range`)
+MMSE_FLOAT32_MARGIN = 3e-4
 #: A per-layer constant with at most this many distinct values gets the grid that holds them
 #: best (`constant_params`), not only the symmetric one.
 FEW_VALUES = 256
@@ -487,22 +491,25 @@ def kl_threshold(magnitudes: np.ndarray, bins: int = KL_BINS, levels: int = KL_L
 
 def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_STEPS) -> tuple[float, float]:
     """The clip [max(low, -t), min(high, t)], t a multiple of max(|low|, high) / steps, whose int8
-    quantize-dequantize of `values` has the least mean squared error against them: rknn-toolkit2's
+    quantize-dequantize of `values` (float32, as observers keep them; others are rounded to
+    float32 first) has the least mean squared error against them: rknn-toolkit2's
     quantized_algorithm 'mmse', a 1-D search per tensor. Clipping a rare tail buys finer steps
     for the bulk of the values; one threshold on |x| clips only the side that has the tail.
 
-    A threshold whose error on about MMSE_EXTREMES values at each end alone (a part of its sum
-    of squares: every term is >= 0) is already above the best error so far cannot be chosen,
-    and its full error is not computed (`MMSE_SAFETY` covers the summations' rounding): the
-    clips that cut deep into a tail are dismissed on a few thousand values, every threshold's
-    part at once. The answer is the search over every threshold's.
+    The answer is the full search's, computed in float64 over every value (`_squared_errors`),
+    for less. Each threshold's error is first computed in float32 (`_float32_mean_error`, a
+    third of the memory traffic), which is within MMSE_FLOAT32_MARGIN of the float64 one; only
+    thresholds whose float32 error is within the margins of the least one can be the answer, and
+    when there is more than one, their float64 errors decide. A threshold whose float64 error
+    on about MMSE_EXTREMES values at each end alone (a part of its sum of squares: every term is
+    >= 0) is already above an error some threshold is known to stay under cannot be chosen and
+    is not computed at all: the clips that cut deep into a tail are dismissed on a few thousand
+    values, every threshold's part at once.
 
     A value of 0 has error 0 at every grid (each holds 0 exactly), so with zeros among the
-    values (half of a ReLU's output) the errors are summed over the others only: the same
-    terms in another order, within MMSE_SAFETY of the full sums. The least such sum is then
-    the least full one's unless another is within MMSE_SAFETY of it; those near it, when more
-    than one, have their full mean computed as the full search does, which decides among them."""
-    values = np.asarray(values, np.float64)
+    values (half of a ReLU's output) the float32 errors are summed over the others only."""
+    single = np.asarray(values, np.float32).reshape(-1)
+    values = single.astype(np.float64)
     low, high = min(low, 0.0), max(high, 0.0)
     peak = max(-low, high)
     clips = [(max(low, -threshold), min(high, threshold)) for threshold in peak * np.arange(steps, 0, -1) / steps]
@@ -512,28 +519,45 @@ def mmse_range(values: np.ndarray, low: float, high: float, steps: int = MMSE_ST
     if values.size > 4 * MMSE_EXTREMES:
         parts = _squared_errors_at_each(_extremes(values), scales, zeros).sum(axis=1) / values.size
     on_every_grid = bool(np.all((INT8[0] - zeros <= 0) & (INT8[1] - zeros >= 0)))  # 0's integer is never clipped
-    summed = values[values != 0] if on_every_grid else values
-    rounded, single = np.empty_like(summed), np.empty(summed.shape, np.float32)
-
-    def mean_error(terms: np.ndarray, scale, zero, rounded: np.ndarray, single: np.ndarray) -> float:
-        return float(np.mean(_squared_errors(terms, scale, zero, rounded, single)))
-
-    errors: dict[int, float] = {}  # threshold index -> its error (over `summed`, divided by every value's count)
-    best_error = np.inf
+    summed = single[single != 0] if on_every_grid else single
+    scratch = np.empty_like(summed)
+    screened: dict[int, float] = {}  # threshold index -> its float32 mean error
+    below = np.inf  # an error some threshold's float64 error is known to stay under
     for index, (scale, zero, part) in enumerate(zip(scales, zeros, parts)):
-        if part > best_error * (1 + MMSE_SAFETY):
+        if part > below * (1 + MMSE_SAFETY):
             continue
-        if summed.size == values.size:
-            errors[index] = mean_error(values, scale, zero, rounded, single)
-        else:
-            errors[index] = float(np.sum(_squared_errors(summed, scale, zero, rounded, single))) / values.size
-        best_error = min(best_error, errors[index])
-    if summed.size != values.size:
-        near = [index for index, error in errors.items() if error <= best_error * (1 + MMSE_SAFETY)]
-        if len(near) > 1:
-            rounded, single = np.empty_like(values), np.empty(values.shape, np.float32)
-            errors = {index: mean_error(values, scales[index], zeros[index], rounded, single) for index in near}
+        screened[index] = _float32_mean_error(summed, scale, zero, scratch) * summed.size / values.size
+        below = min(below, screened[index] + _float32_margin(screened[index], scale))
+    near = [index for index, error in screened.items() if error - _float32_margin(error, scales[index]) <= below]
+    if len(near) == 1:
+        return clips[near[0]]
+    rounded, single = np.empty_like(values), np.empty(values.shape, np.float32)
+    errors = {index: float(np.mean(_squared_errors(values, scales[index], zeros[index], rounded, single)))
+              for index in near}
     return clips[min(errors, key=errors.get)]  # the first of equals, as thresholds go from the widest
+
+
+def _float32_margin(error: float, scale: float) -> float:
+    """How far a float32 mean error may be from the float64 one (`mmse_range`): the roundings
+    move a value's error by at most about 1e-4 of (its error + scale^2): a value within 5e-5 of
+    a step from a rounding tie may round to the other neighbour (its error then moves by at most
+    1e-4 scale^2), the dequantized float32 value moves by at most 2^-15 scale, and float32's
+    summation of at most 2^24 terms by 3e-6 of the sum."""
+    return MMSE_FLOAT32_MARGIN * (error + float(scale) ** 2)
+
+
+def _float32_mean_error(values: np.ndarray, scale: float, zero: float, scratch: np.ndarray) -> float:
+    """The mean of (dequantize(quantize(values)) - values)^2 at the grid of `scale` and `zero`,
+    computed in float32 in `scratch` (of `values`' shape): within `_float32_margin` of
+    `_squared_errors`' float64 mean."""
+    step = np.float32(scale)
+    np.divide(values, step, out=scratch)
+    np.rint(scratch, out=scratch)
+    np.clip(scratch, np.float32(INT8[0] - zero), np.float32(INT8[1] - zero), out=scratch)
+    scratch *= step
+    scratch -= values
+    np.square(scratch, out=scratch)
+    return float(scratch.mean()) if scratch.size else 0.0
 
 
 def _extremes(values: np.ndarray) -> np.ndarray:
