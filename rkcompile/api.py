@@ -11,6 +11,7 @@ A `Plan` is the plan record (`rkcompile.plan.schema.PlanRecord`, the JSON contra
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import functools
 import io
@@ -21,9 +22,10 @@ import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
+import threadpoolctl
 
 from rkcompile.plan import artifact
 from rkcompile.options import Options
@@ -220,8 +222,15 @@ class EmulatorRuntime:
         worker.submit(_worker_token(worker, plan), plan.record, plan.weights, inputs).add_done_callback(settle)
         return done
 
-    def start_run_ahead(self) -> None:
+    @contextlib.contextmanager
+    def two_at_a_time(self) -> Iterator[None]:
+        """The worker process started (`run_ahead`), and this process's BLAS kept to one thread
+        (threadpoolctl) until the context ends, as the worker's is: two processes' default BLAS
+        threads on two processors made each run of resnet18_halfwidth's int8 plans take 50-60
+        ms instead of 28."""
         _run_worker()
+        with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+            yield
 
     def step_drops(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         rows, _ = analyse(plan.prepared(), inputs, single=False)

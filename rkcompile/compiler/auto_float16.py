@@ -28,12 +28,13 @@ candidate plan (`Planner`). The report lists the chosen tensors with each step's
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import copy
 import dataclasses
 import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -197,11 +198,10 @@ class Judge:
     def release(self) -> None:
         self.kept, self.ahead = {}, {}
 
-    def start_run_ahead(self) -> None:
-        """Tell the runtime that `run_ahead` calls are coming (`Runtime.start_run_ahead`, optional)."""
-        start = getattr(self.runtime, "start_run_ahead", None)
-        if start is not None:
-            start()
+    def two_at_a_time(self) -> ContextManager:
+        """The runtime's context for runs made two at a time (`Runtime.two_at_a_time`, optional)."""
+        context = getattr(self.runtime, "two_at_a_time", None)
+        return contextlib.nullcontext() if context is None else context()
 
     def run_ahead(self, tensors: Sequence[str], settings: Mapping[str, Any] | None, index: int,
                   here: bool = False) -> None:

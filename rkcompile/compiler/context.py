@@ -10,7 +10,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, ContextManager, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -148,10 +148,11 @@ class Runtime(Protocol):
         """`run`'s outputs, computed on another thread or process while the caller goes on (a
         judge runs the sample a leading candidate would run next while it runs this one)."""
 
-    # optional: told that runs ahead are coming (before the plans they run are made)
-    def start_run_ahead(self) -> None:
-        """Get ready for `run_ahead`: a runtime that makes those runs in another process starts
-        it now, while the caller plans."""
+    # optional: the context a judge makes runs two at a time in (its own and `run_ahead`'s)
+    def two_at_a_time(self) -> ContextManager:
+        """Entered before the plans those runs run are made: a runtime that runs ahead in another
+        process starts it, and each runner keeps to one processor's worth of threads (its BLAS)
+        until the context ends, so the two do not oversubscribe the machine."""
 
     def step_drops(self, plan: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Per tensor a step writes, the output cosine its step loses against its inputs' (the

@@ -97,15 +97,6 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
     found = candidates(searched(options, judge.planner))
     ordered = judging_order(found)
     count = len(judge.given_samples)
-    judge.start_run_ahead()  # a worker process starts while the first plan calibrates
-    first, _ = judge.planned((), ordered[0])  # calibrates for every candidate
-    # the candidates' plans share their weights' size: all held at once, or each made when it leads
-    held = len(ordered) * first.record.memory.weight_bytes <= KEPT_WEIGHT_BYTES
-    with ThreadPoolExecutor(1) as runner:  # the rounded runs (onnxruntime) while the others are planned
-        hardest = runner.submit(judge.hardest_first, first)
-        for settings in ordered if held else ordered[:1]:
-            judge.keep((), settings)
-        judge.order = hardest.result() or judge.order
 
     def lead(settings: dict[str, Any]) -> tuple:
         known = judge.sample_cosines.get(judge.key((), settings))
@@ -113,21 +104,32 @@ def choose_settings(judge: Judge, options: Options, say: Callable[[str], None]) 
             return (np.inf, -ordered.index(settings))
         return (min(known.values()), -found.index(settings))
 
-    # no total: how many runs the losers need shows only as they fall behind
-    with bar(description="int8 settings: candidate runs", unit="run") as progress:
-        while True:
-            leader = max(ordered, key=lead)
-            known = judge.sample_cosines.get(judge.key((), leader), {})
-            if len(known) == count:
-                break
-            judge.keep((), leader)
-            index = next_sample(judge, known)
-            following = next_run(judge, ordered, leader, index)
-            # made meanwhile, on the thread not busy with `index` (another candidate's when held)
-            if following is not None and (held or following[0] == leader):
-                judge.run_ahead((), *following, here=judge.in_flight((), leader, index))
-            judge.sample_cosine((), leader, index)
-            progress.update()
+    # runs two at a time from here: a worker process starts while the first plan calibrates
+    with judge.two_at_a_time():
+        first, _ = judge.planned((), ordered[0])  # calibrates for every candidate
+        # the candidates' plans share their weights' size: all held at once, or each made when it leads
+        held = len(ordered) * first.record.memory.weight_bytes <= KEPT_WEIGHT_BYTES
+        with ThreadPoolExecutor(1) as runner:  # the rounded runs (onnxruntime) while the others are planned
+            hardest = runner.submit(judge.hardest_first, first)
+            for settings in ordered if held else ordered[:1]:
+                judge.keep((), settings)
+            judge.order = hardest.result() or judge.order
+
+        # no total: how many runs the losers need shows only as they fall behind
+        with bar(description="int8 settings: candidate runs", unit="run") as progress:
+            while True:
+                leader = max(ordered, key=lead)
+                known = judge.sample_cosines.get(judge.key((), leader), {})
+                if len(known) == count:
+                    break
+                judge.keep((), leader)
+                index = next_sample(judge, known)
+                following = next_run(judge, ordered, leader, index)
+                # made meanwhile, by the runner not busy with `index` (another candidate's when held)
+                if following is not None and (held or following[0] == leader):
+                    judge.run_ahead((), *following, here=judge.in_flight((), leader, index))
+                judge.sample_cosine((), leader, index)
+                progress.update()
     judged = [Judged(settings, *judge.cosines[judge.key((), settings)]) for settings in ordered]
     for entry in judged:
         say(f"  {settings_label(entry.settings)}: {entry.cosine:.8f}"

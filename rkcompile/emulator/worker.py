@@ -145,8 +145,12 @@ class RunWorker:
 
 def main() -> None:
     """The worker: read messages until the input closes (see the module's docstring)."""
+    import threadpoolctl
+
     from rkcompile.emulator.session import Prepared, emulate
 
+    # it runs beside the parent's own runs: one BLAS thread each (api.EmulatorRuntime.two_at_a_time)
+    threadpoolctl.threadpool_limits(limits=1, user_api="blas")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not fall between the replies
