@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import io
-import itertools
+import multiprocessing
 import os
 import re
 import warnings
@@ -219,7 +219,7 @@ class EmulatorRuntime:
             else:
                 _chain(sent, done)
 
-        worker.submit(_worker_token(worker, plan), plan.record, plan.weights, inputs).add_done_callback(settle)
+        worker.submit(worker.token(plan), plan.record, plan.weights, inputs).add_done_callback(settle)
         return done
 
     @contextlib.contextmanager
@@ -258,30 +258,25 @@ def _run_here(plan: Plan, inputs: Mapping[str, np.ndarray]) -> Future:
     return _ahead().submit(lambda: emulate(plan._prepared[1], inputs).outputs)
 
 
-@functools.cache
+#: process id -> the worker process `EmulatorRuntime.run_ahead` sends runs to (None: none)
+_RUN_WORKERS: dict[int, RunWorker | None] = {}
+
+
 def _run_worker() -> RunWorker | None:
-    """The worker process `EmulatorRuntime.run_ahead` sends runs to, started on first use; None
-    on a machine of one processor, where a second process has no processor of its own."""
-    if (os.cpu_count() or 1) < 2:
-        return None
-    try:
-        return RunWorker()
-    except OSError:  # no interpreter to start (an embedded Python)
-        return None
-
-
-#: the plans sent to the worker, each by the token it knows it by
-_WORKER_TOKENS: weakref.WeakKeyDictionary[Plan, int] = weakref.WeakKeyDictionary()
-_NEXT_TOKEN = itertools.count()
-
-
-def _worker_token(worker: RunWorker, plan: Plan) -> int:
-    """The plan's token, made on first use; the worker forgets the plan when it is collected here."""
-    token = _WORKER_TOKENS.get(plan)
-    if token is None:
-        token = _WORKER_TOKENS[plan] = next(_NEXT_TOKEN)
-        weakref.finalize(plan, worker.forget, token)
-    return token
+    """This process's worker process, started on first use: a forked child starts its own (the
+    parent's pipes and the threads that serve them are the parent's). None on a machine of one
+    processor, where a second process has no processor of its own, and in a process that
+    multiprocessing started (a `rkcompile zoo` pool worker, a Dask worker), one of several that
+    share the processors already."""
+    pid = os.getpid()
+    if pid not in _RUN_WORKERS:
+        _RUN_WORKERS[pid] = None
+        if (os.cpu_count() or 1) >= 2 and multiprocessing.parent_process() is None:
+            try:
+                _RUN_WORKERS[pid] = RunWorker()
+            except OSError:  # no interpreter to start (an embedded Python)
+                pass
+    return _RUN_WORKERS[pid]
 
 
 def _chain(source: Future, target: Future) -> None:

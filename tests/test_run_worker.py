@@ -94,3 +94,42 @@ def test_closing_ends_the_worker_and_cancels_its_pending_runs(plans):
     for future in pending:
         assert future.cancelled() or _same(future.result(60), rkcompile.run(plan, _inputs(plan, pending.index(future))))
     assert started.submit(0, plan.record, plan.weights, _inputs(plan, 0)).exception(60).__class__ is WorkerGone
+
+
+def test_a_plan_keeps_its_token_and_is_forgotten_once_collected(plans, worker):
+    """One token per plan object; once the caller's plan is collected, the worker drops it."""
+    import gc
+
+    plan = plans["int8"]
+    copy = rkcompile.Plan(plan.record, plan.weights)
+    token = worker.token(copy)
+    assert worker.token(copy) == token and worker.token(plan) != token
+    inputs = _inputs(copy, 0)
+    assert _same(worker.submit(token, copy.record, copy.weights, inputs).result(60), rkcompile.run(plan, inputs))
+    assert token in worker.held
+    del copy
+    gc.collect()
+    worker.submit(worker.token(plan), plan.record, plan.weights, inputs).result(60)  # the drop is written first
+    assert token not in worker.held
+
+
+def test_each_process_starts_its_own_worker_unless_multiprocessing_started_it(monkeypatch):
+    """A forked child (another process id) gets a worker of its own, never its parent's, whose
+    pipes and threads are the parent's; a process multiprocessing started (a zoo pool's) gets
+    none: it makes its runs ahead on a thread."""
+    import multiprocessing
+
+    monkeypatch.setattr(api, "_RUN_WORKERS", {})
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    assert api._run_worker() is None
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)
+    monkeypatch.setattr(api.os, "getpid", lambda: -1)
+    parent = api._run_worker()
+    monkeypatch.setattr(api.os, "getpid", lambda: -2)
+    child = api._run_worker()
+    try:
+        assert isinstance(parent, RunWorker) and isinstance(child, RunWorker) and child is not parent
+        assert api._run_worker() is child
+    finally:
+        parent.close()
+        child.close()

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Mapping
 
@@ -54,6 +55,8 @@ class RunWorker:
         self.pending: dict[int, Future] = {}
         self.jobs = itertools.count()
         self.held: collections.OrderedDict[int, int] = collections.OrderedDict()  # token -> weight bytes
+        self.tokens: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()  # `token`'s
+        self.next_token = itertools.count()
         self.gone = self.closed = False
         # messages are written by a thread of their own: a pipe takes 64 KiB, and a plan's
         # weights written while the worker runs would hold the caller until the run ended
@@ -61,6 +64,16 @@ class RunWorker:
         threading.Thread(target=self._write, name="rkcompile-worker-write", daemon=True).start()
         threading.Thread(target=self._read, name="rkcompile-worker-read", daemon=True).start()
         atexit.register(self.close)
+
+    def token(self, owner: object) -> int:
+        """The token of the plan `owner` (a weak-referenceable object, the caller's plan) stands
+        for, made on first use; the worker forgets the plan once `owner` is collected."""
+        with self.lock:
+            token = self.tokens.get(owner)
+            if token is None:
+                token = self.tokens[owner] = next(self.next_token)
+                weakref.finalize(owner, self.forget, token)
+        return token
 
     def submit(self, token: int, record: PlanRecord, weights: bytes, inputs: Mapping[str, np.ndarray]) -> Future:
         """The outputs of the plan (`record`, `weights`; `token` names it to the worker) on `inputs`."""
