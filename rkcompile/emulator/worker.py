@@ -27,6 +27,7 @@ import sys
 import threading
 import weakref
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -35,6 +36,8 @@ from rkcompile.plan.schema import PlanRecord
 
 #: weight bytes of the plans a worker holds at most: the oldest it was sent is forgotten first
 HELD_WEIGHT_BYTES = 512 << 20
+#: the folder holding the rkcompile package this module belongs to
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 class WorkerGone(RuntimeError):
@@ -48,9 +51,11 @@ class RunWorker:
 
     def __init__(self, command: list[str] | None = None):
         # its standard error is dropped: a worker that cannot start or dies only sends its runs
-        # back here (WorkerGone), where they give the same outputs
+        # back here (WorkerGone), where they give the same outputs. It starts in the folder that
+        # holds this rkcompile package, which `-m` looks in first: the worker runs this code,
+        # whatever other rkcompile the caller's folder or path might hold
         self.process = subprocess.Popen(command or [sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=PACKAGE_PARENT)
         self.lock = threading.Lock()
         self.pending: dict[int, Future] = {}
         self.jobs = itertools.count()
