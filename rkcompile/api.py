@@ -225,9 +225,9 @@ class EmulatorRuntime:
     @contextlib.contextmanager
     def two_at_a_time(self) -> Iterator[None]:
         """The worker process started (`run_ahead`), and this process's BLAS kept to one thread
-        (threadpoolctl) until the context ends, as the worker's is: two processes' default BLAS
-        threads on two processors made each run of resnet18_halfwidth's int8 plans take 50-60
-        ms instead of 28."""
+        (threadpoolctl) until the context ends, as the worker's is: two processes running
+        resnet18_halfwidth's int8 plan at once, each with OpenBLAS's default threads on the
+        2-core test machine, took 330 ms a run; with one thread each, 27 ms."""
         _run_worker()
         with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
             yield
