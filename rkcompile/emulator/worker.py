@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import collections
 import itertools
+import os
 import pickle
 import queue
 import signal
@@ -170,8 +171,11 @@ def main() -> None:
     # it runs beside the parent's own runs: one BLAS thread each (api.EmulatorRuntime.two_at_a_time)
     threadpoolctl.threadpool_limits(limits=1, user_api="blas")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    requests, replies = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print must not fall between the replies
+    # the replies get standard output's pipe to themselves: whatever else writes there, a print
+    # or a library's C code, goes to standard error instead and cannot fall between them
+    requests, replies = sys.stdin.buffer, os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
     plans: dict[int, Prepared] = {}
     while True:
         try:
