@@ -320,3 +320,26 @@ def test_candidates_too_large_to_hold_together_run_ahead_only_their_own_samples(
                                 for i, (kind, label) in enumerate(events[:-1])))
     assert found[0] == found[1]
     assert others_ahead[0] > 0 and others_ahead[1] == 0
+
+def test_the_choice_plans_and_runs_inside_the_runtimes_two_at_a_time_context():
+    """A runtime with `two_at_a_time` has the context entered before the first plan (its worker
+    starts while that plan calibrates) and left after the last run, every plan and run inside."""
+    import contextlib
+
+    judge = MatrixJudge(lambda settings, index: 0.99 - 0.001 * index, 8)
+    events = []
+
+    @contextlib.contextmanager
+    def two_at_a_time():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    planned, run = judge.planned, judge.runtime.run
+    judge.planned = lambda tensors, settings=None: events.append("plan") or planned(tensors, settings)
+    judge.runtime.run = lambda plan, sample: events.append("run") or run(plan, sample)
+    judge.runtime.two_at_a_time = two_at_a_time
+    choose_settings(judge, judge.planner.options, lambda text: None)
+    inside = events[events.index("enter") + 1:events.index("exit")]
+    assert events[0] == "enter" and "run" in inside and "plan" in inside
+    assert "run" not in events[events.index("exit"):]

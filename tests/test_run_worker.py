@@ -133,3 +133,20 @@ def test_each_process_starts_its_own_worker_unless_multiprocessing_started_it(mo
     finally:
         parent.close()
         child.close()
+
+
+def test_two_at_a_time_keeps_blas_to_one_thread_and_restores_it():
+    """Inside the emulator runtime's `two_at_a_time`, this process's BLAS runs one thread (the
+    worker's does too); after it, as many as before."""
+    import threadpoolctl
+
+    def blas_threads() -> list[int]:
+        return [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        if not before:
+            pytest.skip("threadpoolctl finds no BLAS library in this numpy")
+        with api.EMULATOR_RUNTIME.two_at_a_time():
+            assert blas_threads() == [1] * len(before)
+        assert blas_threads() == before
