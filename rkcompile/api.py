@@ -207,11 +207,10 @@ class EmulatorRuntime:
         two plans little faster than one), sent the plan once; on a thread of this process
         when there is no second processor or the worker is gone, through a second Prepared of
         the plan (runs of one Prepared take turns: they share its executor's regions)."""
-        done: Future = Future()
         worker = _run_worker()
         if worker is None:
-            _chain(_run_here(plan, inputs), done)
-            return done
+            return _run_here(plan, inputs)
+        done: Future = Future()
 
         def settle(sent: Future) -> None:
             if not sent.cancelled() and isinstance(sent.exception(), WorkerGone):
