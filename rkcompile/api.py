@@ -243,10 +243,18 @@ class EmulatorRuntime:
 EMULATOR_RUNTIME = EmulatorRuntime()
 
 
-@functools.cache
+#: process id -> the thread `EmulatorRuntime.run_ahead` runs on without a worker
+_AHEAD_THREADS: dict[int, ThreadPoolExecutor] = {}
+
+
 def _ahead() -> ThreadPoolExecutor:
-    """The thread `EmulatorRuntime.run_ahead` runs on without a worker, made on first use."""
-    return ThreadPoolExecutor(1, thread_name_prefix="rkcompile-run-ahead")
+    """This process's run-ahead thread, made on first use: a forked child (a `zoo` pool worker,
+    which runs ahead on it) makes its own, as the parent's executor counts a thread the fork did
+    not copy and would never start one to run the child's work."""
+    pid = os.getpid()
+    if pid not in _AHEAD_THREADS:
+        _AHEAD_THREADS[pid] = ThreadPoolExecutor(1, thread_name_prefix="rkcompile-run-ahead")
+    return _AHEAD_THREADS[pid]
 
 
 def _run_here(plan: Plan, inputs: Mapping[str, np.ndarray]) -> Future:

@@ -150,3 +150,22 @@ def test_two_at_a_time_keeps_blas_to_one_thread_and_restores_it():
         with api.EMULATOR_RUNTIME.two_at_a_time():
             assert blas_threads() == [1] * len(before)
         assert blas_threads() == before
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_runs_ahead_on_a_thread_of_its_own(plans):
+    """A child forked after this process ran ahead on its thread (a zoo pool worker) gets the
+    run's outputs from a thread of its own, where its parent's executor would never run it."""
+    import os
+
+    plan = plans["int8"]
+    inputs = _inputs(plan, 0)
+    expected = api._run_here(plan, inputs).result(60)
+    child = os.fork()
+    if child == 0:  # the child reports by its exit code alone
+        try:
+            os._exit(0 if _same(api._run_here(plan, inputs).result(20), expected) else 1)
+        except BaseException:  # noqa: BLE001  (a timeout among them)
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
