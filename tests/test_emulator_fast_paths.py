@@ -13,7 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from rkcompile.options import Options
+from rkcompile.options import PREFERRED_INT8, Options
 from rkcompile.api import prepare
 from rkcompile.emulator import Executor, Storage, emulate, make_inputs
 from rkcompile.emulator.storage import EmulationError
@@ -23,9 +23,11 @@ from rkcompile.emulator.kernels.activation import ERF_BLOCK, erf, relu, sigmoid
 from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_shape
 from rkcompile.plan import plain_nodes as plain
 from rkcompile.plan.schema import PlanRecord, TensorPlacement
+from rkcompile.quantization.params import dequantize
 from rkcompile.targets import get_target
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+TINY_CNN = Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx"
 RK3588 = get_target("rk3588")
 rng = np.random.default_rng(11)
 
@@ -383,10 +385,33 @@ def test_weight_cache_reuses_the_first_runs_weights_without_changing_outputs():
         np.testing.assert_array_equal(first[key], uncached[key])
 
 
+def test_int8_weights_are_decoded_to_reals_only_when_a_step_reads_them_so(tmp_path):
+    """Int8 kernels read an int8 weight's integers, so its real value, which the step nodes'
+    constant holds, is made only when read (by a CPU step or a float kernel), and is then what
+    the weight region's integers dequantize to."""
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for seed in range(3):
+        np.save(folder / f"{seed}.npy", np.random.default_rng(seed).standard_normal((1, 3, 64, 64)).astype(np.float32))
+    prepared = prepare(TINY_CNN, "rk3588", Options(dtype="int8", calibration=folder, **PREFERRED_INT8))
+    emulate(prepared, make_inputs(prepared.plan, {}, seed=1))
+    executor = prepared.executor()
+    deferred = {t.name: t for node in executor.step_nodes() for member in plain.expanded_members(node)
+                for t in member.inputs if isinstance(t, plain.DeferredConstant)}
+    conv_weights = {node.inputs[1].name for node in prepared.reference_nodes if node.op == "Conv"}
+    assert conv_weights and conv_weights <= deferred.keys()
+    assert all(deferred[name]._made is None for name in conv_weights)  # the run read integers only
+    for name in conv_weights:
+        stored = executor.storage.read(name)
+        assert stored.dtype == np.int8
+        np.testing.assert_array_equal(deferred[name].values, dequantize(stored, executor.quantization[name]))
+        assert deferred[name].values is deferred[name].values  # made once
+
+
 def test_runs_of_one_executor_reuse_its_regions_each_starting_from_zeros():
     """A plan's runs go through one Executor: the same region buffers and tensor views every
     run, each run starting from zeroed regions as a new Executor's, whatever an earlier run left."""
-    prepared = prepare(Path(__file__).resolve().parents[1] / "examples" / "tiny_cnn.onnx", "rk3588", Options())
+    prepared = prepare(TINY_CNN, "rk3588", Options())
     first_inputs, second_inputs = make_inputs(prepared.plan, {}, seed=1), make_inputs(prepared.plan, {}, seed=2)
     emulate(prepared, first_inputs)
     executor = prepared.executor()

@@ -18,8 +18,8 @@ import numpy as np
 
 from rkcompile.collector import cyclic_collector_paused
 from rkcompile.numerics.dtypes import dtype_name, element_count
-from rkcompile.plan.plain_nodes import (ACCUMULATING_OPS, Constant, Graph, Node, Tensor, accumulator_stages, fused_body,
-    node_operands)
+from rkcompile.plan.plain_nodes import (ACCUMULATING_OPS, Constant, DeferredConstant, Graph, Node, Tensor,
+                                        accumulator_stages, fused_body, node_operands)
 from rkcompile.plan.operations import rebuild
 from rkcompile.plan.schema import PlanRecord, Step
 from rkcompile.quantization.params import dequantize, is_movement, quantize
@@ -106,8 +106,8 @@ def overflow_note(step: int, kernel: str, tensor: str, dtype: str, count: int, p
 @dataclass
 class WeightCache:
     """What every run of one plan computes the same way, because weights are constants: each
-    weight's real value decoded from the weight region (float32 for float weights), the step
-    nodes rebuilt over them, and the onnxruntime sessions of the CPU steps. The first run makes
+    weight's real value decoded from the weight region (float32 for float weights; an int8
+    weight's only once a step reads it as reals), the step nodes rebuilt over them, and the onnxruntime sessions of the CPU steps. The first run makes
     them from its weight region; weights are not arena tensors, so nothing the plan places is
     bypassed."""
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
@@ -213,11 +213,18 @@ class Executor:
             if placement is None or placement.region != "weight":
                 return None
             if name not in constants:
-                value, dtype = self._weight(name), model_dtypes.get(name)
-                if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != dtype_name(value.dtype):
-                    value = value.astype(dtype)
-                constants[name] = Constant(name, value)
+                # an int8 weight's real value is decoded only if a step reads it as reals (a CPU
+                # step, a float kernel): int8 kernels read its integers (`_operand`), and decoding
+                # every weight of an int8 plan was a third of preparing it
+                constants[name] = (DeferredConstant(name, lambda name=name: model_value(name))
+                                   if name in self.quantization else Constant(name, model_value(name)))
             return constants[name]
+
+        def model_value(name: str) -> np.ndarray:
+            value, dtype = self._weight(name), model_dtypes.get(name)
+            if dtype in MODEL_FLOAT_DTYPES and value.dtype.kind == "f" and dtype != dtype_name(value.dtype):
+                value = value.astype(dtype)
+            return value
 
         return [rebuild(step.operation, weight) for step in self.plan.steps]
 

@@ -264,8 +264,9 @@ def _body_operands(node: Node, head: Node, operands: Sequence) -> list:
     variables = [v for t, v in zip(node.inputs, operands) if t.name and not isinstance(t, Constant)]
     env = {inner.name: value for inner, value in zip(body.inputs, variables)}
     env.update((t.name, v) for t, v in zip(node.inputs, operands) if isinstance(t, Constant))
-    return [None if not t.name else env.get(t.name, np.asarray(t.values) if isinstance(t, Constant) else None)
-            for t in head.inputs]
+    # a constant's own value only where the operands lack it: an int8 weight's is made when read
+    return [None if not t.name else env[t.name] if t.name in env
+            else np.asarray(t.values) if isinstance(t, Constant) else None for t in head.inputs]
 
 
 def _clamp(member: Node, quant: Quantization, low: int, high: int) -> tuple[int, int]:

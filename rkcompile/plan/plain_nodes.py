@@ -19,6 +19,7 @@ import functools
 import operator
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Callable
 
 import numpy as np
 
@@ -48,6 +49,23 @@ class Constant:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.values.shape
+
+
+class DeferredConstant(Constant):
+    """A Constant whose value `make()` computes when it is first read: for a value most runs
+    never read (an int8 weight's real value, which int8 kernels do not read: they take the
+    integers), so making it costs only the runs that need it. Two threads reading it at once
+    may both make it; either gets the same value."""
+    __slots__ = ("_make", "_made")
+
+    def __init__(self, name: str, make: Callable[[], np.ndarray]):
+        self.name, self._make, self._made = name, make, None
+
+    @property
+    def values(self) -> np.ndarray:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
 
 
 Tensor = Variable | Constant
