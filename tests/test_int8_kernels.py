@@ -16,8 +16,8 @@ from rkcompile.emulator.int8 import (INT8_KERNELS, Accumulator, QTensor, fixed_p
     requantize, rounding_shift, run_int8)
 from rkcompile.plan import plain_nodes as plain
 from rkcompile.plan.schema import Quantization
-from rkcompile.quantization.params import (activation_params, bias_params, dequantize, is_movement, quantize,
-    weight_params)
+from rkcompile.quantization.params import (INT8, activation_params, bias_params, dequantize, is_movement,
+    quantize, weight_params)
 
 OPSET = 17
 rng = np.random.default_rng(11)
@@ -71,6 +71,34 @@ def test_fixed_point_multiplier_is_exact_to_31_bits():
     mantissa, shift = fixed_point(multipliers)
     assert ((mantissa >= 2 ** 30) & (mantissa < 2 ** 31)).all()
     assert np.allclose(mantissa * 2.0 ** -shift, multipliers, rtol=2 ** -31, atol=0)
+
+
+@pytest.mark.parametrize("layout, axis", [("channels-last view", None), ("channels-last view", 1),
+                                          ("contiguous", None), ("contiguous", 1), ("scalar", None)])
+def test_quantize_dequantize_and_accumulators_are_their_float64_formulas_bit_for_bit(layout, axis):
+    """quantize, dequantize and Accumulator.real work in place or straight into their result
+    (params.py): the same float64 operations as the plain formulas, so the same values (ties,
+    saturation, infinities, a channels-last map's memory order kept)."""
+    random = np.random.default_rng(4)
+    channels = 6
+    quant = Quantization("int8", tuple(random.uniform(0.01, 0.2, channels if axis else 1)),
+                         tuple(random.integers(-20, 20, channels if axis else 1)), axis)
+    real = (random.standard_normal((2, 5, 4, channels)) * 8).astype(np.float32)
+    real.reshape(-1)[:6] = [np.inf, -np.inf, 1e30, -0.0, 0.5 * quant.scales[0], 2.5 * quant.scales[0]]
+    real = {"channels-last view": np.moveaxis(real, -1, 1), "contiguous": np.moveaxis(real, -1, 1).copy(),
+            "scalar": np.array(real.reshape(-1)[6])}[layout]
+    scale = np.asarray(quant.scales).reshape((1, -1, 1, 1) if axis and real.ndim else ())
+    zero = np.asarray(quant.zero_points, np.float64).reshape(scale.shape)
+    stored = quantize(real, quant)
+    formula = np.clip(np.rint(real.astype(np.float64) / scale) + zero, *INT8).astype(np.int8)
+    np.testing.assert_array_equal(stored, formula)
+    back = dequantize(stored, quant)
+    assert back.dtype == np.float32 and back.strides == np.abs(stored.astype(np.float32)).strides
+    np.testing.assert_array_equal(back.view(np.uint32), ((stored.astype(np.float64) - zero) * scale).astype(
+        np.float32).view(np.uint32))
+    accumulator = Accumulator(stored.astype(np.float64) * 12345, scale / 7)
+    np.testing.assert_array_equal(accumulator.real().view(np.uint32),
+                                  (accumulator.values * accumulator.scale).astype(np.float32).view(np.uint32))
 
 
 def test_requantize_rounds_half_to_even_both_signs():

@@ -31,7 +31,7 @@ import numpy as np
 
 from rkcompile.plan.plain_nodes import Constant, Node, fused_body
 from rkcompile.plan.schema import Quantization
-from rkcompile.quantization.params import INT8, INT32, dequantize, quantize
+from rkcompile.quantization.params import INT8, INT32, dequantize, quantize, scaled_float32
 from rkcompile.targets.common import ONNX_TO_KERNEL
 
 from rkcompile.emulator.fused import run_fused
@@ -100,7 +100,7 @@ class Accumulator:
     scale: np.ndarray  # broadcastable to values
 
     def real(self) -> np.ndarray:
-        return (self.values * self.scale).astype(np.float32)
+        return scaled_float32(self.values, self.scale)
 
 
 AccumulateKernel = Callable[[Node, Sequence["QTensor | np.ndarray | None"], int], Accumulator]

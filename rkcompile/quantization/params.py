@@ -736,12 +736,19 @@ def _broadcast(values: Iterable[float], quant: Quantization, ndim: int) -> np.nd
 
 
 def quantize(real: np.ndarray, quant: Quantization) -> np.ndarray:
-    """round-half-to-even(real / scale) + zero point, saturated to the stored type."""
-    real = np.asarray(real, np.float64)
-    scale = _broadcast(quant.scales, quant, real.ndim)
-    zero = _broadcast(quant.zero_points, quant, real.ndim)
+    """round-half-to-even(real / scale) + zero point, saturated to the stored type: in float64,
+    on one new array (the quotient) that each later operation works in place. A fresh float64
+    array per operation cost its fresh pages on a large map: 4.6 against 2.7 ms on a
+    96x112x112 one."""
+    ndim = np.ndim(real)
+    scale = _broadcast(quant.scales, quant, ndim)
+    zero = _broadcast(quant.zero_points, quant, ndim)
     low, high = INT32 if quant.dtype == "int32" else INT8
-    return np.clip(np.rint(real / scale) + zero, low, high).astype(quant.dtype)
+    scaled = np.asarray(np.divide(real, scale, dtype=np.float64))  # the values convert exactly inside the division
+    np.rint(scaled, out=scaled)
+    scaled += zero
+    np.clip(scaled, low, high, out=scaled)
+    return scaled.astype(quant.dtype)
 
 
 def dequantize(values: np.ndarray, quant: Quantization) -> np.ndarray:
@@ -749,4 +756,16 @@ def dequantize(values: np.ndarray, quant: Quantization) -> np.ndarray:
     values = np.asarray(values)
     scale = _broadcast(quant.scales, quant, values.ndim)
     zero = _broadcast(quant.zero_points, quant, values.ndim)
-    return ((values.astype(np.float64) - zero) * scale).astype(np.float32)
+    return scaled_float32(np.subtract(values, zero, dtype=np.float64), scale)
+
+
+def scaled_float32(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """values * scale computed in float64 and rounded to float32, written straight into the
+    float32 result: the float64 product of a map's size is never made (3.9 against 2.5 ms
+    dequantizing a 96x112x112 map; an int8 step's accumulator made real, 8.3 against 1.9)."""
+    values = np.asarray(values)
+    shape = np.broadcast_shapes(values.shape, np.shape(scale))
+    # in the values' memory order (a channels-last accumulator's), as their product's would be:
+    # a result in another order made the multiplication slower than the two passes it replaces
+    out = np.empty_like(values, np.float32) if shape == values.shape else np.empty(shape, np.float32)
+    return np.multiply(values, scale, out=out, dtype=np.float64, casting="same_kind")
