@@ -68,25 +68,29 @@ def run(ctx: CompileContext) -> None:
     scores = [] if ctx.target.builds_int8_attention_scores else _float16_attention_scores(ctx, ordered, devices)
     _make_float16_islands(ctx, ordered, devices, set(ctx.options.float16_tensors) | set(distributions) | set(scores))
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
-    ranges = _calibrate(ctx, ordered, devices, weight_errors, equalization)
+    observers = _calibrate(ctx, ordered, devices, weight_errors, equalization)
     if ctx.options.equalization:
         _equalize(equalization, weight_errors)
     if weight_errors is not None:
         _correct_biases(ctx, weight_errors)
-    quantization: dict[str, Quantization] = {}
+    parameters = ActivationParameters(observers, ctx.options.calibration_method,
+                                      ctx.target.allows_activation_zero_point_0)
     for node, device in zip(ordered, devices):
         for tensor in node.outputs:
-            if not _is_quantized(ctx, tensor.name) or tensor.name in quantization:
+            if not _is_quantized(ctx, tensor.name) or tensor.name in parameters:
                 continue
             source = node.inputs[0].name if node.inputs else ""
-            if device == "npu" and is_movement(node) and source in quantization:
-                quantization[tensor.name] = replace(quantization[source], source=f"shared:{source}")
+            if device == "npu" and is_movement(node) and source in parameters:
+                parameters.share(tensor.name, source)
             else:
-                quantization[tensor.name] = activation_params(*ranges[tensor.name], ctx.options.calibration_method,
-                                                              ctx.target.allows_activation_zero_point_0)
-    _share_concat_parameters(ordered, devices, quantization, {t.name for t in ctx.graph.outputs})
+                parameters.own(tensor.name)
+    outputs = {t.name for t in ctx.graph.outputs}
+    # the ranges certainly used are searched at once; a Concat operand's may be dropped for the Concat's
+    parameters.search(parameters.unmade() - _concat_operand_sources(ordered, devices, parameters))
+    _share_concat_parameters(ordered, devices, parameters, outputs)
+    quantization = parameters.made()
     _quantize_weights(ctx, ordered, devices, quantization)
-    _warn_of_drowned_operands(ordered, devices, ranges, quantization)
+    _warn_of_drowned_operands(ordered, devices, observers, ctx.options.calibration_method, quantization)
     if not ctx.target.builds_int8_attention_scores:
         quantization.update(_int8_fused_attention_probabilities(ctx, ordered, devices))
     ctx.quantization = quantization
@@ -121,7 +125,7 @@ def idle_techniques(ctx: CompileContext) -> set[str]:
     return idle
 
 
-def _share_concat_parameters(ordered: list[gs.Node], devices: list[str], quantization: dict[str, Quantization],
+def _share_concat_parameters(ordered: list[gs.Node], devices: list[str], quantization: "ActivationParameters",
                              outputs: set[str]) -> None:
     """An NPU Concat's operand that only the Concat reads is written with the Concat output's
     parameters, so its producer rounds each value once, onto the grid it is stored on; with
@@ -142,27 +146,28 @@ def _share_concat_parameters(ordered: list[gs.Node], devices: list[str], quantiz
     readers = Counter(t.name for node in ordered for t in node.inputs if not isinstance(t, gs.Constant))
     producers = {t.name: (node, device) for node, device in zip(ordered, devices) for t in node.outputs}
 
-    def split_into(node: gs.Node, operands: set[str], own: Quantization, shared: Quantization) -> bool:
-        """Whether the multi-output move step `node` may take the Concat's parameters: each of its
-        outputs an operand of this Concat, none a model output, its grid at most
-        SPLIT_COARSENING times coarser for a step that also reads an output."""
+    def split_into(node: gs.Node, operands: set[str], name: str, shared: Quantization) -> bool:
+        """Whether the multi-output move step `node` (writing `name`) may take the Concat's
+        parameters: each of its outputs an operand of this Concat, none a model output, its grid
+        at most SPLIT_COARSENING times coarser for a step that also reads an output."""
         names = [t.name for t in node.outputs]
         return (len(names) > 1 and all(name in operands and name in quantization and name not in outputs
                                        for name in names)
-                and shared.scales[0] <= SPLIT_COARSENING * own.scales[0])
+                and shared.scales[0] <= SPLIT_COARSENING * quantization[name].scales[0])
 
     def adopt(name: str, shared: Quantization, source: str, operands: set[str]) -> bool:
         """Give `name` the Concat's parameters if nothing else reads it (nor, for a move step's
-        output, its input), or it is a Split's output `split_into` allows; whether it took them."""
+        output, its input), or it is a Split's output `split_into` allows; whether it took them.
+        Its own parameters are not read: what they would be decides nothing here."""
         if name not in quantization or name in outputs or name not in producers:
             return False
-        own = quantization[name]
         node, device = producers[name]
-        if own.source.startswith("shared:"):  # a move step's output keeps its input's parameters
-            split = split_into(node, operands, own, shared)
+        kept_from = quantization.shared_source(name)
+        if kept_from is not None:  # a move step's output keeps its input's parameters
+            split = split_into(node, operands, name, shared)
             if (device != "npu" or not is_movement(node)
                     or ((readers[name] != 1 or len(node.outputs) != 1) and not split)
-                    or not adopt(own.source.split(":", 1)[1], shared, source, operands)):
+                    or not adopt(kept_from, shared, source, operands)):
                 return False
             for tensor in node.outputs:  # a Split's outputs all keep their input's (new) parameters
                 quantization[tensor.name] = replace(shared, source=quantization[tensor.name].source, warning=None)
@@ -188,9 +193,10 @@ def _is_quantized(ctx: CompileContext, name: str) -> bool:
 
 
 def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
-               weight_errors: WeightErrorMeans | None, equalization: Equalization) -> dict[str, tuple[float, float]]:
-    """Each int8 activation's calibrated [low, high] by the options' method, the graph's
-    (equalized when the options say so: `_equalize` scales the weights after this run).
+               weight_errors: WeightErrorMeans | None, equalization: Equalization) -> dict[str, RangeObserver]:
+    """Each int8 activation's observer, whose range by the options' method is its calibrated
+    [low, high] (searched when first asked: `ActivationParameters`), the graph's (equalized when
+    the options say so: `_equalize` scales the weights after this run).
 
     The float32 run is always the model's own weights': equalization leaves the outputs as they
     are and divides only the tensors between each pair's Convs by the pair's scales per channel
@@ -205,7 +211,7 @@ def _calibrate(ctx: CompileContext, ordered: list[gs.Node], devices: list[str],
         _observe(ctx, ordered, devices, wanted, scaled, weight_errors)
     calibration = ctx.calibration
     chosen = {**calibration.observers, **(calibration.equalized if options.equalization else {})}
-    return {name: chosen[name].range(method) for name in wanted}
+    return {name: chosen[name] for name in wanted}
 
 
 def _observe(ctx: CompileContext, ordered: list[gs.Node], devices: list[str], wanted: set[str],
@@ -253,14 +259,6 @@ def _observe(ctx: CompileContext, ordered: list[gs.Node], devices: list[str], wa
             for name, value in seen:
                 observe(name, value)
             outputs.append(produced)
-    if method != "minmax":
-        # the distribution methods search each tensor's clip once, here, SEARCH_THREADS at a time
-        # (the equalized forms' when this plan equalizes; otherwise when a plan that does asks)
-        searched = [*observers.values(), *(equalized.values() if options.equalization else ())]
-        with ThreadPoolExecutor(SEARCH_THREADS) as pool:
-            for _ in bar(pool.map(RangeObserver.range, searched), total=len(searched),
-                         description=f"int8 calibration: {method} ranges", unit="tensor"):
-                pass
     ctx.calibration = Calibration(observers, equalized, weight_errors.copy() if weight_errors is not None else None,
                                   reference, tuple(outputs))
 
@@ -395,14 +393,15 @@ def _correct_biases(ctx: CompileContext, weight_errors: WeightErrorMeans) -> Non
         f"{len(corrected)} Conv biases corrected for their int8 weights' mean output shift"))
 
 
-def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges: dict[str, tuple[float, float]],
-                              quantization: dict[str, Quantization]) -> None:
-    """A Concat's operands share its one per-layer scale: an operand whose calibrated range spans
-    only a few of its steps arrives as a few integers, or all zero. YOLOv8's output is the case
-    users meet: box coordinates up to ~640 and class scores up to 1 in one tensor, where the
-    scores are quantized to 0 and 2.5 (rknn-toolkit2 2.5.0 does the same). The plan records it on
-    the Concat's parameters (`warning`, logged once the plan is chosen: `int8_choice`) and says
-    how to keep the operand."""
+def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], observers: dict[str, RangeObserver],
+                              method: str, quantization: dict[str, Quantization]) -> None:
+    """A Concat's operands share its one per-layer scale: an operand whose values span only a
+    few of its steps arrives as a few integers, or all zero. YOLOv8's output is the case users
+    meet: box coordinates up to ~640 and class scores up to 1 in one tensor, where the scores are
+    quantized to 0 and 2.5 (rknn-toolkit2 2.5.0 does the same). The plan records it on the
+    Concat's parameters (`warning`, logged once the plan is chosen: `int8_choice`) and says how
+    to keep the operand. An operand's span is its calibrated range when it has parameters of its
+    own, else its observed one within the range of the grid it keeps or takes (`_stored_span`)."""
     for node, device in zip(ordered, devices):
         output = node.outputs[0].name if node.outputs else ""
         if device != "npu" or node.op != "Concat" or output not in quantization:
@@ -410,8 +409,8 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges
         step = quantization[output].scales[0]
         drowned = []
         for tensor in node.inputs:
-            if tensor.name in ranges and not isinstance(tensor, gs.Constant):
-                low, high = ranges[tensor.name]
+            if tensor.name in observers and not isinstance(tensor, gs.Constant):
+                low, high = _stored_span(observers[tensor.name], method, quantization.get(tensor.name))
                 if high - low < DROWNED_LEVELS * step:
                     drowned.append(f"{tensor.name} (range [{low:.3g}, {high:.3g}]: {(high - low) / step:.1f} steps)")
         if drowned:
@@ -419,6 +418,105 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], ranges
                        f"fewer than {DROWNED_LEVELS} of 256 levels to {'; '.join(drowned)}; keep the Concat in "
                        f"float16 with --float16 {output}, or output the operands separately")
             quantization[output] = replace(quantization[output], warning=warning)
+
+
+def _stored_span(observer: RangeObserver, method: str, quant: Quantization | None) -> tuple[float, float]:
+    """The [low, high] a tensor's stored values span: its range calibrated by `method` when its
+    parameters are its own (or it has none), else the values it was seen to take within the
+    range of the grid it keeps from its input or takes from a Concat."""
+    if quant is None or not quant.source.startswith(("shared:", "concat:")):
+        return observer.range(method)
+    low, high = observer.range("minmax")
+    scale, zero = quant.scales[0], quant.zero_points[0]
+    return max(low, scale * (INT8[0] - zero)), min(high, scale * (INT8[1] - zero))
+
+
+def _concat_operand_sources(ordered: list[gs.Node], devices: list[str], parameters: "ActivationParameters") -> set[str]:
+    """The tensors whose own parameters a Concat's may replace (`_share_concat_parameters`):
+    each NPU Concat's operands, and the tensors a move step between keeps them from."""
+    found: set[str] = set()
+    for node, device in zip(ordered, devices):
+        if device != "npu" or node.op != "Concat" or not node.outputs or node.outputs[0].name not in parameters:
+            continue
+        for tensor in node.inputs:
+            name = None if isinstance(tensor, gs.Constant) else tensor.name
+            while name in parameters and name not in found:
+                found.add(name)
+                name = parameters.shared_source(name)
+    return found
+
+
+@dataclass(frozen=True)
+class _KeptFrom:
+    """A move step's output: it keeps the parameters of `source`, its input."""
+    source: str
+
+
+#: an activation whose parameters are its own, made from its calibrated range when first read
+_OWN = object()
+
+
+class ActivationParameters(dict):
+    """The int8 activations' parameters as `run` decides them, each made when first read: one
+    whose parameters are its own (`own`) from its calibrated range, which the distribution
+    methods (mmse, kl, percentile) search only then, a move step's output (`share`) as its
+    input's. A Concat operand that takes the Concat's parameters instead
+    (`_share_concat_parameters`) never reads its own, so its range is never searched: of the
+    mmse searches the pass made, 50 of tv_googlenet's 83 and 61 of yolov8n's 133 were of such
+    tensors, or of move steps' outputs."""
+
+    def __init__(self, observers: dict[str, RangeObserver], method: str, zero_point_0: bool):
+        super().__init__()
+        self.observers, self.method, self.zero_point_0 = observers, method, zero_point_0
+
+    def own(self, name: str) -> None:
+        dict.__setitem__(self, name, _OWN)
+
+    def share(self, name: str, source: str) -> None:
+        dict.__setitem__(self, name, _KeptFrom(source))
+
+    def shared_source(self, name: str) -> str | None:
+        """The tensor whose parameters `name` keeps (a move step's input), or None."""
+        value = dict.__getitem__(self, name)
+        if isinstance(value, _KeptFrom):
+            return value.source
+        if isinstance(value, Quantization) and value.source.startswith("shared:"):
+            return value.source.split(":", 1)[1]
+        return None
+
+    def __getitem__(self, name: str) -> Quantization:
+        value = dict.__getitem__(self, name)
+        if value is _OWN:
+            value = activation_params(*self.observers[name].range(self.method), self.method, self.zero_point_0)
+        elif isinstance(value, _KeptFrom):
+            value = replace(self[value.source], source=f"shared:{value.source}")
+        else:
+            return value
+        dict.__setitem__(self, name, value)
+        return value
+
+    def unmade(self) -> set[str]:
+        """The tensors whose own parameters are still to be made."""
+        return {name for name, value in dict.items(self) if value is _OWN}
+
+    def search(self, names: Iterable[str]) -> None:
+        """The calibrated ranges of `names` found SEARCH_THREADS at a time (numpy lets go of
+        the interpreter in a search's passes over the kept values), where one is still to
+        search (each is searched once, then kept: `RangeObserver.range`)."""
+        searched = [self.observers[name] for name in names]
+        searched = [observer for observer in searched if observer.method == self.method != "minmax"
+                    and observer.found is None]
+        if not searched:
+            return
+        with ThreadPoolExecutor(SEARCH_THREADS) as pool:
+            for _ in bar(pool.map(RangeObserver.range, searched), total=len(searched),
+                         description=f"int8 calibration: {self.method} ranges", unit="tensor"):
+                pass
+
+    def made(self) -> dict[str, Quantization]:
+        """Every tensor's parameters, those still to be made searched at once first."""
+        self.search(self.unmade())
+        return {name: self[name] for name in self}
 
 
 def _members(node: gs.Node) -> tuple[list[gs.Node], dict[str, str]]:

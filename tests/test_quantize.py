@@ -612,6 +612,26 @@ def test_a_concat_operand_read_by_nothing_else_is_written_with_the_concat_parame
     assert_moved_unrounded(prepared, two_branch_concat, np.load(calib)["x"][0], output, "pa", 4)
 
 
+def test_a_range_the_concat_parameters_replace_is_never_searched(two_branch_concat, tmp_path):
+    """mmse searches a tensor's range when its own parameters are read: `a` takes the Concat's
+    (through the MaxPool, whose output keeps its input's), so neither is searched; `b`, read by
+    conv_c too, keeps its own, searched; the parameters are those searching everything gives."""
+    calib = calibration_file(tmp_path)
+    options = Options(dtype="int8", calibration=calib, calibration_method="mmse", bias_correction=False,
+                      equalization=False)
+    ctx = front_half(two_branch_concat, "rk3588", options, EMULATOR_RUNTIME)
+    plan = finish_plan(ctx)
+    observers = ctx.calibration.observers
+    (output,) = [s.outputs[0] for s in plan.steps if s.kernel == "Concat"]
+    assert plan.quantization["a"].source == f"concat:{output}" and plan.quantization["b"].source == "mmse"
+    assert observers["a"].found is None and observers["pa"].found is None
+    assert observers["b"].found is not None and observers[output].found is not None
+    for name in ("b", output):  # as the range searched on its own gives
+        found = activation_params(*observers[name]._search(), "mmse", ctx.target.allows_activation_zero_point_0)
+        assert (plan.quantization[name].scales, plan.quantization[name].zero_points) == (found.scales,
+                                                                                         found.zero_points)
+
+
 def assert_moved_unrounded(prepared, model: Path, x: np.ndarray, output: str, operand: str, channels: int) -> None:
     """The Concat `output`'s first `channels` are `operand`'s integers moved as they are (not
     rounded a second time), and the model output `y` still agrees with onnxruntime."""
