@@ -197,6 +197,15 @@ def test_kl_keeps_the_whole_range_of_a_uniform_distribution():
     assert kl_threshold(rng.uniform(0, 1, 100_000)) > 0.95
 
 
+@pytest.mark.parametrize("value", [15.0, -3.0])
+def test_kl_keeps_a_constant_tensor_whole(value):
+    """Every value in the histogram's last bin: only the whole histogram keeps them, which a
+    one-signed tensor's 255-level cuts do not reach every KL_STRIDE bins."""
+    observer = RangeObserver("kl")
+    observer.update(np.full((1, 4, 8, 8), value, np.float32))
+    assert observer.range() == (value, value)
+
+
 def quantization_mse(values: np.ndarray, low: float, high: float) -> float:
     quant = activation_params(low, high, "test")
     return float(np.mean((dequantize(quantize(values, quant), quant) - values) ** 2))

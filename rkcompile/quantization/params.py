@@ -463,14 +463,17 @@ class RangeObserver:
 def kl_threshold(magnitudes: np.ndarray, bins: int = KL_BINS, levels: int = KL_LEVELS) -> float:
     """The |x| clipping threshold whose `levels`-level quantization of the histogram is closest
     (in KL divergence) to the full histogram, the clipped tail counted in the last kept bin:
-    TensorRT's entropy calibration, trying every KL_STRIDE-th cut."""
+    TensorRT's entropy calibration, trying every KL_STRIDE-th cut and the whole histogram (a
+    one-signed tensor's 255-level cuts otherwise stop a bin short of it: a constant tensor's
+    values, all in the last bin, were then clipped to an eighth of themselves, and its range
+    came out inverted, [value, value / 8])."""
     top = float(magnitudes.max(initial=0))
     if top == 0:
         return 0.0
     histogram, edges = np.histogram(magnitudes, bins=bins, range=(0, top))
     histogram = histogram.astype(np.float64)
     best, best_divergence = bins, np.inf
-    for cut in range(levels, bins + 1, KL_STRIDE):
+    for cut in sorted({*range(levels, bins + 1, KL_STRIDE), bins}):
         kept = histogram[:cut]
         reference = kept.copy()
         reference[-1] += histogram[cut:].sum()
