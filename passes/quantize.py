@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -422,13 +423,14 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], observ
 
 def _stored_span(observer: RangeObserver, method: str, quant: Quantization | None) -> tuple[float, float]:
     """The [low, high] a tensor's stored values span: its range calibrated by `method` when its
-    parameters are its own (or it has none), else the values it was seen to take within the
-    range of the grid it keeps from its input or takes from a Concat."""
+    parameters are its own (or it has none), else the values it was seen to take, widened to
+    include 0 as a calibrated range is (a constant operand spans its magnitude, which a grid
+    holds well), within the range of the grid it keeps from its input or takes from a Concat."""
     if quant is None or not quant.source.startswith(("shared:", "concat:")):
         return observer.range(method)
     low, high = observer.range("minmax")
     scale, zero = quant.scales[0], quant.zero_points[0]
-    return max(low, scale * (INT8[0] - zero)), min(high, scale * (INT8[1] - zero))
+    return max(min(low, 0.0), scale * (INT8[0] - zero)), min(max(high, 0.0), scale * (INT8[1] - zero))
 
 
 def _concat_operand_sources(ordered: list[gs.Node], devices: list[str], parameters: "ActivationParameters") -> set[str]:
@@ -456,48 +458,64 @@ class _KeptFrom:
 _OWN = object()
 
 
-class ActivationParameters(dict):
+class ActivationParameters(MutableMapping):
     """The int8 activations' parameters as `run` decides them, each made when first read: one
     whose parameters are its own (`own`) from its calibrated range, which the distribution
     methods (mmse, kl, percentile) search only then, a move step's output (`share`) as its
     input's. A Concat operand that takes the Concat's parameters instead
     (`_share_concat_parameters`) never reads its own, so its range is never searched: of the
     mmse searches the pass made, 50 of tv_googlenet's 83 and 61 of yolov8n's 133 were of such
-    tensors, or of move steps' outputs."""
+    tensors, or of move steps' outputs. A mapping, so every read (`[]`, `get`, `items`) makes
+    what it reads."""
 
     def __init__(self, observers: dict[str, RangeObserver], method: str, zero_point_0: bool):
-        super().__init__()
         self.observers, self.method, self.zero_point_0 = observers, method, zero_point_0
+        self.entries: dict[str, object] = {}  # name -> Quantization, _OWN or _KeptFrom
 
     def own(self, name: str) -> None:
-        dict.__setitem__(self, name, _OWN)
+        self.entries[name] = _OWN
 
     def share(self, name: str, source: str) -> None:
-        dict.__setitem__(self, name, _KeptFrom(source))
+        self.entries[name] = _KeptFrom(source)
 
     def shared_source(self, name: str) -> str | None:
         """The tensor whose parameters `name` keeps (a move step's input), or None."""
-        value = dict.__getitem__(self, name)
-        if isinstance(value, _KeptFrom):
-            return value.source
-        if isinstance(value, Quantization) and value.source.startswith("shared:"):
-            return value.source.split(":", 1)[1]
+        entry = self.entries[name]
+        if isinstance(entry, _KeptFrom):
+            return entry.source
+        if isinstance(entry, Quantization) and entry.source.startswith("shared:"):
+            return entry.source.split(":", 1)[1]
         return None
 
     def __getitem__(self, name: str) -> Quantization:
-        value = dict.__getitem__(self, name)
-        if value is _OWN:
-            value = activation_params(*self.observers[name].range(self.method), self.method, self.zero_point_0)
-        elif isinstance(value, _KeptFrom):
-            value = replace(self[value.source], source=f"shared:{value.source}")
+        entry = self.entries[name]
+        if entry is _OWN:
+            entry = activation_params(*self.observers[name].range(self.method), self.method, self.zero_point_0)
+        elif isinstance(entry, _KeptFrom):
+            entry = replace(self[entry.source], source=f"shared:{entry.source}")
         else:
-            return value
-        dict.__setitem__(self, name, value)
-        return value
+            return entry
+        self.entries[name] = entry
+        return entry
+
+    def __setitem__(self, name: str, quant: Quantization) -> None:
+        self.entries[name] = quant
+
+    def __delitem__(self, name: str) -> None:
+        del self.entries[name]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would make the parameters it asks about
+        return name in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
     def unmade(self) -> set[str]:
         """The tensors whose own parameters are still to be made."""
-        return {name for name, value in dict.items(self) if value is _OWN}
+        return {name for name, entry in self.entries.items() if entry is _OWN}
 
     def search(self, names: Iterable[str]) -> None:
         """The calibrated ranges of `names` found SEARCH_THREADS at a time (numpy lets go of
@@ -516,7 +534,7 @@ class ActivationParameters(dict):
     def made(self) -> dict[str, Quantization]:
         """Every tensor's parameters, those still to be made searched at once first."""
         self.search(self.unmade())
-        return {name: self[name] for name in self}
+        return dict(self.items())
 
 
 def _members(node: gs.Node) -> tuple[list[gs.Node], dict[str, str]]:
