@@ -67,7 +67,9 @@ def run(ctx: CompileContext) -> None:
     _keep_parameters_float(ctx, ordered, devices)
     distributions = _float16_distributions(ctx, ordered, devices)
     scores = [] if ctx.target.builds_int8_attention_scores else _float16_attention_scores(ctx, ordered, devices)
-    _make_float16_islands(ctx, ordered, devices, set(ctx.options.float16_tensors) | set(distributions) | set(scores))
+    masks = _float16_masks(ctx, ordered, devices)
+    _make_float16_islands(ctx, ordered, devices,
+                          set(ctx.options.float16_tensors) | set(distributions) | set(scores) | set(masks))
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
     observers = _calibrate(ctx, ordered, devices, weight_errors, equalization)
     if ctx.options.equalization:
@@ -665,6 +667,55 @@ def _float16_attention_scores(ctx: CompileContext, ordered: list[gs.Node], devic
     return chosen
 
 
+#: A float constant at or below this is a mask's: what an attention adds to the scores of the
+#: tokens it may not attend (Hugging Face models add -10000, float32's minimum or -inf)
+MASK_VALUE = -1e4
+#: the ops whose constants are masks when they hold MASK_VALUE, not weights
+MASKING_OPS = frozenset({"Add", "Sub", "Mul", "Where", "Min", "Max", "Concat", "Expand", "Tile"})
+
+
+def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> list[str]:
+    """The int8 tensors that carry a mask to the Softmax it masks: each output of an NPU step
+    (or NPU copy of a CPU step's output) that a mask constant (a value at or below MASK_VALUE,
+    -inf included, that an element-wise or joining member reads) or a tensor carrying one
+    reaches, up to the step with a Softmax. Computed in float16, and the plan says so.
+
+    Why: such a tensor holds the mask's value beside the values it masks, and int8 cannot hold
+    both. A range that covers the mask leaves the scores one or two integers, so every token is
+    attended alike (hf_llama_tiny's dynamo export adds float32's minimum: scale 1.3e36); one that
+    does not (an infinity never is in a calibrated range) clips the mask to the scores' lowest
+    value, so the masked tokens are attended (its torchscript export's -inf: the Softmax steps at
+    cosine 0.51, the output 0.911). Float16 holds both: -inf, or -65504 for a larger constant,
+    whose exponential is 0 as well. Whatever the calibration data held, which for a padding mask
+    is often none of it."""
+    carrying: set[str] = set()
+    chosen = []
+    for node, device in zip(ordered, devices):
+        members = _members(node)[0]
+        if any(member.op == "Softmax" for member in members):
+            continue
+        reads_mask = any(t.name in carrying for t in node.inputs) or any(
+            isinstance(t, gs.Constant) and member.op in MASKING_OPS and _holds_mask(t)
+            for member in members for t in member.inputs)
+        if not reads_mask:
+            continue
+        for tensor in node.outputs:  # an NPU step's, or the host's NPU copy of a CPU step's
+            carrying.add(tensor.name)
+            if device != "cpu" and _is_quantized(ctx, tensor.name):
+                chosen.append(tensor.name)
+    if chosen:
+        ctx.int8_techniques.append(Int8Technique(
+            "float16_masks", tuple(chosen), (),
+            f"{len(chosen)} tensor(s) carrying an attention mask computed in float16 (int8 cannot hold a mask "
+            f"value, at or below {MASK_VALUE:g}, beside the scores it masks)"))
+    return chosen
+
+
+def _holds_mask(constant: gs.Constant) -> bool:
+    values = np.asarray(constant.values)
+    return values.dtype.kind == "f" and values.size > 0 and bool(np.nanmin(values) <= MASK_VALUE)
+
+
 #: the grid of attention probabilities (a Softmax's output, in [0, 1]): `activation_params`
 #: of that range, scale 1/255 and zero point -128
 PROBABILITIES_RANGE = (0.0, 1.0)
@@ -741,22 +792,23 @@ def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: 
     """--float16 TENSOR: the NPU step writing TENSOR computes in float16 (rknn-toolkit2's hybrid
     quantization): its outputs and the weights only it reads are stored as float16 and get no
     quantization parameters; an int8 input is dequantized as it is read, and an int8 step that
-    reads a float16 output quantizes it with its own calibrated parameters. TENSOR may also be a
-    model input's NPU copy (`NAME@npu`): the host then converts the input to float16, so the
-    first steps of a network whose error grows with depth see it unrounded. A host step that
+    reads a float16 output quantizes it with its own calibrated parameters. TENSOR may also be
+    the NPU copy of a model input or of a CPU step's output (`NAME@npu`): the host then converts
+    it to float16, so the first steps of a network whose error grows with depth see it unrounded,
+    and a mask a CPU step makes reaches the NPU whole (`_float16_masks`). A host step that
     converts an island's output (to a model output, or for a CPU step) reads float16."""
     if not wanted:
         return
     island_steps = [node for node, device in zip(ordered, devices)
                     if device == "npu" and wanted & {t.name for t in node.outputs}]
     conversions = [node for node, device in zip(ordered, devices)
-                   if device == "host" and node.outputs[0].name in wanted and not node.inputs[0].inputs]
+                   if device == "host" and node.outputs[0].name in wanted]
     written = {t.name for node in island_steps + conversions for t in node.outputs}
     for name in sorted(wanted):
         if name not in written or not _is_quantized(ctx, name):  # only --float16 names can miss
-            raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step or a model input's "
-                               f"conversion writes (rkcompile run --dtype int8 --accuracy-analysis lists them)")
-    for node in conversions:  # the model input reaches the NPU as float16, not quantized by the host
+            raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step or a conversion to the NPU "
+                               f"writes (rkcompile run --dtype int8 --accuracy-analysis lists them)")
+    for node in conversions:  # the tensor reaches the NPU as float16, not quantized by the host
         _restore(ctx, node.outputs[0].name, "float16")
         _relabel_conversion(ctx, node, "to")
     readers: dict[str, set[str]] = {}

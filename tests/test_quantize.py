@@ -393,6 +393,59 @@ def attention_block(path: Path, normalize: str = "Softmax") -> Path:
     return save_model(path, nodes, [vi("x", [1, 64, 8, 8])], [vi("y", [1, 64, 8, 8])], weights)
 
 
+def masked_attention(path: Path, mask_value: float, form: str) -> Path:
+    """One head of self-attention over 16 tokens of width 32, masked as exports mask: `form`
+    "causal", a Where putting `mask_value` in place of the scores of later tokens (torchscript
+    exports); "padding", (1 - keep) * `mask_value` added to the scores, `keep` a model input
+    (1 for a token to attend, 0 for padding), as Hugging Face models build it."""
+    generator = np.random.default_rng(1)
+    weights = {name: (generator.standard_normal((32, 32)) * 0.3).astype(np.float32) for name in ("wq", "wk", "wv")}
+    weights.update(scale=np.array(32 ** -0.5, np.float32), masked_value=np.array(mask_value, np.float32))
+    inputs = [vi("x", [1, 16, 32])]
+    if form == "causal":
+        weights["causal"] = np.tril(np.ones((16, 16), bool))[None]
+        masking = [helper.make_node("Where", ["causal", "scaled", "masked_value"], ["masked"], name="mask")]
+    else:
+        inputs.append(vi("keep", [1, 1, 16]))
+        weights["one"] = np.array(1.0, np.float32)
+        masking = [helper.make_node("Sub", ["one", "keep"], ["dropped"], name="dropped"),
+                   helper.make_node("Mul", ["dropped", "masked_value"], ["mask"], name="mask_values"),
+                   helper.make_node("Add", ["scaled", "mask"], ["masked"], name="mask")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+             helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+             helper.make_node("MatMul", ["x", "wv"], ["v"], name="v"),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+             helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
+             *masking,
+             helper.make_node("Softmax", ["masked"], ["attn"], axis=-1, name="softmax"),
+             helper.make_node("MatMul", ["attn", "v"], ["y"], name="y")]
+    return save_model(path, nodes, inputs, [vi("y", [1, 16, 32])], weights)
+
+
+@pytest.mark.parametrize("mask_value, form", [(-np.inf, "causal"), (np.finfo(np.float32).min, "causal"),
+                                              (-10000.0, "padding"), (np.finfo(np.float32).min, "padding")])
+def test_the_tensors_carrying_an_attention_mask_are_float16(tmp_path, mask_value, form):
+    """int8 cannot hold a mask beside the scores it masks (`_float16_masks`): a range that holds
+    -10000 or float32's minimum leaves the scores an integer or two, and neither an infinity nor
+    a padding mask the calibration samples never had is in a calibrated range, so the masked
+    tokens were attended. Carried in float16, the plan attends as the model does."""
+    model = masked_attention(tmp_path / "attention.onnx", mask_value, form)
+    generator = np.random.default_rng(2)
+    calibration = {"x": generator.standard_normal((4, 1, 16, 32)).astype(np.float32)}
+    inputs = {"x": generator.standard_normal((1, 16, 32)).astype(np.float32)}
+    if form == "padding":  # calibrated on unpadded samples, run on a padded one
+        calibration["keep"] = np.ones((4, 1, 1, 16), np.float32)
+        inputs["keep"] = (np.arange(16) < 11).astype(np.float32).reshape(1, 1, 16)
+    np.savez(tmp_path / "calib.npz", **calibration)
+    prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=tmp_path / "calib.npz", **PREFERRED_INT8))
+    (masks,) = [t.applied for t in prepared.plan.int8_techniques if t.name == "float16_masks"]
+    assert masks and all(prepared.plan.tensors[name].dtype == "float16" for name in masks)
+    result = emulate(prepared, inputs).outputs["y"]
+    # 0.9991-0.9992 here; with the mask in int8 0.996 (-inf), 0.61 (float32's minimum), 0.87 (padding)
+    assert agreement("y", result, onnxruntime_outputs(model, inputs)["y"]).cosine >= 0.998
+
+
 @pytest.mark.parametrize("normalize", ["Softmax", "Sigmoid"])
 def test_int8_attention_scores_are_float16_on_a_toolkit_target(tmp_path, normalize):
     """rknn-toolkit2 2.5.0 crashes building an int8 MatMul -> Softmax -> MatMul
@@ -779,7 +832,7 @@ def test_a_staged_global_average_pool_rounds_its_small_stage_first_in_int8(tmp_p
 
 @pytest.mark.parametrize("extra, message", [
     (["--float16", "r1"], "add --dtype int8"),
-    (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step or a model input's"),
+    (["--dtype", "int8", "--float16", "w1"], "--float16 w1: not an int8 tensor an NPU step or a conversion to the NPU"),
 ])
 def test_float16_island_errors_are_one_line(cnn, capsys, extra, message):
     assert main(["plan", str(cnn), "--target", "rk3588", "--quiet"] + extra) == 1

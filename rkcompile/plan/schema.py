@@ -185,7 +185,8 @@ class Int8Technique:
     (`applied` lists the Conv steps whose int32 bias absorbed their rounded weights' mean shift),
     "auto_float16" (`applied` lists the tensors it kept in float16), "float16_softmax_outputs"
     (`applied` lists the Softmax model outputs computed in float16), "float16_attention_scores"
-    (`applied` lists the attention scores computed in float16), "int8_attention_probabilities"
+    (`applied` lists the attention scores computed in float16), "float16_masks" (`applied` lists
+    the tensors carrying an attention mask computed in float16), "int8_attention_probabilities"
     (`applied` lists the fused attention probabilities quantized inside their step) or "int8_settings" (the int8
     settings chosen on the calibration data: `applied` the chosen candidate, `declined` each
     other with its worst calibration cosine); `declined` says, per candidate left alone, why;
