@@ -633,13 +633,18 @@ def _float16_distributions(ctx: CompileContext, ordered: list[gs.Node], devices:
         classes = _softmax_classes(node, ctx.graph.opset)
         if classes is not None and classes * DROWNED_LEVELS > INT8[1] - INT8[0]:
             chosen.append((output.name, classes))
+    return _recorded(ctx, "float16_softmax_outputs", [name for name, _ in chosen],
+                     f"{len(chosen)} Softmax model output(s) computed in float16 ("
+                     + ", ".join(f"{name}: {classes} classes" for name, classes in chosen)
+                     + f"; int8 on [0, 1] would give the mean probability fewer than {DROWNED_LEVELS} steps)")
+
+
+def _recorded(ctx: CompileContext, name: str, chosen: list[str], note: str) -> list[str]:
+    """`chosen`, the tensors a technique computes in float16, recorded in the plan's
+    int8_techniques as `name` with `note` when there are any."""
     if chosen:
-        ctx.int8_techniques.append(Int8Technique(
-            "float16_softmax_outputs", tuple(name for name, _ in chosen), (),
-            f"{len(chosen)} Softmax model output(s) computed in float16 ("
-            + ", ".join(f"{name}: {classes} classes" for name, classes in chosen)
-            + f"; int8 on [0, 1] would give the mean probability fewer than {DROWNED_LEVELS} steps)"))
-    return [name for name, _ in chosen]
+        ctx.int8_techniques.append(Int8Technique(name, tuple(chosen), (), note))
+    return chosen
 
 
 def _float16_attention_scores(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> list[str]:
@@ -659,12 +664,9 @@ def _float16_attention_scores(ctx: CompileContext, ordered: list[gs.Node], devic
             continue
         if _reaches_matmul(node.outputs[0], npu):
             chosen.append(scores.name)
-    if chosen:
-        ctx.int8_techniques.append(Int8Technique(
-            "float16_attention_scores", tuple(chosen), (),
-            f"{len(chosen)} attention score tensor(s) computed in float16 ({', '.join(chosen)}): "
-            f"{ctx.target.name}'s toolkit cannot build an int8 MatMul -> Softmax -> MatMul"))
-    return chosen
+    return _recorded(ctx, "float16_attention_scores", chosen,
+                     f"{len(chosen)} attention score tensor(s) computed in float16 ({', '.join(chosen)}): "
+                     f"{ctx.target.name}'s toolkit cannot build an int8 MatMul -> Softmax -> MatMul")
 
 
 #: A float constant at or below this is a mask's: what an attention adds to the scores of the
@@ -703,12 +705,9 @@ def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[st
             carrying.add(tensor.name)
             if device != "cpu" and _is_quantized(ctx, tensor.name):
                 chosen.append(tensor.name)
-    if chosen:
-        ctx.int8_techniques.append(Int8Technique(
-            "float16_masks", tuple(chosen), (),
-            f"{len(chosen)} tensor(s) carrying an attention mask computed in float16 (int8 cannot hold a mask "
-            f"value, at or below {MASK_VALUE:g}, beside the scores it masks)"))
-    return chosen
+    return _recorded(ctx, "float16_masks", chosen,
+                     f"{len(chosen)} tensor(s) carrying an attention mask computed in float16 (int8 cannot hold "
+                     f"a mask value, at or below {MASK_VALUE:g}, beside the scores it masks)")
 
 
 def _holds_mask(constant: gs.Constant) -> bool:
