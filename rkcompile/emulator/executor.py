@@ -107,9 +107,9 @@ def overflow_note(step: int, kernel: str, tensor: str, dtype: str, count: int, p
 class WeightCache:
     """What every run of one plan computes the same way, because weights are constants: each
     weight's real value decoded from the weight region (float32 for float weights; an int8
-    weight's only once a step reads it as reals), the step nodes rebuilt over them, and the onnxruntime sessions of the CPU steps. The first run makes
-    them from its weight region; weights are not arena tensors, so nothing the plan places is
-    bypassed."""
+    weight's only once a step reads it as reals), the step nodes rebuilt over them, and the
+    onnxruntime sessions of the CPU steps. The first run makes them from its weight region;
+    weights are not arena tensors, so nothing the plan places is bypassed."""
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
     #: each int8 weight as NPU steps read it, keeping what the int8 kernels derive from it
     quantized: dict[str, QTensor] = field(default_factory=dict)
