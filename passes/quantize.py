@@ -492,7 +492,13 @@ class ActivationParameters(MutableMapping):
     def __getitem__(self, name: str) -> Quantization:
         entry = self.entries[name]
         if entry is _OWN:
-            entry = activation_params(*self.observers[name].range(self.method), self.method, self.zero_point_0)
+            observer = self.observers[name]
+            entry = activation_params(*observer.range(self.method), self.method, self.zero_point_0)
+            if observer.nonfinite:
+                entry = replace(entry, warning=(
+                    f"{name} held {observer.nonfinite} infinite or NaN value(s) in the calibration samples, which no "
+                    f"int8 range holds: stored as int8 they saturate to the ends of its grid; keep it in float16 "
+                    f"with --float16 {name}"))
         elif isinstance(entry, _KeptFrom):
             entry = replace(self[entry.source], source=f"shared:{entry.source}")
         else:

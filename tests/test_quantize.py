@@ -446,6 +446,24 @@ def test_the_tensors_carrying_an_attention_mask_are_float16(tmp_path, mask_value
     assert agreement("y", result, onnxruntime_outputs(model, inputs)["y"]).cosine >= 0.998
 
 
+def test_an_activation_that_held_infinities_in_calibration_says_so(tmp_path):
+    """A calibrated range holds no infinity (the observer drops them): an int8 tensor that held
+    some (1/x of a ReLU's zeros) saturates them, and its parameters say so and how to keep it."""
+    generator = np.random.default_rng(3)
+    weights = {"w": generator.standard_normal((4, 3, 1, 1)).astype(np.float32),
+               "w2": generator.standard_normal((4, 4, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reciprocal", ["r"], ["inverse"], name="inverse"),
+             helper.make_node("Conv", ["inverse", "w2"], ["y"], name="conv2")]
+    model = save_model(tmp_path / "inverse.onnx", nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4, 8, 8])], weights)
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(4).standard_normal((3, 1, 3, 8, 8)).astype(np.float32))
+    plan, _ = compile_model(model, "rk3588", Options(dtype="int8", calibration=tmp_path / "calib.npz", **PREFERRED_INT8),
+                            runtime=EMULATOR_RUNTIME)
+    warned = {name: quant.warning for name, quant in plan.quantization.items() if quant.warning}
+    assert warned and all("infinite or NaN" in text and f"--float16 {name}" in text for name, text in warned.items())
+    assert "r" not in warned  # finite: the ReLU's zeros are what the inverse makes infinite
+
+
 @pytest.mark.parametrize("normalize", ["Softmax", "Sigmoid"])
 def test_int8_attention_scores_are_float16_on_a_toolkit_target(tmp_path, normalize):
     """rknn-toolkit2 2.5.0 crashes building an int8 MatMul -> Softmax -> MatMul

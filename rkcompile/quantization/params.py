@@ -407,6 +407,7 @@ class RangeObserver:
         self.draws = draws if draws is not None and draws.seed == seed else KeptDraws(seed)
         self.drawn: tuple[int, ...] = ()  # the sizes of the updates that drew
         self.found: tuple[float, float] | None = None  # range()'s answer until the next update
+        self.nonfinite = 0  # the infinities and NaNs seen, which no range holds
 
 
     def update(self, value: np.ndarray) -> None:
@@ -415,7 +416,9 @@ class RangeObserver:
             return
         low, high = flat.min(), flat.max()
         if not (np.isfinite(low) and np.isfinite(high)):  # a NaN or an infinity is among them (min and max show it)
-            flat = flat[np.isfinite(flat)]
+            finite = flat[np.isfinite(flat)]
+            self.nonfinite += flat.size - finite.size
+            flat = finite
             if not flat.size:
                 return
             low, high = flat.min(), flat.max()
