@@ -686,7 +686,8 @@ def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[st
     """The int8 tensors that carry a mask to the Softmax it masks: each output of an NPU step
     (or NPU copy of a CPU step's output) that a mask constant (a value at or below MASK_VALUE,
     -inf included, that an element-wise or joining member reads) or a tensor carrying one
-    reaches, up to the step with a Softmax. Computed in float16, and the plan says so.
+    reaches, and that itself reaches the input of a step with a Softmax (a clamp's bound of
+    -1e9 reaches none). Computed in float16, and the plan says so.
 
     Why: such a tensor holds the mask's value beside the values it masks, and int8 cannot hold
     both. A range that covers the mask leaves the scores one or two integers, so every token is
@@ -696,21 +697,25 @@ def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[st
     cosine 0.51, the output 0.911). Float16 holds both: -inf, or -65504 for a larger constant,
     whose exponential is 0 as well. Whatever the calibration data held, which for a padding mask
     is often none of it."""
-    carrying: set[str] = set()
-    chosen = []
+    carrying: dict[str, str] = {}  # tensor -> the device of the step writing it
+    softmax_steps = set()
     for node, device in zip(ordered, devices):
         members = _members(node)[0]
         if any(member.op == "Softmax" for member in members):
+            softmax_steps.add(node.name)
             continue
-        reads_mask = any(t.name in carrying for t in node.inputs) or any(
-            isinstance(t, gs.Constant) and member.op in MASKING_OPS and _holds_mask(t)
-            for member in members for t in member.inputs)
-        if not reads_mask:
-            continue
-        for tensor in node.outputs:  # an NPU step's, or the host's NPU copy of a CPU step's
-            carrying.add(tensor.name)
-            if device != "cpu" and _is_quantized(ctx, tensor.name):
-                chosen.append(tensor.name)
+        if any(t.name in carrying for t in node.inputs) or any(
+                isinstance(t, gs.Constant) and member.op in MASKING_OPS and _holds_mask(t)
+                for member in members for t in member.inputs):
+            carrying.update((t.name, device) for t in node.outputs)
+    # only what reaches a Softmax: a large constant elsewhere (a clamp's bound) masks nothing
+    masking: set[str] = set()
+    for node in reversed(ordered):
+        if node.name in softmax_steps or any(t.name in masking for t in node.outputs):
+            masking.update(t.name for t in node.inputs if t.name in carrying)
+    # an NPU step's output, or the host's NPU copy of a CPU step's
+    chosen = [name for name, device in carrying.items()
+              if name in masking and device != "cpu" and _is_quantized(ctx, name)]
     return _recorded(ctx, "float16_masks", chosen,
                      f"{len(chosen)} tensor(s) carrying an attention mask computed in float16 (int8 cannot hold "
                      f"a mask value, at or below {MASK_VALUE:g}, beside the scores it masks)")

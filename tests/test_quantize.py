@@ -446,6 +446,24 @@ def test_the_tensors_carrying_an_attention_mask_are_float16(tmp_path, mask_value
     assert agreement("y", result, onnxruntime_outputs(model, inputs)["y"]).cosine >= 0.998
 
 
+def test_a_large_constant_that_masks_no_softmax_stays_int8(tmp_path):
+    """A clamp's bound of -1e9 (Max) is no mask: nothing it reaches is a Softmax's input, so
+    the convolutions after it stay int8."""
+    generator = np.random.default_rng(5)
+    weights = {"w": generator.standard_normal((4, 3, 1, 1)).astype(np.float32),
+               "w2": generator.standard_normal((4, 4, 1, 1)).astype(np.float32), "floor": np.array(-1e9, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Max", ["c", "floor"], ["m"], name="clamp"),
+             helper.make_node("Conv", ["m", "w2"], ["y"], name="conv2")]
+    model = save_model(tmp_path / "clamp.onnx", nodes, [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4, 8, 8])], weights)
+    np.savez(tmp_path / "calib.npz", x=generator.standard_normal((3, 1, 3, 8, 8)).astype(np.float32))
+    plan, _ = compile_model(model, "rk3588", Options(dtype="int8", calibration=tmp_path / "calib.npz", **PREFERRED_INT8),
+                            runtime=EMULATOR_RUNTIME)
+    assert not [t for t in plan.int8_techniques if t.name == "float16_masks"]
+    assert plan.quantization["y@npu"].dtype == "int8" and not any(
+        plan.tensors[name].dtype == "float16" for name in plan.tensors if plan.tensors[name].region == "arena")
+
+
 def test_an_activation_that_held_infinities_in_calibration_says_so(tmp_path):
     """A calibrated range holds no infinity (the observer drops them): an int8 tensor that held
     some (1/x of a ReLU's zeros) saturates them, and its parameters say so and how to keep it."""
