@@ -197,6 +197,15 @@ def test_kl_keeps_the_whole_range_of_a_uniform_distribution():
     assert kl_threshold(rng.uniform(0, 1, 100_000)) > 0.95
 
 
+def test_kl_is_not_decided_by_a_relus_zeros():
+    """Half a ReLU's output is 0, which every grid holds exactly: left in, its first bin made
+    the merged bins near 0 decide kl's cut, and a ReLU of N(0, 1) was clipped at 1.75."""
+    observer = RangeObserver("kl")
+    observer.update(np.maximum(np.random.default_rng(6).standard_normal(200_000), 0).astype(np.float32))
+    low, high = observer.range()
+    assert low == 0 and high > 3.5
+
+
 @pytest.mark.parametrize("value", [15.0, -3.0])
 def test_kl_keeps_a_constant_tensor_whole(value):
     """Every value in the histogram's last bin: only the whole histogram keeps them, which a
