@@ -67,7 +67,7 @@ def run(ctx: CompileContext) -> None:
     _keep_parameters_float(ctx, ordered, devices)
     distributions = _float16_distributions(ctx, ordered, devices)
     scores = [] if ctx.target.builds_int8_attention_scores else _float16_attention_scores(ctx, ordered, devices)
-    masks = _float16_masks(ctx, ordered, devices)
+    masks, unmasked = _float16_masks(ctx, ordered, devices)
     _make_float16_islands(ctx, ordered, devices,
                           set(ctx.options.float16_tensors) | set(distributions) | set(scores) | set(masks))
     weight_errors = _bias_correction_candidates(ctx, ordered, devices) if ctx.options.bias_correction else None
@@ -92,6 +92,10 @@ def run(ctx: CompileContext) -> None:
     parameters.search(parameters.unmade() - _concat_operand_sources(ordered, devices, parameters))
     _share_concat_parameters(ordered, devices, parameters, outputs)
     quantization = parameters.made()
+    for name in unmasked:  # an int8-only step carrying a mask: the plan says what int8 does to it
+        quantization[name] = replace(quantization[name], warning=(
+            f"{name} carries an attention mask, which int8 cannot hold beside the scores it masks, and "
+            f"{ctx.target.name}'s NPU runs the step writing it only in int8: masked tokens may be attended"))
     _quantize_weights(ctx, ordered, devices, quantization)
     _warn_of_drowned_operands(ordered, devices, observers, ctx.options.calibration_method, quantization)
     if not ctx.target.builds_int8_attention_scores:
@@ -682,7 +686,7 @@ MASK_VALUE = -1e4
 MASKING_OPS = frozenset({"Add", "Sub", "Mul", "Where", "Min", "Max", "Concat", "Expand", "Tile"})
 
 
-def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> list[str]:
+def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[str]) -> tuple[list[str], list[str]]:
     """The int8 tensors that carry a mask to the Softmax it masks: each output of an NPU step
     (or NPU copy of a CPU step's output) that a mask constant (a value at or below MASK_VALUE,
     -inf included, that an element-wise or joining member reads) or a tensor carrying one
@@ -696,7 +700,10 @@ def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[st
     value, so the masked tokens are attended (its torchscript export's -inf: the Softmax steps at
     cosine 0.51, the output 0.911). Float16 holds both: -inf, or -65504 for a larger constant,
     whose exponential is 0 as well. Whatever the calibration data held, which for a padding mask
-    is often none of it."""
+    is often none of it.
+
+    A tensor whose step the target's NPU runs only in int8 (oplist T1: RV1106's Add, Mul, Sub)
+    stays int8, and is returned second, for its parameters to say what that costs."""
     carrying: dict[str, str] = {}  # tensor -> the device of the step writing it
     softmax_steps = set()
     for node, device in zip(ordered, devices):
@@ -714,11 +721,24 @@ def _float16_masks(ctx: CompileContext, ordered: list[gs.Node], devices: list[st
         if node.name in softmax_steps or any(t.name in masking for t in node.outputs):
             masking.update(t.name for t in node.inputs if t.name in carrying)
     # an NPU step's output, or the host's NPU copy of a CPU step's
-    chosen = [name for name, device in carrying.items()
-              if name in masking and device != "cpu" and _is_quantized(ctx, name)]
+    found = [name for name, device in carrying.items()
+             if name in masking and device != "cpu" and _is_quantized(ctx, name)]
+    writers = {t.name: node for node in ordered for t in node.outputs}
+    unmasked = [name for name in found if not _computes_float16(ctx, writers[name])]
+    chosen = [name for name in found if name not in unmasked]
     return _recorded(ctx, "float16_masks", chosen,
                      f"{len(chosen)} tensor(s) carrying an attention mask computed in float16 (int8 cannot hold "
-                     f"a mask value, at or below {MASK_VALUE:g}, beside the scores it masks)")
+                     f"a mask value, at or below {MASK_VALUE:g}, beside the scores it masks)"), unmasked
+
+
+def _computes_float16(ctx: CompileContext, node: gs.Node) -> bool:
+    """Whether the target's NPU may run `node` (every member of a fused one) in float16: no
+    member's data-type constraint (oplist T1) leaves float16 out. A host conversion may."""
+    if ctx.placement[node.name].device != "npu":
+        return ctx.target.supports_dtype("float16")
+    return ctx.target.supports_dtype("float16") and all(
+        "float16" in (ctx.target.rule_parameter(member.op, "plan_dtype", "dtypes") or ("float16",))
+        for member in _members(node)[0])
 
 
 def _holds_mask(constant: gs.Constant) -> bool:

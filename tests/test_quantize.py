@@ -455,6 +455,23 @@ def test_the_tensors_carrying_an_attention_mask_are_float16(tmp_path, mask_value
     assert agreement("y", result, onnxruntime_outputs(model, inputs)["y"]).cosine >= 0.998
 
 
+def test_a_mask_an_int8_only_step_carries_stays_int8_and_says_so(tmp_path):
+    """RV1106's NPU runs Sub, Mul and Add only in int8 (oplist T1): the mask cannot be carried
+    in float16 there, so no step of the plan computes in float16, and the mask's parameters
+    say what int8 does to it."""
+    model = masked_attention(tmp_path / "attention.onnx", -10000.0, "padding")
+    generator = np.random.default_rng(2)
+    np.savez(tmp_path / "calib.npz", x=generator.standard_normal((4, 1, 16, 32)).astype(np.float32),
+             keep=np.ones((4, 1, 1, 16), np.float32))
+    plan, _ = compile_model(model, "rv1106", Options(dtype="int8", calibration=tmp_path / "calib.npz",
+                                                     **PREFERRED_INT8), runtime=EMULATOR_RUNTIME)
+    assert not [t for t in plan.int8_techniques if t.name == "float16_masks"]
+    assert not any(step.device == "npu" and any(plan.tensors[o].dtype == "float16" for o in step.outputs)
+                   for step in plan.steps)
+    warned = [name for name, quant in plan.quantization.items() if quant.warning and "attention mask" in quant.warning]
+    assert warned
+
+
 def test_a_large_constant_that_masks_no_softmax_stays_int8(tmp_path):
     """A clamp's bound of -1e9 (Max) is no mask: nothing it reaches is a Softmax's input, so
     the convolutions after it stay int8."""
