@@ -672,7 +672,8 @@ def _float16_attention_scores(ctx: CompileContext, ordered: list[gs.Node], devic
         if (source.name not in npu or source.op != "MatMul" or not _is_quantized(ctx, scores.name)
                 or any(isinstance(operand, gs.Constant) for operand in source.inputs)):
             continue
-        if _reaches_matmul(node.outputs[0], npu):
+        # where the NPU runs the MatMul only in int8 (RV1106's exMatMul), the scores stay int8
+        if _reaches_matmul(node.outputs[0], npu) and _computes_float16(ctx, source):
             chosen.append(scores.name)
     return _recorded(ctx, "float16_attention_scores", chosen,
                      f"{len(chosen)} attention score tensor(s) computed in float16 ({', '.join(chosen)}): "
@@ -838,6 +839,11 @@ def _make_float16_islands(ctx: CompileContext, ordered: list[gs.Node], devices: 
         if name not in written or not _is_quantized(ctx, name):  # only --float16 names can miss
             raise CompileError(f"--float16 {name}: not an int8 tensor an NPU step or a conversion to the NPU "
                                f"writes (rkcompile run --dtype int8 --accuracy-analysis lists them)")
+    for node in island_steps:  # the techniques above choose none of these: a --float16 name
+        if not _computes_float16(ctx, node):
+            name = sorted(wanted & {t.name for t in node.outputs})[0]
+            raise CompileError(f"--float16 {name}: {ctx.target.name}'s NPU runs the step writing it "
+                               f"({ctx.placement[node.name].kernel}) only in int8 (oplist data-type constraint T1)")
     for node in conversions:  # the tensor reaches the NPU as float16, not quantized by the host
         _restore(ctx, node.outputs[0].name, "float16")
         _relabel_conversion(ctx, node, "to")

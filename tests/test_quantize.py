@@ -472,6 +472,20 @@ def test_a_mask_an_int8_only_step_carries_stays_int8_and_says_so(tmp_path):
     assert warned
 
 
+def test_float16_needs_a_step_the_npu_runs_in_float16(tmp_path):
+    """RV1106's NPU runs exMatMul only in int8 (oplist T1): an attention's scores stay int8
+    there, and --float16 on them is one error line, not a plan the NPU cannot run."""
+    np.savez(tmp_path / "calib.npz", x=rng.uniform(-1, 1, (4, 1, 64, 8, 8)).astype(np.float32))
+    model = attention_block(tmp_path / "attention.onnx")
+    options = Options(dtype="int8", calibration=tmp_path / "calib.npz", **PREFERRED_INT8)
+    plan, _ = compile_model(model, "rv1106", options, runtime=EMULATOR_RUNTIME)
+    assert not [t for t in plan.int8_techniques if t.name == "float16_attention_scores"]
+    assert plan.quantization["scores"].dtype == "int8"
+    with pytest.raises(CompileError, match="--float16 scores: rv1106's NPU runs the step writing it .* only in int8"):
+        compile_model(model, "rv1106", dataclasses.replace(options, float16_tensors=("scores",)),
+                      runtime=EMULATOR_RUNTIME)
+
+
 def test_a_large_constant_that_masks_no_softmax_stays_int8(tmp_path):
     """A clamp's bound of -1e9 (Max) is no mask: nothing it reaches is a Softmax's input, so
     the convolutions after it stay int8."""
