@@ -641,7 +641,8 @@ def _float16_distributions(ctx: CompileContext, ordered: list[gs.Node], devices:
         if set(readers.get(output.name, ["npu"])) != {"host"}:
             continue
         classes = _softmax_classes(node, ctx.graph.opset)
-        if classes is not None and classes * DROWNED_LEVELS > INT8[1] - INT8[0]:
+        # where the NPU runs Softmax only in int8 (RV1106B), the distribution stays int8
+        if classes is not None and classes * DROWNED_LEVELS > INT8[1] - INT8[0] and _computes_float16(ctx, node):
             chosen.append((output.name, classes))
     return _recorded(ctx, "float16_softmax_outputs", [name for name, _ in chosen],
                      f"{len(chosen)} Softmax model output(s) computed in float16 ("

@@ -486,6 +486,21 @@ def test_float16_needs_a_step_the_npu_runs_in_float16(tmp_path):
                       runtime=EMULATOR_RUNTIME)
 
 
+def test_a_softmax_output_stays_int8_where_the_npu_has_no_float16(tmp_path):
+    """RV1106B's NPU runs Softmax only in int8: a 100-way model output stays int8 there, with no
+    error for a --float16 nobody gave."""
+    weights = {"w": np.random.default_rng(7).standard_normal((100, 3, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["logits"], name="conv"),
+             helper.make_node("Softmax", ["logits"], ["y"], axis=1, name="softmax")]
+    model = save_model(tmp_path / "classes.onnx", nodes, [vi("x", [1, 3, 1, 1])], [vi("y", [1, 100, 1, 1])], weights)
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(8).standard_normal((3, 1, 3, 1, 1)).astype(np.float32))
+    options = Options(dtype="int8", calibration=tmp_path / "calib.npz", **PREFERRED_INT8)
+    for target, float16 in (("rk3588", True), ("rv1106b", False)):
+        plan, _ = compile_model(model, target, options, runtime=EMULATOR_RUNTIME)
+        chosen = [t.applied for t in plan.int8_techniques if t.name == "float16_softmax_outputs"]
+        assert bool(chosen) == float16 and (plan.tensors["y@npu"].dtype == "float16") == float16
+
+
 def test_a_large_constant_that_masks_no_softmax_stays_int8(tmp_path):
     """A clamp's bound of -1e9 (Max) is no mask: nothing it reaches is a Softmax's input, so
     the convolutions after it stay int8."""
