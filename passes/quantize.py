@@ -408,7 +408,11 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], observ
     quantized to 0 and 2.5 (rknn-toolkit2 2.5.0 does the same). The plan records it on the
     Concat's parameters (`warning`, logged once the plan is chosen: `int8_choice`) and says how
     to keep the operand. An operand's span is its calibrated range when it has parameters of its
-    own, else its observed one within the range of the grid it keeps or takes (`_stored_span`)."""
+    own, else its observed one within the range of the grid it keeps or takes (`_stored_span`);
+    a constant's is its values' (with 0). A learned token concatenated to activations is the
+    constant case: XCiT's and CaiT's class token (random init: values within +-0.05) joins
+    tokens in the tens, every value rounds to the zero point, and the class attention after it
+    reads a row of zeros (timm xcit_nano_12_p16_224: output cosine 0.000)."""
     for node, device in zip(ordered, devices):
         output = node.outputs[0].name if node.outputs else ""
         if device != "npu" or node.op != "Concat" or output not in quantization:
@@ -416,10 +420,18 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], observ
         step = quantization[output].scales[0]
         drowned = []
         for tensor in node.inputs:
-            if tensor.name in observers and not isinstance(tensor, gs.Constant):
+            if isinstance(tensor, gs.Constant):
+                values = np.asarray(tensor.values)
+                if not values.size:
+                    continue
+                low, high, what = min(float(values.min()), 0.0), max(float(values.max()), 0.0), "constant "
+            elif tensor.name in observers:
                 low, high = _stored_span(observers[tensor.name], method, quantization.get(tensor.name))
-                if high - low < DROWNED_LEVELS * step:
-                    drowned.append(f"{tensor.name} (range [{low:.3g}, {high:.3g}]: {(high - low) / step:.1f} steps)")
+                what = ""
+            else:
+                continue
+            if high - low < DROWNED_LEVELS * step:
+                drowned.append(f"{what}{tensor.name} (range [{low:.3g}, {high:.3g}]: {(high - low) / step:.1f} steps)")
         if drowned:
             warning = (f"Concat {output} stores its operands with one int8 step of {step:.3g}, which leaves "
                        f"fewer than {DROWNED_LEVELS} of 256 levels to {'; '.join(drowned)}; keep the Concat in "

@@ -705,6 +705,23 @@ def boxes_and_scores(tmp_path) -> Path:
     return save_model(tmp_path / "head.onnx", nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 10, 16, 16])], weights)
 
 
+def test_a_constant_concat_operand_quantized_away_is_reported(tmp_path):
+    """A learned token beside activations hundreds of times its size (XCiT's class token): every
+    value of it rounds to the Concat's zero point, and the warning names the constant."""
+    weights = {"w": rng.standard_normal((8, 3, 1, 1)).astype(np.float32) * 20,
+               "token": rng.standard_normal((1, 1, 16, 16)).astype(np.float32) * 0.02}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["features"], name="conv"),
+             helper.make_node("Concat", ["token", "features"], ["y"], axis=1, name="concat")]
+    model = save_model(tmp_path / "token.onnx", nodes, [vi("x", [1, 3, 16, 16])], [vi("y", [1, 9, 16, 16])], weights)
+    calib = calibration_file(tmp_path)
+    prepared = prepare(model, "rk3588", Options(dtype="int8", calibration=calib))
+    (concat,) = [s for s in prepared.plan.steps if s.kernel == "Concat"]
+    warning = prepared.plan.quantization[concat.outputs[0]].warning
+    assert warning and "constant token" in warning and "features" not in warning
+    token = emulate(prepared, {"x": np.load(calib)["x"][0]}).outputs["y"][:, :1]
+    assert not token.any()
+
+
 def test_a_concat_operand_quantized_away_is_reported_and_kept_in_float16(boxes_and_scores, tmp_path, capsys, caplog):
     calib = calibration_file(tmp_path)
     x = np.load(calib)["x"][0]
