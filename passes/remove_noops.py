@@ -5,7 +5,7 @@ whose mask nobody reads and which is not in training mode (a training-mode Dropo
 random mask: legalize keeps it on the CPU), a Slice that keeps every element in order
 (timm's GhostNet cuts its module's Concat back to the width it already has), a Concat, Sum,
 Mean, Max or Min of one input (torchvision's DenseNet concatenates a block's first feature map
-alone), a Mul or Div by constant ones, an Add or Sub of constant zeros, that leave the shape
+alone), a Pad of zero widths, a Mul or Div by constant ones, an Add or Sub of constant zeros, that leave the shape
 as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x); a residual branch whose weights
 are zero folds to x + 0): x * 1 is x, bit for bit; and an Expand or Tile to the shape its
 input has.
@@ -69,6 +69,8 @@ def _passed_through(node: gs.Node) -> gs.Tensor | None:
         return node.inputs[0]
     if node.op == "Slice" and is_onnx_domain(node):
         return node.inputs[0] if _keeps_everything(node) else None
+    if node.op == "Pad" and is_onnx_domain(node):
+        return node.inputs[0] if _pads_nothing(node) else None
     if node.op == "Dropout":
         if training_mode(node) is not None:
             return None
@@ -112,6 +114,21 @@ def _keeps_everything(node: gs.Node) -> bool:
         return True
     steps = constant_value(node.inputs[4])
     return steps is not None and bool(np.all(steps == 1))
+
+
+def _pads_nothing(node: gs.Node) -> bool:
+    """A Pad whose pads are all zero, in any mode (the attribute before opset 11, the constant
+    input after), with its input's static shape: every element stays where it was, and no
+    value is added. HF Swin's `maybe_pad` writes one per block, padding a map its window size
+    divides by 0."""
+    shape = static_shape(node.inputs[0])
+    if shape is None or shape != static_shape(node.outputs[0]):
+        return False
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        pads = constant_value(node.inputs[1])
+    else:
+        pads = node.attrs.get("pads")
+    return pads is not None and bool(np.all(np.asarray(pads) == 0))
 
 
 def _same_type_cast(node: gs.Node) -> bool:

@@ -141,6 +141,26 @@ def test_a_slice_keeping_every_element_is_removed(save):
     assert contract_violations(plan) == []
 
 
+def test_a_pad_of_zero_widths_is_removed(save):
+    """HF Swin pads every block's map to its window size, by zero where the size divides: a Pad
+    of all-zero widths (input or, before opset 11, attribute) returns its input; a Pad that
+    widens stays."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Pad", ["r", "nothing"], ["p"], name="pad_nothing", mode="constant"),
+             helper.make_node("Pad", ["p", "one_each"], ["y"], name="pad_one", mode="reflect")]
+    inits = [weight("nothing", np.zeros(8, np.int64)), weight("one_each", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))]
+    model = make_model(nodes, [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 4, 5, 5])], inits)
+    plan, _ = compile_model(save(model), "rk3588")
+    devices = _devices(plan)
+    assert devices["pad_nothing"] == "removed" and devices["pad_one"] != "removed"
+    assert contract_violations(plan) == []
+    old = make_model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                      helper.make_node("Pad", ["r"], ["y"], name="pad_nothing", pads=[0] * 8)],
+                     [value_info("x", [1, 4, 3, 3])], [value_info("y", [1, 4, 3, 3])], opset=10)
+    plan, _ = compile_model(save(old), "rk3588")
+    assert _devices(plan)["pad_nothing"] == "removed"
+
+
 def test_a_concat_or_sum_of_one_input_is_removed(save):
     """torchvision's DenseNet concatenates each block's first feature map alone: that Concat, and
     a Sum of one input, return their input; a Concat of two stays."""
