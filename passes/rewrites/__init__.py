@@ -10,7 +10,7 @@ calls for.
 from __future__ import annotations
 
 from rkcompile.passes.rewrites import (affine, channels, conv_windows, elementwise, layout_ops, masks,
-    matmul_as_conv, norm, pooling, rank, reductions, resize_as_matmul)
+    matmul_as_conv, norm, pooling, rank, reductions, resize_as_matmul, signed_moves)
 from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Candidates, Replacement, RewriteRule, Site
 
 FAMILIES = (
@@ -22,6 +22,8 @@ FAMILIES = (
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
+    signed_moves,  # a rotary embedding's moves and negations along the last axis as one MatMul (before
+                   # conv_windows, whose stepped-Slice rule would take the region apart)
     matmul_as_conv,  # Gemm/MatMul by weights as 1x1 Conv, K splits
     conv_windows,    # Conv strides, kernels and pads over the window limits (space-to-depth, kernel
                      # tiles, Pad);

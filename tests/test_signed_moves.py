@@ -1,0 +1,76 @@
+"""A rotary embedding's moves and negations along the last axis as one MatMul by a signed
+permutation (passes/rewrites/signed_moves.py): RoFormer's interleaved rotation becomes one
+step, exactly; LLaMA's halves, which need no stepped Slice, stay with the rules that take
+them in fewer steps."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import helper
+
+import rkcompile
+from conftest import make_model, value_info, weight
+from test_rewrites_conv import rewritten, run_ort
+
+RNG = np.random.default_rng(5)
+HEADS, TOKENS, WIDTH = 2, 8, 16
+
+
+def _ints(name, values):
+    return weight(name, np.array(values, np.int64))
+
+
+def rotary(interleaved: bool):
+    """y = x * cos + rotate(x) * sin on [1, HEADS, TOKENS, WIDTH]; rotate as RoFormer's exporter
+    writes it (stepped Slices, Neg, Unsqueeze, Concat, Reshape) or as LLaMA's rotate_half."""
+    shape = [1, HEADS, TOKENS, WIDTH]
+    inits = [weight("cos", RNG.standard_normal((TOKENS, WIDTH)).astype(np.float32)),
+             weight("sin", RNG.standard_normal((TOKENS, WIDTH)).astype(np.float32)),
+             _ints("last", [3]), _ints("big", [2 ** 62]), _ints("zero", [0]), _ints("one", [1]),
+             _ints("two", [2]), _ints("half", [WIDTH // 2]), _ints("minus_one", [-1]), _ints("shape", shape)]
+    if interleaved:
+        nodes = [helper.make_node("Slice", ["x", "one", "big", "last", "two"], ["odd"], name="odd"),
+                 helper.make_node("Neg", ["odd"], ["negated"], name="neg"),
+                 helper.make_node("Slice", ["x", "zero", "big", "last", "two"], ["even"], name="even"),
+                 helper.make_node("Unsqueeze", ["negated", "minus_one"], ["a"], name="a"),
+                 helper.make_node("Unsqueeze", ["even", "minus_one"], ["b"], name="b"),
+                 helper.make_node("Concat", ["a", "b"], ["pairs"], name="pairs", axis=-1),
+                 helper.make_node("Reshape", ["pairs", "shape"], ["rotated"], name="rotated")]
+    else:
+        nodes = [helper.make_node("Slice", ["x", "zero", "half", "last"], ["first"], name="first"),
+                 helper.make_node("Slice", ["x", "half", "big", "last"], ["second"], name="second"),
+                 helper.make_node("Neg", ["second"], ["negated"], name="neg"),
+                 helper.make_node("Concat", ["negated", "first"], ["rotated"], name="rotated", axis=-1)]
+    nodes += [helper.make_node("Mul", ["x", "cos"], ["c"], name="times_cos"),
+              helper.make_node("Mul", ["rotated", "sin"], ["s"], name="times_sin"),
+              helper.make_node("Add", ["c", "s"], ["y"], name="y")]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], inits)
+
+
+def test_an_interleaved_rotation_is_one_exact_matmul(tmp_path):
+    model = rotary(interleaved=True)
+    ctx = rewritten(model, tmp_path, "rk3588")
+    (applied,) = [r for r in ctx.rewrites if r.rule == "signed_moves_as_matmul"]
+    assert {"odd", "even", "neg", "pairs", "rotated"} <= set(applied.nodes)
+    assert not any(node.op in ("Slice", "Neg", "Concat") for node in ctx.graph.nodes)
+    feeds = {"x": RNG.standard_normal((1, HEADS, TOKENS, WIDTH)).astype(np.float32)}
+    after = gs.export_onnx(ctx.graph, do_type_check=False)
+    del after.opset_import[:]
+    after.opset_import.extend(model.opset_import)
+    # each output is one input times +1 or -1: the same bits
+    assert np.array_equal(run_ort(after, feeds)[0], run_ort(model, feeds)[0])
+    path = tmp_path / "rotary.onnx"
+    path.write_bytes(model.SerializeToString())
+    plan = rkcompile.compile(path, target="rk3588")
+    kernels = [step.kernel for step in plan.record.steps if step.device == "npu"]
+    assert "Slice" not in kernels and kernels.count("Conv") == 1
+    expected = run_ort(model, feeds)[0]
+    np.testing.assert_allclose(rkcompile.run(plan, feeds)["y"], expected, rtol=0,
+                               atol=4e-3 * float(np.abs(expected).max()))
+
+
+def test_halves_without_a_stepped_slice_are_left_to_the_other_rules(tmp_path):
+    ctx = rewritten(rotary(interleaved=False), tmp_path, "rk3588")
+    assert not any(r.rule == "signed_moves_as_matmul" for r in ctx.rewrites)
+    declined = {a.outcome for tried in ctx.rewrite_attempts.values() for a in tried if a.rule == "signed_moves_as_matmul"}
+    assert any("no Slice steps over 1" in reason for reason in declined)
