@@ -20,8 +20,8 @@ from rkcompile.cli import main
 from rkcompile.errors import CompileError
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
-from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, radix_sums_as_channel_slices,
-                                              rank3_tails_as_rank4, reshapes_after_elementwise_ops,
+from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, flattened_planes_padded,
+                                              radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
                                               transpose_steps_as_one, transposes_from_splits)
 
@@ -347,6 +347,24 @@ def test_a_detection_head_is_written_in_four_dimensions(save, tmp_path):
              "x1": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)}
     np.testing.assert_allclose(onnxruntime_run(exported, feeds)[0], onnxruntime_run(original, feeds)[0],
                                rtol=1e-5, atol=1e-4)
+
+
+def test_a_flattened_plane_of_a_transpose_is_not_padded():
+    """An attention map made [1, 49, 7, 7] by a Transpose and flattened to [1, 49, 49] (timm's
+    shvit): rknn-toolkit2 moves a Pad above the Transpose and runs it on its CPU, and merges
+    the plain Reshape with the Transpose, so the shaping leaves it; the same Reshape of a
+    Conv's output is padded."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2], name="transpose"),
+             helper.make_node("Reshape", ["t", "flat"], ["y"], name="flatten_transposed"),
+             helper.make_node("Conv", ["t", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "flat"], ["z"], name="flatten_conv")]
+    model = make_model(nodes, [value_info("x", [1, 7, 7, 49])],
+                       [value_info("y", [1, 49, 49]), value_info("z", [1, 49, 49])],
+                       [weight("flat", np.array([1, 49, 49], np.int64)),
+                        weight("w", np.ones((49, 49, 1, 1), np.float32))])
+    assert flattened_planes_padded(model) == 1
+    padded = [node for node in model.graph.node if node.op_type == "Pad"]
+    assert len(padded) == 1 and padded[0].input[0] == "c"
 
 
 def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():

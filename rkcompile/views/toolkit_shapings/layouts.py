@@ -131,16 +131,23 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
     rows of (H+e)*W, then a Slice of their first H*W: the same values. rknn-toolkit2 2.5.0 runs
     the Reshape on its CPU (a YOLO head's 10x10 grid of 1 or 51 channels at 320x320), the
     padded one on its NPU. Not for a plane of one row or column ([1, 1, 3234, 1], ssdlite's
-    decoded box sides): the toolkit runs that Pad on its CPU. Returns how many Reshapes it wrote."""
+    decoded box sides): the toolkit runs that Pad on its CPU. Nor for a Transpose's result:
+    the toolkit's `swap_transpose_pad` moves the Pad above the Transpose, where it pads an axis
+    its Pad does not take ("mode constant unsupport pads[5] = 1": the Pad goes to its CPU),
+    while it merges the plain Reshape with the Transpose on its NPU (a [1, 49, 7, 7] attention
+    map made [1, 49, 49] in timm's shvit and efficientvit_m0: 4 and 10 CPU Pads). Returns how
+    many Reshapes it wrote."""
     if ai_onnx_opset(model) < 11:   # Pad takes its pads as an input from opset 11
         return 0
     shapes = static_shapes(model)
     graph = model.graph
     written: dict[int, list[onnx.NodeProto]] = {}
     originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    transposed = {name for node in originals if node.op_type == "Transpose" for name in node.output}
     for node in originals:
         source, result = shapes.get(node.input[0]), shapes.get(node.output[0])
-        if node.op_type != "Reshape" or source is None or result is None or len(source) != 4:
+        if (node.op_type != "Reshape" or source is None or result is None or len(source) != 4
+                or node.input[0] in transposed):
             continue
         batch, channels, height, width = source
         plane = height * width
