@@ -639,6 +639,23 @@ def test_neg_becomes_a_mul_by_minus_one_and_an_integer_neg_is_left(tmp_path):
                         rtol=0, atol=0)
 
 
+def test_an_expand_read_by_broadcasting_ops_is_dropped(tmp_path):
+    """SwiftFormer's x / norm.expand_as(x): the Div broadcasts the [1, 1, 1] norm itself, to the
+    same values; an Expand whose reader's other operand is smaller stays."""
+    nodes = [helper.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=1),
+             helper.make_node("Expand", ["peak", "full"], ["spread"], name="expand"),
+             helper.make_node("Div", ["x", "spread"], ["y"], name="div"),
+             helper.make_node("Expand", ["peak", "full"], ["kept"], name="expand_kept"),
+             helper.make_node("Mul", ["kept", "row"], ["z"], name="mul")]
+    model = make_model(nodes, [value_info("x", [1, 64, 1]), value_info("row", [1, 1, 1])],
+                       [value_info("y", [1, 64, 1]), value_info("z", [1, 64, 1])],
+                       [weight("full", np.array([1, 64, 1], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx).count("expand_into_broadcast") == 1
+    assert [n.name for n in ctx.graph.nodes if n.op == "Expand"] == ["expand_kept"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 64, 1]), "row": feed([1, 1, 1])}, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("rank, repeat", [(4, "Conv"), (3, "Concat")])
 def test_unlisted_broadcast_repeats_the_computed_operand(tmp_path, rank, repeat):
     """bert's attention mask: [1, 1, 8, 8] + [1, 4, 8, 8] is none of the Expand patterns. At rank

@@ -277,6 +277,30 @@ def _channels_by_conv(builder, x: gs.Tensor, shape: list[int]) -> gs.Tensor:
     return repeated if len(shape) == 4 else builder.reshape(repeated, shape)
 
 
+def expand_into_broadcast(node: gs.Node, site: Site) -> Candidates:
+    """An Expand read only by binary element-wise ops whose other operand has the expanded shape
+    already: each reads the Expand's input instead and broadcasts it itself, to the same result
+    (ONNX's broadcasting is the Expand's). timm's SwiftFormer normalizes each token's weight by
+    one norm written `x / norm.expand_as(x)`: an Expand step and a Div of two full tensors,
+    which rknn-toolkit2 runs on its CPU where it runs the broadcast Div on its NPU. A reader
+    the NPU cannot broadcast so makes the candidate fail, and the Expand stays."""
+    source, expanded = node.inputs[0], node.outputs[0]
+    shape = static_shape(expanded)
+    readers = list(expanded.outputs)
+    if shape is None or static_shape(source) is None or not readers or expanded.name in site.graph_outputs:
+        return "its shapes are unknown, it is a model output or nothing reads it"
+    for reader in readers:
+        others = [t for t in reader.inputs if t is not expanded]
+        if (reader.op not in BINARY_ELEMENTWISE or len(reader.inputs) != 2 or len(others) != 1
+                or static_shape(others[0]) != shape):
+            return f"{reader.op} {reader.name} is not a binary element-wise op whose other operand has its shape"
+    builder = site.builder(node)
+    for reader in readers:
+        inputs = [source if t is expanded else t for t in reader.inputs]
+        builder.op(reader.op, inputs, out=reader.outputs[0], **reader.attrs)
+    yield builder.finish(node, *readers)
+
+
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(sub_constant_to_add, frozenset({"Sub"}), always=True),
     RewriteRule(div_constant_to_mul, frozenset({"Div"}), always=True),
@@ -286,6 +310,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(elu_to_native, frozenset({"Elu"})),
     RewriteRule(sum_to_adds, frozenset({"Sum"})),
     RewriteRule(min_max_to_clip, frozenset({"Min", "Max"}), always=True),
+    RewriteRule(expand_into_broadcast, frozenset({"Expand"}), always=True),
     RewriteRule(lift_to_4d, ELEMENTWISE),
     RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
 )
