@@ -287,6 +287,27 @@ def test_yolov5_focus_becomes_one_picking_conv(tmp_path, target):
     assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, 3, 8, 12)).astype(np.float32)})
 
 
+def test_a_channels_last_patch_merge_with_shared_row_slices_is_one_picking_conv(tmp_path):
+    """Swin's patch merging as HF exports it: x[:, 0::2] and x[:, 1::2] taken once each, each
+    cut into even and odd columns, the four parts joined on the last (channel) axis: one
+    picking Conv between a Transpose to channels-first and one back, exactly."""
+    inits = [weight(name, np.array([value], np.int64)) for name, value in
+             (("zero", 0), ("one", 1), ("big", 1 << 30), ("axis1", 1), ("axis2", 2), ("two", 2))]
+    nodes = [helper.make_node("Slice", ["x", "zero", "big", "axis1", "two"], ["even_rows"], name="even_rows"),
+             helper.make_node("Slice", ["x", "one", "big", "axis1", "two"], ["odd_rows"], name="odd_rows")]
+    parts = []
+    for column, start in (("even", "zero"), ("odd", "one")):
+        for rows in ("even_rows", "odd_rows"):
+            parts.append(f"{rows}_{column}")
+            nodes.append(helper.make_node("Slice", [rows, start, "big", "axis2", "two"], [parts[-1]], name=parts[-1]))
+    nodes.append(helper.make_node("Concat", parts, ["y"], name="merge", axis=-1))
+    model = make_model(nodes, [value_info("x", [1, 8, 8, 4])], [value_info("y", [1, 4, 4, 16])], inits)
+    ctx = rewritten(model, tmp_path, "rk3588")
+    assert [n.op for n in ctx.graph.nodes if n.op != "Constant"] == ["Transpose", "Conv", "Transpose"]
+    assert "stepped_slices_concat_as_conv" in [r.rule for r in ctx.rewrites]
+    assert_rewrite_exact(model, ctx, {"x": RNG.standard_normal((1, 8, 8, 4)).astype(np.float32)})
+
+
 def test_a_focus_that_cuts_channels_is_left_to_the_slice_rewrites(tmp_path):
     ctx = rewritten(focus_model([(0, 0), (1, 1)], channel_end=2), tmp_path, "rk3588")
     reasons = {a.rule: a.outcome for a in ctx.rewrite_attempts["rows0"]}

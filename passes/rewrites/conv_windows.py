@@ -338,12 +338,12 @@ def _cropped(builder: Builder, x: gs.Tensor, view: list[int], spans: list[tuple[
 
 
 def _stepped_chain(tensor: gs.Tensor, site: Site) -> tuple[gs.Tensor, list[tuple[int, int, int]], list[gs.Node]] | None:
-    """The source of the chain of stepped Slices of a 4-D tensor that ends in `tensor`, each
-    link read only by the next, with the picks they make together per axis (start, step,
-    count); None when `tensor` is not such a chain's end."""
+    """The source of the chain of stepped Slices of a 4-D tensor that ends in `tensor`, with the
+    picks they make together per axis (start, step, count); None when `tensor` is not such a
+    chain's end. A link may be shared with other chains (HF Swin's patch merging takes
+    x[:, 0::2] once for two of its four parts): the caller checks who reads the links."""
     chain = []
-    while (node := producer(tensor)) is not None and node.op == "Slice" and len(tensor.outputs) == 1 \
-            and tensor.name not in site.graph_outputs:
+    while (node := producer(tensor)) is not None and node.op == "Slice" and tensor.name not in site.graph_outputs:
         chain.append(node)
         tensor = node.inputs[0]
     read = [slice_picks(node) for node in reversed(chain)]
@@ -356,26 +356,39 @@ def _stepped_chain(tensor: gs.Tensor, site: Site) -> tuple[gs.Tensor, list[tuple
     return tensor, picks, chain
 
 
+#: per memory order of a 4-D map, the Concat axis of its channels and its axes as (N, C, H, W)
+_MAP_AXES = {"NCHW": (1, (0, 1, 2, 3)), "NHWC": (3, (0, 3, 1, 2))}
+
+
 def stepped_slices_concat_as_conv(node: gs.Node, site: Site) -> Candidates:
-    """A channel Concat of stepped Slices of one NCHW map, each taking every channel and, along
+    """A channel Concat of stepped Slices of one map, each taking every channel and, along
     height and width, every (sh, sw)-th value from an offset inside the step (YOLOv5's Focus,
     a space-to-depth written as x[..., ::2, ::2], x[..., 1::2, ::2], ... and a Concat), as one
     convolution of kernel = stride = (sh, sw) whose one-hot weights pick, for each output
     channel, its slice's offset in its channel's window: every output is one input times 1, so
     exact, and one step where the Slices' own rewrites (`strided_slice_to_convs`) make a crop
-    and a picking Conv per Slice, then the Concat."""
+    and a picking Conv per Slice, then the Concat. A channels-last map (Swin's patch merging,
+    x[:, 0::2, 0::2, :] and three more, joined on the last axis) is the same Conv between a
+    Transpose to channels-first and one back: three steps where the Slices and their Convs were
+    thirteen."""
     tensor = node.outputs[0]
-    while len(tensor.outputs) == 1 and tensor.outputs[0].op == "Slice" and tensor.name not in site.graph_outputs:
+    while tensor.outputs and all(r.op == "Slice" for r in tensor.outputs) and tensor.name not in site.graph_outputs:
         tensor = tensor.outputs[0].outputs[0]
     concat = tensor.outputs[0] if len(tensor.outputs) == 1 and tensor.name not in site.graph_outputs else None
-    if concat is None or concat.op != "Concat" or len(static_shape(concat.outputs[0]) or ()) != 4 \
-            or int(concat.attrs.get("axis", 0)) % 4 != 1:
-        return "its Slices do not end in a channel Concat of 4-D maps"
+    layout = None if concat is None or concat.op != "Concat" or len(static_shape(concat.outputs[0]) or ()) != 4 \
+        else next((name for name, (axis, _) in _MAP_AXES.items() if int(concat.attrs.get("axis", 0)) % 4 == axis), None)
+    if layout is None:
+        return "its Slices do not end in a channel Concat of 4-D maps, first or last"
+    order = _MAP_AXES[layout][1]
     operands = [_stepped_chain(t, site) for t in concat.inputs]
     if None in operands or len({id(source) for source, _, _ in operands}) != 1:
         return "the Concat reads something other than stepped Slices of one map"
+    links = {id(link): link for _, _, chain in operands for link in chain}
+    if any(reader is not concat and id(reader) not in links for link in links.values() for reader in link.outputs[0].outputs):
+        return "a Slice's result is read outside the Concat's Slices"
     x = operands[0][0]
-    n, c, h, w = static_shape(x)
+    n, c, h, w = (static_shape(x)[axis] for axis in order)
+    operands = [(source, [picks[axis] for axis in order], chain) for source, picks, chain in operands]
     steps = {tuple(step for _, step, _ in picks[2:]) for _, picks, _ in operands}
     if len(steps) != 1:
         return "its Slices step differently"
@@ -391,9 +404,15 @@ def stepped_slices_concat_as_conv(node: gs.Node, site: Site) -> Candidates:
     for index, (_, picks, _) in enumerate(operands):
         weight[index * c + np.arange(c), np.arange(c), picks[2][0], picks[3][0]] = 1
     builder = site.builder(node)
-    builder.op("Conv", [x, builder.const(weight, "picker")], out=concat.outputs[0], kernel_shape=[sh, sw],
-               strides=[sh, sw])
-    yield builder.finish(*(link for _, _, chain in operands for link in chain), concat)
+    picker = builder.const(weight, "picker")
+    if layout == "NCHW":
+        builder.op("Conv", [x, picker], out=concat.outputs[0], kernel_shape=[sh, sw], strides=[sh, sw])
+    else:
+        first = builder.op("Transpose", [x], [n, c, h, w], x.dtype, perm=list(order))
+        picked = builder.op("Conv", [first, picker], [n, weight.shape[0], h // sh, w // sw], x.dtype,
+                            kernel_shape=[sh, sw], strides=[sh, sw])
+        builder.op("Transpose", [picked], out=concat.outputs[0], perm=[0, 2, 3, 1])
+    yield builder.finish(*links.values(), concat)
 
 
 def strided_slice_to_convs(node: gs.Node, site: Site) -> Candidates:
