@@ -1902,6 +1902,20 @@ def test_steps_that_no_one_transpose_makes_stay():
     assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose"]
 
 
+def test_a_window_reverse_from_windows_as_images_keeps_its_steps():
+    """The plan's steps of a window reverse, [4, 8, 3, 3] (the 2x2 windows as images) into
+    [1, 8, 6, 6]: one Transpose would need 5 axes and no unit batch axis, which rknn-toolkit2
+    2.5.0 runs on its CPU with both its Reshapes; the 4-D steps, on its NPU, stay."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 3, 1, 2]),
+             helper.make_node("Reshape", ["t0", "rows"], ["r0"], name="r0"),
+             helper.make_node("Transpose", ["r0"], ["t1"], name="t1", perm=[2, 0, 3, 1]),
+             helper.make_node("Reshape", ["t1", "map"], ["y"], name="r1")]
+    model = make_model(nodes, [value_info("x", [4, 8, 3, 3])], [value_info("y", [1, 8, 6, 6])],
+                       [weight("rows", np.array([2, 6, 8, 3])), weight("map", np.array([1, 8, 6, 6]))])
+    assert transpose_steps_as_one(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose", "Reshape"]
+
+
 def test_steps_that_undo_each_other_are_one_reshape():
     nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 1, 3, 2]),
              helper.make_node("Reshape", ["t0", "view"], ["r0"], name="r0"),

@@ -477,9 +477,11 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
     some of the steps' Reshapes on its CPU (timm_mobilevitv2_050's unfold of 8x8 planes into
     2x2 patches, [128, 16, 2, 2] -> [256, 2, 2, 8] and on: 3 CPU layers) and keeps the rank-6
     Reshape and Transpose the exporters write on its NPU (tv_maxvit_t's window partitions:
-    41 CPU layers on the export before, 35 after). A run whose Transpose needs over
-    MOST_JOINED_AXES axes, or that would not get fewer nodes, stays; one whose Transposes undo
-    each other is one Reshape. Returns how many tensors it wrote so."""
+    41 CPU layers on the export before, 27 after). A run whose Transpose needs over
+    MOST_JOINED_AXES axes, or over 4 from a source of more than one image (the window reverses:
+    those the toolkit runs on its CPU, `_one_transpose_nodes`), or that would not get fewer
+    nodes, stays; one whose Transposes undo each other is one Reshape. Returns how many tensors
+    it wrote so."""
     graph = model.graph
     shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
     written: dict[int, list[onnx.NodeProto]] = {}
@@ -748,6 +750,11 @@ def _one_transpose_nodes(graph: onnx.GraphProto, source: str, source_shape: list
         return [reshape_node(graph, source, result_shape, result, prefix)]
     if source_shape[:1] == [1]:   # keep the batch axis, as the exporters write it
         sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
+    elif len(sizes) > 4:
+        # above rank 4 and not from a single image: rknn-toolkit2 2.5.0 runs that Transpose and
+        # both its Reshapes on its CPU (a window reverse from the windows as images, [4, 64, 7, 7]
+        # into [1, 64, 14, 14], in timm efficientvit_m0 and tv_maxvit_t), the 4-D steps on its NPU
+        return None
     if len(sizes) > MOST_JOINED_AXES:
         return None
     moved = [sizes[axis] for axis in perm]
