@@ -1853,6 +1853,23 @@ def test_a_transpose_done_as_a_split_is_written_back_unless_it_makes_rows(read_a
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
 
 
+def test_a_transpose_done_as_a_split_before_a_gather_stays_a_split():
+    """The same Transpose, its result Reshaped to [1, 6, 4, 4] and then rolled by a Gather (Swin's
+    window reverse before a shifted window): rknn-toolkit2 2.5.0 moves the Reshape past the
+    Gather into rows and runs the Transpose on its CPU, so the Split form stays."""
+    nodes = [helper.make_node("Split", ["x"], ["p0", "p1"], name="split", axis=1),
+             helper.make_node("Reshape", ["p0", "piece"], ["r0"], name="r0"),
+             helper.make_node("Reshape", ["p1", "piece"], ["r1"], name="r1"),
+             helper.make_node("Concat", ["r0", "r1"], ["moved"], name="concat", axis=2),
+             helper.make_node("Reshape", ["moved", "map"], ["m"], name="read"),
+             helper.make_node("Gather", ["m", "rolled"], ["y"], name="roll", axis=2)]
+    model = make_model(nodes, [value_info("x", [6, 2, 4, 2])], [value_info("y", [1, 6, 4, 4])],
+                       [weight("piece", np.array([6, 4, 1, 2], np.int64)), weight("map", np.array([1, 6, 4, 4])),
+                        weight("rolled", np.array([1, 2, 3, 0], np.int64))])
+    assert transposes_from_splits(model) == 0
+    assert "Transpose" not in [n.op_type for n in model.graph.node]
+
+
 def patch_unfold_in_steps(second_perm: list[int]) -> onnx.ModelProto:
     """MobileViTv2's unfold of [1, 8, 8, 8] into 2x2 patches, [1, 8, 4, 16], in the plan's two
     4-D steps ([32, 2, 4, 2] -> [32, 4, 2, 2], then [8, 16, 1, 4] moved by `second_perm`), read

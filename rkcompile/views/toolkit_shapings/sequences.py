@@ -175,7 +175,11 @@ def transposes_from_splits(model: onnx.ModelProto) -> int:
     before one ([1, 96, 8, 8] into [384, 8, 1, 2]) and the one after the Concat. A Transpose
     read by a Reshape into rows [R, C, 1, 1] keeps the Split form: written back there (Swin's
     window partition, [4, 7, 4, 1344] moved by (0, 2, 1, 3) into [784, 192, 1, 1]) the
-    toolkit runs the Transpose itself on its CPU. Returns how many Transposes it wrote."""
+    toolkit runs the Transpose itself on its CPU. So does one read by a Reshape that a Gather
+    reads: the toolkit moves that Reshape past the Gather into rows (Swin's window reverse
+    before the shifted window's roll, [2, 2, 7, 1344] moved by (0, 2, 1, 3): tv_swin_nano and
+    timm's swin_tiny ran one such Transpose per shifted block of a stage on its CPU). Returns
+    how many Transposes it wrote."""
     shapes = static_shapes(model)
     graph = model.graph
     readers = readers_of(graph)
@@ -190,7 +194,8 @@ def transposes_from_splits(model: onnx.ModelProto) -> int:
                 or any(p is None or p.op_type != "Reshape" or len(readers[p.output[0]]) != 1 for p in pieces) \
                 or list(split.output) != [p.input[0] for p in pieces] \
                 or any(len(readers[name]) != 1 for name in split.output) \
-                or any(r.op_type == "Reshape" and _is_rows(shapes.get(r.output[0]))
+                or any(r.op_type == "Reshape" and (_is_rows(shapes.get(r.output[0]))
+                                                   or any(g.op_type == "Gather" for g in readers.get(r.output[0], [])))
                        for r in readers.get(node.output[0], [])):
             continue
         source, result = shapes.get(split.input[0]), shapes.get(node.output[0])
