@@ -442,8 +442,8 @@ def _warn_of_drowned_operands(ordered: list[gs.Node], devices: list[str], observ
 def _stored_span(observer: RangeObserver, method: str, quant: Quantization | None) -> tuple[float, float]:
     """The [low, high] a tensor's stored values span: its range calibrated by `method` when its
     parameters are its own (or it has none), else the values it was seen to take, widened to
-    include 0 as a calibrated range is (a constant operand spans its magnitude, which a grid
-    holds well), within the range of the grid it keeps from its input or takes from a Concat."""
+    include 0 as a calibrated range is, within the range of the grid it keeps from its input or
+    takes from a Concat."""
     if quant is None or not quant.source.startswith(("shared:", "concat:")):
         return observer.range(method)
     low, high = observer.range("minmax")

@@ -384,7 +384,8 @@ def stepped_slices_concat_as_conv(node: gs.Node, site: Site) -> Candidates:
     if None in operands or len({id(source) for source, _, _ in operands}) != 1:
         return "the Concat reads something other than stepped Slices of one map"
     links = {id(link): link for _, _, chain in operands for link in chain}
-    if any(reader is not concat and id(reader) not in links for link in links.values() for reader in link.outputs[0].outputs):
+    if any(reader is not concat and id(reader) not in links
+           for link in links.values() for reader in link.outputs[0].outputs):
         return "a Slice's result is read outside the Concat's Slices"
     x = operands[0][0]
     n, c, h, w = (static_shape(x)[axis] for axis in order)

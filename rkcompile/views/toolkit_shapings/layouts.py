@@ -741,7 +741,8 @@ def _one_transpose_nodes(graph: onnx.GraphProto, source: str, source_shape: list
     `order` (`_one_transpose_of`): a Reshape grouping the source's elements, the Transpose of
     those groups and a Reshape to the result's shape, each left out where it would change
     nothing; one Reshape where the order is the source's own. None when no Transpose of at most
-    MOST_JOINED_AXES axes writes that order."""
+    MOST_JOINED_AXES axes writes that order, or when it needs over 4 axes and the source is not
+    one image (no unit batch axis to keep), a Transpose rknn-toolkit2 runs on its CPU."""
     found = _one_transpose_of(order)
     if found is None:
         return None
