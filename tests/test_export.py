@@ -23,7 +23,8 @@ from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, flattened_planes_padded,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
-                                              transpose_steps_as_one, transposes_from_splits)
+                                              transpose_steps_as_one, transposed_rows_as_planes,
+                                              transposes_from_splits)
 
 from conftest import ZOO, make_model, value_info, weight
 from test_quantize import attention_block
@@ -1829,6 +1830,64 @@ def test_token_rows_written_to_an_output_stay_rows():
 
     assert token_rows_as_sequences(normalized_rows(reshaped=False)) == 0
     assert token_rows_as_sequences(normalized_rows(reshaped=True)) == 1
+
+
+def cross_covariance_rows(heads_shape, result_shape, tokens: int = 12, scale=2.0) -> onnx.ModelProto:
+    """XCiT's q and k as the plan holds them: token rows [tokens, 16, 1, 1] transposed into
+    channel rows [16, tokens, 1, 1], split into q and k, q L2-normalized over the tokens and
+    multiplied by `scale`, each Reshaped to `heads_shape` (`result_shape` once its 0 and -1
+    are resolved)."""
+    nodes = [helper.make_node("Transpose", ["x"], ["channels"], name="transpose", perm=[1, 0, 2, 3]),
+             helper.make_node("Split", ["channels", "halves"], ["q", "k"], name="split", axis=0),
+             helper.make_node("Mul", ["q", "q"], ["squares"], name="square"),
+             helper.make_node("ReduceSum", ["squares", "tokens"], ["sums"], name="sum", keepdims=1),
+             helper.make_node("Add", ["sums", "eps"], ["shifted"], name="eps"),
+             helper.make_node("Sqrt", ["shifted"], ["norms"], name="sqrt"),
+             helper.make_node("Div", ["q", "norms"], ["unit"], name="normalize"),
+             helper.make_node("Mul", ["unit", "scale"], ["scaled"], name="scale"),
+             helper.make_node("Reshape", ["scaled", "heads"], ["y_q"], name="q_heads"),
+             helper.make_node("Reshape", ["k", "heads"], ["y_k"], name="k_heads")]
+    return make_model(nodes, [value_info("x", [tokens, 16, 1, 1])],
+                      [value_info("y_q", result_shape), value_info("y_k", result_shape)],
+                      [weight("halves", np.array([8, 8], np.int64)), weight("tokens", np.array([1], np.int64)),
+                       weight("eps", np.array(1e-6, np.float32)),
+                       weight("scale", np.asarray(scale, np.float32)),
+                       weight("heads", np.array(heads_shape, np.int64))])
+
+
+def test_channel_rows_are_relabelled_one_plane():
+    """The channel rows [16, 12, 1, 1] and all the ops computing from them are relabelled
+    [1, 16, 1, 12] (rknn-toolkit2 2.5.0 runs the Reshapes of [C, T, 1, 1] into heads on its
+    CPU when T is not a multiple of 8: 36 layers on XCiT-nano): the Transpose moves the tokens
+    to the width, the Split cuts the channels, the sum runs over the width, the Reshapes stay,
+    and the values are the same."""
+    model = cross_covariance_rows([1, 2, 4, 12], [1, 2, 4, 12])
+    x = np.random.default_rng(3).standard_normal((12, 16, 1, 1)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert transposed_rows_as_planes(model) == 1
+    nodes = {n.name: n for n in model.graph.node}
+    assert helper.get_attribute_value(nodes["transpose"].attribute[0]) == [2, 1, 3, 0]
+    assert helper.get_attribute_value(nodes["split"].attribute[0]) == 1
+    shapes = static_shapes(model)
+    assert shapes["channels"] == [1, 16, 1, 12] and shapes["sums"] == [1, 8, 1, 1] and shapes["scaled"] == [1, 8, 1, 12]
+    for got, want in zip(onnxruntime_run(model, {"x": x}), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("tokens, heads_shape, result_shape, scale", [
+    # whole blocks of tokens: the toolkit keeps the rows' Reshapes on its NPU
+    (16, [1, 2, 4, 16], [1, 2, 4, 16], 2.0),
+    # a 0 in a Reshape's shape copies an axis, which the relabelling changes
+    (12, [0, -1, 1, 1], [8, 12, 1, 1], 2.0),
+    # a scale per row: written anew, an int8 export would not find it among the plan's constants
+    (12, [1, 2, 4, 12], [1, 2, 4, 12], np.linspace(0.5, 2.0, 8).reshape(8, 1, 1, 1)),
+])
+def test_channel_rows_stay_rows(tokens, heads_shape, result_shape, scale):
+    """Channel rows of a whole number of 8-token blocks, read by a Reshape whose shape copies
+    an axis, or scaled by a constant of several values stay as they are."""
+    model = cross_covariance_rows(heads_shape, result_shape, tokens, scale)
+    onnx.checker.check_model(model, full_check=True)
+    assert transposed_rows_as_planes(model) == 0
 
 
 @pytest.mark.parametrize("read_as, written", [([1, 6, 4, 4], True), ([24, 4, 1, 1], False)])

@@ -27,7 +27,8 @@ from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
                                                          means_as_reduce_means, radix_sums_as_channel_slices,
                                                          square_roots_written_back, sums_as_reduce_sums)
-from rkcompile.views.toolkit_shapings.sequences import token_rows_as_sequences, transposes_from_splits
+from rkcompile.views.toolkit_shapings.sequences import (token_rows_as_sequences, transposed_rows_as_planes,
+                                                        transposes_from_splits)
 
 #: The families, each a module exporting its `SHAPINGS`.
 FAMILIES = (reductions, norms, convolutions, layouts, sequences, op_forms)
@@ -71,6 +72,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # before transposes_from_splits, which keeps the Split form of a Transpose that a Reshape into
     # rows reads: rows this one did not write back as sequences
     token_rows_as_sequences,
+    # after l2_norms_written_back, whose ReduceSum over the tokens it relabels
+    transposed_rows_as_planes,
     transposes_from_splits,
     # after transposes_from_splits, whose Transposes may be among an attention's operands' steps
     attention_operands_in_one_transpose,

@@ -1,8 +1,9 @@
 """What several families of toolkit shapings read or write alike: a shaping's type (`Shaping`),
 the graph's lookups (`lookups`), whether a Conv is the plan's 1x1 matrix product (`pointwise`),
-a ReduceMean or ReduceSum in its opset's form (`reduction_node`), a Reshape to a constant shape
-(`reshape_node`), a Slice of constant bounds (`slice_node`), a Split of constant sizes in its
-opset's form (`split_node`), and the element-by-element ops (`ELEMENTWISE`)."""
+a ReduceMean or ReduceSum in its opset's form (`reduction_node`) and the axes a reduction reduces
+(`reduced_axes`), a Reshape to a constant shape (`reshape_node`), a Slice of constant bounds
+(`slice_node`), a Split of constant sizes in its opset's form (`split_node`), the
+element-by-element ops (`ELEMENTWISE`) and the toolkit's channel block (`TOOLKIT_BLOCK`)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -35,6 +36,15 @@ def reduction_node(graph: onnx.GraphProto, reduction: str, source: str, axes: Se
     axes_tensor = numpy_helper.from_array(np.array(axes, np.int64), f"{name}/axes")
     graph.initializer.append(axes_tensor)
     return helper.make_node(reduction, [source, axes_tensor.name], [target], name, keepdims=1)
+
+
+def reduced_axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
+    """The axes the reduction `node` reduces, from its input or its attribute; None when they
+    are not constant or it reduces every axis."""
+    if len(node.input) > 1 and node.input[1]:
+        return [int(axis) for axis in constants[node.input[1]].reshape(-1)] if node.input[1] in constants else None
+    axes = node_attributes(node).get("axes")
+    return list(axes) if axes else None
 
 
 #: The opset from which each reduction `reduction_node` writes takes its axes as an input.
@@ -87,6 +97,10 @@ def uniform_channel_sum(conv: onnx.NodeProto, constants: dict[str, np.ndarray]) 
         return None
     return float(weights.flat[0]), weights.size
 
+
+#: The channels of one float16 NC1HWC2 block (the C2 of every RKNPU2 target): rknn-toolkit2 2.5.0
+#: keeps on its NPU the regroupings of a 4-D tensor's axes that keep its channels in whole blocks.
+TOOLKIT_BLOCK = 8
 
 #: Ops computing each element of their result from the same place in their inputs (numpy
 #: broadcasting), which a unit axis inserted in every input leaves the same: liftable as they are.

@@ -11,9 +11,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import ai_onnx_opset, node_attributes, nodes_rewritten, readers_of, static_shapes
-from rkcompile.views.toolkit_shapings.common import (Shaping, lookups, pointwise, reduction_node, reshape_node,
-                                                    slice_node,
-                                                    uniform_channel_sum)
+from rkcompile.views.toolkit_shapings.common import (Shaping, lookups, pointwise, reduced_axes, reduction_node,
+                                                    reshape_node, slice_node, uniform_channel_sum)
 
 
 def means_as_reduce_means(model: onnx.ModelProto) -> int:
@@ -121,7 +120,7 @@ def _radix_sum(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: di
     first); else None."""
     if node.op_type == "ReduceSum":
         return _stacked_blocks(made_by.get(node.input[0]), shapes, readers, made_by) \
-            if _reduced_axes(node, constants) == [0] else None
+            if reduced_axes(node, constants) == [0] else None
     weights = constants.get(node.input[1]) if node.op_type == "Conv" else None
     regroup = made_by.get(node.input[0])
     if weights is None or regroup is None or regroup.op_type != "Reshape" \
@@ -181,15 +180,6 @@ def _radix_of(regroup: onnx.NodeProto, factor: str | None, shapes: dict[str, lis
     if all(size == 1 for size in weighting[2:]):
         return grouped[0], [1, source[1], *(1 for _ in source[2:])]
     return (grouped[0], source) if weighting == grouped else None
-
-
-def _reduced_axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
-    """The axes the reduction `node` reduces, from its input or its attribute; None when they
-    are not constant or it reduces every axis."""
-    if len(node.input) > 1 and node.input[1]:
-        return [int(axis) for axis in constants[node.input[1]].reshape(-1)] if node.input[1] in constants else None
-    axes = node_attributes(node).get("axes")
-    return list(axes) if axes else None
 
 
 def _order_kept_after(name: str, shape: list[int], shapes: dict[str, list[int]],

@@ -1,16 +1,19 @@
 """Shapings of the plan's transformer tokens: the rows [R, C, 1, 1] it holds them as written back
-as the sequences [P, N, C] they were (`token_rows_as_sequences`), and the Split form of its
-one-axis Transposes written back as the Transpose (`transposes_from_splits`)."""
+as the sequences [P, N, C] they were (`token_rows_as_sequences`), rows it transposed into
+channels [C, R, 1, 1] relabelled as one plane [1, C, 1, R] (`transposed_rows_as_planes`), and
+the Split form of its one-axis Transposes written back as the Transpose
+(`transposes_from_splits`)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import nodes_rewritten, output_names, readers_of, set_attribute, static_shapes
-from rkcompile.views.toolkit_shapings.common import ELEMENTWISE, Shaping, pointwise
+from rkcompile.views.toolkit_shapings.common import (ELEMENTWISE, TOOLKIT_BLOCK, Shaping, lookups, pointwise,
+                                                    reduced_axes)
 
 
 def token_rows_as_sequences(model: onnx.ModelProto) -> int:
@@ -52,10 +55,10 @@ class _TokenRegion(NamedTuple):
     @staticmethod
     def all_in(graph: onnx.GraphProto, shapes: dict[str, list[int]],
                constants: dict[str, np.ndarray]) -> list["_TokenRegion"]:
-        """The regions of rows in `graph`: each the tensors of [R, *, 1, 1] that reach one
-        another through its ops, none a graph output, each made by a Reshape from another
-        shape or by an op a region may hold (`_on_rows`), each read by such ops or by
-        Reshapes, a LayerNormalization among the ops (a transformer's tokens: the rows of a
+        """The regions of rows in `graph` (`_region_from`): each the tensors of [R, *, 1, 1]
+        that reach one another through its ops, none a graph output, each made by a Reshape
+        from another shape or by an op a region may hold (`_on_rows`), each read by such ops or
+        by Reshapes, a LayerNormalization among the ops (a transformer's tokens: the rows of a
         sum over bins, Reshaped to an output, stay, as `sums_as_reduce_sums` says); its
         [P, N] from an entry's source [..., N, C]."""
         readers = readers_of(graph)
@@ -74,36 +77,51 @@ class _TokenRegion(NamedTuple):
             if not entry(start) or not rows(start.output[0]) or start.output[0] in seen:
                 continue
             count = shapes[start.output[0]][0]
-            entries, ops, tensors, pending, whole = {}, {}, set(), [start.output[0]], True
-            while pending and whole:
-                name = pending.pop()
-                if name in tensors:
-                    continue
-                tensors.add(name)
-                producer = made_by.get(name)
-                if not rows(name) or shapes[name][0] != count or name in outputs or producer is None:
-                    whole = False
-                elif entry(producer):
-                    entries[id(producer)] = producer
-                elif _on_rows(producer, shapes, constants):
-                    ops[id(producer)] = producer
-                    pending.extend(n for n in producer.input if n and n not in constants)
-                else:
-                    whole = False
-                for reader in readers.get(name, []):
-                    if reader.op_type == "Reshape" and reader.input[0] == name:
-                        continue
-                    if not _on_rows(reader, shapes, constants):
-                        whole = False
-                    pending.extend([*(n for n in reader.input if n and n not in constants), *reader.output])
+            entries, ops, tensors, whole = _region_from(
+                start.output[0], lambda name: rows(name) and shapes[name][0] == count, entry,
+                lambda node: _on_rows(node, shapes, constants), constants, readers, made_by, outputs)
             seen.update(tensors)
-            sources = [shapes[e.input[0]] for e in entries.values()
+            sources = [shapes[e.input[0]] for e in entries
                        if len(shapes[e.input[0]]) >= 2 and shapes[e.input[0]][-1] == shapes[e.output[0]][1]]
-            normalized = any(op.op_type == "LayerNormalization" for op in ops.values())
+            normalized = any(op.op_type == "LayerNormalization" for op in ops)
             if whole and normalized and sources and count % sources[0][-2] == 0 and 1 < sources[0][-2] < count:
                 length = sources[0][-2]
-                regions.append(_TokenRegion(list(entries.values()), list(ops.values()), (count // length, length)))
+                regions.append(_TokenRegion(entries, ops, (count // length, length)))
         return regions
+
+
+def _region_from(start: str, member: Callable[[str], bool], entry: Callable[[onnx.NodeProto], bool],
+                 computes: Callable[[onnx.NodeProto], bool], constants: dict[str, np.ndarray],
+                 readers: dict[str, list[onnx.NodeProto]], made_by: dict[str, onnx.NodeProto],
+                 outputs: set[str]) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], set[str], bool]:
+    """The region of tensors the tensor `start` reaches through the ops `computes` accepts, both
+    ways: its entries (the nodes `entry` accepts that make its tensors), its ops, its tensors,
+    and whether it is whole: every tensor a `member`, no graph output, made by an entry or an
+    op, and read by ops or by Reshapes to a constant shape (its exits, which stay: a 0 in their
+    shape, copying an axis of the tensor a shaping changes, is not whole)."""
+    entries, ops, tensors, pending, whole = {}, {}, set(), [start], True
+    while pending and whole:
+        name = pending.pop()
+        if name in tensors:
+            continue
+        tensors.add(name)
+        producer = made_by.get(name)
+        if not member(name) or name in outputs or producer is None:
+            whole = False
+        elif entry(producer):
+            entries[id(producer)] = producer
+        elif computes(producer):
+            ops[id(producer)] = producer
+            pending.extend(n for n in producer.input if n and n not in constants)
+        else:
+            whole = False
+        for reader in readers.get(name, []):
+            if reader.op_type == "Reshape" and reader.input[0] == name:
+                whole = whole and reader.input[1] in constants and 0 not in constants[reader.input[1]]
+                continue
+            whole = whole and computes(reader)
+            pending.extend([*(n for n in reader.input if n and n not in constants), *reader.output])
+    return list(entries.values()), list(ops.values()), tensors, whole
 
 
 def _on_rows(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray]) -> bool:
@@ -166,6 +184,103 @@ def _is_rows(shape: list[int] | None) -> bool:
     return shape is not None and len(shape) == 4 and shape[2:] == [1, 1] and shape[0] > 1
 
 
+def transposed_rows_as_planes(model: onnx.ModelProto) -> int:
+    """Relabel the plan's token rows transposed into channel rows (a Transpose swapping the
+    first two axes of rows [R, C, 1, 1] into [C, R, 1, 1]: XCiT's cross-covariance attention,
+    its q, k and v each a channel over the tokens) as one plane [1, C, 1, R], and so every
+    tensor [a, b, 1, 1] that the ops after it compute from such rows (`_TransposedRows`) as
+    [1, a, 1, b]: the same values in the same order, so the Reshapes that read them (into
+    heads) stay as they are. From [C, R, 1, 1], R tokens not a multiple of TOOLKIT_BLOCK,
+    rknn-toolkit2 2.5.0 runs on its CPU each Reshape of the rows into heads ([128, 196, 1, 1]
+    into [1, 4, 32, 196]: 36 layers on XCiT-nano, 3 a block); from [1, C, 1, R] it keeps them
+    on its NPU. Where R is a multiple (EdgeNeXt's 1024, 256 and 64 tokens) it keeps them on its
+    NPU from the rows too, in 2 layers fewer a block. Returns how many Transposes it
+    relabelled."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants, readers, made_by, outputs = lookups(graph)
+    transposes = 0
+    for region in _TransposedRows.all_in(graph, shapes, constants, readers, made_by, outputs):
+        transposes += len(region.entries)
+        for entry in region.entries:
+            perm = list(helper.get_attribute_value(next(a for a in entry.attribute if a.name == "perm")))
+            # the unit axes lead the two that move: perm[2] and perm[3] index axes of size 1
+            set_attribute(entry, "perm", [perm[2], perm[0], perm[3], perm[1]])
+        for node in region.ops:
+            _on_planes(node, graph)
+    return transposes
+
+
+class _TransposedRows(NamedTuple):
+    """Tensors [a, b, 1, 1] that `transposed_rows_as_planes` relabels [1, a, 1, b]: the
+    Transposes that make them from token rows (`entries`) and the ops computing the others from
+    those (`ops`)."""
+    entries: list[onnx.NodeProto]
+    ops: list[onnx.NodeProto]
+
+    @staticmethod
+    def all_in(graph: onnx.GraphProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray],
+               readers: dict[str, list[onnx.NodeProto]], made_by: dict[str, onnx.NodeProto],
+               outputs: set[str]) -> list["_TransposedRows"]:
+        """The regions in `graph` (`_region_from`): each the tensors of [a, b, 1, 1] that reach
+        one another through ops that work alike on the relabelled tensors
+        (`_on_transposed_rows`), none a graph output, each made by such an op or a Transpose of
+        token rows of R tokens not a multiple of TOOLKIT_BLOCK, each read by such ops or by
+        Reshapes."""
+
+        def entry(node: onnx.NodeProto | None) -> bool:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None) \
+                if node is not None and node.op_type == "Transpose" else None
+            return perm == [1, 0, 2, 3] and _is_rows(shapes.get(node.input[0])) \
+                and shapes[node.input[0]][0] % TOOLKIT_BLOCK != 0
+
+        regions, seen = [], set()
+        for start in graph.node:
+            if not entry(start) or start.output[0] in seen:
+                continue
+            entries, ops, tensors, whole = _region_from(
+                start.output[0], lambda name: len(shapes.get(name) or ()) == 4 and shapes[name][2:] == [1, 1], entry,
+                lambda node: _on_transposed_rows(node, shapes, constants), constants, readers, made_by, outputs)
+            seen.update(tensors)
+            if whole:
+                regions.append(_TransposedRows(entries, ops))
+        return regions
+
+
+def _on_transposed_rows(node: onnx.NodeProto, shapes: dict[str, list[int]],
+                        constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node`, reading and writing tensors [a, b, 1, 1], computes the same values from
+    them relabelled [1, a, 1, b] once its axes are relabelled alike: an element-by-element op
+    whose constants are of one value, a Split of the rows, or a ReduceSum or ReduceMean over
+    the tokens (an L2 normalization's sum of squares) keeping them. A constant of several
+    values would need a new shape under a new name, where an int8 export finds the plan's
+    quantized constants by theirs."""
+    if any(len(shapes.get(name) or ()) != 4 for name in node.output):
+        return False
+    if node.op_type in ("Split", "ReduceSum", "ReduceMean"):
+        axes = [next((a.i for a in node.attribute if a.name == "axis"), 0)] if node.op_type == "Split" \
+            else reduced_axes(node, constants)
+        kept = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        return axes is not None and [axis % 4 for axis in axes] == [0 if node.op_type == "Split" else 1] and kept == 1
+    return node.op_type in ELEMENTWISE and all(constants[name].size == 1 for name in node.input if name in constants)
+
+
+def _on_planes(node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
+    """Relabel `node`, an op `_on_transposed_rows` accepts, to read and write planes
+    [1, a, 1, b]: a Split along the rows splits axis 1, a reduction over the tokens reduces
+    axis 3 (its axes an initializer added to `graph` where they are an input); an
+    element-by-element op stays as it is."""
+    if node.op_type == "Split":
+        set_attribute(node, "axis", 1)
+    elif node.op_type in ("ReduceSum", "ReduceMean"):
+        if len(node.input) > 1 and node.input[1]:
+            axes = numpy_helper.from_array(np.array([3], np.int64), f"{node.name}/axes_on_planes")
+            graph.initializer.append(axes)
+            node.input[1] = axes.name
+        else:
+            set_attribute(node, "axes", [3])
+
+
 def transposes_from_splits(model: onnx.ModelProto) -> int:
     """Write the plan's Transpose that moves one axis, done as a Split of that axis into unit
     pieces, a Reshape of each moving its unit axis to the new place and a Concat along it,
@@ -219,5 +334,6 @@ def transposes_from_splits(model: onnx.ModelProto) -> int:
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
 SHAPINGS: tuple[Shaping, ...] = (
     token_rows_as_sequences,
+    transposed_rows_as_planes,
     transposes_from_splits,
 )
