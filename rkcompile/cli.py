@@ -616,6 +616,10 @@ def _export(args: argparse.Namespace) -> int:
     report = written.report
     print(f"wrote {written.path} (opset {report['opset']['export']}, {report['nodes']['export']} nodes from "
           f"{report['nodes']['model']}; {len(report['cpu_nodes'])} on the CPU in the plan) and {written.report_path}")
+    if report["toolkit_input_reshapes"]:
+        names = [entry["input"] for entry in report["toolkit_input_reshapes"]]
+        print(f"  rknn-toolkit2 adds {len(names)} layer(s) on its CPU: the Reshape to 4-D of the int64 input(s) "
+              f"{', '.join(names)}")
     if written.host_path is not None:
         tail = report["host_tail"]
         # a static graph's host part starts at the outputs' Reshapes it took from the NPU part

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import rkcompile
 from rkcompile.cli import main
 from rkcompile.errors import CompileError
+from rkcompile.emulator.session import RANDOM_INT_HIGH
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, flattened_planes_padded,
@@ -987,6 +988,25 @@ def test_the_command_writes_the_file_and_its_report(save, tmp_path, capsys):
     onnx.checker.check_model(onnx.load(str(tmp_path / "out.onnx")))
 
 
+def test_the_report_names_the_int64_inputs_the_toolkit_reshapes_on_its_cpu(save, tmp_path, capsys):
+    """Token ids read as a Gather's indices and a [1, L] int64 mask read by a Cast: rknn-toolkit2
+    2.5.0 adds a Reshape of the mask to 4-D on its CPU (`attention_mask_rs`), and none of the
+    ids; the report and the command name the mask alone."""
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["embedded"], name="embed"),
+             helper.make_node("Cast", ["attention_mask"], ["mask"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["mask", "last"], ["mask_column"], name="unsqueeze"),
+             helper.make_node("Mul", ["embedded", "mask_column"], ["y"], name="masked")]
+    model = make_model(nodes, [value_info("input_ids", [1, 8], TensorProto.INT64),
+                               value_info("attention_mask", [1, 8], TensorProto.INT64)],
+                       [value_info("y", [1, 8, 16])],
+                       [weight("table", np.random.default_rng(0).standard_normal((RANDOM_INT_HIGH, 16)).astype(np.float32)),
+                        weight("last", np.array([-1], np.int64))])
+    assert main(["export", str(save(model)), "--target", "rk3588", "-o", str(tmp_path / "out.onnx")]) == 0
+    assert "the Reshape to 4-D of the int64 input(s) attention_mask\n" in capsys.readouterr().out
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    assert [entry["input"] for entry in report["toolkit_input_reshapes"]] == ["attention_mask"]
+
+
 @needs_peer
 def test_the_toolkit_builds_the_export(save, tmp_path):
     written = rkcompile.export(save(conv_relu_erf()), tmp_path / "out.onnx", "rk3588")
@@ -1192,6 +1212,10 @@ def test_the_table_tool_names_the_exports_that_miss_the_bar():
     assert _missed_bar(row(None, 2, 300, host_tail_cpu=8)) == ""
     assert _missed_bar(row(None, 9, 300, host_tail_cpu=8)) == "9 CPU layers against the plan's 8 CPU nodes"
     assert _missed_bar({"model": "m", "original": {"built": False}, "export_error": "x"}) == "not exported"
+    masked = row(None, 5, 4)
+    masked["export"]["toolkit_input_reshapes"] = ["attention_mask"]
+    assert _missed_bar(masked) == ("5 CPU layers against the plan's 4 CPU nodes (1 the report predicts: "
+                                   "the Reshape of attention_mask)")
 
 
 def test_the_int8_table_tool_needs_the_toolkit(tmp_path):

@@ -382,8 +382,9 @@ def _value_info(spec: TensorSpec, dynamic: bool = False) -> onnx.ValueInfoProto:
 
 def export_summary(plan: PlanRecord, nodes: Sequence[Node], model: onnx.ModelProto) -> dict:
     """What the export report says of the graph: the rewrites the plan applied, the fused kernels
-    written back as their members, the nodes the plan runs on the CPU and why, the opsets, and
-    the op counts of the file."""
+    written back as their members, the nodes the plan runs on the CPU and why, the layers
+    rknn-toolkit2 adds on its CPU (`toolkit_input_reshapes`), the opsets, and the op counts of
+    the file."""
     fused = Counter(step.kernel for step, node in zip(plan.steps, nodes) if fused_body(node) is not None)
     return {
         "opset": {"model": plan.model.opset, "export": next(o.version for o in model.opset_import
@@ -395,9 +396,30 @@ def export_summary(plan: PlanRecord, nodes: Sequence[Node], model: onnx.ModelPro
         "fused_kernels_written_back": dict(sorted(fused.items())),
         "cpu_nodes": [{"name": entry.name, "op": entry.op, "reason": entry.reason}
                       for entry in plan.nodes if entry.device == "cpu"],
+        "toolkit_input_reshapes": toolkit_input_reshapes(model),
         "op_types": dict(sorted(Counter(node.op_type for node in model.graph.node).items())),
         **({"quantization": _quantization_summary(plan, model)} if plan.dtype in QUANTIZED_DTYPES else {}),
     }
+
+
+def toolkit_input_reshapes(model: onnx.ModelProto) -> list[dict]:
+    """The int64 inputs of rank below 4 that rknn-toolkit2 2.5.0 reshapes to 4-D on its CPU
+    itself, one layer each beyond the plan's CPU nodes: its `unsqueeze_to_4d_*` rules give every
+    op it runs a 4-D operand, and it runs int64 on its CPU (a transformer's [1, L] attention
+    mask read by a Cast: the layer `attention_mask_rs`; by an Equal, the same). An input read only
+    as a Gather's indices (the token ids) it leaves as it is."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    found = []
+    for value in model.graph.input:
+        tensor = value.type.tensor_type
+        reading = [node for node in readers.get(value.name, [])
+                   if not (node.op_type == "Gather" and list(node.input).index(value.name) == 1)]
+        if tensor.elem_type == onnx.TensorProto.INT64 and len(tensor.shape.dim) < 4 and reading:
+            found.append({"input": value.name, "read_by": [node.name for node in reading]})
+    return found
 
 
 def _quantization_summary(plan: PlanRecord, model: onnx.ModelProto) -> dict:
