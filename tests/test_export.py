@@ -24,6 +24,7 @@ from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, flattened_planes_padded,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
+                                              token_rows_of_planes_padded,
                                               transpose_steps_as_one, transposed_rows_as_planes,
                                               transposes_from_splits)
 
@@ -367,6 +368,43 @@ def test_a_flattened_plane_of_a_transpose_is_not_padded():
     assert flattened_planes_padded(model) == 1
     padded = [node for node in model.graph.node if node.op_type == "Pad"]
     assert len(padded) == 1 and padded[0].input[0] == "c"
+
+
+def rows_of_a_map(channels: int, exit_perm: list[int]) -> onnx.ModelProto:
+    """A map [1, C, 3, 5] as the plan holds its tokens: a Transpose to [3, 5, 1, C] and a Reshape
+    into rows [15, C, 1, 1], a Relu on the rows, and the map again by a Transpose by `exit_perm`
+    (to [1, C, 15, 1] or [1, C, 1, 15]) and a Reshape."""
+    nodes = [helper.make_node("Transpose", ["x"], ["by_pixel"], name="into_rows/transpose", perm=[2, 3, 0, 1]),
+             helper.make_node("Reshape", ["by_pixel", "rows_shape"], ["rows"], name="into_rows"),
+             helper.make_node("Relu", ["rows"], ["activated"], name="relu"),
+             helper.make_node("Transpose", ["activated"], ["by_channel"], name="out_of_rows/transpose",
+                              perm=exit_perm),
+             helper.make_node("Reshape", ["by_channel", "map_shape"], ["y"], name="out_of_rows")]
+    return make_model(nodes, [value_info("x", [1, channels, 3, 5])], [value_info("y", [1, channels, 3, 5])],
+                      [weight("rows_shape", np.array([15, channels, 1, 1], np.int64)),
+                       weight("map_shape", np.array([1, channels, 3, 5], np.int64))], opset=13)
+
+
+@pytest.mark.parametrize("exit_perm", [[2, 1, 0, 3], [3, 1, 2, 0]])
+def test_token_rows_of_a_map_go_through_padded_planes(exit_perm):
+    """12 channels of 3x5 (neither a multiple of 8): rknn-toolkit2 2.5.0 merges each Transpose
+    and Reshape into one between [1, 12, 3, 5] and [1, 12, 1, 15], which it runs on its CPU
+    (swiftformer's last stage); written through planes padded by 5 rows (8 x 5 = 40 values,
+    the first multiple of 8), the same values."""
+    model = rows_of_a_map(12, exit_perm)
+    x = np.random.default_rng(4).standard_normal((1, 12, 3, 5)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert token_rows_of_planes_padded(model) == 2
+    pads = [n for n in model.graph.node if n.op_type == "Pad"]
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert [list(constants[p.input[1]]) for p in pads][0] == [0, 0, 0, 0, 0, 0, 5, 0]   # 8 rows of 5: 40
+    onnx.checker.check_model(model, full_check=True)
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
+def test_token_rows_of_a_map_of_whole_blocks_stay():
+    """16 channels: the toolkit keeps those Reshapes on its NPU, so nothing is padded."""
+    assert token_rows_of_planes_padded(rows_of_a_map(16, [2, 1, 0, 3])) == 0
 
 
 def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():

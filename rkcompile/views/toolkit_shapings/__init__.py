@@ -21,7 +21,7 @@ from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_
                                                       gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       softmaxes_before_layout_runs, splits_of_concats_bypassed,
-                                                      transpose_steps_as_one)
+                                                      token_rows_of_planes_padded, transpose_steps_as_one)
 from rkcompile.views.toolkit_shapings.norms import group_norms_on_their_planes, mean_biases_apart
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
@@ -80,6 +80,9 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # after the shapings that write Transposes back (transposes_from_splits): a run of them that
     # one Transpose makes becomes that Transpose
     transpose_steps_as_one,
+    # after token_rows_as_sequences, which finds its regions of rows from the Reshapes this one
+    # replaces, and after transpose_steps_as_one, whose runs of moves the Pads would cut
+    token_rows_of_planes_padded,
     # last: writes the defaults of the nodes the other shapings write too
     defaults_written,
 )

@@ -1,7 +1,8 @@
 """Shapings of the plan's Reshapes, Slices and ranks into the layouts the toolkit keeps on its NPU:
 Slices and Splits moved before a Reshape (`slices_before_reshapes`), one-index Gathers as Slices
 (`gathers_as_slices`), planes padded to a multiple of 8 before they are flattened
-(`flattened_planes_padded`), a Concat's Split bypassed (`splits_of_concats_bypassed`),
+(`flattened_planes_padded`) and before token rows are made of them or they of the rows
+(`token_rows_of_planes_padded`), a Concat's Split bypassed (`splits_of_concats_bypassed`),
 element-wise ops moved before an output's Reshapes (`reshapes_after_elementwise_ops`), rank-3
 tails given a unit axis (`rank3_tails_as_rank4`), and a rank > 4 Transpose's steps written as the
 one Transpose they make (`transpose_steps_as_one`)."""
@@ -17,8 +18,8 @@ from onnx import helper, numpy_helper
 from rkcompile.views.partitioned_onnx import proto_subgraphs
 from rkcompile.views.proto_graph import (ai_onnx_opset, all_nodes, drop_unread_nodes, node_attributes, nodes_rewritten,
                                          output_names, readers_of, set_attribute, static_shapes)
-from rkcompile.views.toolkit_shapings.common import (ELEMENTWISE, Shaping, lookups, reshape_node, slice_node,
-                                                    split_node)
+from rkcompile.views.toolkit_shapings.common import (ELEMENTWISE, TOOLKIT_BLOCK, Shaping, lookups, reshape_node,
+                                                    slice_node, split_node)
 
 
 def slices_before_reshapes(model: onnx.ModelProto) -> int:
@@ -154,19 +155,88 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
         if batch != 1 or result[-1] != plane or int(np.prod(result[:-1])) != channels or channels % 8 == 0 \
                 or plane % 8 == 0 or min(height, width) == 1:
             continue
-        rows = next(extra for extra in range(1, 8) if (height + extra) * width % 8 == 0)
-        prefix = f"{node.name}/padded"
-        tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}") for what, values in (
-            ("pads", [0, 0, 0, 0, 0, 0, rows, 0]), ("shape", [*result[:-1], (height + rows) * width]),
-            ("starts", [0]), ("ends", [plane]), ("axes", [len(result) - 1]))]
-        graph.initializer.extend(tensors)
-        padded, flattened = f"{prefix}/pad", f"{prefix}/reshape"
-        written[id(node)] = [
-            helper.make_node("Pad", [node.input[0], tensors[0].name], [padded], padded),
-            helper.make_node("Reshape", [padded, tensors[1].name], [flattened], flattened),
-            helper.make_node("Slice", [flattened, *(t.name for t in tensors[2:])], list(node.output),
-                             f"{prefix}/slice")]
+        rows = _rows_to_pad(height, width)
+        written[id(node)] = _padded_regrouping(graph, node.input[0], [0, 0, rows, 0],
+                                               [*result[:-1], (height + rows) * width], len(result) - 1, plane,
+                                               node.output[0], f"{node.name}/padded")
     return nodes_rewritten(graph, originals, written)
+
+
+def token_rows_of_planes_padded(model: onnx.ModelProto) -> int:
+    """Write the plan's token rows [H*W, C, 1, 1] of a map [1, C, H, W] (a Transpose to
+    [H, W, 1, C] and a Reshape), and the map again from them (a Transpose to [1, C, H*W, 1] or
+    [1, C, 1, H*W] and a Reshape), when neither C nor H*W is a multiple of TOOLKIT_BLOCK, through
+    planes padded by e rows, the fewest for (H+e)*W to be one (`flattened_planes_padded`): into
+    the rows, a Pad of the map, its Reshape to [1, C, 1, (H+e)*W], a Slice of the first H*W and
+    a Transpose to the rows; out of them, the Transpose as it is, a Pad of the H*W axis by e*W,
+    a Reshape to [1, C, H+e, W] and a Slice of the first H rows. The same values. rknn-toolkit2
+    2.5.0 merges each Transpose and Reshape into a Reshape between [1, C, H, W] and
+    [1, C, 1, H*W], which it runs on its CPU (timm's swiftformer_xs, its last stage's 220
+    channels of 7x7: 2 layers), the padded ones on its NPU. Returns how many Reshapes it
+    wrote."""
+    if ai_onnx_opset(model) < 11:   # Pad takes its pads as an input from opset 11
+        return 0
+    shapes = static_shapes(model)
+    graph = model.graph
+    made_by = {name: node for node in graph.node for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        transpose = made_by.get(node.input[0]) if node.op_type == "Reshape" else None
+        if transpose is None or transpose.op_type != "Transpose":
+            continue
+        source, moved, result = (shapes.get(name) for name in (transpose.input[0], node.input[0], node.output[0]))
+        perm = list(node_attributes(transpose).get("perm", ()))
+        if source is None or moved is None or result is None or not len(source) == len(result) == 4:
+            continue
+        if perm == [2, 3, 0, 1] and source[0] == 1 and result == [source[2] * source[3], source[1], 1, 1]:
+            (_, channels, height, width), into_rows = source, True
+        elif source[2:] == [1, 1] and perm in _ROWS_ALONG_ONE_AXIS and result[0] == 1 \
+                and moved[:2] == result[:2] == [1, source[1]] and source[0] == result[2] * result[3]:
+            (_, channels, height, width), into_rows = result, False
+        else:
+            continue
+        plane = height * width
+        if channels % TOOLKIT_BLOCK == 0 or plane % TOOLKIT_BLOCK == 0 or min(height, width) == 1:
+            continue
+        rows, prefix = _rows_to_pad(height, width), f"{node.name}/padded"
+        if into_rows:
+            sliced = f"{prefix}/plane"
+            written[id(node)] = [
+                *_padded_regrouping(graph, transpose.input[0], [0, 0, rows, 0], [1, channels, 1, (height + rows) * width],
+                                    3, plane, sliced, prefix),
+                helper.make_node("Transpose", [sliced], [node.output[0]], f"{prefix}/rows", perm=[3, 1, 0, 2])]
+        else:
+            pads = [0, 0, rows * width, 0] if moved[2] == plane else [0, 0, 0, rows * width]
+            written[id(node)] = _padded_regrouping(graph, node.input[0], pads, [1, channels, height + rows, width],
+                                                   2, height, node.output[0], prefix)
+    return nodes_rewritten(graph, originals, written)
+
+
+#: The Transposes of the plan's token rows [R, C, 1, 1] to [1, C, R, 1] or [1, C, 1, R]: each
+#: channel's rows in their order along the one long axis.
+_ROWS_ALONG_ONE_AXIS = ([2, 1, 0, 3], [2, 1, 3, 0], [3, 1, 0, 2], [3, 1, 2, 0])
+
+
+def _rows_to_pad(height: int, width: int) -> int:
+    """The fewest zero rows e below a plane of `height` x `width` for (height + e) * width to be a
+    multiple of TOOLKIT_BLOCK."""
+    return next(extra for extra in range(1, TOOLKIT_BLOCK) if (height + extra) * width % TOOLKIT_BLOCK == 0)
+
+
+def _padded_regrouping(graph: onnx.GraphProto, source: str, pads_after: list[int], shape: list[int], axis: int,
+                       end: int, result: str, prefix: str) -> list[onnx.NodeProto]:
+    """A Pad of `source` by `pads_after` zeros at the end of each axis, its Reshape to `shape`,
+    and the Slice of its first `end` along `axis` into `result`, named from `prefix`; their
+    constants added to `graph`."""
+    tensors = [numpy_helper.from_array(np.array(values, np.int64), f"{prefix}/{what}") for what, values in (
+        ("pads", [0] * len(pads_after) + pads_after), ("shape", shape), ("starts", [0]), ("ends", [end]),
+        ("axes", [axis]))]
+    graph.initializer.extend(tensors)
+    padded, regrouped = f"{prefix}/pad", f"{prefix}/reshape"
+    return [helper.make_node("Pad", [source, tensors[0].name], [padded], padded),
+            helper.make_node("Reshape", [padded, tensors[1].name], [regrouped], regrouped),
+            helper.make_node("Slice", [regrouped, *(t.name for t in tensors[2:])], [result], f"{prefix}/slice")]
 
 
 def splits_of_concats_bypassed(model: onnx.ModelProto) -> int:
@@ -806,4 +876,5 @@ SHAPINGS: tuple[Shaping, ...] = (
     softmaxes_before_layout_runs,
     attention_operands_in_one_transpose,
     transpose_steps_as_one,
+    token_rows_of_planes_padded,
 )
