@@ -1252,8 +1252,8 @@ def test_the_table_tool_names_the_exports_that_miss_the_bar():
     assert _missed_bar({"model": "m", "original": {"built": False}, "export_error": "x"}) == "not exported"
     masked = row(None, 5, 4)
     masked["export"]["toolkit_input_reshapes"] = ["attention_mask"]
-    assert _missed_bar(masked) == ("5 CPU layers against the plan's 4 CPU nodes (1 the report predicts: "
-                                   "the Reshape of attention_mask)")
+    assert _missed_bar(masked) == ("5 CPU layers against the plan's 4 CPU nodes; 1 of them the toolkit's own "
+                                   "Reshape of attention_mask, as the report predicts")
 
 
 def test_the_int8_table_tool_needs_the_toolkit(tmp_path):

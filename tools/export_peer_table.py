@@ -124,7 +124,8 @@ def _missed_bar(row: dict) -> str:
         return ""
     # an older row has no prediction of the toolkit's own Reshapes of int64 inputs
     reshaped = row["export"].get("toolkit_input_reshapes", [])
-    predicted = f" ({len(reshaped)} the report predicts: the Reshape of {', '.join(reshaped)})" if reshaped else ""
+    predicted = (f"; {len(reshaped)} of them the toolkit's own Reshape of {', '.join(reshaped)}, as the report "
+                 "predicts" if reshaped else "")
     return f"{on_export} CPU layers against the plan's {plan_cpu} CPU nodes{predicted}"
 
 
