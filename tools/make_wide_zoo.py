@@ -553,6 +553,12 @@ SPECS: list[Spec] = [
          yolo_yaml="yolov8n-ghost.yaml"),
     Spec("yolov3_tinyu", _YOLO, "ultralytics yolov3-tinyu.yaml (a stride-1 max pool after a zero pad)", ULTRALYTICS, 15,
          yolo_yaml="yolov3-tinyu.yaml"),
+    # a third holdout, for the shapings of transposed token rows and of token rows of a map
+    Spec("timm_xcit_tiny_12_p16_224", _TIMM, "timm xcit_tiny_12_p16_224 (cross-covariance attention)", TORCHSCRIPT,
+         17, _timm("xcit_tiny_12_p16_224")),
+    Spec("timm_edgenext_x_small", _TIMM, "timm edgenext_x_small (XCA on 100 channels of 14x14)", DYNAMO, 18,
+         _timm("edgenext_x_small")),
+    Spec("timm_swiftformer_s", _TIMM, "timm swiftformer_s (additive attention)", DYNAMO, 18, _timm("swiftformer_s")),
 ]
 
 
