@@ -21,7 +21,8 @@ from rkcompile.errors import CompileError
 from rkcompile.emulator.session import RANDOM_INT_HIGH
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
-from rkcompile.views.toolkit_shapings import (attention_operands_in_one_transpose, flattened_planes_padded,
+from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_operands_in_one_transpose,
+                                              flattened_planes_padded,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
                                               token_rows_of_planes_padded,
@@ -782,6 +783,43 @@ def test_two_linear_heads_added_are_written_as_one_gemm(save, tmp_path):
     assert written.report["toolkit_shapings"]["added_convs_as_one"] == 1
     assert written.report["toolkit_shapings"]["linear_layers_as_gemms"] == 1
     assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
+def band_tiles_added(dilated: bool = False) -> onnx.ModelProto:
+    """A 1x11 depthwise band kernel as the plan tiles it (its depthwise limit is 8 taps): a 1x8
+    Conv reading offsets -4..3 and a 1x5 Conv reading 0..4 of the same map, added; `dilated`:
+    the 1x5 reads 0, 2, .., 8 instead."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w8", "b8"], ["wide"], name="tile_8", group=6, kernel_shape=[1, 8],
+                              pads=[0, 4, 0, 3], strides=[1, 1]),
+             helper.make_node("Conv", ["x", "w5"], ["rest"], name="tile_5", group=6, kernel_shape=[1, 5],
+                              pads=[0, 0, 0, 8 if dilated else 4], dilations=[1, 2 if dilated else 1]),
+             helper.make_node("Add", ["wide", "rest"], ["y"], name="band")]
+    return make_model(nodes, [value_info("x", [1, 6, 5, 12])], [value_info("y", [1, 6, 5, 12])],
+                      [weight("w8", rng.standard_normal((6, 1, 1, 8)).astype(np.float32)),
+                       weight("b8", rng.standard_normal(6).astype(np.float32)),
+                       weight("w5", rng.standard_normal((6, 1, 1, 5)).astype(np.float32))])
+
+
+def test_added_tiles_of_a_window_are_one_conv_of_their_union():
+    """The two tiles become one 1x9 Conv over offsets -4..4, the 1x8's weights at the first
+    eight taps and the 1x5's added at the last five (rknn-toolkit2 2.5.0 builds the tiles as
+    three layers, the union as one: inception_next_atto's export 153 -> 105 layers)."""
+    model = band_tiles_added()
+    x = np.random.default_rng(6).standard_normal((1, 6, 5, 12)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert added_convs_as_one(model) == 1
+    (conv,) = model.graph.node
+    attributes = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    assert attributes["kernel_shape"] == [1, 9] and attributes["pads"] == [0, 4, 0, 4] and attributes["group"] == 6
+    onnx.checker.check_model(model, full_check=True)
+    np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_added_convs_of_other_dilations_stay_apart():
+    model = band_tiles_added(dilated=True)
+    onnx.checker.check_model(model, full_check=True)
+    assert added_convs_as_one(model) == 0
 
 
 def test_an_export_that_disagrees_is_not_written(save, tmp_path):

@@ -4,6 +4,8 @@ input added as one (`added_convs_as_one`), and the Conv of a reshaped matrix wri
 Gemm it was (`linear_layers_as_gemms`)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -78,11 +80,16 @@ def vectors_into_channels(model: onnx.ModelProto) -> int:
 
 
 def added_convs_as_one(model: onnx.ModelProto) -> int:
-    """Write the sum of two Convs of the same input with the same attributes, each read by that
-    Add alone, as one Conv with the summed weights and biases: the same values in real
-    arithmetic (float32 rounding apart). rknn-toolkit2 2.5.0 does that itself (its rule
-    `fuse_conv_conv_add`) and fails on the Convs the plan makes of Gemms (TypeError: 'NoneType'
-    object is unsliceable: levit's two heads). Returns how many Adds it wrote."""
+    """Write the sum of two Convs of the same input with the same strides, dilations and
+    groups, each read by that Add alone, as one Conv whose window spans both of theirs: each
+    one's weights at its taps' offsets in the union, zeros elsewhere, summed, and the biases
+    summed (`_union_of_windows`). The same values in real arithmetic (float32 rounding
+    apart). rknn-toolkit2 2.5.0 sums two Convs of one window itself (its rule
+    `fuse_conv_conv_add`) and fails on the Convs the plan makes of Gemms (TypeError:
+    'NoneType' object is unsliceable: levit's two heads). The plan's tiles of a depthwise
+    window wider than its kernel limit (inception_next's 1x11 band kernels: a 1x8 and a 1x5
+    Conv added) the toolkit builds as two Convs and an Add; their union (1x9) it builds as one
+    Conv, as it builds the original's 1x11. Returns how many Adds it wrote."""
     graph = model.graph
     constants = {tensor.name: tensor for tensor in graph.initializer}
     readers = readers_of(graph)
@@ -93,27 +100,70 @@ def added_convs_as_one(model: onnx.ModelProto) -> int:
         convs = [made_by.get(name) for name in node.input] if node.op_type == "Add" else []
         if len(convs) != 2 or any(c is None or c.op_type != "Conv" or len(readers[c.output[0]]) != 1 for c in convs) \
                 or convs[0] is convs[1] or _source(convs[0].input[0], made_by, constants) is None \
-                or _source(convs[0].input[0], made_by, constants) != _source(convs[1].input[0], made_by, constants) \
-                or node_attributes(convs[0]) != node_attributes(convs[1]):
+                or _source(convs[0].input[0], made_by, constants) != _source(convs[1].input[0], made_by, constants):
             continue
         if any(name not in constants for conv in convs for name in conv.input[1:] if name):
             continue
         weights = [numpy_helper.to_array(constants[conv.input[1]]) for conv in convs]
-        if weights[0].shape != weights[1].shape:
+        union = _union_of_windows(convs, weights)
+        if union is None:
             continue
+        weight, attributes = union
         biases = [numpy_helper.to_array(constants[conv.input[2]]) if len(conv.input) > 2 and conv.input[2]
                   else np.zeros(weights[0].shape[0], weights[0].dtype) for conv in convs]
         prefix = f"{node.name}/summed_conv"
-        summed = [numpy_helper.from_array(weights[0] + weights[1], f"{prefix}/weight"),
+        summed = [numpy_helper.from_array(weight, f"{prefix}/weight"),
                   numpy_helper.from_array(biases[0] + biases[1], f"{prefix}/bias")]
         graph.initializer.extend(summed)
         merged[id(node)] = helper.make_node("Conv", [convs[0].input[0], *(t.name for t in summed)], [node.output[0]],
-                                            prefix, **node_attributes(convs[0]))
+                                            prefix, **attributes)
         removed.update(id(conv) for conv in convs)
     nodes = [merged.get(id(node), node) for node in graph.node if id(node) not in removed]
     del graph.node[:]
     graph.node.extend(nodes)
     return len(merged)
+
+
+def _union_of_windows(convs: Sequence[onnx.NodeProto], weights: Sequence[np.ndarray]
+                      ) -> tuple[np.ndarray, dict] | None:
+    """The weights and attributes of one Conv computing the sum of `convs` (of `weights`) on
+    their common input, or None. Along each axis a Conv's taps read the offsets
+    k * dilation - pad_begin from each output's first position; the union's window runs from
+    the least such offset to the greatest, each Conv's weights added in at its own. That needs
+    the same strides, dilations and groups (auto_pad unset), offsets on one dilation grid, and
+    each Conv reaching equally far past the input's end (its end pad less its last offset), so
+    every output position is the same."""
+    attributes = [node_attributes(conv) for conv in convs]
+    rank = weights[0].ndim - 2
+
+    def settings(written: dict) -> dict:
+        """The attributes but the window's, unwritten ones at their defaults."""
+        return {"strides": [1] * rank, "dilations": [1] * rank, "group": 1, "auto_pad": b"NOTSET",
+                **{k: v for k, v in written.items() if k not in ("kernel_shape", "pads")}}
+
+    if weights[0].shape[:2] != weights[1].shape[:2] or settings(attributes[0]) != settings(attributes[1]) \
+            or settings(attributes[0])["auto_pad"] not in (b"NOTSET", b""):
+        return None
+    dilations = list(attributes[0].get("dilations", [1] * rank))
+    pads = [list(a.get("pads", [0] * 2 * rank)) for a in attributes]
+    firsts = [[-p[axis] for axis in range(rank)] for p in pads]
+    lasts = [[(w.shape[2 + axis] - 1) * dilations[axis] - p[axis] for axis in range(rank)] for w, p in zip(weights, pads)]
+    first = [min(f[axis] for f in firsts) for axis in range(rank)]
+    last = [max(e[axis] for e in lasts) for axis in range(rank)]
+    past = [[p[rank + axis] - e[axis] for axis in range(rank)] for p, e in zip(pads, lasts)]
+    if past[0] != past[1] or any((f[axis] - first[axis]) % dilations[axis] for f in firsts for axis in range(rank)):
+        return None
+    kernel = [(last[axis] - first[axis]) // dilations[axis] + 1 for axis in range(rank)]
+    weight = np.zeros(weights[0].shape[:2] + tuple(kernel), weights[0].dtype)
+    for w, f in zip(weights, firsts):
+        at = tuple(slice((f[axis] - first[axis]) // dilations[axis],
+                         (f[axis] - first[axis]) // dilations[axis] + w.shape[2 + axis]) for axis in range(rank))
+        weight[(slice(None), slice(None)) + at] += w
+    if weights[0].shape == weights[1].shape and firsts[0] == firsts[1]:
+        return weight, attributes[0]   # one window: its attributes as the Convs wrote them
+    union = {**attributes[0], "kernel_shape": kernel,
+             "pads": [-f for f in first] + [past[0][axis] + last[axis] for axis in range(rank)]}
+    return weight, union
 
 
 def _source(name: str, made_by: dict[str, onnx.NodeProto],
