@@ -1075,7 +1075,8 @@ def test_the_report_names_the_int64_inputs_the_toolkit_reshapes_on_its_cpu(save,
     model = make_model(nodes, [value_info("input_ids", [1, 8], TensorProto.INT64),
                                value_info("attention_mask", [1, 8], TensorProto.INT64)],
                        [value_info("y", [1, 8, 16])],
-                       [weight("table", np.random.default_rng(0).standard_normal((RANDOM_INT_HIGH, 16)).astype(np.float32)),
+                       [weight("table", np.random.default_rng(0).standard_normal((RANDOM_INT_HIGH, 16),
+                                                                                 np.float32)),
                         weight("last", np.array([-1], np.int64))])
     assert main(["export", str(save(model)), "--target", "rk3588", "-o", str(tmp_path / "out.onnx")]) == 0
     assert "the Reshape to 4-D of the int64 input(s) attention_mask\n" in capsys.readouterr().out

@@ -28,7 +28,7 @@ from rkcompile.plan.plain_nodes import Node, fused_body
 from rkcompile.plan.schema import QUANTIZED_DTYPES, PlanRecord, TensorSpec
 from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 from rkcompile.views.host_tail import HostTail, find_host_tail, reads
-from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within
+from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within, readers_of
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
 from rkcompile.views.toolkit_shapings import (TOOLKIT_SHAPINGS, added_convs_as_one, linear_layers_as_gemms,
                                               mean_biases_apart)
@@ -408,10 +408,7 @@ def toolkit_input_reshapes(model: onnx.ModelProto) -> list[dict]:
     op it runs a 4-D operand, and it runs int64 on its CPU (a transformer's [1, L] attention
     mask read by a Cast: the layer `attention_mask_rs`; by an Equal, the same). An input read only
     as a Gather's indices (the token ids) it leaves as it is."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(model.graph)
     found = []
     for value in model.graph.input:
         tensor = value.type.tensor_type

@@ -147,7 +147,8 @@ def _union_of_windows(convs: Sequence[onnx.NodeProto], weights: Sequence[np.ndar
     dilations = list(attributes[0].get("dilations", [1] * rank))
     pads = [list(a.get("pads", [0] * 2 * rank)) for a in attributes]
     firsts = [[-p[axis] for axis in range(rank)] for p in pads]
-    lasts = [[(w.shape[2 + axis] - 1) * dilations[axis] - p[axis] for axis in range(rank)] for w, p in zip(weights, pads)]
+    lasts = [[(w.shape[2 + axis] - 1) * dilations[axis] - p[axis] for axis in range(rank)]
+             for w, p in zip(weights, pads)]
     first = [min(f[axis] for f in firsts) for axis in range(rank)]
     last = [max(e[axis] for e in lasts) for axis in range(rank)]
     past = [[p[rank + axis] - e[axis] for axis in range(rank)] for p, e in zip(pads, lasts)]

@@ -152,8 +152,8 @@ def flattened_planes_padded(model: onnx.ModelProto) -> int:
             continue
         batch, channels, height, width = source
         plane = height * width
-        if batch != 1 or result[-1] != plane or int(np.prod(result[:-1])) != channels or channels % 8 == 0 \
-                or plane % 8 == 0 or min(height, width) == 1:
+        if batch != 1 or result[-1] != plane or int(np.prod(result[:-1])) != channels \
+                or channels % TOOLKIT_BLOCK == 0 or plane % TOOLKIT_BLOCK == 0 or min(height, width) == 1:
             continue
         rows = _rows_to_pad(height, width)
         written[id(node)] = _padded_regrouping(graph, node.input[0], [0, 0, rows, 0],
@@ -199,16 +199,16 @@ def token_rows_of_planes_padded(model: onnx.ModelProto) -> int:
         plane = height * width
         if channels % TOOLKIT_BLOCK == 0 or plane % TOOLKIT_BLOCK == 0 or min(height, width) == 1:
             continue
-        rows, prefix = _rows_to_pad(height, width), f"{node.name}/padded"
+        padding, prefix = _rows_to_pad(height, width), f"{node.name}/padded"
         if into_rows:
             sliced = f"{prefix}/plane"
             written[id(node)] = [
-                *_padded_regrouping(graph, transpose.input[0], [0, 0, rows, 0], [1, channels, 1, (height + rows) * width],
-                                    3, plane, sliced, prefix),
+                *_padded_regrouping(graph, transpose.input[0], [0, 0, padding, 0],
+                                    [1, channels, 1, (height + padding) * width], 3, plane, sliced, prefix),
                 helper.make_node("Transpose", [sliced], [node.output[0]], f"{prefix}/rows", perm=[3, 1, 0, 2])]
         else:
-            pads = [0, 0, rows * width, 0] if moved[2] == plane else [0, 0, 0, rows * width]
-            written[id(node)] = _padded_regrouping(graph, node.input[0], pads, [1, channels, height + rows, width],
+            pads = [0, 0, padding * width, 0] if moved[2] == plane else [0, 0, 0, padding * width]
+            written[id(node)] = _padded_regrouping(graph, node.input[0], pads, [1, channels, height + padding, width],
                                                    2, height, node.output[0], prefix)
     return nodes_rewritten(graph, originals, written)
 
