@@ -816,6 +816,22 @@ def test_added_tiles_of_a_window_are_one_conv_of_their_union():
     np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_wide_depthwise_window_the_plan_tiles_is_one_conv_again(save, tmp_path):
+    """A 13x13 depthwise Conv, which the plan tiles into four Convs added in a chain (its
+    depthwise limit is 8 taps), is exported as the one 13x13 Conv: rknn-toolkit2 2.5.0 builds
+    the tiles as 5 layers and the window as 1."""
+    rng = np.random.default_rng(7)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], group=4, kernel_shape=[13, 13], pads=[6] * 4)],
+                       [value_info("x", [1, 4, 20, 20])], [value_info("y", [1, 4, 20, 20])],
+                       [weight("w", rng.standard_normal((4, 1, 13, 13)).astype(np.float32) * 0.1)])
+    written = rkcompile.export(save(model), tmp_path / "out.onnx", "rk3588")
+    assert written.report["toolkit_shapings"]["added_convs_as_one"] == 3
+    (conv,) = onnx.load(str(written.path)).graph.node
+    attributes = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    assert attributes["kernel_shape"] == [13, 13] and attributes["pads"] == [6, 6, 6, 6]
+    assert written.report["check"]["outputs"][0]["max_rel"] < 1e-5
+
+
 def test_added_convs_of_other_dilations_stay_apart():
     model = band_tiles_added(dilated=True)
     onnx.checker.check_model(model, full_check=True)

@@ -89,8 +89,17 @@ def added_convs_as_one(model: onnx.ModelProto) -> int:
     'NoneType' object is unsliceable: levit's two heads). The plan's tiles of a depthwise
     window wider than its kernel limit (inception_next's 1x11 band kernels: a 1x8 and a 1x5
     Conv added) the toolkit builds as two Convs and an Add; their union (1x9) it builds as one
-    Conv, as it builds the original's 1x11. Returns how many Adds it wrote."""
-    graph = model.graph
+    Conv, as it builds the original's 1x11. A sum of more tiles (a 13x13 window: four, added
+    in a chain) becomes one Conv pass by pass, each merging the Convs the last one made.
+    Returns how many Adds it wrote."""
+    written = 0
+    while merged := _added_convs_merged(model.graph):
+        written += merged
+    return written
+
+
+def _added_convs_merged(graph: onnx.GraphProto) -> int:
+    """One pass of `added_convs_as_one` over `graph`: how many Adds it wrote."""
     constants = {tensor.name: tensor for tensor in graph.initializer}
     readers = readers_of(graph)
     made_by = {name: node for node in graph.node for name in node.output}
