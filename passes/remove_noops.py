@@ -5,8 +5,8 @@ whose mask nobody reads and which is not in training mode (a training-mode Dropo
 random mask: legalize keeps it on the CPU), a Slice that keeps every element in order
 (timm's GhostNet cuts its module's Concat back to the width it already has), a Concat, Sum,
 Mean, Max or Min of one input (torchvision's DenseNet concatenates a block's first feature map
-alone), a Pad of zero widths, a Mul or Div by constant ones, an Add or Sub of constant zeros, that leave the shape
-as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x); a residual branch whose weights
+alone), a Pad of zero widths, a Mul or Div by constant ones, an Add or Sub of constant zeros,
+that leave the shape as it was (paddle2onnx writes swish as x * sigmoid(1.0 * x); a residual branch whose weights
 are zero folds to x + 0): x * 1 is x, bit for bit; and an Expand or Tile to the shape its
 input has.
 

@@ -153,7 +153,7 @@ def _union_of_windows(convs: Sequence[onnx.NodeProto], weights: Sequence[np.ndar
     if weights[0].shape[:2] != weights[1].shape[:2] or settings(attributes[0]) != settings(attributes[1]) \
             or settings(attributes[0])["auto_pad"] not in (b"NOTSET", b""):
         return None
-    dilations = list(attributes[0].get("dilations", [1] * rank))
+    dilations = list(settings(attributes[0])["dilations"])
     pads = [list(a.get("pads", [0] * 2 * rank)) for a in attributes]
     firsts = [[-p[axis] for axis in range(rank)] for p in pads]
     lasts = [[(w.shape[2 + axis] - 1) * dilations[axis] - p[axis] for axis in range(rank)]

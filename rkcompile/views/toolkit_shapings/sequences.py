@@ -11,7 +11,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import nodes_rewritten, output_names, readers_of, set_attribute, static_shapes
+from rkcompile.views.proto_graph import (node_attributes, nodes_rewritten, output_names, readers_of, set_attribute,
+                                         static_shapes)
 from rkcompile.views.toolkit_shapings.common import (ELEMENTWISE, TOOLKIT_BLOCK, Shaping, lookups, pointwise,
                                                     reduced_axes)
 
@@ -203,7 +204,7 @@ def transposed_rows_as_planes(model: onnx.ModelProto) -> int:
     for region in _TransposedRows.all_in(graph, shapes, constants, readers, made_by, outputs):
         transposes += len(region.entries)
         for entry in region.entries:
-            perm = list(helper.get_attribute_value(next(a for a in entry.attribute if a.name == "perm")))
+            perm = list(node_attributes(entry)["perm"])
             # the unit axes lead the two that move: perm[2] and perm[3] index axes of size 1
             set_attribute(entry, "perm", [perm[2], perm[0], perm[3], perm[1]])
         for node in region.ops:
@@ -229,7 +230,7 @@ class _TransposedRows(NamedTuple):
         Reshapes."""
 
         def entry(node: onnx.NodeProto | None) -> bool:
-            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None) \
+            perm = list(node_attributes(node).get("perm", ())) \
                 if node is not None and node.op_type == "Transpose" else None
             return perm == [1, 0, 2, 3] and _is_rows(shapes.get(node.input[0])) \
                 and shapes[node.input[0]][0] % TOOLKIT_BLOCK != 0
@@ -258,9 +259,9 @@ def _on_transposed_rows(node: onnx.NodeProto, shapes: dict[str, list[int]],
     if any(len(shapes.get(name) or ()) != 4 for name in node.output):
         return False
     if node.op_type in ("Split", "ReduceSum", "ReduceMean"):
-        axes = [next((a.i for a in node.attribute if a.name == "axis"), 0)] if node.op_type == "Split" \
-            else reduced_axes(node, constants)
-        kept = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        attributes = node_attributes(node)
+        axes = [attributes.get("axis", 0)] if node.op_type == "Split" else reduced_axes(node, constants)
+        kept = attributes.get("keepdims", 1)
         return axes is not None and [axis % 4 for axis in axes] == [0 if node.op_type == "Split" else 1] and kept == 1
     return node.op_type in ELEMENTWISE and all(constants[name].size == 1 for name in node.input if name in constants)
 
