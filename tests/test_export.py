@@ -22,10 +22,10 @@ from rkcompile.emulator.session import RANDOM_INT_HIGH
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_operands_in_one_transpose,
-                                              flattened_planes_padded,
+                                              flattened_planes_padded, small_planes_into_channels,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
-                                              token_rows_of_planes_padded,
+                                              token_rows_of_planes_padded, transpose_pairs_as_splits,
                                               transpose_steps_as_one, transposed_rows_as_planes,
                                               transposes_from_splits)
 
@@ -1918,13 +1918,17 @@ def mobilevit_block(channels: int = 16, side: int = 8) -> onnx.ModelProto:
 def test_a_mobilevit_block_keeps_its_tokens_as_sequences(save, tmp_path):
     """The plan holds the tokens as rows [4*N, C, 1, 1], its Linears 1x1 Convs; the export
     writes them back as sequences [4, N, C] (rknn-toolkit2 2.5.0 runs the Reshapes of the
-    patches into and out of the rows on its CPU), the same values up to rounding."""
+    patches into and out of the rows on its CPU) with the Linears as MatMuls, the same values
+    up to rounding."""
     original = save(mobilevit_block())
     written = rkcompile.export(original, tmp_path / "out.onnx", "rk3588")
     exported = onnx.load(str(written.path))
     assert written.report["toolkit_shapings"]["token_rows_as_sequences"] == 6
     ops = [n.op_type for n in exported.graph.node]
-    assert "Conv" not in ops and ops.count("MatMul") == 2
+    assert ops.count("MatMul") == 2
+    # the plan picks the fold's rows with a strided Conv, written with its planes as channels
+    shapes = static_shapes(exported)
+    assert all(shapes[n.output[0]][2:] == [1, 1] for n in exported.graph.node if n.op_type == "Conv")
     norm = next(n for n in exported.graph.node if n.op_type == "LayerNormalization")
     assert helper.get_attribute_value(next(a for a in norm.attribute if a.name == "axis")) == -1
     x = np.random.default_rng(1).uniform(-1, 1, (1, 16, 8, 8)).astype(np.float32)
@@ -2107,6 +2111,87 @@ def test_a_window_reverse_from_windows_as_images_keeps_its_steps():
                        [weight("rows", np.array([2, 6, 8, 3])), weight("map", np.array([1, 8, 6, 6]))])
     assert transpose_steps_as_one(model) == 0
     assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose", "Reshape"]
+
+
+def window_partition_in_two_transposes(into_rows: bool) -> onnx.ModelProto:
+    """The plan's two legal steps of a Swin window partition whose one Transpose its perm table
+    refuses, [4, 7, 4, 64] by (0, 2, 1, 3) (h1 = 4), read by a Reshape into token rows
+    [112, 64, 1, 1] (`into_rows`) or by a Relu."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 3, 1, 2]),
+             helper.make_node("Transpose", ["t0"], ["w"], name="t1", perm=[0, 3, 2, 1])]
+    if into_rows:
+        nodes.append(helper.make_node("Reshape", ["w", "rows"], ["y"], name="rows"))
+    else:
+        nodes.append(helper.make_node("Relu", ["w"], ["y"], name="relu"))
+    output = value_info("y", [112, 64, 1, 1] if into_rows else [4, 4, 7, 64])
+    return make_model(nodes, [value_info("x", [4, 7, 4, 64])], [output],
+                      [weight("rows", np.array([112, 64, 1, 1]))] if into_rows else [])
+
+
+@pytest.mark.parametrize("into_rows", [True, False])
+def test_two_transposes_moving_one_axis_take_the_split_form(into_rows):
+    """The pair becomes a Split of the 4 windows, a Reshape of each and a Concat (rknn-toolkit2
+    2.5.0 merges the pair into the refused Transpose and runs it on its CPU); read by rows the
+    Split form stays, as transposes_from_splits keeps it there, else it becomes one Transpose.
+    The same values."""
+    model = window_partition_in_two_transposes(into_rows)
+    x = np.random.default_rng(2).standard_normal((4, 7, 4, 64)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert transpose_pairs_as_splits(model) == 1
+    assert transposes_from_splits(model) == (0 if into_rows else 1)
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops == (["Split"] + ["Reshape"] * 4 + ["Concat", "Reshape"] if into_rows else ["Transpose", "Relu"])
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
+def test_two_transposes_moving_two_axes_stay():
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 3, 1, 2]),
+             helper.make_node("Transpose", ["t0"], ["y"], name="t1", perm=[1, 0, 3, 2])]
+    model = make_model(nodes, [value_info("x", [2, 3, 4, 5])], [value_info("y", [5, 2, 4, 3])])
+    assert transpose_pairs_as_splits(model) == 0
+
+
+def patch_fold(padded: bool = False, other_reader: bool = False) -> onnx.ModelProto:
+    """MobileViT's fold of 2x2 patches as the plan writes it: a strided Conv picking rows
+    ([40, 8, 2, 2] -> [40, 16, 1, 2]) reshaped into the [1, 80, 4, 4] map a 1x1 Conv reads;
+    `padded` pads the pick, `other_reader` has a Relu read it too."""
+    rng = np.random.default_rng(3)
+    pick = helper.make_node("Conv", ["x", "pick", "pick_bias"], ["rows"], name="pick", kernel_shape=[2, 1],
+                            strides=[2, 1], **({"pads": [1, 0, 1, 0]} if padded else {}))
+    rows = [40, 16, 2, 2] if padded else [40, 16, 1, 2]
+    nodes = [pick, helper.make_node("Reshape", ["rows", "map"], ["m"], name="fold"),
+             helper.make_node("Conv", ["m", "mix"], ["y"], name="mix")]
+    outputs = [value_info("y", [1, 8, 4, 8] if padded else [1, 8, 4, 4])]
+    if other_reader:
+        nodes.append(helper.make_node("Relu", ["rows"], ["z"], name="relu"))
+        outputs.append(value_info("z", rows))
+    return make_model(nodes, [value_info("x", [40, 8, 2, 2])], outputs,
+                      [weight("pick", rng.standard_normal((16, 8, 2, 1)).astype(np.float32)),
+                       weight("pick_bias", rng.standard_normal(16).astype(np.float32)),
+                       weight("map", np.array([1, 80, 4, 8] if padded else [1, 80, 4, 4])),
+                       weight("mix", rng.standard_normal((8, 80, 1, 1)).astype(np.float32))])
+
+
+def test_a_conv_into_a_small_plane_writes_its_positions_as_channels():
+    """The pick reads its input's 4 positions as 32 channels and writes its 2 positions as 32
+    channels, a 1x1 Conv; the fold's Reshape then reads a plane of one position, which
+    rknn-toolkit2 2.5.0 reshapes on its NPU (from [40, 16, 1, 2] on its CPU). The same values."""
+    model = patch_fold()
+    x = np.random.default_rng(4).standard_normal((40, 8, 2, 2)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert small_planes_into_channels(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    shapes = static_shapes(model)
+    pick = next(n for n in model.graph.node if n.op_type == "Conv" and n.input[0] != "m")
+    assert shapes[pick.input[0]] == [40, 32, 1, 1] and shapes[pick.output[0]] == [40, 32, 1, 1]
+    np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("padded, other_reader", [(True, False), (False, True)])
+def test_a_conv_with_padding_or_another_reader_keeps_its_plane(padded, other_reader):
+    model = patch_fold(padded, other_reader)
+    assert small_planes_into_channels(model) == 0
 
 
 def test_steps_that_undo_each_other_are_one_reshape():

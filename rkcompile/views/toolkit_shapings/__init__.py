@@ -16,7 +16,7 @@ from __future__ import annotations
 from rkcompile.views.toolkit_shapings import convolutions, layouts, norms, op_forms, reductions, sequences
 from rkcompile.views.toolkit_shapings.common import Shaping
 from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, linear_layers_as_gemms, pads_into_convs,
-                                                           vectors_into_channels)
+                                                           small_planes_into_channels, vectors_into_channels)
 from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, flattened_planes_padded,
                                                       gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
@@ -27,8 +27,8 @@ from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
                                                          means_as_reduce_means, radix_sums_as_channel_slices,
                                                          square_roots_written_back, sums_as_reduce_sums)
-from rkcompile.views.toolkit_shapings.sequences import (token_rows_as_sequences, transposed_rows_as_planes,
-                                                        transposes_from_splits)
+from rkcompile.views.toolkit_shapings.sequences import (token_rows_as_sequences, transpose_pairs_as_splits,
+                                                        transposed_rows_as_planes, transposes_from_splits)
 
 #: The families, each a module exporting its `SHAPINGS`.
 FAMILIES = (reductions, norms, convolutions, layouts, sequences, op_forms)
@@ -74,6 +74,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     token_rows_as_sequences,
     # after l2_norms_written_back, whose ReduceSum over the tokens it relabels
     transposed_rows_as_planes,
+    # before transposes_from_splits, which writes the Split form back where the toolkit takes it
+    transpose_pairs_as_splits,
     transposes_from_splits,
     # after transposes_from_splits, whose Transposes may be among an attention's operands' steps
     attention_operands_in_one_transpose,
@@ -83,6 +85,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # after token_rows_as_sequences, which finds its regions of rows from the Reshapes this one
     # replaces, and after transpose_steps_as_one, whose runs of moves the Pads would cut
     token_rows_of_planes_padded,
+    # after the layout shapings, which move and join the Reshapes around its Convs
+    small_planes_into_channels,
     # last: writes the defaults of the nodes the other shapings write too
     defaults_written,
 )

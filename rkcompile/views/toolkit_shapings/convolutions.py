@@ -11,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import node_attributes, nodes_rewritten, readers_of, static_shapes
-from rkcompile.views.toolkit_shapings.common import Shaping, lookups, pointwise
+from rkcompile.views.toolkit_shapings.common import Shaping, lookups, pointwise, reshape_node
 
 
 def pads_into_convs(model: onnx.ModelProto) -> int:
@@ -223,6 +223,106 @@ def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
     return nodes_rewritten(graph, graph.node, written)
 
 
+#: Planes of this many positions (H*W) and up to SMALL_PLANE rknn-toolkit2 2.5.0 will not reshape
+#: into planes of more on its NPU: a Reshape from [640, 16, 1, 2], [640, 16, 2, 1], [384, 8, 1, 2],
+#: [384, 4, 2, 2], [320, 16, 1, 4] or [64, 16, 1, W] (W from 3 to 7) into maps [1, C, H, W] of 64
+#: positions or more, or from such a map into [384, 4, 2, 2], runs on its CPU; from
+#: [640, 2, 8, 2], [160, 16, 4, 2], [80, 16, 4, 4] or [640, 32, 1, 1], or into [1, 20480, 1, 1] or
+#: [20, 512, 1, 2], on its NPU (probes of Relu -> Reshape -> Conv)
+SMALL_PLANE = (2, 7)
+#: The most input positions a Conv's window may cover for small_planes_into_channels to read them
+#: as channels: its weights grow by the output positions times the input positions over the taps
+MOST_PLANE_INPUTS = 16
+
+
+def small_planes_into_channels(model: onnx.ModelProto) -> int:
+    """Write a Conv that reads or writes a plane of 2 to 7 positions (SMALL_PLANE) through a
+    Reshape into another plane size, whose windows tile its input without padding, as a 1x1 Conv
+    of its input's positions as channels ([N, C*H*W, 1, 1], a relabel of the same elements) into
+    its output's positions as channels ([N, M*Ho*Wo, 1, 1]: each output position's copy of the
+    weights at that position's taps, zeros elsewhere), which the Reshapes read in the same
+    element order: the same values. rknn-toolkit2 2.5.0 runs such a Reshape on its CPU, where
+    it reshapes a plane of one position on its NPU (SMALL_PLANE: MobileViT's fold of 2x2 patches,
+    which the plan picks with a strided Conv into [640, 16, 1, 2] and reshapes into the 16x16
+    map: 3 CPU layers). Returns how many Convs it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants, readers, made_by, graph_outputs = lookups(graph)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    for conv in graph.node:
+        found = _planes_as_channels(conv, shapes, constants, readers, made_by, graph_outputs)
+        if found is None:
+            continue
+        weights, bias, flat_input, flat_output = found
+        name = conv.name or conv.output[0]
+        graph.initializer.append(numpy_helper.from_array(weights, f"{name}/planes_as_channels/weight"))
+        operands = [f"{name}/planes_as_channels/input", f"{name}/planes_as_channels/weight"]
+        if bias is not None:
+            graph.initializer.append(numpy_helper.from_array(bias, f"{name}/planes_as_channels/bias"))
+            operands.append(f"{name}/planes_as_channels/bias")
+        result = conv.output[0] if flat_output == shapes[conv.output[0]] else f"{name}/planes_as_channels/output"
+        for reader in readers.get(conv.output[0], []):
+            reader.input[0] = result
+        written[id(conv)] = [
+            reshape_node(graph, conv.input[0], flat_input, operands[0], f"{name}/planes_as_channels/reshape"),
+            helper.make_node("Conv", operands, [result], f"{name}/planes_as_channels",
+                             group=int(node_attributes(conv).get("group", 1)), kernel_shape=[1, 1])]
+    return nodes_rewritten(graph, graph.node, written)
+
+
+def _reshaped_on_the_toolkit_cpu(source: list[int], result: list[int]) -> bool:
+    """Whether rknn-toolkit2 2.5.0 runs a Reshape of 4-D `source` into `result` on its CPU, by the
+    probes SMALL_PLANE lists: between a plane of 2 to 7 positions and one of 8 or more, unless it
+    only moves the batch into the channels or back (its rule `convert_reshape_to_transpose`
+    makes that a Transpose on its NPU: [960, 7, 1, 7] into [1, 960, 7, 7], ghostnetv2's
+    resized attention)."""
+    if len(source) != 4 or len(result) != 4:
+        return False
+    planes = sorted(int(np.prod(shape[2:])) for shape in (source, result))
+    into_channels = result[:2] == [1, source[0]] and int(np.prod(source[1:])) == int(np.prod(result[2:]))
+    out_of_channels = source[:2] == [1, result[0]] and int(np.prod(result[1:])) == int(np.prod(source[2:]))
+    return SMALL_PLANE[0] <= planes[0] <= SMALL_PLANE[1] and planes[1] > SMALL_PLANE[1] \
+        and not (into_channels or out_of_channels)
+
+
+def _planes_as_channels(conv: onnx.NodeProto, shapes, constants, readers, made_by, graph_outputs):
+    """small_planes_into_channels' Conv for `conv`: (1x1 weights, bias, its input's and its
+    output's shapes with the positions as channels); None where it does not apply."""
+    if conv.op_type != "Conv" or conv.input[1] not in constants or (len(conv.input) > 2 and conv.input[2]
+                                                                   and conv.input[2] not in constants):
+        return None
+    x, y, weight = shapes.get(conv.input[0]), shapes.get(conv.output[0]), constants[conv.input[1]]
+    attributes = node_attributes(conv)
+    if x is None or y is None or len(x) != 4 or any(attributes.get("pads", [0])) \
+            or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"", ""):
+        return None
+    (kh, kw), (sh, sw) = weight.shape[2:], attributes.get("strides", [1, 1])
+    dh, dw = attributes.get("dilations", [1, 1])
+    (n, channels, h, w), (_, outputs, ho, wo) = x, y
+    if (ho - 1) * sh + (kh - 1) * dh + 1 != h or (wo - 1) * sw + (kw - 1) * dw + 1 != w or h * w > MOST_PLANE_INPUTS \
+            or ho * wo > SMALL_PLANE[1] or conv.output[0] in graph_outputs:
+        return None
+
+    def on_the_toolkit_cpu(reshape: onnx.NodeProto) -> bool:
+        source, result = shapes.get(reshape.input[0]), shapes.get(reshape.output[0])
+        return reshape.op_type == "Reshape" and source is not None and result is not None \
+            and _reshaped_on_the_toolkit_cpu(source, result)
+
+    reading = readers.get(conv.output[0], [])
+    if ho * wo > 1 and not (reading and all(r.op_type == "Reshape" and r.input[0] == conv.output[0] for r in reading)):
+        return None  # only a Reshape reads the positions as channels in the same order
+    if not any(on_the_toolkit_cpu(r) for r in [*reading, made_by.get(conv.input[0])] if r is not None):
+        return None
+    positions = ho * wo
+    spread = np.zeros((outputs, positions) + weight.shape[1:2] + (h, w), weight.dtype)
+    for row, column, tap_row, tap_column in np.ndindex(ho, wo, kh, kw):
+        spread[:, row * wo + column, :, row * sh + tap_row * dh, column * sw + tap_column * dw] = \
+            weight[:, :, tap_row, tap_column]
+    bias = np.repeat(constants[conv.input[2]], positions) if len(conv.input) > 2 and conv.input[2] else None
+    return (spread.reshape(outputs * positions, -1, 1, 1), bias, [n, channels * h * w, 1, 1],
+            [n, outputs * positions, 1, 1])
+
+
 def _zero_constant_pads(pad: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list[int] | None:
     """The pads of `pad`, a Pad node, when it pads every axis (no `axes`) with a constant zero;
     else None. The attribute form (opset < 11) and the input form both."""
@@ -248,4 +348,5 @@ SHAPINGS: tuple[Shaping, ...] = (
     vectors_into_channels,
     added_convs_as_one,
     linear_layers_as_gemms,
+    small_planes_into_channels,
 )

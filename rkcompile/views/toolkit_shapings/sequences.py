@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rkcompile.views.proto_graph import (node_attributes, nodes_rewritten, output_names, readers_of, set_attribute,
-                                         static_shapes)
+from rkcompile.views.proto_graph import (ai_onnx_opset, node_attributes, nodes_rewritten, output_names, readers_of,
+                                         set_attribute, static_shapes)
 from rkcompile.views.toolkit_shapings.common import (ELEMENTWISE, TOOLKIT_BLOCK, Shaping, lookups, pointwise,
-                                                    reduced_axes)
+                                                    reduced_axes, reshape_node, split_node)
 
 
 def token_rows_as_sequences(model: onnx.ModelProto) -> int:
@@ -282,6 +282,56 @@ def _on_planes(node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
             set_attribute(node, "axes", [3])
 
 
+#: The most unit pieces transpose_pairs_as_splits cuts a moved axis into: the plan's own Split
+#: form of a Transpose moves an axis of at most 16 (passes/rewrites/layout_ops.py)
+MOST_SPLIT_PIECES = 16
+
+
+def transpose_pairs_as_splits(model: onnx.ModelProto) -> int:
+    """Write two Transposes in a row that together move one axis of 2 to MOST_SPLIT_PIECES and
+    keep the others in order (the plan's two legal steps of a movement whose one Transpose the
+    perm table refuses) as the plan's Split form of that movement: a Split of that axis into
+    unit pieces, a Reshape of each moving its unit axis to the new place, a Concat along it.
+    rknn-toolkit2 2.5.0 merges two Transposes in a row into one (its rule `fuse_two_transpose`)
+    and runs it on its CPU where its perm table refuses it (timm swin_tiny's window partition
+    [4, 7, 4, 1344] by (0, 2, 1, 3): 2 layers); `transposes_from_splits`, next, writes the
+    Split form back as one Transpose where the toolkit runs that on its NPU. Returns how many
+    pairs it wrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    readers = readers_of(graph)
+    made_by = {name: node for node in graph.node for name in node.output}
+    graph_outputs = output_names(graph)
+    opset = ai_onnx_opset(model)
+    originals = list(graph.node)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    for second in originals:
+        first = made_by.get(second.input[0]) if second.op_type == "Transpose" else None
+        source = shapes.get(first.input[0]) if first is not None and first.op_type == "Transpose" else None
+        if source is None or len(readers[first.output[0]]) != 1 or first.output[0] in graph_outputs:
+            continue
+        inner = node_attributes(first).get("perm", range(len(source) - 1, -1, -1))
+        outer = node_attributes(second).get("perm", range(len(source) - 1, -1, -1))
+        perm = [inner[axis] for axis in outer]
+        movable = [axis for axis in range(len(source)) if 1 < source[axis] <= MOST_SPLIT_PIECES
+                   and [p for p in perm if p != axis] == sorted(p for p in perm if p != axis)]
+        if not movable:
+            continue
+        moved = min(movable, key=lambda axis: source[axis])  # a swap moves either axis: the fewer pieces
+        name = second.name or second.output[0]
+        pieces = [f"{name}/piece_{index}" for index in range(source[moved])]
+        constants, split = split_node(first.input[0], [1] * source[moved], pieces, f"{name}/split", moved, opset)
+        graph.initializer.extend(constants)
+        piece_shape = [1 if axis == moved else source[axis] for axis in perm]
+        relabelled = [reshape_node(graph, piece, piece_shape, f"{piece}/moved", f"{piece}/reshape") for piece in pieces]
+        written[id(second)] = [split, *relabelled, helper.make_node(
+            "Concat", [node.output[0] for node in relabelled], [second.output[0]], f"{name}/concat",
+            axis=perm.index(moved))]
+        removed.add(id(first))
+    return nodes_rewritten(graph, originals, written, removed)
+
+
 def transposes_from_splits(model: onnx.ModelProto) -> int:
     """Write the plan's Transpose that moves one axis, done as a Split of that axis into unit
     pieces, a Reshape of each moving its unit axis to the new place and a Concat along it,
@@ -336,5 +386,6 @@ def transposes_from_splits(model: onnx.ModelProto) -> int:
 SHAPINGS: tuple[Shaping, ...] = (
     token_rows_as_sequences,
     transposed_rows_as_planes,
+    transpose_pairs_as_splits,
     transposes_from_splits,
 )
