@@ -5,6 +5,7 @@ Each case is planned at the three primary targets: no CPU node, and `rkcompile r
 agrees with onnxruntime."""
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -19,8 +20,9 @@ from onnx import helper
 
 from rkcompile.cli import main
 from rkcompile.passes.legalize import check_node
+from rkcompile.numerics.nc1hwc2 import nc1hwc2_bytes
 from rkcompile.passes.rewrites.layout_ops import (MAX_TRANSPOSE_VIEWS, SLICED_VIEWS, _placements,
-    _stores_no_more, _transpose_views, next_refinements, transpose_groups, transpose_views)
+    _stores_no_more, _transpose_views, _two_transposes, next_refinements, transpose_groups, transpose_views)
 from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 
@@ -130,6 +132,51 @@ def test_a_transpose_no_view_admits_runs_in_slices_even_along_a_moved_axis(tmp_p
     transposes = [n for n in ctx.graph.nodes if n.op == "Transpose"]
     assert len(transposes) >= 3 and not any(check_node(t, small) for t in transposes)
     assert_same_outputs(transpose_model(shape, perm), ctx, {"x": feed(shape)})
+
+
+@pytest.mark.parametrize("shape, perm", [
+    ([8, 8, 7, 336], [0, 2, 1, 3]),  # a Swin window reverse: the swapped axis of 7 is no multiple of 8
+    ([16, 16, 2, 16], [0, 2, 1, 3]),  # windows' tokens and 2 heads swapped for the attention
+    ([4, 4, 7, 672], [0, 2, 1, 3]),  # the next stage's reverse: 4 windows of 7 rows
+])
+def test_a_transpose_no_view_admits_whole_runs_as_two_legal_transposes(tmp_path, shape, perm):
+    """Two Transposes, each legal on rk3588, where slices take a Split, a step per slice and a
+    Concat."""
+    model = transpose_model(shape, perm)
+    assert refused_as_given(model, "rk3588")
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert rules_fired(ctx) == ["transpose_as_legal_view"]
+    assert [n.op for n in ctx.graph.nodes if n.op not in ("Reshape",)] == ["Transpose", "Transpose"]
+    assert not [n.name for n in ctx.graph.nodes if check_node(n, get_target("rk3588"))]
+    assert_same_outputs(model, ctx, {"x": feed(shape)})
+    planned_on_npu(model, tmp_path, "rk3588")
+
+
+@pytest.mark.parametrize("shape, perm", [([3, 5, 7, 11], perm) for perm in itertools.permutations(range(4))]
+                         + [([2, 3, 4], [2, 0, 1]), ([6, 1, 5], [2, 1, 0])])
+def test_two_transposes_move_data_as_the_perm_does(shape, perm):
+    """Whatever pair a probe lets through, the second completes the first into `perm`, on the
+    merged view, and nothing in between is stored in more bytes than both ends."""
+    found = _two_transposes(shape, perm, lambda in4, perm4: perm4 != tuple(range(4)), {8, 16})
+    if transpose_groups(shape, perm) is None:
+        assert found is None
+        return
+    (in4, first), second = found
+    x = np.arange(np.prod(shape)).reshape(shape)
+    moved = x.reshape(in4).transpose(first).transpose(second.perm)
+    np.testing.assert_array_equal(moved.reshape(-1), x.transpose(perm).reshape(-1))
+    between = tuple(in4[a] for a in first)
+    for c2 in (8, 16):
+        ends = max(nc1hwc2_bytes(in4, c2, 1), nc1hwc2_bytes(moved.shape, c2, 1))
+        assert nc1hwc2_bytes(between, c2, 1) <= ends
+
+
+def test_two_transposes_never_pass_through_a_padded_tensor():
+    """[1, 64, 3, 64] -> [1, 64, 64, 3] keeps 64 channels at both ends; once the probe lets
+    through only pairs with the 3 on the channels (padded to C2 there), no pair is taken."""
+    three_on_channels = lambda in4, perm4: 3 in (in4[1], in4[perm4[1]])  # noqa: E731
+    assert _two_transposes([1, 64, 3, 64], [0, 1, 3, 2], three_on_channels, {8}) is None
+    assert _two_transposes([1, 64, 3, 64], [0, 1, 3, 2], lambda in4, perm4: True, {8}) is not None
 
 
 @pytest.mark.parametrize("shape, perm", [([6, 35], [1, 0]), ([2, 3, 10, 4], [0, 3, 1, 2]), ([4, 1, 6, 5], [2, 1, 3, 0])])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -72,10 +73,11 @@ def transpose_as_legal_view(node: gs.Node, site: Site) -> Candidates:
     """A Transpose the NPU refuses, of any rank, as the same data movement on another 4-D view:
     the perm table's limits (oplist V2.3.2, Transpose: the supported perms and their limits in
     p and q, read on the 4-D view [n1, c1, h1, w1]) depend on how the moved axes are laid out,
-    and the same movement has many views (transpose_views). When no view passes, a view is done
-    in slices along any one axis, moved or not: each slice is a smaller Transpose, a Concat
-    where that axis lands puts them back in order. A rank above 4 falls back to the merged view
-    for the next rule (Split/Concat of a small axis) to make legal."""
+    and the same movement has many views (transpose_views). When no view passes, two legal
+    Transposes in a row make it (`_two_transposes`), else a view is done in slices along any
+    one axis, moved or not: each slice is a smaller Transpose, a Concat where that axis lands
+    puts them back in order. A rank above 4 falls back to the merged view for the next rule
+    (Split/Concat of a small axis) to make legal."""
     x, y = node.inputs[0], node.outputs[0]
     shape, y_shape = static_shape(x), static_shape(y)
     if shape is None or y_shape is None:
@@ -231,17 +233,17 @@ def _placements(dims: list[int], gperm: list[int], leading_only: bool):
 
 def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: gs.Tensor) -> bool:
     """Build, into `builder`, a Transpose of `x` by `perm` writing `out` that passes the target's
-    rules: on the first legal 4-D view (transpose_views), else on a view in the fewest slices
-    along one of its axes; relabels move between the views. False, building nothing, when none
-    passes."""
+    rules: on the first legal 4-D view (transpose_views), else as two legal Transposes
+    (`_two_transposes`), else on a view in the fewest slices along one of its axes; relabels move
+    between the views. False, building nothing, when none passes."""
     shape = static_shape(x)
     neighbours = (_relabelled_from(x), _relabelled_to(out))
     key = (tuple(shape), tuple(perm), x.dtype, neighbours)
     if key not in builder.site.legal_transposes:
         probe = _TransposeProbe(builder.site, x.dtype)
-        found = _legal_transpose_view(shape, perm, probe)
+        c2s = {c2 for c2 in builder.site.target.c2.values() if c2}
+        found = _legal_transpose_view(shape, perm, probe, c2s)
         if found is not None and found[1] is None:
-            c2s = {c2 for c2 in builder.site.target.c2.values() if c2}
             joining = next((view for view in _joining_views(shape, perm, *neighbours)
                             if _stores_no_more(view, found[0], neighbours, c2s) and probe(*view)), None)
             found = found if joining is None else (joining, None)
@@ -252,6 +254,10 @@ def emit_legal_transpose(builder: Builder, x: gs.Tensor, perm: list[int], out: g
     (in4, perm4), tiling = found
     source = x if list(in4) == list(shape) else builder.reshape(x, in4)
     out4 = [in4[p] for p in perm4]
+    if isinstance(tiling, SecondTranspose):
+        source = builder.op("Transpose", [source], out4, x.dtype, perm=list(perm4))
+        in4, perm4, tiling = out4, tiling.perm, None
+        out4 = [in4[p] for p in perm4]
     moved_out = out if list(out4) == list(static_shape(out)) else None
     if tiling is None:
         moved = builder.op("Transpose", [source], out4, x.dtype, out=moved_out, perm=list(perm4))
@@ -322,12 +328,22 @@ def _stores_no_more(view, other, neighbours, c2s) -> bool:
     return all(stored(*view, c2) <= stored(*other, c2) for c2 in c2s)
 
 
-def _legal_transpose_view(shape, perm, legal: "_TransposeProbe"):
+@dataclass(frozen=True)
+class SecondTranspose:
+    """The perm of a second Transpose, on the first one's output, that completes a movement no
+    single legal Transpose makes (`_two_transposes`)."""
+    perm: tuple[int, ...]
+
+
+def _legal_transpose_view(shape, perm, legal: "_TransposeProbe", c2s: set[int]):
     """The first view of `perm` on `shape` that `legal` accepts, with None for its slicing; else
-    the first view (of the first SLICED_VIEWS) and (axis, sizes) in the fewest slices along one
-    axis that it accepts; else None."""
+    two legal Transposes in a row (`_two_transposes`), the first's view with the second's perm;
+    else the first view (of the first SLICED_VIEWS) and (axis, sizes) in the fewest slices along
+    one axis that it accepts; else None."""
     views = _transpose_views(tuple(shape), tuple(perm))
     found = next(((view, None) for view in views if legal(*view)), None)
+    if found is None:
+        found = _two_transposes(shape, perm, legal, c2s)
     for slices in range(2, MAX_TRANSPOSE_SLICES + 1):
         if found is not None:
             break
@@ -337,6 +353,44 @@ def _legal_transpose_view(shape, perm, legal: "_TransposeProbe"):
                 found = view, sizes
                 break
     return found
+
+
+def _two_transposes(shape, perm, legal, c2s: set[int]) -> tuple[tuple, SecondTranspose] | None:
+    """A movement no 4-D view makes legal in one Transpose, as two on the merged view (size-1
+    axes leading): a first perm the target accepts, then the perm that completes `perm` from its
+    output, which the target must accept too; of those, the one whose output in between is
+    stored in the fewest bytes (NC1HWC2 at each C2 in `c2s`, the target's), and never in more
+    than the larger of the input and output. Two steps, each moving the tensor once, where
+    slicing the movement (a Split, a Transpose or relabel per slice, a Concat) takes at least
+    four steps and moves it three times: a Swin window reverse [8, 8, 7, 336] -> [8, 7, 8, 336]
+    swaps an axis of 7 where the swap needs a multiple of 8 (oplist V2.3.2, Transpose, perm
+    (0, 2, 1, 3): h1 % 8 == 0), and goes [8, 336, 8, 7] by (0, 3, 1, 2), then (0, 3, 2, 1)
+    (the wide zoo's tv_swin_nano: 258 NPU steps -> 183). None when no pair passes, or the merged
+    view is above rank 4."""
+    groups = transpose_groups(shape, perm)
+    if groups is None or len(groups[0]) > 4:
+        return None
+    dims, moved = groups
+    lead = 4 - len(dims)
+    in4 = (1,) * lead + tuple(dims)
+    wanted = tuple(range(lead)) + tuple(axis + lead for axis in moved)
+
+    def stored(shape) -> list[int]:
+        return [nc1hwc2_bytes(shape, c2, 1) for c2 in sorted(c2s)]
+
+    ends = [max(pair) for pair in zip(stored(in4), stored(tuple(in4[axis] for axis in wanted)))]
+    pairs = []
+    for first in itertools.permutations(range(4)):
+        between = tuple(in4[axis] for axis in first)
+        second = tuple(first.index(axis) for axis in wanted)
+        # a tensor in between padded past both ends (a small axis on the channels) would move
+        # more bytes than the slices do
+        if all(b <= e for b, e in zip(stored(between), ends)) and legal(in4, first) and legal(between, second):
+            pairs.append((sum(stored(between)), (in4, first), SecondTranspose(second)))
+    if not pairs:
+        return None
+    _, view, second = min(pairs, key=lambda pair: pair[0])
+    return view, second
 
 
 def _slice_sizes(view, axis: int, slices: int, legal) -> tuple[int, list[int]] | None:
