@@ -72,6 +72,41 @@ def test_separate_projections_feed_the_kernel_without_layout_steps(tmp_path):
     assert {"q_heads", "q_t", "kt_t", "merge_t", "merge"} <= set(ctx.origins[attention.name])
 
 
+def shifted_window_scores(model, inner_read_twice: bool = False):
+    """`model` with its scaled scores taking a relative position bias per head, then a mask per
+    query and key (Swin's shifted-window attention), before the Softmax; `inner_read_twice`
+    writes the biased scores to a graph output too."""
+    nodes = list(model.graph.node)
+    softmax = next(n for n in nodes if n.op_type == "Softmax")
+    softmax.input[0] = "masked"
+    at = nodes.index(softmax)
+    added = [helper.make_node("Add", ["scaled", "position_bias"], ["biased"], name="position_bias_add"),
+             helper.make_node("Add", ["biased", "window_mask"], ["masked"], name="mask_add")]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes[:at] + added + nodes[at:])
+    model.graph.initializer.extend([
+        weight("position_bias", RNG.normal(0, 1, (HEADS, TOKENS, TOKENS)).astype(np.float32)),
+        weight("window_mask", np.where(RNG.random((1, 1, TOKENS, TOKENS)) < 0.3, -100.0, 0.0).astype(np.float32))])
+    if inner_read_twice:
+        model.graph.output.append(value_info("biased", [1, HEADS, TOKENS, TOKENS]))
+    return model
+
+
+def test_a_bias_and_a_mask_added_to_the_scores_are_one_mask_of_the_kernel(tmp_path):
+    """The two constant addends become one (`constant_addends_as_one`), which exSDPAttention
+    takes as its mask: one kernel, where the two Adds had kept the attention apart."""
+    kernels, ctx = npu_kernels(shifted_window_scores(separate_projections([0, 2, 3, 1])), tmp_path)
+    assert kernels.count("exSDPAttention") == 1 and "Add" not in kernels, kernels
+    assert any(record.rule == "constant_addends_as_one" for record in ctx.rewrites)
+
+
+def test_biased_scores_read_elsewhere_keep_both_adds(tmp_path):
+    kernels, ctx = npu_kernels(shifted_window_scores(separate_projections([0, 2, 3, 1]), inner_read_twice=True),
+                               tmp_path)
+    assert "exSDPAttention" not in kernels
+    assert not any(record.rule == "constant_addends_as_one" for record in ctx.rewrites)
+
+
 def test_keys_transposed_twice_feed_the_kernel(tmp_path):
     # torch.onnx writes k.transpose(-1, -2) after the head Transpose: [0, 2, 1, 3] then [0, 1, 3, 2];
     # the early layout pass joins the two, the kernel reads the result

@@ -8,7 +8,8 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, static_shape
 
-from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, clip, conv_1x1, float_constant, scalar
+from rkcompile.passes.rewrites.base import (Candidates, RewriteRule, Site, clip, conv_1x1, float_constant, producer,
+    scalar)
 
 
 ELEMENTWISE = frozenset({
@@ -75,6 +76,30 @@ def div_constant_to_mul(node: gs.Node, site: Site) -> Candidates:
     builder = site.builder(node)
     builder.op("Mul", [node.inputs[0], builder.const(reciprocal, "reciprocal")], out=node.outputs[0])
     yield builder.finish()
+
+
+def constant_addends_as_one(node: gs.Node, site: Site) -> Candidates:
+    """(x + a) + b, a and b float constants and x + a read by the second Add alone, as
+    x + (a + b): one Add fewer. An attention's scores take a relative position bias and then
+    a shifted window's mask this way (Swin's shifted blocks), and exSDPAttention takes one mask
+    (seed 001, exSDPAttention: mask), so the two addends as one let the attention fuse. Kept
+    where a + b is no larger than the result (it broadcasts into it)."""
+    inner = producer(node.inputs[0]) if node.inputs else None
+    outer_addend = float_constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    if inner is None or inner.op != "Add" or outer_addend is None or len(node.inputs[0].outputs) != 1 \
+            or node.inputs[0].name in site.graph_outputs:
+        return "not an Add of a constant to the sum of a tensor and a constant read by it alone"
+    x, inner_addend = inner.inputs[0], float_constant(inner.inputs[1])
+    shape = static_shape(node.outputs[0])
+    if inner_addend is None or constant_value(x) is not None or shape is None \
+            or inner_addend.dtype != outer_addend.dtype:
+        return "the inner Add's second operand is not a float constant of the same type, or its first is constant"
+    total = inner_addend + outer_addend
+    if np.broadcast_shapes(static_shape(x), total.shape) != tuple(shape) or total.ndim > len(shape):
+        return f"the addends' sum {list(total.shape)} does not broadcast into {shape}"
+    builder = site.builder(node)
+    builder.op("Add", [x, builder.const(total, "addends")], out=node.outputs[0])
+    yield builder.finish(inner, node)
 
 
 def neg_to_mul(node: gs.Node, site: Site) -> Candidates:
@@ -304,6 +329,7 @@ def expand_into_broadcast(node: gs.Node, site: Site) -> Candidates:
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(sub_constant_to_add, frozenset({"Sub"}), always=True),
     RewriteRule(div_constant_to_mul, frozenset({"Div"}), always=True),
+    RewriteRule(constant_addends_as_one, frozenset({"Add"}), always=True),
     RewriteRule(neg_to_mul, frozenset({"Neg"})),
     RewriteRule(pow_to_mul_chain, frozenset({"Pow"})),
     RewriteRule(hardsigmoid_to_native, frozenset({"HardSigmoid"})),
