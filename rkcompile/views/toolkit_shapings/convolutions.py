@@ -1,7 +1,8 @@
 """Shapings of the plan's Convs: a zero Pad folded into the Conv after it (`pads_into_convs`), a
 one-channel Conv's vector moved into the channels (`vectors_into_channels`), two Convs of one
-input added as one (`added_convs_as_one`), and the Conv of a reshaped matrix written back as the
-Gemm it was (`linear_layers_as_gemms`)."""
+input added as one (`added_convs_as_one`), the Conv of a reshaped matrix written back as the
+Gemm it was (`linear_layers_as_gemms`), and a Conv between small planes and Reshapes written
+from and into channels (`small_planes_into_channels`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,8 +1,9 @@
 """Shapings of the plan's transformer tokens: the rows [R, C, 1, 1] it holds them as written back
 as the sequences [P, N, C] they were (`token_rows_as_sequences`), rows it transposed into
-channels [C, R, 1, 1] relabelled as one plane [1, C, 1, R] (`transposed_rows_as_planes`), and
-the Split form of its one-axis Transposes written back as the Transpose
-(`transposes_from_splits`)."""
+channels [C, R, 1, 1] relabelled as one plane [1, C, 1, R] (`transposed_rows_as_planes`), its
+two Transposes in a row that move one axis written in the Split form
+(`transpose_pairs_as_splits`), and the Split form of its one-axis Transposes written back as the
+Transpose (`transposes_from_splits`)."""
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
