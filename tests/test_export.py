@@ -21,6 +21,7 @@ from rkcompile.errors import CompileError
 from rkcompile.emulator.session import RANDOM_INT_HIGH
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
+from rkcompile.views.toolkit_shapings.convolutions import _reshaped_on_the_toolkit_cpu
 from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_operands_in_one_transpose,
                                               flattened_planes_padded, small_planes_into_channels,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
@@ -2186,6 +2187,17 @@ def test_a_conv_into_a_small_plane_writes_its_positions_as_channels():
     pick = next(n for n in model.graph.node if n.op_type == "Conv" and n.input[0] != "m")
     assert shapes[pick.input[0]] == [40, 32, 1, 1] and shapes[pick.output[0]] == [40, 32, 1, 1]
     np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("source, result, on_its_cpu", [
+    ([640, 16, 1, 2], [1, 80, 16, 16], True),     # probed: a plane of 2 into one of 256
+    ([1, 96, 16, 4], [384, 4, 2, 2], True),       # MobileViT-XXS's unfold: 64 positions into planes of 4
+    ([640, 32, 1, 1], [1, 80, 16, 16], False),    # probed: from a plane of one position
+    ([960, 7, 1, 7], [1, 960, 7, 7], False),      # probed: the batch into the channels, a Transpose
+    ([2880, 7, 1, 1], [960, 3, 1, 7], False),     # GhostNetV2's resize: planes of 1 and 7, on its NPU
+])
+def test_the_reshapes_the_toolkit_runs_on_its_cpu(source, result, on_its_cpu):
+    assert _reshaped_on_the_toolkit_cpu(source, result) is on_its_cpu
 
 
 @pytest.mark.parametrize("padded, other_reader", [(True, False), (False, True)])

@@ -375,8 +375,8 @@ def _two_transposes(shape, perm, legal, c2s: set[int]) -> tuple[tuple, SecondTra
     in4 = (1,) * lead + tuple(dims)
     wanted = tuple(range(lead)) + tuple(axis + lead for axis in moved)
 
-    def stored(shape) -> list[int]:
-        return [nc1hwc2_bytes(shape, c2, 1) for c2 in sorted(c2s)]
+    def stored(dims4) -> list[int]:
+        return [nc1hwc2_bytes(dims4, c2, 1) for c2 in sorted(c2s)]
 
     ends = [max(pair) for pair in zip(stored(in4), stored(tuple(in4[axis] for axis in wanted)))]
     pairs = []
