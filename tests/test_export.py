@@ -2146,6 +2146,21 @@ def test_two_transposes_moving_one_axis_take_the_split_form(into_rows):
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
 
 
+def test_three_transposes_in_a_row_write_one_pair():
+    """Of T0 -> T1 -> T2, the pair T0, T1 takes the Split form and T2 stays to read it: the
+    same values, no node reading a tensor the rewrite removed."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["t0"], ["t1"], name="t1", perm=[0, 1, 3, 2]),
+             helper.make_node("Transpose", ["t1"], ["y"], name="t2", perm=[0, 2, 1, 3])]
+    model = make_model(nodes, [value_info("x", [2, 3, 4, 5])], [value_info("y", [2, 5, 4, 3])])
+    x = np.random.default_rng(5).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})[0]
+    assert transpose_pairs_as_splits(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node].count("Transpose") == 1
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected)
+
+
 def test_two_transposes_moving_two_axes_stay():
     nodes = [helper.make_node("Transpose", ["x"], ["t0"], name="t0", perm=[0, 3, 1, 2]),
              helper.make_node("Transpose", ["t0"], ["y"], name="t1", perm=[1, 0, 3, 2])]

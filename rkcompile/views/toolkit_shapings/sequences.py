@@ -310,7 +310,8 @@ def transpose_pairs_as_splits(model: onnx.ModelProto) -> int:
     for second in originals:
         first = made_by.get(second.input[0]) if second.op_type == "Transpose" else None
         source = shapes.get(first.input[0]) if first is not None and first.op_type == "Transpose" else None
-        if source is None or len(readers[first.output[0]]) != 1 or first.output[0] in graph_outputs:
+        if source is None or len(readers[first.output[0]]) != 1 or first.output[0] in graph_outputs \
+                or id(first) in written:  # a run of three: the middle one is the second of a pair already
             continue
         inner = node_attributes(first).get("perm", range(len(source) - 1, -1, -1))
         outer = node_attributes(second).get("perm", range(len(source) - 1, -1, -1))
