@@ -49,6 +49,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of 0 or more, got '{text}'") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of 0 or more, got '{text}'")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one `error: ...` line like every other failure."""
 
@@ -210,6 +220,9 @@ def _export_arguments(export: argparse.ArgumentParser) -> None:
                         help="check the export on these input arrays, keyed by input name (keys naming outputs "
                              "are ignored; inputs it lacks are seeded random)")
     export.add_argument("--seed", type=int, default=0, help="seed for the check's random inputs (default 0)")
+    export.add_argument("--tolerance", type=_non_negative, metavar="FRACTION",
+                        help="the largest difference from MODEL on onnxruntime the check accepts, as a fraction of "
+                             "each output's largest magnitude (default 2^-10; a float plan's)")
     export.add_argument("--host-tail", action="store_true",
                         help="a graph with shapes the data decides (a detector's NMS): write its static part to "
                              "OUT.onnx for the toolkit and the rest to OUT.host.onnx for onnxruntime on the host, "
@@ -610,8 +623,9 @@ def _export(args: argparse.Namespace) -> int:
         inputs = load_npz(args.inputs)
     options = Options(dtype=args.dtype, batch=args.batch, input_shapes=dict(args.input_shape),
                       **calibration_options(args))
+    tolerance = {} if args.tolerance is None else {"tolerance": args.tolerance}
     export_options = ExportOptions(freeze_inputs=dict(args.freeze_input), inputs=inputs, seed=args.seed,
-                                   host_tail=args.host_tail)
+                                   host_tail=args.host_tail, **tolerance)
     written = export(args.model, args.output, args.target, options, export_options)
     report = written.report
     print(f"wrote {written.path} (opset {report['opset']['export']}, {report['nodes']['export']} nodes from "

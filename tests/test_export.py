@@ -845,6 +845,45 @@ def test_an_export_that_disagrees_is_not_written(save, tmp_path):
     assert list(tmp_path.glob("out*")) == []
 
 
+def convs_and_channel_softmaxes(layers: int = 10, gain: float = 10.0) -> onnx.ModelProto:
+    """Conv, a third of it, and a softmax over the channels in an exporter's own ops (less the
+    max, Exp, ReduceSum, Div), `layers` times, random weights of std `gain`: the softmaxes
+    nearly select, so float32 rounding anywhere moves the outputs by about 1%. The plan folds
+    the third into the weights, and onnxruntime with and without its graph optimizations (its
+    blocked Conv kernels) differs by about as much."""
+    rng = np.random.default_rng(0)
+    nodes, weights, data = [], [], "x"
+    for layer in range(layers):
+        nodes += [helper.make_node("Conv", [data, f"w{layer}"], [f"q{layer}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Div", [f"q{layer}", "three"], [f"c{layer}"]),
+                  helper.make_node("ReduceMax", [f"c{layer}"], [f"m{layer}"], axes=[1]),
+                  helper.make_node("Sub", [f"c{layer}", f"m{layer}"], [f"d{layer}"]),
+                  helper.make_node("Exp", [f"d{layer}"], [f"e{layer}"]),
+                  helper.make_node("ReduceSum", [f"e{layer}", "channels"], [f"t{layer}"]),
+                  helper.make_node("Div", [f"e{layer}", f"t{layer}"], [f"s{layer}"])]
+        weights.append(weight(f"w{layer}", (rng.standard_normal((16, 16, 3, 3)) * gain).astype(np.float32)))
+        data = f"s{layer}"
+    return make_model(nodes, [value_info("x", [1, 16, 8, 8])], [value_info(data, [1, 16, 8, 8])],
+                      [*weights, weight("channels", np.array([1], np.int64)), weight("three", np.float32(3))])
+
+
+def test_a_model_that_grows_float32_rounding_is_refused_with_its_own_spread(save, tmp_path, capsys):
+    """The refusal gives the original's own difference with onnxruntime's graph optimizations
+    off and, where that is beyond the tolerance too, says so; --tolerance of that order writes
+    the file."""
+    original = save(convs_and_channel_softmaxes())
+    arguments = ["export", str(original), "--target", "rk3588", "-o", str(tmp_path / "out.onnx")]
+    assert main(arguments) != 0
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "the original's own with onnxruntime's graph optimizations off" in error
+    assert "float32 evaluations differ beyond the tolerance" in error and "--tolerance" in error
+    assert not (tmp_path / "out.onnx").exists()
+    assert main([*arguments, "--tolerance", "0.05"]) == 0
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    assert report["check"]["tolerance"] == 0.05
+    assert 2.0 ** -10 < report["check"]["outputs"][0]["max_rel"] <= 0.05
+
+
 def test_a_check_the_seeded_inputs_cannot_run_asks_for_inputs(save, tmp_path):
     """Seeded random token ids (0..99) index past a 2-row table (BERT's token types): the
     export's check names the inputs it drew and asks for real ones, writing nothing; with
@@ -866,7 +905,8 @@ def test_bad_input_is_one_error_line(save, tmp_path, capsys):
     cases = [([str(tmp_path / "missing.onnx")], "no such file"),
              ([str(original), "--freeze-input", "sample=1"], "--freeze-input sample: not an input"),
              ([str(original), "--freeze-input", "rate"], "expected NAME=VALUE"),
-             ([str(original), "--calib", str(tmp_path)], "apply to int8 plans; add --dtype int8")]
+             ([str(original), "--calib", str(tmp_path)], "apply to int8 plans; add --dtype int8"),
+             ([str(original), "--tolerance", "-1"], "expected a number of 0 or more")]
     for arguments, message in cases:
         try:
             code = main(["export", *arguments, "--target", "rk3588", "-o", str(tmp_path / "out.onnx")])

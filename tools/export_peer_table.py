@@ -8,7 +8,7 @@ part runs on onnxruntime and how many CPU nodes of the plan are left before it.
 
     python tools/export_peer_table.py MODEL_OR_DIR ... --python PEER_VENV/bin/python
                                       [--target rk3588] [--out DIR] [--json OUT] [--timeout 900]
-                                      [--originals PEER.json ...]
+                                      [--originals PEER.json ...] [--tolerance FRACTION]
 
 --originals takes the toolkit's results on the originals from a zoo's committed table
 (tools/wide_zoo/peer_rk3588.json, written by tools/run_peer_zoo.py) instead of building each
@@ -44,14 +44,14 @@ from rkcompile.errors import CompileError  # noqa: E402
 
 
 def export_row(model: Path, out: Path, python: str, peer: Path, target: str, timeout: int,
-               originals: dict[str, dict]) -> dict:
+               originals: dict[str, dict], tolerance: dict) -> dict:
     """The toolkit on `model` (its entry in `originals`, by name, if there) and on its export to
-    `out`/NAME.onnx."""
+    `out`/NAME.onnx (checked within `tolerance`, `rkcompile export --tolerance`, when it names one)."""
     original = originals.get(model.stem) or peer_result(python, peer, model, target, True, timeout)
     row = {"model": model.stem, "original": original}
     exported = out / f"{model.stem}.onnx"
     try:
-        report = rkcompile.export(model, exported, target, host_tail=True, **_sample_settings(model)).report
+        report = rkcompile.export(model, exported, target, host_tail=True, **_sample_settings(model), **tolerance).report
     except CompileError as exc:
         row["export_error"] = str(exc)
         return row
@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per toolkit build")
     parser.add_argument("--originals", type=Path, nargs="+", default=[], metavar="PEER_JSON",
                         help="the toolkit's committed results on the originals (tools/*/peer_rk3588.json)")
+    parser.add_argument("--tolerance", type=float, metavar="FRACTION",
+                        help="the export check's tolerance (rkcompile export --tolerance; default its own)")
     args = parser.parse_args(argv)
     if not args.python or not Path(args.python).is_file() or not args.peer.is_file():
         print("error: rknn-toolkit2's python and rknn_peer.py are needed: --python PATH (or RKNN_PEER_PYTHON) and "
@@ -154,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     originals = {name: entry for table in args.originals for name, entry in json.loads(table.read_text())["models"].items()}
+    tolerance = {} if args.tolerance is None else {"tolerance": args.tolerance}
     print(render(collect(args.models, lambda model: export_row(model, args.out, args.python, args.peer, args.target,
-                                                               args.timeout, originals), args.json)))
+                                                               args.timeout, originals, tolerance), args.json)))
     return 0
 
 

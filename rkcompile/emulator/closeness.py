@@ -56,14 +56,18 @@ def agreement(name: str, actual: np.ndarray, expected: np.ndarray) -> Agreement:
     return Agreement(name, cosine, max_abs, max_abs / scale if scale else max_abs)
 
 
-def onnxruntime_outputs(model_path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def onnxruntime_outputs(model_path, inputs: Mapping[str, np.ndarray], optimized: bool = True) -> dict[str, np.ndarray]:
     """The model (a path, or a serialized model's bytes) run by onnxruntime on one thread, the
-    reference `--check` uses when the inputs file carries no expected outputs."""
+    reference `--check` uses when the inputs file carries no expected outputs; with `optimized`
+    False, its graph as written (onnxruntime's graph optimizations off: fusions that compute in
+    another order)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
+    if not optimized:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     model = model_path if isinstance(model_path, bytes) else str(model_path)
     session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
