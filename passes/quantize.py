@@ -243,7 +243,7 @@ def _observe(ctx: CompileContext, ordered: list[gs.Node], devices: list[str], wa
             scale = scaled[name].reshape((1, -1) + (1,) * (np.ndim(value) - 2))
             equalized[name].update((value / scale).astype(np.float32))
         if weight_errors is not None:
-            weight_errors.observe(name, value, runtime.tap_means)
+            weight_errors.observe(name, value)
 
     runtime = ctx.runtime
     if runtime is None:
@@ -266,6 +266,8 @@ def _observe(ctx: CompileContext, ordered: list[gs.Node], devices: list[str], wa
             for name, value in seen:
                 observe(name, value)
             outputs.append(produced)
+    if weight_errors is not None:
+        weight_errors.settle(runtime.tap_means)
     ctx.calibration = Calibration(observers, equalized, weight_errors.copy() if weight_errors is not None else None,
                                   reference, tuple(outputs))
 

@@ -161,10 +161,12 @@ def test_tap_means_divided_are_those_of_the_divided_input():
     x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
     scale = np.exp(rng.uniform(-2, 2, 4))
     divided, observed = WeightErrorMeans({"k": (conv, "x")}), WeightErrorMeans({"k": (conv, "x")})
-    divided.observe("x", x, EMULATOR_RUNTIME.tap_means)
+    divided.observe("x", x)
+    divided.settle(EMULATOR_RUNTIME.tap_means)
     kept = divided.copy()
     divided.divide_inputs({"x": scale})
-    observed.observe("x", (x / scale.reshape(1, 4, 1, 1)).astype(np.float32), EMULATOR_RUNTIME.tap_means)
+    observed.observe("x", (x / scale.reshape(1, 4, 1, 1)).astype(np.float32))
+    observed.settle(EMULATOR_RUNTIME.tap_means)
     np.testing.assert_allclose(divided.means()["k"], observed.means()["k"], rtol=1e-6)
     assert not np.allclose(kept.means()["k"], divided.means()["k"])  # the copy kept its own sums
 
@@ -223,7 +225,8 @@ def test_bias_correction_reduces_the_mean_error_of_a_synthetic_layer():
         return np.maximum(rng.standard_normal((1, 8, 12, 12)) + rng.uniform(0, 2, (1, 8, 1, 1)), 0).astype(np.float32)
     means = WeightErrorMeans({"conv": (conv, "x")})
     for _ in range(8):
-        means.observe("x", sample(), EMULATOR_RUNTIME.tap_means)
+        means.observe("x", sample())
+    means.settle(EMULATOR_RUNTIME.tap_means)
     bias = corrected_bias(np.zeros(16), means.means()["conv"])
     rounded = weight + weight_error(weight)
     held_out = np.concatenate([sample() for _ in range(8)])
@@ -251,7 +254,8 @@ def test_bias_correction_shift_is_the_mean_of_the_error_convolution(attrs, chann
                for _ in range(3)]
     means = WeightErrorMeans({"conv": (conv, "x")})
     for x in samples:
-        means.observe("x", x, EMULATOR_RUNTIME.tap_means)
+        means.observe("x", x)
+    means.settle(EMULATOR_RUNTIME.tap_means)
     error = weight_error(conv.inputs[1].values)
     expected = np.mean([convolve(conv, x.astype(np.float64), error).mean(axis=(0, 2, 3)) for x in samples], axis=0)
     # the depthwise kernel sums in float32 whatever its inputs
