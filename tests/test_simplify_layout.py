@@ -275,6 +275,67 @@ def test_channels_last_block_runs_on_the_channel_axis_without_transposes(tmp_pat
         assert ctx.fates["to_last"][0] == ctx.fates["to_first"][0] == "removed"
 
 
+def gated_channels_last_block(tail: str = "pool", constant_part: bool = False):
+    """MambaOut's gated block as torch exports it: a Transpose to channels-last, a linear layer,
+    a Split of its channels into a gate, an identity part and a part that goes back to NCHW
+    for a depthwise Conv and to channels-last again, the Concat of those two parts along the
+    channels, the gate's GELU times it, a linear layer, and then (`tail`) the mean over the
+    positions with the axes dropped ("pool", before a classifier), or a Transpose back to NCHW.
+    With `constant_part` the Concat joins a constant instead of the depthwise Conv's part."""
+    channels, gate, kept, convolved, size = 16, 24, 8, 16, 6
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="to_last", perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["t", "w1"], ["h"], name="fc1"),
+             helper.make_node("Split", ["h", "parts"], ["g", "i", "c"], name="split", axis=3),
+             helper.make_node("Transpose", ["c"], ["c_nchw"], name="c_to_first", perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["c_nchw", "dw"], ["c_conv"], name="dwconv", group=convolved,
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c_conv"], ["c_last"], name="c_to_last", perm=[0, 2, 3, 1]),
+             *gelu_nodes("g", "gg", "gelu"),
+             helper.make_node("Concat", ["i", "kept_constant" if constant_part else "c_last"], ["j"], name="cat",
+                              axis=-1),
+             helper.make_node("Mul", ["gg", "j"], ["m"], name="gated"),
+             helper.make_node("MatMul", ["m", "w2"], ["o"], name="fc2")]
+    if tail == "pool":
+        nodes.append(helper.make_node("ReduceMean", ["o"], ["y"], name="pool", axes=[1, 2], keepdims=0))
+        out_shape = [1, channels]
+    else:
+        nodes.append(helper.make_node("Transpose", ["o"], ["y"], name="to_first", perm=[0, 3, 1, 2]))
+        out_shape = [1, channels, size, size]
+    params = {"w1": (channels, gate + kept + convolved), "dw": (convolved, 1, 3, 3), "w2": (gate, channels),
+              "kept_constant": (1, size, size, convolved)}
+    return make_model(nodes, [value_info("x", [1, channels, size, size])], [value_info("y", out_shape)],
+                      [weight(n, RNG.normal(0, 0.3, s).astype(np.float32)) for n, s in params.items()]
+                      + [weight("parts", np.array([gate, kept, convolved], np.int64))] + GELU_CONSTANTS)
+
+
+def test_a_concat_of_transposed_parts_and_a_pool_dropping_axes_take_the_move(tmp_path):
+    # the move to channels-last passes the Split, its part's Transposes around the depthwise Conv
+    # cancel, the Concat of that part with another joins the channels of the NCHW map, and the
+    # mean over the positions that drops them gives the same [1, C] from NCHW: no Transpose
+    # stays; with a Transpose back to NCHW instead, it cancels
+    for tail in ("pool", "transpose"):
+        kernels, ctx = npu_kernels(gated_channels_last_block(tail), tmp_path)
+        assert not {"Transpose", "Reshape"} & set(kernels), (tail, kernels)
+        assert "Concat" in kernels and ctx.fates["to_last"][0] == "removed", (tail, kernels)
+
+
+def test_a_concat_joining_a_constant_declines_the_move(tmp_path):
+    kernels, ctx = npu_kernels(gated_channels_last_block("transpose", constant_part=True), tmp_path)
+    assert ("move_layout_down", "declined: cat (Concat) joins a constant, kept_constant") in attempts(ctx, "to_last")
+
+
+def test_a_mean_dropping_axes_the_move_would_reorder_stays_after_it(tmp_path):
+    # the Transpose swaps H and W; the mean over the channels then keeps [N, W, H], which the
+    # unmoved layout holds as [N, H, W]: the move declines with its reason
+    model = make_model([helper.make_node("Transpose", ["x"], ["t"], name="swap", perm=[0, 1, 3, 2]),
+                        helper.make_node("Relu", ["t"], ["r"], name="relu"),
+                        helper.make_node("ReduceMean", ["r"], ["y"], name="mean", axes=[1], keepdims=0)],
+                       [value_info("x", [1, 8, 4, 6])], [value_info("y", [1, 6, 4])])
+    _, ctx = npu_kernels(model, tmp_path)
+    assert ("move_layout_down", "declined: mean drops the axes it reduces and the move reorders the axes it keeps") \
+        in attempts(ctx, "swap")
+
+
 def test_transpose_stays_before_a_norm_over_another_axis(tmp_path):
     # a LayerNormalization over the last axis of a Transpose that did not move the channels there
     # is not a channel normalization: the move declines with its reason

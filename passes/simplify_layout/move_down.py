@@ -1,6 +1,7 @@
 """`move_layout_down`: a relabel or Transpose made after the region of ops below it that compute
 the same values in any layout (element-wise ops and kernels, Splits and Softmaxes along an axis
-it keeps whole, Pads and Reduce*s with their axes renamed, Gathers re-indexed, a LayerNorm or a
+it keeps whole, Concats of operands a Transpose moved alike, Pads and Reduce*s with their axes
+renamed (one that drops them ends the region), Gathers re-indexed, a LayerNorm or a
 linear layer on the channels a Transpose moved last), where the relabels and Transposes reading
 the region take it into their own, or a matrix multiply kernel reads its operand through it
 (kernel_operands). `_Region` holds what the move passes and the shape each tensor gets; `_grow`
@@ -170,8 +171,13 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     if is_onnx_domain(reader) and reader.op in CHANNEL_OPS:
         return _classify_channel_op(reader, tensor, region)
     fused = reader.domain == FUSED_DOMAIN and _elementwise_fused(reader)
-    if not fused and not (is_onnx_domain(reader) and reader.op in ELEMENTWISE_OPS and len(reader.outputs) == 1):
-        return f"{reader.name} ({reader.op}) is neither element-wise, a Split, a Softmax nor a relabel or Transpose"
+    # a Concat joins operands a Transpose moved alike along the axis it moved there (MambaOut's
+    # gated block joins a Split's part and its depthwise Conv's, each back to channels-last)
+    concat = perm is not None and is_onnx_domain(reader) and reader.op == "Concat"
+    if not fused and not concat and not (is_onnx_domain(reader) and reader.op in ELEMENTWISE_OPS
+                                         and len(reader.outputs) == 1):
+        return (f"{reader.name} ({reader.op}) is neither element-wise, a Split, a Softmax, a Concat of "
+                "transposed operands nor a relabel or Transpose")
     moved = static_shape(reader.outputs[0])
     if moved != static_shape(tensor):
         # A Transpose moves an operand that broadcasts (a LayerNorm's mean) as it moves the
@@ -188,6 +194,8 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
                 return f"{reader.name} reads {operand.name}, laid out unlike {tensor.name}"
             continue
         if isinstance(operand, gs.Constant):
+            if concat:
+                return f"{reader.name} (Concat) joins a constant, {operand.name}"
             relaid = _relaid_constant(operand, moved, unmoved, perm, fused, region.fresh)
             if isinstance(relaid, str):
                 return f"{reader.name}: {relaid}"
@@ -212,6 +220,8 @@ def _classify(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         else:
             return f"{reader.name} reads {operand.name}, which is not moved as {tensor.name} is"
     region.constants.update(constants)
+    if concat:
+        region.attrs[id(reader)] = {"axis": perm[int(reader.attrs["axis"]) % len(perm)]}
     for twin, operand in twins:
         if id(twin) not in region.classified:
             region.classified.add(id(twin))
@@ -280,7 +290,7 @@ def _broadcast_chain(operand: gs.Tensor, unmoved, region: _Region):
 
 
 #: ops whose attributes or constant inputs name the axes they work along; a Transpose passes
-#: them with the axes renamed (Reduce* only when they keep the reduced axes, so ranks agree)
+#: them with the axes renamed (a Reduce* that drops the reduced axes ends it: `_axes_renamed`)
 AXIS_NAMING_OPS = frozenset({"Pad", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd",
                              "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"})
 
@@ -288,13 +298,19 @@ AXIS_NAMING_OPS = frozenset({"Pad", "ReduceMean", "ReduceMax", "ReduceMin", "Red
 def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
     """`reader` (Pad or a Reduce*) run on the unmoved layout, its axes or pads renamed: what
     it does along moved axis a it does along the unmoved layout's perm[a]. Exact: every output
-    is computed from the same elements by the same arithmetic."""
+    is computed from the same elements by the same arithmetic. A Reduce* that drops the axes
+    it reduces ends the move when the axes it keeps come in the same order on the unmoved
+    layout: its output is then the same tensor (MambaOut's pooling of its channels-last map
+    before the classifier), and the region takes nothing after it."""
     perm, rank = region.perm, len(region.perm)
     out_shape = static_shape(reader.outputs[0])
-    if out_shape is None or len(out_shape) != rank or len(reader.outputs) != 1:
-        return f"{reader.name} ({reader.op}) changes the rank or its output shape is unknown"
+    if out_shape is None or len(reader.outputs) != 1:
+        return f"{reader.name} ({reader.op}) has no one output of known shape"
     constant_inputs = {}
+    drops = False
     if reader.op == "Pad":
+        if len(out_shape) != rank:
+            return f"{reader.name} ({reader.op}) changes the rank"
         if reader.attrs.get("mode", "constant") not in ("constant", "reflect", "edge") or len(reader.inputs) > 3:
             return f"{reader.name} pads with a mode or an axes input the move does not rename"
         if len(reader.inputs) > 2 and reader.inputs[2].name and constant_value(reader.inputs[2]) is None:
@@ -310,19 +326,27 @@ def _axes_renamed(reader: gs.Node, tensor: gs.Tensor, region: _Region):
         else:
             constant_inputs[1] = gs.Constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
     else:
-        if not reader.attrs.get("keepdims", 1):
-            return f"{reader.name} drops the axes it reduces"
         from_input = len(reader.inputs) > 1 and reader.inputs[1].name
         axes = constant_value(reader.inputs[1]) if from_input else reader.attrs.get("axes")
         if axes is None:
             return f"{reader.name} reduces every axis or its axes are not a constant"
-        renamed = np.array(sorted(perm[int(a) % rank] for a in np.asarray(axes).reshape(-1)), dtype=np.int64)
+        reduced = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+        kept = [perm[a] for a in range(rank) if a not in reduced]
+        drops = not reader.attrs.get("keepdims", 1)
+        if len(out_shape) != (len(kept) if drops else rank):
+            return f"{reader.name} ({reader.op}) changes the rank"
+        if drops and kept != sorted(kept):
+            return f"{reader.name} drops the axes it reduces and the move reorders the axes it keeps"
+        renamed = np.array(sorted(perm[a] for a in reduced), dtype=np.int64)
         if from_input:
             constant_inputs[1] = gs.Constant(region.fresh(f"{reader.inputs[1].name}/unmoved"), renamed)
         else:
             region.attrs[id(reader)] = {"axes": renamed.tolist()}
     region.constants.update({(id(reader), position): c for position, c in constant_inputs.items()})
     region.nodes.append(reader)
+    if drops:
+        region.shapes[id(reader.outputs[0])] = out_shape
+        return []
     region.shapes[id(reader.outputs[0])] = _unmoved_shape(out_shape, None, None, perm)
     return [reader.outputs[0]]
 
