@@ -424,3 +424,33 @@ def test_a_head_split_into_a_matrix_multiply_that_cannot_read_it_stays(tmp_path)
     _, ctx = npu_kernels(model, tmp_path)
     outcomes = [outcome for rule, outcome in attempts(ctx, "q_t") if rule == "move_layout_down"]
     assert any("cannot take the move in" in outcome and "is not whole rows" in outcome for outcome in outcomes), outcomes
+
+
+def test_a_kernel_whose_body_names_an_input_otherwise_absorbs_reads_under_both_names():
+    """A fused kernel's body may read an input under another name than the tensor the node
+    reads (a move into the kernel renamed it: timm's gcvit_xxtiny, whose global query
+    crashed the planner, KeyError 'mul_14/moved'). Absorbing a read keeps the body's name for
+    the body and the node's tensor for the node, input by input."""
+    from types import SimpleNamespace
+
+    import onnx_graphsurgeon as gs
+
+    from rkcompile.passes.simplify_layout.kernel_operands import _absorb
+    from rkcompile.plan.schema import FUSED_DOMAIN
+
+    outer_q, keys_source = gs.Variable("q/moved", np.float32, [1, 2, 4, 8]), gs.Variable("k", np.float32, [1, 2, 8, 4])
+    inner_q, keys, out = (gs.Variable("q/moved_2", np.float32, [1, 2, 4, 8]),
+                          gs.Variable("kT", np.float32, [1, 2, 4, 8]), gs.Variable("y", np.float32, [1, 2, 4, 4]))
+    product = gs.Node("MatMul", "scores", inputs=[inner_q, gs.Variable("kT", np.float32, [1, 2, 4, 8])],
+                      outputs=[gs.Variable("y", np.float32, [1, 2, 4, 4])])
+    kernel = gs.Node("exMatMul", "exMatMul:scores", domain=FUSED_DOMAIN, inputs=[outer_q, keys], outputs=[out],
+                     attrs={"body": gs.Graph(nodes=[product], inputs=list(product.inputs), outputs=product.outputs)})
+    read = gs.Node("Transpose", "keys", attrs={"perm": [0, 1, 3, 2]}, inputs=[keys_source], outputs=[keys])
+    made = []
+    simplifier = SimpleNamespace(graph_outputs=set(), fresh=lambda name: name,
+                                 ctx=SimpleNamespace(graph=SimpleNamespace(opset=17)),
+                                 replace=lambda rule, old, new: made.extend(new))
+    _absorb(kernel, "exMatMul", [product], {"q/moved_2": outer_q, "kT": keys}, [read], [], simplifier)
+    (node,) = made
+    assert [(t.name, inner.name) for t, inner in zip(node.inputs, node.attrs["body"].inputs)] == [
+        ("k", "k"), ("q/moved", "q/moved_2")]

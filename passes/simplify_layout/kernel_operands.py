@@ -398,17 +398,20 @@ def _absorb(node: gs.Node, kernel: str, core: list[gs.Node], outer: dict[str, gs
     a fused node keeps its name and attributes."""
     members = [*reads, *core, *writes]
     made = {t.name for member in members for t in member.outputs if t.name}
-    inputs: dict[str, gs.Tensor] = {}
+    # what the members read from outside, by the name they read it by: the body's inputs, and
+    # the tensors the node reads for them (a fused body may name an input otherwise: `outer`)
+    read: dict[str, gs.Tensor] = {}
     for member in members:
-        inputs.update((t.name, outer.get(t.name, t)) for t in member.inputs if t.name and t.name not in made)
+        read.update((t.name, t) for t in member.inputs if t.name and t.name not in made)
+    inputs = [outer.get(name, t) for name, t in read.items()]
     outputs = [_written(node.outputs[0], writes, simplifier.graph_outputs)] if writes else list(node.outputs)
     fused = node.domain == FUSED_DOMAIN
     name = node.name if fused else simplifier.fresh(f"{kernel}:{node.name}")
     attrs = dict(node.attrs if fused else {}, members=[member.op for member in members],
-                 body=body_graph(name, members, list(inputs.values()), outputs, simplifier.ctx.graph.opset))
+                 body=body_graph(name, members, list(read.values()), outputs, simplifier.ctx.graph.opset))
     for old in [node, *reads, *writes]:
         detach(old)
-    made = gs.Node(op=kernel, name=name, domain=FUSED_DOMAIN, attrs=attrs, inputs=list(inputs.values()), outputs=outputs)
+    made = gs.Node(op=kernel, name=name, domain=FUSED_DOMAIN, attrs=attrs, inputs=inputs, outputs=outputs)
     simplifier.replace("attention_operands" if kernel == ATTENTION else "matmul_operands", [node, *reads, *writes], [made])
 
 
