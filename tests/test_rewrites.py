@@ -558,6 +558,23 @@ def test_rank5_pad_of_a_4d_map_runs_4d(tmp_path):
     assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 7])})
 
 
+def test_rank5_linear_layer_runs_4d(tmp_path):
+    """Twins' projection of its [N, h, w, wh, ww, C] windows: a MatMul by a 2-D constant of a
+    rank-5 tensor, here between a relabel into windows and a softmax over the last axis. Every
+    axis but the last merges alike in its operand and its result, and the region runs at rank 4."""
+    nodes = [helper.make_node("Reshape", ["x", "s5"], ["r5"], name="windows"),
+             helper.make_node("MatMul", ["r5", "w"], ["m5"], name="linear"),
+             helper.make_node("Softmax", ["m5"], ["p5"], name="softmax", axis=-1),
+             helper.make_node("Reshape", ["p5", "s4"], ["y"], name="merge")]
+    model = make_model(nodes, [value_info("x", [1, 6, 5, 8])], [value_info("y", [1, 6, 5, 12])],
+                       [weight("s5", np.array([1, 2, 3, 5, 8], np.int64)), weight("s4", np.array([1, 6, 5, 12], np.int64)),
+                        weight("w", RNG.normal(0, 0.5, (8, 12)).astype(np.float32))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "collapse_rank_region" in rules_fired(ctx)
+    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes for t in n.outputs)
+    assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 8])})
+
+
 def test_rank5_channel_shuffle_becomes_a_4d_transpose_between_relabels(tmp_path):
     """shufflenet's Reshape -> Transpose(rank 5) -> Reshape: the rank-5 relabels are absorbed.
     The shuffle's result is flattened to [1, 12, 25] here: one back in the input's own shape

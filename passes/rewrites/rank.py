@@ -37,7 +37,9 @@ AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax", "Pad"
 SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 #: The ops a region may hold: each has a form on merged axes.
 #: Batched matrix products: the batch axes merge alike in both operands and the result, the
-#: two matrix axes of each stay groups of their own.
+#: two matrix axes of each stay groups of their own. A MatMul by a 2-D constant (a linear layer
+#: on the last axis: Twins' q/k/v projection of its [N, h, w, wh, ww, C] windows) is one too:
+#: every axis but the last merges alike in its operand and its result (`_linear_layer`).
 PRODUCTS = frozenset({"MatMul", "Einsum"})
 #: Element-wise ops and Expand: operands broadcast to the result.
 BROADCASTS = ELEMENTWISE | {"Expand"}
@@ -323,7 +325,7 @@ def _unsupported(node: gs.Node, opset: int) -> str:
     if any(static_shape(t) is None for t in _data_tensors(node)):
         return "a shape is unknown"
     if node.op in PRODUCTS:
-        return "" if _batched_product(node) is not None else (
+        return "" if _batched_product(node) is not None or _linear_layer(node) else (
             "not a product of operands of one rank whose batch axes lead, in order, of equal sizes")
     if node.op in AXIS_OPS:
         axes = _op_axes(node, opset)
@@ -453,12 +455,23 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
                     join.discard(cut)
                     changed = True
         return changed | _link(node.inputs[0], node.outputs[0], kept, joinable)
+    if node.op in PRODUCTS and _linear_layer(node):
+        rows = len(static_shape(node.outputs[0])) - 1
+        return _link(node.inputs[0], node.outputs[0], list(range(rows)) + [None], joinable)
     if node.op in PRODUCTS:
         batch = len(static_shape(node.outputs[0])) - 2
         out_to_in = list(range(batch)) + [None, None]
         return (_link(node.inputs[0], node.outputs[0], out_to_in, joinable)
                 | _link(node.inputs[1], node.outputs[0], out_to_in, joinable))
     return False  # a relabel: any grouping on either side
+
+
+def _linear_layer(node: gs.Node) -> bool:
+    """A MatMul of a computed operand above rank 2 by a 2-D constant, the result of its rank."""
+    if node.op != "MatMul" or len(node.inputs) != 2 or not isinstance(node.inputs[1], gs.Constant):
+        return False
+    x, w, y = (static_shape(t) for t in (*node.inputs, node.outputs[0]))
+    return len(w) == 2 and len(x) == len(y) > 2 and not isinstance(node.inputs[0], gs.Constant)
 
 
 def _batched_product(node: gs.Node) -> tuple[bool, bool] | None:
@@ -599,6 +612,11 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         return
     if node.op in AXIS_OPS:
         _rebuild_axis_op(node, builder, groups, grouped, targets, _op_axes(node, opset))
+        return
+    if node.op in PRODUCTS and _linear_layer(node):
+        x_shape, y_shape = static_shape(x), static_shape(y)
+        emit("MatMul", [grouped(x, _grouped_shape(x_shape, groups[id(x)])), node.inputs[1]],
+             _grouped_shape(y_shape, groups[id(y)]))
         return
     if node.op in PRODUCTS:
         y_shape = static_shape(y)
