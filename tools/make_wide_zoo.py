@@ -559,6 +559,26 @@ SPECS: list[Spec] = [
     Spec("timm_edgenext_x_small", _TIMM, "timm edgenext_x_small (XCA on 100 channels of 14x14)", DYNAMO, 18,
          _timm("edgenext_x_small")),
     Spec("timm_swiftformer_s", _TIMM, "timm swiftformer_s (additive attention)", DYNAMO, 18, _timm("swiftformer_s")),
+    # a fourth holdout: architectures none of the zoos had, exported before any change for them
+    Spec("timm_gcvit_xxtiny", _TIMM, "timm gcvit_xxtiny (global context attention)", DYNAMO, 18, _timm("gcvit_xxtiny")),
+    Spec("timm_hiera_tiny_224", _TIMM, "timm hiera_tiny_224 (mask-unit attention)", TORCHSCRIPT, 17,
+         _timm("hiera_tiny_224")),
+    Spec("timm_fasternet_t0", _TIMM, "timm fasternet_t0 (partial convolution)", DYNAMO, 18, _timm("fasternet_t0")),
+    Spec("timm_convformer_s18", _TIMM, "timm convformer_s18 (separable conv mixer, StarReLU)", TORCHSCRIPT, 17,
+         _timm("convformer_s18")),
+    Spec("timm_davit_tiny", _TIMM, "timm davit_tiny (channel and window attention)", DYNAMO, 18, _timm("davit_tiny")),
+    Spec("timm_focalnet_tiny_srf", _TIMM, "timm focalnet_tiny_srf (focal modulation)", TORCHSCRIPT, 17,
+         _timm("focalnet_tiny_srf")),
+    Spec("timm_ghostnetv3_050", _TIMM, "timm ghostnetv3_050", DYNAMO, 18, _timm("ghostnetv3_050")),
+    Spec("timm_coatnet_nano_rw_224", _TIMM, "timm coatnet_nano_rw_224 (MBConv and relative attention)", TORCHSCRIPT,
+         17, _timm("coatnet_nano_rw_224")),
+    Spec("timm_twins_svt_small", _TIMM, "timm twins_svt_small (locally grouped and global sub-sampled attention)",
+         TORCHSCRIPT, 17, _timm("twins_svt_small")),
+    Spec("timm_botnet26t_256", _TIMM, "timm botnet26t_256 (bottleneck self-attention)", TORCHSCRIPT, 16,
+         _timm("botnet26t_256", 256)),
+    Spec("timm_tresnet_m", _TIMM, "timm tresnet_m (space-to-depth stem, anti-aliased downsampling)", DYNAMO, 18,
+         _timm("tresnet_m")),
+    Spec("timm_dla34", _TIMM, "timm dla34 (deep layer aggregation)", TORCHSCRIPT, 13, _timm("dla34")),
 ]
 
 
