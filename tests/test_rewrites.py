@@ -709,6 +709,22 @@ def test_a_broadcast_to_many_channels_repeats_the_operand_by_a_conv_of_ones(tmp_
                         rtol=0, atol=0)
 
 
+def test_a_channel_vector_times_a_plane_repeats_only_the_plane(tmp_path):
+    """FocalNet's global context [1, C, 1, 1] times its gate [1, 1, H, W]: both broadcast. The gate
+    repeated over the channels by a Conv of ones is enough: the NPU multiplies by the context per
+    channel, which needed two Concats of 8 copies before."""
+    model = make_model([helper.make_node("Mul", ["context", "gate"], ["y"], name="modulate")],
+                       [value_info("context", [1, 16, 1, 1]), value_info("gate", [1, 1, 8, 8])],
+                       [value_info("y", [1, 16, 8, 8])])
+    target = get_target("rk3588")
+    ctx = rewritten(model, tmp_path, target)
+    rewrite_late.run(ctx)
+    assert "broadcast_by_concat" in rules_fired(ctx)
+    assert ops_of(ctx) == ["Conv", "Mul"]
+    assert all(not check_node(n, target, plan_dtype="float16", opset=17) for n in ctx.graph.nodes)
+    assert_same_outputs(model, ctx, {"context": feed([1, 16, 1, 1]), "gate": feed([1, 1, 8, 8])}, rtol=0, atol=0)
+
+
 def test_transpose_moving_only_unit_axes_is_a_reshape(tmp_path):
     model = unary_model("Transpose", [64, 1, 8], perm=[1, 0, 2])
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 1

@@ -253,43 +253,82 @@ BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
 
 def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
     """A binary element-wise op whose broadcast is none of the NPU's Expand patterns (oplist
-    V2.3.2, Expand; Add/Mul/Div/Max inherit them), with both operands made full-sized first: a
+    V2.3.2, Expand; Add/Mul/Div/Max inherit them), with operands made full-sized first: a
     constant operand is stored broadcast, a computed one is repeated by a Concat along each
     broadcast axis (as many copies as that axis has, at most 64), or along the channel axis of a
     float operand by a 1x1 Conv of ones from its one channel to all of them (x * 1, exact;
     rknn-toolkit2 broadcasts a LayerNorm's mean over 512 channels so): always at rank 4, where a
     one-channel tensor fills a whole C2 block of NC1HWC2 and a Concat of k copies reads k blocks
     where the Conv reads one; at rank 2 or 3, whose 4-D view costs two relabels, only to more
-    channels than a Concat copies. Equal shapes need no broadcast."""
+    channels than a Concat copies. Where both operands broadcast, one made full-sized may be
+    enough, the other broadcast as the NPU does (FocalNet's [1, C, 1, 1] context times its
+    [1, 1, H, W] gate: the gate repeated over the channels, the context per channel): those
+    candidates come first, the one of fewer repeating steps first, then both full-sized. Equal
+    shapes need no broadcast."""
     out_shape = static_shape(node.outputs[0])
     operands = [t for t in node.inputs if t.name]
     if out_shape is None or len(operands) != 2 or any(static_shape(t) is None for t in operands):
         return "not two operands of known shape"
-    builder = site.builder(node)
-    full = []
-    for operand in operands:
-        shape = list(static_shape(operand))
-        shape = [1] * (len(out_shape) - len(shape)) + shape
-        value = constant_value(operand)
-        if value is not None:
-            full.append(operand if value.size == 1 else builder.const(np.broadcast_to(value, out_shape), "full"))
+    broadcast = [t for t in operands if _with_leading_ones(static_shape(t), out_shape) != list(out_shape)]
+    problems = [problem for problem in (_repeat_problem(t, out_shape) for t in broadcast) if problem]
+    repeatable = [t for t in broadcast if not _repeat_problem(t, out_shape)]
+    choices = [[t] for t in sorted(repeatable, key=lambda t: _repeat_steps(t, out_shape))] if len(broadcast) == 2 else []
+    choices += [broadcast] if not problems else []
+    for repeated in choices:
+        builder = site.builder(node)
+        full = [_repeated(builder, t, out_shape) if any(t is r for r in repeated) else t for t in operands]
+        builder.op(node.op, full, out=node.outputs[0], **node.attrs)
+        yield builder.finish()
+    return problems[0] if problems else None
+
+
+def _with_leading_ones(shape, out_shape) -> list[int]:
+    return [1] * (len(out_shape) - len(shape)) + list(shape)
+
+
+def _by_conv(operand: gs.Tensor, shape: list[int], out_shape, axis: int) -> bool:
+    """Whether `_repeated` repeats `operand` (of `shape`, its rank lifted) along `axis` by a 1x1
+    Conv of ones: its one channel to many, at rank 4 or to more channels than a Concat copies."""
+    return (axis == 1 and shape[1] == 1 and (len(shape) == 4 or out_shape[1] > BROADCAST_COPIES)
+            and 2 <= len(shape) <= 4 and dtype_name(operand.dtype) in FLOAT_DTYPES)
+
+
+def _repeat_problem(operand: gs.Tensor, out_shape) -> str | None:
+    """Why `_repeated` cannot make `operand` full-sized, None when it can."""
+    if constant_value(operand) is not None:
+        return None
+    shape = _with_leading_ones(static_shape(operand), out_shape)
+    for axis, (have, want) in enumerate(zip(shape, out_shape)):
+        if have != want and not _by_conv(operand, shape, out_shape, axis) and (have != 1 or want > BROADCAST_COPIES):
+            return (f"operand {operand.name} broadcasts axis {axis} from {have} to {want}: not from 1, or over "
+                    f"{BROADCAST_COPIES} copies")
+    return None
+
+
+def _repeat_steps(operand: gs.Tensor, out_shape) -> int:
+    """The steps `_repeated` makes: one per broadcast axis of a computed operand, none for a constant."""
+    if constant_value(operand) is not None:
+        return 0
+    shape = _with_leading_ones(static_shape(operand), out_shape)
+    return sum(have != want for have, want in zip(shape, out_shape))
+
+
+def _repeated(builder, operand: gs.Tensor, out_shape) -> gs.Tensor:
+    """`operand` made `out_shape`-sized (`_repeat_problem` says it can be): a constant stored
+    broadcast, a computed tensor repeated along each broadcast axis."""
+    value = constant_value(operand)
+    if value is not None:
+        return operand if value.size == 1 else builder.const(np.broadcast_to(value, out_shape), "full")
+    shape = _with_leading_ones(static_shape(operand), out_shape)
+    tensor = operand if len(shape) == len(static_shape(operand)) else builder.reshape(operand, shape)
+    for axis, want in enumerate(out_shape):
+        if shape[axis] == want:
             continue
-        tensor = operand if len(shape) == len(static_shape(operand)) else builder.reshape(operand, shape)
-        for axis, (have, want) in enumerate(zip(shape, out_shape)):
-            if have == want:
-                continue
-            if (axis == 1 and have == 1 and (len(shape) == 4 or want > BROADCAST_COPIES) and 2 <= len(shape) <= 4
-                    and dtype_name(operand.dtype) in FLOAT_DTYPES):
-                shape[axis] = want
-                tensor = _channels_by_conv(builder, tensor, list(shape))
-                continue
-            if have != 1 or want > BROADCAST_COPIES:
-                return f"operand {operand.name} broadcasts axis {axis} from {have} to {want}: not from 1, or over {BROADCAST_COPIES} copies"
-            shape[axis] = want
-            tensor = builder.op("Concat", [tensor] * want, list(shape), operand.dtype, axis=axis)
-        full.append(tensor)
-    builder.op(node.op, full, out=node.outputs[0], **node.attrs)
-    yield builder.finish()
+        by_conv = _by_conv(operand, shape, out_shape, axis)
+        shape[axis] = want
+        tensor = (_channels_by_conv(builder, tensor, list(shape)) if by_conv
+                  else builder.op("Concat", [tensor] * want, list(shape), operand.dtype, axis=axis))
+    return tensor
 
 
 def _channels_by_conv(builder, x: gs.Tensor, shape: list[int]) -> gs.Tensor:
