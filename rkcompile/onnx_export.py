@@ -180,7 +180,8 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     written = standard_model(plan.record, plan.reference_nodes, export_options.max_opset,
                              stored_weight_integers(plan) if quantized else None, export_options.host_tail)
     model = written.model
-    agreements, emulated, steps, not_compared = check(original, model, plan, export_options, frozen, written.host)
+    agreements, emulated, steps, not_compared, unoptimized = check(original, model, plan, export_options, frozen,
+                                                                   written.host)
     selected = _selected(model.graph, *([written.host.graph] if written.host else []))
     tolerance = {"int8_cosine": export_options.int8_tolerance} if quantized else {"tolerance": export_options.tolerance}
     report = {
@@ -201,7 +202,6 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     failed = [a for a in agreements
               if not quantized and not _agrees(a, export_options.tolerance, a.output in selected)]
     if failed:
-        unoptimized = unoptimized_agreements(original, plan, export_options, frozen)
         worst = ", ".join(f"{a.output} (max abs {a.max_abs:.3g}, {a.max_rel:.3g} of its largest magnitude, "
                           f"cosine {a.cosine:.6f}{', computed from a selection' if a.output in selected else ''}"
                           f"; the original's own with onnxruntime's graph optimizations off: max abs "
@@ -219,18 +219,6 @@ def export(plan_or_model: Plan | str | Path, path: str | Path, target: str = "rk
     write_atomically(report_path(path), json.dumps(report, indent=1) + "\n")
     return ExportReport(Path(path), report_path(path), tuple(agreements), report, tuple(emulated),
                         host_path(path) if written.host is not None else None)
-
-
-def unoptimized_agreements(original: Path, plan: Plan, export_options: ExportOptions,
-                           frozen: Mapping[str, np.ndarray]) -> dict[str, Agreement]:
-    """Per output, the original on onnxruntime with its graph optimizations off (fusions that add
-    in another order) against the original with them, on the check's inputs: how far float32
-    rounding alone moves the model's outputs, which a refused export's message gives beside its
-    own difference."""
-    inputs = check_inputs(plan, export_options)
-    expected = onnxruntime_outputs(original, {**inputs, **frozen})
-    unoptimized = onnxruntime_outputs(original, {**inputs, **frozen}, optimized=False)
-    return {name: agreement(name, unoptimized[name], expected[name]) for name in expected}
 
 
 def steps_summary(steps: list[StepComparison], not_compared: list[str]) -> dict:
@@ -344,19 +332,23 @@ def _inline_decided_branch(model: onnx.ModelProto) -> bool:
 def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: ExportOptions,
           frozen: Mapping[str, np.ndarray],
           host: onnx.ModelProto | None = None
-          ) -> tuple[list[Agreement], list[Agreement], list[StepComparison], list[str]]:
+          ) -> tuple[list[Agreement], list[Agreement], list[StepComparison], list[str], dict[str, Agreement]]:
     """Each output of `model` (followed by `host`, run on the model's inputs and outputs, when
     given) against `original`'s on onnxruntime, on the given inputs (seeded random for the rest;
     the arrays given for outputs or frozen inputs are not used) and the frozen values; and for
     an int8 plan, the emulator's outputs for the plan against the same, and its steps against
-    the file's one by one (`compare_steps`; all three empty for a float plan)."""
+    the file's one by one (`compare_steps`; all three empty for a float plan). Last, where an
+    output of a float plan is beyond the tolerance, each output of the original with
+    onnxruntime's graph optimizations off (fusions that add in another order) against the same,
+    by name: how far float32 rounding alone moves the model's outputs, which a refusal gives
+    beside the export's own difference; else empty."""
     model_io = plan.record.model
     names = [spec.name for spec in model_io.inputs]
     given = dict(export_options.inputs or {})
     unknown = sorted(set(given) - set(names) - set(frozen) - {spec.name for spec in model_io.outputs})
     if unknown:
         raise CompileError(f"{unknown[0]!r} is not an input of the exported model (inputs: {', '.join(names)})")
-    inputs = check_inputs(plan, export_options)
+    inputs = make_inputs(plan.record, {name: given[name] for name in names if name in given}, export_options.seed)
     try:
         expected = onnxruntime_outputs(original, {**inputs, **frozen})
     except Exception as exc:  # onnxruntime's error types derive from Exception alone
@@ -370,17 +362,13 @@ def check(original: Path, model: onnx.ModelProto, plan: Plan, export_options: Ex
     quantized = plan.dtype in QUANTIZED_DTYPES
     emulated = run(plan, inputs) if quantized else {}
     compared, not_compared = compare_steps(plan, model, inputs) if quantized else ([], [])
-    return ([agreement(name, actual[name], expected[name]) for name in expected],
-            [agreement(name, emulated[name], expected[name]) for name in expected if name in emulated],
-            compared, not_compared)
-
-
-def check_inputs(plan: Plan, export_options: ExportOptions) -> dict[str, np.ndarray]:
-    """The inputs the check runs on: the given arrays of the plan's inputs, seeded random for
-    the rest."""
-    given = dict(export_options.inputs or {})
-    names = [spec.name for spec in plan.record.model.inputs]
-    return make_inputs(plan.record, {name: given[name] for name in names if name in given}, export_options.seed)
+    agreements = [agreement(name, actual[name], expected[name]) for name in expected]
+    unoptimized = {}
+    if not quantized and not all(_agrees(found, export_options.tolerance, False) for found in agreements):
+        outputs = onnxruntime_outputs(original, {**inputs, **frozen}, optimized=False)
+        unoptimized = {name: agreement(name, outputs[name], expected[name]) for name in expected}
+    return (agreements, [agreement(name, emulated[name], expected[name]) for name in expected if name in emulated],
+            compared, not_compared, unoptimized)
 
 
 def compare_steps(plan: Plan, model: onnx.ModelProto,
