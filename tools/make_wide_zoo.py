@@ -579,6 +579,21 @@ SPECS: list[Spec] = [
     Spec("timm_tresnet_m", _TIMM, "timm tresnet_m (space-to-depth stem, anti-aliased downsampling)", DYNAMO, 18,
          _timm("tresnet_m")),
     Spec("timm_dla34", _TIMM, "timm dla34 (deep layer aggregation)", TORCHSCRIPT, 13, _timm("dla34")),
+    # a fifth holdout, planned and checked against onnxruntime only (robustness of the planner)
+    Spec("timm_halonet26t", _TIMM, "timm halonet26t (blocked local self-attention)", DYNAMO, 18,
+         _timm("halonet26t", 256)),
+    Spec("timm_lambda_resnet26t", _TIMM, "timm lambda_resnet26t (lambda layers)", DYNAMO, 18,
+         _timm("lambda_resnet26t", 256)),
+    Spec("timm_sequencer2d_s", _TIMM, "timm sequencer2d_s (bidirectional LSTMs over rows and columns)", TORCHSCRIPT,
+         17, _timm("sequencer2d_s")),
+    Spec("timm_visformer_tiny", _TIMM, "timm visformer_tiny", DYNAMO, 18, _timm("visformer_tiny")),
+    Spec("timm_pit_ti_224", _TIMM, "timm pit_ti_224 (pooling-based ViT)", TORCHSCRIPT, 17, _timm("pit_ti_224")),
+    Spec("timm_crossvit_tiny_240", _TIMM, "timm crossvit_tiny_240 (two branches, cross attention)", DYNAMO, 18,
+         _timm("crossvit_tiny_240", 240)),
+    Spec("timm_resmlp_12_224", _TIMM, "timm resmlp_12_224 (affine norms, token-mixing MLPs)", TORCHSCRIPT, 17,
+         _timm("resmlp_12_224")),
+    Spec("timm_nest_tiny", _TIMM, "timm nest_tiny (nested block aggregation)", TORCHSCRIPT, 17, _timm("nest_tiny")),
+    Spec("timm_rdnet_tiny", _TIMM, "timm rdnet_tiny (densely connected, revisited)", DYNAMO, 18, _timm("rdnet_tiny")),
 ]
 
 
