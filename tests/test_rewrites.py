@@ -575,6 +575,24 @@ def test_rank5_linear_layer_runs_4d(tmp_path):
     assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 8])})
 
 
+def test_rank5_product_broadcast_over_heads_runs_4d(tmp_path):
+    """A lambda layer's position lambdas: [1, heads, L, 1, k] @ [1, 1, L, k, v], broadcast over
+    the heads, then the row axis squeezed. The heads move into the one row of the first operand
+    and back (Transposes either side of a product of equal batch axes), and the region runs at
+    rank 4 with the same numbers."""
+    nodes = [helper.make_node("Unsqueeze", ["q", "axis3"], ["q5"], name="rows"),
+             helper.make_node("Reshape", ["lambdas", "s5"], ["l5"], name="per_position"),
+             helper.make_node("MatMul", ["q5", "l5"], ["m5"], name="position_lambdas"),
+             helper.make_node("Squeeze", ["m5", "axis3"], ["y"], name="drop_rows")]
+    model = make_model(nodes, [value_info("q", [1, 4, 12, 8]), value_info("lambdas", [1, 12, 8, 6])],
+                       [value_info("y", [1, 4, 12, 6])],
+                       [weight("axis3", np.array([3], np.int64)), weight("s5", np.array([1, 1, 12, 8, 6], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "collapse_rank_region" in rules_fired(ctx)
+    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes for t in n.outputs)
+    assert_same_outputs(model, ctx, {"q": feed([1, 4, 12, 8]), "lambdas": feed([1, 12, 8, 6])})
+
+
 def test_rank5_channel_shuffle_becomes_a_4d_transpose_between_relabels(tmp_path):
     """shufflenet's Reshape -> Transpose(rank 5) -> Reshape: the rank-5 relabels are absorbed.
     The shuffle's result is flattened to [1, 12, 25] here: one back in the input's own shape

@@ -86,6 +86,7 @@ def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
         return reason
     original, scratch = region, []
     try:
+        region = _broadcast_heads_into_rows(region, site, scratch)
         while True:
             groups = _grouping(region, site.opset)
             too_many = next((t for n in region for t in _data_tensors(n) if len(groups[id(t)]) > NPU_RANK), None)
@@ -325,7 +326,7 @@ def _unsupported(node: gs.Node, opset: int) -> str:
     if any(static_shape(t) is None for t in _data_tensors(node)):
         return "a shape is unknown"
     if node.op in PRODUCTS:
-        return "" if _batched_product(node) is not None or _linear_layer(node) else (
+        return "" if _batched_product(node) is not None or _linear_layer(node) or _row_broadcast(node) else (
             "not a product of operands of one rank whose batch axes lead, in order, of equal sizes")
     if node.op in AXIS_OPS:
         axes = _op_axes(node, opset)
@@ -464,6 +465,47 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
         return (_link(node.inputs[0], node.outputs[0], out_to_in, joinable)
                 | _link(node.inputs[1], node.outputs[0], out_to_in, joinable))
     return False  # a relabel: any grouping on either side
+
+
+def _row_broadcast(node: gs.Node) -> int | None:
+    """The batch axis of a MatMul A @ B of operands of one rank whose batch axes are equal but
+    that one, where B has size 1 and A's matrix has one row: a lambda layer's position lambdas,
+    [1, heads, L, 1, k] @ [1, 1, L, k, v]. None for any other node."""
+    if node.op != "MatMul" or len(node.inputs) != 2:
+        return None
+    a, b, y = (static_shape(t) for t in (*node.inputs, node.outputs[0]))
+    if not len(a) == len(b) == len(y) >= 3 or a[-2] != 1:
+        return None
+    differing = [axis for axis in range(len(a) - 2) if a[axis] != b[axis]]
+    if len(differing) != 1 or b[differing[0]] != 1 or y[differing[0]] != a[differing[0]]:
+        return None
+    return differing[0]
+
+
+def _broadcast_heads_into_rows(region: list[gs.Node], site: Site, scratch: list[gs.Node]) -> list[gs.Node]:
+    """The region with each MatMul of one broadcast batch axis (`_row_broadcast`) replaced by
+    templates that move that axis into A's one row and back: a Transpose of A, a MatMul whose
+    batch axes are equal, and a Transpose of its result (the same numbers: each row of the
+    product is its own row of A times B). The templates (in `scratch`) are read, never kept,
+    as `_select_before_transpose`'s."""
+    replaced = []
+    for product in (n for n in region if n.op == "MatMul" and _row_broadcast(n) is not None):
+        axis, (a, b), y = _row_broadcast(product), product.inputs, product.outputs[0]
+        rank = len(static_shape(y))
+        perm = list(range(rank))
+        perm[axis], perm[rank - 2] = rank - 2, axis
+        moved_a = gs.Variable(site.fresh(f"{a.name}/rows"), a.dtype, [static_shape(a)[p] for p in perm])
+        moved_y = gs.Variable(site.fresh(f"{y.name}/rows"), y.dtype, [static_shape(y)[p] for p in perm])
+        templates = [gs.Node("Transpose", site.fresh(f"{product.name}/into_rows"), attrs={"perm": perm}, inputs=[a],
+                             outputs=[moved_a]),
+                     gs.Node("MatMul", site.fresh(f"{product.name}/rows"), inputs=[moved_a, b], outputs=[moved_y]),
+                     gs.Node("Transpose", site.fresh(f"{product.name}/from_rows"), attrs={"perm": perm},
+                             inputs=[moved_y], outputs=[y])]
+        scratch.extend(templates)
+        replaced.append((product, templates))
+    for product, templates in replaced:
+        region = [n for n in region if n is not product] + templates
+    return region
 
 
 def _linear_layer(node: gs.Node) -> bool:
