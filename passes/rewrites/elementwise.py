@@ -270,16 +270,17 @@ def broadcast_by_concat(node: gs.Node, site: Site) -> Candidates:
     if out_shape is None or len(operands) != 2 or any(static_shape(t) is None for t in operands):
         return "not two operands of known shape"
     broadcast = [t for t in operands if _with_leading_ones(static_shape(t), out_shape) != list(out_shape)]
-    problems = [problem for problem in (_repeat_problem(t, out_shape) for t in broadcast) if problem]
-    repeatable = [t for t in broadcast if not _repeat_problem(t, out_shape)]
-    choices = [[t] for t in sorted(repeatable, key=lambda t: _repeat_steps(t, out_shape))] if len(broadcast) == 2 else []
-    choices += [broadcast] if not problems else []
+    problems = {id(t): _repeat_problem(t, out_shape) for t in broadcast}
+    repeatable = [t for t in broadcast if not problems[id(t)]]
+    alone = sorted(repeatable, key=lambda t: _repeat_steps(t, out_shape)) if len(broadcast) == 2 else []
+    choices = [[t] for t in alone]
+    choices += [broadcast] if len(repeatable) == len(broadcast) else []
     for repeated in choices:
         builder = site.builder(node)
         full = [_repeated(builder, t, out_shape) if any(t is r for r in repeated) else t for t in operands]
         builder.op(node.op, full, out=node.outputs[0], **node.attrs)
         yield builder.finish()
-    return problems[0] if problems else None
+    return next((problem for problem in problems.values() if problem), None)
 
 
 def _with_leading_ones(shape, out_shape) -> list[int]:

@@ -39,7 +39,8 @@ SELECTIONS = frozenset({"Split", "Slice", "Gather"})
 #: Batched matrix products: the batch axes merge alike in both operands and the result, the
 #: two matrix axes of each stay groups of their own. A MatMul by a 2-D constant (a linear layer
 #: on the last axis: Twins' q/k/v projection of its [N, h, w, wh, ww, C] windows) is one too:
-#: every axis but the last merges alike in its operand and its result (`_linear_layer`).
+#: every axis but the last merges alike in its operand and its result (`_linear_layer`); so is
+#: a product broadcast over heads once they move into its one row (`_row_broadcast`).
 PRODUCTS = frozenset({"MatMul", "Einsum"})
 #: Element-wise ops and Expand: operands broadcast to the result.
 BROADCASTS = ELEMENTWISE | {"Expand"}
@@ -326,8 +327,10 @@ def _unsupported(node: gs.Node, opset: int) -> str:
     if any(static_shape(t) is None for t in _data_tensors(node)):
         return "a shape is unknown"
     if node.op in PRODUCTS:
-        return "" if _batched_product(node) is not None or _linear_layer(node) or _row_broadcast(node) else (
-            "not a product of operands of one rank whose batch axes lead, in order, of equal sizes")
+        product = _batched_product(node) is not None or _row_broadcast(node) is not None
+        return "" if product or _linear_layer(node) else (
+            "not a product of operands of one rank whose batch axes lead, in order, of equal sizes (or broadcast "
+            "over heads into its one row), nor a linear layer on the last axis")
     if node.op in AXIS_OPS:
         axes = _op_axes(node, opset)
         if axes is None:
@@ -488,9 +491,11 @@ def _broadcast_heads_into_rows(region: list[gs.Node], site: Site, scratch: list[
     batch axes are equal, and a Transpose of its result (the same numbers: each row of the
     product is its own row of A times B). The templates (in `scratch`) are read, never kept,
     as `_select_before_transpose`'s."""
-    replaced = []
-    for product in (n for n in region if n.op == "MatMul" and _row_broadcast(n) is not None):
-        axis, (a, b), y = _row_broadcast(product), product.inputs, product.outputs[0]
+    for product in [n for n in region if n.op == "MatMul"]:
+        axis = _row_broadcast(product)
+        if axis is None:
+            continue
+        (a, b), y = product.inputs, product.outputs[0]
         rank = len(static_shape(y))
         perm = list(range(rank))
         perm[axis], perm[rank - 2] = rank - 2, axis
@@ -502,8 +507,6 @@ def _broadcast_heads_into_rows(region: list[gs.Node], site: Site, scratch: list[
                      gs.Node("Transpose", site.fresh(f"{product.name}/from_rows"), attrs={"perm": perm},
                              inputs=[moved_y], outputs=[y])]
         scratch.extend(templates)
-        replaced.append((product, templates))
-    for product, templates in replaced:
         region = [n for n in region if n is not product] + templates
     return region
 
