@@ -1590,9 +1590,10 @@ def group_norm(opset: int, side: int, per_element_scale: bool = False) -> onnx.M
                                                (17, 5, "ReduceMean"), (18, 5, "ReduceMean")],
                          ids=["grouped_plane_of_64", "channel_means", "from_layer_normalization", "axes_as_input"])
 def test_a_group_norm_keeps_height_and_width_apart(opset, side, form, save, tmp_path):
-    """The plan normalizes each group as a row of a [G, C/G*H*W, 1, 1] view (by Convs, or a
-    LayerNormalization from opset 17); rknn-toolkit2 2.5.0 runs the Reshapes into and out of that
-    view on its CPU when H*W is not a multiple of 8. The export writes the norm on
+    """The plan normalizes each group as an image of the [G, C/G, H, W] view (a
+    LayerNormalization over axes [1, 2, 3], written in older ops below opset 17); rknn-toolkit2
+    2.5.0 runs the Reshapes into and out of that view on its CPU when neither C/G nor H*W is a
+    multiple of 8. The export writes the norm on
     [1, G, C/G*H, W] as an InstanceNormalization when C/G or H*W is a multiple of 8 (the
     toolkit's exNorm), else on the input's own shape by per-channel means: no view of merged
     planes either way, the same values."""

@@ -221,6 +221,70 @@ def test_group_norm_whose_grouped_input_is_read_elsewhere_declines(save, capsys)
         in capsys.readouterr().out
 
 
+def grouped_norm(shape, groups, opset, group_affine=False, repeated_channel_affine=False):
+    """torch's GroupNorm(G, C): Reshape to [N, G, -1], InstanceNormalization (of ones and
+    zeros as torch writes it; with `group_affine`, a scale and bias per group), Reshape back,
+    the per-channel affine as Mul and Add (with `repeated_channel_affine`, the same in every
+    group)."""
+    channels = shape[1]
+    per_channel = [channels] + [1] * (len(shape) - 2)
+    if repeated_channel_affine:
+        gamma, beta = (np.tile(RNG.uniform(low, high, channels // groups), groups).reshape(per_channel)
+                       for low, high in ((0.5, 2), (-1, 1)))
+    else:
+        gamma, beta = RNG.uniform(0.5, 2, per_channel), RNG.uniform(-1, 1, per_channel)
+    nodes = [helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]),
+             helper.make_node("InstanceNormalization", ["grouped", "scale", "bias"], ["normed"], name="norm",
+                              epsilon=1e-5),
+             helper.make_node("Reshape", ["normed", "x_shape"], ["restored"]),
+             helper.make_node("Mul", ["restored", "gamma"], ["scaled"]), helper.make_node("Add", ["scaled", "beta"], ["y"])]
+    consts = [weight("grouped_shape", np.array([shape[0], groups, -1], np.int64)),
+              weight("x_shape", np.array(shape, np.int64)),
+              _constant("scale", RNG.uniform(0.5, 2, groups) if group_affine else np.ones(groups)),
+              _constant("bias", RNG.uniform(-1, 1, groups) if group_affine else np.zeros(groups)),
+              _constant("gamma", gamma), _constant("beta", beta)]
+    return make_model(nodes, [value_info("x", shape)], [value_info("y", shape)], consts, opset=opset)
+
+
+@pytest.mark.parametrize("target", PRIMARY_TARGETS)
+@pytest.mark.parametrize("shape, groups, opset, group_affine, repeated", [
+    ([1, 32, 14, 14], 4, 17, False, True),    # 8 channels a group: the NPU's channel block
+    ([2, 16, 6, 10], 8, 14, True, False),     # two images, a scale and bias per group
+    ([1, 16, 30], 4, 17, False, False),       # rank 3: each group as [C/G, L, 1]
+    ([1, 64, 7, 7], 32, 18, False, True),     # 2 channels a group
+])
+def test_group_norm_is_one_exnorm_of_each_group_as_an_image(save, target, shape, groups, opset, group_affine,
+                                                              repeated):
+    """Reshape, InstanceNormalization, Reshape, Mul, Add: one exNorm over axes [1, 2, 3] of the
+    [N*G, C/G, H, W] view, nothing on the CPU; the InstanceNormalization's and the channels'
+    scale and bias are the exNorm's own where they repeat from group to group, else one Mul
+    and one Add."""
+    plan, on_cpu = plan_and_compare(grouped_norm(shape, groups, opset, group_affine, repeated), save, target)
+    assert on_cpu == []
+    npu = [s for s in plan.record.steps if s.device == "npu"]
+    (norm,) = [s for s in npu if s.kernel == "exNorm"]
+    view = [shape[0] * groups, shape[1] // groups, *(shape[2:] if len(shape) == 4 else [shape[2], 1])]
+    assert list(plan.record.tensors[norm.inputs[0]].shape) == view
+    assert sorted(s.kernel for s in npu if s.kernel in ("Mul", "Add")) == ([] if repeated else ["Add", "Mul"])
+
+
+def test_group_norm_of_a_block_of_channels_per_group_moves_no_byte(save):
+    """8 channels a group (rk3588's float16 channel block): the [N*G, 8, H, W] view stores x's
+    bytes as they are, so both relabels are aliases and the exNorm is the plan's one step."""
+    plan, _ = plan_and_compare(grouped_norm([1, 32, 14, 14], 4, 17, repeated_channel_affine=True), save, "rk3588")
+    assert [s.kernel for s in plan.record.steps if s.device == "npu"] == ["exNorm"]
+
+
+def test_group_norm_whose_result_is_read_before_its_relabel_declines(save, capsys):
+    from rkcompile.cli import main
+
+    model = grouped_norm([1, 16, 5, 5], 4, 17)
+    model.graph.output.append(value_info("normed", [1, 4, 100]))
+    assert main(["plan", str(save(model, "read.onnx")), "--target", "rk3588", "--explain", "norm"]) == 0
+    assert "group_norm_on_group_view on norm: declined: its result is not relabelled back to the input's shape alone" \
+        in capsys.readouterr().out
+
+
 def moments_layer_norm(shape, centred):
     """Keras' LayerNormalization as tf2onnx writes it (tf.nn.moments, then batch_normalization's
     algebra): GlobalAveragePool for the means over the last axis of [N, L, C], the variance of

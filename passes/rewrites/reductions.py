@@ -252,8 +252,6 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
     reshape_out = readers[0] if len(readers) == 1 else None
     if reshape_out is None or reshape_out.op not in RESHAPE_LIKE or node.outputs[0].name in site.graph_outputs:
         return "its result is not relabelled alone"
-    if reshape_in.outputs[0].name in site.graph_outputs or len(reshape_in.outputs[0].outputs) != 1:
-        return "the relabelled input is read outside the norm"
     relabelled = static_shape(reshape_out.outputs[0])
 
     def an_image(candidate) -> bool:   # [N, C, spatial...] of the NPU's rank
@@ -261,12 +259,10 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
 
     if not an_image(relabelled) and not an_image(shape):
         return "neither its input nor its relabelled result is an [N, C, spatial...]"
-    group_scale, group_bias = (constant_value(t) for t in node.inputs[1:3])
-    if group_scale is None or group_bias is None:
-        return "its scale or bias is not constant"
-    if not _layer_normalization_allowed(site):
-        return f"opset {site.opset} has no LayerNormalization and {site.target.name} no exNorm"
-    group_scale, group_bias = (float(np.asarray(v).reshape(-1)[0]) for v in (group_scale, group_bias))
+    parameters = _group_norm_parameters(node, reshape_in, site)
+    if isinstance(parameters, str):
+        return parameters
+    group_scale, group_bias = (float(v.reshape(-1)[0]) for v in parameters)
     epsilon = float(node.attrs.get("epsilon", 1e-5))
     builder = site.builder(node)
     if an_image(relabelled):
@@ -280,6 +276,78 @@ def single_group_norm_as_layer_norm(node: gs.Node, site: Site) -> Candidates:
     normed = _layer_normalized(builder, x, epsilon, unit * group_scale, unit * group_bias)
     builder.reshape(normed, grouped, out=node.outputs[0])   # the relabels after it, as they were
     yield builder.finish(reshape_in, node)
+
+
+def _group_norm_parameters(node: gs.Node, reshape_in: gs.Node, site: Site) -> tuple[np.ndarray, np.ndarray] | str:
+    """The constant scale and bias of a GroupNorm's InstanceNormalization `node`, whose input
+    `reshape_in` groups, or why its rewrite as a LayerNormalization declines."""
+    if reshape_in.outputs[0].name in site.graph_outputs or len(reshape_in.outputs[0].outputs) != 1:
+        return "the relabelled input is read outside the norm"
+    scale, bias = (constant_value(t) for t in node.inputs[1:3])
+    if scale is None or bias is None:
+        return "its scale or bias is not constant"
+    if not _layer_normalization_allowed(site):
+        return f"opset {site.opset} has no LayerNormalization and {site.target.name} no exNorm"
+    return np.asarray(scale), np.asarray(bias)
+
+
+def group_norm_on_group_view(node: gs.Node, site: Site) -> Candidates:
+    """GroupNorm with G > 1 groups as torch exports it: x [N, C, spatial...] relabelled to
+    [N, G, C/G*S], InstanceNormalization, relabelled back to x's shape, then the per-channel
+    affine as Mul and Add of constants. Normalizing each group is normalizing axes [1, ...] of
+    the [N*G, C/G, H, W] view of x (a 3-D x as [N*G, C/G, L, 1]): one LayerNormalization on
+    that view, exNorm's axes [1, 2, 3] (seed 001, exNorm). The InstanceNormalization's scale
+    and bias (one per group) and the affine after it (one per channel) are one scale and one
+    bias per channel: the LayerNormalization's own where they repeat from group to group (torch
+    exports GroupNorm with ones and zeros in the InstanceNormalization), else a Mul and an Add
+    after the relabel back. Exact: the same statistics over the same elements. Where C/G is a
+    multiple of the NPU's channel block, the view stores x's bytes as they are, so neither
+    relabel moves any. The view instance_norm_on_channel_view takes instead, [N*G, C/G*S, 1, 1],
+    holds a group's every element as a channel: its relabels move every byte, and a per-group
+    scale on it broadcasts over a width above the NPU's limit."""
+    reshape_in = producer(node.inputs[0])
+    grouped = static_shape(node.inputs[0])
+    if reshape_in is None or reshape_in.op not in RESHAPE_LIKE or grouped is None or len(grouped) != 3 or grouped[1] < 2:
+        return "its input is not a relabel to [N, G, C/G*S] with G > 1 (GroupNorm)"
+    x = reshape_in.inputs[0]
+    shape = static_shape(x)
+    groups = grouped[1]
+    if (shape is None or not 3 <= len(shape) <= NPU_RANK or shape[0] != grouped[0] or shape[1] % groups
+            or element_count(shape) != element_count(grouped) or dtype_name(x.dtype) not in FLOAT_DTYPES):
+        return f"the relabelled tensor is not a float [N, C, spatial...] of rank up to {NPU_RANK} whose channels the groups split"
+    readers = node.outputs[0].outputs
+    reshape_out = readers[0] if len(readers) == 1 else None
+    if (reshape_out is None or reshape_out.op not in RESHAPE_LIKE or node.outputs[0].name in site.graph_outputs
+            or static_shape(reshape_out.outputs[0]) != shape):
+        return "its result is not relabelled back to the input's shape alone"
+    parameters = _group_norm_parameters(node, reshape_in, site)
+    if isinstance(parameters, str):
+        return parameters
+    group_scale, group_bias = parameters
+    per_group = shape[1] // groups
+    affine, channel_scale, channel_bias = _affine_after(reshape_out, shape, 1, 2, site)
+    # per channel: (normed * group scale + group bias) * channel scale + channel bias
+    scale = np.repeat(np.broadcast_to(np.asarray(group_scale).reshape(-1), (groups,)), per_group) * channel_scale
+    bias = np.repeat(np.broadcast_to(np.asarray(group_bias).reshape(-1), (groups,)), per_group) * channel_scale \
+        + channel_bias
+    dtype = dtype_name(x.dtype)
+    scale, bias = scale.astype(dtype).reshape(groups, per_group), bias.astype(dtype).reshape(groups, per_group)
+    view_shape = [shape[0] * groups, per_group] + (list(shape[2:]) if len(shape) == 4 else [shape[2], 1])
+    builder = site.builder(node)
+    view = builder.reshape(x, view_shape)
+    y = (affine[-1] if affine else reshape_out).outputs[0]
+    if np.all(scale == scale[0]) and np.all(bias == bias[0]):
+        normed = _layer_normalization(builder, view, epsilon=float(node.attrs.get("epsilon", 1e-5)),
+                                      scale=scale[0].reshape(per_group, 1, 1), bias=bias[0].reshape(per_group, 1, 1))
+        builder.reshape(normed, shape, out=y)
+    else:
+        normed = _layer_normalization(builder, view, float(node.attrs.get("epsilon", 1e-5)))
+        # [N, C, 1, ...]: a [1, C, 1, 1] operand reaches a batch of several images by none of the Expand patterns
+        channel_shape = [shape[0], shape[1]] + [1] * (len(shape) - 2)
+        scaled = builder.op("Mul", [builder.reshape(normed, shape),
+                                    builder.const(_per_channel(scale, channel_shape, dtype), "scale")], shape, x.dtype)
+        builder.op("Add", [scaled, builder.const(_per_channel(bias, channel_shape, dtype), "bias")], out=y)
+    yield builder.finish(reshape_in, node, reshape_out, *affine)
 
 
 def _layer_normalized(builder: Builder, x: gs.Tensor, epsilon: float, scale: np.ndarray, bias: np.ndarray,
@@ -464,6 +532,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(decomposed_norm_on_channel_view, frozenset({"Div", "Mul", "Add"}), always=True),
     RewriteRule(l2_normalize_on_channel_view, frozenset({"Div"}), always=True),
     RewriteRule(single_group_norm_as_layer_norm, frozenset({"InstanceNormalization"})),
+    RewriteRule(group_norm_on_group_view, frozenset({"InstanceNormalization"})),
     RewriteRule(instance_norm_on_channel_view, frozenset({"InstanceNormalization"})),
     RewriteRule(reduce_mean_or_sum_as_conv, frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2"}),
                 late=True),

@@ -17,7 +17,8 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
     """Write the plan's norm of groups of channels, a Reshape of x [N, C, H, W] to [N*G, L, 1, 1]
     (G groups of L = C/G*H*W values, one per row), the rows normalized (a LayerNormalization
     over axis 1, or the mean and variance by 1x1 Convs of uniform weights and
-    (x - mean) / sqrt(variance + eps)), then Reshapes and Muls and Adds by constants equal
+    (x - mean) / sqrt(variance + eps)), or to [N*G, C/G, H, W] (each group an image),
+    normalized by a LayerNormalization over axes [1, 2, 3] (the rewrites' GroupNorm), then Reshapes and Muls and Adds by constants equal
     along each row (the norm's scale and bias) to x's shape, or as far as they go when another
     op reads them first (a norm whose scale the plan folded into the next Conv: MobileViTv2's),
     as a norm of the same statistics that keeps H and W apart (torchvision's GroupNorm; float32
@@ -41,11 +42,16 @@ def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
     for node in originals:
         source, view = shapes.get(node.input[0]), shapes.get(node.output[0])
         if node.op_type != "Reshape" or source is None or view is None or len(source) != 4 or len(view) != 4 \
-                or view[2:] != [1, 1] or view[0] % source[0] or int(np.prod(view)) != int(np.prod(source)):
+                or view[0] % source[0] or int(np.prod(view)) != int(np.prod(source)):
             continue
         batch, channels, height, width = source
         groups = view[0] // batch
-        normed = _row_norm(node.output[0], view[1], readers, constants, graph_outputs)
+        if view[2:] == [1, 1]:
+            normed = _row_norm(node.output[0], view[1], readers, constants, graph_outputs)
+        elif view[1:] == [channels // groups, height, width] and groups > 1:
+            normed = _group_view_norm(node.output[0], readers, constants, graph_outputs)
+        else:
+            continue
         if normed is None or channels % groups or channels == groups:   # one channel a group: a row norm
             continue
         end, scale, bias = _affine_to_shape(made_by[normed[0]], normed[3:], source, groups, shapes, readers,
@@ -178,11 +184,60 @@ def _row_norm(rows: str, length: int, readers: dict[str, list[onnx.NodeProto]], 
     return divide.output[0], float(epsilon.reshape(-1)[0]), weights.dtype, 1.0, 0.0
 
 
+def _group_view_norm(view: str, readers: dict[str, list[onnx.NodeProto]], constants: dict[str, np.ndarray],
+                     graph_outputs: set[str]) -> tuple[str, float, np.dtype, float, float] | None:
+    """(the result, epsilon, the float type, scale, bias) of the plan's norm of each group as an
+    image of the [N*G, C/G, H, W] view (`view`) of one scale and one bias value: a
+    LayerNormalization over axes [1, 2, 3] read by it alone, or that norm in the ops an export
+    below opset 17 writes it in (standard_onnx's older form: ReduceMean, Sub, Pow, ReduceMean,
+    Add, Sqrt, Div, Mul, Add); None otherwise."""
+    found = readers.get(view, [])
+    if view in graph_outputs:
+        return None
+    if len(found) == 1 and found[0].op_type == "LayerNormalization":
+        return _layer_norm_of_rows(found[0], constants)
+
+    def only(name: str, op_type: str) -> onnx.NodeProto | None:
+        after = readers.get(name, [])
+        return after[0] if len(after) == 1 and after[0].op_type == op_type and name not in graph_outputs else None
+
+    def operand(node: onnx.NodeProto, name: str) -> np.ndarray | None:
+        other = [n for n in node.input if n != name]
+        return constants.get(other[0]) if len(other) == 1 else None
+
+    mean = next((r for r in found if r.op_type == "ReduceMean"), None)
+    centre = next((r for r in found if r.op_type == "Sub"), None)
+    if len(found) != 2 or mean is None or centre is None or list(centre.input) != [view, mean.output[0]] \
+            or node_attributes(mean).get("axes") != [1, 2, 3]:
+        return None
+    users = readers.get(centre.output[0], [])
+    square = next((r for r in users if r.op_type == "Pow"), None)
+    divide = next((r for r in users if r.op_type == "Div" and r.input[0] == centre.output[0]), None)
+    variance = only(square.output[0], "ReduceMean") if square is not None else None
+    shifted = only(variance.output[0], "Add") if variance is not None else None
+    root = only(shifted.output[0], "Sqrt") if shifted is not None else None
+    if len(users) != 2 or divide is None or root is None or only(root.output[0], "Div") is not divide \
+            or node_attributes(variance).get("axes") != [1, 2, 3]:
+        return None
+    epsilon, two = operand(shifted, variance.output[0]), operand(square, centre.output[0])
+    scaling = only(divide.output[0], "Mul")
+    scale = operand(scaling, divide.output[0]) if scaling is not None else None
+    if epsilon is None or epsilon.size != 1 or two is None or two.size != 1 or float(two.reshape(-1)[0]) != 2.0 \
+            or scale is None or (scale != scale.reshape(-1)[0]).any():
+        return None
+    biasing = only(scaling.output[0], "Add")
+    bias = operand(biasing, scaling.output[0]) if biasing is not None else None
+    if bias is None or (bias != bias.reshape(-1)[0]).any():
+        biasing, bias = None, np.zeros(1, scale.dtype)
+    return ((biasing or scaling).output[0], float(epsilon.reshape(-1)[0]), scale.dtype, float(scale.reshape(-1)[0]),
+            float(bias.reshape(-1)[0]))
+
+
 def _layer_norm_of_rows(norm: onnx.NodeProto, constants: dict[str, np.ndarray]) -> tuple[str, float, np.dtype, float,
                                                                                             float] | None:
     """(the result, epsilon, the float type, scale, bias) of `norm`, a LayerNormalization over
-    the axes from 1 of a [R, L, 1, 1] view, when its scale is one value and its bias one value
-    (or none); else None."""
+    the axes from 1 of a 4-D view, when its scale is one value and its bias one value (or
+    none); else None."""
     attributes = node_attributes(norm)
     scale = constants.get(norm.input[1])
     bias = constants.get(norm.input[2]) if len(norm.input) > 2 and norm.input[2] else np.zeros(1, np.float32)
