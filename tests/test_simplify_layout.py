@@ -766,3 +766,48 @@ def test_the_pass_runs_every_rule_its_families_define():
                and list(inspect.signature(function).parameters) == ["node", "simplifier"]}
     assert len(set(listed)) == len(listed)
     assert set(listed) == defined
+
+
+def window_partition(shift: bool, channels=16, side=32, window=8):
+    """Swin's window partition of projected tokens [1, side*side, C] into [windows, window^2, C]
+    (a relabel to [1, rows, window, cols, window, C], the Transpose swapping the window axes, a
+    relabel), before a linear layer; with `shift`, its cyclic shift by one row first (Slices and
+    a Concat)."""
+    rows = side // window
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Transpose", ["c"], ["t"], name="to_tokens", perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["t", "tokens_shape"], ["tokens"], name="tokens"),
+             helper.make_node("MatMul", ["tokens", "w1"], ["projected"], name="projection")]
+    source = "projected"
+    if shift:
+        nodes += [helper.make_node("Reshape", [source, "map_shape"], ["map"], name="map"),
+                  helper.make_node("Slice", ["map", "zero", "one", "axis"], ["first_row"], name="first_row"),
+                  helper.make_node("Slice", ["map", "one", "side", "axis"], ["other_rows"], name="other_rows"),
+                  helper.make_node("Concat", ["other_rows", "first_row"], ["shifted"], name="shift", axis=1)]
+        source = "shifted"
+    nodes += [helper.make_node("Reshape", [source, "split_shape"], ["split"], name="split"),
+              helper.make_node("Transpose", ["split"], ["partitioned"], name="partition", perm=[0, 1, 3, 2, 4, 5]),
+              helper.make_node("Reshape", ["partitioned", "windows_shape"], ["windows"], name="windows"),
+              helper.make_node("MatMul", ["windows", "w2"], ["y"], name="linear")]
+    windows_shape = [rows * rows, window * window, channels]
+    constants = [weight("w", RNG.normal(0, 0.3, (channels, channels, 1, 1)).astype(np.float32)),
+                 weight("w1", RNG.normal(0, 0.3, (channels, channels)).astype(np.float32)),
+                 weight("w2", RNG.normal(0, 0.3, (channels, channels)).astype(np.float32)),
+                 weight("tokens_shape", np.array([1, side * side, channels])),
+                 weight("map_shape", np.array([1, side, side, channels])),
+                 weight("zero", np.array([0])), weight("one", np.array([1])), weight("side", np.array([side])),
+                 weight("axis", np.array([1])),
+                 weight("split_shape", np.array([1, rows, window, rows, window, channels])),
+                 weight("windows_shape", np.array(windows_shape))]
+    return make_model(nodes, [value_info("x", [1, channels, side, side])], [value_info("y", windows_shape)],
+                      constants, opset=17)
+
+
+def test_a_window_partition_of_token_rows_is_one_gather(tmp_path):
+    # the tokens run as rows [1024, 16, 1, 1] of the projections' 1x1 Convs; the partition (two
+    # Transposes between relabels: the swap of the window axes is no legal perm on its own) moves
+    # whole rows, and so does the cyclic shift's Gather before it: one Gather of rows either way
+    for shift in (False, True):
+        kernels, ctx = npu_kernels(window_partition(shift), tmp_path)
+        assert kernels == ["Conv", "Transpose", "Reshape", "Conv", "Gather", "Conv", "Reshape"], (shift, kernels)
+        assert "moves_as_gather" in {r.rule for r in ctx.rewrites}

@@ -67,11 +67,16 @@ that moves stored bytes, so the pass ends.
   strided view read as whole rows of the channels the kernel reads together (grouped-query
   attention's repeated key and value heads read each head again). The members only choose
   where elements are read and written; the emulator runs them.
+- `moves_as_gather`, last: a run of relabels, Transposes and Gathers of constant indices,
+  each read by the next alone, that takes whole slices of one axis of its input, is one Gather
+  along that axis (and a relabel), where that takes fewer steps than the run (swin's cyclic
+  shift and window partition of token rows: one Gather of rows).
 
 The package holds one module per family of rules: `redundant` (identity_layout, shared_layout,
 slices_as_split), `move_down` (move_layout_down and the region it moves through), `relabels`
 (move_relabel_up, relabels_above_split, transpose_with_unit_relabel, transposes_across_relabel,
-transpose_beside_relabel) and `kernel_operands` (attention_operands, matmul_operands); `driver`
+transpose_beside_relabel), `kernel_operands` (attention_operands, matmul_operands) and
+`composed` (moves_as_gather); `driver`
 runs the rules (`Simplifier`) and holds what they share. A new rule is a function
 `rule(node, simplifier)` returning True when it changed the graph, a reason when it declined,
 or None when the node is not its kind; it joins RULES below, and REMOVED_BECAUSE (driver.py)
@@ -83,6 +88,7 @@ from rkcompile.compiler.context import CompileContext
 
 from rkcompile.passes.fuse import fuse_table
 from rkcompile.passes.fusion_table import KERNEL_FUSIONS
+from rkcompile.passes.simplify_layout.composed import moves_as_gather
 from rkcompile.passes.simplify_layout.driver import Simplifier
 from rkcompile.passes.simplify_layout.kernel_operands import attention_operands, matmul_operands
 from rkcompile.passes.simplify_layout.move_down import move_layout_down
@@ -120,10 +126,12 @@ class SimplifyLayout:
             # first, and after every move into a kernel (move_layout_down), so each kernel
             # takes in the whole of what its operands are read through
             Simplifier(ctx, self.fused, (attention_operands, matmul_operands)).run()
+            # last, on the moves no rule cancelled and no kernel took in
+            Simplifier(ctx, self.fused, (moves_as_gather, identity_layout)).run()
 
 
 EARLY = SimplifyLayout("simplify-layout-early", fused=False)
 LATE = SimplifyLayout("simplify-layout", fused=True)
 
-__all__ = ["EARLY", "LATE", "RULES", "SimplifyLayout", "attention_operands", "matmul_operands",
+__all__ = ["EARLY", "LATE", "RULES", "SimplifyLayout", "attention_operands", "matmul_operands", "moves_as_gather",
            *(rule.__name__ for rule in RULES)]

@@ -12,7 +12,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.compiler.context import CompileContext, Failure, RewriteAttempt
 from rkcompile.ir.graph import is_onnx_domain, static_shape, topological_nodes, unique_name
 from rkcompile.ir.nodes import itemsize
-from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes
+from rkcompile.numerics.nc1hwc2 import as_nchw, nc1hwc2_bytes, stored_positions
 from rkcompile.plan.schema import FUSED_DOMAIN, Rewrite
 
 from rkcompile.passes.legalize import check_node, compile_facts
@@ -41,6 +41,7 @@ REMOVED_BECAUSE = {
     "attention_operands": "the attention kernel reads or writes its operand in that layout",
     "matmul_operands": "the matrix multiply reads or writes its operand in that layout",
     "shared_layout": "another node lays out the same tensor the same way",
+    "moves_as_gather": "one Gather makes the moves of the run of layout ops it was in",
 }
 
 
@@ -128,6 +129,19 @@ class Simplifier:
             return float("inf")
         dtype = self.ctx.options.dtype
         return nc1hwc2_bytes(as_nchw(tuple(shape)), self.ctx.target.c2_for(dtype), itemsize(dtype))
+
+    def stores_alike(self, shape: tuple[int, ...], relabelled: tuple[int, ...],
+                     elements: np.ndarray | None = None) -> bool:
+        """Whether a relabel of `shape` to `relabelled` (or the move placing, at each element of
+        `relabelled` in row-major order, the element `elements` numbers of `shape`) leaves each
+        element where the NPU stores it (NC1HWC2, as numerics.nc1hwc2.stored_positions places
+        it): a relabel the alias pass makes a view, no step."""
+        if len(shape) > 4 or len(relabelled) > 4:
+            return False
+        c2 = self.ctx.target.c2_for(self.ctx.options.dtype)
+        stored = stored_positions(tuple(shape), "NC1HWC2", c2).reshape(-1)
+        return np.array_equal(stored if elements is None else stored[elements],
+                              stored_positions(tuple(relabelled), "NC1HWC2", c2).reshape(-1))
 
     def record_attempt(self, name: str, rule: str, outcome: str) -> None:
         for original in self.ctx.origins.get(name, (name,)):

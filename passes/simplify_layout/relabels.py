@@ -11,7 +11,6 @@ import onnx_graphsurgeon as gs
 
 from rkcompile.ir.edits import detach, set_input, set_output, unlinked_node
 from rkcompile.ir.graph import constant_value, element_count, is_onnx_domain, static_shape
-from rkcompile.numerics.nc1hwc2 import stored_positions
 
 from rkcompile.passes.simplify_layout.driver import ELEMENTWISE_OPS, Simplifier, layout_move
 
@@ -428,19 +427,6 @@ def _relabel_making(tensor: gs.Tensor) -> gs.Node | None:
     return maker if move is not None and move[2] is None else None
 
 
-def _stores_alike(shape: tuple[int, ...], relabelled: tuple[int, ...], simplifier: Simplifier,
-                  elements: np.ndarray | None = None) -> bool:
-    """Whether a relabel of `shape` to `relabelled` (or the move placing, at each element of
-    `relabelled` in row-major order, the element `elements` numbers of `shape`) leaves each
-    element where the NPU stores it (NC1HWC2, as numerics.nc1hwc2.stored_positions places it)."""
-    if len(shape) > 4 or len(relabelled) > 4:
-        return False
-    c2 = simplifier.ctx.target.c2_for(simplifier.ctx.options.dtype)
-    stored = stored_positions(shape, "NC1HWC2", c2).reshape(-1)
-    return np.array_equal(stored if elements is None else stored[elements],
-                          stored_positions(relabelled, "NC1HWC2", c2).reshape(-1))
-
-
 def _joined_blocks(blocks, first: list[int]) -> list[int] | None:
     """The blocks in the order `first` (axes of extent above 1) lists their axes, each block's
     axes one run in their own order; None when a block's axes are apart or out of order."""
@@ -468,7 +454,7 @@ def _relabel_then_transpose(relabel: gs.Node, transpose: gs.Node, simplifier: Si
         return "the Transpose splits or reorders the pieces the relabel cuts"
     axes = [blocks[b][0][0] for b in order]
     moved = _placement([s_shape[a] for a in axes], len(s_shape),
-                       lambda shape: _stores_alike(shape, y_shape, simplifier))
+                       lambda shape: simplifier.stores_alike(shape, y_shape))
     return _swap(relabel, transpose, source, moved, axes, False, simplifier)
 
 
@@ -485,7 +471,7 @@ def _transpose_then_relabel(transpose: gs.Node, relabel: gs.Node, simplifier: Si
         return "the relabel merges axes the Transpose does not put together in their order"
     in_x_order = sorted(range(len(blocks)), key=lambda b: sources[b][0])
     merged = _placement([element_count([x_shape[a] for a in sources[b]]) for b in in_x_order], len(y_shape),
-                        lambda shape: _stores_alike(x_shape, shape, simplifier))
+                        lambda shape: simplifier.stores_alike(x_shape, shape))
     kept = [a for a, d in enumerate(merged or ()) if d != 1]
     order = [kept[in_x_order.index(b)] for b in range(len(blocks))] if merged else []
     return _swap(relabel, transpose, x, merged, order, True, simplifier)
@@ -510,7 +496,7 @@ def _swap(relabel: gs.Node, transpose: gs.Node, x: gs.Tensor, middle: tuple[int,
     the Transpose (to `middle`); the Transpose takes the axes above extent 1 in `order`. Why
     not, when the relabel, or the two together, move no stored byte already, `middle` is None (no
     shape makes the new relabel move none) or the Transpose would break a rule the old one passed."""
-    if _stores_alike(static_shape(relabel.inputs[0]), static_shape(relabel.outputs[0]), simplifier):
+    if simplifier.stores_alike(static_shape(relabel.inputs[0]), static_shape(relabel.outputs[0])):
         return "the relabel moves no stored byte already"
     first, second = (transpose, relabel) if relabel_first else (relabel, transpose)
     y = second.outputs[0]
@@ -519,7 +505,7 @@ def _swap(relabel: gs.Node, transpose: gs.Node, x: gs.Tensor, middle: tuple[int,
     for node in (first, second):
         perm = layout_move(node)[2]
         elements = elements.transpose(perm) if perm is not None else elements.reshape(static_shape(node.outputs[0]))
-    if _stores_alike(x_shape, y_shape, simplifier, elements.reshape(-1)):
+    if simplifier.stores_alike(x_shape, y_shape, elements.reshape(-1)):
         return "the two together move no stored byte (an alias: passes/alias.py)"
     if middle is None:
         return "no shape the Transpose could make or read is a relabel moving no stored byte"
