@@ -10,7 +10,7 @@ from rkcompile.ir.graph import constant_value, element_count, is_onnx_domain, st
 from rkcompile.passes.simplify_layout.driver import Simplifier, layout_move
 
 #: the largest run input whose element positions the rule traces (an int64 per element)
-MAX_TRACED_ELEMENTS = 1 << 24
+MAX_TRACED_ELEMENTS = 1 << 22
 
 
 def _gather_indices(node: gs.Node) -> np.ndarray | None:
@@ -40,26 +40,22 @@ def _moved(positions: np.ndarray, node: gs.Node) -> np.ndarray:
     return positions.reshape(out_shape)
 
 
-def _one_axis_gather(source_shape: list[int], moved: np.ndarray) -> tuple[int, np.ndarray] | None:
-    """(axis, indices) of the Gather of `source_shape` whose result, in row-major order, is
-    `moved` (the source position of each result element, row-major), outermost axis first;
-    None when no one-axis Gather makes it."""
-    flat = moved.reshape(-1)
-    for axis, extent in enumerate(source_shape):
-        outer, inner = element_count(source_shape[:axis]), element_count(source_shape[axis + 1:])
-        if flat.size % (outer * inner):
-            continue
-        blocks = flat.reshape(outer, -1, inner)
-        if np.any(blocks[0, :, 0] % inner):
-            continue
-        indices = blocks[0, :, 0] // inner
-        if np.any(indices >= extent):
-            continue
-        expected = (np.arange(outer)[:, None, None] * (extent * inner) + indices[None, :, None] * inner
-                    + np.arange(inner)[None, None, :])
-        if np.array_equal(blocks, expected):
-            return axis, indices
-    return None
+def _gathered(shape: list[int], axis: int, flat: np.ndarray) -> np.ndarray | None:
+    """The indices of the Gather along `axis` of a tensor of `shape` whose result, in row-major
+    order, is `flat` (the source position of each result element, row-major); None when no
+    Gather along that axis makes it."""
+    outer, inner = element_count(shape[:axis]), element_count(shape[axis + 1:])
+    if flat.size % (outer * inner):
+        return None
+    blocks = flat.reshape(outer, -1, inner)
+    if np.any(blocks[0, :, 0] % inner):
+        return None
+    indices = blocks[0, :, 0] // inner
+    if np.any(indices >= shape[axis]):
+        return None
+    expected = (np.arange(outer)[:, None, None] * (shape[axis] * inner) + indices[None, :, None] * inner
+                + np.arange(inner)[None, None, :])
+    return indices if np.array_equal(blocks, expected) else None
 
 
 def _steps(moves: list[gs.Node], simplifier: Simplifier) -> int:
@@ -81,21 +77,59 @@ def _steps(moves: list[gs.Node], simplifier: Simplifier) -> int:
     return fewest[-1]
 
 
+def _kept_together(flat: np.ndarray) -> int:
+    """The most elements a move keeps together: the largest b such that `flat` (the source
+    position of each result element, row-major) is runs of b consecutive positions, each run
+    starting at a multiple of b in both orders."""
+    starts = np.flatnonzero(np.diff(flat, prepend=flat[0] - 2) != 1)
+    return int(np.gcd.reduce(np.concatenate([[flat.size], starts, flat[starts]])))
+
+
+def _gather_nodes(x: gs.Tensor, view: list[int], axis: int, indices: np.ndarray, result: gs.Tensor,
+                  node: gs.Node, simplifier: Simplifier) -> list[gs.Node]:
+    """Unlinked nodes making `result` from `x`: a relabel to `view` (unless x has that shape),
+    the Gather of `indices` along `axis` (unless it takes every slice in order), and a relabel
+    to the result's shape (unless the nodes before make it)."""
+    def shape_of(shape: list[int]) -> gs.Constant:
+        return gs.Constant(simplifier.fresh(f"{node.name}/shape"), np.array(shape, np.int64))
+
+    x_shape, y_shape = list(static_shape(x)), list(static_shape(result))
+    steps = []  # (op, operands after the data, result shape, attributes)
+    if view != x_shape:
+        steps.append(("Reshape", [shape_of(view)], view, {}))
+    if not np.array_equal(indices, np.arange(view[axis])):
+        index_tensor = gs.Constant(simplifier.fresh(f"{node.name}/indices"), indices.astype(np.int64))
+        steps.append(("Gather", [index_tensor], view[:axis] + [indices.size] + view[axis + 1:], {"axis": axis}))
+    if not steps or steps[-1][2] != y_shape:
+        steps.append(("Reshape", [shape_of(y_shape)], y_shape, {}))
+    new, moved = [], x
+    for position, (op, operands, shape, attrs) in enumerate(steps):
+        out = result if position == len(steps) - 1 else gs.Variable(
+            simplifier.fresh(f"{node.name}/{op.lower()}_out"), x.dtype, shape)
+        new.append(unlinked_node(op=op, name=simplifier.fresh(f"{node.name}/{op.lower()}"), attrs=attrs,
+                                 inputs=[moved, *operands], outputs=[out]))
+        moved = out
+    return new
+
+
 def moves_as_gather(node: gs.Node, simplifier: Simplifier):
     """A run of layout moves (relabels, Transposes, Gathers of constant indices), each reading
     the one before alone, is the one move it makes of its first input's elements: where that
-    move takes whole slices of one axis of the input, in any order, it is one Gather along that
-    axis (then a relabel to the run's result shape, unless the Gather makes it), and where it
-    moves nothing, one relabel. Swin's cyclic shift and window partition on token rows
-    [L, C, 1, 1] (two Gathers of the shift, a relabel, two Transposes making the illegal swap
-    of the window axes, a relabel) reorder whole rows of C channels: one Gather of rows for six
-    steps. The NPU's Gather takes rank-1 indices on any axis (oplist V2.3.2, Gather);
-    rknn-toolkit2 runs such shifts as Gathers too. Exact: every element is copied, none
-    computed. Runs after every other layout rule and the kernels' takeovers of their operands'
-    moves (`SimplifyLayout.run`), so a move another rule cancels, or a kernel reads for free,
-    is never made a Gather. It applies only where it leaves fewer steps moving stored bytes (a
-    relabel leaving each element where the NPU stores it is a view, no step), each passing the
-    target's rules."""
+    move takes whole slices of one axis of the input (or of neighbouring axes merged, or the
+    rows of its [N / b, b, 1, 1] view where it keeps runs of b elements together), in any order,
+    each slice at least the NPU's channel block (C2 elements; smaller ones permute elements one
+    by one, left to Transposes), it is one Gather along that axis, then a relabel to
+    the run's result shape unless the Gather makes it; where it moves nothing, one relabel.
+    Swin's cyclic shift and window partition on token rows [L, C, 1, 1] (two Gathers of the
+    shift, a relabel, two Transposes making the illegal swap of the window axes, a relabel)
+    reorder whole rows of C channels: one Gather of rows for six steps. The NPU's Gather takes
+    rank-1 indices on any axis (oplist V2.3.2, Gather); rknn-toolkit2 runs such shifts as
+    Gathers too. Exact: every element is copied, none computed. Runs after every other layout
+    rule and the kernels' takeovers of their operands' moves (`SimplifyLayout.run`), so a move
+    another rule cancels, or a kernel reads for free, is never made a Gather. It applies only
+    where it leaves fewer steps moving stored bytes (a relabel leaving each element where the
+    NPU stores it is a view, no step), each passing the target's rules; of several such forms,
+    the one of fewest steps, then fewest nodes, then the outermost axis."""
     if not _is_move(node):
         return None
     result = node.outputs[0]
@@ -118,33 +152,40 @@ def moves_as_gather(node: gs.Node, simplifier: Simplifier):
     positions = np.arange(element_count(x_shape), dtype=np.int64).reshape(x_shape)
     for member in run:
         positions = _moved(positions, member)
-    found = _one_axis_gather(x_shape, positions)
-    if found is None:
-        return "its moves take no whole slices of one axis of its input"
-    axis, indices = found
-    new: list[gs.Node] = []
-    moved = x
-    if not np.array_equal(indices, np.arange(x_shape[axis])):
-        gathered_shape = x_shape[:axis] + [indices.size] + x_shape[axis + 1:]
-        moved = result if gathered_shape == y_shape else gs.Variable(
-            simplifier.fresh(f"{node.name}/gathered"), x.dtype, gathered_shape)
-        index_tensor = gs.Constant(simplifier.fresh(f"{node.name}/indices"), indices.astype(np.int64))
-        new.append(unlinked_node(op="Gather", name=simplifier.fresh(f"{node.name}/gather"), attrs={"axis": axis},
-                                 inputs=[x, index_tensor], outputs=[moved]))
-    if moved is not result:
-        shape = gs.Constant(simplifier.fresh(f"{node.name}/shape"), np.array(y_shape, np.int64))
-        new.append(unlinked_node(op="Reshape", name=simplifier.fresh(f"{node.name}/relabel"),
-                                 inputs=[moved, shape], outputs=[result]))
-    before, after = _steps(run, simplifier), _steps(new, simplifier)
-    if after >= before:
-        return f"its {before} moving steps would be {after}"
-    for probe in new:
-        broken = simplifier.failures(probe)
-        if broken:
-            return f"{probe.op} would break: {broken[0]}"
+    block = simplifier.ctx.target.c2_for(simplifier.ctx.options.dtype)
+    flat = positions.reshape(-1)
+    # the Gather's axis: axes first..last of x merged, or the rows of [N / kept, kept, 1, 1]
+    views = [(x_shape[:first] + [element_count(x_shape[first:last + 1])] + x_shape[last + 1:], first)
+             for first in range(len(x_shape)) for last in range(first, len(x_shape))
+             if element_count(x_shape[last + 1:]) >= block]
+    kept = _kept_together(flat)
+    if kept >= block:
+        views.append(([flat.size // kept, kept, 1, 1], 0))
+    candidates = []
+    for view, axis in views:
+        indices = _gathered(view, axis, flat)
+        if indices is not None:
+            new = _gather_nodes(x, view, axis, indices, result, node, simplifier)
+            candidates.append((_steps(new, simplifier), len(new), len(candidates), new))
+    if not candidates:
+        return (f"its moves take no whole slices of {block} elements or more (the channel block) along one axis, "
+                "or neighbouring axes merged, of its input")
+    before = _steps(run, simplifier)
+    chosen, why = None, f"no Gather takes fewer than its {before} moving steps"
+    for after, _, _, new in sorted(candidates, key=lambda candidate: candidate[:3]):
+        if after >= before:
+            break
+        broken = next((f"{probe.op} would break: {failures[0]}" for probe in new
+                       for failures in [simplifier.failures(probe)] if failures), None)
+        if broken is None:
+            chosen = new
+            break
+        why = broken
+    if chosen is None:
+        return why
     for member in run:
         detach(member)
     linked = [gs.Node(op=n.op, name=n.name, attrs=n.attrs, inputs=list(n.inputs), outputs=list(n.outputs))
-              for n in new]
+              for n in chosen]
     simplifier.replace("moves_as_gather", run, linked)
     return True
