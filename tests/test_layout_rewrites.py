@@ -27,7 +27,7 @@ from rkcompile.compiler.pipeline import compile_model
 from rkcompile.targets import get_target
 
 from conftest import PRIMARY_TARGETS, SHARED, make_model, value_info, weight
-from test_rewrites import assert_same_outputs, feed, rewritten, rules_fired, shape_of, with_refusals
+from test_rewrites import assert_same_outputs, feed, ops_of, rewritten, rules_fired, shape_of, with_refusals
 
 RNG = np.random.default_rng(11)
 
@@ -456,6 +456,70 @@ def split_attention_model(radix, channels, size, op="ReduceSum") -> onnx.ModelPr
                        weight("axis1", np.array([1], np.int64))], opset=13)
 
 
+def relative_position_model(heads, side, channels) -> onnx.ModelProto:
+    """MViTv2's decomposed relative positions: queries [1, heads, side*side, C] viewed as
+    [1, heads, h, w, C], one Einsum with a per-row table 'byhwc,hkc->byhwk' and one with a
+    per-column table 'byhwc,wkc->byhwk', each added to the scores [1, heads, h, w, kh, kw]
+    along its own key axis (an Unsqueeze of the last or the one before), then viewed back."""
+    tokens = side * side
+    nodes = [helper.make_node("Reshape", ["q", "map5"], ["q5"]),
+             helper.make_node("Einsum", ["q5", "rows"], ["by_row"], equation="byhwc,hkc->byhwk"),
+             helper.make_node("Einsum", ["q5", "columns"], ["by_column"], equation="byhwc,wkc->byhwk"),
+             helper.make_node("Reshape", ["scores", "map6"], ["s6"]),
+             helper.make_node("Unsqueeze", ["by_row", "last"], ["row6"]),
+             helper.make_node("Unsqueeze", ["by_column", "before_last"], ["column6"]),
+             helper.make_node("Add", ["s6", "row6"], ["with_rows"]),
+             helper.make_node("Add", ["with_rows", "column6"], ["with_both"]),
+             helper.make_node("Reshape", ["with_both", "flat"], ["y"])]
+    rng = np.random.default_rng(3)
+    return make_model(nodes, [value_info("q", [1, heads, tokens, channels]),
+                              value_info("scores", [1, heads, tokens, tokens])],
+                      [value_info("y", [1, heads, tokens, tokens])],
+                      [weight("rows", rng.standard_normal((side, side, channels)).astype(np.float32)),
+                       weight("columns", rng.standard_normal((side, side, channels)).astype(np.float32)),
+                       weight("map5", np.array([1, heads, side, side, channels], np.int64)),
+                       weight("map6", np.array([1, heads, side, side, side, side], np.int64)),
+                       weight("last", np.array([-1], np.int64)), weight("before_last", np.array([-2], np.int64)),
+                       weight("flat", np.array([1, heads, tokens, tokens], np.int64))], opset=17)
+
+
+@pytest.mark.parametrize("equation, a_shape, b_shape, constant_b", [
+    ("bij,bjk->bik", [3, 5, 8], [3, 8, 6], False),        # a batched product as it stands
+    ("bhqd,bhkd->bhqk", [1, 2, 9, 8], [1, 2, 7, 8], False),  # B's matrix transposed
+    ("bqd,kd->bkq", [2, 6, 16], [4, 16], True),            # a constant B, the result transposed
+    ("bn,bn->b", [4, 24], [4, 24], False),                 # contracted alone: rows of one
+    ("bij,bjk->ik", [2, 5, 8], [2, 8, 3], False),          # a batch letter summed out too
+])
+def test_an_einsum_is_one_matmul_between_moves(tmp_path, equation, a_shape, b_shape, constant_b):
+    """einsum_as_matmul: no Einsum left, one MatMul, every node legal on rk3588, the same outputs."""
+    rng = np.random.default_rng(4)
+    out_letters = equation.split("->")[1]
+    sizes = dict(zip(equation.split("->")[0].replace(",", ""), a_shape + b_shape))
+    inputs = [value_info("a", a_shape)] + ([] if constant_b else [value_info("b", b_shape)])
+    constants = [weight("b", rng.standard_normal(b_shape).astype(np.float32))] if constant_b else []
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation, name="einsum")], inputs,
+                       [value_info("y", [sizes[letter] for letter in out_letters])], constants, opset=17)
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert any(rule.startswith("einsum_as_matmul") for rule in rules_fired(ctx))
+    assert "Einsum" not in ops_of(ctx)
+    assert not [n.name for n in ctx.graph.nodes if check_node(n, get_target("rk3588"))]
+    feeds = {i.name: feed([d.dim_value for d in i.type.tensor_type.shape.dim]) for i in model.graph.input}
+    assert_same_outputs(model, ctx, feeds)
+
+
+@pytest.mark.parametrize("equation, why", [
+    ("ii,ij->ij", "a letter repeats within one term (a diagonal or trace)"),
+    ("ij,jk", "not an explicit equation of two operands"),
+    ("ij,kl->ik", "a letter of one operand alone is summed out, or an output letter is in neither operand"),
+])
+def test_an_einsum_one_matmul_cannot_make_says_why(tmp_path, equation, why):
+    from rkcompile.passes.rewrites.matmul_as_conv import einsum_as_matmul_form
+    node = gs.Node("Einsum", attrs={"equation": equation},
+                   inputs=[gs.Variable("a", np.float32, [4, 4]), gs.Variable("b", np.float32, [4, 4])],
+                   outputs=[gs.Variable("y", np.float32, [4, 4])])
+    assert einsum_as_matmul_form(node) == why
+
+
 REGION_CASES = {
     "repeat_kv_2x4x8x16": lambda: repeat_kv_model(2, 4, 8, 16),
     "repeat_kv_1x3x5x8": lambda: repeat_kv_model(1, 3, 5, 8),
@@ -479,6 +543,7 @@ REGION_CASES = {
     "rank6_shuffle": rank6_shuffle_model,
     "split_attention_sum_2x16x8": lambda: split_attention_model(2, 16, 8),
     "split_attention_mean_4x8x5": lambda: split_attention_model(4, 8, 5, "ReduceMean"),
+    "relative_positions_2x7x16": lambda: relative_position_model(2, 7, 16),
 }
 
 

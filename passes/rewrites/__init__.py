@@ -24,7 +24,7 @@ FAMILIES = (
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
     signed_moves,  # a rotary embedding's moves and negations along the last axis as one MatMul (before
                    # conv_windows, whose stepped-Slice rule would take the region apart)
-    matmul_as_conv,  # Gemm/MatMul by weights as 1x1 Conv, K splits
+    matmul_as_conv,  # Gemm/MatMul by weights as 1x1 Conv, K splits, Einsum as one MatMul
     conv_windows,    # Conv strides, kernels and pads over the window limits (space-to-depth, kernel
                      # tiles, Pad);
                      # after matmul_as_conv, whose Convs it may have to legalize

@@ -1,6 +1,9 @@
 """Matrix-product rewrites: Gemm and MatMul by weights as 1x1 convolutions (absorbing their
-bias and residual Adds), and MatMul over the target's K limit split along K."""
+bias and residual Adds), MatMul over the target's K limit split along K, and Einsum as a
+MatMul between moves."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -147,8 +150,97 @@ def matmul_k_split(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+@dataclass(frozen=True)
+class EinsumAsMatMul:
+    """A two-operand Einsum as one MatMul: A moved by `a_perm` to [batch, free of A, contracted]
+    and relabelled to `a_matrix` [B, M, K], B moved by `b_perm` to [batch, contracted, free of B]
+    and relabelled to `b_matrix` [B, K, N] (B = 1 without batch letters), their product
+    `product` [B, M, N] relabelled to `unmerged` (each batch and free letter its own axis) and
+    moved by `out_perm` to the output's order."""
+
+    a_perm: list[int]
+    a_matrix: list[int]
+    b_perm: list[int]
+    b_matrix: list[int]
+    product: list[int]
+    unmerged: list[int]
+    out_perm: list[int]
+
+
+def einsum_as_matmul_form(node: gs.Node) -> EinsumAsMatMul | str:
+    """How the Einsum `node` is one MatMul (`EinsumAsMatMul`), as numpy and torch compute it:
+    the letters in both operands and the output are batch axes, those in both operands only are
+    contracted, and each operand's own letters are its free rows or columns; or why it is not
+    (an ellipsis, a letter repeated within a term, a letter summed out of one operand alone,
+    an axis broadcasting against the other operand's, or an unknown shape)."""
+    equation = node.attrs.get("equation", "")
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    if len(node.inputs) != 2 or "..." in equation or "->" not in equation or equation.count(",") != 1:
+        return "not an explicit equation of two operands"
+    terms, out = equation.split("->")
+    lhs, rhs = terms.split(",")
+    if any(len(set(term)) != len(term) for term in (lhs, rhs, out)):
+        return "a letter repeats within one term (a diagonal or trace)"
+    if (set(lhs) ^ set(rhs)) - set(out) or not set(out) <= set(lhs) | set(rhs):
+        return "a letter of one operand alone is summed out, or an output letter is in neither operand"
+    a_shape, b_shape, y_shape = (static_shape(t) for t in (*node.inputs, node.outputs[0]))
+    if a_shape is None or b_shape is None or y_shape is None or len(a_shape) != len(lhs) or len(b_shape) != len(rhs):
+        return "a shape is unknown"
+    size = dict(zip(lhs, a_shape))
+    if any(size.setdefault(letter, extent) != extent for letter, extent in zip(rhs, b_shape)):
+        return "an axis broadcasts against the other operand's"
+    batch = [letter for letter in out if letter in lhs and letter in rhs]
+    contracted = [letter for letter in lhs if letter in rhs and letter not in out]
+    free_a = [letter for letter in out if letter in lhs and letter not in rhs]
+    free_b = [letter for letter in out if letter in rhs and letter not in lhs]
+
+    def extent(group: list[str]) -> int:
+        return int(np.prod([size[letter] for letter in group], dtype=np.int64))
+
+    order = batch + free_a + free_b
+    return EinsumAsMatMul(
+        a_perm=[lhs.index(letter) for letter in batch + free_a + contracted],
+        a_matrix=[extent(batch), extent(free_a), extent(contracted)],
+        b_perm=[rhs.index(letter) for letter in batch + contracted + free_b],
+        b_matrix=[extent(batch), extent(contracted), extent(free_b)],
+        product=[extent(batch), extent(free_a), extent(free_b)],
+        unmerged=[size[letter] for letter in order],
+        out_perm=[order.index(letter) for letter in out])
+
+
+def einsum_as_matmul(node: gs.Node, site: Site) -> Candidates:
+    """A two-operand Einsum as one MatMul between moves (`einsum_as_matmul_form`): A moved and
+    relabelled to [B, M, K], B to [B, K, N] (a constant B moved once, as a constant), their
+    product relabelled and moved to the output's order. The same products, summed over the
+    contracted axes. Einsum is not in the oplist; MatMul, Transpose and Reshape are. An Einsum
+    above rank 4 is lowered so with the rest of its region (rank.collapse_rank_region: MViTv2's
+    relative positions, 'byhwc,hkc->byhwk', a product per row h of the query's map)."""
+    form = einsum_as_matmul_form(node)
+    if isinstance(form, str):
+        return form
+    (a, b), y = node.inputs, node.outputs[0]
+    builder = site.builder(node)
+
+    def matrix(tensor: gs.Tensor, perm: list[int], shape: list[int]) -> gs.Tensor:
+        value = constant_value(tensor) if isinstance(tensor, gs.Constant) else None
+        if value is not None:
+            return builder.const(np.ascontiguousarray(value.transpose(perm)).reshape(shape), "operand")
+        if perm != sorted(perm):
+            tensor = builder.op("Transpose", [tensor], [static_shape(tensor)[p] for p in perm], tensor.dtype, perm=perm)
+        return builder.reshape(tensor, shape)
+
+    product = builder.op("MatMul", [matrix(a, form.a_perm, form.a_matrix), matrix(b, form.b_perm, form.b_matrix)],
+                         form.product, y.dtype)
+    if form.out_perm == sorted(form.out_perm):
+        builder.reshape(product, static_shape(y), out=y)
+    else:
+        builder.op("Transpose", [builder.reshape(product, form.unmerged)], out=y, perm=form.out_perm)
+    yield builder.finish()
+
+
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(gemm_to_conv, frozenset({"Gemm"}), always=True),
     RewriteRule(matmul_constant_to_conv, frozenset({"MatMul"}), always=True),
     RewriteRule(matmul_k_split, frozenset({"MatMul"})),
+    RewriteRule(einsum_as_matmul, frozenset({"Einsum"})),
 )

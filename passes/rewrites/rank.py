@@ -28,6 +28,7 @@ from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, Re
 from rkcompile.passes.rewrites.reductions import block_reduction_as_conv
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
+from rkcompile.passes.rewrites.matmul_as_conv import einsum_as_matmul_form
 from rkcompile.targets.constraints import NPU_RANK
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
@@ -87,7 +88,7 @@ def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
         return reason
     original, scratch = region, []
     try:
-        region = _broadcast_heads_into_rows(region, site, scratch)
+        region = _broadcast_heads_into_rows(_einsums_as_products(region, site, scratch), site, scratch)
         while True:
             groups = _grouping(region, site.opset)
             too_many = next((t for n in region for t in _data_tensors(n) if len(groups[id(t)]) > NPU_RANK), None)
@@ -328,9 +329,10 @@ def _unsupported(node: gs.Node, opset: int) -> str:
         return "a shape is unknown"
     if node.op in PRODUCTS:
         product = _batched_product(node) is not None or _row_broadcast(node) is not None
-        return "" if product or _linear_layer(node) else (
-            "not a product of operands of one rank whose batch axes lead, in order, of equal sizes (or broadcast "
-            "over heads into its one row), nor a linear layer on the last axis")
+        if product or _linear_layer(node) or (node.op == "Einsum" and not isinstance(einsum_as_matmul_form(node), str)):
+            return ""
+        return ("not a product of operands of one rank whose batch axes lead, in order, of equal sizes (or broadcast "
+                "over heads into its one row), a linear layer on the last axis, nor an Einsum one MatMul makes")
     if node.op in AXIS_OPS:
         axes = _op_axes(node, opset)
         if axes is None:
@@ -483,6 +485,56 @@ def _row_broadcast(node: gs.Node) -> int | None:
     if len(differing) != 1 or b[differing[0]] != 1 or y[differing[0]] != a[differing[0]]:
         return None
     return differing[0]
+
+
+def _einsums_as_products(region: list[gs.Node], site: Site, scratch: list[gs.Node]) -> list[gs.Node]:
+    """The region with each Einsum that `_batched_product` does not take as it stands replaced
+    by templates of its MatMul form (matmul_as_conv.einsum_as_matmul_form): each operand's
+    Transpose and relabel to [B, M, K] or [B, K, N] (a constant one moved at once), their MatMul,
+    its relabel to each letter's own axis and the Transpose to the output's order, which the
+    region's grouping then takes like any other ops. The templates (in `scratch`) are read,
+    never kept, as `_select_before_transpose`'s."""
+    for einsum in [n for n in region if n.op == "Einsum" and _batched_product(n) is None]:
+        form = einsum_as_matmul_form(einsum)
+        (a, b), y = einsum.inputs, einsum.outputs[0]
+        templates = []
+
+        def relabelled(tensor: gs.Tensor, shape: list[int]) -> gs.Variable:
+            out = gs.Variable(site.fresh(f"{einsum.name}/relabelled"), tensor.dtype, list(shape))
+            target = gs.Constant(site.fresh(f"{einsum.name}/shape"), np.array(shape, np.int64))
+            templates.append(gs.Node("Reshape", site.fresh(f"{einsum.name}/relabel"), inputs=[tensor, target],
+                                     outputs=[out]))
+            return out
+
+        def moved(tensor: gs.Tensor, perm: list[int], out: gs.Tensor | None = None) -> gs.Tensor:
+            if out is None and perm == sorted(perm):
+                return tensor
+            out = out or gs.Variable(site.fresh(f"{einsum.name}/moved"), tensor.dtype,
+                                     [static_shape(tensor)[p] for p in perm])
+            templates.append(gs.Node("Transpose", site.fresh(f"{einsum.name}/move"), attrs={"perm": perm},
+                                     inputs=[tensor], outputs=[out]))
+            return out
+
+        def matrix(tensor: gs.Tensor, perm: list[int], shape: list[int]) -> gs.Tensor:
+            value = constant_value(tensor) if isinstance(tensor, gs.Constant) else None
+            if value is not None:
+                return gs.Constant(site.fresh(f"{einsum.name}/operand"),
+                                   np.ascontiguousarray(value.transpose(perm)).reshape(shape))
+            return relabelled(moved(tensor, perm), shape)
+
+        product = gs.Variable(site.fresh(f"{einsum.name}/product"), y.dtype, form.product)
+        templates.append(gs.Node("MatMul", site.fresh(f"{einsum.name}/matmul"),
+                                 inputs=[matrix(a, form.a_perm, form.a_matrix), matrix(b, form.b_perm, form.b_matrix)],
+                                 outputs=[product]))
+        if form.out_perm == sorted(form.out_perm):
+            target = gs.Constant(site.fresh(f"{einsum.name}/shape"), np.array(static_shape(y), np.int64))
+            templates.append(gs.Node("Reshape", site.fresh(f"{einsum.name}/relabel"), inputs=[product, target],
+                                     outputs=[y]))
+        else:
+            moved(relabelled(product, form.unmerged), form.out_perm, out=y)
+        scratch.extend(templates)
+        region = [n for n in region if n is not einsum] + templates
+    return region
 
 
 def _broadcast_heads_into_rows(region: list[gs.Node], site: Site, scratch: list[gs.Node]) -> list[gs.Node]:
