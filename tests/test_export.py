@@ -23,7 +23,7 @@ from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings.convolutions import _reshaped_on_the_toolkit_cpu
 from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_operands_in_one_transpose,
-                                              flattened_planes_padded, small_planes_into_channels,
+                                              batched_rows_as_one_image, flattened_planes_padded, small_planes_into_channels,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
                                               token_rows_of_planes_padded, transpose_pairs_as_splits,
@@ -431,6 +431,45 @@ def test_a_rank3_tail_gets_a_unit_axis_its_shapes_kept_valid():
     assert model.graph.node[-1].op_type == "Reshape" and model.graph.node[-1].output[0] == "y"
     x = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)
     np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], onnxruntime_run(original, {"x": x})[0])
+
+
+def rows_with_a_broadcast_bias(reader: str = "Reshape") -> onnx.ModelProto:
+    """Scores [1, 2, 36, 36] relabelled to rows [72, 6, 1, 6] plus a per-row bias [72, 6, 1, 1]
+    (a Conv's output relabelled), then relabelled back by a Reshape, or read by a Relu."""
+    rng = np.random.default_rng(0)
+    tail = ([helper.make_node("Reshape", ["summed", "back"], ["y"], name="back")] if reader == "Reshape"
+            else [helper.make_node("Relu", ["summed"], ["y"], name="relu")])
+    nodes = [helper.make_node("Reshape", ["scores", "rows"], ["r"], name="to_rows"),
+             helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Reshape", ["c", "bias_rows"], ["b"], name="bias_rows"),
+             helper.make_node("Add", ["r", "b"], ["summed"], name="add"), *tail]
+    out = [1, 2, 36, 36] if reader == "Reshape" else [72, 6, 1, 6]
+    return make_model(nodes, [value_info("scores", [1, 2, 36, 36]), value_info("x", [1, 8, 6, 9])],
+                      [value_info("y", out)],
+                      [weight("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32)),
+                       weight("rows", np.array([72, 6, 1, 6])), weight("bias_rows", np.array([72, 6, 1, 1])),
+                       weight("back", np.array([1, 2, 36, 36]))])
+
+
+def test_batched_rows_are_written_as_one_image():
+    """The rows [72, 6, 1, 6] and their bias [72, 6, 1, 1] become [1, 72, 6, 6] and [1, 72, 6, 1]:
+    the same elements in the same order, the Add the same sums."""
+    model = onnx.shape_inference.infer_shapes(rows_with_a_broadcast_bias())
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    assert batched_rows_as_one_image(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    shapes = static_shapes(model)
+    assert shapes["r"] == [1, 72, 6, 6] and shapes["b"] == [1, 72, 6, 1]
+    rng = np.random.default_rng(1)
+    feeds = {"scores": rng.standard_normal((1, 2, 36, 36)).astype(np.float32),
+             "x": rng.standard_normal((1, 8, 6, 9)).astype(np.float32)}
+    np.testing.assert_array_equal(onnxruntime_run(model, feeds)[0], onnxruntime_run(original, feeds)[0])
+
+
+def test_batched_rows_read_by_another_op_stay():
+    model = onnx.shape_inference.infer_shapes(rows_with_a_broadcast_bias(reader="Relu"))
+    assert batched_rows_as_one_image(model) == 0
 
 
 def scaled_boxes() -> onnx.ModelProto:

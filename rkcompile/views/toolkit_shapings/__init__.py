@@ -17,7 +17,8 @@ from rkcompile.views.toolkit_shapings import convolutions, layouts, norms, op_fo
 from rkcompile.views.toolkit_shapings.common import Shaping
 from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, linear_layers_as_gemms, pads_into_convs,
                                                            small_planes_into_channels, vectors_into_channels)
-from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, flattened_planes_padded,
+from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, batched_rows_as_one_image,
+                                                      flattened_planes_padded,
                                                       gathers_as_slices, rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       softmaxes_before_layout_runs, splits_of_concats_bypassed,
@@ -62,6 +63,7 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     gathers_as_slices,
     flattened_planes_padded,
     rank3_tails_as_rank4,
+    batched_rows_as_one_image,
     # before reshapes_after_elementwise_ops: a Split of a Concat ties each level's Reshape to the
     # ops after it, which that shaping cannot move then
     splits_of_concats_bypassed,

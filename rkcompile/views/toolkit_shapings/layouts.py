@@ -458,6 +458,75 @@ def rank3_tails_as_rank4(model: onnx.ModelProto) -> int:
     return len(kept_nodes)
 
 
+def _rows_of_one(shape: Sequence[int] | None) -> bool:
+    """Whether `shape` is the plan's batch of rows of one plane row each: [N, C, 1, W], N > 1."""
+    return shape is not None and len(shape) == 4 and shape[0] > 1 and shape[2] == 1
+
+
+def batched_rows_as_one_image(model: onnx.ModelProto) -> int:
+    """Write each region of the plan's batches of rows [N, C, 1, W] (N > 1), made by Reshapes
+    to constant shapes and combined by element-by-element ops of no other operands (scalar
+    constants apart) and read only by those ops and Reshapes, as one image [1, N, C, W]: the
+    same elements in the same order, each broadcast operand ([N, C, 1, 1], [N, 1, 1, W]) moved
+    alike. rknn-toolkit2 2.5.0 runs the Reshapes into and out of the batched form on its CPU
+    (MViTv2's relative positions added to its scores [1568, 28, 1, 28]: a 2-head 28x28 map's
+    rows); those into and out of the image it runs on its NPU. Returns how many Reshapes it
+    rewrote."""
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants, readers, _, graph_outputs = lookups(graph)
+    region_of: dict[str, int] = {}
+    parent: dict[int, int] = {}
+    computing: set[int] = set()
+
+    def root(region: int) -> int:
+        while parent[region] != region:
+            region = parent[region]
+        return region
+
+    made = []   # the Reshapes making rows, in graph order
+    for node in graph.node:
+        if not node.output or not _rows_of_one(shapes.get(node.output[0])):
+            continue
+        variables = [name for name in node.input if name and name not in constants]
+        if node.op_type == "Reshape" and node.input[1] in constants:
+            regions = []
+            made.append(node)
+        elif node.op_type in ELEMENTWISE and len(node.output) == 1 and variables \
+                and all(name in region_of for name in variables) \
+                and all(constants[name].size == 1 for name in node.input if name in constants):
+            regions = [root(region_of[name]) for name in variables]
+        else:
+            continue
+        region = regions[0] if regions else len(parent)
+        parent.setdefault(region, region)
+        for other in regions[1:]:
+            parent[root(other)] = region
+        region_of[node.output[0]] = region
+        if node.op_type != "Reshape":
+            computing.add(region)
+    computing = {root(region) for region in computing}
+    blocked = {root(region) for name, region in region_of.items()
+               if name in graph_outputs or any(reader.op_type != "Reshape" and reader.output[0] not in region_of
+                                               for reader in readers.get(name, []))}
+    rewritten = 0
+    for node in made:
+        region = root(region_of[node.output[0]])
+        if region in blocked or region not in computing:
+            continue
+        batch, channels, _, width = shapes[node.output[0]]
+        image = numpy_helper.from_array(np.array([1, batch, channels, width], np.int64), f"{node.name}/one_image")
+        graph.initializer.append(image)
+        node.input[1] = image.name
+        rewritten += 1
+    if rewritten:
+        moved = {name for name, region in region_of.items() if root(region) not in blocked and root(region) in computing}
+        kept_infos = [info for info in graph.value_info if info.name not in moved]
+        del graph.value_info[:]
+        graph.value_info.extend(kept_infos)
+    return rewritten
+
+
 def _reads_any_rank(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
     """Whether `node` is a Reshape to a constant shape that copies no input dimension past the
     second (a 0 there): one that reads its input's elements in order, whatever its rank."""
@@ -871,6 +940,7 @@ SHAPINGS: tuple[Shaping, ...] = (
     gathers_as_slices,
     flattened_planes_padded,
     rank3_tails_as_rank4,
+    batched_rows_as_one_image,
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
     softmaxes_before_layout_runs,
