@@ -1151,3 +1151,44 @@ def test_rule_verdicts_are_remembered_per_state_of_what_rules_read(monkeypatch):
     alike.to_constant(np.ones([1, 4, 8, 8], np.float32))  # the same object, now a constant
     verdicts.failures(relu)
     assert len(evaluated) == 6
+
+
+def gated_linear(gate: str) -> onnx.ModelProto:
+    """A gated MLP: a Linear [16 -> 64] (MatMul and bias Add) chunked in two along its last axis,
+    SwiGLU (silu of the first half times the second) or GLU (the first half times the sigmoid
+    of the second), then a Linear [32 -> 16]."""
+    rng = np.random.default_rng(2)
+    if gate == "swiglu":
+        tail = [helper.make_node("Sigmoid", ["a"], ["s"], name="sigmoid"),
+                helper.make_node("Mul", ["a", "s"], ["silu"], name="silu"),
+                helper.make_node("Mul", ["silu", "b"], ["g"], name="gated")]
+    else:
+        tail = [helper.make_node("Sigmoid", ["b"], ["s"], name="sigmoid"),
+                helper.make_node("Mul", ["a", "s"], ["g"], name="gated")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="fc1"),
+             helper.make_node("Add", ["p", "bias"], ["h"], name="fc1_bias"),
+             helper.make_node("Split", ["h", "halves"], ["a", "b"], name="chunk", axis=-1), *tail,
+             helper.make_node("MatMul", ["g", "w2"], ["y"], name="fc2")]
+    return make_model(nodes, [value_info("x", [1, 10, 16])], [value_info("y", [1, 10, 16])],
+                      [weight("w", rng.normal(0, 0.3, (16, 64)).astype(np.float32)),
+                       weight("bias", rng.normal(0, 0.3, 64).astype(np.float32)),
+                       weight("halves", np.array([32, 32], np.int64)),
+                       weight("w2", rng.normal(0, 0.3, (32, 16)).astype(np.float32))], opset=17)
+
+
+def test_a_chunked_linear_with_a_gate_is_one_conv_per_part(tmp_path):
+    """The gate's Conv takes its activation in (ConvExSwish for SwiGLU, ConvSigmoid for GLU),
+    the other half is a Conv of its own: no Split, one step fewer than Conv, Split, activation."""
+    from test_simplify_layout import npu_kernels
+    for gate, fused in (("swiglu", "ConvExSwish"), ("glu", "ConvSigmoid")):
+        kernels, ctx = npu_kernels(gated_linear(gate), tmp_path)
+        assert sorted(kernels[1:3]) == sorted(["Conv", fused]) and kernels[0::3] == ["Reshape", "Mul"], kernels
+        assert len(kernels) == 6 and "Split" not in kernels
+        assert any(rule.startswith("split_linear_as_linears") for rule in rules_fired(ctx))
+
+
+def test_a_chunked_linear_without_an_activation_stays_split(tmp_path):
+    model = gated_linear("swiglu")
+    model.graph.node[3].op_type = "Tanh"   # the Sigmoid of the gate becomes a Tanh read with a Mul
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert not any(rule.startswith("split_linear_as_linears") for rule in rules_fired(ctx))

@@ -48,6 +48,65 @@ def gemm_to_conv(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
+#: Activations a Conv takes in as its epilogue (the fusion table's Conv* kernels), and Sigmoid,
+#: which with the Mul by its own input is exSwish (ConvExSwish)
+FUSED_AFTER_A_CONV = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu",
+                                "Softplus", "Gelu"})
+
+
+def split_linear_as_linears(node: gs.Node, site: Site) -> Candidates:
+    """A linear layer x @ W (+ b) whose output a Split alone cuts along its last axis, one part
+    read by an activation the Conv it becomes takes in (SwiGLU's gate: silu(x @ W_g) *
+    (x @ W_x), as EVA-02 and other gated MLPs pack it in one Linear and chunk it; a GLU's
+    sigmoid), as one linear layer per part, with W's (and b's) columns of that part: each
+    becomes its own 1x1 Conv (matmul_constant_to_conv), the gate's with its activation fused
+    (ConvExSwish, ConvSigmoid) where the Split left Conv, Split, exSwish: one step fewer, the
+    same products. The split of a Linear cuts its tokens' last axis, which exGlu (axis 1 of a
+    Conv's channels only, seed 001) does not take."""
+    split = node.outputs[0].outputs[0] if len(node.outputs[0].outputs) == 1 else None
+    bias_add = None
+    if split is not None and split.op == "Add":
+        bias_add, split = split, (split.outputs[0].outputs[0] if len(split.outputs[0].outputs) == 1 else None)
+    x, w = node.inputs[0], node.inputs[1]
+    shape = static_shape(node.outputs[0])
+    if split is None or split.op != "Split" or not isinstance(w, gs.Constant) or len(w.shape) != 2 or shape is None:
+        return "not a linear layer by 2-D weights whose output a Split alone reads"
+    if int(split.attrs.get("axis", 0)) % len(shape) != len(shape) - 1:
+        return "its Split cuts another axis than the last"
+    bias = None
+    if bias_add is not None:
+        bias = next((constant_value(t) for t in bias_add.inputs if t is not node.outputs[0]), None)
+        if bias is None or np.broadcast_shapes(bias.shape, (shape[-1],)) != (shape[-1],) \
+                or any(t.name in site.graph_outputs for t in bias_add.outputs):
+            return "the Add after it is no bias of its columns"
+    if node.outputs[0].name in site.graph_outputs:
+        return "its output is a graph output"
+    parts = list(split.outputs)
+    if any(static_shape(part) is None for part in parts):
+        return "a part's shape is unknown"
+
+    def activated(part: gs.Tensor) -> bool:
+        ops = sorted(reader.op for reader in part.outputs)
+        return ops in (["Mul", "Sigmoid"],) or (len(ops) == 1 and ops[0] in FUSED_AFTER_A_CONV)
+
+    if not any(activated(part) for part in parts):
+        return "no part is read by an activation a Conv would take in"
+    weights = constant_value(w)   # read only here: a weight nothing splits stays unloaded
+    builder = site.builder(node)
+    start = 0
+    for part in parts:
+        width = static_shape(part)[-1]
+        columns = builder.const(np.ascontiguousarray(weights[:, start:start + width]), "weight")
+        if bias is None:
+            builder.op("MatMul", [x, columns], out=part)
+        else:
+            product = builder.op("MatMul", [x, columns], static_shape(part), part.dtype)
+            part_bias = np.broadcast_to(bias, (shape[-1],))[start:start + width].astype(bias.dtype)
+            builder.op("Add", [product, builder.const(part_bias, "bias")], out=part)
+        start += width
+    yield builder.finish(node, *([bias_add] if bias_add is not None else []), split)
+
+
 def matmul_constant_to_conv(node: gs.Node, site: Site) -> Candidates:
     """MatMul with one constant 2-D operand as a 1x1 Conv whose weights are that operand, as
     rknn-toolkit2 runs it (its bert layer table shows Conv for MatMul by weights): Convolution
@@ -240,6 +299,7 @@ def einsum_as_matmul(node: gs.Node, site: Site) -> Candidates:
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(gemm_to_conv, frozenset({"Gemm"}), always=True),
+    RewriteRule(split_linear_as_linears, frozenset({"MatMul"}), always=True),
     RewriteRule(matmul_constant_to_conv, frozenset({"MatMul"}), always=True),
     RewriteRule(matmul_k_split, frozenset({"MatMul"})),
     RewriteRule(einsum_as_matmul, frozenset({"Einsum"})),
