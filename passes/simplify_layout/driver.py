@@ -4,6 +4,7 @@ failures, fates, rewrites, the rules' attempts) current as a rule replaces, adds
 `layout_move` reads what a relabel or Transpose does, and `layout_node` makes one."""
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
@@ -68,6 +69,16 @@ def layout_node(source: gs.Tensor, result: gs.Tensor, perm, base: str, fresh, ne
         return new_node(op="Reshape", name=fresh(f"{base}/moved"), inputs=[source, shape], outputs=[result])
     return new_node(op="Transpose", name=fresh(f"{base}/moved"), attrs={"perm": list(perm)}, inputs=[source],
                     outputs=[result])
+
+
+@functools.lru_cache(maxsize=256)
+def _stored_in_blocks(shape: tuple[int, ...], c2: int) -> np.ndarray:
+    """stored_positions of `shape` in NC1HWC2, flat and read-only: a model's layout runs ask
+    about the same few shapes many times (moves_as_gather traces each run's every split into
+    views: timm_mvitv2_tiny asked 1,509 times, 2.2 s of its 10.5 s plan, uncached)."""
+    stored = stored_positions(shape, "NC1HWC2", c2).reshape(-1)
+    stored.flags.writeable = False
+    return stored
 
 
 # --- one run of the rules ---------------------------------------------------------------------
@@ -139,9 +150,9 @@ class Simplifier:
         if len(shape) > 4 or len(relabelled) > 4:
             return False
         c2 = self.ctx.target.c2_for(self.ctx.options.dtype)
-        stored = stored_positions(tuple(shape), "NC1HWC2", c2).reshape(-1)
+        stored = _stored_in_blocks(tuple(shape), c2)
         return np.array_equal(stored if elements is None else stored[elements],
-                              stored_positions(tuple(relabelled), "NC1HWC2", c2).reshape(-1))
+                              _stored_in_blocks(tuple(relabelled), c2))
 
     def record_attempt(self, name: str, rule: str, outcome: str) -> None:
         for original in self.ctx.origins.get(name, (name,)):

@@ -384,7 +384,13 @@ def _write_problem(result: gs.Tensor, writes: list[gs.Node], row_axis: int, simp
     values, _ = _element_indices(writes, simplifier.ctx.graph.opset)
     placed = values[written.name].reshape(-1)
     size = element_count(static_shape(result))
-    if placed.size != size or np.unique(placed).size != size:
+    # each element once: `size` indices in [0, size) that mark every one (np.unique sorted or
+    # hashed them: 4.9 s of timm_mvitv2_tiny's 9 s plan, 79 results of up to 1.2M elements)
+    marked = np.zeros(size, bool)
+    in_range = placed.size == size and (size == 0 or (placed.min() >= 0 and placed.max() < size))
+    if in_range:
+        marked[placed] = True
+    if not in_range or not marked.all():
         return f"{written.name} does not hold each element of {result.name} once"
     offsets = np.empty(size, dtype=np.int64)
     offsets[placed] = np.arange(size)
