@@ -811,3 +811,26 @@ def test_a_window_partition_of_token_rows_is_one_gather(tmp_path):
         kernels, ctx = npu_kernels(window_partition(shift), tmp_path)
         assert kernels == ["Conv", "Transpose", "Reshape", "Conv", "Gather", "Conv", "Reshape"], (shift, kernels)
         assert "moves_as_gather" in {r.rule for r in ctx.rewrites}
+
+
+def test_a_linear_over_heads_between_transposes_that_cancel_runs_on_the_heads_as_channels(tmp_path):
+    # CaiT's talking heads: scores [1, 4, 24, 24] = q @ k, moved heads-last, a Linear over the 4
+    # heads, moved back, Softmax. The scores' layout stores 4 channels padded to C2, more bytes
+    # than the heads-last [1, 24, 24, 4]; but both Transposes cancel, so the region runs between
+    # tensors the plan holds at that size anyway: the product, one 1x1 Conv over the heads, the
+    # Softmax (4 steps before: the product's result relabelled for the Conv)
+    heads, side, depth = 4, 24, 16
+    model = make_model(
+        [helper.make_node("MatMul", ["q", "k"], ["s"], name="scores"),
+         helper.make_node("Transpose", ["s"], ["t"], name="heads_last", perm=[0, 2, 3, 1]),
+         helper.make_node("MatMul", ["t", "w"], ["m"], name="mix"),
+         helper.make_node("Add", ["m", "b"], ["a"], name="bias"),
+         helper.make_node("Transpose", ["a"], ["u"], name="heads_first", perm=[0, 3, 1, 2]),
+         helper.make_node("Softmax", ["u"], ["y"], name="softmax", axis=-1)],
+        [value_info("q", [1, heads, side, depth]), value_info("k", [1, heads, depth, side])],
+        [value_info("y", [1, heads, side, side])],
+        [weight("w", RNG.normal(size=(heads, heads)).astype(np.float32)),
+         weight("b", RNG.normal(size=heads).astype(np.float32))])
+    kernels, ctx = npu_kernels(model, tmp_path)
+    assert kernels == ["MatMul", "Conv", "Softmax"]
+    assert ctx.fates["heads_last"][0] == ctx.fates["heads_first"][0] == "removed"
