@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.graph import constant_value, element_count, static_shape
 from rkcompile.ir.nodes import DerivedValues
 
-from rkcompile.passes.rewrites.base import Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
+from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
 
 
 def gemm_to_conv(node: gs.Node, site: Site) -> Candidates:
@@ -277,8 +277,14 @@ def einsum_as_matmul(node: gs.Node, site: Site) -> Candidates:
     form = einsum_as_matmul_form(node)
     if isinstance(form, str):
         return form
-    (a, b), y = node.inputs, node.outputs[0]
     builder = site.builder(node)
+    einsum_as_matmul_nodes(builder, node, form)
+    yield builder.finish()
+
+
+def einsum_as_matmul_nodes(builder: Builder, node: gs.Node, form: EinsumAsMatMul) -> None:
+    """The nodes of `form` for the Einsum `node`, built by `builder`, writing its output."""
+    (a, b), y = node.inputs, node.outputs[0]
 
     def matrix(tensor: gs.Tensor, perm: list[int], shape: list[int]) -> gs.Tensor:
         value = constant_value(tensor) if isinstance(tensor, gs.Constant) else None
@@ -294,7 +300,6 @@ def einsum_as_matmul(node: gs.Node, site: Site) -> Candidates:
         builder.reshape(product, static_shape(y), out=y)
     else:
         builder.op("Transpose", [builder.reshape(product, form.unmerged)], out=y, perm=form.out_perm)
-    yield builder.finish()
 
 
 RULES: tuple[RewriteRule, ...] = (

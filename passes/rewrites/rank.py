@@ -28,7 +28,7 @@ from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, Re
 from rkcompile.passes.rewrites.reductions import block_reduction_as_conv
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
-from rkcompile.passes.rewrites.matmul_as_conv import einsum_as_matmul_form
+from rkcompile.passes.rewrites.matmul_as_conv import einsum_as_matmul_form, einsum_as_matmul_nodes
 from rkcompile.targets.constraints import NPU_RANK
 
 #: Ops that work along some axes and keep the others as they are: each of those axes stays a
@@ -489,51 +489,16 @@ def _row_broadcast(node: gs.Node) -> int | None:
 
 def _einsums_as_products(region: list[gs.Node], site: Site, scratch: list[gs.Node]) -> list[gs.Node]:
     """The region with each Einsum that `_batched_product` does not take as it stands replaced
-    by templates of its MatMul form (matmul_as_conv.einsum_as_matmul_form): each operand's
+    by templates of its MatMul form (matmul_as_conv.einsum_as_matmul_nodes): each operand's
     Transpose and relabel to [B, M, K] or [B, K, N] (a constant one moved at once), their MatMul,
     its relabel to each letter's own axis and the Transpose to the output's order, which the
     region's grouping then takes like any other ops. The templates (in `scratch`) are read,
     never kept, as `_select_before_transpose`'s."""
     for einsum in [n for n in region if n.op == "Einsum" and _batched_product(n) is None]:
-        form = einsum_as_matmul_form(einsum)
-        (a, b), y = einsum.inputs, einsum.outputs[0]
-        templates = []
-
-        def relabelled(tensor: gs.Tensor, shape: list[int]) -> gs.Variable:
-            out = gs.Variable(site.fresh(f"{einsum.name}/relabelled"), tensor.dtype, list(shape))
-            target = gs.Constant(site.fresh(f"{einsum.name}/shape"), np.array(shape, np.int64))
-            templates.append(gs.Node("Reshape", site.fresh(f"{einsum.name}/relabel"), inputs=[tensor, target],
-                                     outputs=[out]))
-            return out
-
-        def moved(tensor: gs.Tensor, perm: list[int], out: gs.Tensor | None = None) -> gs.Tensor:
-            if out is None and perm == sorted(perm):
-                return tensor
-            out = out or gs.Variable(site.fresh(f"{einsum.name}/moved"), tensor.dtype,
-                                     [static_shape(tensor)[p] for p in perm])
-            templates.append(gs.Node("Transpose", site.fresh(f"{einsum.name}/move"), attrs={"perm": perm},
-                                     inputs=[tensor], outputs=[out]))
-            return out
-
-        def matrix(tensor: gs.Tensor, perm: list[int], shape: list[int]) -> gs.Tensor:
-            value = constant_value(tensor) if isinstance(tensor, gs.Constant) else None
-            if value is not None:
-                return gs.Constant(site.fresh(f"{einsum.name}/operand"),
-                                   np.ascontiguousarray(value.transpose(perm)).reshape(shape))
-            return relabelled(moved(tensor, perm), shape)
-
-        product = gs.Variable(site.fresh(f"{einsum.name}/product"), y.dtype, form.product)
-        templates.append(gs.Node("MatMul", site.fresh(f"{einsum.name}/matmul"),
-                                 inputs=[matrix(a, form.a_perm, form.a_matrix), matrix(b, form.b_perm, form.b_matrix)],
-                                 outputs=[product]))
-        if form.out_perm == sorted(form.out_perm):
-            target = gs.Constant(site.fresh(f"{einsum.name}/shape"), np.array(static_shape(y), np.int64))
-            templates.append(gs.Node("Reshape", site.fresh(f"{einsum.name}/relabel"), inputs=[product, target],
-                                     outputs=[y]))
-        else:
-            moved(relabelled(product, form.unmerged), form.out_perm, out=y)
-        scratch.extend(templates)
-        region = [n for n in region if n is not einsum] + templates
+        builder = site.builder(einsum)
+        einsum_as_matmul_nodes(builder, einsum, einsum_as_matmul_form(einsum))
+        scratch.extend(builder.nodes)
+        region = [n for n in region if n is not einsum] + builder.nodes
     return region
 
 
