@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.graph import constant_value, element_count, static_shape
 from rkcompile.ir.nodes import DerivedValues
 
+from rkcompile.passes.fusion_table import conv_activation_kernels
 from rkcompile.passes.rewrites.base import Builder, Candidates, RewriteRule, Site, conv_1x1, float_constant, split_node
 
 
@@ -48,12 +49,6 @@ def gemm_to_conv(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
-#: Activations a Conv takes in as its epilogue (the fusion table's Conv* kernels), and Sigmoid,
-#: which with the Mul by its own input is exSwish (ConvExSwish)
-FUSED_AFTER_A_CONV = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu",
-                                "Softplus", "Gelu"})
-
-
 def split_linear_as_linears(node: gs.Node, site: Site) -> Candidates:
     """A linear layer x @ W (+ b) whose output a Split alone cuts along its last axis, one part
     read by an activation the Conv it becomes takes in (SwiGLU's gate: silu(x @ W_g) *
@@ -85,9 +80,10 @@ def split_linear_as_linears(node: gs.Node, site: Site) -> Candidates:
     if any(static_shape(part) is None for part in parts):
         return "a part's shape is unknown"
 
-    def activated(part: gs.Tensor) -> bool:
+    def activated(part: gs.Tensor) -> bool:   # an activation the fusion table runs after a Conv
         ops = sorted(reader.op for reader in part.outputs)
-        return ops in (["Mul", "Sigmoid"],) or (len(ops) == 1 and ops[0] in FUSED_AFTER_A_CONV)
+        activation = "exSwish" if ops == ["Mul", "Sigmoid"] else ops[0] if len(ops) == 1 else None
+        return any(site.target.has_kernel(kernel) for kernel in conv_activation_kernels().get(activation, ()))
 
     if not any(activated(part) for part in parts):
         return "no part is read by an activation a Conv would take in"

@@ -327,21 +327,21 @@ def group_norm_on_group_view(node: gs.Node, site: Site) -> Candidates:
     per_group = shape[1] // groups
     affine, channel_scale, channel_bias = _affine_after(reshape_out, shape, 1, 2, site)
     # per channel: (normed * group scale + group bias) * channel scale + channel bias
-    scale = np.repeat(np.broadcast_to(np.asarray(group_scale).reshape(-1), (groups,)), per_group) * channel_scale
-    bias = np.repeat(np.broadcast_to(np.asarray(group_bias).reshape(-1), (groups,)), per_group) * channel_scale \
-        + channel_bias
+    scale = np.repeat(np.broadcast_to(group_scale.reshape(-1), (groups,)), per_group) * channel_scale
+    bias = np.repeat(np.broadcast_to(group_bias.reshape(-1), (groups,)), per_group) * channel_scale + channel_bias
     dtype = dtype_name(x.dtype)
     scale, bias = scale.astype(dtype).reshape(groups, per_group), bias.astype(dtype).reshape(groups, per_group)
     view_shape = [shape[0] * groups, per_group] + (list(shape[2:]) if len(shape) == 4 else [shape[2], 1])
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
     builder = site.builder(node)
     view = builder.reshape(x, view_shape)
     y = (affine[-1] if affine else reshape_out).outputs[0]
     if np.all(scale == scale[0]) and np.all(bias == bias[0]):
-        normed = _layer_normalization(builder, view, epsilon=float(node.attrs.get("epsilon", 1e-5)),
-                                      scale=scale[0].reshape(per_group, 1, 1), bias=bias[0].reshape(per_group, 1, 1))
+        normed = _layer_normalization(builder, view, epsilon, scale[0].reshape(per_group, 1, 1),
+                                      bias[0].reshape(per_group, 1, 1))
         builder.reshape(normed, shape, out=y)
     else:
-        normed = _layer_normalization(builder, view, float(node.attrs.get("epsilon", 1e-5)))
+        normed = _layer_normalization(builder, view, epsilon)
         # [N, C, 1, ...]: a [1, C, 1, 1] operand reaches a batch of several images by none of the Expand patterns
         channel_shape = [shape[0], shape[1]] + [1] * (len(shape) - 2)
         scaled = builder.op("Mul", [builder.reshape(normed, shape),

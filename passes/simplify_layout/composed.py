@@ -7,37 +7,29 @@ import onnx_graphsurgeon as gs
 from rkcompile.ir.edits import detach, unlinked_node
 from rkcompile.ir.graph import constant_value, element_count, is_onnx_domain, static_shape
 
+from rkcompile.passes.fold_constants import evaluate_on
 from rkcompile.passes.simplify_layout.driver import Simplifier, layout_move
 
 #: the largest run input whose element positions the rule traces (an int64 per element)
 MAX_TRACED_ELEMENTS = 1 << 22
 
 
-def _gather_indices(node: gs.Node) -> np.ndarray | None:
-    """The constant indices of a Gather of known shapes (negative ones counted from the end),
-    else None."""
-    if not is_onnx_domain(node) or node.op != "Gather" or len(node.inputs) != 2 or len(node.outputs) != 1:
-        return None
-    shape, indices = static_shape(node.inputs[0]), constant_value(node.inputs[1])
-    if shape is None or indices is None or static_shape(node.outputs[0]) is None:
-        return None
-    axis = int(node.attrs.get("axis", 0)) % len(shape)
-    return np.asarray(indices, np.int64) % shape[axis]
+def _constant_gather(node: gs.Node) -> bool:
+    """A Gather of constant indices, of known shapes."""
+    return (is_onnx_domain(node) and node.op == "Gather" and len(node.inputs) == 2 and len(node.outputs) == 1
+            and constant_value(node.inputs[1]) is not None
+            and static_shape(node.inputs[0]) is not None and static_shape(node.outputs[0]) is not None)
 
 
 def _is_move(node: gs.Node | None) -> bool:
-    return node is not None and (layout_move(node) is not None or _gather_indices(node) is not None)
+    return node is not None and (layout_move(node) is not None or _constant_gather(node))
 
 
-def _moved(positions: np.ndarray, node: gs.Node) -> np.ndarray:
-    """`positions` (an array of the node's input shape) after the node's move."""
-    out_shape = static_shape(node.outputs[0])
-    if node.op == "Transpose":
-        return positions.transpose(layout_move(node)[2])
-    if node.op == "Gather":
-        axis = int(node.attrs.get("axis", 0)) % positions.ndim
-        return np.take(positions, _gather_indices(node), axis=axis).reshape(out_shape)
-    return positions.reshape(out_shape)
+def _moved(positions: np.ndarray, node: gs.Node, opset: int) -> np.ndarray:
+    """`positions` (an array of the node's input shape) after the node's move, as the alias pass
+    runs relabels on element indices (fold_constants.evaluate_on)."""
+    operands = [constant_value(t) if t.name else None for t in node.inputs[1:]]
+    return evaluate_on(node, [positions, *operands], opset)[0]
 
 
 def _gathered(shape: list[int], axis: int, flat: np.ndarray) -> np.ndarray | None:
@@ -71,7 +63,7 @@ def _steps(moves: list[gs.Node], simplifier: Simplifier) -> int:
             move = moves[last]
             if move.op == "Gather":
                 break
-            positions = _moved(positions, move)
+            positions = _moved(positions, move, simplifier.ctx.graph.opset)
             if simplifier.stores_alike(shape, static_shape(move.outputs[0]), positions.reshape(-1)):
                 fewest[last + 1] = min(fewest[last + 1], fewest[first])
     return fewest[-1]
@@ -151,7 +143,7 @@ def moves_as_gather(node: gs.Node, simplifier: Simplifier):
         return "its input is too large to trace element by element"
     positions = np.arange(element_count(x_shape), dtype=np.int64).reshape(x_shape)
     for member in run:
-        positions = _moved(positions, member)
+        positions = _moved(positions, member, simplifier.ctx.graph.opset)
     block = simplifier.ctx.target.c2_for(simplifier.ctx.options.dtype)
     flat = positions.reshape(-1)
     # the Gather's axis: axes first..last of x merged, or the rows of [N / kept, kept, 1, 1]
