@@ -93,18 +93,18 @@ def shifted_window_scores(model, inner_read_twice: bool = False):
 
 
 def test_a_bias_and_a_mask_added_to_the_scores_are_one_mask_of_the_kernel(tmp_path):
-    """The two constant addends become one (`constant_addends_as_one`), which exSDPAttention
+    """The two constant addends become one (`constant_operands_as_one`), which exSDPAttention
     takes as its mask: one kernel, where the two Adds had kept the attention apart."""
     kernels, ctx = npu_kernels(shifted_window_scores(separate_projections([0, 2, 3, 1])), tmp_path)
     assert kernels.count("exSDPAttention") == 1 and "Add" not in kernels, kernels
-    assert any(record.rule == "constant_addends_as_one" for record in ctx.rewrites)
+    assert any(record.rule == "constant_operands_as_one" for record in ctx.rewrites)
 
 
 def test_biased_scores_read_elsewhere_keep_both_adds(tmp_path):
     kernels, ctx = npu_kernels(shifted_window_scores(separate_projections([0, 2, 3, 1]), inner_read_twice=True),
                                tmp_path)
     assert "exSDPAttention" not in kernels
-    assert not any(record.rule == "constant_addends_as_one" for record in ctx.rewrites)
+    assert not any(record.rule == "constant_operands_as_one" for record in ctx.rewrites)
 
 
 def test_keys_transposed_twice_feed_the_kernel(tmp_path):

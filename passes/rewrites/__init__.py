@@ -22,8 +22,8 @@ FAMILIES = (
     norm,         # BatchNormalization, LRN, LayerNormalization, Softmax
     reductions,   # norms written out over trailing axes, InstanceNormalization; late: Reduce*, Sqrt
     elementwise,  # constants into cheaper ops, exponents, activation parameters, ranks, broadcasts
-    signed_moves,  # a rotary embedding's moves and negations along the last axis as one MatMul (before
-                   # conv_windows, whose stepped-Slice rule would take the region apart)
+    signed_moves,  # a rotary embedding's moves and negations along the last axis as one Gather or
+                   # MatMul (before conv_windows, whose stepped-Slice rule would take the region apart)
     matmul_as_conv,  # Gemm/MatMul by weights as 1x1 Conv, K splits, Einsum as one MatMul
     conv_windows,    # Conv strides, kernels and pads over the window limits (space-to-depth, kernel
                      # tiles, Pad);

@@ -78,27 +78,29 @@ def div_constant_to_mul(node: gs.Node, site: Site) -> Candidates:
     yield builder.finish()
 
 
-def constant_addends_as_one(node: gs.Node, site: Site) -> Candidates:
-    """(x + a) + b, a and b float constants and x + a read by the second Add alone, as
-    x + (a + b): one Add fewer. An attention's scores take a relative position bias and then
-    a shifted window's mask this way (Swin's shifted blocks), and exSDPAttention takes one mask
-    (seed 001, exSDPAttention: mask), so the two addends as one let the attention fuse. Kept
-    where a + b is no larger than the result (it broadcasts into it)."""
+def constant_operands_as_one(node: gs.Node, site: Site) -> Candidates:
+    """(x + a) + b or (x * a) * b, a and b float constants and the inner result read by the
+    outer op alone, as x + (a + b) or x * (a * b): one op fewer. An attention's scores take a
+    relative position bias and then a shifted window's mask this way (Swin's shifted blocks),
+    and exSDPAttention takes one mask (seed 001, exSDPAttention: mask), so the two addends as
+    one let the attention fuse; a rotary embedding's rotation as a Gather and its signs
+    (signed_moves) takes sin as a second factor. Kept where a + b (a * b) is no larger than the
+    result (it broadcasts into it)."""
     inner = producer(node.inputs[0]) if node.inputs else None
-    outer_addend = float_constant(node.inputs[1]) if len(node.inputs) > 1 else None
-    if inner is None or inner.op != "Add" or outer_addend is None or len(node.inputs[0].outputs) != 1 \
+    outer_operand = float_constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    if inner is None or inner.op != node.op or outer_operand is None or len(node.inputs[0].outputs) != 1 \
             or node.inputs[0].name in site.graph_outputs:
-        return "not an Add of a constant to the sum of a tensor and a constant read by it alone"
-    x, inner_addend = inner.inputs[0], float_constant(inner.inputs[1])
+        return f"not a {node.op} of a constant to the {node.op} of a tensor and a constant read by it alone"
+    x, inner_operand = inner.inputs[0], float_constant(inner.inputs[1])
     shape = static_shape(node.outputs[0])
-    if inner_addend is None or constant_value(x) is not None or shape is None \
-            or inner_addend.dtype != outer_addend.dtype:
-        return "the inner Add's second operand is not a float constant of the same type, or its first is constant"
-    total = inner_addend + outer_addend
-    if np.broadcast_shapes(static_shape(x), total.shape) != tuple(shape) or total.ndim > len(shape):
-        return f"the addends' sum {list(total.shape)} does not broadcast into {shape}"
+    if inner_operand is None or constant_value(x) is not None or shape is None \
+            or inner_operand.dtype != outer_operand.dtype:
+        return f"the inner {node.op}'s second operand is not a float constant of the same type, or its first is constant"
+    joined = inner_operand + outer_operand if node.op == "Add" else inner_operand * outer_operand
+    if np.broadcast_shapes(static_shape(x), joined.shape) != tuple(shape) or joined.ndim > len(shape):
+        return f"the constants' {node.op} {list(joined.shape)} does not broadcast into {shape}"
     builder = site.builder(node)
-    builder.op("Add", [x, builder.const(total, "addends")], out=node.outputs[0])
+    builder.op(node.op, [x, builder.const(joined, "operands")], out=node.outputs[0])
     yield builder.finish(inner, node)
 
 
@@ -369,7 +371,7 @@ def expand_into_broadcast(node: gs.Node, site: Site) -> Candidates:
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(sub_constant_to_add, frozenset({"Sub"}), always=True),
     RewriteRule(div_constant_to_mul, frozenset({"Div"}), always=True),
-    RewriteRule(constant_addends_as_one, frozenset({"Add"}), always=True),
+    RewriteRule(constant_operands_as_one, frozenset({"Add", "Mul"}), always=True),
     RewriteRule(neg_to_mul, frozenset({"Neg"})),
     RewriteRule(pow_to_mul_chain, frozenset({"Pow"})),
     RewriteRule(hardsigmoid_to_native, frozenset({"HardSigmoid"})),
@@ -379,4 +381,7 @@ RULES: tuple[RewriteRule, ...] = (
     RewriteRule(expand_into_broadcast, frozenset({"Expand"}), always=True),
     RewriteRule(lift_to_4d, ELEMENTWISE),
     RewriteRule(broadcast_by_concat, BINARY_ELEMENTWISE, late=True),
+    # again once broadcast_by_concat has made a product legal that broadcasts its constant over
+    # heads (a rotary embedding's sin, which its rotation's signs then join)
+    RewriteRule(constant_operands_as_one, frozenset({"Mul"}), always=True, late=True),
 )

@@ -1,17 +1,21 @@
-"""Moves and negations along the last axis as one MatMul by a signed permutation.
+"""Moves and negations along the last axis as one Gather (times the signs), or one MatMul.
 
-Rotary position embeddings rotate pairs of a head's features: RoFormer, GPT-J and CodeGen
-interleave them (x[..., 1::2] negated and x[..., ::2], stacked on a new last axis and
+Rotary position embeddings rotate pairs of a head's features: RoFormer, GPT-J, CodeGen and
+EVA-02 interleave them (x[..., 1::2] negated and x[..., ::2], stacked on a new last axis and
 flattened back), LLaMA's `rotate_half` swaps halves (Concat(-x[..., d/2:], x[..., :d/2])).
 Either way the result is x with its last axis moved and some of it negated: x @ M for a
 constant M of one +1 or -1 per column. The interleaved form is exported as two stepped Slices
 (which the NPU's Slice does not take: each becomes a Slice and a picking Conv), a Neg,
-Unsqueezes, a Concat and a Reshape, about nine steps per rotation; as x @ M it is one MatMul,
-which matmul_as_conv's rules make a 1x1 Conv between two relabels (rknn-toolkit2 builds
-RoFormer's rotations as Convs too). LLaMA's halves need no stepped Slice: a Split and a Concat
-with the Neg folded into the sine take fewer steps than the MatMul, so a region without a
-stepped Slice is left to them. Every output is one input times +1 or -1: exact, in float16
-and in int8 alike.
+Unsqueezes, a Concat and a Reshape, about nine steps per rotation. On a tensor of rank 3 or 4
+the last axis is a plane axis of NC1HWC2 (as_nchw), so one Gather along it moves whole C2
+vectors, and the signs are a Mul that joins the product by sin after it
+(elementwise.constant_operands_as_one): one step, where x @ M was a 1x1 Conv between two
+relabels into rows and back (three; EVA-02's 48 Gathers took 50 steps off its plan). On rank
+2 the last axis is the channels, which a Gather would pick lane by lane: x @ M, which
+matmul_as_conv's rules make a 1x1 Conv. LLaMA's halves need no stepped Slice: a Split and a
+Concat with the Neg folded into the sine take as few steps, so a region without a stepped
+Slice is left to them. Every output is one input times +1 or -1: exact, in float16 and in int8
+alike.
 
 The region is found from a Slice or Split: the data-movement nodes around it (`MOVES`) whose
 every input comes from one tensor x or from the region, and that give one tensor y read
@@ -109,10 +113,11 @@ def _stepped(node: gs.Node) -> bool:
     return steps is not None and bool(np.any(np.abs(steps) > 1))
 
 
-def signed_moves_as_matmul(node: gs.Node, site: Site) -> Candidates:
+def signed_moves_as_gather(node: gs.Node, site: Site) -> Candidates:
     """Moves and negations that give a tensor of x's shape, each row of its last axis filled
-    from the same row of x alike (a rotary embedding's rotation of each head's features), as x
-    times the constant signed permutation that does it."""
+    from the same row of x alike (a rotary embedding's rotation of each head's features), as a
+    Gather of x along its last axis times the signs where any is negative; on rank 2, as x times
+    the constant signed permutation that does it (the module's docstring says why)."""
     found = _region(node, site)
     if isinstance(found, str):
         return found
@@ -134,13 +139,22 @@ def signed_moves_as_matmul(node: gs.Node, site: Site) -> Candidates:
     if (np.any(row != np.arange(len(rows))[:, None]) or np.any(column != column[:1])
             or np.any(sign != sign[:1])):
         return "it moves elements across rows of the last axis, or moves the rows unalike"
+    builder = site.builder(node)
+    if len(shape) >= 3:   # the last axis is a plane axis: the Gather moves whole C2 vectors
+        negated = bool(np.any(sign[0] < 0))
+        moved = builder.op("Gather", [x, builder.const(column[0].astype(np.int64), "indices")],
+                           shape if negated else None, x.dtype if negated else None,
+                           out=None if negated else y, axis=len(shape) - 1)
+        if negated:
+            builder.op("Mul", [moved, builder.const(sign[0].astype(dtype_name(x.dtype)), "signs")], out=y)
+        yield builder.finish(*region)
+        return
     matrix = np.zeros((width, width), dtype_name(x.dtype))
     matrix[column[0], np.arange(width)] = sign[0]
-    builder = site.builder(node)
     builder.op("MatMul", [x, builder.const(matrix, "signed_moves")], out=y)
     yield builder.finish(*region)
 
 
 RULES: tuple[RewriteRule, ...] = (
-    RewriteRule(signed_moves_as_matmul, frozenset({"Slice", "Split"}), always=True),
+    RewriteRule(signed_moves_as_gather, frozenset({"Slice", "Split"}), always=True),
 )
