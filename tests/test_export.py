@@ -26,6 +26,7 @@ from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_oper
                                               batched_rows_as_one_image, flattened_planes_padded, small_planes_into_channels,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
+                                              one_transpose_runs_shortened,
                                               token_rows_of_planes_padded, transpose_pairs_as_splits,
                                               transpose_steps_as_one, transposed_rows_as_planes,
                                               transposes_from_splits)
@@ -2034,6 +2035,62 @@ def test_token_rows_written_to_an_output_stay_rows():
     assert token_rows_as_sequences(normalized_rows(reshaped=True)) == 1
 
 
+def test_token_rows_gathered_and_reshaped_take_the_exits_sequences():
+    """Rows normalized, then both picked by a Gather of rows and Reshaped to `[1, 2, 9, 8]`
+    (MViTv2's pooled keys: the scores read the second, its relative positions the first): the
+    norm runs on the sequences `[2, 9, 8]` the exit reads (so that Reshape only adds a unit
+    axis), the Gather on the rows Reshaped back from them. The same values."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["x", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("LayerNormalization", ["rows", "gamma", "beta"], ["normed"], name="norm", axis=1),
+             helper.make_node("Reshape", ["normed", "heads_shape"], ["heads"], name="heads"),
+             helper.make_node("Gather", ["normed", "order"], ["picked"], name="pick", axis=0),
+             helper.make_node("Relu", ["heads"], ["y"], name="relu"),
+             helper.make_node("Sigmoid", ["picked"], ["z"], name="sigmoid")]
+    model = make_model(nodes, [value_info("x", [2, 3, 3, 8])],
+                       [value_info("y", [1, 2, 9, 8]), value_info("z", [18, 8, 1, 1])],
+                       [weight("rows_shape", np.array([18, 8, 1, 1], np.int64)),
+                        weight("heads_shape", np.array([1, 2, 9, 8], np.int64)),
+                        weight("gamma", rng.uniform(0.5, 1.5, (8, 1, 1)).astype(np.float32)),
+                        weight("beta", rng.uniform(-0.5, 0.5, (8, 1, 1)).astype(np.float32)),
+                        weight("order", rng.permutation(18).astype(np.int64))])
+    x = rng.standard_normal((2, 3, 3, 8)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert token_rows_as_sequences(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    shapes = static_shapes(model)
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    assert shapes[norm.output[0]] == [2, 9, 8]
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert shapes[gather.input[0]] == [18, 8, 1, 1]
+    for got, wanted in zip(onnxruntime_run(model, {"x": x}), expected):
+        np.testing.assert_allclose(got, wanted, rtol=1e-5, atol=1e-6)
+
+
+def test_token_rows_take_only_an_exit_of_their_own_channels_as_sequences():
+    """Rows of 8 channels normalized, then a Linear into 16 split into two heads of 8,
+    [1, 18, 2, 8]: that exit's last axis matches the entry's channels but not its own rows'
+    (16), so the sequences come from the entry's source [2, 9, 8] (ALBERT's heads, whose
+    exit once set [9, 2, 8] and broke the graph). The same values."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Reshape", ["x", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("LayerNormalization", ["rows", "gamma"], ["normed"], name="norm", axis=1),
+             helper.make_node("Conv", ["normed", "w"], ["wide"], name="linear"),
+             helper.make_node("Reshape", ["wide", "heads_shape"], ["y"], name="heads")]
+    model = make_model(nodes, [value_info("x", [2, 9, 8])], [value_info("y", [1, 18, 2, 8])],
+                       [weight("rows_shape", np.array([18, 8, 1, 1], np.int64)),
+                        weight("heads_shape", np.array([1, 18, 2, 8], np.int64)),
+                        weight("gamma", rng.uniform(0.5, 1.5, (8, 1, 1)).astype(np.float32)),
+                        weight("w", rng.standard_normal((16, 8, 1, 1)).astype(np.float32))])
+    x = rng.standard_normal((2, 9, 8)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert token_rows_as_sequences(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    assert static_shapes(model)[norm.output[0]] == [2, 9, 8]
+    np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
 def cross_covariance_rows(heads_shape, result_shape, tokens: int = 12, scale=2.0) -> onnx.ModelProto:
     """XCiT's q and k as the plan holds them: token rows [tokens, 16, 1, 1] transposed into
     channel rows [16, tokens, 1, 1], split into q and k, q L2-normalized over the tokens and
@@ -2178,6 +2235,35 @@ def test_steps_that_no_one_transpose_makes_stay():
                        [weight("cut", np.array([1, 4, 2, 3]))])
     assert transpose_steps_as_one(model) == 0
     assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose"]
+
+
+def test_a_map_moved_into_rows_through_a_grouping_is_its_own_transpose():
+    """The plan's move of a map [2, 8, 3, 3] into token rows [18, 8, 1, 1] through its 4-D
+    layout ([2, 2, 4, 9], a Transpose to [2, 9, 2, 4], a Reshape) is the Transpose of the map's
+    own axes and one Reshape (rknn-toolkit2 2.5.0 runs the grouped form's last Reshape on its
+    CPU); a run of one Transpose that no fewer nodes write stays. The same values."""
+    nodes = [helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"], name="group"),
+             helper.make_node("Transpose", ["grouped"], ["moved"], name="move", perm=[0, 3, 1, 2]),
+             helper.make_node("Reshape", ["moved", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("Relu", ["rows"], ["y"], name="relu")]
+    model = make_model(nodes, [value_info("x", [2, 8, 3, 3])], [value_info("y", [18, 8, 1, 1])],
+                       [weight("grouped_shape", np.array([2, 2, 4, 9], np.int64)),
+                        weight("rows_shape", np.array([18, 8, 1, 1], np.int64))])
+    x = np.random.default_rng(0).standard_normal((2, 8, 3, 3)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert one_transpose_runs_shortened(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Relu"]
+    assert list(next(n for n in model.graph.node if n.op_type == "Transpose").attribute[0].ints) == [0, 2, 3, 1]
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected[0])
+    # a window partition's rank-6 form needs its grouping: nothing shorter
+    nodes = [helper.make_node("Reshape", ["x", "windows_shape"], ["windows"], name="group"),
+             helper.make_node("Transpose", ["windows"], ["moved"], name="move", perm=[0, 1, 3, 2, 4, 5]),
+             helper.make_node("Reshape", ["moved", "flat_shape"], ["y"], name="flat")]
+    model = make_model(nodes, [value_info("x", [1, 4, 6, 6])], [value_info("y", [1, 4, 36])],
+                       [weight("windows_shape", np.array([1, 4, 2, 3, 2, 3], np.int64)),
+                        weight("flat_shape", np.array([1, 4, 36], np.int64))])
+    assert one_transpose_runs_shortened(model) == 0
 
 
 def test_a_window_reverse_from_windows_as_images_keeps_its_steps():

@@ -19,7 +19,8 @@ from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, l
                                                            small_planes_into_channels, vectors_into_channels)
 from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, batched_rows_as_one_image,
                                                       flattened_planes_padded,
-                                                      gathers_as_slices, rank3_tails_as_rank4,
+                                                      gathers_as_slices, one_transpose_runs_shortened,
+                                                      rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       softmaxes_before_layout_runs, splits_of_concats_bypassed,
                                                       token_rows_of_planes_padded, transpose_steps_as_one)
@@ -71,6 +72,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # after rank3_tails_as_rank4 and reshapes_after_elementwise_ops, whose forms of an output's
     # runs of moves it reads
     softmaxes_before_layout_runs,
+    # before token_rows_as_sequences, whose rows' source it makes the tokens' sequence
+    one_transpose_runs_shortened,
     # before transposes_from_splits, which keeps the Split form of a Transpose that a Reshape into
     # rows reads: rows this one did not write back as sequences
     token_rows_as_sequences,

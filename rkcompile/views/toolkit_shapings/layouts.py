@@ -9,7 +9,7 @@ one Transpose they make (`transpose_steps_as_one`)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -621,6 +621,24 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
     those the toolkit runs on its CPU, `_one_transpose_nodes`), or that would not get fewer
     nodes, stays; one whose Transposes undo each other is one Reshape. Returns how many tensors
     it wrote so."""
+    return _runs_as_one_transpose(model, lambda transposes, steps: transposes >= 2)
+
+
+def one_transpose_runs_shortened(model: onnx.ModelProto) -> int:
+    """Write each tensor that a run of Reshapes and one Transpose makes of a tensor with fewer
+    nodes where the run's order allows (`_one_transpose_nodes`): the Transpose of the source's
+    own axes where the Reshape before it only splits and merges them, then one Reshape. The
+    plan moves a map `[N, C, H, W]` into token rows `[N*H*W, C, 1, 1]` through its 4-D layout as
+    `[N, C/k, k, H*W]`, a Transpose and a Reshape; rknn-toolkit2 2.5.0 runs that last Reshape on
+    its CPU where N > 1 (MViTv2's pooled queries and keys), and both the Transpose of
+    the map and the Reshape after it on its NPU. Runs before `token_rows_as_sequences`, which
+    writes the rows of such a source as sequences. Returns how many tensors it wrote so."""
+    return _runs_as_one_transpose(model, lambda transposes, steps: transposes == 1 and steps >= 3)
+
+
+def _runs_as_one_transpose(model: onnx.ModelProto, takes: Callable[[int, int], bool]) -> int:
+    """The work of `transpose_steps_as_one` on each run of moves whose count of Transposes and
+    of steps `takes` accepts."""
     graph = model.graph
     shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
     written: dict[int, list[onnx.NodeProto]] = {}
@@ -633,7 +651,7 @@ def transpose_steps_as_one(model: onnx.ModelProto) -> int:
         while moves_elements(made_by.get(source)):
             run.insert(0, made_by[source])
             source = run[0].input[0]
-        if sum(step.op_type == "Transpose" for step in run) < 2 or source not in shapes:
+        if not takes(sum(step.op_type == "Transpose" for step in run), len(run)) or source not in shapes:
             continue
         elements = np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source])
         order = _elements_moved(elements, run, shapes).reshape(-1)
@@ -888,7 +906,10 @@ def _one_transpose_nodes(graph: onnx.GraphProto, source: str, source_shape: list
     sizes, perm = found
     if perm == sorted(perm):   # the elements keep their order: a relabel
         return [reshape_node(graph, source, result_shape, result, prefix)]
-    if source_shape[:1] == [1]:   # keep the batch axis, as the exporters write it
+    on_source = _on_source_axes(sizes, perm, source_shape)
+    if on_source is not None:
+        sizes, perm = on_source
+    elif source_shape[:1] == [1]:   # keep the batch axis, as the exporters write it
         sizes, perm = [1, *sizes], [0, *(axis + 1 for axis in perm)]
     elif len(sizes) > 4:
         # above rank 4 and not from a single image: rknn-toolkit2 2.5.0 runs that Transpose and
@@ -906,6 +927,30 @@ def _one_transpose_nodes(graph: onnx.GraphProto, source: str, source_shape: list
     if ungrouping:
         steps.append(reshape_node(graph, steps[-1].output[0], result_shape, result, f"{prefix}/ungroup"))
     return steps
+
+
+def _on_source_axes(sizes: list[int], perm: list[int], source_shape: list[int]) -> tuple[list[int], list[int]] | None:
+    """The Transpose of groups `sizes` by `perm` as a Transpose of the source's own axes, where
+    each group is a run of whole source axes and the source has at most 4: the same order with
+    no Reshape grouping the source (rknn-toolkit2 2.5.0 runs the Reshape after a grouped form,
+    MViTv2's `[2, 96, 14, 14]` as `[2, 3, 32, 196]` moved into token rows, on its CPU, and the
+    one after the 4-D Transpose on its NPU). A unit batch axis stays first. None otherwise."""
+    if len(source_shape) > 4 or 1 in sizes:
+        return None
+    kept = 1 if source_shape[:1] == [1] else 0   # a unit batch axis, kept in front
+    groups: list[list[int]] = []
+    axis = kept
+    for size in sizes:
+        group, product = [], 1
+        while product < size and axis < len(source_shape):
+            group.append(axis)
+            product *= source_shape[axis]
+            axis += 1
+        if product != size:
+            return None
+        groups.append(group)
+    groups[-1].extend(range(axis, len(source_shape)))   # trailing unit axes stay with the last group
+    return list(source_shape), [*range(kept), *(source_axis for group in perm for source_axis in groups[group])]
 
 
 def _one_transpose_of(order: np.ndarray) -> tuple[list[int], list[int]] | None:
@@ -944,6 +989,7 @@ SHAPINGS: tuple[Shaping, ...] = (
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
     softmaxes_before_layout_runs,
+    one_transpose_runs_shortened,
     attention_operands_in_one_transpose,
     transpose_steps_as_one,
     token_rows_of_planes_padded,

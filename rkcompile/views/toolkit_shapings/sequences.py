@@ -23,9 +23,9 @@ def token_rows_as_sequences(model: onnx.ModelProto) -> int:
     each Linear a 1x1 Conv) back as the sequences [P, N, C] they were: each region of rows the
     Reshapes into them start and Reshapes out of them end, computed by LayerNormalizations
     over the channels, 1x1 Convs and element-by-element ops of per-channel constants
-    (`_TokenRegion`), its Reshapes in writing [P, N, C] (N the axis before the channels of
-    the tensor one of them reads), each LayerNormalization over the last axis, each Conv a
-    MatMul (then an Add of its bias): the same values up to float32 rounding. From the rows
+    (`_TokenRegion`), its Reshapes in writing [P, N, C], each LayerNormalization over the last
+    axis, each Conv a MatMul (then an Add of its bias), each Gather of whole rows reading the
+    sequences Reshaped back to rows: the same values up to float32 rounding. From the rows
     rknn-toolkit2 2.5.0 holds the tokens as one row [1, C, 1, R] and runs on its CPU the
     Reshape of the patches into it (MobileViT's unfold of each block, [640, 8, 2, 2] into
     [1, 80, 1, 256]) and the one its fold makes back; from the sequences it holds them as
@@ -34,6 +34,7 @@ def token_rows_as_sequences(model: onnx.ModelProto) -> int:
     graph = model.graph
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     found = _TokenRegion.all_in(graph, shapes, constants)
+    readers = readers_of(graph)
     written: dict[int, list[onnx.NodeProto]] = {}
     for region in found:
         for entry in region.entries:
@@ -43,6 +44,15 @@ def token_rows_as_sequences(model: onnx.ModelProto) -> int:
             entry.input[1] = shape.name
         for node in region.ops:
             written[id(node)] = _on_sequences(node, graph, constants)
+        for node in [*region.entries, *region.ops]:
+            gathers = [reader for reader in readers.get(node.output[0], [])
+                       if _gathers_rows(reader, node.output[0], constants)]
+            if gathers:
+                rows = f"{node.output[0]}/rows"
+                written[id(node)] = [*written.get(id(node), [node]),
+                                     reshape_node(graph, node.output[0], shapes[node.output[0]], rows, f"{rows}/reshape")]
+                for gather in gathers:
+                    gather.input[0] = rows
     return nodes_rewritten(graph, graph.node, written)
 
 
@@ -60,9 +70,11 @@ class _TokenRegion(NamedTuple):
         """The regions of rows in `graph` (`_region_from`): each the tensors of [R, *, 1, 1]
         that reach one another through its ops, none a graph output, each made by a Reshape
         from another shape or by an op a region may hold (`_on_rows`), each read by such ops or
-        by Reshapes, a LayerNormalization among the ops (a transformer's tokens: the rows of a
-        sum over bins, Reshaped to an output, stay, as `sums_as_reduce_sums` says); its
-        [P, N] from an entry's source [..., N, C]."""
+        by Reshapes or by Gathers of whole rows, a LayerNormalization among the ops (a
+        transformer's tokens: the rows of a sum over bins, Reshaped to an output, stay, as
+        `sums_as_reduce_sums` says); its [P, N] from an exit's shape [P, N, C] (unit axes aside:
+        rknn-toolkit2 2.5.0 runs MViTv2's Reshape of its pooled keys from [56, 28, 96] into
+        [1, 2, 784, 96] on its CPU), else from an entry's source [..., N, C]."""
         readers = readers_of(graph)
         made_by = {name: node for node in graph.node for name in node.output}
         outputs = output_names(graph)
@@ -81,13 +93,20 @@ class _TokenRegion(NamedTuple):
             count = shapes[start.output[0]][0]
             entries, ops, tensors, whole = _region_from(
                 start.output[0], lambda name: rows(name) and shapes[name][0] == count, entry,
-                lambda node: _on_rows(node, shapes, constants), constants, readers, made_by, outputs)
+                lambda node: _on_rows(node, shapes, constants), constants, readers, made_by, outputs,
+                gathers_exit=True)
             seen.update(tensors)
-            sources = [shapes[e.input[0]] for e in entries
-                       if len(shapes[e.input[0]]) >= 2 and shapes[e.input[0]][-1] == shapes[e.output[0]][1]]
+            # (shape unit axes aside, the rows' channels) of each exit
+            exits = [([size for size in constants[reader.input[1]].tolist() if size != 1], shapes[name][1])
+                     for name in tensors for reader in readers.get(name, [])
+                     if reader.op_type == "Reshape" and reader.input[0] == name and reader.input[1] in constants]
+            # an exit into [P, N, C] then only adds unit axes
+            lengths = [*(shape[-2] for shape, channels in exits if len(shape) == 3 and shape[-1] == channels),
+                       *(shapes[e.input[0]][-2] for e in entries
+                         if len(shapes[e.input[0]]) >= 2 and shapes[e.input[0]][-1] == shapes[e.output[0]][1])]
             normalized = any(op.op_type == "LayerNormalization" for op in ops)
-            if whole and normalized and sources and count % sources[0][-2] == 0 and 1 < sources[0][-2] < count:
-                length = sources[0][-2]
+            if whole and normalized and lengths and count % lengths[0] == 0 and 1 < lengths[0] < count:
+                length = lengths[0]
                 regions.append(_TokenRegion(entries, ops, (count // length, length)))
         return regions
 
@@ -95,12 +114,14 @@ class _TokenRegion(NamedTuple):
 def _region_from(start: str, member: Callable[[str], bool], entry: Callable[[onnx.NodeProto], bool],
                  computes: Callable[[onnx.NodeProto], bool], constants: dict[str, np.ndarray],
                  readers: dict[str, list[onnx.NodeProto]], made_by: dict[str, onnx.NodeProto],
-                 outputs: set[str]) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], set[str], bool]:
+                 outputs: set[str], *, gathers_exit: bool = False
+                 ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto], set[str], bool]:
     """The region of tensors the tensor `start` reaches through the ops `computes` accepts, both
     ways: its entries (the nodes `entry` accepts that make its tensors), its ops, its tensors,
     and whether it is whole: every tensor a `member`, no graph output, made by an entry or an
     op, and read by ops or by Reshapes to a constant shape (its exits, which stay: a 0 in their
-    shape, copying an axis of the tensor a shaping changes, is not whole)."""
+    shape, copying an axis of the tensor a shaping changes, is not whole) or, with
+    `gathers_exit`, by Gathers of whole rows (`_gathers_rows`: exits the caller writes for)."""
     entries, ops, tensors, pending, whole = {}, {}, set(), [start], True
     while pending and whole:
         name = pending.pop()
@@ -121,9 +142,17 @@ def _region_from(start: str, member: Callable[[str], bool], entry: Callable[[onn
             if reader.op_type == "Reshape" and reader.input[0] == name:
                 whole = whole and reader.input[1] in constants and 0 not in constants[reader.input[1]]
                 continue
+            if gathers_exit and _gathers_rows(reader, name, constants):
+                continue
             whole = whole and computes(reader)
             pending.extend([*(n for n in reader.input if n and n not in constants), *reader.output])
     return list(entries.values()), list(ops.values()), tensors, whole
+
+
+def _gathers_rows(node: onnx.NodeProto, rows: str, constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node` picks whole rows of `rows` by constant indices (a Gather along axis 0)."""
+    return node.op_type == "Gather" and node.input[0] == rows and node.input[1] in constants \
+        and next((a.i for a in node.attribute if a.name == "axis"), 0) == 0
 
 
 def _on_rows(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray]) -> bool:
