@@ -23,6 +23,7 @@ from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings.convolutions import _reshaped_on_the_toolkit_cpu
 from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_operands_in_one_transpose,
+                                              channel_norms_as_layer_norms,
                                               batched_rows_as_one_image, flattened_planes_padded, small_planes_into_channels,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
                                               softmaxes_before_layout_runs, token_rows_as_sequences,
@@ -2033,6 +2034,58 @@ def test_token_rows_written_to_an_output_stay_rows():
 
     assert token_rows_as_sequences(normalized_rows(reshaped=False)) == 0
     assert token_rows_as_sequences(normalized_rows(reshaped=True)) == 1
+
+
+def channel_norm_in_the_plans_form(centred_read_elsewhere: bool = False, opset: int = 18) -> onnx.ModelProto:
+    """The plan's exNorm over the 8 channels of x [1, 8, 6, 1] written as standard nodes: x
+    plus a 1x1 Conv of weights -1/8, the square, its mean by a Conv of weights 1/8, an Add of
+    epsilon, Sqrt and the Div (gMLP's and DaViT's token norms), then a Relu; the centred values
+    also a graph output where `centred_read_elsewhere`."""
+    nodes = [helper.make_node("Conv", ["x", "negative_mean"], ["minus_mean"], name="mean", kernel_shape=[1, 1]),
+             helper.make_node("Add", ["x", "minus_mean"], ["centred"], name="centre"),
+             helper.make_node("Mul", ["centred", "centred"], ["square"], name="square"),
+             helper.make_node("Conv", ["square", "mean_weight"], ["variance"], name="variance", kernel_shape=[1, 1]),
+             helper.make_node("Add", ["variance", "epsilon"], ["shifted"], name="shift"),
+             helper.make_node("Sqrt", ["shifted"], ["deviation"], name="deviation"),
+             helper.make_node("Div", ["centred", "deviation"], ["normed"], name="normalize"),
+             helper.make_node("Relu", ["normed"], ["y"], name="relu")]
+    outputs = [value_info("y", [1, 8, 6, 1]), *([value_info("centred", [1, 8, 6, 1])] if centred_read_elsewhere else [])]
+    return make_model(nodes, [value_info("x", [1, 8, 6, 1])], outputs,
+                      [weight("negative_mean", np.full((1, 8, 1, 1), -1 / 8, np.float32)),
+                       weight("mean_weight", np.full((1, 8, 1, 1), 1 / 8, np.float32)),
+                       weight("epsilon", np.array(1e-5, np.float32))], opset=opset)
+
+
+def test_a_norm_over_the_channels_is_a_layer_norm_between_transposes():
+    """rknn-toolkit2 2.5.0 runs the plan's form as seven layers and loops on gMLP's 61 of them;
+    a Transpose to channels last, a LayerNormalization over the last axis and the Transpose back
+    it makes one exNorm. The same values up to float32 rounding; a norm whose centred values
+    another op reads stays."""
+    model = channel_norm_in_the_plans_form()
+    x = np.random.default_rng(0).standard_normal((1, 8, 6, 1)).astype(np.float32) * 3 + 1
+    expected = onnxruntime_run(model, {"x": x})
+    assert channel_norms_as_layer_norms(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "LayerNormalization", "Transpose", "Relu"]
+    norm = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    assert helper.get_attribute_value(next(a for a in norm.attribute if a.name == "epsilon")) == pytest.approx(1e-5)
+    np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected[0], rtol=1e-5, atol=1e-5)
+    assert channel_norms_as_layer_norms(channel_norm_in_the_plans_form(centred_read_elsewhere=True)) == 0
+
+
+@pytest.mark.parametrize("opset", [13, 16])
+def test_a_norm_over_the_channels_below_opset_17_is_torchs_norm_between_transposes(opset):
+    """Without LayerNormalization, the norm between the Transposes is the nodes torch writes
+    for one (rknn-toolkit2 2.5.0 makes them and the Transposes one exNorm too): the same
+    values up to float32 rounding, checker-clean at the model's opset."""
+    model = channel_norm_in_the_plans_form(opset=opset)
+    x = np.random.default_rng(2).standard_normal((1, 8, 6, 1)).astype(np.float32) * 3 + 1
+    expected = onnxruntime_run(model, {"x": x})
+    assert channel_norms_as_layer_norms(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops == ["Transpose", "ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Transpose", "Relu"]
+    np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected[0], rtol=1e-5, atol=1e-5)
 
 
 def test_token_rows_gathered_and_reshaped_take_the_exits_sequences():

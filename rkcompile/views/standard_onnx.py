@@ -30,8 +30,8 @@ from rkcompile.views.partitioned_onnx import plain_steps, proto_subgraphs
 from rkcompile.views.host_tail import HostTail, find_host_tail, reads
 from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_nodes, nodes_within, readers_of
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
-from rkcompile.views.toolkit_shapings import (TOOLKIT_SHAPINGS, added_convs_as_one, linear_layers_as_gemms,
-                                              mean_biases_apart, small_planes_into_channels)
+from rkcompile.views.toolkit_shapings import (TOOLKIT_SHAPINGS, added_convs_as_one, channel_norms_as_layer_norms,
+                                              linear_layers_as_gemms, mean_biases_apart, small_planes_into_channels)
 
 
 #: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
@@ -134,12 +134,13 @@ def standard_model(plan: PlanRecord, nodes: Sequence[Node], max_opset: int = MAX
 
 #: the shapings that write weights or biases of their own (the sum of two Convs' weights, a
 #: Conv's weight as a Gemm's, a one-channel Conv's bias as an Add, a Conv's weights spread over
-#: its output positions): an int8 export leaves them out, as the plan's stored integers would not
-#: reach those weights, and rknn-toolkit2 2.5.0 fails to build an int8 layer with a float weight
+#: its output positions, a LayerNormalization's unit scale): an int8 export leaves them out, as
+#: the plan's stored integers would not reach those weights, and rknn-toolkit2 2.5.0 fails to
+#: build an int8 layer with a float weight
 #: ("Invalid w_par['dtype'] = float16": timm_repvit_m0_9's two classifier heads; yolo11n_obb's
 #: one-channel angle head Conv)
-WEIGHT_WRITING_SHAPINGS = frozenset({added_convs_as_one, linear_layers_as_gemms, mean_biases_apart,
-                                     small_planes_into_channels})
+WEIGHT_WRITING_SHAPINGS = frozenset({added_convs_as_one, channel_norms_as_layer_norms, linear_layers_as_gemms,
+                                     mean_biases_apart, small_planes_into_channels})
 
 #: ops that only regroup or join values, which the NPU part's last steps hand to the host part
 TRAILING_LAYOUT = frozenset({"Reshape", "Concat"})

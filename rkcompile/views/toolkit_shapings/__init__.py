@@ -24,7 +24,8 @@ from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       softmaxes_before_layout_runs, splits_of_concats_bypassed,
                                                       token_rows_of_planes_padded, transpose_steps_as_one)
-from rkcompile.views.toolkit_shapings.norms import group_norms_on_their_planes, mean_biases_apart
+from rkcompile.views.toolkit_shapings.norms import (channel_norms_as_layer_norms, group_norms_on_their_planes,
+                                                   mean_biases_apart)
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
 from rkcompile.views.toolkit_shapings.reductions import (binned_sums_as_grouped_convs, l2_norms_written_back,
                                                          means_as_reduce_means, radix_sums_as_channel_slices,
@@ -49,6 +50,9 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     square_roots_written_back,
     # before means_as_reduce_means, which would write the means of its rows as ReduceMeans
     group_norms_on_their_planes,
+    # after mean_biases_apart and square_roots_written_back, whose Add of epsilon and Sqrt it
+    # reads, and before means_as_reduce_means, which would write the variance as a ReduceMean
+    channel_norms_as_layer_norms,
     # before the Conv shapings below, which would take a mean's or a sum's Conv (with the Reshape
     # before or after it) as any other Conv
     means_as_reduce_means,

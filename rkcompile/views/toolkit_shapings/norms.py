@@ -1,6 +1,7 @@
 """Shapings of the plan's norms: a mean's epsilon apart from its Conv (`mean_biases_apart`, so
-that the mean is written back as a ReduceMean and the norm reads as the toolkit fuses it), and
-GroupNorm's rows written on the input's planes (`group_norms_on_their_planes`)."""
+that the mean is written back as a ReduceMean and the norm reads as the toolkit fuses it),
+GroupNorm's rows written on the input's planes (`group_norms_on_their_planes`), and a norm over
+the channels as a LayerNormalization between Transposes (`channel_norms_as_layer_norms`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -307,8 +308,113 @@ def mean_biases_apart(model: onnx.ModelProto) -> int:
     return nodes_rewritten(graph, originals, written)
 
 
+def channel_norms_as_layer_norms(model: onnx.ModelProto) -> int:
+    """Write the plan's norm over the channels of x [N, C, H, W] (exNorm of tokens held as a
+    plane: x plus a 1x1 Conv of weights -1/C, the centred values squared, their mean by a 1x1
+    Conv of weights 1/C, an Add of epsilon, Sqrt, and the centred values divided by it) as a
+    Transpose of x to [N, H, W, C], a LayerNormalization over its last axis and the Transpose
+    back: the same values up to float32 rounding. Below opset 17 (no LayerNormalization) the
+    norm is the nodes torch writes for one there (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt,
+    Div over the last axis). rknn-toolkit2 2.5.0 runs the plan's form as seven layers a norm and
+    loops on it in gMLP (timm_gmlp_ti16_224's export: no build within 900 s); the Transposes and
+    either form of the norm between them it makes one exNorm of x. Returns how many norms it
+    wrote."""
+    opset = ai_onnx_opset(model)
+    shapes = static_shapes(model)
+    graph = model.graph
+    constants, readers, _, graph_outputs = lookups(graph)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    originals = list(graph.node)  # held, so each node's id stays its own while `written` is keyed by it
+    for node in originals:
+        found = _channel_norm_from(node, shapes, constants, readers, graph_outputs)
+        if found is None:
+            continue
+        members, epsilon = found
+        source, result = node.input[0], members[-1].output[0]
+        prefix = node.name or result
+        written[id(members[-1])] = [
+            helper.make_node("Transpose", [source], [f"{prefix}/channels_last"], f"{prefix}/channels_last",
+                             perm=[0, 2, 3, 1]),
+            *_norm_over_last_axis(graph, f"{prefix}/channels_last", shapes[source][1], epsilon, f"{prefix}/normed",
+                                  f"{prefix}/layer_norm", opset),
+            helper.make_node("Transpose", [f"{prefix}/normed"], [result], f"{prefix}/channels_first",
+                             perm=[0, 3, 1, 2])]
+        removed.update(id(member) for member in members[:-1])
+    return nodes_rewritten(graph, originals, written, removed)
+
+
+def _norm_over_last_axis(graph: onnx.GraphProto, source: str, channels: int, epsilon: float, result: str,
+                         prefix: str, opset: int) -> list[onnx.NodeProto]:
+    """The nodes normalizing `source` (rank 4) over its last axis of `channels` into `result`,
+    unscaled: a LayerNormalization from opset 17, torch's nodes for one before it; their
+    constants added to `graph`."""
+    if opset >= 17:
+        scale = numpy_helper.from_array(np.ones(channels, np.float32), f"{prefix}/scale")
+        graph.initializer.append(scale)
+        return [helper.make_node("LayerNormalization", [source, scale.name], [result], prefix, axis=-1,
+                                 epsilon=epsilon)]
+    graph.initializer.extend([numpy_helper.from_array(np.array(2.0, np.float32), f"{prefix}/two"),
+                              numpy_helper.from_array(np.array(epsilon, np.float32), f"{prefix}/epsilon")])
+    return [reduction_node(graph, "ReduceMean", source, [3], f"{prefix}/mean", f"{prefix}/mean", opset),
+            helper.make_node("Sub", [source, f"{prefix}/mean"], [f"{prefix}/centred"], f"{prefix}/centred"),
+            helper.make_node("Pow", [f"{prefix}/centred", f"{prefix}/two"], [f"{prefix}/square"], f"{prefix}/square"),
+            reduction_node(graph, "ReduceMean", f"{prefix}/square", [3], f"{prefix}/variance", f"{prefix}/variance",
+                           opset),
+            helper.make_node("Add", [f"{prefix}/variance", f"{prefix}/epsilon"], [f"{prefix}/shifted"],
+                             f"{prefix}/shifted"),
+            helper.make_node("Sqrt", [f"{prefix}/shifted"], [f"{prefix}/deviation"], f"{prefix}/deviation"),
+            helper.make_node("Div", [f"{prefix}/centred", f"{prefix}/deviation"], [result], f"{prefix}/normed")]
+
+
+def _channel_norm_from(mean: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray],
+                       readers: dict[str, list[onnx.NodeProto]], graph_outputs: set[str]
+                       ) -> tuple[list[onnx.NodeProto], float] | None:
+    """The nodes of the plan's norm over the channels that `mean` (the Conv of weights -1/C)
+    starts, in order, the Div last, and its epsilon (`channel_norms_as_layer_norms`); None
+    where `mean` starts none, or another op or a graph output reads one of its tensors but the
+    last."""
+    source = shapes.get(mean.input[0]) if mean.op_type == "Conv" else None
+    if source is None or len(source) != 4 or len(mean.input) > 2 and mean.input[2]:
+        return None
+    channels = source[1]
+
+    def uniform_mean(conv: onnx.NodeProto, sign: float) -> bool:
+        weight = constants.get(conv.input[1])
+        return conv.op_type == "Conv" and weight is not None and weight.shape == (1, channels, 1, 1) \
+            and pointwise(conv, weight.shape) and (len(conv.input) < 3 or not conv.input[2]) \
+            and np.allclose(weight, sign / channels, rtol=1e-6, atol=0)
+
+    def only_reader(node: onnx.NodeProto) -> onnx.NodeProto | None:
+        found = readers.get(node.output[0], [])
+        return found[0] if len(found) == 1 and node.output[0] not in graph_outputs else None
+
+    centre = only_reader(mean)
+    if not uniform_mean(mean, -1.0) or centre is None or centre.op_type != "Add" \
+            or sorted(centre.input) != sorted([mean.input[0], mean.output[0]]) or centre.output[0] in graph_outputs:
+        return None
+    centred = list({id(node): node for node in readers.get(centre.output[0], [])}.values())   # Mul reads it twice
+    square = next((n for n in centred if n.op_type == "Mul" and list(n.input) == [centre.output[0]] * 2), None)
+    divide = next((n for n in centred if n.op_type == "Div" and n.input[0] == centre.output[0]), None)
+    if len(centred) != 2 or square is None or divide is None:
+        return None
+    variance = only_reader(square)
+    if variance is None or not uniform_mean(variance, 1.0):
+        return None
+    members, epsilon, step = [mean, centre, square, variance], 0.0, only_reader(variance)
+    shift = constants.get(step.input[1]) if step is not None and step.op_type == "Add" \
+        and step.input[0] == variance.output[0] else None
+    if shift is not None and shift.size == 1:
+        members.append(step)
+        epsilon, step = float(shift.reshape(())), only_reader(step)
+    if step is None or step.op_type != "Sqrt" or only_reader(step) is not divide or divide.input[1] != step.output[0]:
+        return None
+    return [*members, step, divide], epsilon
+
+
 #: this family's shapings, in the order TOOLKIT_SHAPINGS runs them
 SHAPINGS: tuple[Shaping, ...] = (
     mean_biases_apart,
     group_norms_on_their_planes,
+    channel_norms_as_layer_norms,
 )
