@@ -2049,7 +2049,9 @@ def channel_norm_in_the_plans_form(centred_read_elsewhere: bool = False, opset: 
              helper.make_node("Sqrt", ["shifted"], ["deviation"], name="deviation"),
              helper.make_node("Div", ["centred", "deviation"], ["normed"], name="normalize"),
              helper.make_node("Relu", ["normed"], ["y"], name="relu")]
-    outputs = [value_info("y", [1, 8, 6, 1]), *([value_info("centred", [1, 8, 6, 1])] if centred_read_elsewhere else [])]
+    outputs = [value_info("y", [1, 8, 6, 1])]
+    if centred_read_elsewhere:
+        outputs.append(value_info("centred", [1, 8, 6, 1]))
     return make_model(nodes, [value_info("x", [1, 8, 6, 1])], outputs,
                       [weight("negative_mean", np.full((1, 8, 1, 1), -1 / 8, np.float32)),
                        weight("mean_weight", np.full((1, 8, 1, 1), 1 / 8, np.float32)),

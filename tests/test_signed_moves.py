@@ -98,5 +98,6 @@ def test_an_interleaved_rotation_of_rank_2_is_one_exact_matmul(tmp_path):
 def test_halves_without_a_stepped_slice_are_left_to_the_other_rules(tmp_path):
     ctx = rewritten(rotary(interleaved=False), tmp_path, "rk3588")
     assert not any(r.rule == "signed_moves_as_gather" for r in ctx.rewrites)
-    declined = {a.outcome for tried in ctx.rewrite_attempts.values() for a in tried if a.rule == "signed_moves_as_gather"}
+    declined = {a.outcome for tried in ctx.rewrite_attempts.values() for a in tried
+                if a.rule == "signed_moves_as_gather"}
     assert any("no Slice steps over 1" in reason for reason in declined)

@@ -95,7 +95,8 @@ def constant_operands_as_one(node: gs.Node, site: Site) -> Candidates:
     shape = static_shape(node.outputs[0])
     if inner_operand is None or constant_value(x) is not None or shape is None \
             or inner_operand.dtype != outer_operand.dtype:
-        return f"the inner {node.op}'s second operand is not a float constant of the same type, or its first is constant"
+        return (f"the inner {node.op}'s second operand is not a float constant of the same type, "
+                "or its first is constant")
     joined = inner_operand + outer_operand if node.op == "Add" else inner_operand * outer_operand
     if np.broadcast_shapes(static_shape(x), joined.shape) != tuple(shape) or joined.ndim > len(shape):
         return f"the constants' {node.op} {list(joined.shape)} does not broadcast into {shape}"

@@ -10,7 +10,7 @@ Unsqueezes, a Concat and a Reshape, about nine steps per rotation. On a tensor o
 the last axis is a plane axis of NC1HWC2 (as_nchw), so one Gather along it moves whole C2
 vectors, and the signs are a Mul that joins the product by sin after it
 (elementwise.constant_operands_as_one): one step, where x @ M was a 1x1 Conv between two
-relabels into rows and back (three; EVA-02's 48 Gathers took 50 steps off its plan). On rank
+relabels into rows and back (three; EVA-02's 24 rotations took 48 steps off its plan). On rank
 2 the last axis is the channels, which a Gather would pick lane by lane: x @ M, which
 matmul_as_conv's rules make a 1x1 Conv. LLaMA's halves need no stepped Slice: a Split and a
 Concat with the Neg folded into the sine take as few steps, so a region without a stepped

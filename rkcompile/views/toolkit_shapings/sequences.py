@@ -49,8 +49,8 @@ def token_rows_as_sequences(model: onnx.ModelProto) -> int:
                        if _gathers_rows(reader, node.output[0], constants)]
             if gathers:
                 rows = f"{node.output[0]}/rows"
-                written[id(node)] = [*written.get(id(node), [node]),
-                                     reshape_node(graph, node.output[0], shapes[node.output[0]], rows, f"{rows}/reshape")]
+                back = reshape_node(graph, node.output[0], shapes[node.output[0]], rows, f"{rows}/reshape")
+                written[id(node)] = [*written.get(id(node), [node]), back]
                 for gather in gathers:
                     gather.input[0] = rows
     return nodes_rewritten(graph, graph.node, written)
