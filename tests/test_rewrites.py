@@ -539,22 +539,53 @@ def test_a_pool_whose_windows_tile_the_map_is_staged_under_the_limit(tmp_path, o
     assert_same_outputs(model, ctx, {"x": feed([1, 3, 9, 19])})
 
 
-def test_rank5_pad_of_a_4d_map_runs_4d(tmp_path):
-    """paddle2onnx's F.pad of a 4-D map: Unsqueeze to 5-D, Pad of the last two axes (an odd
-    constant value, as it writes one), Squeeze back. The region is redone at rank 4 and its Pad
-    is legal on the NPU."""
+def paddle_pad(pads: list[int], extra_reader: bool = False) -> onnx.ModelProto:
+    """paddle2onnx's F.pad of a 4-D map [1, 6, 5, 7]: Unsqueeze to 5-D, Pad by `pads` (an odd
+    constant value, as it writes one), Squeeze back; the Unsqueezed map also a graph output
+    where `extra_reader`."""
+    padded = [size + pads[axis] + pads[5 + axis] for axis, size in enumerate([1, 6, 1, 5, 7])]
     nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["u"], name="to5d"),
              helper.make_node("Pad", ["u", "pads", "value"], ["p"], name="pad3d", mode="constant"),
              helper.make_node("Squeeze", ["p", "axis"], ["y"], name="to4d")]
-    model = make_model(nodes, [value_info("x", [1, 6, 5, 7])], [value_info("y", [1, 6, 6, 10])],
-                       [weight("axis", np.array([2], np.int64)),
-                        weight("pads", np.array([0, 0, 0, 0, 2, 0, 0, 0, 1, 1], np.int64)),
-                        weight("value", np.array(0.5, np.float32))])
+    outputs = [value_info("y", [size for axis, size in enumerate(padded) if axis != 2])]
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["u"], ["z"], name="other_reader"))
+        outputs.append(value_info("z", [1, 6, 1, 5, 7]))
+    return make_model(nodes, [value_info("x", [1, 6, 5, 7])], outputs,
+                      [weight("axis", np.array([2], np.int64)), weight("pads", np.array(pads, np.int64)),
+                       weight("value", np.array(0.5, np.float32))])
+
+
+@pytest.mark.parametrize("extra_reader", [False, True])
+def test_rank5_pad_of_a_4d_map_is_the_pad_of_the_map(tmp_path, extra_reader):
+    """The Pad between relabels that only add and take away a unit axis is the legal Pad of the
+    4-D map itself: no relabel left of the Pad's, where the region's rank-3 view [6, 5, 7]
+    put the map's channels on the batch axis between two relabels. An Unsqueezed map that
+    another op reads too keeps its Unsqueeze for that op."""
+    model = paddle_pad([0, 0, 0, 0, 2, 0, 0, 0, 1, 1], extra_reader)
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
-    assert "collapse_rank_region" in rules_fired(ctx)
-    assert all(len(t.shape) <= 4 for n in ctx.graph.nodes for t in n.outputs)
+    assert "pad_between_unit_axes" in rules_fired(ctx)
     (pad,) = [n for n in ctx.graph.nodes if n.op == "Pad"]
+    assert pad.inputs[0].name == "x" and pad.outputs[0].name == "y"
     assert not check_node(pad, get_target("rk3588"))
+    feeds = {"x": feed([1, 6, 5, 7])}
+    assert_same_outputs(model, ctx, feeds)
+
+
+def test_rank5_pad_of_an_added_axis_runs_as_a_region(tmp_path):
+    """A Pad of the added unit axis (to 3, Reshaped into the channels after) is no Pad of the
+    map: the rule declines and says so."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["u"], name="to5d"),
+             helper.make_node("Pad", ["u", "pads"], ["p"], name="pad3d", mode="constant"),
+             helper.make_node("Reshape", ["p", "shape"], ["y"], name="to4d")]
+    model = make_model(nodes, [value_info("x", [1, 6, 5, 7])], [value_info("y", [1, 18, 7, 9])],
+                       [weight("axis", np.array([2], np.int64)), weight("shape", np.array([1, 18, 7, 9], np.int64)),
+                        weight("pads", np.array([0, 0, 1, 1, 1, 0, 0, 1, 1, 1], np.int64))])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "pad_between_unit_axes" not in rules_fired(ctx)
+    declined = {a.outcome for tried in ctx.rewrite_attempts.values() for a in tried
+                if a.rule == "pad_between_unit_axes"}
+    assert any("pads an added one" in reason for reason in declined)
     assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 7])})
 
 

@@ -24,7 +24,7 @@ from rkcompile.ir.edits import detach
 from rkcompile.ir.graph import FLOAT_DTYPES, constant_value, dtype_name, element_count, static_shape
 
 from rkcompile.passes.legalize import check_node
-from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site
+from rkcompile.passes.rewrites.base import RESHAPE_LIKE, Builder, Candidates, RewriteRule, Site, producer
 from rkcompile.passes.rewrites.reductions import block_reduction_as_conv
 from rkcompile.passes.rewrites.elementwise import ELEMENTWISE
 from rkcompile.passes.rewrites.layout_ops import emit_legal_transpose, legal_whole
@@ -78,6 +78,64 @@ def collapse_rank_region_from_input(node: gs.Node, site: Site) -> Candidates:
     [N, C, T, H, W]): the input's relabel onto its grouped view stays on the CPU, one node in
     place of the region's (the rule is `fewer_cpu`)."""
     return (yield from _collapse(node, site, from_input=True))
+
+
+def pad_between_unit_axes(node: gs.Node, site: Site) -> Candidates:
+    """A Pad above rank 4 between a relabel that only adds unit axes to a tensor x and one that
+    only takes unit axes away (paddle2onnx's 2-D padding: Unsqueeze to [N, C, 1, H, W], Pad,
+    Squeeze), padding none of the added axes, as the Pad of x itself (the first relabel stays
+    for its other readers): the same values, one step. The region's grouping would merge x's
+    unit batch into its channels and pad a rank-3 view [C, H, W] between relabels out of x's
+    layout and back. Tried from the first relabel too, which the worklist meets first (the
+    region rule would take the Pad with it)."""
+    if node.op != "Pad":
+        node = next((reader for reader in node.outputs[0].outputs if reader.op == "Pad"), None)
+        if node is None:
+            return "not a relabel a Pad reads"
+    into = producer(node.inputs[0])
+    y = node.outputs[0]
+    out = y.outputs[0] if len(y.outputs) == 1 and y.name not in site.graph_outputs else None
+    if into is None or into.op not in RESHAPE_LIKE or out is None or out.op not in RESHAPE_LIKE:
+        return "not between a relabel and one relabel that alone reads it"
+    x = into.inputs[0]
+    shape, source, result = static_shape(node.inputs[0]), static_shape(x), static_shape(out.outputs[0])
+    pads = _pads(node, site.opset)
+    if None in (shape, source, result, pads) or len(shape) <= NPU_RANK or len(source) > NPU_RANK:
+        return "no constant pads of a tensor above rank 4 relabelled from one of rank 4 or less"
+    kept = _unit_axes_added(list(source), list(shape))
+    rank = len(shape)
+    if kept is None or any(pads[axis] or pads[rank + axis] for axis in range(rank) if axis not in kept):
+        return "its input relabel does more than add unit axes, or it pads an added one"
+    padded = [size + pads[axis] + pads[rank + axis] for axis, size in zip(kept, source)]
+    if _nonunit(result) != _nonunit(padded):
+        return "its output relabel does more than take unit axes away"
+    builder = site.builder(node)
+    x_pads = builder.const(np.array([pads[axis] for axis in kept] + [pads[rank + axis] for axis in kept], np.int64),
+                           "pads")
+    result_tensor = out.outputs[0]
+    same = list(padded) == list(result)
+    padded_x = builder.op("Pad", [x, x_pads, *node.inputs[2:3]], None if same else padded,
+                          None if same else y.dtype, out=result_tensor if same else None, **node.attrs)
+    if not same:
+        builder.reshape(padded_x, list(result), out=result_tensor)
+    only_reader = len(node.inputs[0].outputs) == 1 and node.inputs[0].name not in site.graph_outputs
+    yield builder.finish(*((into,) if only_reader else ()), node, out)
+
+
+def _unit_axes_added(source: list[int], shape: list[int]) -> list[int] | None:
+    """For each axis of `source`, the axis of `shape` it is, where `shape` is `source` with unit
+    axes added (the first match of each, in order); None when it is not."""
+    kept, axis = [], 0
+    for size in source:
+        while axis < len(shape) and shape[axis] != size:
+            if shape[axis] != 1:
+                return None
+            axis += 1
+        if axis == len(shape):
+            return None
+        kept.append(axis)
+        axis += 1
+    return kept if all(size == 1 for size in shape[axis:]) else None
 
 
 def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
@@ -875,6 +933,7 @@ def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[lis
 
 
 RULES: tuple[RewriteRule, ...] = (
+    RewriteRule(pad_between_unit_axes, frozenset({"Pad"}) | RESHAPE_LIKE),
     RewriteRule(collapse_rank_region, REGION_OPS),
     RewriteRule(collapse_rank_region_from_input, REGION_OPS, fewer_cpu=True),
 )
