@@ -150,9 +150,10 @@ def moves_as_gather(node: gs.Node, simplifier: Simplifier):
     views = [(x_shape[:first] + [element_count(x_shape[first:last + 1])] + x_shape[last + 1:], first)
              for first in range(len(x_shape)) for last in range(first, len(x_shape))
              if element_count(x_shape[last + 1:]) >= block]
-    kept = _kept_together(flat)
+    # runs of `kept` dividing the input too: a Gather may repeat slices, its result the larger
+    kept = int(np.gcd(_kept_together(flat), element_count(x_shape)))
     if kept >= block:
-        views.append(([flat.size // kept, kept, 1, 1], 0))
+        views.append(([element_count(x_shape) // kept, kept, 1, 1], 0))
     candidates = []
     for view, axis in views:
         indices = _gathered(view, axis, flat)
