@@ -32,6 +32,7 @@ from rkcompile.views.proto_graph import drop_unread_initializers, drop_unread_no
 from rkcompile.views.qdq import MIN_QDQ_OPSET, quantize_dequantize
 from rkcompile.views.toolkit_shapings import (TOOLKIT_SHAPINGS, added_convs_as_one, channel_norms_as_layer_norms,
                                               linear_layers_as_gemms, mean_biases_apart, small_planes_into_channels)
+from rkcompile.views.toolkit_shapings.common import torch_layer_norm
 
 
 #: the newest ai.onnx opset an export is written in (issue 37: what rknn-toolkit2 2.5.0 is made for);
@@ -309,24 +310,8 @@ def _layer_normalization_older_form(node: onnx.NodeProto,
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     axis, epsilon = attributes.get("axis", -1), attributes.get("epsilon", 1e-5)
     prefix = node.name or node.output[0]
-    axes = list(range(axis % rank, rank))
-    constants = [numpy_helper.from_array(np.array(2.0, np.float32), f"{prefix}/two"),
-                 numpy_helper.from_array(np.array(epsilon, np.float32), f"{prefix}/epsilon")]
-    normed = node.output[0] if not bias else f"{prefix}/scaled"
-    nodes = [helper.make_node("ReduceMean", [x], [f"{prefix}/mean"], f"{prefix}/mean", axes=axes),
-             helper.make_node("Sub", [x, f"{prefix}/mean"], [f"{prefix}/centred"], f"{prefix}/centred"),
-             helper.make_node("Pow", [f"{prefix}/centred", f"{prefix}/two"], [f"{prefix}/square"], f"{prefix}/square"),
-             helper.make_node("ReduceMean", [f"{prefix}/square"], [f"{prefix}/variance"], f"{prefix}/variance",
-                              axes=axes),
-             helper.make_node("Add", [f"{prefix}/variance", f"{prefix}/epsilon"], [f"{prefix}/shifted"],
-                              f"{prefix}/shifted"),
-             helper.make_node("Sqrt", [f"{prefix}/shifted"], [f"{prefix}/deviation"], f"{prefix}/deviation"),
-             helper.make_node("Div", [f"{prefix}/centred", f"{prefix}/deviation"], [f"{prefix}/normed"],
-                              f"{prefix}/normed"),
-             helper.make_node("Mul", [f"{prefix}/normed", scale], [normed], f"{prefix}/scale")]
-    if bias:
-        nodes.append(helper.make_node("Add", [normed, bias[0]], [node.output[0]], f"{prefix}/bias"))
-    return constants, nodes
+    return torch_layer_norm(x, range(axis % rank, rank), epsilon, node.output[0], prefix, scale,
+                            bias[0] if bias else None)
 
 
 #: ops a newer opset introduced, which onnx's version converter cannot take down (it knows no

@@ -51,6 +51,33 @@ def reduced_axes(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> list
 _AXES_AS_INPUT = {"ReduceMean": 18, "ReduceSum": 13}
 
 
+def torch_layer_norm(source: str, axes: Sequence[int], epsilon: float, result: str, prefix: str,
+                     scale: str | None = None, bias: str | None = None
+                     ) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """A LayerNormalization of `source` over `axes` into `result` in the nodes torch writes for
+    one below opset 17, which rknn-toolkit2 fuses into its exNorm: (x - mean) / sqrt(mean((x -
+    mean)^2) + epsilon), times `scale` and plus `bias` where given; its constants, named from
+    `prefix`, and its nodes (ReduceMean's axes an attribute, as below opset 18)."""
+    constants = [numpy_helper.from_array(np.array(2.0, np.float32), f"{prefix}/two"),
+                 numpy_helper.from_array(np.array(epsilon, np.float32), f"{prefix}/epsilon")]
+    normed = result if scale is None else f"{prefix}/normed"
+    nodes = [helper.make_node("ReduceMean", [source], [f"{prefix}/mean"], f"{prefix}/mean", axes=list(axes)),
+             helper.make_node("Sub", [source, f"{prefix}/mean"], [f"{prefix}/centred"], f"{prefix}/centred"),
+             helper.make_node("Pow", [f"{prefix}/centred", f"{prefix}/two"], [f"{prefix}/square"], f"{prefix}/square"),
+             helper.make_node("ReduceMean", [f"{prefix}/square"], [f"{prefix}/variance"], f"{prefix}/variance",
+                              axes=list(axes)),
+             helper.make_node("Add", [f"{prefix}/variance", f"{prefix}/epsilon"], [f"{prefix}/shifted"],
+                              f"{prefix}/shifted"),
+             helper.make_node("Sqrt", [f"{prefix}/shifted"], [f"{prefix}/deviation"], f"{prefix}/deviation"),
+             helper.make_node("Div", [f"{prefix}/centred", f"{prefix}/deviation"], [normed], f"{prefix}/normed")]
+    if scale is not None:
+        scaled = result if bias is None else f"{prefix}/scaled"
+        nodes.append(helper.make_node("Mul", [normed, scale], [scaled], f"{prefix}/scale"))
+        if bias is not None:
+            nodes.append(helper.make_node("Add", [scaled, bias], [result], f"{prefix}/bias"))
+    return constants, nodes
+
+
 def reshape_node(graph: onnx.GraphProto, source: str, shape: Sequence[int], result: str, name: str) -> onnx.NodeProto:
     """A Reshape of `source` to `shape` named `name`, its shape constant added to `graph`."""
     graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), f"{name}/shape"))

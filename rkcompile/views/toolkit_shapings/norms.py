@@ -11,7 +11,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rkcompile.views.proto_graph import ai_onnx_opset, node_attributes, nodes_rewritten, static_shapes
-from rkcompile.views.toolkit_shapings.common import Shaping, lookups, pointwise, reduction_node, reshape_node
+from rkcompile.views.toolkit_shapings.common import (Shaping, lookups, pointwise, reduction_node, reshape_node,
+                                                    torch_layer_norm)
 
 
 def group_norms_on_their_planes(model: onnx.ModelProto) -> int:
@@ -347,24 +348,16 @@ def channel_norms_as_layer_norms(model: onnx.ModelProto) -> int:
 def _norm_over_last_axis(graph: onnx.GraphProto, source: str, channels: int, epsilon: float, result: str,
                          prefix: str, opset: int) -> list[onnx.NodeProto]:
     """The nodes normalizing `source` (rank 4) over its last axis of `channels` into `result`,
-    unscaled: a LayerNormalization from opset 17, torch's nodes for one before it; their
-    constants added to `graph`."""
+    unscaled: a LayerNormalization from opset 17, torch's nodes for one before it
+    (`torch_layer_norm`); their constants added to `graph`."""
     if opset >= 17:
         scale = numpy_helper.from_array(np.ones(channels, np.float32), f"{prefix}/scale")
         graph.initializer.append(scale)
         return [helper.make_node("LayerNormalization", [source, scale.name], [result], prefix, axis=-1,
                                  epsilon=epsilon)]
-    graph.initializer.extend([numpy_helper.from_array(np.array(2.0, np.float32), f"{prefix}/two"),
-                              numpy_helper.from_array(np.array(epsilon, np.float32), f"{prefix}/epsilon")])
-    return [reduction_node(graph, "ReduceMean", source, [3], f"{prefix}/mean", f"{prefix}/mean", opset),
-            helper.make_node("Sub", [source, f"{prefix}/mean"], [f"{prefix}/centred"], f"{prefix}/centred"),
-            helper.make_node("Pow", [f"{prefix}/centred", f"{prefix}/two"], [f"{prefix}/square"], f"{prefix}/square"),
-            reduction_node(graph, "ReduceMean", f"{prefix}/square", [3], f"{prefix}/variance", f"{prefix}/variance",
-                           opset),
-            helper.make_node("Add", [f"{prefix}/variance", f"{prefix}/epsilon"], [f"{prefix}/shifted"],
-                             f"{prefix}/shifted"),
-            helper.make_node("Sqrt", [f"{prefix}/shifted"], [f"{prefix}/deviation"], f"{prefix}/deviation"),
-            helper.make_node("Div", [f"{prefix}/centred", f"{prefix}/deviation"], [result], f"{prefix}/normed")]
+    constants, nodes = torch_layer_norm(source, [3], epsilon, result, prefix)
+    graph.initializer.extend(constants)
+    return nodes
 
 
 def _channel_norm_from(mean: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[str, np.ndarray],
