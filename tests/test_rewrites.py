@@ -572,15 +572,30 @@ def test_rank5_pad_of_a_4d_map_is_the_pad_of_the_map(tmp_path, extra_reader):
     assert_same_outputs(model, ctx, feeds)
 
 
-def test_rank5_pad_of_an_added_axis_runs_as_a_region(tmp_path):
-    """A Pad of the added unit axis (to 3, Reshaped into the channels after) is no Pad of the
-    map: the rule declines and says so."""
+def reshaped_pad(pads: list[int], shape: list[int]) -> onnx.ModelProto:
+    """A map [1, 6, 5, 7] Unsqueezed at axis 2, padded by `pads` and Reshaped to `shape`."""
     nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["u"], name="to5d"),
              helper.make_node("Pad", ["u", "pads"], ["p"], name="pad3d", mode="constant"),
              helper.make_node("Reshape", ["p", "shape"], ["y"], name="to4d")]
-    model = make_model(nodes, [value_info("x", [1, 6, 5, 7])], [value_info("y", [1, 18, 7, 9])],
-                       [weight("axis", np.array([2], np.int64)), weight("shape", np.array([1, 18, 7, 9], np.int64)),
-                        weight("pads", np.array([0, 0, 1, 1, 1, 0, 0, 1, 1, 1], np.int64))])
+    return make_model(nodes, [value_info("x", [1, 6, 5, 7])], [value_info("y", shape)],
+                      [weight("axis", np.array([2], np.int64)), weight("shape", np.array(shape, np.int64)),
+                       weight("pads", np.array(pads, np.int64))])
+
+
+def test_rank5_pad_relabelled_to_its_sizes_in_another_rank_is_a_pad_and_a_relabel(tmp_path):
+    """The relabel after the Pad may move where the unit axes stand ([1, 6, 1, 6, 10] into
+    [6, 6, 10, 1]): the same sizes, so the Pad of the map and one relabel to that shape."""
+    model = reshaped_pad([0, 0, 0, 0, 2, 0, 0, 0, 1, 1], [6, 6, 10, 1])
+    ctx = rewritten(model, tmp_path, get_target("rk3588"))
+    assert "pad_between_unit_axes" in rules_fired(ctx)
+    assert [n.op for n in ctx.graph.nodes] == ["Pad", "Reshape"]
+    assert_same_outputs(model, ctx, {"x": feed([1, 6, 5, 7])})
+
+
+def test_rank5_pad_of_an_added_axis_runs_as_a_region(tmp_path):
+    """A Pad of the added unit axis (to 3, Reshaped into the channels after) is no Pad of the
+    map: the rule declines and says so."""
+    model = reshaped_pad([0, 0, 1, 1, 1, 0, 0, 1, 1, 1], [1, 18, 7, 9])
     ctx = rewritten(model, tmp_path, get_target("rk3588"))
     assert "pad_between_unit_axes" not in rules_fired(ctx)
     declined = {a.outcome for tried in ctx.rewrite_attempts.values() for a in tried
