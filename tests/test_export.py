@@ -30,7 +30,9 @@ from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_oper
                                               one_transpose_runs_shortened,
                                               token_rows_of_planes_padded, transpose_pairs_as_splits,
                                               transpose_steps_as_one, transposed_rows_as_planes,
-                                              transposes_from_splits)
+                                              transposes_before_expands, transposes_from_splits,
+                                              wide_transposes_as_block_swaps)
+from rkcompile.views.toolkit_shapings.layouts import TOOLKIT_TRANSPOSE_EXTENT
 
 from conftest import ZOO, make_model, value_info, weight
 from test_quantize import attention_block
@@ -2333,6 +2335,76 @@ def test_a_window_reverse_from_windows_as_images_keeps_its_steps():
                        [weight("rows", np.array([2, 6, 8, 3])), weight("map", np.array([1, 8, 6, 6]))])
     assert transpose_steps_as_one(model) == 0
     assert [n.op_type for n in model.graph.node] == ["Transpose", "Reshape", "Transpose", "Reshape"]
+
+
+def test_a_window_reverse_with_a_wide_step_is_written_as_block_swaps():
+    """NesT's window reverse, tokens [3136, 96] (4x4 windows of 14x14) into the map
+    [1, 96, 56, 56], in the plan's steps: [4, 4, 2, 9408] -> [4, 2, 9408, 4] is over the 8192
+    elements rknn-toolkit2 2.5.0 runs a Transpose's axis on its NPU. It becomes two swaps of
+    neighbouring blocks, Transposes (0, 2, 1, 3) with every axis within the limit. The same
+    values."""
+    nodes = [helper.make_node("Relu", ["x"], ["tokens"], name="relu_in"),
+             helper.make_node("Reshape", ["tokens", "grouped_shape"], ["grouped"], name="group"),
+             helper.make_node("Transpose", ["grouped"], ["moved"], name="move", perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["moved", "rows_shape"], ["rows"], name="rows"),
+             helper.make_node("Transpose", ["rows"], ["planes"], name="move_again", perm=[2, 0, 3, 1]),
+             helper.make_node("Reshape", ["planes", "map_shape"], ["map"], name="map"),
+             helper.make_node("Relu", ["map"], ["y"], name="relu_out")]
+    model = make_model(nodes, [value_info("x", [3136, 96, 1, 1])], [value_info("y", [1, 96, 56, 56])],
+                       [weight("grouped_shape", np.array([4, 4, 2, 9408], np.int64)),
+                        weight("rows_shape", np.array([56, 14, 96, 4], np.int64)),
+                        weight("map_shape", np.array([1, 96, 56, 56], np.int64))])
+    x = np.random.default_rng(0).standard_normal((3136, 96, 1, 1)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert wide_transposes_as_block_swaps(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    shapes = static_shapes(model)
+    transposes = [n for n in model.graph.node if n.op_type == "Transpose"]
+    assert len(transposes) == 2
+    for transpose in transposes:
+        assert list(transpose.attribute[0].ints) == [0, 2, 1, 3]
+        assert max(shapes[transpose.input[0]]) <= TOOLKIT_TRANSPOSE_EXTENT
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected[0])
+
+
+def test_a_wide_transpose_of_one_long_axis_stays():
+    """[1, 2, 4, 9408] -> [1, 2, 9408, 4]: every swap moves the 9408 elements of one axis as a
+    block, over the limit, so the Transpose stays; one within the limit is left alone."""
+    for shape in ([1, 2, 4, 9408], [1, 2, 4, 8192]):
+        nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu_in"),
+                 helper.make_node("Transpose", ["a"], ["b"], name="move", perm=[0, 1, 3, 2]),
+                 helper.make_node("Relu", ["b"], ["y"], name="relu_out")]
+        model = make_model(nodes, [value_info("x", shape)], [value_info("y", [1, 2, shape[3], 4])], [])
+        assert wide_transposes_as_block_swaps(model) == 0
+        assert [n.op_type for n in model.graph.node] == ["Relu", "Transpose", "Relu"]
+
+
+def test_a_transpose_of_an_expand_moves_before_it():
+    """BoTNet's relative position logits: a rank-5 Transpose of an Expand along a unit axis
+    (rknn-toolkit2 2.5.0 stops its build on it) becomes the Transpose of the source and the
+    Expand to the permuted shape. An Expand another node reads too stays. The same values."""
+    def expanded(extra_reader: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("Expand", ["x", "shape"], ["wide"], name="expand"),
+                 helper.make_node("Transpose", ["wide"], ["moved"], name="move", perm=[0, 3, 1, 4, 2]),
+                 helper.make_node("Relu", ["moved"], ["y"], name="relu")]
+        outputs = [value_info("y", [2, 4, 3, 5, 4])]
+        if extra_reader:
+            nodes.append(helper.make_node("Sigmoid", ["wide"], ["z"], name="sigmoid"))
+            outputs.append(value_info("z", [2, 3, 4, 4, 5]))
+        return make_model(nodes, [value_info("x", [2, 3, 1, 4, 5])], outputs,
+                          [weight("shape", np.array([2, 3, 4, 4, 5], np.int64))])
+
+    model = expanded(False)
+    x = np.random.default_rng(0).standard_normal((2, 3, 1, 4, 5)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert transposes_before_expands(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "Expand", "Relu"]
+    assert static_shapes(model)[model.graph.node[0].output[0]] == [2, 4, 3, 5, 1]
+    np.testing.assert_array_equal(onnxruntime_run(model, {"x": x})[0], expected[0])
+    model = expanded(True)
+    assert transposes_before_expands(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["Expand", "Transpose", "Relu", "Sigmoid"]
 
 
 def window_partition_in_two_transposes(into_rows: bool) -> onnx.ModelProto:

@@ -23,7 +23,8 @@ from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_
                                                       rank3_tails_as_rank4,
                                                       reshapes_after_elementwise_ops, slices_before_reshapes,
                                                       softmaxes_before_layout_runs, splits_of_concats_bypassed,
-                                                      token_rows_of_planes_padded, transpose_steps_as_one)
+                                                      token_rows_of_planes_padded, transpose_steps_as_one,
+                                                      transposes_before_expands, wide_transposes_as_block_swaps)
 from rkcompile.views.toolkit_shapings.norms import (channel_norms_as_layer_norms, group_norms_on_their_planes,
                                                    mean_biases_apart)
 from rkcompile.views.toolkit_shapings.op_forms import defaults_written, erf_of_a_quotient, scale_after_scores
@@ -76,6 +77,8 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # after rank3_tails_as_rank4 and reshapes_after_elementwise_ops, whose forms of an output's
     # runs of moves it reads
     softmaxes_before_layout_runs,
+    # before the shapings of runs of moves, which a Transpose moved before its Expand may join
+    transposes_before_expands,
     # before token_rows_as_sequences, whose rows' source it makes the tokens' sequence
     one_transpose_runs_shortened,
     # before transposes_from_splits, which keeps the Split form of a Transpose that a Reshape into
@@ -91,6 +94,9 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # after the shapings that write Transposes back (transposes_from_splits): a run of them that
     # one Transpose makes becomes that Transpose
     transpose_steps_as_one,
+    # after transpose_steps_as_one, which writes a run's one Transpose where the toolkit takes it:
+    # the runs left with a Transpose over its extent become swaps within it
+    wide_transposes_as_block_swaps,
     # after token_rows_as_sequences, which finds its regions of rows from the Reshapes this one
     # replaces, and after transpose_steps_as_one, whose runs of moves the Pads would cut
     token_rows_of_planes_padded,

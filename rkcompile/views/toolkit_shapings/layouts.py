@@ -4,8 +4,10 @@ Slices and Splits moved before a Reshape (`slices_before_reshapes`), one-index G
 (`flattened_planes_padded`) and before token rows are made of them or they of the rows
 (`token_rows_of_planes_padded`), a Concat's Split bypassed (`splits_of_concats_bypassed`),
 element-wise ops moved before an output's Reshapes (`reshapes_after_elementwise_ops`), rank-3
-tails given a unit axis (`rank3_tails_as_rank4`), and a rank > 4 Transpose's steps written as the
-one Transpose they make (`transpose_steps_as_one`)."""
+tails given a unit axis (`rank3_tails_as_rank4`), Transposes moved before Expands
+(`transposes_before_expands`), a rank > 4 Transpose's steps written as the
+one Transpose they make (`transpose_steps_as_one`), and Transposes with an axis longer than the
+toolkit's NPU takes written as swaps of shorter blocks (`wide_transposes_as_block_swaps`)."""
 from __future__ import annotations
 
 import itertools
@@ -602,6 +604,41 @@ def _lift(node: onnx.NodeProto, shapes: dict[str, list[int]], constants: dict[st
         set_attribute(node, "axis", _rank4_axis(axis))
 
 
+def transposes_before_expands(model: onnx.ModelProto) -> int:
+    """Write a Transpose of an Expand's result as the Expand of the transposed source to the
+    shape permuted alike: the same values, the Transpose moving the source's elements before
+    the Expand repeats them. rknn-toolkit2 2.5.0 stops its build in its rule
+    reduce_tp_in_mesh_forward ("ValueError: 3 is not in list") on the rank-5 Transposes of
+    Expands in BoTNet's and HaloNet's relative position logits (timm botnet26t_256 and
+    halonet26t; their originals fail alike), and builds them moved. Only where the Expand's
+    shape is a constant of its source's rank and the Transpose alone reads the Expand. Returns
+    how many Transposes it moved."""
+    graph = model.graph
+    constants, readers, made_by, graph_outputs = lookups(graph)
+    shapes = static_shapes(model)
+    nodes = list(graph.node)
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    for transpose in nodes:
+        expand = made_by.get(transpose.input[0]) if transpose.op_type == "Transpose" else None
+        if expand is None or expand.op_type != "Expand" or expand.input[1] not in constants \
+                or len(readers[expand.output[0]]) != 1 or expand.output[0] in graph_outputs:
+            continue
+        shape, source_shape = constants[expand.input[1]], shapes.get(expand.input[0])
+        perm = node_attributes(transpose).get("perm")
+        if source_shape is None or perm is None or shape.size != len(source_shape):
+            continue
+        prefix = f"{transpose.output[0]}/before_expand"
+        moved_shape = numpy_helper.from_array(shape.reshape(-1)[list(perm)].astype(np.int64), f"{prefix}/shape")
+        graph.initializer.append(moved_shape)
+        written[id(expand)] = [
+            helper.make_node("Transpose", [expand.input[0]], [f"{prefix}/moved"], f"{prefix}/transpose", perm=perm),
+            helper.make_node("Expand", [f"{prefix}/moved", moved_shape.name], [transpose.output[0]],
+                             f"{prefix}/expand")]
+        removed.add(id(transpose))
+    return nodes_rewritten(graph, nodes, written, removed)
+
+
 #: Most axes the Transpose transpose_steps_as_one writes has, a unit batch axis included: the
 #: rank of the window partitions and patch unfolds exporters write (Reshape to 6-D, Transpose).
 MOST_JOINED_AXES = 6
@@ -638,7 +675,127 @@ def one_transpose_runs_shortened(model: onnx.ModelProto) -> int:
 
 def _runs_as_one_transpose(model: onnx.ModelProto, takes: Callable[[int, int], bool]) -> int:
     """The work of `transpose_steps_as_one` on each run of moves whose count of Transposes and
-    of steps `takes` accepts."""
+    of steps `takes` accepts, where the one Transpose writes the run in fewer nodes (or with no
+    Transpose at all)."""
+    def shorter(graph, source, source_shape, order, result, result_shape, prefix, run):
+        steps = _one_transpose_nodes(graph, source, source_shape, order, result, result_shape, prefix)
+        if steps is None or (len(steps) >= len(run) and any(step.op_type == "Transpose" for step in steps)):
+            return None
+        return steps
+
+    return _runs_rewritten(model, lambda run, shapes: takes(sum(step.op_type == "Transpose" for step in run),
+                                                            len(run)), shorter)
+
+
+#: The longest axis of a Transpose rknn-toolkit2 2.5.0 runs on its NPU. Probed one Transpose
+#: between two Adds at a time: [1, 4, 8192, 2] -> [1, 4, 2, 8192] on its NPU; [1, 2, 4, 9408]
+#: -> [1, 2, 9408, 4], [1, 4, 9408, 2] -> [1, 9408, 4, 2] and [1, 4, 2, 9408] -> [1, 2, 9408, 4]
+#: on its CPU. The oplist gives its Transpose no limit.
+TOOLKIT_TRANSPOSE_EXTENT = 8192
+#: Most Transposes `wide_transposes_as_block_swaps` writes one run of moves as.
+MOST_BLOCK_SWAPS = 4
+
+
+def wide_transposes_as_block_swaps(model: onnx.ModelProto) -> int:
+    """Write each run of Reshapes and Transposes with a Transpose that has an axis longer than
+    TOOLKIT_TRANSPOSE_EXTENT, which rknn-toolkit2 2.5.0 runs on its CPU, as the fewest swaps of
+    two neighbouring blocks of its elements' axes whose blocks are all within it
+    (`_fewest_block_swaps`): each a Transpose [A, B, C, D] -> [A, C, B, D] between Reshapes. The
+    toolkit kept every swap of neighbours probed within the limit on its NPU, while a Transpose
+    that reverses three blocks it ran on its CPU at [1, 16, 4000, 2] -> [1, 2, 4000, 16] (on its
+    NPU at [1, 16, 512, 2]). NesT's window reverse, tokens [3136, 96] into the map
+    [1, 96, 56, 56], planned as [4, 4, 2, 9408] -> [4, 2, 9408, 4] and a second Transpose
+    (the toolkit: both Transposes and a Reshape of the second level on its CPU), becomes
+    [4, 4, 14, 1344] -> [4, 14, 4, 1344] and [1, 3136, 96, 1] -> [1, 96, 3136, 1], all on its
+    NPU. Returns how many tensors it wrote so."""
+    def wide(run: list[onnx.NodeProto], shapes: dict[str, list[int]]) -> bool:
+        return any(step.op_type == "Transpose" and max(shapes[step.input[0]]) > TOOLKIT_TRANSPOSE_EXTENT
+                   for step in run if step.input[0] in shapes)
+
+    def as_swaps(graph, source, source_shape, order, result, result_shape, prefix, run):
+        found = _one_transpose_of(order)
+        swaps = _fewest_block_swaps(*found) if found is not None else None
+        return None if swaps is None else _block_swap_nodes(graph, source, source_shape, found[0], swaps, result,
+                                                            result_shape, prefix)
+
+    return _runs_rewritten(model, wide, as_swaps)
+
+
+def _fewest_block_swaps(sizes: list[int], perm: list[int]) -> list[tuple[int, int, int]] | None:
+    """The fewest swaps of two neighbouring blocks that move axes of `sizes` from their order into
+    `perm`'s, each swap (i, j, k) the blocks [i, j) and [j, k) of the axes as they stand then,
+    every block (and what stands before and after them) at most TOOLKIT_TRANSPOSE_EXTENT
+    elements. Among the fewest, the one whose swaps have the fewest elements before their
+    blocks (the batch axis of their 4-D view), then the smallest largest block: rknn-toolkit2
+    2.5.0 ran on its CPU the Reshape of [1, 96, 3136, 1] into [384, 4, 14, 14] (channels into
+    the batch, NesT's window reverse moving its channels first), and the Reshapes of the order
+    that moves them last, [4, 4, 14, 1344] and [1, 3136, 96, 1], on its NPU. None when no
+    MOST_BLOCK_SWAPS swaps do. A breadth-first search over the orders of the axes (at most
+    MOST_JOINED_AXES of them, so at most 720 orders)."""
+    start, goal = tuple(range(len(sizes))), tuple(perm)
+    if len(sizes) > MOST_JOINED_AXES:
+        return None
+    if start == goal:
+        return []
+
+    def extent(block: tuple[int, ...]) -> int:
+        return int(np.prod([sizes[axis] for axis in block]))
+
+    # order -> ((elements before the blocks, summed over the swaps; largest block), swaps)
+    layer: dict[tuple[int, ...], tuple[tuple[int, int], list[tuple[int, int, int]]]] = {start: ((0, 0), [])}
+    seen = {start}
+    for _ in range(MOST_BLOCK_SWAPS):
+        following: dict[tuple[int, ...], tuple[tuple[int, int], list[tuple[int, int, int]]]] = {}
+        for order, ((batches, largest), swaps) in layer.items():
+            for i, j, k in itertools.combinations(range(len(order) + 1), 3):   # blocks [i, j) and [j, k)
+                blocks = (order[:i], order[i:j], order[j:k], order[k:])
+                widest = max(extent(block) for block in blocks)
+                moved = blocks[0] + blocks[2] + blocks[1] + blocks[3]
+                if widest > TOOLKIT_TRANSPOSE_EXTENT or moved in seen:
+                    continue
+                candidate = ((batches + extent(blocks[0]), max(largest, widest)), [*swaps, (i, j, k)])
+                if moved not in following or candidate[0] < following[moved][0]:
+                    following[moved] = candidate
+        if goal in following:
+            return following[goal][1]
+        seen.update(following)
+        layer = following
+    return None
+
+
+def _block_swap_nodes(graph: onnx.GraphProto, source: str, source_shape: list[int], sizes: list[int],
+                      swaps: list[tuple[int, int, int]], result: str, result_shape: list[int],
+                      prefix: str) -> list[onnx.NodeProto]:
+    """The nodes writing `result` as `swaps` (`_fewest_block_swaps`) of the axes of `sizes` (a
+    grouping of `source`'s elements): per swap, a Reshape to the 4-D view [A, B, C, D] of the
+    blocks where the tensor has another shape, and its Transpose (0, 2, 1, 3); then a Reshape
+    to the result's shape."""
+    steps: list[onnx.NodeProto] = []
+    order, tensor, shape = list(range(len(sizes))), source, list(source_shape)
+    for index, (i, j, k) in enumerate(swaps):
+        blocks = (order[:i], order[i:j], order[j:k], order[k:])
+        view = [int(np.prod([sizes[axis] for axis in block])) for block in blocks]
+        if view != shape:
+            steps.append(reshape_node(graph, tensor, view, f"{prefix}/blocks_{index}", f"{prefix}/view_{index}"))
+            tensor = steps[-1].output[0]
+        steps.append(helper.make_node("Transpose", [tensor], [f"{prefix}/swapped_{index}"], f"{prefix}/swap_{index}",
+                                      perm=[0, 2, 1, 3]))
+        tensor, shape = steps[-1].output[0], [view[0], view[2], view[1], view[3]]
+        order = blocks[0] + blocks[2] + blocks[1] + blocks[3]
+    if shape != list(result_shape) or not steps:
+        steps.append(reshape_node(graph, tensor, result_shape, result, f"{prefix}/result"))
+    else:
+        steps[-1].output[0] = result
+    return steps
+
+
+def _runs_rewritten(model: onnx.ModelProto, takes: Callable[[list[onnx.NodeProto], dict[str, list[int]]], bool],
+                    write: Callable[..., list[onnx.NodeProto] | None]) -> int:
+    """Each tensor a run of moves (Reshapes and Transposes) makes of a tensor, where `takes`
+    accepts the run, written as `write` gives it the source's elements in the order the run
+    leaves them (`write(graph, source, source_shape, order, result, result_shape, prefix, run)`,
+    None to leave the run); a second tensor of the same order from the same source is a Reshape
+    of the first. Returns how many tensors it wrote."""
     graph = model.graph
     shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
     written: dict[int, list[onnx.NodeProto]] = {}
@@ -651,7 +808,7 @@ def _runs_as_one_transpose(model: onnx.ModelProto, takes: Callable[[int, int], b
         while moves_elements(made_by.get(source)):
             run.insert(0, made_by[source])
             source = run[0].input[0]
-        if not takes(sum(step.op_type == "Transpose" for step in run), len(run)) or source not in shapes:
+        if source not in shapes or not takes(run, shapes):
             continue
         elements = np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source])
         order = _elements_moved(elements, run, shapes).reshape(-1)
@@ -662,8 +819,8 @@ def _runs_as_one_transpose(model: onnx.ModelProto, takes: Callable[[int, int], b
         if same is not None:
             written[id(node)] = [reshape_node(graph, same, shapes[result], result, prefix)]
             continue
-        steps = _one_transpose_nodes(graph, source, shapes[source], order, result, shapes[result], prefix)
-        if steps is None or (len(steps) >= len(run) and any(step.op_type == "Transpose" for step in steps)):
+        steps = write(graph, source, shapes[source], order, result, shapes[result], prefix, run)
+        if steps is None:
             continue
         written[id(node)] = steps
         orders.append((source, order, result))
@@ -989,8 +1146,10 @@ SHAPINGS: tuple[Shaping, ...] = (
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
     softmaxes_before_layout_runs,
+    transposes_before_expands,
     one_transpose_runs_shortened,
     attention_operands_in_one_transpose,
     transpose_steps_as_one,
+    wide_transposes_as_block_swaps,
     token_rows_of_planes_padded,
 )
