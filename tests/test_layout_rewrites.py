@@ -560,6 +560,52 @@ def test_rank_above_4_regions_collapse_onto_merged_axes(tmp_path, case, target):
     planned_on_npu(model, tmp_path, target)
 
 
+def pooled_query_attention_model(tokens, windows, heads, dim, stride) -> onnx.ModelProto:
+    """Hiera's mask-unit attention with query pooling: q, k and v cut from [1, T*W, 3*H*D] as
+    [1, T, W, 3, H, D] moved to [3, 1, H, W, T, D], q pooled by a ReduceMax over `stride` tokens
+    of each unit, the products batched over heads and windows, and the result moved to
+    [1, T/stride, W, H, D]: the heads pass the windows there."""
+    pooled = tokens // stride
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["r6"]),
+             helper.make_node("Transpose", ["r6"], ["t6"], perm=[3, 0, 4, 2, 1, 5]),
+             helper.make_node("Split", ["t6", "ones"], ["p0", "p1", "p2"], axis=0)]
+    nodes += [helper.make_node("Squeeze", [f"p{k}", "axis0"], [name]) for k, name in enumerate("qkv")]
+    nodes += [helper.make_node("Reshape", ["q", "units"], ["qu"]),
+              helper.make_node("ReduceMax", ["qu"], ["qp"], axes=[3], keepdims=0),
+              helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 2, 4, 3]),
+              helper.make_node("MatMul", ["qp", "kt"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["attention"], axis=-1),
+              helper.make_node("MatMul", ["attention", "v"], ["o5"]),
+              helper.make_node("Transpose", ["o5"], ["moved"], perm=[0, 3, 2, 1, 4]),
+              helper.make_node("Reshape", ["moved", "s3"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, tokens * windows, 3 * heads * dim])],
+                      [value_info("y", [1, pooled * windows, heads * dim])],
+                      [weight("s6", np.array([1, tokens, windows, 3, heads, dim], np.int64)),
+                       weight("ones", np.array([1, 1, 1], np.int64)), weight("axis0", np.array([0], np.int64)),
+                       weight("units", np.array([1, heads, windows, stride, pooled, dim], np.int64)),
+                       weight("s3", np.array([1, pooled * windows, heads * dim], np.int64))], opset=13)
+
+
+@pytest.mark.parametrize("tokens, windows, heads, dim", [(64, 49, 2, 96), (16, 5, 3, 8)])
+def test_a_pooled_query_attention_runs_on_the_npu_but_its_max(tmp_path, tokens, windows, heads, dim):
+    """The region of rank 5 and 6 collapses onto at most 4 groups: the ReduceMax (no NPU kernel)
+    is its one CPU node, at rank 4; the Transpose after the products moves heads and windows as
+    one block first, so they merge as the products' batch; q, k and v are cut along the height
+    of [1, T*W, 3, H*D], not along 3 channels padded to a block of 8. Emulated as onnxruntime
+    computes it."""
+    model = pooled_query_attention_model(tokens, windows, heads, dim, stride=4)
+    path = tmp_path / "pooled.onnx"
+    onnx.save(model, path)
+    plan, compiled = compile_model(path, "rk3588")
+    assert [(n.op, n.device) for n in plan.nodes if n.device == "cpu"] == [("ReduceMax", "cpu")]
+    assert all(len(t.shape) <= 4 for n in compiled.graph.nodes for t in n.inputs + n.outputs if t.shape is not None)
+    split = next(n for n in compiled.graph.nodes if n.op == "Split")
+    assert list(split.inputs[0].shape) == [1, tokens * windows, 3, heads * dim] and split.attrs["axis"] == 2
+    report = tmp_path / "report.json"
+    assert main(["run", str(path), "--target", "rk3588", "--check", "--json", str(report)]) == 0
+    assert min(a["cosine"] for a in json.loads(report.read_text())["agreement"]) >= 0.9999
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("channels, windows, size", [(64, 4, 7), (256, 2, 7), (24, 3, 4)])
 def test_a_window_partition_moves_in_two_transposes_the_target_accepts(tmp_path, channels, windows, size, reverse):

@@ -7,7 +7,11 @@ Each tensor of the region is read as a grouping of its axes: size-1 axes dropped
 neighbouring axes merged wherever every op of the region treats them as one (a Transpose
 moves them together, a Gather does not pick along either, a broadcast operand spans both or
 neither). The groupings are refined together to a fixpoint, so a tensor read by several ops
-gets one grouping that suits all of them.
+gets one grouping that suits all of them. Where a tensor keeps over 4 groups, the region is
+redone first: pieces selected before a Transpose, a Transpose of over 4 groups in steps, or one
+that reorders axes the rest of the region merges in two steps, those axes moved as one block
+first. A ReduceMax or ReduceMin of the region, which the NPU has no kernel for, stays on the CPU
+at rank 4 or less.
 
 A 3-D network (a video model's [N, C, T, H, W]) is such a region too: each 3-D Conv runs as a
 2-D Conv with the depth folded into its channels, each global pool as a 2-D pool; when the
@@ -36,6 +40,8 @@ from rkcompile.targets.constraints import NPU_RANK
 AXIS_OPS = frozenset({"Slice", "Split", "Concat", "Softmax", "LogSoftmax", "Pad"})
 #: Ops that pick part of their input along some axes.
 SELECTIONS = frozenset({"Split", "Slice", "Gather"})
+#: The AXIS_OPS that cut their input along an axis or join their inputs along it.
+SELECTIONS_AND_JOINS = frozenset({"Split", "Slice", "Concat"})
 #: The ops a region may hold: each has a form on merged axes.
 #: Batched matrix products: the batch axes merge alike in both operands and the result, the
 #: two matrix axes of each stay groups of their own. A MatMul by a 2-D constant (a linear layer
@@ -50,10 +56,19 @@ BROADCASTS = ELEMENTWISE | {"Expand"}
 #: over the radix), and the reduction is rebuilt by reductions.block_reduction_as_conv, a 1x1
 #: Conv on the [outer, D, inner, 1] view of the groups.
 REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
+#: Maxima and minima over one block of neighbouring axes, grouped as REDUCTIONS are and rebuilt as
+#: the same reduction over the reduced groups (Hiera's pooled queries, a max over the 4 tokens of
+#: each unit: [1, 2, 49, 4, 16, 96] over axis 3). The NPU has no kernel for them (reductions.py
+#: keeps them on the CPU), so a region holding one keeps it there at rank 4 or less, one CPU node
+#: where the whole region ran on the CPU: the rules are `fewer_cpu`.
+EXTREMA = frozenset({"ReduceMax", "ReduceMin"})
+#: The opset from which ReduceMax and ReduceMin take their axes as an input.
+EXTREMA_AXES_INPUT_OPSET = 18
 #: 3-D convolutions and global pools, of [N, C, D, H, W]: a Conv runs as a 2-D Conv with the depth
 #: folded into its channels (conv3d_as_conv2d), a pool over the spatial axes as one 2-D pool.
 VOLUME_OPS = frozenset({"Conv", "GlobalAveragePool", "GlobalMaxPool"})
-REGION_OPS = RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS | REDUCTIONS | VOLUME_OPS
+REGION_OPS = (RESHAPE_LIKE | {"Transpose", "Gather"} | BROADCASTS | AXIS_OPS | PRODUCTS | REDUCTIONS | EXTREMA
+              | VOLUME_OPS)
 #: Most nodes one region may hold; a larger one is left as it is, with this as the reason.
 MAX_REGION_NODES = 64
 #: Most taps, zeros included, the depth-folded Conv of a 3-D convolution may compute for each tap
@@ -69,7 +84,9 @@ def collapse_rank_region(node: gs.Node, site: Site) -> Candidates:
     layout.emit_legal_transpose), each Gather a Gather of one group by rank-1 indices, each
     element-wise op the same op on the groups with its operands relabelled to match, each
     Slice/Split/Concat/Softmax/Pad the same op along the group its axis became. Tensors the
-    region hands to other ops are relabelled back to their own shapes, which are 4-D or less."""
+    region hands to other ops are relabelled back to their own shapes, which are 4-D or less.
+    The rule is `fewer_cpu`: a ReduceMax or ReduceMin of the region (EXTREMA) stays on the CPU,
+    at rank 4 or less, where the whole region would have."""
     return (yield from _collapse(node, site, from_input=False))
 
 
@@ -153,7 +170,8 @@ def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
             if too_many is None:
                 break
             region = (_select_before_transpose(region, groups, site, scratch)
-                      or _transpose_in_steps(region, site, scratch))
+                      or _transpose_in_steps(region, site, scratch)
+                      or _blocks_moved_first(region, site, scratch, too_many))
             if region is None:
                 return f"{too_many.name} keeps {len(groups[id(too_many)])} axis groups that move independently: above 4"
         builder = site.builder(node)
@@ -273,6 +291,49 @@ def _transpose_in_steps(region: list[gs.Node], site: Site, scratch: list[gs.Node
     return None
 
 
+def _blocks_moved_first(region: list[gs.Node], site: Site, scratch: list[gs.Node],
+                        worst: gs.Tensor) -> list[gs.Node] | None:
+    """The region with one Transpose replaced by two, an identity relabel between them: the first
+    moves as one each group of its input's axes that the rest of the region merges and its
+    result keeps together (in any order within), the second reorders the axes within those
+    groups. Hiera's attention has its heads and windows [2, 49] as the batch of its products,
+    merged, and the Transpose after them, [2, 49, 16, 96] -> [16, 49, 2, 96], kept the two
+    apart: five groups with the query pooling's 4 tokens. Taken only where it leaves `worst` (a
+    tensor of over 4 groups) fewer groups; None when no Transpose does."""
+    before = len(_grouping(region, site.opset)[id(worst)])
+    for transpose in (n for n in region if n.op == "Transpose"):
+        x, y = transpose.inputs[0], transpose.outputs[0]
+        shape = static_shape(x)
+        perm = [int(p) for p in transpose.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+        moved = [a for a in perm if shape[a] != 1]
+        others = [n for n in region if n is not transpose]
+        blocks = [[a for a in group if shape[a] != 1] for group in _grouping(others, site.opset).get(id(x), [])]
+        blocks = [block for block in blocks if block]
+        places = [sorted(moved.index(a) for a in block) for block in blocks]
+        if sum(map(len, blocks)) != len(moved) or any(p != list(range(p[0], p[0] + len(p))) for p in places):
+            continue   # x is not read elsewhere in the region, or a group is not kept together
+        blocks.sort(key=lambda block: min(moved.index(a) for a in block))
+        middle = [a for a in range(len(shape)) if shape[a] == 1] + [a for block in blocks for a in block]
+        if [a for a in middle if shape[a] != 1] in (_nonunit(shape), moved):
+            continue   # one of the two steps would move nothing
+        step = gs.Variable(site.fresh(f"{transpose.name}/blocks"), x.dtype, [shape[a] for a in middle])
+        view = gs.Variable(site.fresh(f"{transpose.name}/blocks_view"), x.dtype, static_shape(step))
+        templates = [
+            gs.Node("Transpose", site.fresh(f"{transpose.name}/blocks"), inputs=[x], outputs=[step],
+                    attrs={"perm": middle}),
+            gs.Node("Reshape", site.fresh(f"{transpose.name}/blocks_view"), outputs=[view], inputs=[
+                step, gs.Constant(site.fresh(f"{transpose.name}/blocks_shape"), np.array(static_shape(step), np.int64))]),
+            gs.Node("Transpose", site.fresh(f"{transpose.name}/within"), inputs=[view], outputs=[y],
+                    attrs={"perm": [middle.index(a) for a in perm]})]
+        candidate = [n for n in region if n is not transpose] + templates
+        if len(_grouping(candidate, site.opset)[id(worst)]) < before:
+            scratch.extend(templates)
+            return candidate
+        for template in templates:
+            detach(template)
+    return None
+
+
 #: Most groups _two_legal_steps searches the orders of (k! middle orders, each probed).
 MAX_SEARCHED_GROUPS = 5
 
@@ -349,7 +410,8 @@ def _selected_shape(reader: gs.Node, x_shape, axis: int, out: gs.Tensor) -> list
 
 def _data_tensors(node: gs.Node) -> list[gs.Tensor]:
     """The tensors whose layout the node's op depends on: a relabel's data, not its shape input."""
-    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | VOLUME_OPS | {"Gather", "Slice", "Split", "Expand", "Pad"} else node.inputs
+    inputs = node.inputs[:1] if node.op in RESHAPE_LIKE | REDUCTIONS | EXTREMA | VOLUME_OPS | {
+        "Gather", "Slice", "Split", "Expand", "Pad"} else node.inputs
     return [t for t in list(inputs) + list(node.outputs) if t.name]
 
 
@@ -400,7 +462,7 @@ def _unsupported(node: gs.Node, opset: int) -> str:
         return ""
     if node.op in VOLUME_OPS:
         return _volume_problem(node)
-    if node.op in REDUCTIONS:
+    if node.op in REDUCTIONS | EXTREMA:
         axes = _reduced_axes(node, opset)
         if not axes or dtype_name(node.inputs[0].dtype) not in FLOAT_DTYPES:
             return "its axes are not constants, it reduces every axis, or its input is not float"
@@ -468,7 +530,7 @@ def _volume_problem(node: gs.Node) -> str:
 
 
 def _reduced_axes(node: gs.Node, opset: int) -> list[int] | None:
-    """The axes a REDUCTIONS node reduces (from its attribute, or its axes input from opset 13 for
+    """The axes a REDUCTIONS or EXTREMA node reduces (from its attribute, or its axes input from opset 13 for
     ReduceSum and 18 for the others), None when they are not a known constant."""
     rank = len(static_shape(node.inputs[0]))
     if len(node.inputs) > 1 and node.inputs[1].name:
@@ -507,7 +569,7 @@ def _refine(node: gs.Node, joinable: dict[int, set[int]], opset: int) -> bool:
             changed |= bool(join - keep)
             join &= keep
         return changed
-    if node.op in REDUCTIONS:
+    if node.op in REDUCTIONS | EXTREMA:
         axes, rank = _reduced_axes(node, opset), len(static_shape(node.inputs[0]))
         kept = list(range(rank)) if node.attrs.get("keepdims", 1) else [a for a in range(rank) if a not in axes]
         changed = False
@@ -765,8 +827,16 @@ def _rebuild(node: gs.Node, builder: Builder, groups: dict[int, list[list[int]]]
         emit(node.op, [grouped(x, [*shape[:2], *plane])], [*shape[:2], 1, 1])
         return
     source = grouped(x, _grouped_shape(shape, groups[id(x)]))
-    if node.op in REDUCTIONS:  # the channel sum of a 1x1 Conv over the reduced groups, one block
+    if node.op in REDUCTIONS | EXTREMA:
         reduced = sorted({g for g, group in enumerate(groups[id(x)]) for a in _reduced_axes(node, opset) if a in group})
+        if node.op in EXTREMA:   # the same reduction over the reduced groups, keeping them
+            kept = [1 if g in reduced else size for g, size in enumerate(static_shape(source))]
+            if opset >= EXTREMA_AXES_INPUT_OPSET:
+                emit(node.op, [source, builder.const(np.array(reduced, np.int64), "axes")], kept, keepdims=1)
+            else:
+                emit(node.op, [source], kept, axes=reduced, keepdims=1)
+            return
+        # the channel sum of a 1x1 Conv over the reduced groups, one block
         summed = block_reduction_as_conv(builder, source, static_shape(source), reduced[0], len(reduced), node.op)
         builder.reshape(summed, static_shape(target), out=target)
         return
@@ -896,13 +966,22 @@ def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[lis
     the groups of the op's full-sized tensor (Concat's output, the others' input)."""
     reference = node.outputs[0] if node.op == "Concat" else node.inputs[0]
     reference_groups = groups[id(reference)]
+    reference_shape = static_shape(reference)
+    axis_group = next(g for g, group in enumerate(reference_groups) if axes[0] in group)
+    # Three groups [N, C, H] are stored as [N, C, H, 1], C in blocks of C2 channels: a selection
+    # or join along C when C is under one block stores each tensor's C padded to the block
+    # (Hiera's q, k and v cut from [3136, 3, 192]: 8/3 of the bytes, each piece 8x). Along H of
+    # [1, N, C, H] instead, N is the channels.
+    lifted = int(node.op in SELECTIONS_AND_JOINS and len(reference_groups) == 3 and axis_group == 1
+                 and element_count(reference_shape[a] for a in reference_groups[1])
+                 < builder.site.target.c2_for(builder.site.facts.get("plan_dtype", "float16")))
 
     def on_groups(tensor: gs.Tensor) -> list[int]:
         shape = static_shape(tensor)
-        return [element_count(shape[a] for a in group) for group in reference_groups] or [1]
+        return [1] * lifted + [element_count(shape[a] for a in group) for group in reference_groups] or [1]
 
     def group_of(axis: int) -> int:
-        return next(g for g, group in enumerate(reference_groups) if axis in group)
+        return lifted + next(g for g, group in enumerate(reference_groups) if axis in group)
 
     data_inputs = node.inputs if node.op == "Concat" else node.inputs[:1]
     inputs = [grouped(t, on_groups(t)) for t in data_inputs]
@@ -934,6 +1013,6 @@ def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[lis
 
 RULES: tuple[RewriteRule, ...] = (
     RewriteRule(pad_between_unit_axes, frozenset({"Pad"}) | RESHAPE_LIKE),
-    RewriteRule(collapse_rank_region, REGION_OPS),
+    RewriteRule(collapse_rank_region, REGION_OPS, fewer_cpu=True),
     RewriteRule(collapse_rank_region_from_input, REGION_OPS, fewer_cpu=True),
 )
