@@ -316,13 +316,14 @@ def _blocks_moved_first(region: list[gs.Node], site: Site, scratch: list[gs.Node
         middle = [a for a in range(len(shape)) if shape[a] == 1] + [a for block in blocks for a in block]
         if [a for a in middle if shape[a] != 1] in (_nonunit(shape), moved):
             continue   # one of the two steps would move nothing
-        step = gs.Variable(site.fresh(f"{transpose.name}/blocks"), x.dtype, [shape[a] for a in middle])
-        view = gs.Variable(site.fresh(f"{transpose.name}/blocks_view"), x.dtype, static_shape(step))
+        step_shape = [shape[a] for a in middle]
+        step = gs.Variable(site.fresh(f"{transpose.name}/blocks"), x.dtype, step_shape)
+        view = gs.Variable(site.fresh(f"{transpose.name}/blocks_view"), x.dtype, step_shape)
+        view_shape = gs.Constant(site.fresh(f"{transpose.name}/blocks_shape"), np.array(step_shape, np.int64))
         templates = [
             gs.Node("Transpose", site.fresh(f"{transpose.name}/blocks"), inputs=[x], outputs=[step],
                     attrs={"perm": middle}),
-            gs.Node("Reshape", site.fresh(f"{transpose.name}/blocks_view"), outputs=[view], inputs=[
-                step, gs.Constant(site.fresh(f"{transpose.name}/blocks_shape"), np.array(static_shape(step), np.int64))]),
+            gs.Node("Reshape", site.fresh(f"{transpose.name}/blocks_view"), inputs=[step, view_shape], outputs=[view]),
             gs.Node("Transpose", site.fresh(f"{transpose.name}/within"), inputs=[view], outputs=[y],
                     attrs={"perm": [middle.index(a) for a in perm]})]
         candidate = [n for n in region if n is not transpose] + templates
@@ -530,8 +531,8 @@ def _volume_problem(node: gs.Node) -> str:
 
 
 def _reduced_axes(node: gs.Node, opset: int) -> list[int] | None:
-    """The axes a REDUCTIONS or EXTREMA node reduces (from its attribute, or its axes input from opset 13 for
-    ReduceSum and 18 for the others), None when they are not a known constant."""
+    """The axes a REDUCTIONS or EXTREMA node reduces (from its attribute, or its axes input from
+    opset 13 for ReduceSum and 18 for the others), None when they are not a known constant."""
     rank = len(static_shape(node.inputs[0]))
     if len(node.inputs) > 1 and node.inputs[1].name:
         axes = constant_value(node.inputs[1])
@@ -966,15 +967,14 @@ def _rebuild_axis_op(node: gs.Node, builder: Builder, groups: dict[int, list[lis
     the groups of the op's full-sized tensor (Concat's output, the others' input)."""
     reference = node.outputs[0] if node.op == "Concat" else node.inputs[0]
     reference_groups = groups[id(reference)]
-    reference_shape = static_shape(reference)
-    axis_group = next(g for g, group in enumerate(reference_groups) if axes[0] in group)
     # Three groups [N, C, H] are stored as [N, C, H, 1], C in blocks of C2 channels: a selection
     # or join along C when C is under one block stores each tensor's C padded to the block
     # (Hiera's q, k and v cut from [3136, 3, 192]: 8/3 of the bytes, each piece 8x). Along H of
-    # [1, N, C, H] instead, N is the channels.
-    lifted = int(node.op in SELECTIONS_AND_JOINS and len(reference_groups) == 3 and axis_group == 1
-                 and element_count(reference_shape[a] for a in reference_groups[1])
-                 < builder.site.target.c2_for(builder.site.facts.get("plan_dtype", "float16")))
+    # [1, N, C, H] instead, N is the channels: every group one axis later.
+    lifted = 0
+    if node.op in SELECTIONS_AND_JOINS and len(reference_groups) == 3 and axes[0] in reference_groups[1]:
+        channels = element_count(static_shape(reference)[a] for a in reference_groups[1])
+        lifted = int(channels < builder.site.target.c2_for(builder.site.facts.get("plan_dtype", "float16")))
 
     def on_groups(tensor: gs.Tensor) -> list[int]:
         shape = static_shape(tensor)
