@@ -520,6 +520,21 @@ def test_an_einsum_one_matmul_cannot_make_says_why(tmp_path, equation, why):
     assert einsum_as_matmul_form(node) == why
 
 
+def unfold_by_gathers_model(channels, size, kernel) -> onnx.ModelProto:
+    """The dynamo exporter's Unfold (VOLO's outlook attention): the k x k windows of a map
+    [1, C, S, S] picked by two Gathers of indices [k, S - k + 1] (rank 2), [1, C, k, O, k, O],
+    moved to [1, O, O, C, k, k] and flattened to [1, O*O, C, k*k]."""
+    out = size - kernel + 1
+    rows = (np.arange(kernel)[:, None] + np.arange(out)[None, :]).astype(np.int64)
+    nodes = [helper.make_node("Gather", ["x", "rows"], ["g1"], axis=2),
+             helper.make_node("Gather", ["g1", "rows"], ["g2"], axis=4),
+             helper.make_node("Transpose", ["g2"], ["t"], perm=[0, 3, 5, 1, 2, 4]),
+             helper.make_node("Reshape", ["t", "s4"], ["y"])]
+    return make_model(nodes, [value_info("x", [1, channels, size, size])],
+                      [value_info("y", [1, out * out, channels, kernel * kernel])],
+                      [weight("rows", rows), weight("s4", np.array([1, out * out, channels, kernel * kernel], np.int64))])
+
+
 REGION_CASES = {
     "repeat_kv_2x4x8x16": lambda: repeat_kv_model(2, 4, 8, 16),
     "repeat_kv_1x3x5x8": lambda: repeat_kv_model(1, 3, 5, 8),
@@ -544,6 +559,8 @@ REGION_CASES = {
     "split_attention_sum_2x16x8": lambda: split_attention_model(2, 16, 8),
     "split_attention_mean_4x8x5": lambda: split_attention_model(4, 8, 5, "ReduceMean"),
     "relative_positions_2x7x16": lambda: relative_position_model(2, 7, 16),
+    "unfold_by_gathers_8x10x3": lambda: unfold_by_gathers_model(8, 10, 3),
+    "unfold_by_gathers_6x7x2": lambda: unfold_by_gathers_model(6, 7, 2),
 }
 
 

@@ -163,6 +163,7 @@ def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
         return reason
     original, scratch = region, []
     try:
+        region = _gathers_of_flat_indices(region, site, scratch)
         region = _broadcast_heads_into_rows(_einsums_as_products(region, site, scratch), site, scratch)
         while True:
             groups = _grouping(region, site.opset)
@@ -190,6 +191,31 @@ def _collapse(node: gs.Node, site: Site, from_input: bool) -> Candidates:
         for template in scratch:
             detach(template)
     yield builder.finish(*_in_order(original, {id(t) for n in original for t in n.outputs}))
+
+
+def _gathers_of_flat_indices(region: list[gs.Node], site: Site, scratch: list[gs.Node]) -> list[gs.Node]:
+    """The region with each Gather of indices of rank 2 or more (the dynamo exporter's Unfold:
+    the windows' rows of VOLO's outlook attention, indices [3, 14], [1, C, 16, 16] -> [1, C,
+    3, 14, 16]) replaced by templates: the Gather of the indices flattened, a Reshape to its
+    result. The same values; each Gather then keeps its input's rank, as the groupings read it.
+    The templates (in `scratch`) are read, never kept."""
+    replaced, templates = set(), []
+    for gather in region:
+        indices = constant_value(gather.inputs[1]) if gather.op == "Gather" else None
+        if indices is None or indices.ndim < 2:
+            continue
+        x, y = gather.inputs[0], gather.outputs[0]
+        shape = list(static_shape(x))
+        axis = int(gather.attrs.get("axis", 0)) % len(shape)
+        flat = gs.Variable(site.fresh(f"{gather.name}/flat"), x.dtype, shape[:axis] + [indices.size] + shape[axis + 1:])
+        templates += [
+            gs.Node("Gather", site.fresh(f"{gather.name}/flat"), attrs={"axis": axis}, outputs=[flat], inputs=[
+                x, gs.Constant(site.fresh(f"{gather.name}/flat_indices"), indices.reshape(-1).astype(np.int64))]),
+            gs.Node("Reshape", site.fresh(f"{gather.name}/unflat"), outputs=[y], inputs=[
+                flat, gs.Constant(site.fresh(f"{gather.name}/unflat_shape"), np.array(static_shape(y), np.int64))])]
+        replaced.add(id(gather))
+    scratch.extend(templates)
+    return [n for n in region if id(n) not in replaced] + templates
 
 
 def _grouping(region: list[gs.Node], opset: int) -> dict[int, list[list[int]]]:
@@ -474,8 +500,8 @@ def _unsupported(node: gs.Node, opset: int) -> str:
         return "it has several outputs"
     if node.op == "Gather":
         shape, indices = static_shape(node.inputs[0]), constant_value(node.inputs[1])
-        if indices is None or indices.ndim > 1:
-            return "its indices are not a constant of rank 0 or 1"
+        if indices is None:
+            return "its indices are not a constant"
         if shape[int(node.attrs.get("axis", 0)) % len(shape)] == 1:
             return "it gathers along an axis of size 1"
     if node.op in BROADCASTS and any(len(static_shape(t)) > len(static_shape(node.outputs[0]))
