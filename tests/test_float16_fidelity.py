@@ -105,3 +105,27 @@ def test_only_what_follows_the_accumulator_and_can_tell_rounds_it():
     rms = _body(("Mul", ["x", "x"], ["sq"]), ("Conv", ["sq", "kw", "kb"], ["ms"]), ("Pow", ["ms", "kp"], ["r"]),
                 ("Mul", ["x", "r"], ["y"]))
     assert leaving_accumulator("exNorm", rms, "float16") == frozenset()
+
+
+def test_an_attention_keeps_its_scores_unrounded_inside_its_kernel(save):
+    """exSDPAttention's scores stay float32 inside the kernel, as rknn-toolkit2 2.5.0's simulator
+    computes them (bit for bit on [1, 2, 16, 8]; executor.FLOAT32_WITHIN): scores q @ k^T beyond
+    float16's range, in range once scaled, give the float32 model's output, where rounding them
+    as they leave the accumulator would make infinities of them."""
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float32) * scale for scale in (90, 90, 1))
+    assert np.abs(q @ k.transpose(0, 1, 3, 2)).max() > 65504
+    model = make_model([helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+                        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                        helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+                        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+                        helper.make_node("MatMul", ["p", "v"], ["y"])],
+                       [value_info(name, [1, 2, 16, 8]) for name in "qkv"], [value_info("y", [1, 2, 16, 8])],
+                       [weight("scale", np.array(0.125, np.float32))])
+    plan = rkcompile.compile(save(model), "rk3588")
+    assert [step.kernel for step in plan.record.steps if step.device == "npu"] == ["exSDPAttention"]
+    scores = (q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2)) * 0.125
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (weights / weights.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    got = np.asarray(rkcompile.run(plan, {"q": q, "k": k, "v": v})["y"], np.float64)
+    assert np.all(np.isfinite(got))
+    assert np.abs(got - expected).max() < 0.01
