@@ -22,7 +22,8 @@ from rkcompile.emulator.session import RANDOM_INT_HIGH
 from rkcompile.plan.schema import FUSED_DOMAIN
 from rkcompile.views.proto_graph import static_shapes
 from rkcompile.views.toolkit_shapings.convolutions import _reshaped_on_the_toolkit_cpu
-from rkcompile.views.toolkit_shapings import (added_convs_as_one, attention_operands_in_one_transpose,
+from rkcompile.views.toolkit_shapings import (added_convs_as_one, added_linears_as_one,
+                                              attention_operands_in_one_transpose,
                                               channel_norms_as_layer_norms,
                                               batched_rows_as_one_image, flattened_planes_padded, small_planes_into_channels,
                                               radix_sums_as_channel_slices, rank3_tails_as_rank4, reshapes_after_elementwise_ops,
@@ -2405,6 +2406,40 @@ def test_a_transpose_of_an_expand_moves_before_it():
     model = expanded(True)
     assert transposes_before_expands(model) == 0
     assert [n.op_type for n in model.graph.node] == ["Expand", "Transpose", "Relu", "Sigmoid"]
+
+
+def test_two_linear_heads_added_are_one_gemm_of_their_inputs_joined():
+    """LeViT's class and distillation heads: two Gemms of different inputs added (rknn-toolkit2
+    2.5.0 fails summing them as Convs) become a Concat of the inputs along K and one Gemm of the
+    weights joined alike, its bias their sum. Gemms of one input, or one read elsewhere too,
+    stay. The same values up to float32 rounding."""
+    rng = np.random.default_rng(0)
+
+    def heads(same_input: bool, extra_reader: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"), helper.make_node("Sigmoid", ["x"], ["b"], name="b"),
+                 helper.make_node("Gemm", ["a", "w1", "b1"], ["h1"], name="head", transB=1),
+                 helper.make_node("Gemm", ["a" if same_input else "b", "w2", "b2"], ["h2"], name="head_dist",
+                                  transB=1),
+                 helper.make_node("Add", ["h1", "h2"], ["y"], name="add")]
+        outputs = [value_info("y", [1, 10])]
+        if extra_reader:
+            nodes.append(helper.make_node("Relu", ["h2"], ["z"], name="z"))
+            outputs.append(value_info("z", [1, 10]))
+        return make_model(nodes, [value_info("x", [1, 16])], outputs,
+                          [weight(name, rng.standard_normal(shape).astype(np.float32))
+                           for name, shape in (("w1", (10, 16)), ("b1", (10,)), ("w2", (10, 16)), ("b2", (10,)))])
+
+    model = heads(False, False)
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    expected = onnxruntime_run(model, {"x": x})
+    assert added_linears_as_one(model) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Relu", "Sigmoid", "Concat", "Gemm"]
+    np.testing.assert_allclose(onnxruntime_run(model, {"x": x})[0], expected[0], rtol=1e-5, atol=1e-5)
+    for same_input, extra_reader in ((True, False), (False, True)):
+        model = heads(same_input, extra_reader)
+        assert added_linears_as_one(model) == 0
+        assert [n.op_type for n in model.graph.node].count("Gemm") == 2
 
 
 def window_partition_in_two_transposes(into_rows: bool) -> onnx.ModelProto:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from rkcompile.views.toolkit_shapings import convolutions, layouts, norms, op_forms, reductions, sequences
 from rkcompile.views.toolkit_shapings.common import Shaping
-from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, linear_layers_as_gemms, pads_into_convs,
+from rkcompile.views.toolkit_shapings.convolutions import (added_convs_as_one, added_linears_as_one,
+                                                           linear_layers_as_gemms, pads_into_convs,
                                                            small_planes_into_channels, vectors_into_channels)
 from rkcompile.views.toolkit_shapings.layouts import (attention_operands_in_one_transpose, batched_rows_as_one_image,
                                                       flattened_planes_padded,
@@ -74,6 +75,9 @@ TOOLKIT_SHAPINGS: tuple[Shaping, ...] = (
     # ops after it, which that shaping cannot move then
     splits_of_concats_bypassed,
     reshapes_after_elementwise_ops,
+    # after reshapes_after_elementwise_ops, which leaves the Add of two Gemms reading them
+    # without the Reshapes linear_layers_as_gemms writes after each
+    added_linears_as_one,
     # after rank3_tails_as_rank4 and reshapes_after_elementwise_ops, whose forms of an output's
     # runs of moves it reads
     softmaxes_before_layout_runs,

@@ -1,7 +1,8 @@
 """Shapings of the plan's Convs: a zero Pad folded into the Conv after it (`pads_into_convs`), a
 one-channel Conv's vector moved into the channels (`vectors_into_channels`), two Convs of one
 input added as one (`added_convs_as_one`), the Conv of a reshaped matrix written back as the
-Gemm it was (`linear_layers_as_gemms`), and a Conv between small planes and Reshapes written
+Gemm it was (`linear_layers_as_gemms`), two Gemms added as one of the inputs joined
+(`added_linears_as_one`), and a Conv between small planes and Reshapes written
 from and into channels (`small_planes_into_channels`)."""
 from __future__ import annotations
 
@@ -224,6 +225,52 @@ def linear_layers_as_gemms(model: onnx.ModelProto) -> int:
     return nodes_rewritten(graph, graph.node, written)
 
 
+def added_linears_as_one(model: onnx.ModelProto) -> int:
+    """Write the sum of two Gemms of different inputs, [M, K1] and [M, K2], each read by that
+    Add alone, as one Gemm of the inputs joined along K (a Concat), the weights joined alike and
+    the biases summed: the same values in real arithmetic (float32 rounding apart; LeViT's
+    class and distillation heads, 1000 outputs of magnitude 3.9e3: 1.5e-3 apart).
+    rknn-toolkit2 2.5.0 makes Convs of the two Gemms and fails summing them in its rule
+    `fuse_conv_conv_add` (TypeError: 'NoneType' object is unsliceable: timm levit_conv_128s,
+    its original and its export); it builds the one Gemm. Only Gemms with transA = 0, alpha and
+    beta 1, the same transB, constant weights and biases. Returns how many Adds it wrote."""
+    graph = model.graph
+    constants, readers, _, graph_outputs = lookups(graph)
+    shapes = static_shapes(model)
+    nodes = list(graph.node)   # the wrappers `written` and `removed` key by id()
+    made_by = {name: node for node in nodes for name in node.output}
+    written: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    for add in nodes:
+        gemms = [made_by.get(name) for name in add.input] if add.op_type == "Add" and len(add.input) == 2 else []
+        if len(gemms) != 2 or any(gemm is None or gemm.op_type != "Gemm" or len(readers[gemm.output[0]]) != 1
+                                  or gemm.output[0] in graph_outputs or any(
+                                      name not in constants for name in gemm.input[1:] if name) for gemm in gemms):
+            continue
+        attributes = [node_attributes(gemm) for gemm in gemms]
+        inputs = [shapes.get(gemm.input[0]) for gemm in gemms]
+        if gemms[0] is gemms[1] or gemms[0].input[0] == gemms[1].input[0] or any(
+                a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 for a in attributes) \
+                or attributes[0].get("transB", 0) != attributes[1].get("transB", 0) \
+                or any(shape is None or len(shape) != 2 for shape in inputs) or inputs[0][0] != inputs[1][0]:
+            continue
+        transposed = attributes[0].get("transB", 0)
+        weights = [constants[gemm.input[1]] for gemm in gemms]
+        biases = [constants[gemm.input[2]] if len(gemm.input) > 2 and gemm.input[2] else np.zeros((), np.float32)
+                  for gemm in gemms]
+        prefix = f"{add.name or add.output[0]}/joined_gemm"
+        joined = [numpy_helper.from_array(np.concatenate(weights, axis=1 if transposed else 0), f"{prefix}/weight"),
+                  numpy_helper.from_array((biases[0] + biases[1]).astype(weights[0].dtype), f"{prefix}/bias")]
+        graph.initializer.extend(joined)
+        written[id(add)] = [
+            helper.make_node("Concat", [gemm.input[0] for gemm in gemms], [f"{prefix}/inputs"], f"{prefix}/concat",
+                             axis=1),
+            helper.make_node("Gemm", [f"{prefix}/inputs", *(t.name for t in joined)], [add.output[0]], prefix,
+                             transB=transposed)]
+        removed.update(id(gemm) for gemm in gemms)
+    return nodes_rewritten(graph, nodes, written, removed)
+
+
 #: Planes of this many positions (H*W) and up to SMALL_PLANE rknn-toolkit2 2.5.0 will not reshape
 #: into planes of more on its NPU: a Reshape from [640, 16, 1, 2], [640, 16, 2, 1], [384, 8, 1, 2],
 #: [384, 4, 2, 2], [320, 16, 1, 4] or [64, 16, 1, W] (W from 3 to 7) into maps [1, C, H, W] of 64
@@ -349,5 +396,6 @@ SHAPINGS: tuple[Shaping, ...] = (
     vectors_into_channels,
     added_convs_as_one,
     linear_layers_as_gemms,
+    added_linears_as_one,
     small_planes_into_channels,
 )
