@@ -18,12 +18,15 @@ from rkcompile.views.proto_graph import node_attributes, output_names, readers_o
 Shaping = Callable[[onnx.ModelProto], int]
 
 
-def lookups(graph: onnx.GraphProto) -> tuple[dict[str, np.ndarray], dict[str, list[onnx.NodeProto]],
-                                             dict[str, onnx.NodeProto], set[str]]:
+def lookups(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto] | None = None
+            ) -> tuple[dict[str, np.ndarray], dict[str, list[onnx.NodeProto]], dict[str, onnx.NodeProto], set[str]]:
     """What a shaping looks a graph's tensors up by, as the graph stands: each constant's values,
-    each tensor's readers and the node that makes it, and the graph's outputs."""
+    each tensor's readers and the node that makes it (from `nodes`, the graph's nodes as a list
+    the shaping keeps, when it rewrites them with `nodes_rewritten`, which keys them by id()),
+    and the graph's outputs."""
+    nodes = graph.node if nodes is None else nodes
     return ({tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}, readers_of(graph),
-            {name: node for node in graph.node for name in node.output}, output_names(graph))
+            {name: node for node in nodes for name in node.output}, output_names(graph))
 
 
 def reduction_node(graph: onnx.GraphProto, reduction: str, source: str, axes: Sequence[int], target: str, name: str,

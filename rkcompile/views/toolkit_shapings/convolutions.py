@@ -235,10 +235,9 @@ def added_linears_as_one(model: onnx.ModelProto) -> int:
     its original and its export); it builds the one Gemm. Only Gemms with transA = 0, alpha and
     beta 1, the same transB, constant weights and biases. Returns how many Adds it wrote."""
     graph = model.graph
-    constants, readers, _, graph_outputs = lookups(graph)
+    nodes = list(graph.node)
+    constants, readers, made_by, graph_outputs = lookups(graph, nodes)
     shapes = static_shapes(model)
-    nodes = list(graph.node)   # the wrappers `written` and `removed` key by id()
-    made_by = {name: node for node in nodes for name in node.output}
     written: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
     for add in nodes:

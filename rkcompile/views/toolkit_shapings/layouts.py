@@ -614,10 +614,9 @@ def transposes_before_expands(model: onnx.ModelProto) -> int:
     shape is a constant of its source's rank and the Transpose alone reads the Expand. Returns
     how many Transposes it moved."""
     graph = model.graph
-    constants, readers, _, graph_outputs = lookups(graph)
+    nodes = list(graph.node)
+    constants, readers, made_by, graph_outputs = lookups(graph, nodes)
     shapes = static_shapes(model)
-    nodes = list(graph.node)   # the wrappers `written` and `removed` key by id()
-    made_by = {name: node for node in nodes for name in node.output}
     written: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
     for transpose in nodes:
