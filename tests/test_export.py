@@ -2440,6 +2440,12 @@ def test_two_linear_heads_added_are_one_gemm_of_their_inputs_joined():
         model = heads(same_input, extra_reader)
         assert added_linears_as_one(model) == 0
         assert [n.op_type for n in model.graph.node].count("Gemm") == 2
+    # one head of a single output broadcast over the other's ten: no joined Gemm makes that
+    model = heads(False, False)
+    for tensor in model.graph.initializer:
+        if tensor.name in ("w2", "b2"):
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor)[:1], tensor.name))
+    assert added_linears_as_one(model) == 0
 
 
 def window_partition_in_two_transposes(into_rows: bool) -> onnx.ModelProto:

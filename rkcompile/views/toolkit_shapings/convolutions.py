@@ -251,8 +251,10 @@ def added_linears_as_one(model: onnx.ModelProto) -> int:
         if gemms[0] is gemms[1] or gemms[0].input[0] == gemms[1].input[0] or any(
                 a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 for a in attributes) \
                 or attributes[0].get("transB", 0) != attributes[1].get("transB", 0) \
-                or any(shape is None or len(shape) != 2 for shape in inputs) or inputs[0][0] != inputs[1][0]:
-            continue
+                or any(shape is None or len(shape) != 2 for shape in inputs) or inputs[0][0] != inputs[1][0] \
+                or shapes.get(gemms[0].output[0]) is None or shapes.get(gemms[0].output[0]) != shapes.get(
+                    gemms[1].output[0]):
+            continue   # the joined Gemm needs the same rows and the same outputs, no broadcast between them
         transposed = attributes[0].get("transB", 0)
         weights = [constants[gemm.input[1]] for gemm in gemms]
         biases = [constants[gemm.input[2]] if len(gemm.input) > 2 and gemm.input[2] else np.zeros((), np.float32)
