@@ -690,6 +690,17 @@ SPECS: list[Spec] = [
                                                                        use_cache=False))),
     Spec("hf_electra_tiny", _HF, "transformers ElectraModel (hidden 64, 2 layers, embedding 32), seq 32", DYNAMO, 18,
          _hf_text("ElectraModel", "ElectraConfig", dict(_TINY_ENCODER, vocab_size=512, embedding_size=32))),
+    # a ninth holdout: convolutional networks through the dynamo exporter
+    Spec("timm_tinynet_a", _TIMM, "timm tinynet_a", DYNAMO, 18, _timm("tinynet_a", 192)),
+    Spec("timm_cspresnet50", _TIMM, "timm cspresnet50 (cross-stage partial)", DYNAMO, 18, _timm("cspresnet50", 256)),
+    Spec("timm_dpn68", _TIMM, "timm dpn68 (dual path)", DYNAMO, 18, _timm("dpn68")),
+    Spec("timm_seresnext26d_32x4d", _TIMM, "timm seresnext26d_32x4d", DYNAMO, 18, _timm("seresnext26d_32x4d")),
+    Spec("timm_edgenext_small", _TIMM, "timm edgenext_small", DYNAMO, 18, _timm("edgenext_small", 256)),
+    Spec("timm_mobilenetv3_large_100", _TIMM, "timm mobilenetv3_large_100", DYNAMO, 18,
+         _timm("mobilenetv3_large_100")),
+    Spec("timm_hardcorenas_a", _TIMM, "timm hardcorenas_a", DYNAMO, 18, _timm("hardcorenas_a")),
+    Spec("tv_mnasnet1_0", _TV, "torchvision mnasnet1_0", DYNAMO, 18, _tv("mnasnet1_0")),
+    Spec("tv_regnet_x_400mf", _TV, "torchvision regnet_x_400mf", DYNAMO, 18, _tv("regnet_x_400mf")),
 ]
 
 
