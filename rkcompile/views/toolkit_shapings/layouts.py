@@ -684,7 +684,7 @@ def _runs_as_one_transpose(model: onnx.ModelProto, takes: Callable[[int, int], b
         return steps
 
     return _runs_rewritten(model, lambda run, shapes: takes(sum(step.op_type == "Transpose" for step in run),
-                                                            len(run)), shorter)
+                                                            len(run)), shorter, "one_transpose")
 
 
 #: The longest axis of a Transpose rknn-toolkit2 2.5.0 runs on its NPU. Probed one Transpose
@@ -718,7 +718,7 @@ def wide_transposes_as_block_swaps(model: onnx.ModelProto) -> int:
         return None if swaps is None else _block_swap_nodes(graph, source, source_shape, found[0], swaps, result,
                                                             result_shape, prefix)
 
-    return _runs_rewritten(model, wide, as_swaps)
+    return _runs_rewritten(model, wide, as_swaps, "block_swaps")
 
 
 def _fewest_block_swaps(sizes: list[int], perm: list[int]) -> list[tuple[int, int, int]] | None:
@@ -790,12 +790,12 @@ def _block_swap_nodes(graph: onnx.GraphProto, source: str, source_shape: list[in
 
 
 def _runs_rewritten(model: onnx.ModelProto, takes: Callable[[list[onnx.NodeProto], dict[str, list[int]]], bool],
-                    write: Callable[..., list[onnx.NodeProto] | None]) -> int:
+                    write: Callable[..., list[onnx.NodeProto] | None], form: str) -> int:
     """Each tensor a run of moves (Reshapes and Transposes) makes of a tensor, where `takes`
     accepts the run, written as `write` gives it the source's elements in the order the run
     leaves them (`write(graph, source, source_shape, order, result, result_shape, prefix, run)`,
-    None to leave the run); a second tensor of the same order from the same source is a Reshape
-    of the first. Returns how many tensors it wrote."""
+    None to leave the run; its nodes named under RESULT/`form`); a second tensor of the same
+    order from the same source is a Reshape of the first. Returns how many tensors it wrote."""
     graph = model.graph
     shapes, nodes, made_by, readers, graph_outputs, moves_elements = _moves_index(model)
     written: dict[int, list[onnx.NodeProto]] = {}
@@ -813,7 +813,7 @@ def _runs_rewritten(model: onnx.ModelProto, takes: Callable[[list[onnx.NodeProto
         elements = np.arange(int(np.prod(shapes[source])), dtype=np.int64).reshape(shapes[source])
         order = _elements_moved(elements, run, shapes).reshape(-1)
         result = node.output[0]
-        prefix = f"{result}/one_transpose"   # a tensor's name is unique, a node's may be empty
+        prefix = f"{result}/{form}"   # a tensor's name is unique, a node's may be empty
         same = next((tensor for earlier, seen, tensor in orders if earlier == source and np.array_equal(seen, order)),
                     None)
         if same is not None:
